@@ -1,0 +1,1092 @@
+"""Binary floating-point formats, bit by bit.
+
+A :class:`FloatFormat` describes a binary interchange format by its field widths (sign, biased exponent,
+mantissa = trailing significand), its exponent bias and how it spends its top exponent code (infinities,
+NaNs, or more finite values).  The catalogue holds the formats of mixed precision training:
+
+=============  ====  ====  =====  ======================================================================
+name           bits  exp.  mant.  source
+=============  ====  ====  =====  ======================================================================
+``FP64``        64    11    52    IEEE 754-2019 binary64
+``FP32``        32     8    23    IEEE 754-2019 binary32
+``TF32``        19     8    10    NVIDIA TensorFloat-32 (Ampere tensor-core input format)
+``FP16``        16     5    10    IEEE 754-2019 binary16
+``BF16``        16     8     7    Google brain floating point (bfloat16)
+``FP8_E4M3``     8     4     3    OCP OFP8 (2023) E4M3, i.e. E4M3FN: no infinities, one NaN code, max 448
+``FP8_E5M2``     8     5     2    OCP OFP8 (2023) E5M2: IEEE conventions, max 57344
+``FP6_E3M2``     6     3     2    OCP MX v1.0 FP6: no infinities, no NaN, max 28
+``FP6_E2M3``     6     2     3    OCP MX v1.0 FP6: no infinities, no NaN, max 7.5
+``FP4_E2M1``     4     2     1    OCP MX v1.0 FP4: no infinities, no NaN, max 6
+``E8M0``         8     8     0    OCP MX v1.0 scale: unsigned powers of two 2⁻¹²⁷…2¹²⁷, NaN = 0xFF
+=============  ====  ====  =====  ======================================================================
+
+Functions work on Python floats, NumPy arrays (float16/32/64 and the ml_dtypes types) and torch tensors
+(any floating dtype, on the tensor's own device, with torch ops only: no per-element Python):
+
+* :func:`round_to` rounds values to a format and returns them in the input's type;
+* :func:`encode` / :func:`decode` convert between values and integer bit patterns (codes);
+* :func:`decompose` / :func:`compose` split a value into sign, biased exponent and mantissa and back;
+* :func:`values` lists every finite value of a small format; :func:`ulp` gives the unit in the last place.
+
+Rounding (IEEE 754-2019 §4.3): ``"nearest_even"`` (roundTiesToEven, the default), ``"toward_zero"``
+(roundTowardZero) and ``"stochastic"`` (round up with probability equal to the discarded fraction of an ulp).
+Overflow without ``saturate`` follows the format, as ml_dtypes' casts do: infinity where the format has one,
+NaN where it has NaN but no infinity (E4M3, E8M0), ±max where it has neither (FP6, FP4).  With
+``saturate=True`` finite and infinite values beyond ±max become ±max (OCP OFP8 §5, saturating conversion).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+try:  # torch is a hard dependency of the package, but formats must not need it to import
+    import torch
+except ImportError:  # pragma: no cover
+    torch = None
+
+try:
+    import ml_dtypes as _ml_dtypes
+except ImportError:  # pragma: no cover
+    _ml_dtypes = None
+
+__all__ = [
+    "FloatFormat", "Decomposition", "FORMATS", "ROUNDING_MODES",
+    "FP64", "FP32", "TF32", "FP16", "BF16", "FP8_E4M3", "FP8_E5M2", "FP6_E3M2", "FP6_E2M3", "FP4_E2M1", "E8M0",
+    "get_format", "decompose", "compose", "encode", "decode", "round_to", "values", "ulp",
+]
+
+ROUNDING_MODES = ("nearest_even", "toward_zero", "stochastic")
+_NAN_STYLES = ("ieee", "single", "none")
+KINDS = ("zero", "subnormal", "normal", "infinity", "nan")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The format
+# ----------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class FloatFormat:
+    """A binary floating-point format.
+
+    Parameters
+    ----------
+    name : str
+        Short name, e.g. ``"FP16"``.
+    exponent_bits, mantissa_bits : int
+        Widths in bits of the biased exponent field and of the mantissa (trailing significand) field.
+    bias : int
+        Exponent bias: a normal number with exponent field ``E`` has unbiased exponent ``E - bias``.
+    signed : bool
+        Whether there is a sign bit (False only for E8M0).
+    infinities : bool
+        Whether the all-ones exponent with a zero mantissa encodes ±infinity (IEEE 754).
+    nan : {"ieee", "single", "none"}
+        ``"ieee"``: all-ones exponent with a non-zero mantissa is NaN (IEEE 754 §3.4);
+        ``"single"``: only the all-ones code (per sign) is NaN and the rest of the top binade is finite
+        (OCP E4M3FN, E8M0); ``"none"``: every code is a finite number (OCP FP6, FP4).
+    subnormals : bool
+        Whether exponent field 0 encodes zero and subnormals (IEEE 754 §3.4).  E8M0 has neither: its
+        field 0 is the normal value 2⁻¹²⁷ and it has no zero.
+    source : str
+        Where the format is defined.
+
+    Derived properties (all exact powers of two or sums of them, as Python floats): :attr:`bits`,
+    :attr:`emax`, :attr:`emin`, :attr:`max`, :attr:`smallest_normal`, :attr:`smallest_subnormal`,
+    :attr:`epsilon`, :attr:`precision`, :attr:`decimal_digits`.
+
+    Raises
+    ------
+    TypeError, ValueError
+        For non-integer or out-of-range widths, or an unknown ``nan`` style.
+    """
+
+    name: str
+    exponent_bits: int
+    mantissa_bits: int
+    bias: int
+    signed: bool = True
+    infinities: bool = True
+    nan: str = "ieee"
+    subnormals: bool = True
+    source: str = field(default="", compare=False)
+
+    def __post_init__(self):
+        for arg in ("exponent_bits", "mantissa_bits", "bias"):
+            v = getattr(self, arg)
+            if not isinstance(v, numbers.Integral) or isinstance(v, bool):
+                raise TypeError(f"{arg} must be an int, got {type(v).__name__}")
+        if not 1 <= self.exponent_bits <= 11:
+            raise ValueError(f"exponent_bits must be between 1 and 11, got {self.exponent_bits}")
+        if not 0 <= self.mantissa_bits <= 52:
+            raise ValueError(f"mantissa_bits must be between 0 and 52, got {self.mantissa_bits}")
+        if self.nan not in _NAN_STYLES:
+            raise ValueError(f"nan must be one of {_NAN_STYLES}, got {self.nan!r}")
+        if self.infinities and self.nan != "ieee":
+            raise ValueError("a format with infinities must use nan='ieee' (IEEE 754 §3.4)")
+        if self.nan == "ieee" and self.mantissa_bits == 0:
+            raise ValueError("nan='ieee' needs at least one mantissa bit to tell NaN from infinity")
+
+    # --- sizes ------------------------------------------------------------------------------------------
+    @property
+    def bits(self) -> int:
+        """Total width in bits (sign + exponent + mantissa)."""
+        return int(self.signed) + self.exponent_bits + self.mantissa_bits
+
+    @property
+    def precision(self) -> int:
+        """Significand precision p in bits, counting the implicit leading bit (IEEE 754 §3.3)."""
+        return self.mantissa_bits + 1
+
+    @property
+    def decimal_digits(self) -> float:
+        """Decimal digits of precision, p·log10(2)."""
+        return self.precision * math.log10(2.0)
+
+    # --- exponent range ---------------------------------------------------------------------------------
+    @property
+    def _max_exponent_field(self) -> int:
+        top = (1 << self.exponent_bits) - 1
+        if self.nan == "ieee" or (self.nan == "single" and self.mantissa_bits == 0):
+            return top - 1
+        return top
+
+    @property
+    def _max_mantissa_field(self) -> int:
+        top_m = (1 << self.mantissa_bits) - 1
+        if self.nan == "single" and self.mantissa_bits > 0:
+            return top_m - 1  # the all-ones code is NaN
+        return top_m
+
+    @property
+    def emax(self) -> int:
+        """Largest unbiased exponent of a finite value."""
+        return self._max_exponent_field - self.bias
+
+    @property
+    def emin(self) -> int:
+        """Unbiased exponent of the smallest normal value: 1 − bias (−bias without subnormals)."""
+        return 1 - self.bias if self.subnormals else -self.bias
+
+    @property
+    def max(self) -> float:
+        """Largest finite value."""
+        return math.ldexp((1 << self.mantissa_bits) + self._max_mantissa_field, self.emax - self.mantissa_bits)
+
+    @property
+    def smallest_normal(self) -> float:
+        """Smallest positive normal value, 2^emin."""
+        return math.ldexp(1.0, self.emin)
+
+    @property
+    def smallest_subnormal(self) -> float:
+        """Smallest positive value, 2^(emin − m); equals :attr:`smallest_normal` without subnormals."""
+        if not self.subnormals or self.mantissa_bits == 0:
+            return self.smallest_normal
+        return math.ldexp(1.0, self.emin - self.mantissa_bits)
+
+    @property
+    def epsilon(self) -> float:
+        """Machine epsilon: the gap between 1 and the next larger value, 2^−m."""
+        return math.ldexp(1.0, -self.mantissa_bits)
+
+    @property
+    def has_zero(self) -> bool:
+        return self.subnormals
+
+    def __str__(self) -> str:
+        return self.name
+
+    def __repr__(self) -> str:
+        return (f"FloatFormat({self.name!r}, exponent_bits={self.exponent_bits}, mantissa_bits={self.mantissa_bits}, "
+                f"bias={self.bias}, max={self.max!r})")
+
+    def summary(self) -> dict:
+        """The format's parameters as a dict (one row of the book's format table)."""
+        return {
+            "format": self.name, "bits": self.bits, "sign": int(self.signed), "exponent": self.exponent_bits,
+            "mantissa": self.mantissa_bits, "bias": self.bias, "emin": self.emin, "emax": self.emax,
+            "max": self.max, "smallest normal": self.smallest_normal,
+            "smallest subnormal": self.smallest_subnormal if (self.subnormals and self.mantissa_bits) else None,
+            "epsilon": self.epsilon, "decimal digits": round(self.decimal_digits, 2),
+            "infinities": self.infinities, "NaN": self.nan,
+        }
+
+
+FP64 = FloatFormat("FP64", 11, 52, 1023, source="IEEE 754-2019 binary64")
+FP32 = FloatFormat("FP32", 8, 23, 127, source="IEEE 754-2019 binary32")
+TF32 = FloatFormat("TF32", 8, 10, 127, source="NVIDIA TensorFloat-32 (A100 whitepaper, 2020)")
+FP16 = FloatFormat("FP16", 5, 10, 15, source="IEEE 754-2019 binary16")
+BF16 = FloatFormat("BF16", 8, 7, 127, source="bfloat16 (Google Brain); Kalamkar et al. 2019")
+FP8_E4M3 = FloatFormat("FP8_E4M3", 4, 3, 7, infinities=False, nan="single", source="OCP OFP8 2023, E4M3 (E4M3FN)")
+FP8_E5M2 = FloatFormat("FP8_E5M2", 5, 2, 15, source="OCP OFP8 2023, E5M2")
+FP6_E3M2 = FloatFormat("FP6_E3M2", 3, 2, 3, infinities=False, nan="none", source="OCP MX v1.0, FP6 E3M2")
+FP6_E2M3 = FloatFormat("FP6_E2M3", 2, 3, 1, infinities=False, nan="none", source="OCP MX v1.0, FP6 E2M3")
+FP4_E2M1 = FloatFormat("FP4_E2M1", 2, 1, 1, infinities=False, nan="none", source="OCP MX v1.0, FP4 E2M1")
+E8M0 = FloatFormat("E8M0", 8, 0, 127, signed=False, infinities=False, nan="single", subnormals=False,
+                   source="OCP MX v1.0, E8M0 shared scale")
+
+FORMATS: dict[str, FloatFormat] = {f.name: f for f in
+                                   (FP64, FP32, TF32, FP16, BF16, FP8_E4M3, FP8_E5M2, FP6_E3M2, FP6_E2M3, FP4_E2M1, E8M0)}
+
+_ALIASES = {"FLOAT64": "FP64", "DOUBLE": "FP64", "FLOAT32": "FP32", "FLOAT": "FP32", "FLOAT16": "FP16",
+            "HALF": "FP16", "BFLOAT16": "BF16", "E4M3": "FP8_E4M3", "E4M3FN": "FP8_E4M3", "FP8_E4M3FN": "FP8_E4M3",
+            "E5M2": "FP8_E5M2", "E3M2": "FP6_E3M2", "E2M3": "FP6_E2M3", "E2M1": "FP4_E2M1", "FP4": "FP4_E2M1",
+            "FP8_E8M0": "E8M0"}
+
+
+def get_format(fmt: Any, argname: str = "fmt") -> FloatFormat:
+    """Return the :class:`FloatFormat` for ``fmt`` (a FloatFormat or a name such as ``"fp16"``, ``"e4m3"``).
+
+    Raises ``TypeError`` for other types and ``ValueError`` naming the known formats for unknown names.
+    """
+    if isinstance(fmt, FloatFormat):
+        return fmt
+    if isinstance(fmt, str):
+        key = fmt.strip().upper().replace("-", "_")
+        key = _ALIASES.get(key, key)
+        if key in FORMATS:
+            return FORMATS[key]
+        raise ValueError(f"{argname}: unknown format {fmt!r}; expected one of {sorted(FORMATS)}")
+    raise TypeError(f"{argname} must be a FloatFormat or a format name, got {type(fmt).__name__}")
+
+
+def _check_rounding(rounding: Any) -> str:
+    if not isinstance(rounding, str):
+        raise TypeError(f"rounding must be a str, one of {ROUNDING_MODES}; got {type(rounding).__name__}")
+    if rounding not in ROUNDING_MODES:
+        raise ValueError(f"rounding must be one of {ROUNDING_MODES}, got {rounding!r}")
+    return rounding
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Input handling: Python floats, NumPy arrays and scalars, torch tensors
+# ----------------------------------------------------------------------------------------------------------
+def _is_tensor(x) -> bool:
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def _ml_float_dtypes() -> tuple:
+    if _ml_dtypes is None:
+        return ()
+    names = ("bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e4m3b11fnuz",
+             "float8_e4m3", "float8_e3m4", "float8_e8m0fnu", "float6_e2m3fn", "float6_e3m2fn", "float4_e2m1fn")
+    return tuple(np.dtype(getattr(_ml_dtypes, n)) for n in names if hasattr(_ml_dtypes, n))
+
+
+_ML_FLOAT_DTYPES = _ml_float_dtypes()
+
+
+class _Input:
+    """The input of a public function, normalised to a float32/float64 array or tensor for computing.
+
+    ``work`` is float32 (or float64 for float64 input); ``restore(result)`` puts a result of the same
+    shape back into the caller's type: a Python float, a NumPy scalar/array of the input dtype, or a tensor.
+    """
+
+    def __init__(self, x, argname: str = "x"):
+        self.kind = None
+        if _is_tensor(x):
+            if not (x.is_floating_point()):
+                raise TypeError(f"{argname} must be a floating-point tensor, got dtype {x.dtype}")
+            self.kind, self.dtype = "torch", x.dtype
+            x = x.detach()
+            self.work = x if x.dtype in (torch.float32, torch.float64) else x.to(torch.float32)
+            self.work = self.work.contiguous()
+        elif isinstance(x, np.ndarray) or isinstance(x, np.generic):
+            dt = x.dtype
+            if dt in (np.float32, np.float64):
+                work_dt = dt
+            elif dt == np.float16 or dt in _ML_FLOAT_DTYPES:
+                work_dt = np.dtype(np.float32)
+            else:
+                raise TypeError(f"{argname} must have a floating dtype (float16/32/64 or an ml_dtypes float), got {dt}")
+            self.kind = "numpy" if isinstance(x, np.ndarray) else "npscalar"
+            self.dtype = dt
+            self.shape = np.shape(x)
+            # 1-D working copy: NumPy turns 0-d results into scalars, which in-place ops cannot write to
+            self.work = np.ascontiguousarray(x, dtype=work_dt).reshape(-1)
+        elif isinstance(x, numbers.Real) and not isinstance(x, bool):
+            self.kind, self.dtype, self.shape = "float", None, ()
+            self.work = np.asarray([float(x)], dtype=np.float64)
+        else:
+            raise TypeError(f"{argname} must be a float, a NumPy float array or a torch floating tensor, "
+                            f"got {type(x).__name__}")
+
+    @property
+    def is_torch(self) -> bool:
+        return self.kind == "torch"
+
+    def restore(self, y):
+        """Cast a float result back to the input's type (exact whenever the value fits that dtype)."""
+        if self.kind == "torch":
+            return y if y.dtype == self.dtype else y.to(self.dtype)
+        return self.reshape(y if y.dtype == self.dtype or self.kind == "float" else y.astype(self.dtype))
+
+    def reshape(self, y):
+        """Give a NumPy result computed on the 1-D working copy the input's shape (and scalar type)."""
+        if self.kind == "float":
+            return y.reshape(-1)[0].item()
+        if self.kind == "npscalar":
+            return y.reshape(-1)[0]
+        return y.reshape(self.shape)
+
+
+# ---- small backend shims: the algorithms below are written once for NumPy and torch ----
+_INT_OF = {np.dtype(np.float32): np.dtype(np.uint32), np.dtype(np.float64): np.dtype(np.uint64)}
+_MANT_OF = {32: 23, 64: 52}
+_BIAS_OF = {32: 127, 64: 1023}
+
+
+def _nbits(a) -> int:
+    return a.element_size() * 8 if _is_tensor(a) else a.dtype.itemsize * 8
+
+
+def _as_int(xf):
+    """Bit pattern view: uint32/uint64 for NumPy, int32/int64 for torch (torch has few unsigned ops)."""
+    if _is_tensor(xf):
+        return xf.view(torch.int32 if xf.dtype == torch.float32 else torch.int64)
+    return xf.view(_INT_OF[xf.dtype])
+
+
+def _as_float(a):
+    if _is_tensor(a):
+        return a.view(torch.float32 if a.dtype == torch.int32 else torch.float64)
+    return a.view(np.float32 if a.dtype == np.uint32 else np.float64)
+
+
+def _sign_mask(nbits: int, tensor: bool) -> int:
+    return -(1 << (nbits - 1)) if tensor else (1 << (nbits - 1))
+
+
+def _clip_(a, lo, hi):
+    if _is_tensor(a):
+        return a.clamp_(lo, hi)
+    return np.clip(a, lo, hi, out=a)
+
+
+def _put_(a, mask, value):
+    """a[mask] = value, in place."""
+    if _is_tensor(a):
+        a.masked_fill_(mask, value)
+    else:
+        np.copyto(a, a.dtype.type(value), where=mask)
+    return a
+
+
+def _put_from_(a, mask, b):
+    if _is_tensor(a):
+        a.copy_(torch.where(mask, b, a))
+    else:
+        np.copyto(a, b, where=mask)
+    return a
+
+
+def _any(mask) -> bool:
+    return bool(mask.any())
+
+
+def _isnan(a):
+    return torch.isnan(a) if _is_tensor(a) else np.isnan(a)
+
+
+def _isfinite(a):
+    return torch.isfinite(a) if _is_tensor(a) else np.isfinite(a)
+
+
+def _uniform(ref, generator, shape_like):
+    """Uniform [0, 1) float64 samples shaped like ``shape_like``, on its device."""
+    if _is_tensor(ref):
+        return torch.rand(shape_like.shape, generator=generator, dtype=torch.float64, device=shape_like.device)
+    return generator.random(shape_like.shape)
+
+
+def _randbits(ref, generator, nbits_drop: int, like):
+    """Uniform integers in [0, 2**nbits_drop) with ``like``'s int dtype, shape and device."""
+    if _is_tensor(ref):
+        return torch.randint(0, 1 << nbits_drop, like.shape, generator=generator, dtype=like.dtype, device=like.device)
+    return generator.integers(0, 1 << nbits_drop, size=like.shape, dtype=like.dtype)
+
+
+def _make_generator(generator, tensor_like):
+    if _is_tensor(tensor_like):
+        if generator is None:
+            return None  # torch's default generator
+        if isinstance(generator, numbers.Integral) and not isinstance(generator, bool):
+            g = torch.Generator(device=tensor_like.device)
+            g.manual_seed(int(generator))
+            return g
+        if isinstance(generator, torch.Generator):
+            return generator
+        raise TypeError("generator must be None, an int seed or a torch.Generator for tensor input, "
+                        f"got {type(generator).__name__}")
+    if generator is None or (isinstance(generator, numbers.Integral) and not isinstance(generator, bool)):
+        return np.random.default_rng(generator)
+    if isinstance(generator, np.random.Generator):
+        return generator
+    raise TypeError("generator must be None, an int seed or a numpy.random.Generator for NumPy input, "
+                    f"got {type(generator).__name__}")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Rounding
+# ----------------------------------------------------------------------------------------------------------
+def _contains(fmt: FloatFormat, nbits: int) -> bool:
+    """Whether every value of the IEEE binary{nbits} working type is a value of fmt (no rounding needed)."""
+    m_in, b_in = _MANT_OF[nbits], _BIAS_OF[nbits]
+    return (fmt.mantissa_bits >= m_in and fmt.subnormals and fmt.infinities and fmt.signed
+            and fmt.emin - fmt.mantissa_bits <= 1 - b_in - m_in and fmt.emax >= b_in)
+
+
+def _path(fmt: FloatFormat, nbits: int) -> str:
+    """Which exact algorithm rounds a binary{nbits} working array to fmt: identity, 'add' or 'int'."""
+    if _contains(fmt, nbits):
+        return "identity"
+    m_in, b_in = _MANT_OF[nbits], _BIAS_OF[nbits]
+    ebits_in = 8 if nbits == 32 else 11
+    m = fmt.mantissa_bits
+    if m >= m_in:
+        return "wide"
+    emin_b, emax_b = fmt.emin + b_in, fmt.emax + b_in
+    if emin_b - m >= 1 and emax_b + 1 + (m_in - m) <= (1 << ebits_in) - 2:
+        return "add"
+    if fmt.exponent_bits == ebits_in and fmt.bias == b_in and fmt.subnormals and fmt.signed:
+        return "int"
+    return "wide"
+
+
+def _round_abs(ax, a, fmt: FloatFormat, rounding: str, gen, ref):
+    """Round the magnitudes ``ax`` (float view of the integer bits ``a``, sign cleared) to fmt, ignoring range.
+
+    Returns a new float array of rounded magnitudes; values beyond fmt's range are left for the caller.
+    Exact: every step is an exactly rounded IEEE operation or integer bit manipulation.
+    """
+    nbits = _nbits(ax)
+    m_in, b_in = _MANT_OF[nbits], _BIAS_OF[nbits]
+    m = fmt.mantissa_bits
+    path = _path(fmt, nbits)
+    if path == "add":
+        # Per element, C = 2^(e + m_in - m) where e is the exponent of |x| clamped to fmt's [emin, emax+1].
+        # |x| + C lies in C's binade, whose spacing 2^(e - m) is fmt's spacing at |x|: the hardware's
+        # round-to-nearest-even of |x| + C, minus C (exact, Sterbenz), is |x| rounded to fmt.  Below emin
+        # the clamp makes the spacing fmt's subnormal quantum 2^(emin - m), so subnormals come out right.
+        expo = a >> m_in
+        _clip_(expo, fmt.emin + b_in, fmt.emax + 1 + b_in)
+        if rounding != "nearest_even":
+            q = _as_float((expo - m) << m_in)  # spacing 2^(e - m) as a float
+        expo += m_in - m
+        expo <<= m_in
+        c = _as_float(expo)
+        y = ax + c
+        y -= c
+        if rounding == "nearest_even":
+            return y
+        # toward zero: step back one spacing where nearest rounded up (also across a binade boundary)
+        up = y > ax
+        y = _sub_where(y, q, up)
+        if rounding == "toward_zero":
+            return y
+        # stochastic: round up with probability (|x| - trunc(|x|)) / spacing
+        frac = _to64(ax - y) / _to64(q)
+        u = _uniform(ref, gen, frac)
+        y = _add_where(y, q, u < frac)
+        return y
+    if path == "int":
+        # Same exponent field as the working type (BF16, TF32 from FP32): drop s = m_in - m mantissa bits of
+        # the bit pattern; a carry out of the mantissa correctly increments the exponent.
+        s = m_in - m
+        low = (1 << s) - 1
+        if rounding == "nearest_even":
+            r = a + ((1 << (s - 1)) - 1)
+            r += (a >> s) & 1
+        elif rounding == "toward_zero":
+            r = a.clone() if _is_tensor(a) else a.copy()
+        else:
+            r = a + _randbits(ref, gen, s, a)
+        r &= ~low if _is_tensor(r) else r.dtype.type(~low & ((1 << nbits) - 1))
+        y = _as_float(r)
+        nan = _isnan(ax)
+        if _any(nan):
+            _put_(y, nan, float("nan"))
+        return y
+    raise AssertionError(path)  # pragma: no cover
+
+
+def _to64(a):
+    return a.to(torch.float64) if _is_tensor(a) else a.astype(np.float64)
+
+
+def _sub_where(y, q, mask):
+    if _is_tensor(y):
+        return torch.where(mask, y - q, y)
+    np.subtract(y, q, out=y, where=mask)
+    return y
+
+
+def _add_where(y, q, mask):
+    if _is_tensor(y):
+        return torch.where(mask, y + q, y)
+    np.add(y, q, out=y, where=mask)
+    return y
+
+
+def _round_work(xf, fmt: FloatFormat, rounding: str, saturate: bool, generator, check_nan: bool = True):
+    """Round a contiguous float32/float64 array or tensor to fmt; returns a new array of the same dtype."""
+    nbits = _nbits(xf)
+    path = _path(fmt, nbits)
+    if path == "identity":
+        return xf.clone() if _is_tensor(xf) else xf.copy()
+    if path == "wide":
+        if nbits == 64:
+            raise ValueError(f"fmt: {fmt.name} is wider than FP64 in some respect and cannot be emulated here")
+        wide = xf.to(torch.float64) if _is_tensor(xf) else xf.astype(np.float64)
+        y = _round_work(wide, fmt, rounding, saturate, generator, check_nan)
+        return y.to(torch.float32) if _is_tensor(y) else y.astype(np.float32)
+
+    tensor = _is_tensor(xf)
+    gen = _make_generator(generator, xf) if rounding == "stochastic" else None
+    if check_nan and fmt.nan == "none" and _any(_isnan(xf)):
+        raise ValueError(f"x contains NaN, which {fmt.name} cannot encode (it has no NaN); "
+                         "remove or replace NaNs before rounding")
+    u = _as_int(xf)
+    smask = _sign_mask(nbits, tensor)
+    a = u & ((1 << (nbits - 1)) - 1)  # the magnitude's bits: sign cleared
+    ax = _as_float(a)
+    with np.errstate(all="ignore"):
+        y = _round_abs(ax, a, fmt, rounding, gen, xf)
+        big = fmt.max
+        over = y > big
+        if _any(over):
+            if saturate:
+                fill = big
+            elif fmt.infinities:
+                fill = float("inf")
+            elif fmt.nan != "none":
+                fill = float("nan")
+            else:
+                fill = big
+            _put_(y, over, fill)
+            if rounding == "toward_zero" and fill != big:
+                # IEEE 754 §7.4: roundTowardZero carries a finite overflow to the largest finite value
+                _put_(y, over & _isfinite(ax), big)
+        if not fmt.subnormals:  # E8M0: no zero; the nearest value to a tiny positive number is 2^emin
+            _put_(y, y < fmt.smallest_normal, fmt.smallest_normal)
+        yb = _as_int(y)
+        if fmt.signed:
+            yb |= u & smask
+        else:  # E8M0: negative numbers, zeros (both signs) and NaN are invalid: NaN (as ml_dtypes)
+            invalid = (u & smask) != 0
+            invalid |= ax == 0
+            _put_(y, invalid, float("nan"))
+    return y
+
+
+def round_to(x, fmt, *, rounding: str = "nearest_even", saturate: bool = False, generator=None):
+    """Round ``x`` to the values of ``fmt`` and return them in ``x``'s own type.
+
+    Parameters
+    ----------
+    x : float, numpy.ndarray or numpy scalar (float16/32/64, ml_dtypes floats) or torch.Tensor (floating)
+        Values of any shape.  Tensors are computed with torch ops on their own device; autograd is not
+        tracked (use :mod:`mpt_lab.simulate` for rounding inside a model).
+    fmt : FloatFormat or str
+        Target format, e.g. ``FP16`` or ``"e4m3"``.
+    rounding : {"nearest_even", "toward_zero", "stochastic"}
+        IEEE 754-2019 §4.3 roundTiesToEven, roundTowardZero, or stochastic rounding (rounds up to the next
+        value with probability equal to the discarded fraction of the spacing, so ``E[round_to(x)] = x``;
+        the result is always one of the two neighbours).
+    saturate : bool
+        Clamp results beyond ±max (infinities included) to ±max, as OCP OFP8's saturating conversion.
+    generator : None, int, numpy.random.Generator or torch.Generator
+        Randomness for ``"stochastic"``; an int seeds a new generator.  Ignored otherwise.
+
+    Returns
+    -------
+    Same type, shape, dtype and device as ``x``.  The values are exactly fmt's values; they are stored in
+    x's dtype, which is exact whenever fmt's value fits it (always when fmt is no wider than x's dtype).
+
+    Overflow without ``saturate``: ±inf if fmt has infinities, NaN if it has NaN only (E4M3, E8M0), ±max if
+    it has neither (FP6, FP4); ``"toward_zero"`` carries finite overflow to ±max (IEEE 754 §7.4).
+    NaN stays NaN.  E8M0 (unsigned, no zero) turns zeros and negative values into NaN and positive values
+    below 2⁻¹²⁷ into 2⁻¹²⁷, as ml_dtypes does.
+
+    Raises
+    ------
+    TypeError
+        ``x`` is not a float, NumPy float array or floating tensor; ``generator`` has the wrong type.
+    ValueError
+        Unknown ``fmt`` or ``rounding``; ``x`` holds NaN and fmt has no NaN (FP6, FP4).
+    """
+    inp = _Input(x)
+    fmt = get_format(fmt)
+    rounding = _check_rounding(rounding)
+    if not isinstance(saturate, (bool, np.bool_)):
+        raise TypeError(f"saturate must be a bool, got {type(saturate).__name__}")
+    y = _round_work(inp.work, fmt, rounding, bool(saturate), generator)
+    return inp.restore(y)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Codes: encode / decode
+# ----------------------------------------------------------------------------------------------------------
+def _code_dtype_numpy(fmt: FloatFormat):
+    return np.dtype(np.uint8 if fmt.bits <= 8 else np.uint16 if fmt.bits <= 16 else np.uint32 if fmt.bits <= 32
+                    else np.uint64)
+
+
+def _code_dtype_torch(fmt: FloatFormat):
+    return torch.uint8 if fmt.bits <= 8 else torch.int32 if fmt.bits <= 31 else torch.int64
+
+
+def _own_codes(x, inp: "_Input", fmt: FloatFormat):
+    """The exact bits of FP16/FP32/FP64 values encoded to their own format (NaN payloads kept), else None."""
+    if fmt not in (FP16, FP32, FP64):
+        return None
+    if inp.is_torch:
+        tdt, ints = {16: (torch.float16, torch.int16), 32: (torch.float32, torch.int32),
+                     64: (torch.float64, torch.int64)}[fmt.bits]
+        if inp.dtype != tdt:
+            return None
+        c = x.detach().contiguous().view(ints)
+        if fmt.bits == 64:
+            return c.clone()
+        return c.to(_code_dtype_torch(fmt)) & ((1 << fmt.bits) - 1)
+    np_dt = {16: np.float16, 32: np.float32, 64: np.float64}[fmt.bits]
+    if inp.kind == "float":
+        return int(np.float64(x).view(np.uint64)) if fmt.bits == 64 else None
+    if inp.dtype != np.dtype(np_dt):
+        return None
+    c = np.array(x, dtype=np_dt).reshape(-1).view(_code_dtype_numpy(fmt))
+    return inp.reshape(c)
+
+
+def _codes_from_values(v, fmt: FloatFormat):
+    """Codes of float64 values ``v`` that are already exactly fmt's values (or ±inf / NaN)."""
+    tensor = _is_tensor(v)
+    if fmt == FP64:
+        return v.view(torch.int64).clone() if tensor else v.view(np.uint64).copy()
+    e, m = fmt.exponent_bits, fmt.mantissa_bits
+    b = v.view(torch.int64) if tensor else v.view(np.int64)
+    neg = b < 0
+    a = b & ((1 << 63) - 1)
+    e64 = a >> 52
+    mant = (a & ((1 << 52) - 1)) >> (52 - m)
+    ef = e64 - 1023 + fmt.bias
+    absv = a.view(torch.float64) if tensor else a.view(np.float64)
+    if fmt.subnormals:
+        sub = absv < fmt.smallest_normal
+        scale = math.ldexp(1.0, m - fmt.emin)
+        if tensor:
+            sub_m = (absv * scale).to(torch.int64)
+            mant = torch.where(sub, sub_m, mant)
+            ef = torch.where(sub, torch.zeros_like(ef), ef)
+        else:
+            with np.errstate(invalid="ignore"):  # NaN and inf lanes are overwritten below
+                sub_m = np.nan_to_num(absv * scale, nan=0.0, posinf=0.0).astype(np.int64)
+            mant = np.where(sub, sub_m, mant)
+            ef = np.where(sub, 0, ef)
+    top = (1 << e) - 1
+    if fmt.infinities:
+        isinf = absv == float("inf")
+        _put_(ef, isinf, top)
+        _put_(mant, isinf, 0)
+    if fmt.nan != "none":
+        isnan = absv != absv
+        _put_(ef, isnan, top)
+        _put_(mant, isnan, (1 << (m - 1)) if fmt.nan == "ieee" else (1 << m) - 1)
+    code = (ef << m) | mant
+    if fmt.signed:
+        code = code | (neg.to(torch.int64) << (e + m) if tensor else neg.astype(np.int64) << (e + m))
+    if tensor:
+        return code.to(_code_dtype_torch(fmt))
+    return code.astype(_code_dtype_numpy(fmt))
+
+
+def encode(x, fmt, *, rounding: str = "nearest_even", saturate: bool = False, generator=None):
+    """Integer codes (bit patterns) of ``x`` rounded to ``fmt``.
+
+    Parameters are those of :func:`round_to`.  A code holds sign | biased exponent | mantissa from the most
+    to the least significant of its ``fmt.bits`` low bits.  NaN becomes the format's canonical NaN (quiet
+    NaN ``S 1…1 10…0`` for IEEE formats, the all-ones code for E4M3 and E8M0), except that FP16, FP32 and
+    FP64 values encoded to their own format keep their exact bits.
+
+    Returns
+    -------
+    int for a Python float; for NumPy, an array of the same shape with dtype uint8 (≤ 8 bits), uint16
+    (≤ 16), uint32 (≤ 32, TF32 included) or uint64 (FP64); for torch, a tensor on x's device with dtype uint8
+    (≤ 8 bits), int32 (≤ 31 bits) or int64 (FP32; FP64, whose bits are read as a signed int64).
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`round_to`.
+    """
+    inp = _Input(x)
+    fmt = get_format(fmt)
+    rounding = _check_rounding(rounding)
+    own = _own_codes(x, inp, fmt)
+    if own is not None:
+        return own
+    y = _round_work(inp.work, fmt, rounding, saturate, generator)
+    y64 = y.to(torch.float64) if inp.is_torch else y.astype(np.float64)
+    codes = _codes_from_values(y64, fmt)
+    return codes if inp.is_torch else inp.reshape(codes)
+
+
+def _codes_input(codes, fmt: FloatFormat, argname: str = "codes"):
+    """Validate integer codes; returns (int64-or-uint64 array/tensor, kind)."""
+    if _is_tensor(codes):
+        if codes.is_floating_point() or codes.is_complex() or codes.dtype == torch.bool:
+            raise TypeError(f"{argname} must be an integer tensor, got dtype {codes.dtype}")
+        c = codes.to(torch.int64)
+        if fmt.bits < 64:
+            if _any((c < 0) | (c >= (1 << fmt.bits))):
+                raise ValueError(f"{argname} must lie in [0, 2**{fmt.bits}) for {fmt.name}")
+        return c, "torch", None
+    if isinstance(codes, (np.ndarray, np.generic)):
+        if codes.dtype.kind not in "ui":
+            raise TypeError(f"{argname} must have an integer dtype, got {codes.dtype}")
+        kind = "numpy" if isinstance(codes, np.ndarray) else "npscalar"
+        arr = np.asarray(codes)
+    elif isinstance(codes, numbers.Integral) and not isinstance(codes, bool):
+        kind = "int"
+        if not 0 <= int(codes) < (1 << fmt.bits):
+            raise ValueError(f"{argname} must lie in [0, 2**{fmt.bits}) for {fmt.name}, got {codes}")
+        arr = np.asarray(int(codes), dtype=np.uint64)
+    else:
+        raise TypeError(f"{argname} must be an int, an integer NumPy array or an integer tensor, "
+                        f"got {type(codes).__name__}")
+    if arr.size and (arr.dtype.kind == "i" and arr.min() < 0 or
+                     fmt.bits < 64 and int(arr.max()) >= (1 << fmt.bits)):
+        raise ValueError(f"{argname} must lie in [0, 2**{fmt.bits}) for {fmt.name}")
+    return arr.reshape(-1).astype(np.uint64 if fmt.bits == 64 else np.int64), kind, arr.shape
+
+
+def _decode_work(c, fmt: FloatFormat):
+    """float64 values of validated int64 (uint64 for FP64) codes."""
+    tensor = _is_tensor(c)
+    if fmt == FP64:
+        return c.view(torch.float64) if tensor else c.view(np.float64)
+    e, m = fmt.exponent_bits, fmt.mantissa_bits
+    ef = (c >> m) & ((1 << e) - 1)
+    mf = c & ((1 << m) - 1)
+    top = (1 << e) - 1
+    if tensor:
+        f64 = torch.float64
+        sig = (mf + (1 << m)).to(f64)
+        val = torch.ldexp(sig, (ef - fmt.bias - m).to(f64))
+        if fmt.subnormals:
+            sub = torch.ldexp(mf.to(f64), torch.full_like(mf, fmt.emin - m, dtype=f64))
+            val = torch.where(ef == 0, sub, val)
+    else:
+        val = np.ldexp((mf + (1 << m)).astype(np.float64), (ef - fmt.bias - m).astype(np.int32))
+        if fmt.subnormals:
+            val = np.where(ef == 0, np.ldexp(mf.astype(np.float64), fmt.emin - m), val)
+    if fmt.nan == "ieee":
+        _put_(val, (ef == top) & (mf == 0), float("inf"))
+        _put_(val, (ef == top) & (mf != 0), float("nan"))
+    elif fmt.nan == "single":
+        _put_(val, (ef == top) & (mf == (1 << m) - 1), float("nan"))
+    if fmt.signed:
+        neg = ((c >> (e + m)) & 1) == 1
+        val = torch.where(neg, -val, val) if tensor else np.where(neg, -val, val)
+    return val
+
+
+def decode(codes, fmt):
+    """Values (float64) of integer codes in ``fmt``.
+
+    Parameters
+    ----------
+    codes : int, integer NumPy array or integer torch tensor
+        Bit patterns in ``[0, 2**fmt.bits)`` (for torch FP32/FP64 codes, the int64 from :func:`encode`).
+    fmt : FloatFormat or str
+
+    Returns
+    -------
+    float for an int; a float64 array (or tensor on the codes' device) of the same shape otherwise.
+    Every code decodes exactly: all formats of the catalogue are subsets of FP64.
+
+    Raises
+    ------
+    TypeError
+        Non-integer codes.
+    ValueError
+        Unknown format; codes outside ``[0, 2**fmt.bits)``.
+    """
+    fmt = get_format(fmt)
+    if _is_tensor(codes) and fmt == FP64:
+        if codes.dtype != torch.int64:
+            raise TypeError(f"codes for FP64 must be an int64 tensor (the bits of each value), got {codes.dtype}")
+        return codes.view(torch.float64)
+    c, kind, shape = _codes_input(codes, fmt)
+    val = _decode_work(c, fmt)
+    if kind == "int":
+        return float(val[0])
+    if kind == "npscalar":
+        return val[0]
+    return val if kind == "torch" else val.reshape(shape)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# decompose / compose
+# ----------------------------------------------------------------------------------------------------------
+class Decomposition:
+    """The fields of values stored in a format (IEEE 754-2019 §3.4), from :func:`decompose`.
+
+    Numeric attributes are ints (scalar input), NumPy arrays, or torch tensors on the input's device:
+
+    ``code``               the bit pattern (see :func:`encode`)
+    ``sign``               sign bit, 0 or 1
+    ``exponent``           biased exponent field E
+    ``mantissa``           mantissa (trailing significand) field, an integer of ``fmt.mantissa_bits`` bits
+    ``unbiased_exponent``  e = E − bias for normals; emin for zeros and subnormals; emax + 1 for inf/NaN
+    ``significand``        1.mantissa (normal) or 0.mantissa (zero, subnormal), as float64; inf/NaN for those
+    ``value``              the value actually stored, as float64
+
+    String attributes (computed on first use; for tensors this copies the codes to the host):
+    ``kind`` ("zero", "subnormal", "normal", "infinity", "nan") and ``bits``, the pattern grouped
+    ``"sign exponent mantissa"``, e.g. ``"1 10000111 00111010101000000000000"``.
+    """
+
+    def __init__(self, code, fmt: FloatFormat, scalar: bool):
+        self.fmt = fmt
+        self._scalar = scalar
+        tensor = _is_tensor(code)
+        shape = None if tensor else np.shape(code)
+        c = code.to(torch.int64) if tensor else \
+            np.asarray(code).reshape(-1).astype(np.uint64 if fmt.bits == 64 else np.int64)
+        e, m = fmt.exponent_bits, fmt.mantissa_bits
+        self.code = code
+        self.sign = ((c >> (e + m)) & 1) if fmt.signed else c * 0
+        self.exponent = (c >> m) & ((1 << e) - 1)
+        self.mantissa = c & ((1 << m) - 1)
+        self.value = _decode_work(c, fmt)
+        kind = self._kind_codes()
+        # unbiased exponent and significand
+        if tensor:
+            f64 = torch.float64
+            ue = torch.where(kind <= 1, torch.full_like(self.exponent, fmt.emin), self.exponent - fmt.bias)
+            sig = self.mantissa.to(f64) * fmt.epsilon + (kind >= 2).to(f64)
+            sig = torch.where(kind == 3, torch.full_like(sig, float("inf")), sig)
+            sig = torch.where(kind == 4, torch.full_like(sig, float("nan")), sig)
+        else:
+            ue = np.where(kind <= 1, fmt.emin, self.exponent.astype(np.int64) - fmt.bias)
+            sig = self.mantissa.astype(np.float64) * fmt.epsilon + (kind >= 2)
+            sig = np.where(kind == 3, np.inf, np.where(kind == 4, np.nan, sig))
+        self.unbiased_exponent = ue
+        self.significand = sig
+        self._kind = kind
+        if not tensor:
+            for name in ("sign", "exponent", "mantissa", "unbiased_exponent", "significand", "value", "_kind"):
+                v = getattr(self, name).reshape(shape)
+                setattr(self, name, (float(v) if v.dtype.kind == "f" else int(v)) if scalar else v)
+            if scalar:
+                self.code = int(self.code)
+
+    def _kind_codes(self):
+        """0 zero, 1 subnormal, 2 normal, 3 infinity, 4 NaN (integer array/tensor)."""
+        fmt, ef, mf = self.fmt, self.exponent, self.mantissa
+        top = (1 << fmt.exponent_bits) - 1
+        tensor = _is_tensor(ef)
+        w = torch.where if tensor else np.where
+        k = w(ef == 0, w(mf == 0, 0, 1), 2) if fmt.subnormals else (ef * 0 + 2)
+        if fmt.nan == "ieee":
+            k = w(ef == top, w(mf == 0, 3, 4), k)
+        elif fmt.nan == "single":
+            k = w((ef == top) & (mf == (1 << fmt.mantissa_bits) - 1), 4, k)
+        return k
+
+    @property
+    def kind(self):
+        k = self._kind
+        names = np.array(KINDS)
+        arr = names[k.cpu().numpy() if _is_tensor(k) else np.asarray(k)]
+        return str(arr) if self._scalar else arr
+
+    @property
+    def bits(self):
+        fmt = self.fmt
+        c = self.code.cpu().numpy() if _is_tensor(self.code) else np.asarray(self.code)
+        flat = c.reshape(-1).astype(np.uint64)
+        e, m = fmt.exponent_bits, fmt.mantissa_bits
+        out = []
+        for v in flat.tolist():
+            s = format(v & ((1 << fmt.bits) - 1), f"0{fmt.bits}b")
+            parts = ([s[0]] if fmt.signed else []) + [s[int(fmt.signed):int(fmt.signed) + e]]
+            if m:
+                parts.append(s[int(fmt.signed) + e:])
+            out.append(" ".join(parts))
+        if self._scalar:
+            return out[0]
+        return np.array(out).reshape(c.shape)
+
+    def as_dict(self) -> dict:
+        """All fields as a dict (the scalar case is what the book prints)."""
+        return {"format": self.fmt.name, "value": self.value, "bits": self.bits, "kind": self.kind,
+                "sign": self.sign, "exponent": self.exponent, "unbiased_exponent": self.unbiased_exponent,
+                "mantissa": self.mantissa, "significand": self.significand, "code": self.code}
+
+    def __repr__(self) -> str:
+        if not self._scalar:
+            return f"Decomposition({self.fmt.name}, shape={tuple(np.shape(self.value))})"
+        d = self.as_dict()
+        return (f"Decomposition({self.fmt.name}: value={d['value']!r}, bits='{d['bits']}', kind={d['kind']}, "
+                f"sign={d['sign']}, exponent={d['exponent']} (e={d['unbiased_exponent']}), "
+                f"mantissa={d['mantissa']}, significand={d['significand']!r})")
+
+
+def decompose(x, fmt, *, rounding: str = "nearest_even", saturate: bool = False) -> Decomposition:
+    """Split ``x``, rounded to ``fmt``, into sign, biased exponent and mantissa (IEEE 754-2019 §3.4).
+
+    Parameters
+    ----------
+    x : float, NumPy float array or torch floating tensor (any shape)
+    fmt : FloatFormat or str
+    rounding, saturate : as :func:`round_to` (the value is first rounded to fmt)
+
+    Returns
+    -------
+    Decomposition
+        Scalar fields for a Python float or NumPy scalar, arrays (tensors on x's device) otherwise.
+
+    Example (the paper notes' worked example)::
+
+        >>> decompose(-314.625, FP32).bits
+        '1 10000111 00111010101000000000000'
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`round_to`.
+    """
+    fmt = get_format(fmt)
+    code = encode(x, fmt, rounding=rounding, saturate=saturate)
+    scalar = isinstance(code, (int, np.generic))
+    return Decomposition(code, fmt, scalar)
+
+
+def compose(sign, exponent, mantissa, fmt):
+    """The value (float64) with the given sign bit, biased exponent field and mantissa field.
+
+    Parameters
+    ----------
+    sign : int or integer array, 0 or 1 (must be 0 for unsigned formats)
+    exponent : int or integer array in [0, 2**fmt.exponent_bits)
+    mantissa : int or integer array in [0, 2**fmt.mantissa_bits)
+    fmt : FloatFormat or str
+
+    Returns
+    -------
+    float, or a float64 array/tensor of the broadcast shape.
+
+    Raises
+    ------
+    TypeError
+        Non-integer fields.
+    ValueError
+        A field out of range.
+    """
+    fmt = get_format(fmt)
+    parts = {"sign": sign, "exponent": exponent, "mantissa": mantissa}
+    limits = {"sign": 2 if fmt.signed else 1, "exponent": 1 << fmt.exponent_bits, "mantissa": 1 << fmt.mantissa_bits}
+    tensor = any(_is_tensor(v) for v in parts.values())
+    conv = {}
+    for name, v in parts.items():
+        if _is_tensor(v):
+            if v.is_floating_point() or v.dtype == torch.bool:
+                raise TypeError(f"{name} must be an integer tensor, got dtype {v.dtype}")
+            t = v.to(torch.int64)
+            bad = _any((t < 0) | (t >= limits[name]))
+        elif isinstance(v, (np.ndarray, np.generic)) or (isinstance(v, numbers.Integral) and not isinstance(v, bool)):
+            t = np.asarray(v)
+            if t.dtype.kind not in "ui":
+                raise TypeError(f"{name} must be an integer or integer array, got dtype {t.dtype}")
+            t = t.astype(np.int64) if fmt.bits < 64 else t.astype(np.uint64)
+            bad = t.size and (int(t.min()) < 0 or int(t.max()) >= limits[name])
+            if tensor:
+                t = torch.as_tensor(t)
+        else:
+            raise TypeError(f"{name} must be an int or an integer array, got {type(v).__name__}")
+        if bad:
+            raise ValueError(f"{name} must lie in [0, {limits[name]}) for {fmt.name}")
+        conv[name] = t
+    e, m = fmt.exponent_bits, fmt.mantissa_bits
+    if fmt.bits == 64 and not tensor:
+        code = (conv["sign"].astype(np.uint64) << np.uint64(63)) | (conv["exponent"].astype(np.uint64) << np.uint64(52)) \
+            | conv["mantissa"].astype(np.uint64)
+    else:
+        code = (conv["sign"] << (e + m)) | (conv["exponent"] << m) | conv["mantissa"]
+    val = _decode_work(code, fmt)
+    if not tensor and all(not isinstance(v, np.ndarray) for v in parts.values()):
+        return float(val)
+    return val
+
+
+# ----------------------------------------------------------------------------------------------------------
+# values, ulp
+# ----------------------------------------------------------------------------------------------------------
+def values(fmt, *, include_negative: bool = True) -> np.ndarray:
+    """Every finite value of ``fmt`` in ascending order, as a float64 NumPy array (zero once, as +0).
+
+    Raises ``ValueError`` for formats wider than 19 bits (TF32 is the widest enumerable: 2¹⁹ codes);
+    use :func:`ulp` and the format's properties for FP32 and FP64.
+    """
+    fmt = get_format(fmt)
+    if fmt.bits > 19:
+        raise ValueError(f"fmt: values() enumerates formats of at most 19 bits; {fmt.name} has {fmt.bits}")
+    v = decode(np.arange(1 << fmt.bits, dtype=np.int64), fmt)
+    v = v[np.isfinite(v)]
+    if not include_negative:
+        v = v[v >= 0]
+    has_zero = bool((v == 0).any())
+    v = np.unique(v[v != 0])
+    if has_zero:
+        v = np.sort(np.concatenate([v, [0.0]]))
+    return v
+
+
+def ulp(x, fmt):
+    """Unit in the last place of ``x`` in ``fmt``: the spacing 2^(e − m) of fmt's values around |x|.
+
+    ``e`` is the exponent of |x| (⌊log2|x|⌋) clamped to [emin, emax], so ulp(0) is the smallest subnormal
+    spacing and values beyond max get the spacing of the top binade (the definition used by Goldberg 1991
+    and Muller et al., *Handbook of Floating-Point Arithmetic*, §2.6).  Infinite x gives inf, NaN gives NaN.
+
+    Parameters
+    ----------
+    x : float, NumPy float array or torch floating tensor
+    fmt : FloatFormat or str
+
+    Returns
+    -------
+    float for a Python float; otherwise a float64 array (tensor on x's device) of x's shape.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`round_to`.
+    """
+    inp = _Input(x)
+    fmt = get_format(fmt)
+    w = inp.work
+    m = fmt.mantissa_bits
+    if inp.is_torch:
+        a = w.to(torch.float64).abs()
+        _, ex = torch.frexp(a)
+        e = torch.clamp(ex.to(torch.int64) - 1, fmt.emin, fmt.emax)
+        e = torch.where(a == 0, torch.full_like(e, fmt.emin), e)
+        res = torch.ldexp(torch.ones_like(a), (e - m).to(torch.float64))
+        res = torch.where(torch.isinf(a), a, res)
+        res = torch.where(torch.isnan(a), a, res)
+        return res
+    a = np.abs(w.astype(np.float64))
+    _, ex = np.frexp(a)
+    e = np.clip(ex.astype(np.int64) - 1, fmt.emin, fmt.emax)
+    e[a == 0] = fmt.emin
+    res = np.ldexp(1.0, (e - m).astype(np.int32))
+    res = np.where(np.isfinite(a), res, a)
+    return inp.reshape(res)
