@@ -57,7 +57,8 @@ except ImportError:  # pragma: no cover
 __all__ = [
     "FloatFormat", "Decomposition", "FORMATS", "ROUNDING_MODES",
     "FP64", "FP32", "TF32", "FP16", "BF16", "FP8_E4M3", "FP8_E5M2", "FP6_E3M2", "FP6_E2M3", "FP4_E2M1", "E8M0",
-    "get_format", "decompose", "compose", "encode", "decode", "round_to", "values", "ulp",
+    "get_format", "decompose", "compose", "encode", "decode", "round_to", "values", "ulp", "round_fixed",
+    "accumulate",
 ]
 
 ROUNDING_MODES = ("nearest_even", "toward_zero", "stochastic")
@@ -1090,3 +1091,96 @@ def ulp(x, fmt):
     res = np.ldexp(1.0, (e - m).astype(np.int32))
     res = np.where(np.isfinite(a), res, a)
     return inp.reshape(res)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Fixed point, and repeated addition (swamping)
+# ----------------------------------------------------------------------------------------------------------
+def round_fixed(x, int_bits: int, frac_bits: int):
+    """Round ``x`` to signed two's-complement fixed point with ``int_bits`` integer and ``frac_bits``
+    fraction bits (1 + int_bits + frac_bits bits in all), round-to-nearest-even, saturating.
+
+    The grid is uniform, step 2^−frac_bits, on [−2^int_bits, 2^int_bits − 2^−frac_bits]: the absolute
+    error is bounded everywhere, the relative error is not (compare :func:`round_to`).
+
+    Parameters
+    ----------
+    x : float, NumPy float array or torch floating tensor
+    int_bits, frac_bits : int ≥ 0
+
+    Returns
+    -------
+    Same type as x.
+
+    Raises
+    ------
+    TypeError
+        Wrong type of x or of the bit counts.
+    ValueError
+        Negative bit counts, or more than 52 bits in all (not exact in float64).
+    """
+    for name, v in (("int_bits", int_bits), ("frac_bits", frac_bits)):
+        if not isinstance(v, numbers.Integral) or isinstance(v, bool):
+            raise TypeError(f"{name} must be an int, got {type(v).__name__}")
+        if v < 0:
+            raise ValueError(f"{name} must be ≥ 0, got {v}")
+    if int_bits + frac_bits > 52:
+        raise ValueError(f"int_bits + frac_bits must be ≤ 52, got {int_bits + frac_bits}")
+    inp = _Input(x)
+    step = math.ldexp(1.0, -frac_bits)
+    lo, hi = -math.ldexp(1.0, int_bits), math.ldexp(1.0, int_bits) - step
+    if inp.is_torch:
+        w = inp.work.to(torch.float64)
+        y = torch.clamp(torch.round(w / step) * step, lo, hi)  # torch.round: ties to even
+        return inp.restore(y.to(inp.work.dtype))
+    w = inp.work.astype(np.float64)
+    y = np.clip(np.rint(w / step) * step, lo, hi)  # np.rint: ties to even
+    return inp.restore(y.astype(inp.work.dtype))
+
+
+def accumulate(start, increment, steps: int, fmt, *, rounding: str = "nearest_even", generator=None) -> np.ndarray:
+    """Add ``increment`` to ``start`` ``steps`` times, rounding to ``fmt`` after every addition.
+
+    This is a weight receiving the same small update on every step (w ← fmt(w + u)), the situation of the
+    paper's §3.1 ("FP32 master copy of weights"): when |u| is below half an ulp of w, every addition rounds
+    back to w and the update is lost (swamping).  ``start`` and ``increment`` are first rounded to fmt, as
+    stored weights and updates would be; the sum is formed in float64 and rounded once to fmt, which is the
+    correctly rounded sum for round-to-nearest-even and every format up to FP32 (double rounding through
+    binary64 is innocuous when 53 ≥ 2p + 2; Figueroa 1995).
+
+    Parameters
+    ----------
+    start, increment : float or NumPy float array (broadcastable; e.g. an array of independent trials)
+    steps : int ≥ 0
+    fmt : FloatFormat or str
+    rounding, generator : as :func:`round_to` (a single generator drives all steps)
+
+    Returns
+    -------
+    float64 array of shape ``(steps + 1, *broadcast_shape)``: the value after 0, 1, …, steps additions.
+
+    Raises
+    ------
+    TypeError, ValueError
+        Bad argument types, negative ``steps``, unknown format or rounding.
+    """
+    fmt = get_format(fmt)
+    rounding = _check_rounding(rounding)
+    if not isinstance(steps, numbers.Integral) or isinstance(steps, bool):
+        raise TypeError(f"steps must be an int, got {type(steps).__name__}")
+    if steps < 0:
+        raise ValueError(f"steps must be ≥ 0, got {steps}")
+    for name, v in (("start", start), ("increment", increment)):
+        if _is_tensor(v):
+            raise TypeError(f"{name} must be a float or a NumPy array, not a tensor")
+        _Input(v, name)  # type check
+    gen = _make_generator(generator, None) if rounding == "stochastic" else None
+    w, u = np.broadcast_arrays(np.asarray(start, dtype=np.float64), np.asarray(increment, dtype=np.float64))
+    w = round_to(np.array(w), fmt)
+    u = round_to(np.array(u), fmt)
+    out = np.empty((steps + 1,) + w.shape)
+    out[0] = w
+    for k in range(steps):
+        w = round_to(w + u, fmt, rounding=rounding, generator=gen)
+        out[k + 1] = w
+    return out

@@ -1,0 +1,244 @@
+"""Exercise checks: a student's answer or function goes in, a readable pass/fail with a hint comes out.
+
+    >>> from mpt_lab import exercises
+    >>> exercises.check("1.1", 129)          # doctest: +SKIP
+    ✅ 1.1 passed: ...
+
+Every expected answer is computed from :mod:`mpt_lab.formats` when the check runs; nothing is typed in.
+:func:`solution` returns the reference answer (the tests check that every reference solution passes).
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import numbers
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from . import formats as F
+
+__all__ = ["Feedback", "Exercise", "EXERCISES", "check", "solution", "show", "list_exercises"]
+
+
+@dataclass(frozen=True)
+class Feedback:
+    """The outcome of a check: ``passed``, a ``message`` and, when it failed, a ``hint``."""
+
+    exercise: str
+    passed: bool
+    message: str
+    hint: str = ""
+
+    def __bool__(self) -> bool:
+        return self.passed
+
+    def __str__(self) -> str:
+        head = f"{'✅' if self.passed else '❌'} {self.exercise} {'passed' if self.passed else 'not yet'}: {self.message}"
+        return head if self.passed or not self.hint else f"{head}\n   hint: {self.hint}"
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        color = "#e6f4e6" if self.passed else "#fbe9e9"
+        hint = "" if self.passed or not self.hint else f"<br><i>Hint:</i> {html.escape(self.hint)}"
+        return (f'<div style="background:{color};padding:6px 10px;border-radius:4px">'
+                f'{"✅" if self.passed else "❌"} <b>{html.escape(self.exercise)}</b> '
+                f'{html.escape(self.message)}{hint}</div>')
+
+
+@dataclass(frozen=True)
+class Exercise:
+    """One exercise: its prompt, a checker ``answer -> (passed, message)``, a hint and a reference solution."""
+
+    id: str
+    title: str
+    prompt: str
+    checker: Callable[[Any], tuple]
+    hint: str
+    solution: Callable[[], Any]
+
+
+EXERCISES: dict[str, Exercise] = {}
+
+
+def _register(ex: Exercise) -> Exercise:
+    EXERCISES[ex.id] = ex
+    return ex
+
+
+def _get(exercise_id) -> Exercise:
+    if not isinstance(exercise_id, str):
+        raise TypeError(f"exercise_id must be a str such as '1.1', got {type(exercise_id).__name__}")
+    if exercise_id not in EXERCISES:
+        raise ValueError(f"unknown exercise {exercise_id!r}; expected one of {sorted(EXERCISES)}")
+    return EXERCISES[exercise_id]
+
+
+def check(exercise_id: str, answer: Any) -> Feedback:
+    """Check ``answer`` for exercise ``exercise_id`` and return :class:`Feedback` (truthy when passed).
+
+    A wrong type of answer fails with a message saying what was expected; it does not raise.
+
+    Raises
+    ------
+    TypeError, ValueError
+        ``exercise_id`` is not a str or not a known exercise.
+    """
+    ex = _get(exercise_id)
+    try:
+        passed, message = ex.checker(answer)
+    except Exception as err:  # a student's function may raise anything: report it, do not crash the notebook
+        passed, message = False, f"checking raised {type(err).__name__}: {err}"
+    return Feedback(ex.id, bool(passed), message, "" if passed else ex.hint)
+
+
+def solution(exercise_id: str) -> Any:
+    """The reference solution of an exercise (a value, or a function for function exercises)."""
+    return _get(exercise_id).solution()
+
+
+def show(exercise_id: str) -> str:
+    """The exercise's title and prompt."""
+    ex = _get(exercise_id)
+    return f"Exercise {ex.id}: {ex.title}\n{ex.prompt}"
+
+
+def list_exercises(chapter: int | None = None) -> list:
+    """Exercise ids, optionally only those of one chapter."""
+    return [k for k in EXERCISES if chapter is None or k.split(".")[0] == str(chapter)]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# helpers
+# ----------------------------------------------------------------------------------------------------------
+def _is_real(x) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def _expect_int(answer, truth, what):
+    if not isinstance(answer, numbers.Integral) or isinstance(answer, bool):
+        return False, f"expected an int ({what}), got {type(answer).__name__}"
+    if int(answer) == truth:
+        return True, f"{what} is {truth}."
+    return False, f"{answer} is not {what}."
+
+
+def _expect_float(answer, truth, what):
+    if not _is_real(answer):
+        return False, f"expected a number ({what}), got {type(answer).__name__}"
+    if float(answer) == truth:
+        return True, f"{what} is {float(truth)!r}."
+    return False, f"{float(answer)!r} is not {what}."
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Chapter 1: floating point, bit by bit
+# ----------------------------------------------------------------------------------------------------------
+def _ex11_truth():
+    return F.decompose(6.5, F.BF16).exponent
+
+
+_register(Exercise(
+    "1.1", "A biased exponent",
+    "What is the biased exponent field of 6.5 stored in BF16? Answer with an int.",
+    lambda a: _expect_int(a, _ex11_truth(), "the biased exponent field of 6.5 in BF16"),
+    "Write 6.5 as 1.f × 2^e first; the field stores e + bias, and BF16 has FP32's bias.",
+    _ex11_truth))
+
+
+def _ex12_truth():
+    return F.decompose(0.3, F.FP8_E4M3).bits
+
+
+def _ex12_check(a):
+    if not isinstance(a, str):
+        return False, f"expected a str of 8 bits such as '0 0101 001', got {type(a).__name__}"
+    bits = a.replace(" ", "").replace("|", "")
+    if len(bits) != 8 or set(bits) - {"0", "1"}:
+        return False, f"expected 8 characters 0/1 (spaces allowed), got {a!r}"
+    truth = _ex12_truth()
+    if bits == truth.replace(" ", ""):
+        return True, f"0.3 is stored in FP8 E4M3 as {truth} = {F.decode(int(bits, 2), F.FP8_E4M3)!r}."
+    got = F.decode(int(bits, 2), F.FP8_E4M3)
+    return False, f"{a!r} encodes {got!r}, which is not the nearest E4M3 value to 0.3."
+
+
+_register(Exercise(
+    "1.2", "Round by hand to FP8",
+    "Give the bits of 0.3 rounded to nearest (ties to even) in FP8 E4M3, as a str 'S EEEE MMM'.",
+    _ex12_check,
+    "0.3 = 1.2 × 2^-2. E4M3's bias is 7; with 3 mantissa bits the candidates are 1.125 × 2^-2 and 1.25 × 2^-2.",
+    _ex12_truth))
+
+
+def _ex13_truth():
+    v = F.values(F.FP16)
+    v = v[v > 0]
+    lost = F.round_to(1.0 + v, F.FP16) == 1.0  # 1 + v is exact in float64 for every FP16 v
+    return float(v[np.argmax(~lost)])
+
+
+_register(Exercise(
+    "1.3", "The smallest update that survives",
+    "What is the smallest positive FP16 value x for which 1 + x, rounded to FP16, is not 1? Answer with a float.",
+    lambda a: _expect_float(a, _ex13_truth(), "the smallest FP16 x with fp16(1 + x) ≠ 1"),
+    "Half an ulp of 1 in FP16 is 2^-11. Exactly half an ulp is a tie, and ties go to the even neighbour.",
+    _ex13_truth))
+
+
+def _ex14_reference(sign: int, exponent: int, mantissa: int) -> float:
+    """FP16 value from its fields by the IEEE 754 formula (the reference solution of exercise 1.4)."""
+    s = -1.0 if sign else 1.0
+    if exponent == 0:
+        return s * mantissa * 2.0 ** (-14 - 10)
+    if exponent == 31:
+        return s * math.inf if mantissa == 0 else math.nan
+    return s * (1 + mantissa / 1024) * 2.0 ** (exponent - 15)
+
+
+def _ex14_check(fn):
+    if not callable(fn):
+        return False, f"expected a function fp16_value(sign, exponent, mantissa), got {type(fn).__name__}"
+    codes = np.arange(1 << 16)
+    sign, exp, man = codes >> 15, (codes >> 10) & 31, codes & 1023
+    truth = F.decode(codes.astype(np.uint16), F.FP16)
+    for c in range(1 << 16):
+        got = fn(int(sign[c]), int(exp[c]), int(man[c]))
+        if not _is_real(got):
+            return False, f"fp16_value{(int(sign[c]), int(exp[c]), int(man[c]))} returned {type(got).__name__}, not a float"
+        t = truth[c]
+        ok = (math.isnan(got) and math.isnan(t)) or (got == t and math.copysign(1, got) == math.copysign(1, t))
+        if not ok:
+            d = F.Decomposition(c, F.FP16, scalar=True)
+            return False, (f"for sign={d.sign}, exponent={d.exponent}, mantissa={d.mantissa} ({d.kind}) "
+                           f"you return {got!r}; the stored value is {float(t)!r}.")
+    return True, "all 65,536 FP16 bit patterns decode correctly (zeros, subnormals, normals, ±inf, NaN)."
+
+
+_register(Exercise(
+    "1.4", "Decode FP16 yourself",
+    "Write fp16_value(sign, exponent, mantissa) -> float from the IEEE 754 formula, without mpt_lab. "
+    "It must handle zeros (with their sign), subnormals, normals, infinities and NaN.",
+    _ex14_check,
+    "Subnormals (exponent field 0) have no implicit 1 and use the exponent emin = 1 − bias = −14, "
+    "not 0 − bias; the field 31 encodes infinity (mantissa 0) or NaN.",
+    lambda: _ex14_reference))
+
+
+def _ex15_truth():
+    powers = [2.0 ** k for k in range(-30, 11)]
+    vanish = [u for u in powers if F.round_to(1024.0 + u, F.FP16) == 1024.0]
+    return max(vanish)
+
+
+_register(Exercise(
+    "1.5", "Swamping",
+    "A weight w = 1024 is stored in FP16. What is the largest power of two u for which w + u, rounded to "
+    "FP16, is still 1024? Answer with a float.",
+    lambda a: _expect_float(a, _ex15_truth(), "the largest power of two swamped by 1024 in FP16"),
+    "Find the ulp of 1024 in FP16 (1024 = 2^10 and FP16 keeps 10 mantissa bits); an update of half an ulp "
+    "is a tie.",
+    _ex15_truth))
