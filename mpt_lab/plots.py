@@ -215,8 +215,9 @@ def plot_accumulation(trajectories: dict, *, exact=None, title: str | None = Non
         tr = np.asarray(tr, dtype=np.float64)
         steps = np.arange(tr.shape[0])
         if tr.ndim == 2:
-            ax.plot(steps, tr.mean(axis=1), label=f"{label} (mean of {tr.shape[1]} runs)")
-            ax.fill_between(steps, np.percentile(tr, 5, axis=1), np.percentile(tr, 95, axis=1), alpha=0.2)
+            (line,) = ax.plot(steps, tr.mean(axis=1), label=f"{label} (mean of {tr.shape[1]} runs)")
+            ax.fill_between(steps, np.percentile(tr, 5, axis=1), np.percentile(tr, 95, axis=1), alpha=0.2,
+                            color=line.get_color(), label=f"{label} (5th–95th percentile of runs)")
         else:
             ax.plot(steps, tr, label=label)
     if exact is not None:

@@ -1,0 +1,28 @@
+"""The book builds from the repository with warnings as errors (-W, nitpicky), executing every notebook."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, subprocess_env
+
+
+@pytest.mark.slow
+def test_book_builds_without_warnings(tmp_path):
+    jb = Path(sys.executable).parent / "jupyter-book"
+    cmd = [str(jb), "build", str(ROOT), "--path-output", str(tmp_path), "-W", "-n", "--keep-going"]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=subprocess_env(), timeout=1500)
+    log = res.stdout + res.stderr
+    assert res.returncode == 0, log[-6000:]
+    assert "build succeeded" in log
+    html = tmp_path / "_build" / "html"
+    page = (html / "notebooks" / "01_floating_point.html").read_text()
+    # the chapter's outputs are there: its figures, the worked example, the format table
+    assert len(re.findall(r'<img[^>]+_images/', page)) >= 4
+    assert "1 10000111 00111010101000000000000" in page
+    assert "65504" in page and "Traceback" not in page
+    assert (html / "book" / "bibliography.html").exists()
+    assert "Micikevicius" in (html / "book" / "bibliography.html").read_text()

@@ -1,0 +1,42 @@
+"""Exercise checks: reference solutions pass, wrong answers fail with a hint, bad input is reported."""
+
+import pytest
+
+from mpt_lab import exercises as E
+
+
+@pytest.mark.parametrize("ex_id", E.list_exercises())
+def test_reference_solutions_pass(ex_id):
+    fb = E.check(ex_id, E.solution(ex_id))
+    assert fb.passed and bool(fb) and "✅" in str(fb) and not fb.hint
+
+
+@pytest.mark.parametrize("ex_id,wrong", [("1.1", 128), ("1.2", "0 0101 001"), ("1.3", 2.0**-11), ("1.5", 1.0),
+                                          ("1.1", None), ("1.2", "01"), ("1.3", "x")])
+def test_wrong_answers_fail_with_hint(ex_id, wrong):
+    fb = E.check(ex_id, wrong)
+    assert not fb and fb.hint and "hint" in str(fb) and "Hint" in fb._repr_html_()
+
+
+def test_function_exercise_reports_first_mismatch():
+    def no_subnormals(sign, exponent, mantissa):   # a classic mistake: forgets subnormals
+        return E.solution("1.4")(sign, exponent, mantissa) if exponent else (-0.0 if sign else 0.0)
+
+    fb = E.check("1.4", no_subnormals)
+    assert not fb and "subnormal" in fb.message and "mantissa=1" in fb.message
+
+    def raises(sign, exponent, mantissa):
+        raise NotImplementedError
+
+    fb = E.check("1.4", raises)
+    assert not fb and "NotImplementedError" in fb.message
+    assert not E.check("1.4", 3)
+
+
+def test_unknown_exercise():
+    with pytest.raises(ValueError, match="1.1"):
+        E.check("9.9", 1)
+    with pytest.raises(TypeError):
+        E.check(1.1, 1)
+    assert E.show("1.3").startswith("Exercise 1.3")
+    assert E.list_exercises(1) == ["1.1", "1.2", "1.3", "1.4", "1.5"]

@@ -1,0 +1,69 @@
+"""mpt_lab.profile(), mpt_lab.device and mpt_lab.bench."""
+
+import json
+import time
+
+import pytest
+import torch
+
+import mpt_lab
+from mpt_lab import bench, device
+
+
+def test_profile_from_environment(monkeypatch):
+    for p in ("quick", "cpu", "full", " QUICK "):
+        monkeypatch.setenv("MPT_LAB_PROFILE", p)
+        assert mpt_lab.profile() == p.strip().lower()
+
+
+def test_profile_default_depends_on_cuda(monkeypatch):
+    monkeypatch.delenv("MPT_LAB_PROFILE", raising=False)
+    assert mpt_lab.profile() == ("full" if torch.cuda.is_available() else "cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert mpt_lab.profile() == "full"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert mpt_lab.profile() == "cpu"
+
+
+def test_profile_rejects_unknown(monkeypatch):
+    monkeypatch.setenv("MPT_LAB_PROFILE", "fast")
+    with pytest.raises(ValueError, match="quick"):
+        mpt_lab.profile()
+
+
+def test_device_and_description():
+    d = device.default_device()
+    assert d.type == ("cuda" if torch.cuda.is_available() else "cpu")
+    text = device.describe("cpu")
+    assert text.startswith("CPU: ") and "\n" not in text
+    assert device.describe() == device.describe(d)
+    with pytest.raises(TypeError, match="device"):
+        device.describe(3)
+
+
+def test_provenance_is_json_and_complete():
+    p = device.provenance(command="python -m x --profile quick", config={"n": 3})
+    s = json.dumps(p)
+    back = json.loads(s)
+    assert back["command"] == "python -m x --profile quick"
+    assert back["config"] == {"n": 3}
+    assert back["versions"]["torch"] == torch.__version__
+    assert back["device"].startswith(("CPU", "NVIDIA")) or back["device"]
+    assert back["date"].endswith("+00:00")
+
+
+def test_time_call_measures_and_validates():
+    t = bench.time_call(lambda: time.sleep(0.01), repeat=3, warmup=1)
+    assert len(t.times) == 3 and t.warmup == 1
+    assert 0.009 <= t.min <= t.median <= t.max < 1.0
+    d = t.as_dict()
+    assert d["median"] == t.median and len(d["times"]) == 3
+    calls = []
+    bench.time_call(lambda: calls.append(1), repeat=4, warmup=2)
+    assert len(calls) == 6
+    with pytest.raises(TypeError):
+        bench.time_call(3)
+    with pytest.raises(ValueError):
+        bench.time_call(lambda: None, repeat=0)
+    with pytest.raises(ValueError):
+        bench.time_call(lambda: None, warmup=-1)
