@@ -1,0 +1,488 @@
+"""Log2-magnitude histograms of tensors, and the gradient recorder behind the paper's Figure 2.
+
+Micikevicius et al. (ICLR 2018, §3.2, Figure 2) recorded the activation gradients of Multibox SSD while it
+trained in FP32 and plotted the share of values per power of two: most lie below FP16's smallest subnormal
+2⁻²⁴ and become zero when cast to FP16; multiplying the loss by a scale S shifts them all by log2 S.
+
+* :func:`log2_histogram` counts |x| per binade [2ᵏ, 2ᵏ⁺¹) over the whole FP32 range (k = −149 … 127,
+  subnormals included), plus zeros and non-finite values, on the tensors' device with no host
+  synchronisation; histograms add with ``+``.
+* :meth:`Log2Histogram.fractions` says what share of the values a format would keep as normal or subnormal
+  numbers, flush to zero (underflow) or overflow, after multiplying by a loss scale S — exactly as
+  :func:`mpt_lab.formats.round_to` with round-to-nearest-even would (see the method for the one exception).
+* :class:`GradientHistogram` collects the gradients with respect to every module's output ("activation"
+  gradients, as in the paper) or every parameter ("weight" gradients) while a model trains.
+
+To be exact at the edges of a format's range, each binade is further split by the number of leading ones of
+the fraction (the bits after the leading 1): whether a value rounds up into the next binade depends only on
+that count, so the histogram can answer for any format and power-of-two scale after the fact.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+import warnings
+from typing import Iterable
+
+import numpy as np
+import torch
+
+from . import formats as F
+
+__all__ = ["Log2Histogram", "log2_histogram", "GradientHistogram", "KMIN", "KMAX"]
+
+KMIN, KMAX = -149, 127           # binades of FP32: 2^-149 (smallest subnormal) … 2^127
+NBINADES = KMAX - KMIN + 1        # 277
+NSTATES = 25                      # 0: fraction is zero (an exact power of two); 1 + L: L leading ones, 0 ≤ L ≤ 23
+_ZERO = NBINADES * NSTATES
+_NONFINITE = _ZERO + 1
+NFINE = _ZERO + 2
+FRACTION_KEYS = ("zero", "normal", "subnormal", "underflow", "overflow", "nonfinite")
+
+
+def _fine_indices_eager(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fine-bin index (int32) of every element of a 1-D float32 tensor, and its largest finite |x|.
+
+    Integer operations on the bit pattern only (IEEE 754 §3.4): the binade from the exponent field, the
+    leading ones of the fraction from the exponent of float(2²³ − fraction), which is exact.  FP32
+    subnormals are first scaled by 2³² (exact) into the normal range.
+    """
+    b = x.view(torch.int32) & 0x7FFFFFFF
+    e = b >> 23
+    nonfinite = e == 255
+    sub = e == 0
+    bs = torch.where(sub, (x.abs() * 4294967296.0).view(torch.int32), b)   # subnormals × 2^32
+    e2 = (bs >> 23) - sub.to(torch.int32) * 32
+    frac = bs & 0x7FFFFF
+    d = 0x800000 - frac                                       # 2^23 · (1 − fraction) ∈ (0, 2^23]
+    ed = (d.to(torch.float32).view(torch.int32) >> 23) - 127  # floor(log2 d)
+    not_pow2 = ((d & (d - 1)) != 0).to(torch.int32)
+    # leading ones L = 23 − ceil(log2 d); state = L + 1, or 0 when the fraction is zero (d = 2^23)
+    state = (23 - ed) - not_pow2 + (frac != 0).to(torch.int32)
+    idx = (e2 - (127 + KMIN)) * NSTATES + state
+    idx = torch.where(b == 0, _ZERO, idx)
+    idx = torch.where(nonfinite, _NONFINITE, idx)
+    amax = torch.where(nonfinite, 0, b).amax().view(torch.float32)
+    return idx, amax
+
+
+_compiled = None
+
+
+def _kernel():
+    """The fused (torch.compile) kernel where it works, else the eager one.
+
+    torch.compile turns the ~25 elementwise passes of :func:`_fine_indices_eager` into one loop (≈ 20× faster
+    on a CPU, which keeps a training step with a :class:`GradientHistogram` within 1.5× of a plain step).
+    Set ``MPT_LAB_COMPILE=0`` to use the eager kernel; a failed compilation falls back to it with a warning.
+    """
+    global _compiled
+    if _compiled is None:
+        if os.environ.get("MPT_LAB_COMPILE", "1").strip() in ("0", "false", "no", "off"):
+            _compiled = _fine_indices_eager
+        else:
+            try:
+                fn = torch.compile(_fine_indices_eager, dynamic=True)
+                probe = torch.tensor([0.0, -1.5, 2.0 ** -140, float("inf"), float("nan"), 3.0e38, 1.0e-3])
+                got, want = fn(probe), _fine_indices_eager(probe)
+                if not (torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])):
+                    raise RuntimeError("compiled kernel disagrees with the eager one")
+                _compiled = fn
+            except Exception as err:  # no C++ compiler, unsupported platform, …
+                warnings.warn(f"torch.compile unavailable for the histogram kernel ({type(err).__name__}: {err}); "
+                              "using the slower eager kernel", RuntimeWarning, stacklevel=3)
+                _compiled = _fine_indices_eager
+    return _compiled
+
+
+def _fine_indices(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fine-bin indices (flattened) and largest finite |x| (0-d float32) of any floating tensor."""
+    x = x.detach()
+    if x.dtype != torch.float32:
+        x = x.to(torch.float32)
+    x = x.reshape(-1)
+    if x.device.type not in ("cpu", "cuda"):
+        return _fine_indices_eager(x)
+    return _kernel()(x)
+
+
+def _as_tensor(t, argname="tensors") -> torch.Tensor:
+    if isinstance(t, torch.Tensor):
+        if not (t.is_floating_point()):
+            raise TypeError(f"{argname} must hold floating-point tensors, got dtype {t.dtype}")
+        return t
+    if isinstance(t, np.ndarray):
+        if t.dtype.kind != "f":
+            raise TypeError(f"{argname} must hold floating-point arrays, got dtype {t.dtype}")
+        return torch.from_numpy(np.ascontiguousarray(t))
+    raise TypeError(f"{argname} must be a tensor, a NumPy array or an iterable of them, got {type(t).__name__}")
+
+
+def _log2_of_power_of_two(value, argname: str) -> int:
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        raise TypeError(f"{argname} must be a real number, got {type(value).__name__}")
+    v = float(value)
+    if not (math.isfinite(v) and v > 0):
+        raise ValueError(f"{argname} must be a positive finite power of two, got {value!r}")
+    mant, ex = math.frexp(v)
+    if mant != 0.5:
+        raise ValueError(f"{argname} must be a power of two (histograms hold binades; loss scales are powers of "
+                         f"two), got {value!r}")
+    return ex - 1
+
+
+class Log2Histogram:
+    """Counts of |x| per binade [2ᵏ, 2ᵏ⁺¹), k = −149 … 127, plus zeros and non-finite values.
+
+    Build one with :func:`log2_histogram` or :class:`GradientHistogram`; add them with ``+``.
+
+    Attributes (computed from the fine counts, as NumPy/Python values; reading them synchronises with the
+    device)
+    ----------
+    exponents : int64 array [277], the k of each bin
+    counts : int64 array [277], values with 2ᵏ ≤ |x| < 2ᵏ⁺¹ (FP32 subnormals in their own binades)
+    zeros, nonfinite, total : int
+    amax : float, the largest finite |x| seen (0.0 when none)
+    """
+
+    def __init__(self, fine: torch.Tensor | None = None, amax: torch.Tensor | float = 0.0, device=None):
+        if fine is None:
+            fine = torch.zeros(NFINE, dtype=torch.int64, device=device)
+        if fine.shape != (NFINE,) or fine.dtype != torch.int64:
+            raise ValueError(f"fine counts must be an int64 tensor of shape ({NFINE},)")
+        self._fine = fine
+        self._amax = amax if isinstance(amax, torch.Tensor) else torch.tensor(float(amax), device=fine.device)
+
+    # --- accumulation ----------------------------------------------------------------------------------
+    def add_(self, x) -> "Log2Histogram":
+        """Count the values of ``x`` (any shape, any float dtype; converted to FP32 first) into this histogram.
+
+        Runs on x's device (moving the counts there if needed) without synchronising with the host.
+        """
+        x = _as_tensor(x, "x")
+        if self._fine.device != x.device:
+            self._fine = self._fine.to(x.device)
+            self._amax = self._amax.to(x.device)
+        if x.numel() == 0:
+            return self
+        idx, amax = _fine_indices(x)
+        if idx.device.type == "cpu":
+            self._fine += torch.bincount(idx, minlength=NFINE)
+        else:  # index_add_ needs no host synchronisation (bincount reads the largest index back)
+            self._fine.index_add_(0, idx, torch.ones_like(idx, dtype=torch.int64))
+        self._amax = torch.maximum(self._amax, amax)
+        return self
+
+    def __add__(self, other: "Log2Histogram") -> "Log2Histogram":
+        if not isinstance(other, Log2Histogram):
+            return NotImplemented
+        dev = self._fine.device
+        return Log2Histogram(self._fine + other._fine.to(dev), torch.maximum(self._amax, other._amax.to(dev)))
+
+    def __radd__(self, other):
+        if other == 0:  # sum() starts from 0
+            return self.copy()
+        return NotImplemented
+
+    def copy(self) -> "Log2Histogram":
+        return Log2Histogram(self._fine.clone(), self._amax.clone())
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, Log2Histogram):
+            return NotImplemented
+        return bool(torch.equal(self._fine.cpu(), other._fine.cpu())) and self.amax == other.amax
+
+    def __repr__(self) -> str:
+        return (f"Log2Histogram(total={self.total}, zeros={self.zeros}, nonfinite={self.nonfinite}, "
+                f"amax={self.amax!r})")
+
+    # --- counts ----------------------------------------------------------------------------------------
+    @property
+    def fine(self) -> np.ndarray:
+        """Counts per (binade, leading-ones state) as an int64 array [277, 25] (see module docstring)."""
+        return self._fine[:_ZERO].cpu().numpy().reshape(NBINADES, NSTATES)
+
+    @property
+    def exponents(self) -> np.ndarray:
+        return np.arange(KMIN, KMAX + 1, dtype=np.int64)
+
+    @property
+    def counts(self) -> np.ndarray:
+        return self.fine.sum(axis=1)
+
+    @property
+    def zeros(self) -> int:
+        return int(self._fine[_ZERO])
+
+    @property
+    def nonfinite(self) -> int:
+        return int(self._fine[_NONFINITE])
+
+    @property
+    def total(self) -> int:
+        return int(self._fine.sum())
+
+    @property
+    def amax(self) -> float:
+        return float(self._amax)
+
+    def _shares(self, n) -> float:
+        t = self.total
+        return n / t if t else float("nan")
+
+    def fraction_zero(self) -> float:
+        """Share of all values that are exactly zero (NaN for an empty histogram)."""
+        return self._shares(self.zeros)
+
+    def fraction_below(self, threshold: float, *, include_zeros: bool = True) -> float:
+        """Share of all values with |x| < ``threshold`` (a power of two), zeros included unless asked not to."""
+        k = _log2_of_power_of_two(threshold, "threshold")
+        c = self.counts[self.exponents < k].sum()
+        return self._shares(int(c) + (self.zeros if include_zeros else 0))
+
+    def fraction_between(self, lo: float, hi: float) -> float:
+        """Share of all values with lo ≤ |x| < hi (powers of two)."""
+        a, b = _log2_of_power_of_two(lo, "lo"), _log2_of_power_of_two(hi, "hi")
+        if a > b:
+            raise ValueError(f"lo must be ≤ hi, got {lo!r} and {hi!r}")
+        e = self.exponents
+        return self._shares(int(self.counts[(e >= a) & (e < b)].sum()))
+
+    # --- what a format keeps -----------------------------------------------------------------------------
+    def fractions(self, fmt, scale: float = 1.0) -> dict:
+        """Shares of all values that would be zero, normal, subnormal, flushed to zero, overflowed or
+        non-finite after multiplying by ``scale`` and rounding to ``fmt`` (round-to-nearest-even).
+
+        Parameters
+        ----------
+        fmt : FloatFormat or str (a format with a zero: not E8M0)
+        scale : float, a power of two (a loss scale S; multiplying by it shifts every binade by log2 S)
+
+        Returns
+        -------
+        dict with keys "zero" (zero before scaling), "normal", "subnormal", "underflow" (non-zero values that
+        round to zero), "overflow" (values that round beyond max: to inf, NaN, or clamped to ±max in FP6/FP4),
+        "nonfinite" (inf/NaN before scaling); the shares add up to 1.  NaN for an empty histogram.
+
+        Exactness: identical to classifying ``round_to(x * scale, fmt)`` value by value, for every format
+        whose largest mantissa is all ones (FP16, BF16, TF32, FP32, E5M2, FP6, FP4).  For E4M3 (max
+        1.75 × 2⁸, mantissa 110) values with |x·S| in (464, 480) count as normal although they overflow.
+
+        Raises
+        ------
+        TypeError, ValueError
+            Unknown format, a format without zero, or a scale that is not a positive power of two.
+        """
+        fmt = F.get_format(fmt)
+        if not fmt.subnormals:
+            raise ValueError(f"fmt: {fmt.name} has no zero; fractions() needs a format that can underflow")
+        j = _log2_of_power_of_two(scale, "scale")
+        fine = self.fine
+        m, emin, emax = fmt.mantissa_bits, fmt.emin, fmt.emax
+        kk = self.exponents + j                                     # binade after scaling
+        state = np.arange(NSTATES)
+        ones = np.where(state == 0, -1, state - 1)                  # leading ones (−1: fraction is zero)
+        out = dict.fromkeys(FRACTION_KEYS, 0)
+        kkg = kk[:, None] + np.zeros_like(state)[None, :]
+        onesg = np.broadcast_to(ones, fine.shape)
+        top_mant = fmt._max_mantissa_field
+        top_all_ones = top_mant == (1 << m) - 1
+        # thresholds on the leading-ones count (exact when the relevant neighbour is "all ones", see docstring)
+        over = (kkg > emax) | ((kkg == emax) & (onesg >= (m + 1 if top_all_ones else m)))
+        normal = ~over & (kkg >= emin)
+        sub_zone = ~over & (kkg < emin)
+        d = emin - kkg                                              # binades below emin (≥ 1 in sub_zone)
+        p_eff = m - d                                               # fraction bits a subnormal keeps there
+        rounds_to_normal = sub_zone & (d == 1) & (onesg >= m)
+        underflow = sub_zone & ((p_eff <= -2) | ((p_eff == -1) & (onesg == -1)))
+        subnormal = sub_zone & ~rounds_to_normal & ~underflow
+        normal |= rounds_to_normal
+        out["overflow"] = int(fine[over].sum())
+        out["normal"] = int(fine[normal].sum())
+        out["subnormal"] = int(fine[subnormal].sum())
+        out["underflow"] = int(fine[underflow].sum())
+        out["zero"] = self.zeros
+        out["nonfinite"] = self.nonfinite
+        return {k: self._shares(v) for k, v in out.items()}
+
+    def kept_fraction(self, fmt, scale: float = 1.0) -> float:
+        """Share of the non-zero finite values that stay non-zero and finite (normal or subnormal)."""
+        f = self.fractions(fmt, scale)
+        nz = f["normal"] + f["subnormal"] + f["underflow"] + f["overflow"]
+        return (f["normal"] + f["subnormal"]) / nz if nz else float("nan")
+
+    def max_scale(self, fmt) -> float:
+        """The largest power-of-two scale S for which no finite value overflows ``fmt`` (inf if all are zero)."""
+        fmt = F.get_format(fmt)
+        nz = np.nonzero(self.counts)[0]
+        if nz.size == 0:
+            return math.inf
+        top = int(self.exponents[nz[-1]])
+        j = fmt.emax - top + 1
+        while self.fractions(fmt, math.ldexp(1.0, j))["overflow"] > 0:
+            j -= 1
+        return math.ldexp(1.0, j)
+
+    # --- persistence --------------------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        """A JSON-ready dict (sparse fine counts); :meth:`from_dict` inverts it exactly."""
+        f = self._fine.cpu().numpy()
+        nz = np.nonzero(f)[0]
+        return {"kmin": KMIN, "kmax": KMAX, "nstates": NSTATES, "amax": self.amax,
+                "fine": {str(int(i)): int(f[i]) for i in nz}}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Log2Histogram":
+        if not isinstance(d, dict) or "fine" not in d:
+            raise TypeError("d must be a dict from Log2Histogram.to_dict()")
+        if (d.get("kmin"), d.get("kmax"), d.get("nstates")) != (KMIN, KMAX, NSTATES):
+            raise ValueError("d was written with a different bin layout")
+        fine = torch.zeros(NFINE, dtype=torch.int64)
+        for i, c in d["fine"].items():
+            fine[int(i)] = int(c)
+        return cls(fine, float(d["amax"]))
+
+
+def log2_histogram(tensors) -> Log2Histogram:
+    """The :class:`Log2Histogram` of one tensor or of all tensors in an iterable.
+
+    Parameters
+    ----------
+    tensors : torch.Tensor, numpy.ndarray (floating, any shape), or an iterable of them
+        Values are converted to FP32 first (exact for FP16, BF16 and FP32; FP64 values are rounded).
+        Counting happens on each tensor's device, in one pass per tensor, without host synchronisation.
+
+    Raises
+    ------
+    TypeError
+        Non-floating tensors, or objects that are not tensors/arrays.
+    """
+    if isinstance(tensors, (torch.Tensor, np.ndarray)):
+        tensors = [tensors]
+    if not isinstance(tensors, Iterable):
+        raise TypeError(f"tensors must be a tensor, a NumPy array or an iterable of them, got {type(tensors).__name__}")
+    h = None
+    for t in tensors:
+        t = _as_tensor(t)
+        if h is None:
+            h = Log2Histogram(device=t.device)
+        h.add_(t)
+    return h if h is not None else Log2Histogram()
+
+
+class GradientHistogram:
+    """Record log2 histograms of gradients while a model trains (a context manager).
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+    kind : {"activation", "weight"}
+        "activation": gradients of the loss with respect to the outputs of the recorded modules (the
+        paper's Figure 2); "weight": gradients with respect to their parameters.
+    modules : None, iterable of str, or callable(name, module) -> bool
+        Which modules to record: by default every leaf module (one without children) for "activation" and
+        every parameter for "weight"; names are those of ``model.named_modules()``.
+    per_module : bool
+        Also keep one histogram per module name in :attr:`by_module`.
+
+    Usage::
+
+        with GradientHistogram(model, "activation") as gh:
+            for batch in data:
+                loss = ...; loss.backward(); opt.step()
+        gh.histogram.fractions("FP16")
+
+    ``pause()`` / ``resume()`` stop and restart recording (hooks stay registered); ``reset()`` clears the
+    counts.  Hooks are removed on exit.  Counting runs on the gradients' device without host synchronisation.
+
+    Raises
+    ------
+    TypeError, ValueError
+        ``model`` is not a Module; unknown ``kind``; module names that do not exist; nothing to record.
+    """
+
+    KINDS = ("activation", "weight")
+
+    def __init__(self, model: torch.nn.Module, kind: str = "activation", modules=None, per_module: bool = False):
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        if kind not in self.KINDS:
+            raise ValueError(f"kind must be one of {self.KINDS}, got {kind!r}")
+        self.model, self.kind, self.per_module = model, kind, bool(per_module)
+        named = dict(model.named_modules())
+        if modules is None:
+            chosen = [n for n, m in named.items() if not any(True for _ in m.children())] if kind == "activation" \
+                else list(named)
+        elif callable(modules):
+            chosen = [n for n, m in named.items() if modules(n, m)]
+        else:
+            chosen = list(modules)
+            unknown = [n for n in chosen if n not in named]
+            if unknown:
+                raise ValueError(f"modules: no module named {unknown[:3]} in the model")
+        self.module_names = chosen
+        self._named = named
+        self._handles: list = []
+        self.enabled = True
+        self.reset()
+
+    # --- state ---------------------------------------------------------------------------------------------
+    def reset(self) -> None:
+        """Forget everything recorded so far."""
+        self.histogram = Log2Histogram()
+        self.by_module: dict = {}
+        self.calls = 0
+
+    def pause(self) -> None:
+        self.enabled = False
+
+    def resume(self) -> None:
+        self.enabled = True
+
+    def _record(self, name: str, grad: torch.Tensor) -> None:
+        if not self.enabled or grad is None:
+            return
+        self.histogram.add_(grad)
+        self.calls += 1
+        if self.per_module:
+            self.by_module.setdefault(name, Log2Histogram(device=grad.device)).add_(grad)
+
+    # --- hooks -----------------------------------------------------------------------------------------------
+    def _forward_hook(self, name):
+        def hook(module, inputs, output):
+            if not self.enabled or not torch.is_grad_enabled():
+                return
+            outs = output if isinstance(output, (tuple, list)) else (output,)
+            for o in outs:
+                if isinstance(o, torch.Tensor) and o.requires_grad and o.is_floating_point():
+                    o.register_hook(lambda g, name=name: self._record(name, g))
+        return hook
+
+    def __enter__(self) -> "GradientHistogram":
+        if self._handles:
+            raise RuntimeError("this GradientHistogram is already recording")
+        if self.kind == "activation":
+            for n in self.module_names:
+                self._handles.append(self._named[n].register_forward_hook(self._forward_hook(n)))
+        else:
+            params = []
+            for n in self.module_names:
+                for pn, p in self._named[n].named_parameters(recurse=False):
+                    params.append((f"{n}.{pn}" if n else pn, p))
+            for pn, p in params:
+                if p.requires_grad:
+                    self._handles.append(p.register_hook(lambda g, pn=pn: self._record(pn, g)))
+        if not self._handles:
+            raise ValueError("nothing to record: no modules (or trainable parameters) selected")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Remove the hooks (recorded counts stay)."""
+        for h in self._handles:
+            h.remove()
+        self._handles = []
