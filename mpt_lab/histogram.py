@@ -84,7 +84,10 @@ def _kernel():
             _compiled = _fine_indices_eager
         else:
             try:
-                fn = torch.compile(_fine_indices_eager, dynamic=True)
+                with warnings.catch_warnings():  # torch's own deprecation notices while it compiles
+                    warnings.simplefilter("ignore", DeprecationWarning)
+                    fn = torch.compile(_fine_indices_eager, dynamic=True)
+                    fn(torch.ones(2))
                 probe = torch.tensor([0.0, -1.5, 2.0 ** -140, float("inf"), float("nan"), 3.0e38, 1.0e-3])
                 got, want = fn(probe), _fine_indices_eager(probe)
                 if not (torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])):
@@ -251,30 +254,8 @@ class Log2Histogram:
         return self._shares(int(self.counts[(e >= a) & (e < b)].sum()))
 
     # --- what a format keeps -----------------------------------------------------------------------------
-    def fractions(self, fmt, scale: float = 1.0) -> dict:
-        """Shares of all values that would be zero, normal, subnormal, flushed to zero, overflowed or
-        non-finite after multiplying by ``scale`` and rounding to ``fmt`` (round-to-nearest-even).
-
-        Parameters
-        ----------
-        fmt : FloatFormat or str (a format with a zero: not E8M0)
-        scale : float, a power of two (a loss scale S; multiplying by it shifts every binade by log2 S)
-
-        Returns
-        -------
-        dict with keys "zero" (zero before scaling), "normal", "subnormal", "underflow" (non-zero values that
-        round to zero), "overflow" (values that round beyond max: to inf, NaN, or clamped to ±max in FP6/FP4),
-        "nonfinite" (inf/NaN before scaling); the shares add up to 1.  NaN for an empty histogram.
-
-        Exactness: identical to classifying ``round_to(x * scale, fmt)`` value by value, for every format
-        whose largest mantissa is all ones (FP16, BF16, TF32, FP32, E5M2, FP6, FP4).  For E4M3 (max
-        1.75 × 2⁸, mantissa 110) values with |x·S| in (464, 480) count as normal although they overflow.
-
-        Raises
-        ------
-        TypeError, ValueError
-            Unknown format, a format without zero, or a scale that is not a positive power of two.
-        """
+    def category_counts(self, fmt, scale: float = 1.0) -> dict:
+        """Counts of values per category of :meth:`fractions` (same keys, ints)."""
         fmt = F.get_format(fmt)
         if not fmt.subnormals:
             raise ValueError(f"fmt: {fmt.name} has no zero; fractions() needs a format that can underflow")
@@ -305,13 +286,40 @@ class Log2Histogram:
         out["underflow"] = int(fine[underflow].sum())
         out["zero"] = self.zeros
         out["nonfinite"] = self.nonfinite
-        return {k: self._shares(v) for k, v in out.items()}
+        return out
+
+    def fractions(self, fmt, scale: float = 1.0) -> dict:
+        """Shares of all values that would be zero, normal, subnormal, flushed to zero, overflowed or
+        non-finite after multiplying by ``scale`` and rounding to ``fmt`` (round-to-nearest-even).
+
+        Parameters
+        ----------
+        fmt : FloatFormat or str (a format with a zero: not E8M0)
+        scale : float, a power of two (a loss scale S; multiplying by it shifts every binade by log2 S)
+
+        Returns
+        -------
+        dict with keys "zero" (zero before scaling), "normal", "subnormal", "underflow" (non-zero values that
+        round to zero), "overflow" (values that round beyond max: to inf, NaN, or clamped to ±max in FP6/FP4),
+        "nonfinite" (inf/NaN before scaling); the shares add up to 1.  NaN for an empty histogram.
+        :meth:`category_counts` gives the same as integer counts.
+
+        Exactness: identical to classifying ``round_to(x * scale, fmt)`` value by value, for every format
+        whose largest mantissa is all ones (FP16, BF16, TF32, FP32, E5M2, FP6, FP4).  For E4M3 (max
+        1.75 × 2⁸, mantissa 110) values with |x·S| in (464, 480) count as normal although they overflow.
+
+        Raises
+        ------
+        TypeError, ValueError
+            Unknown format, a format without zero, or a scale that is not a positive power of two.
+        """
+        return {k: self._shares(v) for k, v in self.category_counts(fmt, scale).items()}
 
     def kept_fraction(self, fmt, scale: float = 1.0) -> float:
         """Share of the non-zero finite values that stay non-zero and finite (normal or subnormal)."""
-        f = self.fractions(fmt, scale)
-        nz = f["normal"] + f["subnormal"] + f["underflow"] + f["overflow"]
-        return (f["normal"] + f["subnormal"]) / nz if nz else float("nan")
+        c = self.category_counts(fmt, scale)
+        nz = c["normal"] + c["subnormal"] + c["underflow"] + c["overflow"]
+        return (c["normal"] + c["subnormal"]) / nz if nz else float("nan")
 
     def max_scale(self, fmt) -> float:
         """The largest power-of-two scale S for which no finite value overflows ``fmt`` (inf if all are zero)."""

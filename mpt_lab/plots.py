@@ -14,7 +14,8 @@ from matplotlib.figure import Figure
 
 from . import formats as F
 
-__all__ = ["BookFigure", "plot_format_ranges", "plot_ulp", "plot_fixed_vs_float", "plot_accumulation", "FORMAT_COLORS"]
+__all__ = ["BookFigure", "plot_format_ranges", "plot_ulp", "plot_fixed_vs_float", "plot_accumulation",
+           "plot_gradient_histogram", "plot_kept_vs_scale", "FORMAT_COLORS"]
 
 FORMAT_COLORS = {
     "FP64": "#4d4d4d", "FP32": "#1f77b4", "TF32": "#17becf", "FP16": "#d62728", "BF16": "#2ca02c",
@@ -225,6 +226,135 @@ def plot_accumulation(trajectories: dict, *, exact=None, title: str | None = Non
     ax.set_xlabel("step")
     ax.set_ylabel("weight value   (dimensionless)")
     ax.set_title(title or "A weight receiving the same small update every step")
+    ax.legend(fontsize="small")
+    ax.grid(alpha=0.3)
+    return fig
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Gradient histograms (the paper's Figure 2)
+# ----------------------------------------------------------------------------------------------------------
+def _shade_format(ax, fmt: F.FloatFormat, *, label_prefix: str = "", alpha: float = 0.12, underflow=True):
+    """Shade fmt's normal and subnormal ranges (and its underflow zone) on a log2 |x| axis."""
+    m = fmt.mantissa_bits
+    ax.axvspan(fmt.emin, np.log2(fmt.max) + 1e-9, color=_color(fmt), alpha=alpha,
+               label=f"{label_prefix}{fmt.name} normal range [2^{fmt.emin}, max]")
+    if fmt.subnormals and m:
+        # values in [2^(emin-m-1), 2^(emin-m)) round up to the smallest subnormal (except the exact tie)
+        ax.axvspan(fmt.emin - m - 1, fmt.emin, color=_color(fmt), alpha=alpha / 2.5,
+                   label=f"{label_prefix}{fmt.name} subnormal range (rounds to ≥ 2^{fmt.emin - m})")
+        if underflow:
+            ax.axvspan(ax.get_xlim()[0] if ax.get_xlim()[0] < fmt.emin - m - 1 else fmt.emin - m - 30,
+                       fmt.emin - m - 1, color="0.5", alpha=0.12,
+                       label=f"underflow: rounds to 0 in {fmt.name} (|x| ≤ 2^{fmt.emin - m - 1})")
+
+
+def plot_gradient_histogram(hists, fmt="FP16", *, scale: float | None = None, extra_formats: Sequence = (),
+                            title: str | None = None, xlim: tuple | None = None) -> Figure:
+    """Percentage of values (log scale) per binade of |g|, with a zero bin: the paper's Figure 2.
+
+    Parameters
+    ----------
+    hists : Log2Histogram, or dict label → Log2Histogram (drawn as overlaid step outlines)
+    fmt : the format whose ranges are shaded (FP16 as in the paper)
+    scale : optional loss scale S (a power of two): the first histogram is drawn again shifted by log2 S
+    extra_formats : formats whose ranges are drawn as bars above the histogram (e.g. BF16, FP8_E5M2)
+    xlim : (lo, hi) in log2 units; default spans the data
+
+    Returns
+    -------
+    Figure; x = log2 |g| (the zero bin is drawn left of the axis break), y = percentage of all values.
+    """
+    from .histogram import Log2Histogram
+
+    if isinstance(hists, Log2Histogram):
+        hists = {"gradients": hists}
+    if not isinstance(hists, dict) or not hists or not all(isinstance(h, Log2Histogram) for h in hists.values()):
+        raise TypeError("hists must be a Log2Histogram or a non-empty dict of label → Log2Histogram")
+    fmt = F.get_format(fmt)
+    extras = _formats(extra_formats, "extra_formats") if extra_formats else []
+    j = 0
+    if scale is not None:
+        from .histogram import _log2_of_power_of_two
+
+        j = _log2_of_power_of_two(scale, "scale")
+    first = next(iter(hists.values()))
+    if xlim is None:
+        ks = [h.exponents[h.counts > 0] for h in hists.values()]
+        ks = np.concatenate([k for k in ks if k.size] or [np.array([-30, 0])])
+        lo = min(int(ks.min()), fmt.emin - fmt.mantissa_bits - 2) - 3
+        hi = max(int(ks.max()) + j, int(np.log2(fmt.max))) + 3
+        xlim = (lo, hi)
+    lo, hi = xlim
+    zero_x = lo - 3
+    range_fmts = [fmt] + [f for f in extras if f != fmt]
+    fig = _figure((10, 5.2 + 0.25 * len(range_fmts)))
+    top, ax = fig.subplots(2, 1, sharex=True, height_ratios=[0.6 + 0.35 * len(range_fmts), 4])
+    ax.set_xlim(zero_x - 2, hi)
+    _range_rows(top, range_fmts, 0)
+    top.set_title(title or f"Gradient values by magnitude, with {fmt.name}'s ranges")
+    top.set_ylim(-0.6, len(range_fmts) - 0.4)
+    top.tick_params(axis="x", labelbottom=False)
+    _shade_format(ax, fmt)
+    for i, (label, h) in enumerate(hists.items()):
+        pct = 100.0 * h.counts / max(h.total, 1)
+        keep = pct > 0
+        color = f"C{i}"
+        ax.bar(h.exponents[keep] + 0.5, pct[keep], width=1.0, color=color, alpha=0.55 if i == 0 else 0.0,
+               edgecolor=color, lw=0.8, label=f"{label}: non-zero values")
+        ax.bar([zero_x], [100.0 * h.zeros / max(h.total, 1)], width=1.6, color=color, alpha=0.8,
+               label=f"{label}: zeros ({100.0 * h.fraction_zero():.1f}%)")
+    if j:
+        pct = 100.0 * first.counts / max(first.total, 1)
+        keep = pct > 0
+        ax.step(first.exponents[keep] + j + 0.5, pct[keep], where="mid", color="black", lw=1.2,
+                label=f"{next(iter(hists))} × S = 2^{j} (shifted by {j} binades)")
+    ax.axvline(zero_x + 1.6, color="black", lw=0.6)
+    ax.set_yscale("log")
+    ticks = [t for t in range(int(np.ceil(lo / 8) * 8), hi + 1, 8)]
+    ax.set_xticks([zero_x] + ticks, ["0"] + [str(t) for t in ticks])
+    ax.set_xlabel("log₂ |gradient value|   (bin k holds 2^k ≤ |g| < 2^(k+1); leftmost bar: exact zeros)")
+    ax.set_ylabel("percentage of all values (%)")
+    ax.set_title(f"Histogram; shaded: what {fmt.name} keeps, and the underflow zone", fontsize="medium")
+    ax.legend(fontsize="x-small", loc="upper right", framealpha=0.9)
+    ax.grid(axis="y", alpha=0.3)
+    return fig
+
+
+def plot_kept_vs_scale(hist, fmt="FP16", *, log2_scales: Sequence[int] = tuple(range(0, 41)),
+                       title: str | None = None) -> Figure:
+    """Share of non-zero values kept (normal or subnormal), flushed to zero and overflowed, against log2 S.
+
+    Computed exactly from the histogram with :meth:`Log2Histogram.fractions`; the largest S without
+    overflow (:meth:`Log2Histogram.max_scale`) is marked.
+
+    Returns
+    -------
+    Figure; x = log2 S, y = percentage of the non-zero finite values.
+    """
+    fmt = F.get_format(fmt)
+    js = np.asarray(list(log2_scales), dtype=int)
+    if js.size == 0:
+        raise ValueError("log2_scales must not be empty")
+    rows = [hist.fractions(fmt, float(2.0 ** j)) for j in js]
+    nz = np.array([r["normal"] + r["subnormal"] + r["underflow"] + r["overflow"] for r in rows])
+    nz = np.where(nz > 0, nz, np.nan)
+    kept = np.array([r["normal"] + r["subnormal"] for r in rows]) / nz * 100
+    under = np.array([r["underflow"] for r in rows]) / nz * 100
+    over = np.array([r["overflow"] for r in rows]) / nz * 100
+    fig = _figure((9, 4.2))
+    ax = fig.add_subplot()
+    ax.plot(js, kept, "o-", ms=3, color="#2ca02c", label="kept (normal or subnormal)")
+    ax.plot(js, under, "s-", ms=3, color="0.4", label="flushed to zero (underflow)")
+    ax.plot(js, over, "^-", ms=3, color="#d62728", label="overflow")
+    smax = hist.max_scale(fmt)
+    if np.isfinite(smax):
+        ax.axvline(np.log2(smax), color="black", ls="--", lw=1,
+                   label=f"largest S without overflow: 2^{int(np.log2(smax))}")
+    ax.set_xlabel("log₂ S   (loss scale S)")
+    ax.set_ylabel(f"share of non-zero values in {fmt.name} (%)")
+    ax.set_title(title or f"What a loss scale S keeps in {fmt.name}")
+    ax.set_ylim(-2, 102)
     ax.legend(fontsize="small")
     ax.grid(alpha=0.3)
     return fig

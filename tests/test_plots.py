@@ -54,3 +54,29 @@ def test_fixed_vs_float_and_accumulation():
     assert len(ax.get_legend().get_texts()) == 4
     with pytest.raises(TypeError):
         plots.plot_accumulation([1, 2])
+
+
+def test_gradient_histogram_figures():
+    import torch
+
+    from mpt_lab.histogram import log2_histogram
+
+    rng = np.random.default_rng(0)
+    g = rng.standard_normal(20_000) * np.exp2(rng.normal(-30, 6, 20_000))
+    g[:5000] = 0
+    h = log2_histogram(torch.from_numpy(g.astype(np.float32)))
+    fig = plots.plot_gradient_histogram(h, "FP16", scale=2.0**15, extra_formats=["BF16", "FP8_E5M2"])
+    top, ax = fig.axes
+    assert top.get_title() and ax.get_xlabel() and ax.get_ylabel() and ax.get_legend() is not None
+    assert [t.get_text() for t in top.get_yticklabels()] == ["FP16 (16 bits)", "BF16 (16 bits)", "FP8_E5M2 (8 bits)"]
+    # the zero bar shows the share of zeros
+    heights = [p.get_height() for p in ax.patches if hasattr(p, "get_height")]
+    assert any(abs(hh - 25.0) < 1e-9 for hh in heights)
+    fig = plots.plot_kept_vs_scale(h, "FP16", log2_scales=range(0, 30))
+    (ax,) = _check_axes(fig)
+    kept = ax.get_lines()[0].get_ydata()
+    assert kept[8] > kept[0]                                # S = 2^8 keeps more than S = 1
+    with pytest.raises(TypeError):
+        plots.plot_gradient_histogram([h])
+    with pytest.raises(ValueError):
+        plots.plot_gradient_histogram(h, scale=3.0)

@@ -1,0 +1,203 @@
+"""mpt_lab.histogram: exact counts on constructed tensors, fractions against round_to, the gradient hooks."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from mpt_lab import formats as F
+from mpt_lab.histogram import GradientHistogram, Log2Histogram, _fine_indices_eager, _kernel, log2_histogram
+
+
+def _edge_values() -> np.ndarray:
+    """Zeros, FP32 subnormals, every binade edge, the values and midpoints of the small formats, inf, NaN."""
+    k = np.arange(-149, 128)
+    edges = np.ldexp(1.0, k)
+    parts = [[0.0, -0.0, np.inf, -np.inf, np.nan], edges, -edges, np.nextafter(edges.astype(np.float32), np.float32(np.inf)),
+             np.nextafter(edges[1:].astype(np.float32), np.float32(0))]
+    for fmt in (F.FP16, F.BF16, F.FP8_E5M2, F.FP8_E4M3, F.FP6_E3M2, F.FP6_E2M3, F.FP4_E2M1):
+        v = F.values(fmt) if fmt.bits <= 16 else None
+        v = v[v > 0]
+        parts += [v, (v[:-1] + v[1:]) / 2, [fmt.max + F.ulp(fmt.max, fmt) / 2, fmt.smallest_subnormal / 2]]
+    with np.errstate(over="ignore"):
+        return np.concatenate([np.asarray(p, dtype=np.float64) for p in parts]).astype(np.float32)
+
+
+def _random_values(n=300_000, seed=0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    with np.errstate(over="ignore"):
+        return (rng.standard_normal(n) * np.exp2(rng.integers(-150, 128, n).astype(float))).astype(np.float32)
+
+
+def test_counts_are_exact_per_binade():
+    x = np.concatenate([_edge_values(), _random_values()])
+    h = log2_histogram(torch.from_numpy(x))
+    fin = np.isfinite(x) & (x != 0)
+    k = np.floor(np.log2(np.abs(x[fin]).astype(np.float64))).astype(int)
+    assert np.array_equal(h.counts, np.bincount(k + 149, minlength=277))
+    assert h.exponents[0] == -149 and h.exponents[-1] == 127
+    assert h.zeros == int((x == 0).sum()) and h.nonfinite == int((~np.isfinite(x)).sum())
+    assert h.total == x.size
+    assert h.amax == float(np.abs(x[np.isfinite(x)]).max())
+
+
+def test_small_constructed_histogram():
+    x = torch.tensor([0.0, -0.0, 1.0, 1.5, -1.99, 2.0, 2.0**-149, 2.0**-126, 3 * 2.0**-149, float("inf"), float("nan")])
+    h = log2_histogram(x)
+    nz = {int(k): int(c) for k, c in zip(h.exponents, h.counts) if c}
+    assert nz == {0: 3, 1: 1, -149: 1, -148: 1, -126: 1}
+    assert (h.zeros, h.nonfinite, h.total) == (2, 2, 11)
+    assert h.fraction_zero() == 2 / 11
+    assert h.fraction_below(1.0) == 5 / 11 and h.fraction_below(1.0, include_zeros=False) == 3 / 11
+    assert h.fraction_between(1.0, 4.0) == 4 / 11
+    with pytest.raises(ValueError, match="power of two"):
+        h.fraction_below(3.0)
+    with pytest.raises(ValueError):
+        h.fraction_between(4.0, 1.0)
+
+
+def test_compiled_kernel_matches_eager():
+    x = torch.from_numpy(np.concatenate([_edge_values(), _random_values(100_000, 3)]))
+    a, b = _kernel()(x), _fine_indices_eager(x)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+def test_histograms_add_and_inputs():
+    x, y = _random_values(1000, 1), _random_values(500, 2)
+    h = log2_histogram(torch.from_numpy(x)) + log2_histogram(y)          # NumPy arrays too
+    assert h == log2_histogram([torch.from_numpy(x), torch.from_numpy(y)])
+    assert sum([log2_histogram(x), log2_histogram(y)]) == h
+    assert log2_histogram(torch.from_numpy(x).half()).total == 1000       # other dtypes are converted
+    assert log2_histogram([]).total == 0 and math.isnan(log2_histogram([]).fraction_zero())
+    assert Log2Histogram.from_dict(h.to_dict()) == h
+    with pytest.raises(TypeError):
+        log2_histogram(torch.arange(3))
+    with pytest.raises(TypeError):
+        log2_histogram([1.0, 2.0])
+
+
+def _classify(x: np.ndarray, fmt, scale: float) -> dict:
+    """Reference: round every value with mpt_lab.formats.round_to and classify the result."""
+    fin, zero = np.isfinite(x), x == 0
+    y = np.where(fin, x.astype(np.float64) * scale, 0.0)
+    r = F.round_to(y, fmt)
+    nz = fin & ~zero
+    if fmt.nan == "none":   # FP6/FP4 saturate: overflow is |y| at or beyond the rounding boundary above max
+        over = nz & (np.abs(y) >= fmt.max + F.ulp(fmt.max, fmt) / 2)
+    else:
+        over = nz & ~np.isfinite(r)
+    ar = np.abs(r)
+    out = {"zero": zero.sum(), "nonfinite": (~fin).sum(), "overflow": over.sum(), "underflow": (nz & (r == 0)).sum(),
+           "subnormal": (nz & ~over & (ar > 0) & (ar < fmt.smallest_normal)).sum(),
+           "normal": (nz & ~over & (ar >= fmt.smallest_normal)).sum()}
+    return {k: int(v) / x.size for k, v in out.items()}
+
+
+@pytest.mark.parametrize("fmt", ["FP16", "BF16", "TF32", "FP8_E5M2", "FP6_E3M2", "FP6_E2M3", "FP4_E2M1"])
+@pytest.mark.parametrize("log2_scale", [0, 3, 15, -4, 24])
+def test_fractions_match_round_to(fmt, log2_scale):
+    x = np.concatenate([_edge_values(), _random_values(200_000, 7)])
+    h = log2_histogram(torch.from_numpy(x))
+    got = h.fractions(fmt, 2.0 ** log2_scale)
+    want = _classify(x, F.get_format(fmt), 2.0 ** log2_scale)
+    assert got == want
+    assert math.isclose(sum(got.values()), 1.0)
+
+
+def test_fractions_e4m3_exact_outside_the_documented_band():
+    x = np.concatenate([_edge_values(), _random_values(200_000, 8)])
+    y = np.abs(x.astype(np.float64))
+    band = np.zeros_like(y, dtype=bool)
+    for j in (0, 3):  # values whose scaled magnitude falls in (464, 480) are the documented exception
+        band |= (y * 2.0 ** j > 464) & (y * 2.0 ** j < 480)
+    x = x[~band]
+    h = log2_histogram(torch.from_numpy(x))
+    for j in (0, 3):
+        assert h.fractions("FP8_E4M3", 2.0 ** j) == _classify(x, F.FP8_E4M3, 2.0 ** j)
+
+
+def test_scale_and_format_arguments():
+    h = log2_histogram(torch.tensor([2.0**-26, 2.0**-25, 2.0**-20, 1.0, 60000.0]))
+    f = h.fractions("FP16")
+    assert f["underflow"] == 2 / 5          # 2^-26 and the exact tie 2^-25 round to zero
+    assert f["subnormal"] == 1 / 5 and f["normal"] == 2 / 5
+    assert h.fractions("FP16", 2.0)["overflow"] == 1 / 5       # 120000 > 65504
+    assert h.max_scale("FP16") == 1.0
+    assert h.kept_fraction("FP16") == 3 / 5
+    assert h.kept_fraction("FP16", 2.0 ** 4) == 4 / 5     # 2^-22 and 2^-21 now subnormal; 960000 overflows
+    for bad in (3.0, 0.0, -2.0, float("inf")):
+        with pytest.raises(ValueError):
+            h.fractions("FP16", bad)
+    with pytest.raises(TypeError):
+        h.fractions("FP16", "8")
+    with pytest.raises(ValueError, match="no zero"):
+        h.fractions("E8M0")
+    with pytest.raises(ValueError, match="unknown format"):
+        h.fractions("FP15")
+
+
+def test_max_scale_is_the_largest_power_of_two_without_overflow():
+    x = _random_values(50_000, 4)
+    x = x[np.isfinite(x) & (np.abs(x) < 1e30)]
+    h = log2_histogram(torch.from_numpy(x))
+    s = h.max_scale("FP16")
+    assert h.fractions("FP16", s)["overflow"] == 0 and h.fractions("FP16", 2 * s)["overflow"] > 0
+    rule = 2.0 ** math.floor(math.log2(65504 / h.amax))        # the max-gradient rule: amax · S ≤ 65504
+    assert rule <= s <= 2 * rule
+
+
+def _tiny_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+
+
+def test_activation_gradients_are_the_gradients_of_module_outputs():
+    model = _tiny_model()
+    x, y = torch.randn(5, 8), torch.tensor([0, 1, 2, 0, 1])
+    with GradientHistogram(model, "activation", per_module=True) as gh:
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+    assert set(gh.by_module) == {"0", "1", "2"}
+    # reference: the same gradients via autograd.grad
+    h0 = model[0](x)
+    h1 = model[1](h0)
+    out = model[2](h1)
+    g = torch.autograd.grad(torch.nn.functional.cross_entropy(out, y), [h0, h1, out])
+    assert gh.histogram == log2_histogram(list(g))
+    assert gh.by_module["1"] == log2_histogram(g[1])
+    assert gh.calls == 3
+    # hooks are gone after the with block
+    model.zero_grad()
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    assert gh.calls == 3
+
+
+def test_weight_gradients_pause_reset_and_selection():
+    model = _tiny_model()
+    x, y = torch.randn(5, 8), torch.tensor([0, 1, 2, 0, 1])
+    with GradientHistogram(model, "weight") as gw:
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        assert gw.histogram == log2_histogram([p.grad for p in model.parameters()])
+        gw.pause()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        assert gw.calls == 4
+        gw.resume()
+        gw.reset()
+        assert gw.histogram.total == 0
+    with GradientHistogram(model, "activation", modules=["2"]) as ga:
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+    assert ga.histogram.total == 5 * 3
+    with GradientHistogram(model, modules=lambda n, m: isinstance(m, torch.nn.ReLU)) as gr:
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+    assert gr.histogram.total == 5 * 16
+    with pytest.raises(ValueError, match="kind"):
+        GradientHistogram(model, "bias")
+    with pytest.raises(ValueError, match="no module"):
+        GradientHistogram(model, modules=["nope"])
+    with pytest.raises(TypeError):
+        GradientHistogram("model")
+    with torch.no_grad():                   # no graph, nothing recorded, nothing breaks
+        with GradientHistogram(model) as gn:
+            model(x)
+    assert gn.calls == 0
