@@ -325,7 +325,10 @@ class _Input:
         """Cast a float result back to the input's type (exact whenever the value fits that dtype)."""
         if self.kind == "torch":
             return y if y.dtype == self.dtype else y.to(self.dtype)
-        return self.reshape(y if y.dtype == self.dtype or self.kind == "float" else y.astype(self.dtype))
+        if y.dtype == self.dtype or self.kind == "float":
+            return self.reshape(y)
+        with np.errstate(over="ignore"):  # a value of fmt beyond x's dtype (65504 → BF16 65536 in float16) is inf
+            return self.reshape(y.astype(self.dtype))
 
     def reshape(self, y):
         """Give a NumPy result computed on the 1-D working copy the input's shape (and scalar type)."""
@@ -340,6 +343,7 @@ class _Input:
 _INT_OF = {np.dtype(np.float32): np.dtype(np.uint32), np.dtype(np.float64): np.dtype(np.uint64)}
 _MANT_OF = {32: 23, 64: 52}
 _BIAS_OF = {32: 127, 64: 1023}
+_MAX_OF = {32: float(np.finfo(np.float32).max), 64: float(np.finfo(np.float64).max)}
 
 
 def _nbits(a) -> int:
@@ -539,7 +543,13 @@ def _round_work(xf, fmt: FloatFormat, rounding: str, saturate: bool, generator, 
     nbits = _nbits(xf)
     path = _path(fmt, nbits)
     if path == "identity":
-        return xf.clone() if _is_tensor(xf) else xf.copy()
+        y = xf.clone() if _is_tensor(xf) else xf.copy()
+        if saturate and fmt.max <= _MAX_OF[nbits]:
+            # Every finite working value is in fmt, so only ±inf lie beyond ±max: saturation must still clamp
+            # them (it was skipped here, so round_to(inf, FP32, saturate=True) gave inf).  When fmt.max does
+            # not fit the working type (FP64 from float32) the clamped value would be stored as inf anyway.
+            _clip_(y, -fmt.max, fmt.max)
+        return y
     if path == "wide":
         if nbits == 64:
             raise ValueError(f"fmt: {fmt.name} is wider than FP64 in some respect and cannot be emulated here")
@@ -712,7 +722,8 @@ def encode(x, fmt, *, rounding: str = "nearest_even", saturate: bool = False, ge
     Parameters are those of :func:`round_to`.  A code holds sign | biased exponent | mantissa from the most
     to the least significant of its ``fmt.bits`` low bits.  NaN becomes the format's canonical NaN (quiet
     NaN ``S 1…1 10…0`` for IEEE formats, the all-ones code for E4M3 and E8M0), except that FP16, FP32 and
-    FP64 values encoded to their own format keep their exact bits.
+    FP64 values encoded to their own format keep their exact bits (without ``saturate``, which turns ±inf
+    into the codes of ±max).
 
     Returns
     -------
@@ -728,7 +739,10 @@ def encode(x, fmt, *, rounding: str = "nearest_even", saturate: bool = False, ge
     inp = _Input(x)
     fmt = get_format(fmt)
     rounding = _check_rounding(rounding)
-    own = _own_codes(x, inp, fmt)
+    if not isinstance(saturate, (bool, np.bool_)):  # as round_to (encode's contract: "raises as round_to")
+        raise TypeError(f"saturate must be a bool, got {type(saturate).__name__}")
+    # the exact-bits shortcut cannot saturate ±inf: with saturate, encode what round_to returns instead
+    own = None if saturate else _own_codes(x, inp, fmt)
     if own is not None:
         return own
     y = _round_work(inp.work, fmt, rounding, saturate, generator)
@@ -783,7 +797,9 @@ def _decode_work(c, fmt: FloatFormat):
             sub = torch.ldexp(mf.to(f64), torch.full_like(mf, fmt.emin - m, dtype=f64))
             val = torch.where(ef == 0, sub, val)
     else:
-        val = np.ldexp((mf + (1 << m)).astype(np.float64), (ef - fmt.bias - m).astype(np.int32))
+        # np.asarray: for 0-d codes (compose with scalar fields) np.ldexp returns a NumPy scalar, which the
+        # in-place _put_ below cannot write to; without subnormals (E8M0) no np.where made it an array again
+        val = np.asarray(np.ldexp((mf + (1 << m)).astype(np.float64), (ef - fmt.bias - m).astype(np.int32)))
         if fmt.subnormals:
             val = np.where(ef == 0, np.ldexp(mf.astype(np.float64), fmt.emin - m), val)
     if fmt.nan == "ieee":
@@ -844,7 +860,9 @@ class Decomposition:
     ``sign``               sign bit, 0 or 1
     ``exponent``           biased exponent field E
     ``mantissa``           mantissa (trailing significand) field, an integer of ``fmt.mantissa_bits`` bits
-    ``unbiased_exponent``  e = E − bias for normals; emin for zeros and subnormals; emax + 1 for inf/NaN
+    ``unbiased_exponent``  e = E − bias for normals, infinities and NaNs (emax + 1 where the top exponent field
+                           is reserved: IEEE inf/NaN, E8M0's NaN; emax for E4M3's NaN, which shares that
+                           field with finite values); emin for zeros and subnormals
     ``significand``        1.mantissa (normal) or 0.mantissa (zero, subnormal), as float64; inf/NaN for those
     ``value``              the value actually stored, as float64
 
@@ -1117,7 +1135,7 @@ def round_fixed(x, int_bits: int, frac_bits: int):
     TypeError
         Wrong type of x or of the bit counts.
     ValueError
-        Negative bit counts, or more than 52 bits in all (not exact in float64).
+        Negative bit counts, more than 52 bits in all (not exact in float64), or NaN in x.
     """
     for name, v in (("int_bits", int_bits), ("frac_bits", frac_bits)):
         if not isinstance(v, numbers.Integral) or isinstance(v, bool):
@@ -1127,14 +1145,17 @@ def round_fixed(x, int_bits: int, frac_bits: int):
     if int_bits + frac_bits > 52:
         raise ValueError(f"int_bits + frac_bits must be ≤ 52, got {int_bits + frac_bits}")
     inp = _Input(x)
+    if _any(_isnan(inp.work)):
+        raise ValueError("x contains NaN, which fixed point cannot represent")
     step = math.ldexp(1.0, -frac_bits)
     lo, hi = -math.ldexp(1.0, int_bits), math.ldexp(1.0, int_bits) - step
     if inp.is_torch:
         w = inp.work.to(torch.float64)
-        y = torch.clamp(torch.round(w / step) * step, lo, hi)  # torch.round: ties to even
+        y = torch.clamp(torch.round(w / step) * step, lo, hi) + 0.0  # round: ties to even; + 0.0: no −0
         return inp.restore(y.to(inp.work.dtype))
     w = inp.work.astype(np.float64)
-    y = np.clip(np.rint(w / step) * step, lo, hi)  # np.rint: ties to even
+    with np.errstate(over="ignore", invalid="ignore"):  # huge values saturate below
+        y = np.clip(np.rint(w / step) * step, lo, hi) + 0.0  # np.rint: ties to even; + 0.0: fixed point has one zero
     return inp.restore(y.astype(inp.work.dtype))
 
 
