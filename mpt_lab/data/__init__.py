@@ -1,0 +1,11 @@
+"""Data sets for the book's small real models, generated offline and deterministically.
+
+* :class:`DigitsDetection`: handwritten digits (scikit-learn's ``load_digits``) on photographic backgrounds
+  (scikit-learn's sample photographs), with exact boxes: the detection task of the SSD experiment.
+"""
+
+from .digits_detection import (BACKGROUNDS, CLASS_NAMES, NUM_CLASSES, TEST_GLYPHS, TRAIN_GLYPHS,
+                               DigitsDetection, collate_fn)
+
+__all__ = ["DigitsDetection", "collate_fn", "CLASS_NAMES", "NUM_CLASSES", "TRAIN_GLYPHS", "TEST_GLYPHS",
+           "BACKGROUNDS"]

@@ -1,0 +1,15 @@
+"""The book's small real models.
+
+* :mod:`mpt_lab.models.ssd`: an SSD-style detector (Liu et al., ECCV 2016) with :class:`MultiBoxLoss`,
+  :func:`detect` and :func:`train_step`: the model of the paper's Figure 2.
+* :mod:`mpt_lab.models.box_ops`: IoU, box conversions, SSD box encoding, NMS, in plain torch.
+* :mod:`mpt_lab.models.detection_eval`: VOC-style average precision and mAP.
+"""
+
+from . import box_ops
+from .detection_eval import average_precision, mean_average_precision
+from .ssd import (CONFIGS, SSD, L2Norm, MultiBoxLoss, build_ssd, default_boxes, detect, make_optimizer, match,
+                  match_batch, train_step)
+
+__all__ = ["SSD", "CONFIGS", "build_ssd", "L2Norm", "MultiBoxLoss", "default_boxes", "match", "match_batch",
+           "detect", "make_optimizer", "train_step", "mean_average_precision", "average_precision", "box_ops"]
