@@ -15,7 +15,8 @@ from matplotlib.figure import Figure
 from . import formats as F
 
 __all__ = ["BookFigure", "plot_format_ranges", "plot_ulp", "plot_fixed_vs_float", "plot_accumulation",
-           "plot_gradient_histogram", "plot_kept_vs_scale", "FORMAT_COLORS"]
+           "plot_gradient_histogram", "plot_kept_vs_scale", "plot_detection_samples", "plot_training",
+           "FORMAT_COLORS"]
 
 FORMAT_COLORS = {
     "FP64": "#4d4d4d", "FP32": "#1f77b4", "TF32": "#17becf", "FP16": "#d62728", "BF16": "#2ca02c",
@@ -357,4 +358,93 @@ def plot_kept_vs_scale(hist, fmt="FP16", *, log2_scales: Sequence[int] = tuple(r
     ax.set_ylim(-2, 102)
     ax.legend(fontsize="small")
     ax.grid(alpha=0.3)
+    return fig
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Detection data and training curves
+# ----------------------------------------------------------------------------------------------------------
+def plot_detection_samples(dataset, n: int = 8, *, detections=None, title: str | None = None) -> Figure:
+    """The first ``n`` images of a detection data set with their ground-truth boxes (and detections).
+
+    Parameters
+    ----------
+    dataset : a :class:`mpt_lab.data.DigitsDetection` (items: image [C, H, W] in [0, 1], target with normalised
+        xyxy "boxes" and "labels" 1–10 for the digits 0–9)
+    n : number of images (1–32)
+    detections : optional list of per-image dicts ("boxes", "scores", "labels") drawn dashed with scores
+
+    Returns
+    -------
+    Figure with one panel per image; axes in pixels.
+    """
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Rectangle
+
+    if not isinstance(n, int) or not 1 <= n <= 32:
+        raise ValueError(f"n must be an int in [1, 32], got {n!r}")
+    n = min(n, len(dataset))
+    cols = min(n, 8)
+    rows = (n + cols - 1) // cols
+    fig = _figure((1.6 * cols, 1.75 * rows + 0.6))
+    axes = np.atleast_1d(fig.subplots(rows, cols, squeeze=False).ravel())
+    for i, ax in enumerate(axes):
+        ax.set_xticks([])
+        ax.set_yticks([])
+        if i >= n:
+            ax.set_visible(False)
+            continue
+        img, tgt = dataset[i]
+        size = img.shape[-1]
+        ax.imshow(img.permute(1, 2, 0).squeeze(-1).numpy(), cmap="gray", vmin=0, vmax=1)
+        for b, lab in zip(tgt["boxes"].tolist(), tgt["labels"].tolist()):
+            x0, y0, x1, y1 = (v * size for v in b)
+            ax.add_patch(Rectangle((x0, y0), x1 - x0, y1 - y0, fill=False, ec="#2ca02c", lw=1.2))
+            ax.text(x0, y0, str(lab - 1), color="#2ca02c", fontsize=7, va="bottom")
+        if detections is not None:
+            d = detections[i]
+            for b, s, lab in zip(d["boxes"].tolist(), d["scores"].tolist(), d["labels"].tolist()):
+                x0, y0, x1, y1 = (v * size for v in b)
+                ax.add_patch(Rectangle((x0, y0), x1 - x0, y1 - y0, fill=False, ec="#d62728", lw=1, ls="--"))
+                ax.text(x1, y1, f"{lab - 1}:{s:.2f}", color="#d62728", fontsize=6, ha="right", va="top")
+    handles = [Line2D([], [], color="#2ca02c", lw=1.2, label="ground truth (digit)")]
+    if detections is not None:
+        handles.append(Line2D([], [], color="#d62728", lw=1, ls="--", label="detection (digit:score)"))
+    fig.legend(handles=handles, loc="lower center", ncol=2, fontsize="small")
+    fig.suptitle(title or f"{n} images of the detection data set, with their boxes (64 × 64 pixels)")
+    return fig
+
+
+def plot_training(steps, losses, map50=None, *, title: str | None = None, smooth: int = 25) -> Figure:
+    """Training loss against step (raw and a running mean), with mAP@0.5 on a second axis if given.
+
+    Parameters
+    ----------
+    steps, losses : sequences of equal length
+    map50 : optional list of (step, mAP) pairs
+    smooth : window of the running mean (steps)
+    """
+    steps, losses = np.asarray(steps, dtype=float), np.asarray(losses, dtype=float)
+    if steps.shape != losses.shape or steps.ndim != 1 or steps.size == 0:
+        raise ValueError("steps and losses must be non-empty 1-D sequences of equal length")
+    fig = _figure((9, 4))
+    ax = fig.add_subplot()
+    ax.plot(steps, losses, color="#1f77b4", alpha=0.3, lw=0.8, label="training loss (per step)")
+    w = max(1, min(int(smooth), steps.size))
+    run = np.convolve(losses, np.ones(w) / w, mode="valid")
+    ax.plot(steps[w - 1:], run, color="#1f77b4", lw=1.8, label=f"running mean ({w} steps)")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (SSD eq. 1, dimensionless)")
+    ax.set_title(title or "Training")
+    ax.grid(alpha=0.3)
+    handles, labels = ax.get_legend_handles_labels()
+    if map50:
+        ax2 = ax.twinx()
+        s, m = zip(*map50)
+        ax2.plot(s, m, "o-", color="#d62728", label="mAP@0.5 (test split)")
+        ax2.set_ylabel("mAP@0.5 (0–1)")
+        ax2.set_ylim(0, 1)
+        h2, l2 = ax2.get_legend_handles_labels()
+        handles, labels = handles + h2, labels + l2
+    ax.legend(handles, labels, fontsize="small", loc="upper right")
     return fig

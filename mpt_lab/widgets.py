@@ -18,7 +18,7 @@ import numpy as np
 
 from . import formats as F
 
-__all__ = ["HTML", "bits_html", "format_table_html", "value_table_html", "BitExplorer", "bit_explorer",
+__all__ = ["HTML", "table_html", "bits_html", "format_table_html", "value_table_html", "BitExplorer", "bit_explorer",
            "FIELD_COLORS"]
 
 FIELD_COLORS = {"sign": "#f4a6a6", "exponent": "#a6c8f4", "mantissa": "#b9e4b0"}
@@ -90,7 +90,8 @@ def bits_html(x, fmt="FP32") -> HTML:
                 f'<span style="margin-left:8px">{d.kind}: {html.escape(_formula(d))}</span></div>')
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence], caption: str = "") -> HTML:
+def table_html(header: Sequence[str], rows: Sequence[Sequence], caption: str = "") -> HTML:
+    """A plain HTML table (cells are inserted as given: escape text yourself, or pass numbers)."""
     th = "".join(f'<th style="text-align:right;padding:2px 8px">{html.escape(str(h))}</th>' for h in header)
     body = "".join("<tr>" + "".join(f'<td style="text-align:right;padding:2px 8px">{c}</td>' for c in r) + "</tr>"
                    for r in rows)
@@ -113,7 +114,7 @@ def format_table_html(formats: Sequence = tuple(F.FORMATS)) -> HTML:
                      _fmt_num(s["smallest normal"]), _fmt_num(s["smallest subnormal"]),
                      _fmt_num(s["epsilon"]), f"{s['decimal digits']:.2f}", "yes" if f.infinities else "no",
                      {"ieee": "IEEE", "single": "one code", "none": "none"}[f.nan]])
-    return _table(header, rows)
+    return table_html(header, rows)
 
 
 def value_table_html(values: Sequence[float], formats: Sequence = ("FP32", "BF16", "FP16", "FP8_E4M3", "FP8_E5M2"),
@@ -131,7 +132,7 @@ def value_table_html(values: Sequence[float], formats: Sequence = ("FP32", "BF16
             if math.isfinite(d.value) and v != 0:
                 err = f"{abs(d.value - v) / abs(v):.2e}"
             rows.append([_fmt_num(float(v)), f.name, _bit_cells(d), d.kind, _fmt_num(d.value), err])
-    return _table(["x", "format", "bits (sign | exponent | mantissa)", "kind", "stored value", "relative error"],
+    return table_html(["x", "format", "bits (sign | exponent | mantissa)", "kind", "stored value", "relative error"],
                   rows)
 
 

@@ -24,5 +24,7 @@ def test_book_builds_without_warnings(tmp_path):
     assert len(re.findall(r'<img[^>]+_images/', page)) >= 4
     assert "1 10000111 00111010101000000000000" in page
     assert "65504" in page and "Traceback" not in page
+    ch2 = (html / "notebooks" / "02_where_the_gradients_go.html").read_text()
+    assert len(re.findall(r'<img[^>]+_images/', ch2)) >= 6 and "66.8%" in ch2 and "Traceback" not in ch2
     assert (html / "book" / "bibliography.html").exists()
     assert "Micikevicius" in (html / "book" / "bibliography.html").read_text()

@@ -40,3 +40,12 @@ def test_unknown_exercise():
         E.check(1.1, 1)
     assert E.show("1.3").startswith("Exercise 1.3")
     assert E.list_exercises(1) == ["1.1", "1.2", "1.3", "1.4", "1.5"]
+    assert E.list_exercises(2) == ["2.1", "2.2"]
+
+
+def test_chapter2_wrong_functions_fail():
+    import math
+
+    assert not E.check("2.1", lambda amax, fmt_max=65504.0: 2.0 ** math.floor(math.log2(fmt_max / amax)) * 2)
+    assert not E.check("2.2", lambda e, c, z, t, k: (c[e <= k].sum() + z) / t)   # off by one binade
+    assert not E.check("2.2", lambda e, c, z, t, k: c[e < k].sum() / t)          # forgets the zeros

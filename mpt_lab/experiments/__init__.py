@@ -1,0 +1,10 @@
+"""One module per reproduced result: ``run(config) -> result`` (a dataclass that saves to and loads from JSON)
+and a CLI, ``python -m mpt_lab.experiments.NAME --profile full --out book/results/NAME_full.json``.
+
+* :mod:`mpt_lab.experiments.ssd_histogram`: the paper's Figure 2, activation and weight gradients of an
+  SSD-style detector trained in FP32.
+"""
+
+from ._common import find_result, load_json, results_dir, save_json
+
+__all__ = ["save_json", "load_json", "results_dir", "find_result"]
