@@ -105,6 +105,8 @@ def _fine_indices(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     x = x.detach()
     if x.dtype != torch.float32:
         x = x.to(torch.float32)
+    if x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last):
+        x = x.permute(0, 2, 3, 1)  # channels-last gradients: a flat view in memory order, no copy (order is irrelevant)
     x = x.reshape(-1)
     if x.device.type not in ("cpu", "cuda"):
         return _fine_indices_eager(x)

@@ -201,3 +201,9 @@ def test_weight_gradients_pause_reset_and_selection():
         with GradientHistogram(model) as gn:
             model(x)
     assert gn.calls == 0
+
+
+def test_channels_last_and_strided_inputs():
+    x = torch.randn(4, 8, 5, 5) * 1e-5
+    assert log2_histogram(x.to(memory_format=torch.channels_last)) == log2_histogram(x)
+    assert log2_histogram(x[:, ::2]) == log2_histogram(x[:, ::2].contiguous())
