@@ -69,7 +69,7 @@ def config_for(profile: str) -> Config:
     """The configuration of a profile: "quick" (CI, ≤ 1 minute on 2 CPU cores), "cpu" (≤ 4 minutes),
     "full" (a GPU, ≤ 8 minutes on one H100).  Raises ValueError for other names."""
     if profile == "quick":
-        return Config(profile="quick", steps=500, n_train=4000, n_test=300, threads=1)
+        return Config(profile="quick", steps=400, n_train=4000, n_test=300, threads=1)
     if profile == "cpu":
         return Config(profile="cpu", steps=2400, n_train=10000, n_test=500, threads=1, eval_every=600)
     if profile == "full":
@@ -325,9 +325,9 @@ def size_sweep(sizes=(("small", 64), ("small", 128)), steps: int = 40, *, batch_
 
 
 def sweep_for(profile: str) -> dict:
-    """Arguments of :func:`size_sweep` for a profile (quick: 2 sizes × 30 steps; cpu: 3 × 60; full: 4 × 300)."""
+    """Arguments of :func:`size_sweep` for a profile (quick: 2 sizes × 20 steps; cpu: 3 × 60; full: 4 × 300)."""
     if profile == "quick":
-        return {"sizes": (("small", 64), ("small", 128)), "steps": 30}
+        return {"sizes": (("small", 64), ("small", 128)), "steps": 20}
     if profile == "cpu":
         return {"sizes": (("small", 64), ("small", 128), ("medium", 128)), "steps": 60}
     if profile == "full":
