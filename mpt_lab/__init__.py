@@ -3,6 +3,10 @@
 Everything the book shows is computed here.  Modules (one job each):
 
 * :mod:`mpt_lab.formats`: floating-point formats (FP64 … FP4, E8M0), exact rounding, bits.
+* :mod:`mpt_lab.histogram`: log2 histograms of tensors and the gradient recorder (the paper's Figure 2).
+* :mod:`mpt_lab.scaling`: loss scalers, ``GradScaler`` (torch.amp's contract) and ``StaticLossScaler``.
+* :mod:`mpt_lab.models`, :mod:`mpt_lab.data`: the small real models and their data.
+* :mod:`mpt_lab.experiments`: one module per reproduced result, ``run(config) -> result`` and a CLI.
 * :mod:`mpt_lab.device`: which device to run on and a one-line description for result provenance.
 * :mod:`mpt_lab.bench`: timing that can be trusted (warm-up, synchronisation, median of repeats).
 * :mod:`mpt_lab.plots`: the book's figures.
