@@ -16,7 +16,7 @@ from . import formats as F
 
 __all__ = ["BookFigure", "plot_format_ranges", "plot_ulp", "plot_fixed_vs_float", "plot_accumulation",
            "plot_gradient_histogram", "plot_kept_vs_scale", "plot_detection_samples", "plot_training",
-           "FORMAT_COLORS"]
+           "plot_scale_history", "FORMAT_COLORS"]
 
 FORMAT_COLORS = {
     "FP64": "#4d4d4d", "FP32": "#1f77b4", "TF32": "#17becf", "FP16": "#d62728", "BF16": "#2ca02c",
@@ -447,4 +447,38 @@ def plot_training(steps, losses, map50=None, *, title: str | None = None, smooth
         h2, l2 = ax2.get_legend_handles_labels()
         handles, labels = handles + h2, labels + l2
     ax.legend(handles, labels, fontsize="small", loc="upper right")
+    return fig
+
+
+def plot_scale_history(histories: dict, *, title: str | None = None) -> Figure:
+    """Loss scale S against step (log2 axis), with overflow steps marked.
+
+    Parameters
+    ----------
+    histories : dict label → list of (step, scale, found_inf) as in ``GradScaler.history``; the first series
+        is drawn solid, the others dashed on top (identical trajectories overlap exactly)
+
+    Returns
+    -------
+    Figure; x = step, y = log2 S.
+    """
+    if not isinstance(histories, dict) or not histories:
+        raise TypeError("histories must be a non-empty dict of label → [(step, scale, found_inf)]")
+    fig = _figure((9, 4))
+    ax = fig.add_subplot()
+    for i, (label, h) in enumerate(histories.items()):
+        if not h:
+            continue
+        steps = np.array([s for s, _, _ in h])
+        scales = np.log2(np.array([v for _, v, _ in h], dtype=float))
+        ax.step(steps, scales, where="post", lw=2.2 if i == 0 else 1.2, ls="-" if i == 0 else "--",
+                label=f"S, {label}")
+        inf = np.array([bool(f) for _, _, f in h])
+        if inf.any() and i == 0:
+            ax.plot(steps[inf], scales[inf], "v", color="#d62728", ms=7, label="overflow: step skipped, S halved")
+    ax.set_xlabel("step")
+    ax.set_ylabel("log₂ S   (loss scale)")
+    ax.set_title(title or "Dynamic loss scaling: grow after N clean steps, back off on overflow")
+    ax.legend(fontsize="small")
+    ax.grid(alpha=0.3)
     return fig

@@ -41,6 +41,7 @@ def test_unknown_exercise():
     assert E.show("1.3").startswith("Exercise 1.3")
     assert E.list_exercises(1) == ["1.1", "1.2", "1.3", "1.4", "1.5"]
     assert E.list_exercises(2) == ["2.1", "2.2"]
+    assert E.list_exercises(3) == ["3.1"]
 
 
 def test_chapter2_wrong_functions_fail():
@@ -49,3 +50,14 @@ def test_chapter2_wrong_functions_fail():
     assert not E.check("2.1", lambda amax, fmt_max=65504.0: 2.0 ** math.floor(math.log2(fmt_max / amax)) * 2)
     assert not E.check("2.2", lambda e, c, z, t, k: (c[e <= k].sum() + z) / t)   # off by one binade
     assert not E.check("2.2", lambda e, c, z, t, k: c[e < k].sum() / t)          # forgets the zeros
+
+
+def test_chapter3_wrong_scaler_fails():
+    def never_resets(scale, tracker, found_inf, g, b, n):
+        if found_inf:
+            return scale * b, tracker            # forgets to reset the count
+        tracker += 1
+        return (scale * g, 0) if tracker == n else (scale, tracker)
+
+    fb = E.check("3.1", never_resets)
+    assert not fb and "expected" in fb.message

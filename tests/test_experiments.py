@@ -89,3 +89,20 @@ def test_save_json_handles_nonfinite(tmp_path):
         load_json(tmp_path / "missing.json")
     with pytest.raises(TypeError):
         save_json([1], tmp_path / "y.json")
+
+
+def test_loss_scaling_experiment(tmp_path):
+    from mpt_lab.experiments import loss_scaling
+
+    cfg = loss_scaling.Config(profile="quick", steps=60, growth_interval=10, hidden=32, threads=1)
+    r = loss_scaling.run(cfg, progress=False)
+    assert r.identical and len(r.history["mpt_lab"]) == 60
+    assert [h[1] for h in r.history["mpt_lab"]] == [h[1] for h in r.history["torch"]]
+    assert [h[2] for h in r.history["mpt_lab"]] == [h[2] for h in r.history["torch"]]
+    assert r.history["mpt_lab"][10][1] == 2 * r.history["mpt_lab"][0][1] or r.overflow_steps
+    back = loss_scaling.LossScalingResult.load(r.save(tmp_path / "ls.json"))
+    assert back.history == r.history and back.identical and "identical to torch: True" in back.describe()
+    with pytest.raises(ValueError):
+        loss_scaling.run(loss_scaling.Config(dtype="float8"), progress=False)
+    with pytest.raises(ValueError):
+        loss_scaling.config_for("tiny")

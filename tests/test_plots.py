@@ -80,3 +80,12 @@ def test_gradient_histogram_figures():
         plots.plot_gradient_histogram([h])
     with pytest.raises(ValueError):
         plots.plot_gradient_histogram(h, scale=3.0)
+
+
+def test_scale_history_plot():
+    h = [(0, 2.0**16, False), (1, 2.0**17, True), (2, 2.0**16, False)]
+    fig = plots.plot_scale_history({"ours": h, "torch": h})
+    (ax,) = _check_axes(fig)
+    assert len(ax.get_legend().get_texts()) == 3
+    with pytest.raises(TypeError):
+        plots.plot_scale_history([])

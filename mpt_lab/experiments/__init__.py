@@ -3,6 +3,7 @@ and a CLI, ``python -m mpt_lab.experiments.NAME --profile full --out book/result
 
 * :mod:`mpt_lab.experiments.ssd_histogram`: the paper's Figure 2, activation and weight gradients of an
   SSD-style detector trained in FP32.
+* :mod:`mpt_lab.experiments.loss_scaling`: dynamic loss scaling on a real FP16 run, ours beside torch's.
 """
 
 from ._common import find_result, load_json, results_dir, save_json
