@@ -1,0 +1,480 @@
+"""FP32 master weights: the 8-step mixed precision training loop, each step visible.
+
+Source: Micikevicius et al., "Mixed Precision Training", ICLR 2018, §3.1 "FP32 master copy of weights"
+and §3.2 "Loss scaling"; the book's seed 003 lists the loop as 8 steps:
+
+1. keep FP32 master weights and make an FP16 copy;
+2. forward with the FP16 copy;
+3. cast the FP16 prediction to FP32;
+4. compute the FP32 loss and multiply it by the loss scale S;
+5. cast the scaled loss to FP16;
+6. backward in FP16 to get FP16 gradients;
+7. cast the FP16 gradients to FP32 and divide by S (skip the update if any is inf/NaN);
+8. update the FP32 master weights with the FP32 gradients (and refresh the FP16 copy from them).
+
+Design (the one :class:`MasterWeightTrainer` uses, as NVIDIA apex's "O2" did):
+
+* The **model holds the FP16 copy**: every trainable floating parameter of the model is replaced by a new
+  FP16 ``nn.Parameter`` (floating buffers are cast too), so ``model(x)`` runs entirely in FP16.
+* The **FP32 masters are separate leaf tensors** that the optimizer owns and updates.  When the model
+  arrives in FP32, its original ``nn.Parameter`` objects *become* the masters (no copy): an optimizer
+  built over ``model.parameters()`` *before* the trainer is created is therefore already an optimizer over
+  the masters.  Otherwise (FP16/BF16/FP64 models, or a factory) the masters are new float32 leaves.
+* Gradients flow FP16 → FP32 in step 7: each master's ``.grad`` is a float32 copy of its FP16 copy's
+  ``.grad``, *before* the loss scaler sees them.  The scaler (``mpt_lab.scaling``) then divides the FP32
+  gradients by S, checks them for inf/NaN and skips the optimizer step on overflow.  (``GradScaler``
+  refuses FP16 gradients: the optimizer must update FP32 weights, §3.1.)
+
+Why masters (§3.1): an update ``lr·g`` smaller than half an ulp of an FP16 weight rounds away
+("swamping": for weights in [1, 2) the FP16 ulp is 2⁻¹⁰ ≈ 9.8e-4), and gradients below 2⁻²⁴ become zero in
+FP16.  FP32 masters accumulate the small updates; the loss scale S keeps small gradients in FP16's range.
+
+Memory (bytes per trained parameter, see :meth:`MasterWeightTrainer.memory_per_parameter`): FP32 master 4,
+FP16 copy 2, FP16 gradient 2, FP32 gradient 4, plus the optimizer state (Adam: 8, SGD with momentum: 4).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from .scaling import GradScaler, StaticLossScaler
+
+__all__ = ["MasterWeightTrainer", "STEP_NAMES"]
+
+_HALF_DTYPES = {torch.float16: "FP16", torch.bfloat16: "BF16"}
+
+#: The name of each traced step (``{half}`` is FP16 or BF16), as in the paper / seed 003.
+STEP_NAMES = {
+    1: ("FP32 master weights", "{half} copy of the weights"),
+    2: ("{half} forward: prediction",),
+    3: ("prediction cast to FP32",),
+    4: ("FP32 loss × S",),
+    5: ("scaled loss cast to {half}",),
+    6: ("{half} gradients (× S)",),
+    7: ("FP32 gradients ÷ S",),
+    8: ("FP32 master weights, updated", "{half} copy refreshed from the masters"),
+}
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _first_float_tensor(obj) -> torch.Tensor | None:
+    """The first floating tensor in a (nested) tensor / tuple / list / dict, or None."""
+    if isinstance(obj, torch.Tensor):
+        return obj if obj.is_floating_point() else None
+    if isinstance(obj, Mapping):
+        obj = list(obj.values())
+    if isinstance(obj, (list, tuple)):
+        for item in obj:
+            found = _first_float_tensor(item)
+            if found is not None:
+                return found
+    return None
+
+
+def _cast_floats(obj, dtype: torch.dtype):
+    """``obj`` with every floating tensor cast to ``dtype`` (integer tensors, e.g. token ids, unchanged)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(dtype) if obj.is_floating_point() and obj.dtype != dtype else obj
+    if isinstance(obj, Mapping):
+        return type(obj)((k, _cast_floats(v, dtype)) for k, v in obj.items())
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple
+        return type(obj)(*(_cast_floats(v, dtype) for v in obj))
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_cast_floats(v, dtype) for v in obj)
+    return obj
+
+
+def _tensor_bytes(t: torch.Tensor | None) -> int:
+    return 0 if t is None else t.numel() * t.element_size()
+
+
+class MasterWeightTrainer:
+    """Train ``model`` with FP32 master weights, an FP16 copy and loss scaling: the paper's 8-step loop.
+
+    Source: Micikevicius et al., ICLR 2018, §3.1 (FP32 master copy of weights) and §3.2 (loss scaling);
+    seed 003, steps (1)–(8).  Each step is a separate, commented block in :meth:`train_step`.
+
+    Parameters
+    ----------
+    model : nn.Module
+        Any model with at least one trainable floating parameter.  **Changed in place**: its trainable
+        floating parameters are replaced by new ``half_dtype`` ``nn.Parameter`` objects (the FP16 copy)
+        and its floating buffers are cast to ``half_dtype``; frozen floating parameters are cast too.
+        The original parameters (if float32) become the FP32 masters.
+    optimizer : torch.optim.Optimizer, or callable(list of masters) -> Optimizer
+        An optimizer over the FP32 masters: either one built over the FP32 model's ``model.parameters()``
+        before this trainer was created (those parameter objects are the masters), or a factory such as
+        ``lambda params: torch.optim.Adam(params, lr=1e-3)`` that is called with :attr:`masters`.
+    loss_fn : callable(prediction, targets) -> Tensor
+        Receives the FP32 prediction (step 3; same structure as the model's output, floating tensors
+        cast to float32) and the targets (floating targets cast to float32); returns a one-element loss,
+        computed in FP32 (a non-float32 loss is cast to float32).
+    scaler : mpt_lab.scaling.GradScaler or StaticLossScaler or None, default None
+        The loss scale S and the inf/NaN check that skips a step.  ``None``: no loss scaling (S = 1) and
+        **no** overflow check (an inf/NaN gradient reaches the optimizer, as in the paper's "mixed precision
+        without loss scaling"); ``StaticLossScaler(1.0)`` checks without scaling.
+    half_dtype : torch.dtype, default torch.float16
+        The dtype of the copy: ``torch.float16`` (the paper) or ``torch.bfloat16``.
+    trace : bool, default False
+        Record, at every :meth:`train_step`, what each of the 8 steps produced (see :attr:`last_trace`).
+    max_grad_norm : float or None, default None
+        If given, clip the FP32 gradients (after dividing by S) to this total 2-norm before step 8.
+
+    Attributes
+    ----------
+    model : nn.Module
+        The model, holding the FP16 copy.
+    masters : list[Tensor]
+        The FP32 master weights (float32 leaf tensors, shapes of the trained parameters, same order as
+        ``model.parameters()`` restricted to trainable floating ones).
+    half_params : list[nn.Parameter]
+        The FP16 copy, ``half_params[i]`` is ``masters[i]`` rounded to ``half_dtype``.
+    optimizer, scaler, loss_fn, half_dtype, steps (number of train_step calls)
+    last_trace : list[dict] or None
+        With ``trace=True``: one record per produced tensor of the last step, in order,
+        ``{"step": 1..8, "name": str, "dtype": "float16" | "float32" | ..., "shape": tuple,
+        "tensors": int (how many tensors, e.g. parameters), "numel": int (their total elements)}``; for a
+        group of tensors (weights, gradients) ``shape`` is that of the first one.
+
+    Raises
+    ------
+    TypeError
+        ``model`` is not an ``nn.Module``; ``optimizer`` is neither an Optimizer nor callable (or the
+        factory returned something else); ``loss_fn`` is not callable; ``scaler`` is not one of
+        ``mpt_lab.scaling``'s scalers or None; ``half_dtype`` is not a ``torch.dtype``; ``trace`` is not a
+        bool; ``max_grad_norm`` is not a real number.
+    ValueError
+        ``model`` has no trainable floating parameter; ``half_dtype`` is not float16/bfloat16; the
+        optimizer's parameters are not exactly the FP32 masters (e.g. built over FP16 parameters, over
+        other tensors, or missing some trainable parameter); ``max_grad_norm`` ≤ 0.
+
+    Examples
+    --------
+    >>> model = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
+    >>> trainer = MasterWeightTrainer(model, lambda p: torch.optim.SGD(p, lr=0.1),
+    ...                               nn.functional.cross_entropy, scaler=GradScaler(2.0**10))
+    >>> out = trainer.train_step(torch.randn(8, 64), torch.randint(0, 10, (8,)))
+    >>> sorted(out)
+    ['loss', 'scale', 'skipped', 'step']
+    """
+
+    def __init__(self, model: nn.Module, optimizer, loss_fn: Callable, *,
+                 scaler: GradScaler | StaticLossScaler | None = None, half_dtype: torch.dtype = torch.float16,
+                 trace: bool = False, max_grad_norm: float | None = None) -> None:
+        # ---- argument checks (before changing the model) ------------------------------------------
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        if not (isinstance(optimizer, torch.optim.Optimizer) or callable(optimizer)):
+            raise TypeError("optimizer must be a torch.optim.Optimizer over the FP32 parameters or a callable "
+                            f"params -> Optimizer, got {type(optimizer).__name__}")
+        if not callable(loss_fn):
+            raise TypeError(f"loss_fn must be callable (prediction, targets) -> loss, got {type(loss_fn).__name__}")
+        if scaler is not None and not isinstance(scaler, (GradScaler, StaticLossScaler)):
+            raise TypeError("scaler must be an mpt_lab.scaling.GradScaler, StaticLossScaler or None, "
+                            f"got {type(scaler).__name__}")
+        if not isinstance(half_dtype, torch.dtype):
+            raise TypeError(f"half_dtype must be a torch.dtype, got {type(half_dtype).__name__}")
+        if half_dtype not in _HALF_DTYPES:
+            raise ValueError(f"half_dtype must be torch.float16 or torch.bfloat16, got {half_dtype}")
+        if not isinstance(trace, bool):
+            raise TypeError(f"trace must be a bool, got {type(trace).__name__}")
+        if max_grad_norm is not None:
+            if isinstance(max_grad_norm, bool) or not isinstance(max_grad_norm, (int, float)):
+                raise TypeError(f"max_grad_norm must be a real number or None, got {type(max_grad_norm).__name__}")
+            if not (max_grad_norm > 0 and math.isfinite(max_grad_norm)):
+                raise ValueError(f"max_grad_norm must be positive and finite, got {max_grad_norm!r}")
+        originals = [p for p in model.parameters() if p.requires_grad and p.is_floating_point()]
+        if not originals:
+            raise ValueError("model has no trainable floating-point parameter to keep FP32 masters of")
+        if isinstance(optimizer, torch.optim.Optimizer):
+            opt_params = [p for g in optimizer.param_groups for p in g["params"]]
+            ids = {id(p) for p in originals}
+            if any(p.dtype != torch.float32 for p in opt_params):
+                raise ValueError("optimizer must be built over the FP32 master weights (float32 parameters), "
+                                 f"found {sorted({_dtype_name(p.dtype) for p in opt_params})}; build it over "
+                                 "the FP32 model's parameters before creating the trainer, or pass a factory")
+            if any(id(p) not in ids for p in opt_params):
+                raise ValueError("optimizer holds tensors that are not trainable parameters of model")
+            missing = ids - {id(p) for p in opt_params}
+            if missing:
+                raise ValueError(f"optimizer does not update {len(missing)} trainable parameter(s) of model "
+                                 "(set requires_grad=False on parameters that should stay frozen)")
+
+        self.model = model
+        self.loss_fn = loss_fn
+        self.scaler = scaler
+        self.half_dtype = half_dtype
+        self.trace = trace
+        self.max_grad_norm = None if max_grad_norm is None else float(max_grad_norm)
+        self.steps = 0
+        self.last_trace: list[dict[str, Any]] | None = None
+        self._half_name = _HALF_DTYPES[half_dtype]
+
+        # ---- (1) keep FP32 master weights and make an FP16 copy ------------------------------------
+        # The model's float32 Parameter objects become the masters; the model gets FP16 Parameters.
+        masters: dict[int, torch.Tensor] = {}
+        copies: dict[int, nn.Parameter] = {}
+        for p in originals:
+            if id(p) not in masters:
+                m = p if p.dtype == torch.float32 else nn.Parameter(p.detach().float())
+                masters[id(p)] = m
+                copies[id(p)] = nn.Parameter(p.detach().to(half_dtype), requires_grad=True)
+        for module in model.modules():
+            for name, p in list(module._parameters.items()):
+                if p is None or not p.is_floating_point():
+                    continue
+                if id(p) not in copies:  # frozen: just cast (same object identity kept per tensor)
+                    copies[id(p)] = nn.Parameter(p.detach().to(half_dtype), requires_grad=p.requires_grad)
+                setattr(module, name, copies[id(p)])  # setattr: RNNs also update their _flat_weights
+            for name, b in list(module._buffers.items()):
+                if b is not None and b.is_floating_point():
+                    module._buffers[name] = b.to(half_dtype)
+            if isinstance(module, nn.RNNBase):
+                module._init_flat_weights()
+        self.masters: list[torch.Tensor] = [masters[id(p)] for p in dict.fromkeys(originals)]
+        self.half_params: list[nn.Parameter] = [copies[id(p)] for p in dict.fromkeys(originals)]
+
+        if isinstance(optimizer, torch.optim.Optimizer):
+            self.optimizer = optimizer
+        else:
+            self.optimizer = optimizer(list(self.masters))
+            if not isinstance(self.optimizer, torch.optim.Optimizer):
+                raise TypeError("optimizer factory must return a torch.optim.Optimizer, "
+                                f"got {type(self.optimizer).__name__}")
+            mids = {id(m) for m in self.masters}
+            if {id(p) for g in self.optimizer.param_groups for p in g["params"]} != mids:
+                raise ValueError("optimizer factory must build the optimizer over exactly the masters it is given")
+
+    # ------------------------------------------------------------------------------------------------
+    def _record(self, trace: list | None, step: int, index: int, tensors) -> None:
+        if trace is None:
+            return
+        if isinstance(tensors, torch.Tensor):
+            tensors = [tensors]
+        tensors = [t for t in tensors if t is not None]
+        first = tensors[0] if tensors else None
+        trace.append({
+            "step": step,
+            "name": STEP_NAMES[step][index].format(half=self._half_name),
+            "dtype": _dtype_name(first.dtype) if first is not None else None,
+            "shape": tuple(first.shape) if first is not None else None,
+            "tensors": len(tensors),
+            "numel": sum(t.numel() for t in tensors),
+        })
+
+    def train_step(self, inputs, targets) -> dict[str, Any]:
+        """One iteration of the 8-step loop on one batch.
+
+        Parameters
+        ----------
+        inputs : Tensor, or tuple of Tensors (passed as ``model(*inputs)``)
+            Floating tensors are cast to ``half_dtype`` (the FP16 forward); integer tensors (token ids,
+            indices) are passed unchanged.
+        targets : Tensor or anything ``loss_fn`` accepts
+            Floating tensors are cast to float32 (the loss is computed in FP32).
+
+        Returns
+        -------
+        dict
+            ``"loss"``: float, the unscaled FP32 loss of this batch (before the update);
+            ``"scale"``: float, the loss scale S used (1.0 without a scaler);
+            ``"skipped"``: bool, True when an FP32 gradient was inf/NaN and the scaler skipped step (8);
+            ``"step"``: int, the number of train_step calls so far, this one included.
+
+        Raises
+        ------
+        ValueError
+            ``loss_fn`` returned something other than a one-element floating tensor.
+        RuntimeError
+            From the scaler or the optimizer.
+        """
+        trace: list | None = [] if self.trace else None
+        scaler, half = self.scaler, self.half_dtype
+        for h in self.half_params:
+            h.grad = None
+        for m in self.masters:
+            m.grad = None
+
+        # ---- (1) FP32 master weights and their FP16 copy (kept equal since the last step (8)) --------
+        self._record(trace, 1, 0, self.masters)
+        self._record(trace, 1, 1, self.half_params)
+
+        # ---- (2) forward with the FP16 copy ------------------------------------------------------------
+        args = inputs if isinstance(inputs, tuple) else (inputs,)
+        prediction_half = self.model(*_cast_floats(args, half))
+        self._record(trace, 2, 0, _first_float_tensor(prediction_half))
+
+        # ---- (3) cast the FP16 prediction to FP32 ------------------------------------------------------
+        prediction = _cast_floats(prediction_half, torch.float32)
+        self._record(trace, 3, 0, _first_float_tensor(prediction))
+
+        # ---- (4) compute the FP32 loss and multiply it by the loss scale S ----------------------------
+        loss = self.loss_fn(prediction, _cast_floats(targets, torch.float32))
+        if not isinstance(loss, torch.Tensor) or not loss.is_floating_point() or loss.numel() != 1:
+            raise ValueError("loss_fn must return a one-element floating tensor, got "
+                             + (f"shape {tuple(loss.shape)} {loss.dtype}" if isinstance(loss, torch.Tensor)
+                                else type(loss).__name__))
+        loss = loss.reshape(()).float()
+        scaled_loss = scaler.scale(loss) if scaler is not None else loss
+        scale_used = scaler.get_scale() if scaler is not None else 1.0
+        self._record(trace, 4, 0, scaled_loss)
+
+        # ---- (5) cast the scaled loss to FP16 ----------------------------------------------------------
+        # (loss·S above 65504 is inf here; its gradient, 1, is still exact: the check is on the gradients.)
+        scaled_loss_half = scaled_loss.to(half)
+        self._record(trace, 5, 0, scaled_loss_half)
+
+        # ---- (6) backward in FP16: FP16 gradients of the FP16 copy (S times the true ones) -------------
+        scaled_loss_half.backward()
+        self._record(trace, 6, 0, [h.grad for h in self.half_params])
+
+        # ---- (7) cast the FP16 gradients to FP32 and divide by S ---------------------------------------
+        for m, h in zip(self.masters, self.half_params):
+            m.grad = None if h.grad is None else h.grad.float()
+        if scaler is not None:
+            scaler.unscale_(self.optimizer)  # FP32 grads ÷ S, in place; notes any inf/NaN
+        self._record(trace, 7, 0, [m.grad for m in self.masters])
+        if self.max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_([m for m in self.masters if m.grad is not None], self.max_grad_norm)
+
+        # ---- (8) update the FP32 masters with the FP32 gradients (skipped on inf/NaN) -----------------
+        if scaler is not None:
+            scaler.step(self.optimizer)      # calls optimizer.step() unless a gradient was inf/NaN
+            skipped = self._found_inf(scaler)
+            scaler.update()                  # GradScaler: back S off on overflow, grow it after N clean steps
+        else:
+            self.optimizer.step()
+            skipped = False
+        self._record(trace, 8, 0, self.masters)
+        #      ... and refresh the FP16 copy from them (round to nearest even)
+        self._refresh_copy()
+        self._record(trace, 8, 1, self.half_params)
+
+        self.steps += 1
+        if trace is not None:
+            self.last_trace = trace
+        return {"loss": loss.item(), "scale": float(scale_used), "skipped": bool(skipped), "step": self.steps}
+
+    def _found_inf(self, scaler) -> bool:
+        """Whether the scaler found an inf/NaN gradient this iteration (call between step and update)."""
+        found = scaler._found_inf_host()
+        if found is None:  # a fused optimizer: only the device knows
+            combined = scaler._found_inf_combined()
+            found = bool(combined.item()) if combined is not None else False
+        return bool(found)
+
+    @torch.no_grad()
+    def _refresh_copy(self) -> None:
+        for m, h in zip(self.masters, self.half_params):
+            h.copy_(m)
+
+    @torch.no_grad()
+    def predict(self, inputs):
+        """Forward with the FP16 copy, without gradients; the prediction cast to FP32 (steps 2–3).
+
+        ``inputs`` as in :meth:`train_step`.  Returns the model's output structure with floating tensors
+        in float32.
+        """
+        args = inputs if isinstance(inputs, tuple) else (inputs,)
+        return _cast_floats(self.model(*_cast_floats(args, self.half_dtype)), torch.float32)
+
+    # ------------------------------------------------------------------------------------------------
+    def memory_per_parameter(self) -> dict[str, float]:
+        """Bytes per trained parameter held by each part of the loop, measured from the actual tensors.
+
+        Returns
+        -------
+        dict
+            ``"parameters"``: int, the number of trained parameters N (elements of the masters);
+            ``"fp32_master_weights"``, ``"fp16_weights"`` (the copy), ``"fp16_gradients"``,
+            ``"fp32_gradients"``, ``"optimizer_state"`` (every tensor in ``optimizer.state`` of the
+            masters, e.g. Adam's exp_avg, exp_avg_sq and its 0-dim step counters), ``"total"``: floats,
+            bytes / N.  With FP16 and Adam after one step: 4, 2, 2, 4, ≈8 (+4 bytes per parameter *tensor*
+            for ``step``), total ≈ 20.
+
+        Gradients that do not exist yet (before the first :meth:`train_step`) count with the size they
+        will have (the dtype of their parameter), so the numbers describe the peak of a step.  The
+        optimizer state counts only what exists (Adam creates it lazily, at its first step).
+        Source: §3.1 of the paper (the masters cost 50 % more weight memory; activations dominate).
+        """
+        n = sum(m.numel() for m in self.masters)
+
+        fp16_grads = sum(_tensor_bytes(h.grad) if h.grad is not None else _tensor_bytes(h) for h in self.half_params)
+        fp32_grads = sum(_tensor_bytes(m.grad) if m.grad is not None else m.numel() * 4 for m in self.masters)
+        state = 0
+        for m in self.masters:
+            for value in self.optimizer.state.get(m, {}).values():
+                if isinstance(value, torch.Tensor):
+                    state += _tensor_bytes(value)
+        parts = {
+            "fp32_master_weights": sum(_tensor_bytes(m) for m in self.masters) / n,
+            "fp16_weights": sum(_tensor_bytes(h) for h in self.half_params) / n,
+            "fp16_gradients": fp16_grads / n,
+            "fp32_gradients": fp32_grads / n,
+            "optimizer_state": state / n,
+        }
+        parts["total"] = sum(parts.values())
+        return {"parameters": n, **parts}
+
+    # ------------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue training identically.
+
+        ``{"masters": list of float32 tensors (copies), "buffers": {name: tensor} (the model's buffers),
+        "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict() or None, "steps": int}``.
+        The FP16 copy is not saved: it is the masters rounded to FP16.  Call between steps.
+        """
+        return {
+            "masters": [m.detach().clone() for m in self.masters],
+            "buffers": {k: v.detach().clone() for k, v in self.model.named_buffers()},
+            "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "steps": self.steps,
+        }
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Load a :meth:`state_dict`: masters (copied in place), buffers, optimizer, scaler; refresh the copy.
+
+        Raises
+        ------
+        TypeError
+            ``state_dict`` is not a mapping.
+        KeyError
+            A key is missing.
+        ValueError
+            The number or shapes of the masters differ from this trainer's.
+        """
+        if not isinstance(state_dict, Mapping):
+            raise TypeError(f"state_dict must be a mapping, got {type(state_dict).__name__}")
+        saved = state_dict["masters"]
+        if len(saved) != len(self.masters):
+            raise ValueError(f"state_dict: {len(saved)} masters saved, this trainer has {len(self.masters)}")
+        for i, (s, m) in enumerate(zip(saved, self.masters)):
+            if tuple(s.shape) != tuple(m.shape):
+                raise ValueError(f"state_dict: master {i} has shape {tuple(s.shape)}, expected {tuple(m.shape)}")
+        buffers = dict(self.model.named_buffers())
+        with torch.no_grad():
+            for s, m in zip(saved, self.masters):
+                m.copy_(s)
+            for name, value in state_dict.get("buffers", {}).items():
+                if name in buffers:
+                    buffers[name].copy_(value)
+        self.optimizer.load_state_dict(state_dict["optimizer"])
+        if self.scaler is not None and state_dict.get("scaler"):
+            self.scaler.load_state_dict(state_dict["scaler"])
+        self.steps = int(state_dict.get("steps", 0))
+        self._refresh_copy()
+
+    def __repr__(self) -> str:
+        n = sum(m.numel() for m in self.masters)
+        return (f"MasterWeightTrainer({type(self.model).__name__}, {n} parameters, "
+                f"{type(self.optimizer).__name__}, scaler={self.scaler!r}, half_dtype={self.half_dtype})")
