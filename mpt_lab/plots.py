@@ -16,7 +16,7 @@ from . import formats as F
 
 __all__ = ["BookFigure", "plot_format_ranges", "plot_ulp", "plot_fixed_vs_float", "plot_accumulation",
            "plot_gradient_histogram", "plot_kept_vs_scale", "plot_detection_samples", "plot_training",
-           "plot_scale_history", "FORMAT_COLORS"]
+           "plot_scale_history", "plot_losses", "FORMAT_COLORS"]
 
 FORMAT_COLORS = {
     "FP64": "#4d4d4d", "FP32": "#1f77b4", "TF32": "#17becf", "FP16": "#d62728", "BF16": "#2ca02c",
@@ -479,6 +479,32 @@ def plot_scale_history(histories: dict, *, title: str | None = None) -> Figure:
     ax.set_xlabel("step")
     ax.set_ylabel("log₂ S   (loss scale)")
     ax.set_title(title or "Dynamic loss scaling: grow after N clean steps, back off on overflow")
+    ax.legend(fontsize="small")
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def plot_losses(losses: dict, *, smooth: int = 50, title: str | None = None, ylabel: str = "training loss") -> Figure:
+    """Running means of several loss curves against step (one line per run).
+
+    Parameters
+    ----------
+    losses : dict label → sequence of per-step losses
+    smooth : window of the running mean (steps)
+    """
+    if not isinstance(losses, dict) or not losses:
+        raise TypeError("losses must be a non-empty dict of label → sequence")
+    fig = _figure((9, 4))
+    ax = fig.add_subplot()
+    styles = ["-", "--", ":", "-."]
+    for i, (label, v) in enumerate(losses.items()):
+        v = np.asarray(v, dtype=float)
+        w = max(1, min(int(smooth), v.size))
+        ax.plot(np.arange(w - 1, v.size), np.convolve(v, np.ones(w) / w, mode="valid"), ls=styles[i % 4],
+                lw=2.2 if i == 0 else 1.6, label=label)
+    ax.set_xlabel("step")
+    ax.set_ylabel(f"{ylabel} (running mean of {smooth} steps)")
+    ax.set_title(title or "Training loss")
     ax.legend(fontsize="small")
     ax.grid(alpha=0.3)
     return fig

@@ -28,5 +28,7 @@ def test_book_builds_without_warnings(tmp_path):
     assert len(re.findall(r'<img[^>]+_images/', ch2)) >= 6 and "66.8%" in ch2 and "Traceback" not in ch2
     ch3 = (html / "notebooks" / "03_loss_scaling.html").read_text()
     assert len(re.findall(r'<img[^>]+_images/', ch3)) >= 1 and "identical to torch: True" in ch3
+    ch4 = (html / "notebooks" / "04_master_weights.html").read_text()
+    assert len(re.findall(r'<img[^>]+_images/', ch4)) >= 1 and "FP32 master weights" in ch4
     assert (html / "book" / "bibliography.html").exists()
     assert "Micikevicius" in (html / "book" / "bibliography.html").read_text()

@@ -42,6 +42,7 @@ def test_unknown_exercise():
     assert E.list_exercises(1) == ["1.1", "1.2", "1.3", "1.4", "1.5"]
     assert E.list_exercises(2) == ["2.1", "2.2"]
     assert E.list_exercises(3) == ["3.1"]
+    assert E.list_exercises(4) == ["4.1"]
 
 
 def test_chapter2_wrong_functions_fail():
@@ -61,3 +62,12 @@ def test_chapter3_wrong_scaler_fails():
 
     fb = E.check("3.1", never_resets)
     assert not fb and "expected" in fb.message
+
+
+def test_chapter4_naive_threshold_fails_on_ties():
+    import numpy as np
+
+    from mpt_lab import formats as F
+
+    assert not E.check("4.1", lambda w, u: abs(u) >= F.ulp(w, F.FP16) / 2)           # ignores ties to even
+    assert E.check("4.1", lambda w, u: bool(np.float16(np.float64(w) + u) != np.float16(w)))

@@ -106,3 +106,26 @@ def test_loss_scaling_experiment(tmp_path):
         loss_scaling.run(loss_scaling.Config(dtype="float8"), progress=False)
     with pytest.raises(ValueError):
         loss_scaling.config_for("tiny")
+
+
+def test_master_weights_stall_experiment(tmp_path):
+    from mpt_lab.experiments import master_weights_stall as mws
+
+    r = mws.run(mws.Config(profile="quick", steps=300, threads=1), progress=False)
+    assert set(r.losses) == {"FP32", "pure FP16", "FP16 + FP32 masters"} and len(r.swamped) == 300
+    assert sum(r.swamped) / 300 > 0.5
+    back = mws.StallResult.load(r.save(tmp_path / "s.json"))
+    assert back.losses == r.losses and back.swamped == r.swamped
+
+
+def test_swamped_fraction():
+    from mpt_lab.experiments.master_weights_stall import swamped_fraction
+
+    w = torch.tensor([1.0, 1.0, 1.0, 1024.0, 1025.0])
+    u = torch.tensor([2.0**-11, 2.0**-10, 0.0, 0.5, 0.5])   # tie (lost), survives, zero (ignored), tie to even (lost), survives
+    assert swamped_fraction(w, u) == 2 / 4
+    assert math.isnan(swamped_fraction(w, torch.zeros(5)))
+    with pytest.raises(ValueError):
+        swamped_fraction(w, torch.zeros(3))
+    with pytest.raises(TypeError):
+        swamped_fraction([1.0], [1.0])

@@ -89,3 +89,11 @@ def test_scale_history_plot():
     assert len(ax.get_legend().get_texts()) == 3
     with pytest.raises(TypeError):
         plots.plot_scale_history([])
+
+
+def test_losses_plot():
+    fig = plots.plot_losses({"a": np.linspace(2, 1, 300), "b": np.linspace(2, 1.5, 300)}, smooth=20)
+    (ax,) = _check_axes(fig)
+    assert len(ax.get_lines()) == 2
+    with pytest.raises(TypeError):
+        plots.plot_losses([1, 2])
