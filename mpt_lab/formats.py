@@ -270,6 +270,27 @@ def _is_tensor(x) -> bool:
     return torch is not None and isinstance(x, torch.Tensor)
 
 
+def outside_dispatch_modes(fn):
+    """Run ``fn`` with torch's dispatch modes (e.g. :func:`mpt_lab.simulate.simulate`) switched off.
+
+    The rounding of this module is exact integer and float arithmetic; inside a mode that rounds every op to
+    FP16 its own intermediate results would be rounded too, and the answer would be wrong.  Costs nothing
+    when no mode is active.
+    """
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        if torch is not None and torch._C._len_torch_dispatch_stack() > 0:
+            from torch.utils._python_dispatch import _disable_current_modes
+
+            with _disable_current_modes():
+                return fn(*args, **kwargs)
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
 def _ml_float_dtypes() -> tuple:
     if _ml_dtypes is None:
         return ()
@@ -595,6 +616,7 @@ def _round_work(xf, fmt: FloatFormat, rounding: str, saturate: bool, generator, 
     return y
 
 
+@outside_dispatch_modes
 def round_to(x, fmt, *, rounding: str = "nearest_even", saturate: bool = False, generator=None):
     """Round ``x`` to the values of ``fmt`` and return them in ``x``'s own type.
 
@@ -716,6 +738,7 @@ def _codes_from_values(v, fmt: FloatFormat):
     return code.astype(_code_dtype_numpy(fmt))
 
 
+@outside_dispatch_modes
 def encode(x, fmt, *, rounding: str = "nearest_even", saturate: bool = False, generator=None):
     """Integer codes (bit patterns) of ``x`` rounded to ``fmt``.
 
@@ -813,6 +836,7 @@ def _decode_work(c, fmt: FloatFormat):
     return val
 
 
+@outside_dispatch_modes
 def decode(codes, fmt):
     """Values (float64) of integer codes in ``fmt``.
 
@@ -958,6 +982,7 @@ class Decomposition:
                 f"mantissa={d['mantissa']}, significand={d['significand']!r})")
 
 
+@outside_dispatch_modes
 def decompose(x, fmt, *, rounding: str = "nearest_even", saturate: bool = False) -> Decomposition:
     """Split ``x``, rounded to ``fmt``, into sign, biased exponent and mantissa (IEEE 754-2019 §3.4).
 
@@ -988,6 +1013,7 @@ def decompose(x, fmt, *, rounding: str = "nearest_even", saturate: bool = False)
     return Decomposition(code, fmt, scalar)
 
 
+@outside_dispatch_modes
 def compose(sign, exponent, mantissa, fmt):
     """The value (float64) with the given sign bit, biased exponent field and mantissa field.
 
@@ -1068,6 +1094,7 @@ def values(fmt, *, include_negative: bool = True) -> np.ndarray:
     return v
 
 
+@outside_dispatch_modes
 def ulp(x, fmt):
     """Unit in the last place of ``x`` in ``fmt``: the spacing 2^(e − m) of fmt's values around |x|.
 
@@ -1114,6 +1141,7 @@ def ulp(x, fmt):
 # ----------------------------------------------------------------------------------------------------------
 # Fixed point, and repeated addition (swamping)
 # ----------------------------------------------------------------------------------------------------------
+@outside_dispatch_modes
 def round_fixed(x, int_bits: int, frac_bits: int):
     """Round ``x`` to signed two's-complement fixed point with ``int_bits`` integer and ``frac_bits``
     fraction bits (1 + int_bits + frac_bits bits in all), round-to-nearest-even, saturating.

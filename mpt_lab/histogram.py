@@ -161,6 +161,7 @@ class Log2Histogram:
         self._amax = amax if isinstance(amax, torch.Tensor) else torch.tensor(float(amax), device=fine.device)
 
     # --- accumulation ----------------------------------------------------------------------------------
+    @F.outside_dispatch_modes
     def add_(self, x) -> "Log2Histogram":
         """Count the values of ``x`` (any shape, any float dtype; converted to FP32 first) into this histogram.
 

@@ -1,0 +1,120 @@
+"""Benchmark: a training step under mpt_lab.simulate (FP16 emulated in float32) against a plain float32 step.
+
+The goal: a simulated-FP16 training step of a small MLP or conv net takes at most 3× as long as the plain
+FP32 step on a CPU (a real float16 step, ``model.half()``, is timed too: on CPUs without float16 matrix
+kernels it is far slower).  Each step is forward, loss, backward and an SGD update; in mode "all" the update
+runs inside the block (FP16 weights, as ``model.half()``), in mode "autocast" outside (FP32 master weights).
+
+    python benchmarks/simulate_speed.py                       # prints the timing table
+    python benchmarks/simulate_speed.py --out book/results/simulate_speed_cpu.json
+
+The JSON records the command, device, versions, date and every repeat (seconds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from mpt_lab.bench import Timing, time_call
+from mpt_lab.device import provenance
+from mpt_lab.simulate import round_parameters_, simulate
+
+
+def models(batch: int) -> dict:
+    """name -> (model, input, target): a 3-layer MLP on 256 features and a 2-conv net on 3×32×32 images."""
+    g = torch.Generator().manual_seed(0)
+    mlp = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
+    conv = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Flatten(), nn.Linear(32 * 8 * 8, 10))
+    return {"mlp": (mlp, torch.randn(batch, 256, generator=g), torch.randint(0, 10, (batch,), generator=g)),
+            "conv": (conv, torch.randn(batch, 3, 32, 32, generator=g), torch.randint(0, 10, (batch,), generator=g))}
+
+
+def _step(model, x, y, opt, ctx=None, update_inside=False):
+    def fn():
+        opt.zero_grad(set_to_none=True)
+        if ctx is None:
+            loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            return
+        with ctx:
+            loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            if update_inside:
+                opt.step()
+        if not update_inside:
+            opt.step()
+    return fn
+
+
+def run(batch: int = 64, repeat: int = 7, threads: int = 1, half: bool = True, fmt: str = "FP16") -> dict:
+    """Time plain FP32, simulated (modes "all" and "autocast") and, optionally, real float16 steps."""
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    timings, ratios = {}, {}
+    for name, (model, x, y) in models(batch).items():
+        cases = {}
+        m = copy.deepcopy(model)
+        cases["fp32"] = _step(m, x, y, torch.optim.SGD(m.parameters(), lr=0.01))
+        m = round_parameters_(copy.deepcopy(model), fmt)
+        cases[f"simulate {fmt} all"] = _step(m, x, y, torch.optim.SGD(m.parameters(), lr=0.01),
+                                             simulate(fmt, "all"), update_inside=True)
+        m = copy.deepcopy(model)
+        cases[f"simulate {fmt} autocast"] = _step(m, x, y, torch.optim.SGD(m.parameters(), lr=0.01),
+                                                  simulate(fmt, "autocast"))
+        if half:
+            m = copy.deepcopy(model).half()
+            cases["real float16 (.half())"] = _step(m, x.half(), y, torch.optim.SGD(m.parameters(), lr=0.01))
+        # interleaved (one call of each case per round) so that load from other processes hits all alike
+        times = {case: [] for case in cases}
+        for case, fn in cases.items():
+            time_call(fn, repeat=1, warmup=1)
+        for rnd in range(repeat):
+            for case, fn in cases.items():
+                if case.startswith("real") and rnd >= max(1, repeat // 3):
+                    continue  # the slow real float16 step: fewer repeats
+                times[case].extend(time_call(fn, repeat=1, warmup=0).times)
+        for case, ts in times.items():
+            timings[f"{name}: {case}"] = Timing(tuple(ts), warmup=1).as_dict()
+        base = timings[f"{name}: fp32"]["median"]
+        ratios[name] = {case: timings[f"{name}: {case}"]["median"] / base for case in cases if case != "fp32"}
+    config = {"batch": batch, "repeat": repeat, "torch_threads": threads, "fmt": fmt, "optimizer": "SGD lr=0.01",
+              "loss": "cross_entropy"}
+    return {"provenance": provenance(config=config, device="cpu"), "timings_s": timings, "ratio_vs_fp32": ratios}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--repeat", type=int, default=7)
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    p.add_argument("--fmt", default="FP16", help="format to emulate (default FP16)")
+    p.add_argument("--no-half", action="store_true", help="skip the (slow) real float16 step")
+    p.add_argument("--out", type=Path, help="write the result as JSON here")
+    args = p.parse_args(argv)
+    res = run(args.batch, args.repeat, args.threads, half=not args.no_half, fmt=args.fmt)
+    res["provenance"]["command"] = "python benchmarks/simulate_speed.py " + " ".join(
+        argv if argv is not None else sys.argv[1:])
+    for name, tm in res["timings_s"].items():
+        print(f"{name:36s} median {tm['median'] * 1e3:9.2f} ms   min {tm['min'] * 1e3:9.2f} ms")
+    for name, rs in res["ratio_vs_fp32"].items():
+        for case, r in rs.items():
+            print(f"{name}: {case} / fp32 = {r:.2f}")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(res, indent=2) + "\n")
+        print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,634 @@
+"""Emulate FP16, BF16 or FP8 numerics in an ordinary FP32 PyTorch model, at FP32 speed.
+
+On CPUs without fast float16 kernels (this project's machines: float16 matrix products run ~100× slower than
+float32) the book still needs FP16 *numerics*: which values underflow, which gradients vanish, how the loss
+curve moves.  :class:`simulate` runs the model in float32 and rounds the floating-point results of the ops it
+executes to a format with :func:`mpt_lab.formats.round_to` semantics (IEEE 754 round-to-nearest-even,
+subnormals, overflow to infinity / NaN as the format has them).  Values stay ``torch.float32`` tensors that hold
+exactly representable values of the format.
+
+.. code-block:: python
+
+    from mpt_lab.simulate import simulate, round_parameters_
+
+    with simulate("FP16", mode="autocast"):          # like torch.autocast("cuda", torch.float16)
+        loss = loss_fn(model(x), y)
+        loss.backward()                              # backward inside the block: gradients are rounded too
+
+    round_parameters_(model, "FP16")                 # a pure FP16 model (like model.half()) ...
+    with simulate("FP16", mode="all"):               # ... where every op computes in FP16
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        optimizer.step()                             # the update is rounded too, as for FP16 weights
+
+How it works
+------------
+:class:`simulate` is a :class:`torch.utils._python_dispatch.TorchDispatchMode`: it sees every ATen op below
+autograd, so it sees the forward ops *and* the ops autograd's backward pass runs (``mm``, ``threshold_backward``,
+``convolution_backward``, …).  It calls the op in float32 and rounds the op's floating outputs (fresh outputs,
+and the tensors an in-place or ``out=`` op writes).  What gets rounded:
+
+``mode="all"`` (a pure ``model.half()`` run):
+    every op's floating tensor inputs are rounded to ``fmt`` (inputs that the mode itself produced are known
+    to be rounded already and are not rounded again) and its floating outputs are rounded.  View ops
+    (``view``, ``t``, ``expand``, ``detach``, …) move no values and are left alone.
+``mode="autocast"`` (a ``torch.autocast(device, dtype=fmt)`` run, lists mirrored from PyTorch's CUDA float16
+autocast op reference, https://pytorch.org/docs/stable/amp.html#cuda-ops-that-can-autocast-to-float16):
+    * *lower-precision ops* (:data:`LOWER_PRECISION_OPS`: ``mm``, ``addmm``, ``bmm``, ``baddbmm``, ``addbmm``,
+      ``addmv``, ``addr``, ``mv``, ``dot``, ``convolution`` and ``convolution_backward`` — that is
+      ``linear``, ``matmul``, ``@``, ``conv1d/2d/3d``, ``conv_transpose1d/2d/3d``, and the LSTM/GRU/RNN cells
+      that decompose into them — ``prelu``, the fused LSTM/GRU cells and scaled-dot-product attention):
+      inputs and outputs are rounded, as autocast casts their inputs to float16 and the kernel returns
+      float16;
+    * *float32 ops* (:data:`FLOAT32_OPS`: softmax, log_softmax, the losses, ``layer_norm``, ``group_norm``,
+      ``norm``, ``exp``, ``log``, ``pow``, ``sum``, ``prod``, ``cumsum``, ``rsqrt``, ``reciprocal``, …): not
+      rounded (autocast runs them in float32);
+    * every other op runs, as under autocast, "in the widest input type": its output is rounded when all its
+      floating tensor inputs are ``fmt`` values produced inside the block (e.g. ``relu`` or ``max_pool2d`` of a
+      linear/conv output), and left in float32 as soon as one input is float32 (e.g. ``x16 + x32``).
+      Batch norm follows its ``input``.
+    During backward autocast is not active and each backward op computes in the dtype of the forward tensors:
+    a backward op's outputs are rounded when any of its floating inputs is an ``fmt`` value produced in the
+    block (lower-precision ops round inputs and outputs as in forward).
+
+Rounding is exact round-to-nearest-even (``rounding="nearest_even"``, the default) or, on request, any rounding
+of :func:`mpt_lab.formats.round_to`.  For float32 tensors and FP16, BF16, FP8_E5M2 or FP8_E4M3 with
+round-to-nearest-even it uses torch's own dtype conversions (float32 → float16/bfloat16/float8 → float32, two
+passes, ≈ 2 ns per value on this project's CPUs against ≈ 10 for the general :func:`round_to`); each fast path is
+checked bit for bit against :func:`round_to` on a probe the first time it is used (E4M3: torch's conversion
+saturates, so overflow is turned into NaN as ``round_to`` and ml_dtypes do) and is replaced by ``round_to`` with
+a warning if they differ.  No ``torch.compile`` kernel is needed: the conversions are already single fused
+loops, and the remaining cost of a simulated step is the extra passes over memory and the Python hook per op.
+
+:mod:`mpt_lab.formats` (``round_to``, ``encode``, ``decode``, …) and :mod:`mpt_lab.histogram` switch the
+block off while they compute (their exact bit arithmetic must not be rounded), so they give the right answer
+inside a block too, e.g. a :class:`~mpt_lab.histogram.GradientHistogram` recording a simulated FP16 run.  Other
+code of your own that must run unrounded goes inside ``with sim.paused():`` / ``mpt_lab.simulate.paused()``.
+
+Source
+------
+Micikevicius et al., "Mixed Precision Training", ICLR 2018, §3: weights, activations and gradients stored in
+FP16, FP16 arithmetic with products accumulated in FP32 and written to FP16; the PyTorch automatic mixed
+precision op reference (``torch.amp``).
+
+What the emulation does NOT model
+---------------------------------
+* Accumulation inside an op: a simulated FP16 matmul, convolution or reduction is computed in float32 and
+  rounded *once* at the end.  Real kernels accumulate in FP32 too (tensor cores, oneDNN, cuBLAS with FP32
+  compute) but in their own summation order and sometimes with FP16 partial results (split-K, some CPU
+  kernels), so results can differ by an ulp of the format now and then.
+* Overflow inside an op: a float32 accumulator cannot overflow at 65504; only the op's *result* overflows.
+  Intermediate values inside fused ops (softmax, layer norm, losses, LSTM cells decomposed into several ops
+  are *not* fused here) are float32.
+* Python scalars (``x * 0.1``) are used at float32/float64 precision, as torch's float16 CPU kernels do
+  (they compute in float32 "opmath"); the float16 value of the scalar is not used.
+* Tensors that enter the block from outside (inputs, parameters) are rounded when an op uses them, in mode
+  "all" and for lower-precision ops, but they are not changed: use :func:`round_parameters_` to store the
+  weights in ``fmt`` (the FP16 copy of the master weights) and round the batch yourself if it must be stored
+  in ``fmt``.
+* In mode "autocast", the backward of autocast's float16 → float32 casts (which rounds the gradient entering
+  an FP16 region from an FP32 op) is approximated by the "any input" rule above; a float32-op gradient that
+  feeds only float32 backward ops is not rounded.  Gradients of FP32 leaves (master weights) are the float32
+  accumulation of rounded contributions, as with autocast.
+* Integer ops, random number generation and dtype conversions inside the block are not changed; ``fmt``
+  values are stored in float32 (or the dtype the op returns), never in a real 16/8-bit dtype, so memory use
+  and speed are those of float32.
+* Backward passes run outside the block (``loss.backward()`` after the ``with``) are not rounded; nor is
+  anything run in another thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import warnings
+import weakref
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .formats import BF16, FP8_E4M3, FP8_E5M2, FP16, FloatFormat, ROUNDING_MODES, get_format, round_to
+
+__all__ = ["simulate", "paused", "round_parameters_", "rounder", "MODES", "LOWER_PRECISION_OPS", "FLOAT32_OPS"]
+
+MODES = ("autocast", "all")
+
+#: ATen ops (overload packets, by name) that autocast runs in the lower-precision dtype (CUDA float16 list,
+#: as the ATen ops that the listed Python functions decompose into, plus their backward kernels).
+LOWER_PRECISION_OPS = frozenset({
+    "mm", "addmm", "bmm", "baddbmm", "addbmm", "addmv", "addr", "mv", "dot", "vdot", "matmul",
+    "linear", "linear_backward", "chain_matmul", "linalg_multi_dot",
+    "convolution", "_convolution", "convolution_backward", "conv_tbc", "conv_tbc_backward",
+    "mkldnn_convolution", "cudnn_convolution", "cudnn_convolution_transpose", "conv_depthwise2d",
+    "_slow_conv2d_forward", "_slow_conv2d_backward", "slow_conv3d_forward", "slow_conv_transpose2d",
+    "slow_conv_transpose3d", "slow_conv_dilated2d", "slow_conv_dilated3d",
+    "_prelu_kernel", "_prelu_kernel_backward",
+    "_thnn_fused_lstm_cell", "_thnn_fused_lstm_cell_backward_impl", "_thnn_fused_gru_cell",
+    "_thnn_fused_gru_cell_backward", "mkldnn_rnn_layer", "mkldnn_rnn_layer_backward",
+    "_scaled_dot_product_attention_math", "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_flash_attention_backward", "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_efficient_attention_backward", "_scaled_dot_product_flash_attention_for_cpu",
+    "_scaled_dot_product_flash_attention_for_cpu_backward", "_scaled_dot_product_fused_attention_overrideable",
+})
+
+#: ATen ops that autocast runs in float32 (CUDA "ops that can autocast to float32" list, as ATen ops).
+FLOAT32_OPS = frozenset({
+    "pow", "acos", "asin", "cosh", "sinh", "tan", "erfinv", "exp", "expm1", "log", "log10", "log1p", "log2",
+    "reciprocal", "rsqrt", "softplus", "_softmax", "softmax", "_log_softmax", "log_softmax",
+    "binary_cross_entropy_with_logits", "cosine_embedding_loss", "cross_entropy_loss", "hinge_embedding_loss",
+    "kl_div", "l1_loss", "margin_ranking_loss", "mse_loss", "multilabel_margin_loss_forward",
+    "multi_margin_loss", "nll_loss_forward", "nll_loss2d_forward", "nll_loss_nd", "nll_loss", "nll_loss2d",
+    "poisson_nll_loss", "smooth_l1_loss", "huber_loss", "soft_margin_loss", "triplet_margin_loss",
+    "cdist", "_cdist_forward", "cosine_similarity", "dist", "pdist", "_pdist_forward", "renorm",
+    "native_layer_norm", "layer_norm", "native_group_norm", "group_norm",
+    "norm", "linalg_vector_norm", "frobenius_norm", "nuclear_norm", "sum", "prod", "cumsum", "cumprod",
+})
+
+_BATCH_NORM_OPS = frozenset({
+    "native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_no_training",
+    "_native_batch_norm_legit_functional", "native_batch_norm_backward", "batch_norm_backward",
+    "cudnn_batch_norm", "miopen_batch_norm",
+})
+
+# plan kinds
+_VIEW, _LOW, _FP32, _PROMOTE, _BN, _ALL = range(6)
+
+_active = threading.local()  # .mode: the simulate instance active in this thread (nesting is refused)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Fast, verified rounding of float32 tensors
+# ----------------------------------------------------------------------------------------------------------
+_CAST_DTYPES = {FP16: "float16", BF16: "bfloat16", FP8_E5M2: "float8_e5m2", FP8_E4M3: "float8_e4m3fn"}
+_rounders: dict = {}
+
+
+def _probe() -> torch.Tensor:
+    """Float32 values that exercise every path: random bit patterns, ties, subnormals, overflow, inf, NaN."""
+    g = torch.Generator().manual_seed(1234)
+    bits = torch.randint(-2 ** 31, 2 ** 31 - 1, (1 << 14,), generator=g, dtype=torch.int64).to(torch.int32)
+    wide = torch.randn(1 << 14, generator=g) * torch.exp2(torch.randint(-150, 128, (1 << 14,), generator=g).float())
+    ties = []
+    for fmt in _CAST_DTYPES:  # exact midpoints between neighbouring values of each format, and next to them
+        m = fmt.mantissa_bits
+        k = torch.arange(-(1 << (m + 1)), 1 << (m + 1), dtype=torch.float64)
+        for e in (fmt.emin - m, fmt.emin, 0, fmt.emax - 1, fmt.emax):
+            mid = (k + 0.5) * 2.0 ** (e - m) if e > fmt.emin - m else (k + 0.5) * 2.0 ** e
+            ties += [mid.float(), torch.nextafter(mid.float(), torch.tensor(0.0)),
+                     torch.nextafter(mid.float(), torch.tensor(float("inf")))]
+        ties.append(torch.tensor([fmt.max, -fmt.max, fmt.max * (1 + 2.0 ** -(m + 1)), 2 * fmt.max]))
+    special = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 3.4e38, -3.4e38, 1e-45])
+    return torch.cat([bits.view(torch.float32), wide, *ties, special])
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit-identical, except that any NaN matches any NaN (payloads are not part of the contract)."""
+    return bool(((a.view(torch.int32) == b.view(torch.int32)) | (a.isnan() & b.isnan())).all())
+
+
+def _cast_rounder(fmt: FloatFormat):
+    """(out-of-place, in-place) rounding of float32 tensors by torch's dtype conversions."""
+    dt = getattr(torch, _CAST_DTYPES[fmt])
+    if fmt == FP8_E4M3:
+        limit = fmt.max + 2.0 ** (fmt.emax - fmt.mantissa_bits - 1)  # 464: the midpoint above max
+
+        def r(t):
+            y = t.to(dt).to(t.dtype)
+            return y.masked_fill_(t.abs() > limit, float("nan"))  # torch's E4M3 conversion saturates
+
+        def r_(t):
+            return t.copy_(r(t))
+    else:
+        def r(t):
+            return t.to(dt).to(t.dtype)
+
+        def r_(t):
+            return t.copy_(t.to(dt))  # copy_ converts back on the fly: two passes
+    return r, r_
+
+
+def _rounder_pair(fmt: FloatFormat, rounding: str):
+    """(r, r_): out-of-place and in-place rounding equal to round_to (see :func:`rounder`), cached."""
+    import os
+
+    key = (fmt, rounding)
+    if key in _rounders:
+        return _rounders[key]
+
+    def slow(t):
+        return round_to(t, fmt, rounding=rounding)
+
+    fast = None
+    if rounding == "nearest_even" and fmt in _CAST_DTYPES and os.environ.get(
+            "MPT_LAB_FAST_ROUND", "1").strip().lower() not in ("0", "false", "no", "off"):
+        try:
+            cand = _cast_rounder(fmt)
+            probe = _probe()
+            if not (_same(cand[0](probe), round_to(probe, fmt))
+                    and _same(cand[1](probe.clone()), round_to(probe, fmt))):
+                raise RuntimeError("torch's conversion disagrees with round_to")
+            fast = cand
+        except Exception as err:  # a torch build without the dtype, a conversion that differs, …
+            warnings.warn(f"fast {fmt.name} rounding unavailable ({type(err).__name__}: {err}); using round_to",
+                          RuntimeWarning, stacklevel=3)
+    if fast is None:
+        def r(t):
+            return slow(t)
+
+        def r_(t):
+            return t.copy_(slow(t))
+    else:
+        f, f_ = fast
+
+        def r(t):
+            return f(t) if t.dtype == torch.float32 else slow(t)
+
+        def r_(t):
+            return f_(t) if t.dtype == torch.float32 else t.copy_(slow(t))
+    _rounders[key] = (r, r_)
+    return r, r_
+
+
+def rounder(fmt, rounding: str = "nearest_even"):
+    """A function ``r(t) -> tensor`` equal to ``round_to(t, fmt, rounding=rounding)`` on floating tensors.
+
+    For float32 tensors, ``rounding="nearest_even"`` and FP16, BF16, FP8_E5M2 or FP8_E4M3, ``r`` uses torch's
+    dtype conversions (two passes, ≈ 5× faster than :func:`round_to` on a CPU), verified bit for bit against
+    :func:`round_to` on a probe of ≈ 5·10⁴ values (random bit patterns, ties, subnormals, overflow, ±inf, NaN)
+    the first time; a mismatch falls back to :func:`round_to` with a ``RuntimeWarning``.
+    ``MPT_LAB_FAST_ROUND=0`` in the environment disables the fast path.  Other dtypes, formats and roundings
+    call :func:`round_to`.  NaN payloads are not preserved (any NaN stays a NaN).  ``r`` never tracks autograd
+    and returns a new tensor of the input's shape, dtype and device.
+
+    Raises
+    ------
+    TypeError, ValueError
+        Unknown ``fmt`` or ``rounding``.
+    """
+    fmt = get_format(fmt, "fmt")
+    if rounding not in ROUNDING_MODES:
+        raise ValueError(f"rounding must be one of {ROUNDING_MODES}, got {rounding!r}")
+    return _rounder_pair(fmt, rounding)[0]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The mode
+# ----------------------------------------------------------------------------------------------------------
+def _plan(func, mode: str):
+    """(kind, names of written arguments, index of 'input' for batch norm) for an op, computed once."""
+    schema = func._schema
+    written = tuple(i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write)
+    view = any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
+    name = func.overloadpacket.__name__ if hasattr(func, "overloadpacket") else str(func)
+    input_index = next((i for i, a in enumerate(schema.arguments) if a.name == "input"), 0)
+    if view and not written:
+        kind = _VIEW
+    elif mode == "all":
+        kind = _ALL
+    elif name in LOWER_PRECISION_OPS:
+        kind = _LOW
+    elif name in FLOAT32_OPS:
+        kind = _FP32
+    elif name in _BATCH_NORM_OPS:
+        kind = _BN
+    else:
+        kind = _PROMOTE
+    return kind, written, input_index
+
+
+def _floating(x) -> bool:
+    return isinstance(x, torch.Tensor) and x.is_floating_point()
+
+
+class simulate(TorchDispatchMode):
+    """Context manager: round the floating results of the ops run inside it to ``fmt``.
+
+    Parameters
+    ----------
+    fmt : FloatFormat or str, default ``"FP16"``
+        Format to emulate (any of :data:`mpt_lab.formats.FORMATS`: ``"FP16"``, ``"BF16"``, ``"FP8_E4M3"``, …).
+    mode : {"autocast", "all"}, default ``"autocast"``
+        ``"autocast"`` rounds what ``torch.autocast(dtype=float16)`` would run in float16 (lower-precision ops,
+        and ops whose inputs are all such results); ``"all"`` rounds every op's inputs and outputs, as a model
+        converted with ``.half()``.  See the module docstring for the op lists.
+    backward : bool, keyword-only, default True
+        Round the ops of backward passes run inside the block (gradients in ``fmt``, as FP16 kernels produce
+        them).  With False, backward ops run in plain float32.
+    rounding : {"nearest_even", "toward_zero", "stochastic"}, keyword-only
+        Rounding of :func:`mpt_lab.formats.round_to`; only ``"nearest_even"`` uses the fast path.
+
+    Tensors: every floating dtype is rounded in its own dtype (float32 models stay float32); shapes, devices and
+    autograd graphs are unchanged.  Rounding is invisible to autograd (it happens below it), i.e. gradients
+    pass through it unchanged ("straight through"), as through a dtype cast.
+
+    Use ``with simulate(...):`` (or ``as sim``); an instance can be re-entered after it has exited.  Nesting
+    is refused: entering a second :class:`simulate` while one is active in the same thread raises
+    ``RuntimeError`` (exit the first to switch formats).  Other dispatch modes may be combined with it.  On
+    exit (normal or by an exception) rounding stops at once; tensors created inside keep their rounded
+    values.
+
+    Attributes: ``fmt`` (FloatFormat), ``mode``, ``backward``, ``rounding``, ``ops_rounded`` (number of op
+    calls whose results were rounded in the last block, a cheap sanity check).
+
+    Raises
+    ------
+    TypeError
+        ``fmt`` is neither a FloatFormat nor a str; ``backward`` is not a bool; ``mode``/``rounding`` not a str.
+    ValueError
+        Unknown ``fmt``, ``mode`` or ``rounding``.
+    RuntimeError
+        On entry, when a :class:`simulate` block is already active in this thread.
+
+    Source: Micikevicius et al. 2018 §3; PyTorch's autocast op reference (``torch.amp``).
+    """
+
+    def __init__(self, fmt="FP16", mode: str = "autocast", *, backward: bool = True,
+                 rounding: str = "nearest_even"):
+        super().__init__()
+        if not isinstance(fmt, (FloatFormat, str)):
+            raise TypeError(f"fmt must be a FloatFormat or a format name (str), got {type(fmt).__name__}")
+        self.fmt = get_format(fmt, "fmt")
+        if not isinstance(mode, str):
+            raise TypeError(f"mode must be a str, one of {MODES}, got {type(mode).__name__}")
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if not isinstance(backward, bool):
+            raise TypeError(f"backward must be a bool, got {type(backward).__name__}")
+        if not isinstance(rounding, str):
+            raise TypeError(f"rounding must be a str, one of {ROUNDING_MODES}, got {type(rounding).__name__}")
+        if rounding not in ROUNDING_MODES:
+            raise ValueError(f"rounding must be one of {ROUNDING_MODES}, got {rounding!r}")
+        self.mode, self.backward, self.rounding = mode, backward, rounding
+        self.ops_rounded = 0
+        self._round = self._round_ = None
+        self._plans: dict = {}
+        self._tags: dict = {}  # see _entry
+
+    def __repr__(self) -> str:
+        return f"simulate({self.fmt.name!r}, mode={self.mode!r}, backward={self.backward})"
+
+    # --- entering and leaving -------------------------------------------------------------------------
+    def __enter__(self):
+        if getattr(_active, "mode", None) is not None:
+            raise RuntimeError(f"a simulate block is already active ({_active.mode!r}); nesting is not supported")
+        # verify the fast path before any op is intercepted
+        self._round, self._round_ = _rounder_pair(self.fmt, self.rounding)
+        self._tags.clear()
+        self.ops_rounded = 0
+        _active.mode = self
+        try:
+            return super().__enter__()
+        except BaseException:
+            _active.mode = None
+            raise
+
+    def __exit__(self, exc_type, exc, tb):
+        try:
+            return super().__exit__(exc_type, exc, tb)
+        finally:
+            _active.mode = None
+            self._tags.clear()
+
+    @contextlib.contextmanager
+    def paused(self):
+        """Run the body of a ``with sim.paused():`` in plain float32 (no rounding), inside an active block.
+
+        Needed for code that computes with bit manipulation, e.g. :func:`mpt_lab.formats.round_to`,
+        ``encode``, or a histogram hook: inside a block their internal float ops would be rounded too.
+
+        Raises
+        ------
+        RuntimeError
+            This instance is not the innermost active dispatch mode.
+        """
+        from torch.utils._python_dispatch import _get_current_dispatch_mode, _pop_mode_temporarily
+
+        if _get_current_dispatch_mode() is not self:
+            raise RuntimeError("paused() needs this simulate block to be active and the innermost dispatch mode")
+        with _pop_mode_temporarily():
+            yield
+
+    # --- tags: which tensors already hold fmt values ----------------------------------------------------
+    # self._tags: id(tensor) -> (weakref, version, rounded): ``rounded`` is None when the tensor itself holds
+    # fmt values (an output of this block, or a leaf found equal to its rounding), else a rounded copy made
+    # for an op's input and reused while the tensor is alive and unchanged (autocast caches its casts alike).
+    def _entry(self, t):
+        e = self._tags.get(id(t))
+        if e is None or e[0]() is not t:
+            return None
+        try:
+            return e if e[1] == t._version else None
+        except RuntimeError:  # inference tensors have no version counter
+            return None
+
+    def _tagged(self, t) -> bool:
+        e = self._entry(t)
+        return e is not None and e[2] is None
+
+    def _tag(self, t, bump: int = 0, rounded=None) -> None:
+        try:
+            v = t._version + bump
+        except RuntimeError:
+            return
+        k = id(t)
+        tags = self._tags
+
+        def forget(ref, k=k, tags=tags):
+            e = tags.get(k)
+            if e is not None and e[0] is ref:
+                del tags[k]
+
+        tags[k] = (weakref.ref(t, forget), v, rounded)
+
+    def _rounded_input(self, x):
+        """x itself when it holds fmt values, else its rounded copy (made once per tensor and version)."""
+        if not (isinstance(x, torch.Tensor) and x.is_floating_point()):
+            return x
+        e = self._entry(x)
+        if e is not None:
+            return x if e[2] is None else e[2]
+        base = x._base
+        if base is None or 2 * x.numel() < base.numel():
+            base = x
+        eb = self._entry(base) if base is not x else None
+        if eb is None:
+            rb = self._round(base)
+            if self.mode == "all" and base.grad_fn is None and torch.equal(rb, base):  # leaf in fmt (round_parameters_)
+                rb = None
+            self._tag(base, rounded=rb)
+        else:
+            rb = eb[2]
+        if rb is None:
+            return x
+        if base is x:
+            return rb
+        if rb.stride() == base.stride():
+            return rb.as_strided(x.size(), x.stride(), x.storage_offset() - base.storage_offset())
+        return self._round(x)
+
+    def _finish(self, out, written_args, fresh: bool = True):
+        """Round the tensors that the op wrote (in place) and, with ``fresh``, its other floating outputs."""
+        r, r_ = self._round, self._round_
+        for t in written_args:
+            if t.is_floating_point():
+                r_(t)
+                self._tag(t, bump=1)  # the op's in-place version bump happens after this hook returns
+        if not fresh:
+            return out
+        if isinstance(out, torch.Tensor):
+            if out.is_floating_point() and not any(out is t for t in written_args):
+                out = r(out)
+                self._tag(out)
+            return out
+        if isinstance(out, (tuple, list)):
+            res = []
+            for o in out:
+                if isinstance(o, torch.Tensor) and o.is_floating_point() and not any(o is t for t in written_args):
+                    o = r(o)
+                    self._tag(o)
+                res.append(o)
+            return type(out)(res) if isinstance(out, tuple) else res
+        return out
+
+    # --- the op hook ----------------------------------------------------------------------------------
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        plan = self._plans.get(func)
+        if plan is None:
+            plan = self._plans[func] = _plan(func, self.mode)
+        kind, written_idx, input_index = plan
+        in_backward = torch._C._current_autograd_node() is not None
+        if in_backward and not self.backward:
+            return func(*args, **kwargs)
+        if kind == _VIEW:
+            out = func(*args, **kwargs)
+            src = args[0] if args else None
+            if _floating(src) and self._tagged(src):
+                for o in (out if isinstance(out, (tuple, list)) else (out,)):
+                    if isinstance(o, torch.Tensor):
+                        self._tag(o)
+            return out
+        flat = _flat_tensors(args, kwargs)
+        written = [_arg(func, args, kwargs, i) for i in written_idx] if written_idx else ()
+        if written:
+            written = [t for w in written for t in (w if isinstance(w, (list, tuple)) else (w,))
+                       if isinstance(t, torch.Tensor) and t.is_floating_point()]
+        if kind == _ALL or kind == _LOW:
+            # inputs: tensors the op writes in place are rounded in place (their old value is read, then
+            # overwritten), the others replaced by rounded copies
+            for t in written:
+                if not self._tagged(t):
+                    self._round_(t)
+            if any(t.is_floating_point() and not self._tagged(t) for t in flat):
+                args, kwargs = _map_tensors(self._rounded_input, args, kwargs, skip=written)
+            out = func(*args, **kwargs)
+            self.ops_rounded += 1
+            return self._finish(out, written)
+        if kind == _FP32 and not in_backward:
+            return func(*args, **kwargs)
+        if kind == _BN and not in_backward:  # output follows `input`; running statistics stay float32
+            src = _arg(func, args, kwargs, input_index)
+            out = func(*args, **kwargs)
+            if _floating(src) and self._tagged(src):
+                self.ops_rounded += 1
+                if isinstance(out, (tuple, list)):
+                    return type(out)((self._finish(out[0], ()), *out[1:]))
+                return self._finish(out, ())
+            return out
+        # promote: forward, all floating inputs in fmt (as autocast's "widest input type"; an in-place op
+        # keeps the dtype of the tensor it writes); backward, any floating input in fmt
+        if written and not in_backward:
+            rounded = all(self._tagged(t) for t in written)
+        else:
+            fl = [t for t in flat if t.is_floating_point()]
+            dims = [t for t in fl if t.dim() > 0] or fl
+            tags = [self._tagged(t) for t in dims]
+            rounded = bool(tags) and (any(tags) if in_backward else all(tags))
+        out = func(*args, **kwargs)
+        if rounded:
+            self.ops_rounded += 1
+            return self._finish(out, written)
+        return out
+
+
+@contextlib.contextmanager
+def paused():
+    """Pause the :class:`simulate` block active in this thread, if any (see :meth:`simulate.paused`)."""
+    mode = getattr(_active, "mode", None)
+    if mode is None:
+        yield
+    else:
+        with mode.paused():
+            yield
+
+
+def _arg(func, args, kwargs, i):
+    a = func._schema.arguments[i]
+    if i < len(args) and not a.kwarg_only:
+        return args[i]
+    return kwargs.get(a.name)
+
+
+def _flat_tensors(args, kwargs):
+    out = []
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            out.append(a)
+        elif isinstance(a, (list, tuple)):
+            out.extend(x for x in a if isinstance(x, torch.Tensor))
+    return out
+
+
+def _map_tensors(fn, args, kwargs, skip=()):
+    def m(a):
+        if isinstance(a, torch.Tensor):
+            return a if any(a is s for s in skip) else fn(a)
+        if isinstance(a, (list, tuple)) and any(isinstance(x, torch.Tensor) for x in a):
+            return type(a)(m(x) for x in a)
+        return a
+    return tuple(m(a) for a in args), {k: m(v) for k, v in kwargs.items()}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Parameters stored in a format
+# ----------------------------------------------------------------------------------------------------------
+def round_parameters_(model: torch.nn.Module, fmt="FP16", *, buffers: bool = True,
+                      rounding: str = "nearest_even") -> torch.nn.Module:
+    """Round a model's floating parameters (and buffers) to ``fmt`` in place, keeping their dtype.
+
+    Emulates weights *stored* in ``fmt``: ``round_parameters_(model, "FP16")`` is to a float32 model what
+    ``model.half()`` is, without changing the dtype (Micikevicius et al. 2018 §3: the FP16 copy of the FP32
+    master weights used in forward and backward).  Integer buffers (e.g. BatchNorm's ``num_batches_tracked``)
+    are left alone.  Autograd history is not recorded; ``.grad`` is not touched.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+    fmt : FloatFormat or str
+    buffers : bool, keyword-only
+        Also round floating buffers (BatchNorm running statistics).
+    rounding : str, keyword-only
+        As :func:`mpt_lab.formats.round_to`.
+
+    Returns
+    -------
+    model (the same object), for chaining.
+
+    Raises
+    ------
+    TypeError
+        ``model`` is not an ``nn.Module``; ``buffers`` is not a bool.
+    ValueError
+        Unknown ``fmt`` or ``rounding``.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(buffers, bool):
+        raise TypeError(f"buffers must be a bool, got {type(buffers).__name__}")
+    r = rounder(get_format(fmt, "fmt"), rounding)
+    tensors = list(model.parameters()) + (list(model.buffers()) if buffers else [])
+    with torch.no_grad():
+        for t in tensors:
+            if t.is_floating_point():
+                t.copy_(r(t))
+    return model

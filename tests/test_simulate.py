@@ -1,0 +1,371 @@
+"""mpt_lab.simulate against real float16 runs on the CPU (``.half()`` models and torch.autocast).
+
+Tolerances (measured with torch 2.13.0 on this project's CPUs, one thread):
+* one float16 Linear/Conv2d (``.half()``) against "exact FP32 sum, rounded once": ≤ 2 ulp of FP16 per value,
+  on ≈ 0.1% of the values (the CPU kernels' own accumulation differs); tests allow 2 ulp on ≤ 1%.
+* forward of the small MLP and conv net, mode "all" vs ``.half()`` and mode "autocast" vs
+  ``torch.autocast("cpu", float16)``: bit-identical for some seeds, else ≤ 0.25 ulp *of the largest output*
+  on ≤ 3% of the values (per-value ulps can be large where a small output comes from cancellation); tests
+  allow 1 ulp of the largest |output| on ≤ 5% of the values.
+* share of each parameter's gradient values that underflow to zero (loss scaled by 2⁻¹⁴ or 2⁻²⁰): measured
+  within 0.005; tests allow 0.02 (absolute).
+* losses over 5 SGD steps of a pure FP16 MLP: tests allow a relative difference of 1e-2.
+"""
+
+import copy
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from mpt_lab.formats import BF16, FP8_E4M3, FP8_E5M2, FP16, round_to
+from mpt_lab.simulate import LOWER_PRECISION_OPS, FLOAT32_OPS, paused, round_parameters_, rounder, simulate
+
+
+def _mlp(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
+
+
+def _conv(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 6 * 6, 10))
+
+
+def _inputs(kind, n=16, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 32, generator=g) if kind == "mlp" else torch.randn(n, 3, 12, 12, generator=g)
+
+
+def _fp16_ulp(y):
+    """Spacing of FP16 values at |y| (float32 tensor of FP16 values)."""
+    a = y.abs().clamp_min(2.0 ** -14)
+    return torch.exp2(torch.floor(torch.log2(a)) - 10)
+
+
+def _assert_close_fp16(sim, real, *, ulps=1.0, of_max=True, max_share=0.05):
+    """|sim - real| <= ulps FP16 ulps (of the largest |real| with of_max, else of each value); few differ."""
+    real = real.float()
+    assert sim.dtype == torch.float32 and sim.shape == real.shape
+    diff = (sim - real).abs()
+    ulp = _fp16_ulp(real.abs().max()) if of_max else _fp16_ulp(real)
+    assert bool((diff <= ulps * ulp).all()), f"more than {ulps} ulp apart: {(diff / ulp).max().item()}"
+    assert (diff > 0).float().mean().item() <= max_share
+
+
+def _is_in(x, fmt):
+    x = x.detach()
+    y = round_to(x, fmt)
+    return bool(((y == x) | (x.isnan() & y.isnan())).all())
+
+
+# ------------------------------------------------------------------------------------------------------
+# the rounding kernels
+# ------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("fmt", [FP16, BF16, FP8_E4M3, FP8_E5M2])
+def test_rounder_bit_identical_to_round_to(fmt):
+    g = torch.Generator().manual_seed(3)
+    bits = torch.randint(-2 ** 31, 2 ** 31 - 1, (200_000,), generator=g, dtype=torch.int64).to(torch.int32)
+    x = torch.cat([bits.view(torch.float32),
+                   torch.randn(100_000, generator=g) * torch.exp2(torch.randint(-40, 20, (100_000,), generator=g).float()),
+                   torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), fmt.max, 464.0, 465.0])])[:300_000]
+    want = round_to(x, fmt)
+    for got in (rounder(fmt)(x), rounder(fmt)(x.reshape(300, -1).t()).t().reshape(-1)):
+        same = (got.view(torch.int32) == want.view(torch.int32)) | (got.isnan() & want.isnan())
+        assert bool(same.all())
+    x64 = x[:1000].double()
+    assert torch.equal(rounder(fmt)(x64).nan_to_num(0.0), round_to(x64, fmt).nan_to_num(0.0))
+
+
+def test_rounder_bad_arguments():
+    with pytest.raises(ValueError, match="fmt"):
+        rounder("FP17")
+    with pytest.raises(ValueError, match="rounding"):
+        rounder(FP16, "up")
+
+
+# ------------------------------------------------------------------------------------------------------
+# (a), (b): forward against real float16
+# ------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["mlp", "conv"])
+def test_all_mode_forward_matches_half_model(kind):
+    model = _mlp() if kind == "mlp" else _conv()
+    x = _inputs(kind)
+    real = copy.deepcopy(model).half()(x.half())
+    sim_model = round_parameters_(copy.deepcopy(model), FP16)
+    xs = round_to(x, FP16)  # outside the block: round_to's own bit operations must not be simulated
+    with simulate(FP16, mode="all") as sim:
+        y = sim_model(xs)
+    assert sim.ops_rounded > 0
+    assert _is_in(y, FP16)
+    _assert_close_fp16(y, real)
+
+
+def test_all_mode_rounds_inputs_and_parameters_it_was_not_given_rounded():
+    model, x = _mlp(), _inputs("mlp")
+    real = copy.deepcopy(model).half()(x.half())
+    with simulate("FP16", mode="all"):  # fp32 weights and input: rounded where the ops use them
+        y = model(x)
+    _assert_close_fp16(y, real)
+    assert not _is_in(model[0].weight, FP16)  # ... but not changed
+
+
+@pytest.mark.parametrize("kind", ["mlp", "conv"])
+def test_autocast_mode_forward_matches_torch_autocast(kind):
+    model = _mlp() if kind == "mlp" else _conv()
+    x = _inputs(kind)
+    with torch.autocast("cpu", dtype=torch.float16):
+        real = model(x)
+    assert real.dtype == torch.float16
+    with simulate("FP16") as sim:
+        y = model(x)
+    assert sim.mode == "autocast"
+    _assert_close_fp16(y, real)
+
+
+def test_autocast_mode_keeps_float32_ops_and_mixed_inputs_in_float32():
+    g = torch.Generator().manual_seed(0)
+    a, b, c = (torch.randn(16, 16, generator=g) for _ in range(3))
+    with simulate("FP16", mode="autocast"):
+        h = a @ b                       # lower precision: rounded
+        r = torch.relu(h)               # all inputs FP16: rounded (exact here)
+        s = torch.softmax(h, dim=1)     # float32 op
+        m = h + c                       # FP16 + FP32 -> FP32
+        e = h * 3.14159                 # FP16 and a Python scalar -> FP16
+    assert _is_in(h, FP16) and _is_in(r, FP16) and _is_in(e, FP16)
+    assert not _is_in(s, FP16) and not _is_in(m, FP16)
+    assert torch.equal(h, round_to(round_to(a, FP16) @ round_to(b, FP16), FP16))
+
+
+@pytest.mark.parametrize("layer", ["linear", "conv"])
+def test_single_fp16_layer_is_within_two_ulp_of_round_once(layer):
+    """A float16 Linear/Conv2d on the CPU is close to, but not always exactly, "FP32 sum, rounded once"."""
+    torch.manual_seed(5)
+    m = nn.Linear(256, 128, bias=False) if layer == "linear" else nn.Conv2d(8, 16, 3, bias=False)
+    x = torch.randn(64, 256) if layer == "linear" else torch.randn(4, 8, 12, 12)
+    real = copy.deepcopy(m).half()(x.half())
+    with simulate("FP16", mode="all"):
+        y = m(x)
+    _assert_close_fp16(y, real, ulps=2.0, of_max=False, max_share=0.01)
+    assert {"mm", "addmm", "convolution", "convolution_backward"} <= LOWER_PRECISION_OPS
+    assert {"_softmax", "_log_softmax", "sum", "exp", "mse_loss"} <= FLOAT32_OPS
+
+
+def test_autocast_mode_backward_rounds_gradients_of_fp16_tensors():
+    model, x = _mlp(), _inputs("mlp")
+    with simulate("FP16", mode="autocast"):
+        loss = model(x).float().pow(2).mean()
+        loss.backward()
+    for p in model.parameters():  # gradients of the linear layers come from FP16 kernels
+        assert _is_in(p.grad, FP16)
+    ref = _mlp()
+    with torch.autocast("cpu", dtype=torch.float16):
+        out = ref(x)
+    out.float().pow(2).mean().backward()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        assert torch.allclose(p.grad, q.grad, rtol=1e-2, atol=1e-4)
+
+
+# ------------------------------------------------------------------------------------------------------
+# (c) gradient underflow, (d) training
+# ------------------------------------------------------------------------------------------------------
+def _zero_shares(model):
+    return [(p.grad == 0).float().mean().item() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("kind", ["mlp", "conv"])
+@pytest.mark.parametrize("log2_scale", [-14, -20])
+def test_gradient_underflow_share_matches_real_fp16(kind, log2_scale):
+    model = _mlp() if kind == "mlp" else _conv()
+    x = _inputs(kind)
+    y = torch.randint(0, 10, (x.shape[0],), generator=torch.Generator().manual_seed(2))
+    scale = 2.0 ** log2_scale  # pushes many gradients below FP16's smallest subnormal 2^-24
+
+    half = copy.deepcopy(model).half()
+    (nn.functional.cross_entropy(half(x.half()).float(), y) * scale).backward()
+    real = _zero_shares(half)
+
+    sim_model = round_parameters_(copy.deepcopy(model), FP16)
+    xs = round_to(x, FP16)
+    with simulate("FP16", mode="all"):
+        (nn.functional.cross_entropy(sim_model(xs), y) * scale).backward()
+    sim = _zero_shares(sim_model)
+    fp32_model = copy.deepcopy(model)
+    (nn.functional.cross_entropy(fp32_model(x), y) * scale).backward()
+    fp32 = _zero_shares(fp32_model)
+
+    assert sum(real) > sum(fp32) + 0.1  # the scenario really loses gradients in FP16 ...
+    for s, r in zip(sim, real):  # ... and the emulation loses the same share of each parameter's gradient
+        assert abs(s - r) <= 0.02, (sim, real, fp32)
+    assert all(_is_in(p.grad, FP16) for p in sim_model.parameters())
+
+
+def test_sgd_losses_match_real_fp16_training():
+    model, x = _mlp(), _inputs("mlp", n=32)
+    y = torch.randint(0, 10, (32,), generator=torch.Generator().manual_seed(2))
+    half = copy.deepcopy(model).half()
+    opt = torch.optim.SGD(half.parameters(), lr=0.1)
+    real = []
+    for _ in range(5):
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(half(x.half()), y)
+        loss.backward()
+        opt.step()
+        real.append(loss.item())
+
+    sim_model = round_parameters_(copy.deepcopy(model), FP16)
+    opt = torch.optim.SGD(sim_model.parameters(), lr=0.1)
+    sim, xs = [], round_to(x, FP16)
+    for _ in range(5):
+        opt.zero_grad()
+        with simulate("FP16", mode="all"):
+            loss = nn.functional.cross_entropy(sim_model(xs), y)
+            loss.backward()
+            opt.step()  # FP16 weights: the update is rounded as in .half() training
+        sim.append(loss.item())
+    assert all(_is_in(p, FP16) for p in sim_model.parameters())
+    assert real[-1] < real[0]
+    for a, b in zip(sim, real):
+        assert math.isclose(a, b, rel_tol=1e-2), (sim, real)
+
+
+# ------------------------------------------------------------------------------------------------------
+# (e) other formats
+# ------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("fmt", [BF16, FP8_E4M3, "FP8_E5M2"])
+@pytest.mark.parametrize("mode", ["all", "autocast"])
+def test_other_formats_produce_representable_values(fmt, mode):
+    model, x = _conv(), _inputs("conv", n=4)
+    with simulate(fmt, mode=mode) as sim:
+        out = model(x)
+        out.float().square().mean().backward()
+    assert _is_in(out, sim.fmt)
+    for p in model.parameters():
+        assert _is_in(p.grad, sim.fmt)
+
+
+def test_backward_false_leaves_gradients_in_float32():
+    model, x = _mlp(), _inputs("mlp")
+    with simulate("FP16", mode="all", backward=False):
+        out = model(x)
+        out.square().mean().backward()
+    assert _is_in(out, FP16)
+    assert not all(_is_in(p.grad, FP16) for p in model.parameters())
+
+
+def test_backward_outside_block_is_not_rounded():
+    model, x = _mlp(), _inputs("mlp")
+    with simulate("FP16", mode="all"):
+        out = model(x)
+    out.square().mean().backward()
+    assert not all(_is_in(p.grad, FP16) for p in model.parameters())
+
+
+# ------------------------------------------------------------------------------------------------------
+# (f) entering, leaving, nesting, arguments
+# ------------------------------------------------------------------------------------------------------
+def test_exit_stops_rounding_also_after_exception():
+    x = torch.full((4,), 1.0 + 2.0 ** -20)
+    with simulate("FP16", mode="all"):
+        assert torch.equal(x * 1.0, torch.ones(4))
+    assert torch.equal(x * 1.0, x)
+    with pytest.raises(ZeroDivisionError):
+        with simulate("FP16", mode="all"):
+            1 / 0
+    assert torch.equal(x * 1.0, x)
+    sim = simulate("BF16", "all")
+    for _ in range(2):  # an instance can be re-entered
+        with sim:
+            assert torch.equal(x + 0.0, torch.ones(4))
+    assert torch.equal(x + 0.0, x)
+
+
+def test_nesting_is_refused_and_paused_works():
+    x = torch.full((4,), 1.0 + 2.0 ** -20)
+    with simulate("FP16", mode="all") as sim:
+        with pytest.raises(RuntimeError, match="nesting"):
+            with simulate("BF16"):
+                pass
+        assert torch.equal(x * 1.0, torch.ones(4))  # the outer block is still active
+        with sim.paused():
+            assert torch.equal(round_to(x, FP16), torch.ones(4))  # round_to's bit ops need the pause
+            assert torch.equal(x * 1.0, x)
+        with paused():
+            assert torch.equal(x * 1.0, x)
+        assert torch.equal(x * 1.0, torch.ones(4))
+    with paused():  # no block: nothing to pause
+        assert torch.equal(x * 1.0, x)
+    with simulate("FP16"):  # a block can be entered again after the refused one
+        pass
+
+
+def test_in_place_ops_views_and_integers():
+    x = torch.randn(8, 8) + 1e-3
+    i = torch.arange(10)
+    with simulate("FP16", mode="all"):
+        y = x.clone()
+        y.mul_(1.0001)
+        v = y.view(64)[:5]
+        j = i * 3
+        y[0, 0] = 0.1
+    assert _is_in(y, FP16) and _is_in(v, FP16)
+    assert y[0, 0].item() == round_to(0.1, FP16)
+    assert j.dtype == torch.int64 and torch.equal(j, torch.arange(10) * 3)
+    assert v.data_ptr() == y.data_ptr()  # views stay views
+
+
+def test_round_parameters_():
+    model = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8))
+    model[1].running_mean.add_(0.1)
+    assert round_parameters_(model, "BF16") is model
+    assert all(_is_in(t, BF16) for t in [*model.parameters(), model[1].running_mean])
+    assert model[1].num_batches_tracked.dtype == torch.int64
+    assert model[0].weight.grad is None and model[0].weight.requires_grad
+    with pytest.raises(TypeError, match="model"):
+        round_parameters_(torch.zeros(3))
+    with pytest.raises(ValueError, match="fmt"):
+        round_parameters_(model, "FP99")
+    with pytest.raises(TypeError, match="buffers"):
+        round_parameters_(model, buffers="yes")
+
+
+@pytest.mark.parametrize("kwargs, err, word", [
+    (dict(fmt="FP17"), ValueError, "fmt"),
+    (dict(fmt=16), TypeError, "fmt"),
+    (dict(mode="half"), ValueError, "mode"),
+    (dict(mode=None), TypeError, "mode"),
+    (dict(backward="yes"), TypeError, "backward"),
+    (dict(rounding="up"), ValueError, "rounding"),
+])
+def test_bad_arguments(kwargs, err, word):
+    with pytest.raises(err, match=word):
+        simulate(**kwargs)
+
+
+def test_stochastic_rounding_option():
+    x = torch.full((10_000,), 1.0 + 2.0 ** -12)  # a quarter of FP16's ulp above 1
+    with simulate("FP16", mode="all", rounding="stochastic"):
+        y = x * 1.0
+    assert _is_in(y, FP16)
+    assert 0.15 < (y > 1).float().mean().item() < 0.35
+
+
+def test_formats_and_histograms_are_exact_inside_a_block():
+    from mpt_lab.formats import encode, round_to
+    from mpt_lab.histogram import GradientHistogram, log2_histogram
+
+    x = torch.randn(2000) * 1e-3
+    want_r, want_c, want_h = round_to(x, "bf16"), encode(x, "e4m3"), log2_histogram(x)
+    with simulate("FP16", mode="all"):
+        assert torch.equal(round_to(x, "bf16"), want_r)
+        assert torch.equal(encode(x, "e4m3"), want_c)
+        assert log2_histogram(x) == want_h
+    # a GradientHistogram records the simulated FP16 gradients themselves
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    with GradientHistogram(model, "weight") as gh, simulate("FP16", mode="all"):
+        (model(torch.randn(4, 8)).sum() * 2.0**-20).backward()
+    grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    assert gh.histogram == log2_histogram(grads) and torch.equal(round_to(grads, "FP16"), grads)
