@@ -77,3 +77,68 @@ def main(description: str, run: Callable, config_for: Callable, argv=None) -> in
         result.save(args.out)
         print(f"wrote {args.out}")
     return 0
+
+
+def prepare(config, config_cls: type, config_for: Callable):
+    """Resolve a run's configuration and device, as every experiment's ``run`` starts.
+
+    ``config`` None → ``config_for(mpt_lab.profile())``; sets torch's CPU threads when ``config.threads`` is
+    non-zero and seeds torch with ``config.seed``.  Returns ``(config, device)``.
+
+    Raises TypeError when ``config`` is not an instance of ``config_cls``.
+    """
+    import torch
+
+    from .. import profile
+    from ..device import default_device
+
+    if config is None:
+        config = config_for(profile())
+    if not isinstance(config, config_cls):
+        raise TypeError(f"config must be a {config_cls.__name__}, got {type(config).__name__}")
+    if getattr(config, "threads", 0):
+        torch.set_num_threads(config.threads)
+    dev = getattr(config, "device", "auto")
+    device = default_device() if dev == "auto" else torch.device(dev)
+    torch.manual_seed(getattr(config, "seed", 0))
+    return config, device
+
+
+class JsonResult:
+    """Mixin for an experiment's result dataclass: JSON persistence tagged with the experiment's name.
+
+    Subclasses set ``NAME`` and may override :meth:`to_dict` / :meth:`_from_fields` for fields that need
+    conversion (histograms, tuples).
+    """
+
+    NAME = ""
+
+    def to_dict(self) -> dict:
+        from dataclasses import fields
+
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["experiment"] = self.NAME
+        return d
+
+    @classmethod
+    def _from_fields(cls, d: dict):
+        from dataclasses import fields
+
+        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
+
+    @classmethod
+    def from_dict(cls, d: dict):
+        """Inverse of :meth:`to_dict`.  Raises ValueError for a result of another experiment."""
+        if not isinstance(d, dict):
+            raise TypeError(f"d must be a dict, got {type(d).__name__}")
+        if d.get("experiment") != cls.NAME:
+            raise ValueError(f"not a {cls.NAME} result (experiment = {d.get('experiment')!r})")
+        return cls._from_fields(d)
+
+    def save(self, path):
+        """Write the result as JSON (with its provenance)."""
+        return save_json(self.to_dict(), path)
+
+    @classmethod
+    def load(cls, path):
+        return cls.from_dict(load_json(path))

@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 
-import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..device import default_device, provenance
+from ..device import provenance
 from ..scaling import GradScaler
-from ._common import load_json, main as _main, save_json
+from ._common import JsonResult, main as _main, prepare
 
 __all__ = ["Config", "LossScalingResult", "config_for", "run", "digits_data", "NAME"]
 
@@ -77,7 +76,8 @@ def _model(hidden: int) -> torch.nn.Module:
 
 
 @dataclass
-class LossScalingResult:
+class LossScalingResult(JsonResult):
+    NAME = NAME
     config: dict
     provenance: dict
     losses: dict            # {"mpt_lab": [...], "torch": [...]} per step (unscaled FP32 loss)
@@ -97,26 +97,12 @@ class LossScalingResult:
                 f"{len(self.overflow_steps)} overflows, scale {min(scales):g} … {max(scales):g}, "
                 f"test accuracy {self.test_accuracy['mpt_lab']:.3f}; identical to torch: {self.identical}")
 
-    def to_dict(self) -> dict:
-        d = {f.name: getattr(self, f.name) for f in fields(self)}
-        d["experiment"] = NAME
-        return d
-
     @classmethod
-    def from_dict(cls, d: dict) -> "LossScalingResult":
-        if d.get("experiment") != NAME:
-            raise ValueError(f"not a {NAME} result (experiment = {d.get('experiment')!r})")
+    def _from_fields(cls, d: dict) -> "LossScalingResult":
         hist = {k: [(int(s), float(v), None if f is None else bool(f)) for s, v, f in h] for k, h in d["history"].items()}
         return cls(config=d["config"], provenance=d["provenance"], losses=d["losses"], history=hist,
                    identical=bool(d["identical"]), test_accuracy=d["test_accuracy"],
                    train_seconds=float(d["train_seconds"]))
-
-    def save(self, path):
-        return save_json(self.to_dict(), path)
-
-    @classmethod
-    def load(cls, path) -> "LossScalingResult":
-        return cls.from_dict(load_json(path))
 
 
 def run(config: Config | None = None, *, command: str | None = None, progress: bool = True) -> LossScalingResult:
@@ -124,19 +110,10 @@ def run(config: Config | None = None, *, command: str | None = None, progress: b
 
     Raises TypeError when ``config`` is not a :class:`Config`, ValueError for an unknown ``dtype``.
     """
-    from .. import profile
-
-    if config is None:
-        config = config_for(profile())
-    if not isinstance(config, Config):
-        raise TypeError(f"config must be a Config, got {type(config).__name__}")
+    config, device = prepare(config, Config, config_for)
     dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16}.get(config.dtype)
     if dtype is None:
         raise ValueError(f"config.dtype must be 'float16' or 'bfloat16', got {config.dtype!r}")
-    if config.threads:
-        torch.set_num_threads(config.threads)
-    device = default_device() if config.device == "auto" else torch.device(config.device)
-    torch.manual_seed(config.seed)
     xtr, ytr, xte, yte = digits_data(config.seed, device)
     models = {"mpt_lab": _model(config.hidden).to(device)}
     models["torch"] = copy.deepcopy(models["mpt_lab"])

@@ -13,16 +13,16 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 
 import torch
 from tqdm.auto import tqdm
 
 from .. import formats as F
-from ..device import default_device, provenance
+from ..device import provenance
 from ..master_weights import MasterWeightTrainer
 from ..scaling import GradScaler
-from ._common import load_json, main as _main, save_json
+from ._common import JsonResult, main as _main, prepare
 from .loss_scaling import digits_data
 
 __all__ = ["Config", "StallResult", "config_for", "run", "swamped_fraction", "NAME"]
@@ -87,7 +87,8 @@ def config_for(profile: str) -> Config:
 
 
 @dataclass
-class StallResult:
+class StallResult(JsonResult):
+    NAME = NAME
     config: dict
     provenance: dict
     losses: dict               # {"FP32": [...], "pure FP16": [...], "FP16 + FP32 masters": [...]} per step
@@ -102,25 +103,6 @@ class StallResult:
                 f"{self.config['steps']} SGD steps at lr {self.config['lr']}; test accuracy {acc}; "
                 f"pure FP16 lost {100 * mean:.1f}% of its non-zero updates on average")
 
-    def to_dict(self) -> dict:
-        d = {f.name: getattr(self, f.name) for f in fields(self)}
-        d["experiment"] = NAME
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "StallResult":
-        if d.get("experiment") != NAME:
-            raise ValueError(f"not a {NAME} result (experiment = {d.get('experiment')!r})")
-        return cls(d["config"], d["provenance"], d["losses"], d["swamped"], d["test_accuracy"],
-                   float(d["train_seconds"]))
-
-    def save(self, path):
-        return save_json(self.to_dict(), path)
-
-    @classmethod
-    def load(cls, path) -> "StallResult":
-        return cls.from_dict(load_json(path))
-
 
 def _mlp(hidden: int) -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(64, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 10))
@@ -131,16 +113,7 @@ def run(config: Config | None = None, *, command: str | None = None, progress: b
 
     Raises TypeError when ``config`` is not a :class:`Config`.
     """
-    from .. import profile
-
-    if config is None:
-        config = config_for(profile())
-    if not isinstance(config, Config):
-        raise TypeError(f"config must be a Config, got {type(config).__name__}")
-    if config.threads:
-        torch.set_num_threads(config.threads)
-    device = default_device() if config.device == "auto" else torch.device(config.device)
-    torch.manual_seed(config.seed)
+    config, device = prepare(config, Config, config_for)
     xtr, ytr, xte, yte = digits_data(config.seed, device)
     base = _mlp(config.hidden).to(device)
     fp32 = copy.deepcopy(base)

@@ -16,17 +16,17 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 
 import torch
 from tqdm.auto import tqdm
 
 from .. import formats as F
 from ..data import NUM_CLASSES, DigitsDetection
-from ..device import default_device, provenance
+from ..device import provenance
 from ..histogram import GradientHistogram, Log2Histogram
 from ..models import MultiBoxLoss, build_ssd, make_optimizer, mean_average_precision, train_step
-from ._common import load_json, main as _main, save_json
+from ._common import JsonResult, main as _main, prepare
 
 __all__ = ["Config", "SSDHistogramResult", "config_for", "run", "size_sweep", "sweep_for", "comparison_table", "PAPER", "NAME"]
 
@@ -79,7 +79,7 @@ def config_for(profile: str) -> Config:
 
 
 @dataclass
-class SSDHistogramResult:
+class SSDHistogramResult(JsonResult):
     """What one run measured.  Histograms are :class:`~mpt_lab.histogram.Log2Histogram` (exact counts)."""
 
     config: dict
@@ -135,19 +135,18 @@ class SSDHistogramResult:
                 f"2^{int(math.log2(s['largest S without overflow']))}")
 
     # --- persistence ---------------------------------------------------------------------------------------
+    NAME = NAME
+
     def to_dict(self) -> dict:
-        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d = super().to_dict()
         d["activation"] = self.activation.to_dict()
         d["weight"] = self.weight.to_dict()
         d["phases"] = [{**p, "activation": p["activation"].to_dict()} for p in self.phases]
         d["by_module"] = {k: v.to_dict() for k, v in self.by_module.items()}
-        d["experiment"] = NAME
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "SSDHistogramResult":
-        if d.get("experiment") != NAME:
-            raise ValueError(f"not an {NAME} result (experiment = {d.get('experiment')!r})")
+    def _from_fields(cls, d: dict) -> "SSDHistogramResult":
         return cls(config=d["config"], provenance=d["provenance"], steps=list(d["steps"]),
                    losses=[float(x) for x in d["losses"]], map50=[tuple(x) for x in d["map50"]],
                    activation=Log2Histogram.from_dict(d["activation"]),
@@ -155,14 +154,6 @@ class SSDHistogramResult:
                    phases=[{**p, "activation": Log2Histogram.from_dict(p["activation"])} for p in d["phases"]],
                    by_module={k: Log2Histogram.from_dict(v) for k, v in d.get("by_module", {}).items()},
                    train_seconds=float(d["train_seconds"]))
-
-    def save(self, path):
-        """Write the result as JSON (histograms as sparse exact counts)."""
-        return save_json(self.to_dict(), path)
-
-    @classmethod
-    def load(cls, path) -> "SSDHistogramResult":
-        return cls.from_dict(load_json(path))
 
 
 def _pct(v) -> str:
@@ -237,16 +228,7 @@ def run(config: Config | None = None, *, command: str | None = None, progress: b
     TypeError
         ``config`` is not a :class:`Config`.
     """
-    from .. import profile
-
-    if config is None:
-        config = config_for(profile())
-    if not isinstance(config, Config):
-        raise TypeError(f"config must be a Config, got {type(config).__name__}")
-    if config.threads:
-        torch.set_num_threads(config.threads)
-    device = default_device() if config.device == "auto" else torch.device(config.device)
-    torch.manual_seed(config.seed)
+    config, device = prepare(config, Config, config_for)
     train = DigitsDetection("train", config.n_train, config.image_size, seed=config.seed)
     test = DigitsDetection("test", config.n_test, config.image_size, seed=config.seed)
     model = build_ssd(config.model, image_size=config.image_size).to(device)
