@@ -129,3 +129,11 @@ def test_swamped_fraction():
         swamped_fraction(w, torch.zeros(3))
     with pytest.raises(TypeError):
         swamped_fraction([1.0], [1.0])
+
+
+def test_set_parses_like_the_field():
+    from mpt_lab.experiments._common import _parse_like
+
+    assert _parse_like((128, 256), "64,512") == (64, 512)
+    assert _parse_like(True, "no") is False and _parse_like(3, "7") == 7 and _parse_like(0.5, "2") == 2.0
+    assert _parse_like("a", "b") == "b"

@@ -52,6 +52,18 @@ def find_result(name: str, profile: str = "full") -> Path | None:
     return p if p.exists() else None
 
 
+def _parse_like(old, value: str):
+    """Parse a ``--set`` value to the type of the field's current value (tuples: comma-separated)."""
+    if isinstance(old, bool):
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    if isinstance(old, (tuple, list)):
+        kind = type(old[0]) if old else str
+        return type(old)(kind(v) for v in value.split(",") if v.strip())
+    if old is None:
+        return value
+    return type(old)(value)
+
+
 def main(description: str, run: Callable, config_for: Callable, argv=None) -> int:
     """The shared CLI: ``--profile {quick,cpu,full}``, ``--out PATH``, ``--set key=value`` overrides."""
     from .. import PROFILES, profile
@@ -67,9 +79,7 @@ def main(description: str, run: Callable, config_for: Callable, argv=None) -> in
         key, _, value = item.partition("=")
         if not hasattr(cfg, key):
             p.error(f"--set: unknown configuration field {key!r}")
-        old = getattr(cfg, key)
-        setattr(cfg, key, type(old)(value) if old is not None and not isinstance(old, bool)
-                else (value.lower() in ("1", "true", "yes") if isinstance(old, bool) else value))
+        setattr(cfg, key, _parse_like(getattr(cfg, key), value))
     command = " ".join(["python -m", sys.modules[run.__module__].__name__] + (argv if argv is not None else sys.argv[1:]))
     result = run(cfg, command=command)
     print(result.describe())

@@ -1,0 +1,77 @@
+"""The AMP recipe experiment in a tiny configuration on a CPU."""
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from mpt_lab.experiments import amp_recipe as ar
+
+torch.set_num_threads(1)
+
+
+def tiny(**kw):
+    cfg = dataclasses.replace(ar.config_for("quick"), width=32, num_layers=2, batch_sizes=(8, 9), num_batches=2,
+                              epochs=2, warmup_epochs=1, peak_n=64, device="cpu")
+    return dataclasses.replace(cfg, **kw)
+
+
+@pytest.fixture(scope="module")
+def result():
+    return ar.run(tiny(), progress=False)
+
+
+def test_runs_all_precisions(result):
+    assert {(r["precision"], r["batch"]) for r in result.rows} == {(p, b) for p in ar.PRECISIONS for b in (8, 9)}
+    assert set(result.matmul_tflops) == {"float32", "float16", "bfloat16"}
+    assert all(v > 0 for v in result.matmul_tflops.values())
+    for r in result.rows:
+        assert r["epoch_seconds"] > 0 and len(r["epoch_times"]) == 2
+        assert r["peak_bytes"] > 0
+        assert math.isfinite(r["tflops"]) and r["tflops"] > 0
+        assert math.isfinite(r["fraction_of_peak"]) and r["fraction_of_peak"] > 0
+    assert set(result.speedup) == {"fp16", "bf16"}
+    for p in ("fp16", "bf16"):
+        assert set(result.speedup[p]) == {"8", "9"}
+        assert all(math.isfinite(v) and v > 0 for v in result.speedup[p].values())
+    assert "float16" in result.note and result.provenance["config"]["width"] == 32
+    assert "fp32" in result.describe()
+
+
+def test_save_load_identical(result, tmp_path):
+    p = result.save(tmp_path / "amp.json")
+    back = ar.AmpRecipeResult.load(p)
+    assert back.to_dict() == ar.AmpRecipeResult.from_dict(result.to_dict()).to_dict()
+    assert back.rows == result.rows and back.speedup == result.speedup
+    assert back.save(tmp_path / "again.json").read_text() == p.read_text()
+    with pytest.raises(ValueError):
+        ar.AmpRecipeResult.from_dict({"experiment": "other"})
+
+
+def test_flop_count_formula():
+    assert ar.flops_per_step(512, 4096, 3) == 6 * 512 * 4096 * 4096 * 3
+    # the forward part (2·b·i·o per Linear) agrees with a direct count of the multiply-adds
+    b, w = 5, 7
+    model = ar.make_model(w, 3)
+    linears = [m for m in model if isinstance(m, torch.nn.Linear)]
+    assert len(linears) == 3 and all(isinstance(m, torch.nn.ReLU) for m in list(model)[1::2])
+    assert sum(2 * b * m.in_features * m.out_features for m in linears) * 3 == ar.flops_per_step(b, w, 3)
+
+
+@pytest.mark.parametrize("field,value", [("width", 0), ("batch_sizes", ()), ("batch_sizes", (8, -1)),
+                                         ("precisions", ("fp8",)), ("precisions", ("bf16",)),
+                                         ("epochs", 0), ("warmup_epochs", -1), ("lr", 0.0)])
+def test_bad_config_raises(field, value):
+    with pytest.raises(ValueError, match=field):
+        ar.run(tiny(**{field: value}), progress=False)
+
+
+def test_bad_types_and_profiles():
+    with pytest.raises(TypeError):
+        ar.run({"width": 8}, progress=False)
+    with pytest.raises(ValueError):
+        ar.config_for("huge")
+    full = ar.config_for("full")
+    assert (full.width, full.num_layers, full.num_batches, full.epochs, full.lr) == (4096, 3, 50, 3, 0.001)
+    assert tuple(full.batch_sizes) == (128, 256, 512, 513)
