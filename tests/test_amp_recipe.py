@@ -75,3 +75,23 @@ def test_bad_types_and_profiles():
     full = ar.config_for("full")
     assert (full.width, full.num_layers, full.num_batches, full.epochs, full.lr) == (4096, 3, 50, 3, 0.001)
     assert tuple(full.batch_sizes) == (128, 256, 512, 513)
+
+
+def test_probe_and_table():
+    import torch
+
+    from mpt_lab.experiments import amp_recipe
+
+    p = amp_recipe.probe_autocast("cpu", torch.bfloat16)
+    assert p["linear"] == "bfloat16" and p["cross_entropy"] == "float32" and p["relu"] == "float32"
+    cfg = amp_recipe.Config(profile="quick", width=32, num_batches=2, epochs=1, warmup_epochs=0,
+                            batch_sizes=(8,), peak_n=64, threads=1)
+    r = amp_recipe.run(cfg, progress=False)
+    html = amp_recipe.speedup_table({"tiny": r})
+    assert html.count("<tr>") == 1 + len(r.rows)
+    try:
+        amp_recipe.speedup_table({"x": 1})
+    except TypeError:
+        pass
+    else:
+        raise AssertionError("speedup_table accepted a non-result")

@@ -26,17 +26,17 @@ batches; the result records the measured per-dtype throughputs and the CPU's ins
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 
 import torch
 from tqdm.auto import tqdm
 
 from ..bench import matmul_peak_tflops, peak_memory, time_call
 from ..device import default_device, provenance
-from ._common import load_json, main as _main, save_json
+from ._common import JsonResult, main as _main
 
 __all__ = ["Config", "AmpRecipeResult", "config_for", "run", "make_model", "flops_per_step", "PRECISIONS",
-           "NAME"]
+           "NAME", "probe_autocast", "speedup_table", "RECIPE_CLAIM"]
 
 NAME = "amp_recipe"
 PRECISIONS = ("fp32", "fp16", "bf16")
@@ -114,7 +114,9 @@ def _validate(config: Config) -> None:
 
 
 @dataclass
-class AmpRecipeResult:
+class AmpRecipeResult(JsonResult):
+    NAME = NAME
+
     config: dict
     provenance: dict
     rows: list                 # one dict per (precision, batch size); keys in ROW_KEYS
@@ -145,23 +147,78 @@ class AmpRecipeResult:
             lines.append(self.note)
         return "\n".join(lines)
 
-    def to_dict(self) -> dict:
-        d = {f.name: getattr(self, f.name) for f in fields(self)}
-        d["experiment"] = NAME
-        return d
 
-    @classmethod
-    def from_dict(cls, d: dict) -> "AmpRecipeResult":
-        if d.get("experiment") != NAME:
-            raise ValueError(f"not a {NAME} result (experiment = {d.get('experiment')!r})")
-        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
+#: The recipe's claim (seed 002): "2–3× speed-up on Volta, Turing and Ampere GPUs, less on older ones".
+RECIPE_CLAIM = "2–3× on tensor-core GPUs (Volta, Turing, Ampere); less on older GPUs"
 
-    def save(self, path):
-        return save_json(self.to_dict(), path)
+#: Ops probed by :func:`probe_autocast`: name → function of float32 inputs (a [8, 16] matrix x, [16, 16] w, …).
+_PROBES = {
+    "linear": lambda t: torch.nn.functional.linear(t["x"], t["w"]),
+    "matmul (@)": lambda t: t["x"] @ t["w"],
+    "conv2d": lambda t: torch.nn.functional.conv2d(t["img"], t["k"]),
+    "addmm": lambda t: torch.addmm(t["b"], t["x"], t["w"]),
+    "bmm": lambda t: torch.bmm(t["x"][None], t["w"][None]),
+    "relu": lambda t: torch.relu(t["x"]),
+    "add (x + x)": lambda t: t["x"] + t["x"],
+    "softmax": lambda t: torch.softmax(t["x"], -1),
+    "log_softmax": lambda t: torch.log_softmax(t["x"], -1),
+    "cross_entropy": lambda t: torch.nn.functional.cross_entropy(t["x"], t["y"]),
+    "mse_loss": lambda t: torch.nn.functional.mse_loss(t["x"], t["x"] * 0.5),
+    "layer_norm": lambda t: torch.nn.functional.layer_norm(t["x"], (16,)),
+    "exp": lambda t: torch.exp(t["x"]),
+    "sum": lambda t: t["x"].sum(),
+    "linear → relu": lambda t: torch.relu(torch.nn.functional.linear(t["x"], t["w"])),
+    "linear → softmax": lambda t: torch.softmax(torch.nn.functional.linear(t["x"], t["w"]), -1),
+}
 
-    @classmethod
-    def load(cls, path) -> "AmpRecipeResult":
-        return cls.from_dict(load_json(path))
+
+def probe_autocast(device=None, dtype=torch.float16) -> dict:
+    """Which dtype each op returns under ``torch.autocast(device, dtype)`` with float32 inputs: probed, not
+    typed from the documentation.
+
+    Returns
+    -------
+    dict op name → output dtype name (e.g. "float16"), or "error: …" when the op fails under autocast on
+    this device.
+    """
+    device = torch.device(device) if device is not None else default_device()
+    g = torch.Generator().manual_seed(0)
+    t = {"x": torch.randn(8, 16, generator=g), "w": torch.randn(16, 16, generator=g),
+         "b": torch.randn(16, generator=g), "img": torch.randn(1, 3, 8, 8, generator=g),
+         "k": torch.randn(4, 3, 3, 3, generator=g), "y": torch.randint(0, 16, (8,), generator=g)}
+    t = {k: v.to(device) for k, v in t.items()}
+    out = {}
+    for name, fn in _PROBES.items():
+        try:
+            with torch.autocast(device.type, dtype=dtype):
+                out[name] = str(fn(t).dtype).replace("torch.", "")
+        except Exception as err:  # e.g. an op without a kernel for this dtype on this device
+            out[name] = f"error: {type(err).__name__}"
+    return out
+
+
+def speedup_table(results: dict):
+    """HTML table: seconds per epoch and speed-up over FP32 per precision and batch size, one block per result.
+
+    Parameters
+    ----------
+    results : dict label → AmpRecipeResult
+    """
+    from ..widgets import table_html
+
+    if not isinstance(results, dict) or not all(isinstance(r, AmpRecipeResult) for r in results.values()):
+        raise TypeError("results must be a dict of label → AmpRecipeResult")
+    rows = []
+    for label, r in results.items():
+        dev = r.provenance["device"].split(" (")[0]
+        for row in r.rows:
+            sp = r.speedup.get(row["precision"], {}).get(str(row["batch"]), 1.0)
+            rows.append([f"{label} ({dev}, {r.config['profile']})", row["precision"], row["batch"],
+                         f"{row['epoch_seconds']:.4g}", f"{sp:.2f}×", f"{row['tflops'] * 1e3:.3g}",
+                         f"{100 * row['fraction_of_peak']:.0f}%",
+                         "–" if row["peak_bytes"] is None else f"{row['peak_bytes'] / 2**20:.1f}"])
+    return table_html(["run", "precision", "batch", "s / epoch", "speed-up vs FP32", "GFLOP/s",
+                       "of measured matmul peak", "peak MiB"], rows)
 
 
 def _cpu_flags() -> list:
