@@ -16,7 +16,7 @@ from . import formats as F
 
 __all__ = ["BookFigure", "plot_format_ranges", "plot_ulp", "plot_fixed_vs_float", "plot_accumulation",
            "plot_gradient_histogram", "plot_kept_vs_scale", "plot_detection_samples", "plot_training",
-           "plot_scale_history", "plot_losses", "FORMAT_COLORS"]
+           "plot_scale_history", "plot_losses", "plot_tradeoffs", "FORMAT_COLORS"]
 
 FORMAT_COLORS = {
     "FP64": "#4d4d4d", "FP32": "#1f77b4", "TF32": "#17becf", "FP16": "#d62728", "BF16": "#2ca02c",
@@ -507,4 +507,35 @@ def plot_losses(losses: dict, *, smooth: int = 50, title: str | None = None, yla
     ax.set_title(title or "Training loss")
     ax.legend(fontsize="small")
     ax.grid(alpha=0.3)
+    return fig
+
+
+def plot_tradeoffs(ways: dict, *, title: str | None = None) -> Figure:
+    """Peak memory and step time per way of training (FP32, mixed precision, checkpointing, both).
+
+    Parameters
+    ----------
+    ways : dict way → {"peak_bytes": int, "step_seconds": float, ...} (``MemoryTradeoffsResult.ways``)
+
+    Returns
+    -------
+    Figure with two bar charts: peak memory (MiB) and time per step (ms).
+    """
+    if not isinstance(ways, dict) or not ways:
+        raise TypeError("ways must be a non-empty dict of way → measurements")
+    names = list(ways)
+    fig = _figure((10, 3.8))
+    ax1, ax2 = fig.subplots(1, 2)
+    colors = [f"C{i}" for i in range(len(names))]
+    ax1.bar(names, [ways[n]["peak_bytes"] / 2**20 for n in names], color=colors)
+    ax1.set_ylabel("peak memory of one step (MiB)")
+    ax1.set_title("Peak memory")
+    ax2.bar(names, [1e3 * ways[n]["step_seconds"] for n in names], color=colors)
+    ax2.set_ylabel("time per training step (ms)")
+    ax2.set_title("Step time")
+    for ax in (ax1, ax2):
+        ax.set_xlabel("way of training")
+        ax.tick_params(axis="x", labelrotation=15)
+        ax.grid(axis="y", alpha=0.3)
+    fig.suptitle(title or "Recomputation or lower precision: what each costs and saves")
     return fig

@@ -32,5 +32,7 @@ def test_book_builds_without_warnings(tmp_path):
     assert len(re.findall(r'<img[^>]+_images/', ch4)) >= 1 and "FP32 master weights" in ch4
     ch5 = (html / "notebooks" / "05_amp_in_practice.html").read_text()
     assert "speed-up vs FP32" in ch5 and "Traceback" not in ch5
+    ch6 = (html / "notebooks" / "06_memory.html").read_text()
+    assert "seed 004 says" in ch6 and "Traceback" not in ch6
     assert (html / "book" / "bibliography.html").exists()
     assert "Micikevicius" in (html / "book" / "bibliography.html").read_text()

@@ -6,6 +6,7 @@ and a CLI, ``python -m mpt_lab.experiments.NAME --profile full --out book/result
 * :mod:`mpt_lab.experiments.loss_scaling`: dynamic loss scaling on a real FP16 run, ours beside torch's.
 * :mod:`mpt_lab.experiments.master_weights_stall`: pure FP16 weights against FP32 master weights (§3.1).
 * :mod:`mpt_lab.experiments.amp_recipe`: the PyTorch AMP recipe timed in FP32, FP16 and BF16.
+* :mod:`mpt_lab.experiments.memory_tradeoffs`: activation checkpointing against lower precision, measured.
 """
 
 from ._common import find_result, load_json, results_dir, save_json

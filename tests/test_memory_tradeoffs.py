@@ -1,0 +1,118 @@
+"""mpt_lab.experiments.memory_tradeoffs and mpt_lab.models.resnet: the CPU memory counter, lossless
+checkpointing, checkpoint sizes, and a tiny run of all four ways."""
+
+import copy
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mpt_lab.experiments import memory_tradeoffs as mt
+from mpt_lab.models.resnet import ResNet, build_resnet
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+def test_measure_peak_bytes_cpu():
+    n = 4 * 2 ** 20
+
+    def f():
+        a = torch.ones(n // 4)   # float32 → n bytes
+        b = a * 2                # another n while a is alive
+        del a
+        return float(b.sum())
+
+    peak = mt.measure_peak_bytes(f, "cpu")
+    assert 2 * n <= peak < 3 * n
+
+
+def test_checkpointing_is_lossless():
+    torch.use_deterministic_algorithms(True)
+    try:
+        m = build_resnet(4, 2, 2, seed=0)
+        c = copy.deepcopy(m)
+        c.checkpoint = True
+        x, y = torch.randn(8, 1, 8, 8), torch.randint(0, 10, (8,))
+        lm, lc = F.cross_entropy(m(x), y), F.cross_entropy(c(x), y)
+        lm.backward()
+        lc.backward()
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert torch.equal(lm, lc)
+    for (name, a), b in zip(m.named_parameters(), c.parameters()):
+        assert torch.equal(a.grad, b.grad), name
+    # the recomputation must not update the BatchNorm running statistics twice
+    for a, b in zip(m.buffers(), c.buffers()):
+        assert torch.equal(a, b)
+
+
+def test_resnet_shapes_and_bad_args():
+    m = ResNet(width=4, stages=3, depth=1)
+    assert m(torch.randn(2, 1, 16, 16)).shape == (2, 10)
+    with pytest.raises(ValueError, match="width"):
+        ResNet(width=0)
+    with pytest.raises(ValueError, match="depth"):
+        ResNet(depth=1.5)
+
+
+def test_checkpoint_fp16_is_about_half():
+    m = build_resnet(16, 3, 1, seed=0)
+    b32, b16 = mt.checkpoint_bytes(m), mt.checkpoint_bytes(m, torch.float16)
+    assert 0.45 < b16 / b32 < 0.6
+    with pytest.raises(TypeError, match="model"):
+        mt.checkpoint_bytes("not a model")
+
+
+def _tiny():
+    return dataclasses.replace(mt.config_for("quick"), image_size=8, width=4, stages=2, batch_size=16, repeat=1,
+                               warmup=1, epochs=1)
+
+
+def test_tiny_run_all_ways_and_json_roundtrip(tmp_path):
+    r = mt.run(_tiny(), progress=False)
+    assert list(r.ways) == list(mt.WAYS)
+    for w in r.ways.values():
+        assert w["peak_bytes"] > 0 and w["step_seconds"] > 0
+    assert r.ways["checkpoint"]["bit_identical"] is True
+    assert r.ways["fp32"]["memory_saved"] == 0.0
+    assert r.mixed_dtype == "bfloat16" and "bfloat16" in r.mixed_note
+    assert set(r.training) == {"fp32", "mixed"} and 0 <= r.training["mixed"]["accuracy"] <= 1
+    assert r.seed_003["fp32"]["storage_mb"] == 90.0
+    p = r.save(tmp_path / "r.json")
+    back = mt.MemoryTradeoffsResult.load(p)
+    assert back.to_dict() == r.to_dict()
+    assert "memory trade-offs" in back.describe()
+
+
+def test_bad_config_raises():
+    with pytest.raises(ValueError, match="profile"):
+        mt.config_for("huge")
+    with pytest.raises(TypeError, match="config"):
+        mt.run({"profile": "quick"}, progress=False)
+    with pytest.raises(ValueError, match="batch_size"):
+        mt.run(dataclasses.replace(_tiny(), batch_size=0), progress=False)
+    with pytest.raises(ValueError, match="mixed_dtype"):
+        mt.run(dataclasses.replace(_tiny(), mixed_dtype="float8"), progress=False)
+    with pytest.raises(ValueError, match="image_size"):
+        mt.run(dataclasses.replace(_tiny(), image_size=2, stages=3), progress=False)
+
+
+def test_tables_and_plot():
+    from mpt_lab import plots
+
+    cfg = mt.config_for("quick")
+    cfg.epochs = 1
+    r = mt.run(cfg, progress=False)
+    assert mt.tradeoff_table(r).count("<tr>") == 1 + 4
+    assert "seed 003" in mt.training_table(r)
+    fig = plots.plot_tradeoffs(r.ways)
+    assert all(ax.get_title() and ax.get_ylabel() for ax in fig.axes)
+    with pytest.raises(TypeError):
+        mt.tradeoff_table({})
