@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 
 from ..bench import matmul_peak_tflops, peak_memory, time_call
 from ..device import default_device, provenance
-from ._common import JsonResult, main as _main
+from ._common import JsonResult, main as _main, prepare
 
 __all__ = ["Config", "AmpRecipeResult", "config_for", "run", "make_model", "flops_per_step", "PRECISIONS",
            "NAME", "probe_autocast", "speedup_table", "RECIPE_CLAIM"]
@@ -286,14 +286,9 @@ def run(config: Config | None = None, *, command: str | None = None, progress: b
 
     Raises TypeError when ``config`` is not a :class:`Config`, ValueError for a bad field (named).
     """
-    from .. import profile
-
-    if config is None:
-        config = config_for(profile())
-    _validate(config)
-    if config.threads:
-        torch.set_num_threads(config.threads)
-    device = default_device() if config.device == "auto" else torch.device(config.device)
+    if config is not None:
+        _validate(config)
+    config, device = prepare(config, Config, config_for)
     precisions = tuple(config.precisions)
     batch_sizes = tuple(int(b) for b in config.batch_sizes)
     peak_n = config.peak_n or max(config.width, 512)

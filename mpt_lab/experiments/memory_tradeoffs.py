@@ -38,9 +38,9 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ..bench import peak_memory, time_call
-from ..device import default_device, provenance
+from ..device import provenance
 from ..models.resnet import build_resnet
-from ._common import JsonResult, main as _main
+from ._common import JsonResult, main as _main, prepare
 from .loss_scaling import digits_data
 
 __all__ = ["Config", "MemoryTradeoffsResult", "config_for", "run", "tradeoff_table", "training_table", "measure_peak_bytes",
@@ -242,14 +242,9 @@ def run(config: Config | None = None, *, command: str | None = None, progress: b
 
     Raises TypeError when ``config`` is not a :class:`Config`, ValueError for a bad field (named).
     """
-    from .. import profile
-
-    if config is None:
-        config = config_for(profile())
-    _check(config)
-    if config.threads:
-        torch.set_num_threads(config.threads)
-    device = default_device() if config.device == "auto" else torch.device(config.device)
+    if config is not None:
+        _check(config)
+    config, device = prepare(config, Config, config_for)
     name = config.mixed_dtype if config.mixed_dtype != "auto" else ("float16" if device.type == "cuda" else "bfloat16")
     dtype = getattr(torch, name)
     use_scaler = dtype == torch.float16
