@@ -12,7 +12,6 @@ The JSON records the command, device, versions, date and every repeat (seconds).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import torch
 
 from mpt_lab.bench import time_call
 from mpt_lab.device import provenance
+from mpt_lab.experiments import save_json
 from mpt_lab.formats import BF16, FP8_E4M3, FP16, round_to
 
 
@@ -68,8 +68,7 @@ def main(argv=None) -> int:
     for dist, r in res["ratio_round_to_fp16_vs_astype"].items():
         print(f"{dist}: round_to(x, FP16) / x.astype(float16) = {r:.2f}")
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(res, indent=2) + "\n")
+        save_json(res, args.out)
         print(f"wrote {args.out}")
     return 0
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import sys
 from pathlib import Path
 
@@ -29,6 +28,7 @@ from torch import nn
 
 from mpt_lab.bench import Timing, time_call
 from mpt_lab.device import provenance
+from mpt_lab.experiments import save_json
 from mpt_lab.scaling import GradScaler, StaticLossScaler
 
 GOAL = 1.10
@@ -131,8 +131,7 @@ def main(argv=None) -> int:
           f"{'met' if r <= GOAL else 'NOT met'}); {res['overhead_per_step_s'] * 1e6:+.1f} µs/step")
     print(f"mpt_lab StaticLossScaler / torch.amp.GradScaler = {res['ratio_static_vs_torch']:.3f}")
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(res, indent=2) + "\n")
+        save_json(res, args.out)
         print(f"wrote {args.out}")
     return 0
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import sys
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from torch import nn
 
 from mpt_lab.bench import Timing, time_call
 from mpt_lab.device import provenance
+from mpt_lab.experiments import save_json
 from mpt_lab.simulate import round_parameters_, simulate
 
 
@@ -110,8 +110,7 @@ def main(argv=None) -> int:
         for case, r in rs.items():
             print(f"{name}: {case} / fp32 = {r:.2f}")
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(res, indent=2) + "\n")
+        save_json(res, args.out)
         print(f"wrote {args.out}")
     return 0
 

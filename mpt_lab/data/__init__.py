@@ -2,10 +2,13 @@
 
 * :class:`DigitsDetection`: handwritten digits (scikit-learn's ``load_digits``) on photographic backgrounds
   (scikit-learn's sample photographs), with exact boxes: the detection task of the SSD experiment.
+* :func:`digits_data`: the same digits as a classification set (8×8 images flattened to 64 values).
 """
+
+from .digits import digits_data
 
 from .digits_detection import (BACKGROUNDS, CLASS_NAMES, NUM_CLASSES, TEST_GLYPHS, TRAIN_GLYPHS,
                                DigitsDetection, collate_fn)
 
-__all__ = ["DigitsDetection", "collate_fn", "CLASS_NAMES", "NUM_CLASSES", "TRAIN_GLYPHS", "TEST_GLYPHS",
+__all__ = ["DigitsDetection", "digits_data", "collate_fn", "CLASS_NAMES", "NUM_CLASSES", "TRAIN_GLYPHS", "TEST_GLYPHS",
            "BACKGROUNDS"]

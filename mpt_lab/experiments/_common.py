@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-__all__ = ["save_json", "load_json", "results_dir", "find_result", "main"]
+__all__ = ["save_json", "load_json", "results_dir", "find_result", "main", "prepare", "JsonResult",
+           "backward_step"]
 
 
 def _clean(obj: Any) -> Any:
@@ -152,3 +153,18 @@ class JsonResult:
     @classmethod
     def load(cls, path):
         return cls.from_dict(load_json(path))
+
+
+def backward_step(loss, optimizer, scaler=None) -> None:
+    """Backward and optimizer step, through a loss scaler when one is given (scale, step, update).
+
+    ``scaler`` is anything with the ``torch.amp.GradScaler`` contract (``mpt_lab.scaling.GradScaler``,
+    ``StaticLossScaler``, torch's own) or None for a plain ``loss.backward(); optimizer.step()``.
+    """
+    if scaler is not None:
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        loss.backward()
+        optimizer.step()

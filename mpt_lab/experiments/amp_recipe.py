@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 
 from ..bench import matmul_peak_tflops, peak_memory, time_call
 from ..device import default_device, provenance
-from ._common import JsonResult, main as _main, prepare
+from ._common import JsonResult, backward_step, main as _main, prepare
 
 __all__ = ["Config", "AmpRecipeResult", "config_for", "run", "make_model", "flops_per_step", "PRECISIONS",
            "NAME", "probe_autocast", "speedup_table", "RECIPE_CLAIM"]
@@ -257,19 +257,11 @@ def _train_epoch(model, opt, scaler, batches, precision: str, device: torch.devi
     for x, y in batches:
         if precision == "fp32":
             loss = loss_fn(model(x), y)
-            loss.backward()
-            opt.step()
         else:
             with torch.autocast(device.type, dtype=_DTYPE[precision]):
                 out = model(x)                 # Linear output in float16/bfloat16
                 loss = loss_fn(out, y)         # mse_loss autocasts to float32
-            if scaler is not None:
-                scaler.scale(loss).backward()
-                scaler.step(opt)
-                scaler.update()
-            else:
-                loss.backward()
-                opt.step()
+        backward_step(loss, opt, scaler)
         opt.zero_grad(set_to_none=True)
 
 

@@ -18,11 +18,12 @@ from dataclasses import asdict, dataclass
 import torch
 from tqdm.auto import tqdm
 
+from ..data import digits_data
 from ..device import provenance
 from ..scaling import GradScaler
 from ._common import JsonResult, main as _main, prepare
 
-__all__ = ["Config", "LossScalingResult", "config_for", "run", "digits_data", "NAME"]
+__all__ = ["Config", "LossScalingResult", "config_for", "run", "NAME"]
 
 NAME = "loss_scaling"
 
@@ -54,20 +55,6 @@ def config_for(profile: str) -> Config:
     if profile == "full":
         return Config(profile="full", steps=20000, growth_interval=2000, batch_size=256, hidden=1024)
     raise ValueError(f"profile must be one of 'quick', 'cpu', 'full', got {profile!r}")
-
-
-def digits_data(seed: int = 0, device="cpu"):
-    """scikit-learn's 8×8 digits as float32 tensors scaled to [0, 1]: (x_train [1437, 64], y_train, x_test
-    [360, 64], y_test), split deterministically by ``seed``."""
-    from sklearn.datasets import load_digits
-
-    d = load_digits()
-    x = torch.tensor(d.data / 16.0, dtype=torch.float32)
-    y = torch.tensor(d.target, dtype=torch.int64)
-    perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))
-    x, y = x[perm].to(device), y[perm].to(device)
-    n = int(0.8 * len(x))
-    return x[:n], y[:n], x[n:], y[n:]
 
 
 def _model(hidden: int) -> torch.nn.Module:

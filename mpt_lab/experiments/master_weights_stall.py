@@ -19,11 +19,11 @@ import torch
 from tqdm.auto import tqdm
 
 from .. import formats as F
+from ..data import digits_data
 from ..device import provenance
 from ..master_weights import MasterWeightTrainer
 from ..scaling import GradScaler
 from ._common import JsonResult, main as _main, prepare
-from .loss_scaling import digits_data
 
 __all__ = ["Config", "StallResult", "config_for", "run", "swamped_fraction", "NAME"]
 

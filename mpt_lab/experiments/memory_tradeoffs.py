@@ -38,10 +38,10 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ..bench import peak_memory, time_call
+from ..data import digits_data
 from ..device import provenance
 from ..models.resnet import build_resnet
-from ._common import JsonResult, main as _main, prepare
-from .loss_scaling import digits_data
+from ._common import JsonResult, backward_step, main as _main, prepare
 
 __all__ = ["Config", "MemoryTradeoffsResult", "config_for", "run", "tradeoff_table", "training_table", "measure_peak_bytes",
            "checkpoint_bytes", "upsampled_digits", "WAYS", "SEED_003", "SEED_004", "NAME"]
@@ -143,7 +143,7 @@ def _check(config: Config) -> None:
 
 
 def upsampled_digits(image_size: int = 32, seed: int = 0, device="cpu"):
-    """The digits of :func:`~mpt_lab.experiments.loss_scaling.digits_data` as images ``[N, 1, S, S]``
+    """The digits of :func:`~mpt_lab.data.digits_data` as images ``[N, 1, S, S]``
     float32 (S = ``image_size``, bilinear upsampling of the 8×8 originals): (x_train, y_train, x_test, y_test)."""
     xtr, ytr, xte, yte = digits_data(seed, device)
     up = lambda x: F.interpolate(x.reshape(-1, 1, 8, 8), size=(image_size, image_size), mode="bilinear",
@@ -200,13 +200,7 @@ def _make_step(model, opt, scaler, x, y, device, mixed, dtype):
         opt.zero_grad(set_to_none=True)
         with torch.autocast(device.type, dtype=dtype, enabled=mixed):
             loss = F.cross_entropy(model(x), y)
-        if scaler is not None:
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
-        else:
-            loss.backward()
-            opt.step()
+        backward_step(loss, opt, scaler)
         return loss
     return step
 
