@@ -3,12 +3,15 @@
 * :class:`DigitsDetection`: handwritten digits (scikit-learn's ``load_digits``) on photographic backgrounds
   (scikit-learn's sample photographs), with exact boxes: the detection task of the SSD experiment.
 * :func:`digits_data`: the same digits as a classification set (8×8 images flattened to 64 values).
+* :mod:`mpt_lab.data.graphs`: :func:`rand_graph` (as ``dgl.rand_graph``) and :func:`synthetic_reddit`, a
+  synthetic graph with Reddit's shape (:data:`REDDIT`) and learnable class structure.
 """
 
 from .digits import digits_data
+from .graphs import REDDIT, Graph, rand_graph, synthetic_reddit
 
 from .digits_detection import (BACKGROUNDS, CLASS_NAMES, NUM_CLASSES, TEST_GLYPHS, TRAIN_GLYPHS,
                                DigitsDetection, collate_fn)
 
-__all__ = ["DigitsDetection", "digits_data", "collate_fn", "CLASS_NAMES", "NUM_CLASSES", "TRAIN_GLYPHS", "TEST_GLYPHS",
+__all__ = ["REDDIT", "Graph", "rand_graph", "synthetic_reddit", "DigitsDetection", "digits_data", "collate_fn", "CLASS_NAMES", "NUM_CLASSES", "TRAIN_GLYPHS", "TEST_GLYPHS",
            "BACKGROUNDS"]

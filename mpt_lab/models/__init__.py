@@ -4,6 +4,8 @@
   :func:`detect` and :func:`train_step`: the model of the paper's Figure 2.
 * :mod:`mpt_lab.models.box_ops`: IoU, box conversions, SSD box encoding, NMS, in plain torch.
 * :mod:`mpt_lab.models.detection_eval`: VOC-style average precision and mAP.
+* :mod:`mpt_lab.models.gat`: seed 001's 3-layer GAT on PyTorch Geometric (imported on its own:
+  ``from mpt_lab.models.gat import GAT``, so that importing this package does not import PyG).
 """
 
 from . import box_ops
