@@ -7,6 +7,8 @@ and a CLI, ``python -m mpt_lab.experiments.NAME --profile full --out book/result
 * :mod:`mpt_lab.experiments.master_weights_stall`: pure FP16 weights against FP32 master weights (§3.1).
 * :mod:`mpt_lab.experiments.amp_recipe`: the PyTorch AMP recipe timed in FP32, FP16 and BF16.
 * :mod:`mpt_lab.experiments.memory_tradeoffs`: activation checkpointing against lower precision, measured.
+* :mod:`mpt_lab.experiments.message_passing`: DGL's float16 message-passing examples in PyG and PyTorch.
+* :mod:`mpt_lab.experiments.gat_amp`: DGL's GAT trained in FP32, FP16 autocast + GradScaler, and BF16.
 """
 
 from ._common import find_result, load_json, results_dir, save_json
