@@ -136,7 +136,8 @@ def synthetic_reddit(num_nodes: int = REDDIT["num_nodes"], avg_degree: float = 5
       apart, so with a small signal a single node's features are only weakly informative, and averaging over
       same-class neighbours (what a GNN layer does) sharpens them;
     - edges: ``round(num_nodes · avg_degree / 2)`` undirected edges stored in both directions; each picks a
-      uniform source, and with probability ``homophily`` a target of the same class, else a uniform target;
+      uniform source, and with probability ``homophily`` another node of the same class as target, else a
+      uniform target (the rare self loops this draws are dropped when the self loops are added);
     - self loops (``self_loops=True``): one per node, as seed 001's ``AddSelfLoop`` transform;
     - masks: Reddit's train/val/test fractions (:data:`REDDIT`), by a random permutation.
 
@@ -205,7 +206,10 @@ def synthetic_reddit(num_nodes: int = REDDIT["num_nodes"], avg_degree: float = 5
     same = torch.rand(m, generator=gen, device=device) < homophily
     c = y[src]
     offset = (torch.rand(m, generator=gen, device=device) * sizes[c]).long().clamp_max_(sizes[c] - 1)
-    dst = torch.where(same, members[start[c] + offset], torch.randint(0, N, (m,), generator=gen, device=device))
+    mate = members[start[c] + offset]
+    mate = torch.where(mate == src, members[start[c] + (offset + 1) % sizes[c]], mate)   # a same-class *other* node
+    dst = torch.where(same, mate, torch.randint(0, N, (m,), generator=gen, device=device))
+    del mate
     del same, c, offset
     edge_index = torch.stack([torch.cat([src, dst]), torch.cat([dst, src])])
     del src, dst

@@ -1,0 +1,118 @@
+"""mpt_lab.experiments.gat_amp: a tiny run of every (heads, precision), the memory accounting, the scaled
+budget, the autocast policy probe (CPU real, CUDA on fake tensors) and FP16 softmax overflow."""
+
+import math
+
+import pytest
+import torch
+
+from mpt_lab.experiments import gat_amp as ga
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    cfg = ga.Config(profile="quick", num_nodes=150, avg_degree=6.0, hidden=16, epochs=5, threads=1)
+    res = ga.run(cfg, progress=False)
+    torch.set_num_threads(old)
+    return res
+
+
+def test_every_run_trains_and_is_measured(tiny):
+    assert list(tiny.runs) == ["[1, 1, 1]", "[2, 2, 2]"]
+    for hk, runs in tiny.runs.items():
+        assert list(runs) == list(ga.PRECISIONS)
+        for p, r in runs.items():
+            assert not r["oom"]
+            assert len(r["losses"]) == 5 and all(math.isfinite(v) for v in r["losses"])
+            assert r["peak_bytes"] > 0 and r["total_bytes"] == r["static_bytes"] + r["peak_bytes"]
+            assert len(r["epoch_times"]) == 4 and r["epoch_seconds"] > 0     # the measured epoch is not timed
+            assert 0.0 <= r["accuracy"]["test"] <= 1.0
+        assert runs["fp16"]["final_scale"] is not None and runs["fp32"]["final_scale"] is None
+    assert tiny.graph["synthetic"] is True and tiny.graph["num_features"] == 602
+
+
+def test_lower_precision_uses_less_memory(tiny):
+    for hk in tiny.runs:
+        for p in ("fp16", "bf16"):
+            assert tiny.runs[hk][p]["peak_bytes"] < tiny.runs[hk]["fp32"]["peak_bytes"], (hk, p)
+            assert 0.3 < tiny.ratio(hk, p) < 1.0
+    # two heads need more memory than one, in every precision
+    for p in ga.PRECISIONS:
+        assert tiny.runs["[2, 2, 2]"][p]["peak_bytes"] > tiny.runs["[1, 1, 1]"][p]["peak_bytes"]
+
+
+def test_static_bytes_count_graph_weights_and_adam(tiny):
+    from mpt_lab.models.gat import GAT
+
+    params = list(GAT(602, 16, 41, (1, 1, 1)).parameters())
+    n = sum(p.numel() for p in params)
+    r = tiny.runs["[1, 1, 1]"]["fp32"]
+    # float32 weights + Adam's exp_avg and exp_avg_sq (float32) + Adam's 0-dim float32 step per parameter tensor
+    assert r["static_bytes"] == tiny.graph["bytes"] + 3 * 4 * n + 4 * len(params)
+
+
+def test_result_roundtrip_tables_and_budget(tiny, tmp_path):
+    back = ga.GatAmpResult.load(tiny.save(tmp_path / "g.json"))
+    assert back.runs == tiny.runs and back.seed_001 == ga.SEED_001
+    html = ga.memory_table(tiny).data if hasattr(ga.memory_table(tiny), "data") else str(ga.memory_table(tiny))
+    assert "seed 001" in html and "fp16" in html
+    budget, _ = ga.budget_table(tiny)
+    base = tiny.runs["[1, 1, 1]"]["fp32"]["total_bytes"]
+    assert budget == pytest.approx(base * 16.0 / 15.2)
+    assert "out of memory" in tiny.describe() or "÷ FP32" in tiny.describe()
+    with pytest.raises(TypeError, match="result"):
+        ga.memory_table({})
+
+
+def test_seed_numbers_are_cited():
+    s = ga.SEED_001["runs"]
+    assert s["[1, 1, 1]"]["fp16"]["memory_gb"] / s["[1, 1, 1]"]["fp32"]["memory_gb"] == pytest.approx(0.842, abs=1e-3)
+    assert s["[2, 2, 2]"]["fp32"]["oom"] and not s["[2, 2, 2]"]["fp16"]["oom"]
+
+
+def test_autocast_policy_cpu_and_cuda():
+    cpu = ga.autocast_policy("cpu", torch.float16)
+    assert cpu["method"] == "real tensors"
+    assert cpu["ops"]["linear (projection W h)"] == "float16"
+    cuda = ga.autocast_policy("cuda", torch.float16)
+    assert cuda["ops"]["linear (projection W h)"] == "float16"
+    # CUDA autocast runs exp and softmax — PyG's edge softmax included — in float32
+    for op in ("exp", "softmax", "PyG softmax over edges"):
+        assert cuda["ops"][op] == "float32", op
+    with pytest.raises(ValueError, match="device_type"):
+        ga.autocast_policy("tpu")
+    with pytest.raises(TypeError, match="dtype"):
+        ga.autocast_policy("cpu", torch.float32)
+
+
+def test_attention_overflow_in_fp16():
+    assert ga.FP16_EXP_LIMIT == pytest.approx(math.log(65504))
+    d = ga.attention_overflow([0.0, 5.0, 11.0, 12.0])
+    assert math.isfinite(d["exp_fp16"][2]) and math.isinf(d["exp_fp16"][3])     # 11 < ln 65504 < 12
+    assert any(math.isnan(v) for v in d["naive_fp16"])                           # inf / inf
+    assert d["max_subtracted_dtype"] == "float16"
+    for a, b in zip(d["max_subtracted_fp16"], d["fp32"]):
+        assert abs(a - b) <= 2 ** -10 * max(b, 2 ** -14) * 4 + 1e-7
+    with pytest.raises(TypeError, match="logits"):
+        ga.attention_overflow([[1.0, 2.0]])
+
+
+@pytest.mark.parametrize("field, value", [("epochs", 2), ("heads", ()), ("precisions", ("fp8",)), ("lr", -1.0),
+                                          ("num_nodes", 0)])
+def test_bad_config(field, value):
+    cfg = ga.config_for("quick")
+    setattr(cfg, field, value)
+    with pytest.raises(ValueError, match=field):
+        ga.run(cfg, progress=False)
+    with pytest.raises(TypeError, match="config"):
+        ga.run("quick")
+
+
+def test_profiles():
+    q, c, f = ga.config_for("quick"), ga.config_for("cpu"), ga.config_for("full")
+    assert q.num_nodes < c.num_nodes < f.num_nodes == 232_965
+    assert f.epochs == 100 and f.hidden == 256 and f.lr == 1e-3 and f.weight_decay == 5e-4
+    with pytest.raises(ValueError, match="profile"):
+        ga.config_for("huge")
