@@ -539,3 +539,131 @@ def plot_tradeoffs(ways: dict, *, title: str | None = None) -> Figure:
         ax.grid(axis="y", alpha=0.3)
     fig.suptitle(title or "Recomputation or lower precision: what each costs and saves")
     return fig
+
+
+# ----------------------------------------------------------------------------------- graphs in half precision
+_PRECISION_STYLE = {"fp32": ("FP32", "#1f77b4", "-"), "fp16": ("FP16 autocast + GradScaler", "#d62728", "--"),
+                    "bf16": ("BF16 autocast", "#2ca02c", ":")}
+
+
+def plot_gat_training(runs: dict, *, title: str | None = None) -> Figure:
+    """Training loss per epoch of seed 001's GAT, one panel per head setting, one line per precision.
+
+    Parameters
+    ----------
+    runs : dict "[h, h, h]" → precision ("fp32", "fp16", "bf16") → {"losses": [...], "oom": bool}
+        (``GatAmpResult.runs``); runs that ran out of memory are named in the legend and not drawn.
+
+    Raises TypeError when ``runs`` is not a non-empty dict.
+    """
+    if not isinstance(runs, dict) or not runs:
+        raise TypeError("runs must be a non-empty dict of heads → precision → run")
+    fig = _figure((10, 3.8))
+    axes = fig.subplots(1, len(runs), sharey=True, squeeze=False)[0]
+    for ax, (hk, by_p) in zip(axes, runs.items()):
+        for p, r in by_p.items():
+            label, color, ls = _PRECISION_STYLE.get(p, (p, None, "-"))
+            if r.get("oom"):
+                ax.plot([], [], color=color, ls=ls, label=f"{label}: out of memory")
+                continue
+            ax.plot(np.arange(1, len(r["losses"]) + 1), r["losses"], color=color, ls=ls, lw=1.8, label=label)
+        ax.set_title(f"heads {hk}")
+        ax.set_xlabel("epoch (one full-batch step)")
+        ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+    axes[0].set_ylabel("training loss (cross-entropy, nats)")
+    fig.suptitle(title or "Seed 001's GAT: training loss in FP32, FP16 and BF16")
+    return fig
+
+
+def plot_gat_memory(runs: dict, *, reference_ratio: float | None = None, reference_label: str = "seed 001",
+                    title: str | None = None) -> Figure:
+    """Total peak memory per (heads, precision) and its ratio to FP32.
+
+    Parameters
+    ----------
+    runs : ``GatAmpResult.runs`` (each run with "total_bytes" or "oom")
+    reference_ratio : float, optional
+        A ratio to mark on the right panel (seed 001's 12.8 GB / 15.2 GB on a V100).
+
+    Raises TypeError when ``runs`` is not a non-empty dict.
+    """
+    if not isinstance(runs, dict) or not runs:
+        raise TypeError("runs must be a non-empty dict of heads → precision → run")
+    fig = _figure((10, 3.8))
+    ax1, ax2 = fig.subplots(1, 2)
+    heads = list(runs)
+    precs = [p for p in ("fp32", "fp16", "bf16") if any(p in runs[h] for h in heads)]
+    width = 0.8 / len(precs)
+    for i, p in enumerate(precs):
+        label, color, _ = _PRECISION_STYLE.get(p, (p, None, "-"))
+        xs, mib, ratio = [], [], []
+        for j, h in enumerate(heads):
+            r, base = runs[h].get(p), runs[h].get("fp32")
+            if not r or r.get("oom"):
+                continue
+            xs.append(j + (i - (len(precs) - 1) / 2) * width)
+            mib.append(r["total_bytes"] / 2**20)
+            ratio.append(r["total_bytes"] / base["total_bytes"] if base and not base.get("oom") else np.nan)
+        ax1.bar(xs, mib, width, color=color, label=label)
+        ax2.bar(xs, ratio, width, color=color, label=label)
+    for ax in (ax1, ax2):
+        ax.set_xticks(range(len(heads)), [f"heads {h}" for h in heads])
+        ax.set_xlabel("attention heads per layer")
+        ax.grid(axis="y", alpha=0.3)
+    if reference_ratio is not None:
+        ax2.axhline(reference_ratio, color="black", ls="--", lw=1, label=f"{reference_label}: {reference_ratio:.2f}")
+    ax1.set_ylabel("peak memory: step + graph, weights, Adam (MiB)")
+    ax1.set_title("Total peak memory")
+    ax2.set_ylabel("total peak memory ÷ FP32 (ratio)")
+    ax2.set_title("Relative to FP32")
+    ax1.legend(fontsize="small")
+    ax2.legend(fontsize="small", loc="lower right")
+    fig.suptitle(title or "Seed 001's GAT: memory of one training step by precision")
+    return fig
+
+
+def plot_attention_overflow(demo: dict, *, title: str | None = None) -> Figure:
+    """exp of attention logits in FP16 against the overflow threshold ln(65504), and the softmax computed
+    naively in FP16, with the maximum subtracted in FP16, and in FP32.
+
+    Parameters
+    ----------
+    demo : dict from :func:`mpt_lab.experiments.gat_amp.attention_overflow`
+
+    Raises TypeError when ``demo`` lacks the keys of that function's result.
+    """
+    need = ("logits", "exp_fp16", "naive_fp16", "max_subtracted_fp16", "fp32", "limit")
+    if not isinstance(demo, dict) or any(k not in demo for k in need):
+        raise TypeError(f"demo must be a dict with keys {need}")
+    e = np.asarray(demo["logits"], dtype=float)
+    fig = _figure((10, 3.8))
+    ax1, ax2 = fig.subplots(1, 2)
+    ex = np.asarray(demo["exp_fp16"], dtype=float)
+    fin = np.isfinite(ex)
+    ax1.semilogy(e[fin], ex[fin], "o-", color=FORMAT_COLORS["FP16"], label="exp(e) in FP16")
+    if (~fin).any():
+        ax1.plot(e[~fin], np.full((~fin).sum(), float(F.FP16.max)), "x", ms=10, color="black",
+                 label="exp(e) = inf in FP16 (overflow)")
+    ax1.axhline(float(F.FP16.max), color="gray", ls=":", label="FP16 max = 65504")
+    ax1.axvline(demo["limit"], color="black", ls="--", lw=1, label=f"e = ln(65504) ≈ {demo['limit']:.2f}")
+    ax1.set_xlabel("attention logit e")
+    ax1.set_ylabel("exp(e) (log scale)")
+    ax1.set_title("exp overflows FP16 above ln(65504)")
+    ax1.legend(fontsize="small")
+    x = np.arange(e.size)
+    w = 0.27
+    naive = np.nan_to_num(np.asarray(demo["naive_fp16"], dtype=float), nan=-0.05)
+    ax2.bar(x - w, naive, w, color=FORMAT_COLORS["FP16"], alpha=0.5, label="naive exp/Σexp in FP16 (NaN drawn below 0)")
+    ax2.bar(x, demo["max_subtracted_fp16"], w, color=FORMAT_COLORS["FP16"], label="max subtracted, FP16 (PyG)")
+    ax2.bar(x + w, demo["fp32"], w, color=FORMAT_COLORS["FP32"], label="FP32 reference")
+    ax2.set_xticks(x, [f"{v:g}" for v in e])
+    ax2.set_xlabel("attention logit e of each incoming edge")
+    ax2.set_ylabel("attention weight α (softmax)")
+    ax2.set_title("Softmax over one node's incoming edges")
+    ax2.axhline(0, color="black", lw=0.5)
+    ax2.legend(fontsize="small")
+    ax2.grid(axis="y", alpha=0.3)
+    fig.suptitle(title or "Where FP16 is fragile in graph attention")
+    return fig
