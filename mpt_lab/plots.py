@@ -618,8 +618,9 @@ def plot_gat_memory(runs: dict, *, reference_ratio: float | None = None, referen
     ax1.set_title("Total peak memory")
     ax2.set_ylabel("total peak memory ÷ FP32 (ratio)")
     ax2.set_title("Relative to FP32")
+    ax2.set_ylim(0, 1.4)
     ax1.legend(fontsize="small")
-    ax2.legend(fontsize="small", loc="lower right")
+    ax2.legend(fontsize="small", loc="upper center", ncol=2)
     fig.suptitle(title or "Seed 001's GAT: memory of one training step by precision")
     return fig
 
