@@ -36,8 +36,9 @@ downloaded here.  Sizes per profile (:func:`config_for`):
   of Reddit's 114.8 million).  PyG's ``GATConv`` materialises per-edge tensors of shape [E, heads, 256]
   (the gathered source features and the messages; 4 bytes each in FP32), where DGL uses fused sparse kernels:
   at Reddit's 114.8 million edges one such FP32 tensor for heads 1 is 118 GB, more than an 80 GB H100 holds.
-  At 4.9 million edges one such tensor is 10 GB for the largest run (heads 2, FP32), which keeps about five of
-  them alive at its peak (≈ 50 GB, an estimate to be checked by the run), and 6 runs × 100 epochs fit in
+  At 4.9 million edges one such tensor is 10 GB for the largest run (heads 2, FP32); a training step keeps
+  about five of them alive at its peak (measured on a CPU with :func:`mpt_lab.bench.peak_memory`: 5.0 × E ×
+  heads × 256 × 4 bytes per step for graphs of 61k and 121k edges), ≈ 51 GB, and 6 runs × 100 epochs fit in
   the 8-minute budget of one H100.  A run that still runs out of memory is recorded as such
   (``oom: True``), not retried.
 
@@ -68,6 +69,7 @@ __all__ = ["Config", "config_for", "run", "GatAmpResult", "SEED_001", "PRECISION
 NAME = "gat_amp"
 PRECISIONS = ("fp32", "fp16", "bf16")
 _DTYPE = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
+_OOM = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
 
 #: Seed 001 (DGL User Guide, chapter 8, "End-to-End Mixed Precision Training"): 3-layer GAT on Reddit
 #: (114 million edges with self loops), 100 epochs, one NVIDIA V100 with 16 GB.  "GPU memory" as the seed
@@ -281,7 +283,7 @@ def run(config: Config | None = None, *, command: str | None = None, progress: b
             torch.cuda.reset_peak_memory_stats(device)
         try:
             rec = _train(model, graph, device, p, config, progress, f"heads {key} {p}")
-        except torch.OutOfMemoryError as e:   # a real OOM on the device: recorded, not faked, not retried
+        except _OOM as e:   # a real out-of-memory error on the device: recorded, not faked, not retried
             rec = {"oom": True, "error": str(e).splitlines()[0]}
         del model
         runs.setdefault(key, {})[p] = rec
