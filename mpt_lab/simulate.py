@@ -88,7 +88,9 @@ What the emulation does NOT model
   in ``fmt``.
 * In mode "autocast", the backward of autocast's float16 → float32 casts (which rounds the gradient entering
   an FP16 region from an FP32 op) is approximated by the "any input" rule above; a float32-op gradient that
-  feeds only float32 backward ops is not rounded.  Gradients of FP32 leaves (master weights) are the float32
+  feeds only float32 backward ops is not rounded (e.g. the bias gradient of a ``linear`` whose output goes
+  to the loss, a ``sum`` of the loss gradient).  Mark such a boundary with :func:`to_float32` (the
+  simulated ``t.float()`` of an autocast output) to round that gradient as autocast does.  Gradients of FP32 leaves (master weights) are the float32
   accumulation of rounded contributions, as with autocast.
 * Integer ops, random number generation and dtype conversions inside the block are not changed; ``fmt``
   values are stored in float32 (or the dtype the op returns), never in a real 16/8-bit dtype, so memory use
@@ -109,7 +111,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .formats import BF16, FP8_E4M3, FP8_E5M2, FP16, FloatFormat, ROUNDING_MODES, get_format, round_to
 
-__all__ = ["simulate", "paused", "round_parameters_", "rounder", "MODES", "LOWER_PRECISION_OPS", "FLOAT32_OPS"]
+__all__ = ["simulate", "paused", "to_float32", "round_parameters_", "rounder", "MODES", "LOWER_PRECISION_OPS", "FLOAT32_OPS"]
 
 MODES = ("autocast", "all")
 
@@ -560,6 +562,53 @@ def paused():
     else:
         with mode.paused():
             yield
+
+
+class _ToFloat32(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, t):
+        ctx.mode = getattr(_active, "mode", None)
+        return t.view_as(t)
+
+    @staticmethod
+    def backward(ctx, grad):
+        mode = ctx.mode
+        if mode is None or getattr(_active, "mode", None) is not mode or not mode.backward:
+            return grad
+        with mode.paused():
+            out = mode._round(grad)
+        mode._tag(out)
+        return out
+
+
+def to_float32(t: torch.Tensor) -> torch.Tensor:
+    """The simulated counterpart of ``t.float()`` on an autocast float16 output: identity in forward, and in
+    backward (inside the same :class:`simulate` block) the incoming float32 gradient is rounded to the block's
+    format, as the backward of autocast's float16 → float32 cast rounds it to float16.
+
+    Use it where an autocast (lower-precision) result feeds a float32 op whose gradient autocast would round
+    on its way back, e.g. ``loss = cross_entropy(to_float32(logits), y)``: without it the gradient of a
+    ``linear`` layer's bias, a ``sum`` of the float32 loss gradient, is not rounded (see "What the emulation
+    does NOT model").  Outside a block, or when the block is not active during backward, it changes nothing.
+
+    Parameters
+    ----------
+    t : floating tensor of any shape
+
+    Returns
+    -------
+    A view of ``t`` (same shape, dtype, device) that carries the rounding of its gradient.
+
+    Raises
+    ------
+    TypeError
+        ``t`` is not a floating-point tensor.
+    """
+    if not (isinstance(t, torch.Tensor) and t.is_floating_point()):
+        raise TypeError(f"t must be a floating-point torch.Tensor, got {type(t).__name__}")
+    if not t.requires_grad:
+        return t
+    return _ToFloat32.apply(t)
 
 
 def _arg(func, args, kwargs, i):
