@@ -668,3 +668,95 @@ def plot_attention_overflow(demo: dict, *, title: str | None = None) -> Figure:
     ax2.grid(axis="y", alpha=0.3)
     fig.suptitle(title or "Where FP16 is fragile in graph attention")
     return fig
+
+
+def plot_divergence(losses: dict, evals: dict, *, smooth: int = 20, title: str | None = None,
+                    ylabel: str = "training loss (nats per token)") -> Figure:
+    """Training loss per run beside the share of activation-gradient values that are zero, over training.
+
+    The paper's Figure 1 (left) and its explanation (right): a run whose gradients underflow in FP16 loses them
+    (they become zeros) and its loss falls behind.
+
+    Parameters
+    ----------
+    losses : dict label → sequence of per-step losses (non-finite values are left out of the running mean)
+    evals : dict label → list of dicts with "step" and "zero_share" (0–1), as the divergence experiments
+        record them (:mod:`mpt_lab.experiments.biglstm`, :mod:`mpt_lab.experiments.ssd_table2`)
+    smooth : window of the running mean of the losses (steps)
+
+    Returns
+    -------
+    Figure with two axes: x = step; left y = loss, right y = zero share in percent.
+
+    Raises
+    ------
+    TypeError
+        ``losses`` or ``evals`` is not a non-empty dict.
+    """
+    if not isinstance(losses, dict) or not losses or not isinstance(evals, dict):
+        raise TypeError("losses must be a non-empty dict label → per-step losses and evals a dict label → evals")
+    fig = _figure((12, 4.2))
+    ax, bx = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    styles = ["-", "--", ":", "-."]
+    for i, (label, v) in enumerate(losses.items()):
+        v = np.asarray(v, dtype=float)
+        v = np.where(np.isfinite(v), v, np.nan)
+        w = max(1, min(int(smooth), v.size))
+        run = np.convolve(np.nan_to_num(v, nan=0.0), np.ones(w) / w, mode="valid")
+        bad = np.convolve(np.isnan(v).astype(float), np.ones(w), mode="valid") > 0
+        run[bad] = np.nan
+        ax.plot(np.arange(w, v.size + 1), run, ls=styles[i % 4], lw=2.2 if i == 0 else 1.6, label=label)
+        ev = evals.get(label) or []
+        if ev:
+            bx.plot([e["step"] for e in ev], [100 * e["zero_share"] for e in ev], "o" + styles[i % 4],
+                    lw=2.2 if i == 0 else 1.6, label=label)
+    ax.set_xlabel("step")
+    ax.set_ylabel(f"{ylabel}\n(running mean of {smooth} steps)")
+    ax.set_title("Training loss")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    bx.set_xlabel("step")
+    bx.set_ylabel("activation-gradient values = 0 (%)")
+    bx.set_ylim(-2, 102)
+    bx.set_title("Gradients lost to underflow show up as zeros")
+    bx.grid(alpha=0.3)
+    bx.legend(fontsize="small")
+    fig.suptitle(title or "FP32 against FP16 mixed precision, without and with loss scaling")
+    return fig
+
+
+def plot_shift_sweep(sweep: dict, *, title: str | None = None) -> Figure:
+    """Final training loss of FP16 without loss scaling against the gradient shift k, beside FP32's.
+
+    Parameters
+    ----------
+    sweep : dict from :func:`mpt_lab.experiments.biglstm.shift_sweep` ("fp32", "fp16" {k: loss},
+        "zero_share" {k: share}, optionally "equivalent_shift")
+
+    Returns
+    -------
+    Figure; x = k (gradients multiplied by 2⁻ᵏ), left y = loss (nats per token), right y = zero share (%).
+    """
+    if not isinstance(sweep, dict) or "fp16" not in sweep or "fp32" not in sweep:
+        raise TypeError("sweep must be the dict returned by mpt_lab.experiments.biglstm.shift_sweep")
+    ks = sorted(int(k) for k in sweep["fp16"])
+    loss = [float(sweep["fp16"][k] if k in sweep["fp16"] else sweep["fp16"][str(k)]) for k in ks]
+    zeros = [100 * float(sweep["zero_share"].get(k, sweep["zero_share"].get(str(k), np.nan))) for k in ks]
+    fig = _figure((9, 4))
+    ax = fig.add_subplot()
+    ax.plot(ks, loss, "o-", color="#d62728", lw=2, label="mixed FP16, no loss scaling")
+    ax.axhline(float(sweep["fp32"]), color="#1f77b4", lw=2, label="FP32 (identical for every k)")
+    if sweep.get("equivalent_shift") is not None:
+        ax.axvline(sweep["equivalent_shift"], color="0.4", ls=":", label="bigLSTM-equivalent shift")
+    ax.set_xlabel("gradient shift k (every gradient × 2⁻ᵏ)")
+    ax.set_ylabel("final training loss (nats per token)")
+    ax.grid(alpha=0.3)
+    bx = ax.twinx()
+    bx.plot(ks, zeros, "s--", color="0.5", label="FP16 run: activation-gradient values = 0")
+    bx.set_ylabel("activation-gradient values = 0 (%)")
+    bx.set_ylim(0, 100)
+    h1, l1 = ax.get_legend_handles_labels()
+    h2, l2 = bx.get_legend_handles_labels()
+    ax.legend(h1 + h2, l1 + l2, fontsize="small", loc="upper left")
+    ax.set_title(title or f"Where FP16 without loss scaling starts to fall behind ({sweep.get('steps', '?')} steps)")
+    return fig

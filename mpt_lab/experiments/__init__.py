@@ -7,6 +7,9 @@ and a CLI, ``python -m mpt_lab.experiments.NAME --profile full --out book/result
 * :mod:`mpt_lab.experiments.master_weights_stall`: pure FP16 weights against FP32 master weights (§3.1).
 * :mod:`mpt_lab.experiments.amp_recipe`: the PyTorch AMP recipe timed in FP32, FP16 and BF16.
 * :mod:`mpt_lab.experiments.memory_tradeoffs`: activation checkpointing against lower precision, measured.
+* :mod:`mpt_lab.experiments.biglstm`: the paper's Figure 1, a bigLSTM-shaped language model in FP32 and in
+  FP16 mixed precision without and with loss scaling.
+* :mod:`mpt_lab.experiments.ssd_table2`: the paper's Table 2 for SSD, the same three ways on the detector.
 * :mod:`mpt_lab.experiments.message_passing`: DGL's float16 message-passing examples in PyG and PyTorch.
 * :mod:`mpt_lab.experiments.gat_amp`: DGL's GAT trained in FP32, FP16 autocast + GradScaler, and BF16.
 """

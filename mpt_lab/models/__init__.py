@@ -4,14 +4,17 @@
   :func:`detect` and :func:`train_step`: the model of the paper's Figure 2.
 * :mod:`mpt_lab.models.box_ops`: IoU, box conversions, SSD box encoding, NMS, in plain torch.
 * :mod:`mpt_lab.models.detection_eval`: VOC-style average precision and mAP.
+* :mod:`mpt_lab.models.lstm`: a word-level LSTM language model with projections shaped like bigLSTM
+  (Jozefowicz et al. 2016), the model of the paper's Figure 1.
 * :mod:`mpt_lab.models.gat`: seed 001's 3-layer GAT on PyTorch Geometric (imported on its own:
   ``from mpt_lab.models.gat import GAT``, so that importing this package does not import PyG).
 """
 
 from . import box_ops
 from .detection_eval import average_precision, mean_average_precision
+from .lstm import LSTMLanguageModel, build_lstm_lm
 from .ssd import (CONFIGS, SSD, L2Norm, MultiBoxLoss, build_ssd, default_boxes, detect, make_optimizer, match,
                   match_batch, train_step)
 
-__all__ = ["SSD", "CONFIGS", "build_ssd", "L2Norm", "MultiBoxLoss", "default_boxes", "match", "match_batch",
+__all__ = ["LSTMLanguageModel", "build_lstm_lm", "SSD", "CONFIGS", "build_ssd", "L2Norm", "MultiBoxLoss", "default_boxes", "match", "match_batch",
            "detect", "make_optimizer", "train_step", "mean_average_precision", "average_precision", "box_ops"]
