@@ -34,5 +34,10 @@ def test_book_builds_without_warnings(tmp_path):
     assert "speed-up vs FP32" in ch5 and "Traceback" not in ch5
     ch6 = (html / "notebooks" / "06_memory.html").read_text()
     assert "seed 004 says" in ch6 and "Traceback" not in ch6
+    ch7 = (html / "notebooks" / "07_when_fp16_fails.html").read_text()
+    assert len(re.findall(r'<img[^>]+_images/', ch7)) >= 3 and "mixed FP16, loss scale 128" in ch7
+    assert "Traceback" not in ch7
+    ch8 = (html / "notebooks" / "08_graphs_in_half_precision.html").read_text()
+    assert len(re.findall(r'<img[^>]+_images/', ch8)) >= 2 and "float16" in ch8 and "Traceback" not in ch8
     assert (html / "book" / "bibliography.html").exists()
     assert "Micikevicius" in (html / "book" / "bibliography.html").read_text()
