@@ -33,13 +33,29 @@ import torch
 from ..scaling import GradScaler, StaticLossScaler
 from ..simulate import simulate, to_float32
 
-__all__ = ["ARMS", "ARM_LABELS", "PrecisionArm", "shift_eps"]
+__all__ = ["ARMS", "ARM_LABELS", "PrecisionArm", "shift_eps", "check_arms", "collect_arms"]
 
 ARMS = ("fp32", "fp16", "fp16_static", "fp16_dynamic")
 
 #: Legend labels of the arms (the static scale is filled in by :meth:`PrecisionArm.label`).
 ARM_LABELS = {"fp32": "FP32", "fp16": "mixed FP16, no loss scaling", "fp16_static": "mixed FP16, loss scale {S:g}",
               "fp16_dynamic": "mixed FP16, dynamic loss scaling"}
+
+
+def check_arms(arms) -> None:
+    """Raise ValueError unless ``arms`` is a non-empty sequence of names in :data:`ARMS`."""
+    if not arms or any(a not in ARMS for a in arms):
+        raise ValueError(f"config.arms must be a non-empty subset of {ARMS}, got {arms!r}")
+
+
+def collect_arms(out: dict) -> dict:
+    """The result fields shared by the divergence experiments, from ``{arm: dict returned by its training
+    loop}`` (which holds "label", "real_fp16" and "seconds" besides the per-arm records)."""
+    meta = ("label", "real_fp16", "seconds")
+    return {"arms": {a: {k: v for k, v in d.items() if k not in meta} for a, d in out.items()},
+            "labels": {a: d["label"] for a, d in out.items()},
+            "real_fp16": any(d["real_fp16"] for d in out.values()),
+            "train_seconds": {a: d["seconds"] for a, d in out.items()}}
 
 
 def shift_eps(optimizer: torch.optim.Optimizer, grad_shift: int) -> None:

@@ -33,7 +33,7 @@ from ..device import provenance
 from ..histogram import GradientHistogram
 from ..models.ssd import MultiBoxLoss, build_ssd, make_optimizer
 from ._common import JsonResult, main as _main, prepare
-from ._precision import ARMS, PrecisionArm, shift_eps
+from ._precision import ARMS, PrecisionArm, check_arms, collect_arms, shift_eps
 from .biglstm import _shares
 from .ssd_histogram import _evaluate
 
@@ -205,9 +205,7 @@ def run(config: Config | None = None, *, command: str | None = None, progress: b
         An unknown arm in ``config.arms``.
     """
     config, device = prepare(config, Config, config_for)
-    bad = [a for a in config.arms if a not in ARMS]
-    if bad or not config.arms:
-        raise ValueError(f"config.arms must be a non-empty subset of {ARMS}, got {config.arms!r}")
+    check_arms(config.arms)
     train = DigitsDetection("train", config.n_train, config.image_size, seed=config.seed)
     test = DigitsDetection("test", config.n_test, config.image_size, seed=config.seed)
     torch.manual_seed(config.seed)
@@ -217,12 +215,7 @@ def run(config: Config | None = None, *, command: str | None = None, progress: b
     cfg["arms"] = list(config.arms)
     prov = provenance(command=command or f"python -m mpt_lab.experiments.{NAME} --profile {config.profile}",
                       config=cfg, device=device)
-    return SSDTable2Result(config=cfg, provenance=prov,
-                           arms={a: {k: v for k, v in d.items() if k not in ("label", "real_fp16", "seconds")}
-                                 for a, d in out.items()},
-                           labels={a: d["label"] for a, d in out.items()},
-                           real_fp16=any(d["real_fp16"] for d in out.values()),
-                           train_seconds={a: d["seconds"] for a, d in out.items()})
+    return SSDTable2Result(config=cfg, provenance=prov, **collect_arms(out))
 
 
 def main(argv=None) -> int:
