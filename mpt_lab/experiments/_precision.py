@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import contextlib
 
+import numpy as np
 import torch
 
 from ..scaling import GradScaler, StaticLossScaler
 from ..simulate import simulate, to_float32
 
-__all__ = ["ARMS", "ARM_LABELS", "PrecisionArm", "shift_eps", "check_arms", "collect_arms"]
+__all__ = ["ARMS", "ARM_LABELS", "PrecisionArm", "shift_eps", "check_arms", "collect_arms", "gradient_shares"]
 
 ARMS = ("fp32", "fp16", "fp16_static", "fp16_dynamic")
 
@@ -56,6 +57,20 @@ def collect_arms(out: dict) -> dict:
             "labels": {a: d["label"] for a, d in out.items()},
             "real_fp16": any(d["real_fp16"] for d in out.values()),
             "train_seconds": {a: d["seconds"] for a, d in out.items()}}
+
+
+def gradient_shares(h) -> dict:
+    """What the divergence experiments record of a :class:`~mpt_lab.histogram.Log2Histogram` of activation
+    gradients: ``zero_share`` (share of values exactly zero), ``fp16_underflow`` (share FP16 flushes to zero),
+    ``nonfinite`` (share of inf/NaN), all in [0, 1], and ``median_log2`` (int, the binade k with 2ᵏ ≤ |x| < 2ᵏ⁺¹
+    holding the median non-zero finite value; None when there is none)."""
+    if h.total == 0:
+        return {"zero_share": 0.0, "fp16_underflow": 0.0, "nonfinite": 0.0, "median_log2": None}
+    counts = np.asarray(h.counts)
+    cum = np.cumsum(counts)
+    median = int(np.asarray(h.exponents)[np.searchsorted(cum, cum[-1] / 2)]) if cum[-1] > 0 else None
+    return {"zero_share": float(h.fraction_zero()), "fp16_underflow": float(h.fractions("FP16")["underflow"]),
+            "nonfinite": float(h.nonfinite) / float(h.total), "median_log2": median}
 
 
 def shift_eps(optimizer: torch.optim.Optimizer, grad_shift: int) -> None:
@@ -148,13 +163,9 @@ class PrecisionArm:
                 (self.scaler.scale(shifted) if self.scaler is not None else shifted).backward()
             finally:
                 self._sim = None
-        skipped = False
-        if self.scaler is not None:
-            before = self.scaler.get_scale()
-            self.scaler.step(optimizer)
-            self.scaler.update()
-            hist = getattr(self.scaler, "history", None)
-            skipped = bool(hist[-1][2]) if hist else self.scaler.get_scale() < before
-        else:
+        if self.scaler is None:
             optimizer.step()
-        return float(loss.detach()), skipped
+            return float(loss.detach()), False
+        self.scaler.step(optimizer)
+        self.scaler.update()
+        return float(loss.detach()), bool(self.scaler.history[-1][2])

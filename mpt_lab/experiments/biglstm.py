@@ -38,10 +38,10 @@ from tqdm.auto import tqdm
 
 from ..data.text import batchify, bptt_batches, kjv_corpus
 from ..device import provenance
-from ..histogram import GradientHistogram, Log2Histogram
+from ..histogram import GradientHistogram
 from ..models.lstm import build_lstm_lm
 from ._common import JsonResult, main as _main, prepare
-from ._precision import ARMS, PrecisionArm, check_arms, collect_arms, shift_eps
+from ._precision import ARMS, PrecisionArm, check_arms, collect_arms, gradient_shares, shift_eps
 
 __all__ = ["Config", "BigLSTMResult", "config_for", "run", "shift_sweep", "sweep_for", "equivalent_shift",
            "perplexity", "PAPER", "BIGLSTM", "NAME"]
@@ -187,22 +187,6 @@ def perplexity(model, streams: torch.Tensor, bptt: int, device) -> float:
     return math.exp(mean) if math.isfinite(mean) and mean < 700 else float("inf")
 
 
-def _shares(h: Log2Histogram) -> dict:
-    """Zero share, FP16 underflow share, non-finite share and median log2 magnitude of the non-zero values."""
-    if h.total == 0:
-        return {"zero_share": 0.0, "fp16_underflow": 0.0, "nonfinite": 0.0, "median_log2": None}
-    counts = h.counts.tolist() if hasattr(h.counts, "tolist") else list(h.counts)
-    exps = h.exponents.tolist() if hasattr(h.exponents, "tolist") else list(h.exponents)
-    half, run, median = sum(counts) / 2, 0, None
-    for e, c in zip(exps, counts):
-        run += c
-        if c and run >= half:
-            median = int(e)
-            break
-    return {"zero_share": float(h.fraction_zero()), "fp16_underflow": float(h.fractions("FP16")["underflow"]),
-            "nonfinite": float(h.nonfinite) / float(h.total), "median_log2": median}
-
-
 def _train_arm(arm_name: str, config: Config, corpus, init_state: dict, device, progress: bool) -> dict:
     torch.manual_seed(config.seed + 1)   # dropout (none by default) and anything random: the same in every arm
     model = build_lstm_lm(config.model, corpus.vocab_size).to(device)
@@ -246,7 +230,7 @@ def _train_arm(arm_name: str, config: Config, corpus, init_state: dict, device, 
                 skipped.append(step)
             if step % config.eval_every == 0 or step == config.steps:
                 evals.append({"step": step, "valid_ppl": perplexity(model, valid, config.bptt, device),
-                              **_shares(gh.histogram)})
+                              **gradient_shares(gh.histogram)})
                 gh.reset()
     if device.type == "cuda":
         torch.cuda.synchronize()

@@ -33,8 +33,7 @@ from ..device import provenance
 from ..histogram import GradientHistogram
 from ..models.ssd import MultiBoxLoss, build_ssd, make_optimizer
 from ._common import JsonResult, main as _main, prepare
-from ._precision import ARMS, PrecisionArm, check_arms, collect_arms, shift_eps
-from .biglstm import _shares
+from ._precision import ARMS, PrecisionArm, check_arms, collect_arms, gradient_shares, shift_eps
 from .ssd_histogram import _evaluate
 
 __all__ = ["Config", "SSDTable2Result", "config_for", "run", "PAPER", "NAME"]
@@ -178,7 +177,7 @@ def _train_arm(arm_name: str, config: Config, train, test, init_state: dict, dev
             if skip:
                 skipped.append(step)
             if step % hist_interval == 0 or step == config.steps:
-                evals.append({"step": step, **_shares(gh.histogram)})
+                evals.append({"step": step, **gradient_shares(gh.histogram)})
                 gh.reset()
             if step % eval_every == 0 or step == config.steps:
                 gh.pause()
