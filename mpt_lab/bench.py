@@ -6,7 +6,7 @@ measured matrix-multiply throughput.
 - :func:`peak_memory` / :class:`track_peak_memory`: the peak of tensor memory allocated while a callable runs,
   counted above what was allocated when it started (bytes).  CUDA: the caching allocator's own counters
   (``torch.cuda.reset_peak_memory_stats`` + ``max_memory_allocated``).  CPU: torch's CPU allocator keeps no
-  peak counter, so a :class:`~torch.utils._python_dispatch.TorchDispatchMode` sums ``untyped_storage().nbytes()``
+  peak counter, so a ``TorchDispatchMode`` (:mod:`mpt_lab._torch_internals`) sums ``untyped_storage().nbytes()``
   of every operator output whose storage it has not seen, and subtracts it when that storage is freed (a
   ``weakref.finalize`` on the storage; torch keeps a storage's Python object alive as long as the storage).
   It sees every tensor made by an ATen operator, in forward, backward and the optimizer; it does not see
@@ -139,8 +139,7 @@ class _StorageTracker:
     """CPU peak of live tensor storage made under a dispatch mode (see the module docstring)."""
 
     def __init__(self):
-        from torch.utils._python_dispatch import TorchDispatchMode
-        from torch.utils._pytree import tree_flatten
+        from ._torch_internals import TorchDispatchMode, tree_flatten
 
         tracker = self
 

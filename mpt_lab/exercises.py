@@ -249,11 +249,19 @@ _register(Exercise(
 # ----------------------------------------------------------------------------------------------------------
 def _ex21_reference(amax: float, fmt_max: float = 65504.0) -> float:
     """The max-gradient rule (reference solution of exercise 2.1): the largest power of two S with
-    amax · S ≤ fmt_max (Micikevicius et al. 2018, §3.2)."""
-    mant_a, exp_a = math.frexp(amax)
-    mant_m, exp_m = math.frexp(fmt_max)
-    k = exp_m - exp_a + (0 if mant_m >= mant_a else -1)
-    return math.ldexp(1.0, k)
+    amax · S ≤ fmt_max (Micikevicius et al. 2018, §3.2), by :func:`mpt_lab.scaling.max_gradient_scale`.
+
+    ``fmt_max`` is the largest finite value of a format of the catalogue (65504: FP16, 448: E4M3,
+    57344: E5M2, …); a limit that is no format's max goes through the same exact rule with the bare limit.
+    """
+    from . import scaling  # needs torch, which this module (like formats) does not
+
+    fmt = next((f for f in F.FORMATS.values() if f.max == fmt_max), None)
+    if fmt is not None:
+        return scaling.max_gradient_scale(amax, fmt)
+    if not (_is_real(fmt_max) and 0 < fmt_max < math.inf):
+        raise ValueError(f"fmt_max must be a positive finite number, got {fmt_max!r}")
+    return scaling._largest_power_of_two_scale(amax, float(fmt_max), "fmt_max")
 
 
 def _ex21_check(fn):
@@ -320,10 +328,11 @@ _register(Exercise(
 # ----------------------------------------------------------------------------------------------------------
 def _ex31_reference(scale: float, tracker: int, found_inf: bool, growth_factor: float = 2.0,
                     backoff_factor: float = 0.5, growth_interval: int = 2000) -> tuple:
-    """Dynamic loss scaling, one update (reference solution of exercise 3.1; torch.amp.GradScaler's rule)."""
-    from .scaling import _update_rule
+    """Dynamic loss scaling, one update (reference solution of exercise 3.1): torch.amp.GradScaler's rule,
+    :func:`mpt_lab.scaling.update_scale`."""
+    from . import scaling  # needs torch, which this module (like formats) does not
 
-    return _update_rule(scale, tracker, found_inf, growth_factor, backoff_factor, growth_interval)
+    return scaling.update_scale(scale, tracker, found_inf, growth_factor, backoff_factor, growth_interval)
 
 
 def _ex31_check(fn):

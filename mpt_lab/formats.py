@@ -33,10 +33,17 @@ Rounding (IEEE 754-2019 §4.3): ``"nearest_even"`` (roundTiesToEven, the default
 Overflow without ``saturate`` follows the format, as ml_dtypes' casts do: infinity where the format has one,
 NaN where it has NaN but no infinity (E4M3, E8M0), ±max where it has neither (FP6, FP4).  With
 ``saturate=True`` finite and infinite values beyond ±max become ±max (OCP OFP8 §5, saturating conversion).
+Python ints and Fractions are rounded exactly, once, with integer arithmetic (never through float64 first).
+
+Inside a :class:`mpt_lab.simulate.simulate` block, which rounds the results of torch ops, the functions here
+still compute exactly: they run under :func:`exact_arithmetic`, a marker that such modes honour.  This
+module imports without torch (NumPy and Python numbers only then).
 """
 
 from __future__ import annotations
 
+import contextvars
+import functools
 import math
 import numbers
 from dataclasses import dataclass, field
@@ -58,7 +65,7 @@ __all__ = [
     "FloatFormat", "Decomposition", "FORMATS", "ROUNDING_MODES",
     "FP64", "FP32", "TF32", "FP16", "BF16", "FP8_E4M3", "FP8_E5M2", "FP6_E3M2", "FP6_E2M3", "FP4_E2M1", "E8M0",
     "get_format", "decompose", "compose", "encode", "decode", "round_to", "values", "ulp", "round_fixed",
-    "accumulate",
+    "accumulate", "exact_arithmetic", "exact_arithmetic_active",
 ]
 
 ROUNDING_MODES = ("nearest_even", "toward_zero", "stochastic")
@@ -270,25 +277,67 @@ def _is_tensor(x) -> bool:
     return torch is not None and isinstance(x, torch.Tensor)
 
 
-def outside_dispatch_modes(fn):
-    """Run ``fn`` with torch's dispatch modes (e.g. :func:`mpt_lab.simulate.simulate`) switched off.
+# ----------------------------------------------------------------------------------------------------------
+# Exact arithmetic: a marker that modes emulating low precision honour
+# ----------------------------------------------------------------------------------------------------------
+_EXACT_DEPTH: contextvars.ContextVar[int] = contextvars.ContextVar("mpt_lab_exact_arithmetic", default=0)
 
-    The rounding of this module is exact integer and float arithmetic; inside a mode that rounds every op to
-    FP16 its own intermediate results would be rounded too, and the answer would be wrong.  Costs nothing
-    when no mode is active.
+
+class _ExactBlock:
+    """One ``with exact_arithmetic():`` block (a new one per block, so blocks nest and threads do not mix)."""
+
+    __slots__ = ("_token",)
+
+    def __enter__(self) -> None:
+        self._token = _EXACT_DEPTH.set(_EXACT_DEPTH.get() + 1)
+
+    def __exit__(self, *exc) -> None:
+        _EXACT_DEPTH.reset(self._token)
+
+
+def exact_arithmetic(fn=None):
+    """Mark code that must run its torch ops exactly as written; modes that emulate low precision honour it.
+
+    The rounding of this module is exact integer and float arithmetic on bit patterns; inside a block of
+    :class:`mpt_lab.simulate.simulate`, which rounds the result of every op to FP16 (say), its own intermediate
+    results would be rounded too and the answer would be wrong.  While the marker is set, ``simulate`` passes
+    every op straight through (no rounding, no bookkeeping).  The marker is a pure-Python
+    :class:`contextvars.ContextVar` depth counter: it costs about a microsecond, needs no torch, and
+    belongs to the current thread (and asyncio task).  Other dispatch modes (a memory tracker, a fake-tensor
+    mode) are not affected and still see the ops.
+
+    Use it as a decorator (``@exact_arithmetic``) or as a context manager (``with exact_arithmetic():``);
+    blocks nest.  :func:`exact_arithmetic_active` tells whether it is set.  :func:`round_to`, :func:`encode`,
+    :func:`decode`, :func:`decompose`, :func:`compose`, :func:`ulp`, :func:`round_fixed` and
+    :meth:`mpt_lab.histogram.Log2Histogram.add_` are marked.
+
+    Parameters
+    ----------
+    fn : callable, optional
+        The function to mark.  Without it, a context manager is returned.
+
+    Raises
+    ------
+    TypeError
+        ``fn`` is given and is not callable.
     """
-    import functools
+    if fn is None:
+        return _ExactBlock()
+    if not callable(fn):
+        raise TypeError(f"fn must be callable (exact_arithmetic is a decorator or, without fn, a context manager), "
+                        f"got {type(fn).__name__}")
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        if torch is not None and torch._C._len_torch_dispatch_stack() > 0:
-            from torch.utils._python_dispatch import _disable_current_modes
-
-            with _disable_current_modes():
-                return fn(*args, **kwargs)
-        return fn(*args, **kwargs)
+        with _ExactBlock():
+            return fn(*args, **kwargs)
 
     return wrapper
+
+
+def exact_arithmetic_active() -> bool:
+    """Whether the current thread (or task) runs inside :func:`exact_arithmetic`."""
+    return _EXACT_DEPTH.get() > 0
 
 
 def _ml_float_dtypes() -> tuple:
@@ -311,9 +360,11 @@ class _Input:
 
     def __init__(self, x, argname: str = "x"):
         self.kind = None
+        self.exact = None  # a Python int or Fraction, kept for the functions that round it exactly
         if _is_tensor(x):
             if not (x.is_floating_point()):
                 raise TypeError(f"{argname} must be a floating-point tensor, got dtype {x.dtype}")
+            _check_has_values(x, argname)
             self.kind, self.dtype = "torch", x.dtype
             x = x.detach()
             self.work = x if x.dtype in (torch.float32, torch.float64) else x.to(torch.float32)
@@ -331,6 +382,14 @@ class _Input:
             self.shape = np.shape(x)
             # 1-D working copy: NumPy turns 0-d results into scalars, which in-place ops cannot write to
             self.work = np.ascontiguousarray(x, dtype=work_dt).reshape(-1)
+        elif isinstance(x, numbers.Rational) and not isinstance(x, bool):
+            # int or Fraction: float(x) would round (to nearest) before the function rounds again, and fails
+            # beyond float64's range; keep x, and work on its round-to-odd float64 (same binade, same sign)
+            self.kind, self.dtype, self.shape = "float", None, ()
+            self.exact = x
+            self.work = np.asarray([_rational_to_float(x, 52, -1022, "odd", None)], dtype=np.float64)
+            if np.isinf(self.work[0]):  # beyond float64: the largest finite float64 stands for it
+                self.work[0] = -_MAX_OF[64] if x < 0 else _MAX_OF[64]
         elif isinstance(x, numbers.Real) and not isinstance(x, bool):
             self.kind, self.dtype, self.shape = "float", None, ()
             self.work = np.asarray([float(x)], dtype=np.float64)
@@ -358,6 +417,69 @@ class _Input:
         if self.kind == "npscalar":
             return y.reshape(-1)[0]
         return y.reshape(self.shape)
+
+
+def _check_has_values(t, argname: str) -> None:
+    """Refuse tensors without data (device "meta": a shape and a dtype only) before anything reads them."""
+    if t.device.type == "meta":
+        raise ValueError(f"{argname} is a meta tensor (a shape and dtype without values); "
+                         "pass a tensor on a real device (cpu, cuda, ...)")
+
+
+def _floor_log2(num: int, den: int) -> int:
+    """⌊log2(num / den)⌋ of positive ints, exactly (integer arithmetic only)."""
+    e = num.bit_length() - den.bit_length()  # 2^(e-1) < num/den < 2^(e+1)
+    if (num << max(-e, 0)) < (den << max(e, 0)):
+        e -= 1
+    return e
+
+
+def _round_ratio(num: int, den: int, rounding: str, generator) -> int:
+    """num / den (num ≥ 0, den > 0) rounded to an integer: "nearest_even", "toward_zero", "stochastic"
+    (up with probability equal to the fraction, from one uniform float of ``generator``) or "odd" (truncate,
+    then set the last bit if anything was discarded: round-to-odd, Boldo & Melquiond 2008)."""
+    q, rem = divmod(num, den)
+    if rem:
+        if rounding == "nearest_even":
+            q += 2 * rem > den or (2 * rem == den and q & 1)
+        elif rounding == "odd":
+            q |= 1
+        elif rounding == "stochastic":
+            u_num, u_den = float(generator.random()).as_integer_ratio()  # u = u_num / u_den exactly
+            q += u_num * den < rem * u_den
+    return q
+
+
+def _rational_to_float(x, mantissa_bits: int, emin: int, rounding: str, generator) -> float:
+    """The int or Fraction ``x`` rounded exactly to ``mantissa_bits`` fraction bits with exponent ≥ emin
+    (below: a fixed quantum 2^(emin − mantissa_bits), as subnormals), as a float64; ±inf beyond float64."""
+    num, den = x.numerator, x.denominator
+    mag = abs(num)
+    if mag == 0:
+        return 0.0
+    shift = max(_floor_log2(mag, den), emin) - mantissa_bits  # the quantum is 2^shift
+    q = _round_ratio(mag << max(-shift, 0), den << max(shift, 0), rounding, generator)
+    try:
+        v = math.ldexp(float(q), shift)  # exact: q ≤ 2^(mantissa_bits + 1) ≤ 2^53
+    except OverflowError:
+        v = math.inf
+    return -v if num < 0 else v
+
+
+def _rational_work(x, fmt: FloatFormat, rounding: str, generator) -> np.ndarray:
+    """A float64 working value that :func:`_round_work` maps to the correct rounding of the int or Fraction x.
+
+    x is first rounded exactly (integer arithmetic, once) to fmt's precision with an unbounded exponent
+    range: the result is a value of fmt, or lies beyond ±max, which _round_work then treats as overflow
+    (infinity, NaN or ±max, saturation, toward-zero's ±max) exactly as for a float input.
+    """
+    v = _rational_to_float(x, fmt.mantissa_bits, fmt.emin, rounding, generator)
+    if v == 0 and x != 0 and not fmt.subnormals:
+        v = (-0.5 if x < 0 else 0.5) * fmt.smallest_normal  # below every value of a format without zero (E8M0)
+    elif math.isinf(v):  # beyond float64, hence beyond fmt: a finite stand-in beyond max, where there is one
+        big = _MAX_OF[64] if fmt.max < _MAX_OF[64] else (fmt.max if rounding == "toward_zero" else math.inf)
+        v = -big if x < 0 else big
+    return np.asarray([v], dtype=np.float64)
 
 
 # ---- small backend shims: the algorithms below are written once for NumPy and torch ----
@@ -616,15 +738,19 @@ def _round_work(xf, fmt: FloatFormat, rounding: str, saturate: bool, generator, 
     return y
 
 
-@outside_dispatch_modes
+@exact_arithmetic
 def round_to(x, fmt, *, rounding: str = "nearest_even", saturate: bool = False, generator=None):
     """Round ``x`` to the values of ``fmt`` and return them in ``x``'s own type.
 
     Parameters
     ----------
-    x : float, numpy.ndarray or numpy scalar (float16/32/64, ml_dtypes floats) or torch.Tensor (floating)
+    x : float, int, fractions.Fraction, numpy.ndarray or numpy scalar (float16/32/64, ml_dtypes floats) or
+        torch.Tensor (floating)
         Values of any shape.  Tensors are computed with torch ops on their own device; autograd is not
-        tracked (use :mod:`mpt_lab.simulate` for rounding inside a model).
+        tracked (use :mod:`mpt_lab.simulate` for rounding inside a model).  Python ints and Fractions are
+        rounded exactly, once (integer arithmetic; no double rounding through float64, and values beyond
+        float64's range overflow like any other): ``round_to(2**60 + 2**36 + 1, "FP32") == 2**60 + 2**37``,
+        ``round_to(10**400, "FP16")`` is inf.  The result is a Python float for all three.
     fmt : FloatFormat or str
         Target format, e.g. ``FP16`` or ``"e4m3"``.
     rounding : {"nearest_even", "toward_zero", "stochastic"}
@@ -649,17 +775,27 @@ def round_to(x, fmt, *, rounding: str = "nearest_even", saturate: bool = False, 
     Raises
     ------
     TypeError
-        ``x`` is not a float, NumPy float array or floating tensor; ``generator`` has the wrong type.
+        ``x`` is not a real number, NumPy float array or floating tensor; ``generator`` has the wrong type.
     ValueError
-        Unknown ``fmt`` or ``rounding``; ``x`` holds NaN and fmt has no NaN (FP6, FP4).
+        Unknown ``fmt`` or ``rounding``; ``x`` holds NaN and fmt has no NaN (FP6, FP4); ``x`` is a meta tensor
+        (no values to round).
     """
     inp = _Input(x)
     fmt = get_format(fmt)
     rounding = _check_rounding(rounding)
     if not isinstance(saturate, (bool, np.bool_)):
         raise TypeError(f"saturate must be a bool, got {type(saturate).__name__}")
-    y = _round_work(inp.work, fmt, rounding, bool(saturate), generator)
+    y = _round_work(_exact_work(inp, fmt, rounding, generator), fmt, rounding, bool(saturate), generator)
     return inp.restore(y)
+
+
+def _exact_work(inp: "_Input", fmt: FloatFormat, rounding: str, generator):
+    """The working array to round: for a Python int or Fraction, its exact pre-rounding to fmt (no double
+    rounding through float64, no overflow error beyond it); otherwise ``inp.work`` itself."""
+    if inp.exact is None:
+        return inp.work
+    gen = _make_generator(generator, None) if rounding == "stochastic" else None
+    return _rational_work(inp.exact, fmt, rounding, gen)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -738,7 +874,7 @@ def _codes_from_values(v, fmt: FloatFormat):
     return code.astype(_code_dtype_numpy(fmt))
 
 
-@outside_dispatch_modes
+@exact_arithmetic
 def encode(x, fmt, *, rounding: str = "nearest_even", saturate: bool = False, generator=None):
     """Integer codes (bit patterns) of ``x`` rounded to ``fmt``.
 
@@ -765,10 +901,10 @@ def encode(x, fmt, *, rounding: str = "nearest_even", saturate: bool = False, ge
     if not isinstance(saturate, (bool, np.bool_)):  # as round_to (encode's contract: "raises as round_to")
         raise TypeError(f"saturate must be a bool, got {type(saturate).__name__}")
     # the exact-bits shortcut cannot saturate ±inf: with saturate, encode what round_to returns instead
-    own = None if saturate else _own_codes(x, inp, fmt)
+    own = None if saturate or inp.exact is not None else _own_codes(x, inp, fmt)
     if own is not None:
         return own
-    y = _round_work(inp.work, fmt, rounding, saturate, generator)
+    y = _round_work(_exact_work(inp, fmt, rounding, generator), fmt, rounding, saturate, generator)
     y64 = y.to(torch.float64) if inp.is_torch else y.astype(np.float64)
     codes = _codes_from_values(y64, fmt)
     return codes if inp.is_torch else inp.reshape(codes)
@@ -779,6 +915,7 @@ def _codes_input(codes, fmt: FloatFormat, argname: str = "codes"):
     if _is_tensor(codes):
         if codes.is_floating_point() or codes.is_complex() or codes.dtype == torch.bool:
             raise TypeError(f"{argname} must be an integer tensor, got dtype {codes.dtype}")
+        _check_has_values(codes, argname)
         c = codes.to(torch.int64)
         if fmt.bits < 64:
             if _any((c < 0) | (c >= (1 << fmt.bits))):
@@ -836,7 +973,7 @@ def _decode_work(c, fmt: FloatFormat):
     return val
 
 
-@outside_dispatch_modes
+@exact_arithmetic
 def decode(codes, fmt):
     """Values (float64) of integer codes in ``fmt``.
 
@@ -860,6 +997,7 @@ def decode(codes, fmt):
     """
     fmt = get_format(fmt)
     if _is_tensor(codes) and fmt == FP64:
+        _check_has_values(codes, "codes")
         if codes.dtype != torch.int64:
             raise TypeError(f"codes for FP64 must be an int64 tensor (the bits of each value), got {codes.dtype}")
         return codes.view(torch.float64)
@@ -982,7 +1120,7 @@ class Decomposition:
                 f"mantissa={d['mantissa']}, significand={d['significand']!r})")
 
 
-@outside_dispatch_modes
+@exact_arithmetic
 def decompose(x, fmt, *, rounding: str = "nearest_even", saturate: bool = False) -> Decomposition:
     """Split ``x``, rounded to ``fmt``, into sign, biased exponent and mantissa (IEEE 754-2019 §3.4).
 
@@ -1013,7 +1151,7 @@ def decompose(x, fmt, *, rounding: str = "nearest_even", saturate: bool = False)
     return Decomposition(code, fmt, scalar)
 
 
-@outside_dispatch_modes
+@exact_arithmetic
 def compose(sign, exponent, mantissa, fmt):
     """The value (float64) with the given sign bit, biased exponent field and mantissa field.
 
@@ -1044,6 +1182,7 @@ def compose(sign, exponent, mantissa, fmt):
         if _is_tensor(v):
             if v.is_floating_point() or v.dtype == torch.bool:
                 raise TypeError(f"{name} must be an integer tensor, got dtype {v.dtype}")
+            _check_has_values(v, name)
             t = v.to(torch.int64)
             bad = _any((t < 0) | (t >= limits[name]))
         elif isinstance(v, (np.ndarray, np.generic)) or (isinstance(v, numbers.Integral) and not isinstance(v, bool)):
@@ -1094,7 +1233,7 @@ def values(fmt, *, include_negative: bool = True) -> np.ndarray:
     return v
 
 
-@outside_dispatch_modes
+@exact_arithmetic
 def ulp(x, fmt):
     """Unit in the last place of ``x`` in ``fmt``: the spacing 2^(e − m) of fmt's values around |x|.
 
@@ -1141,7 +1280,7 @@ def ulp(x, fmt):
 # ----------------------------------------------------------------------------------------------------------
 # Fixed point, and repeated addition (swamping)
 # ----------------------------------------------------------------------------------------------------------
-@outside_dispatch_modes
+@exact_arithmetic
 def round_fixed(x, int_bits: int, frac_bits: int):
     """Round ``x`` to signed two's-complement fixed point with ``int_bits`` integer and ``frac_bits``
     fraction bits (1 + int_bits + frac_bits bits in all), round-to-nearest-even, saturating.

@@ -24,7 +24,7 @@ import math
 import numbers
 import os
 import warnings
-from typing import Iterable
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 import torch
@@ -117,6 +117,9 @@ def _as_tensor(t, argname="tensors") -> torch.Tensor:
     if isinstance(t, torch.Tensor):
         if not (t.is_floating_point()):
             raise TypeError(f"{argname} must hold floating-point tensors, got dtype {t.dtype}")
+        if t.device.type == "meta":
+            raise ValueError(f"{argname} holds a meta tensor (a shape and dtype without values); there is "
+                             "nothing to count")
         return t
     if isinstance(t, np.ndarray):
         if t.dtype.kind != "f":
@@ -141,7 +144,8 @@ def _log2_of_power_of_two(value, argname: str) -> int:
 class Log2Histogram:
     """Counts of |x| per binade [2ᵏ, 2ᵏ⁺¹), k = −149 … 127, plus zeros and non-finite values.
 
-    Build one with :func:`log2_histogram` or :class:`GradientHistogram`; add them with ``+``.
+    Build one with :func:`log2_histogram` or :class:`GradientHistogram`; add them with ``+``; ``later - earlier``
+    gives what was recorded in between; :meth:`median_binade` is the binade of the median magnitude.
 
     Attributes (computed from the fine counts, as NumPy/Python values; reading them synchronises with the
     device)
@@ -161,11 +165,20 @@ class Log2Histogram:
         self._amax = amax if isinstance(amax, torch.Tensor) else torch.tensor(float(amax), device=fine.device)
 
     # --- accumulation ----------------------------------------------------------------------------------
-    @F.outside_dispatch_modes
+    @F.exact_arithmetic
     def add_(self, x) -> "Log2Histogram":
         """Count the values of ``x`` (any shape, any float dtype; converted to FP32 first) into this histogram.
 
-        Runs on x's device (moving the counts there if needed) without synchronising with the host.
+        Runs on x's device (moving the counts there if needed) without synchronising with the host.  Runs
+        under :func:`mpt_lab.formats.exact_arithmetic`, so it counts exactly inside a
+        :class:`mpt_lab.simulate.simulate` block too.
+
+        Raises
+        ------
+        TypeError
+            ``x`` is not a floating tensor or array.
+        ValueError
+            ``x`` is a meta tensor.
         """
         x = _as_tensor(x, "x")
         if self._fine.device != x.device:
@@ -186,6 +199,28 @@ class Log2Histogram:
             return NotImplemented
         dev = self._fine.device
         return Log2Histogram(self._fine + other._fine.to(dev), torch.maximum(self._amax, other._amax.to(dev)))
+
+    def __sub__(self, other: "Log2Histogram") -> "Log2Histogram":
+        """The values counted in ``self`` but not in ``other``: what was recorded since ``other`` was copied.
+
+        ``other`` must be an earlier state of the same recording (e.g. ``before = gh.histogram.copy()``), so
+        every count of ``other`` is at most ``self``'s; :attr:`amax` of the difference is ``self``'s (the
+        largest value of the later values alone is not known).  Reads the counts on the host once (the check).
+
+        Raises
+        ------
+        TypeError
+            ``other`` is not a :class:`Log2Histogram` (via ``NotImplemented``).
+        ValueError
+            Some count of ``other`` exceeds ``self``'s: it was not recorded earlier in the same run.
+        """
+        if not isinstance(other, Log2Histogram):
+            return NotImplemented
+        diff = self._fine - other._fine.to(self._fine.device)
+        if bool((diff < 0).any()):
+            raise ValueError("other has counts that self does not have: subtract only an earlier state of the "
+                             "same recording (h_later - h_earlier)")
+        return Log2Histogram(diff, self._amax.clone())
 
     def __radd__(self, other):
         if other == 0:  # sum() starts from 0
@@ -233,6 +268,18 @@ class Log2Histogram:
     @property
     def amax(self) -> float:
         return float(self._amax)
+
+    def median_binade(self) -> int | None:
+        """The binade k (2ᵏ ≤ |x| < 2ᵏ⁺¹) holding the median magnitude of the non-zero finite values.
+
+        The smallest k whose cumulative count reaches half of the non-zero finite count (zeros and
+        non-finite values are left out); None when there is no non-zero finite value.  An int in
+        −149 … 127.
+        """
+        cum = np.cumsum(self.counts)
+        if cum[-1] == 0:
+            return None
+        return int(self.exponents[np.searchsorted(cum, cum[-1] / 2)])
 
     def _shares(self, n) -> float:
         t = self.total
@@ -369,6 +416,8 @@ def log2_histogram(tensors) -> Log2Histogram:
     ------
     TypeError
         Non-floating tensors, or objects that are not tensors/arrays.
+    ValueError
+        A meta tensor (a shape without values).
     """
     if isinstance(tensors, (torch.Tensor, np.ndarray)):
         tensors = [tensors]
@@ -381,6 +430,20 @@ def log2_histogram(tensors) -> Log2Histogram:
             h = Log2Histogram(device=t.device)
         h.add_(t)
     return h if h is not None else Log2Histogram()
+
+
+def _grad_tensors(output):
+    """The floating tensors that require grad in a module's output: a tensor, or (nested) tuples, lists and
+    dict values of them (e.g. an LSTM's ``(out, (h, c))``)."""
+    if isinstance(output, torch.Tensor):
+        if output.requires_grad and output.is_floating_point():
+            yield output
+    elif isinstance(output, (tuple, list)):
+        for o in output:
+            yield from _grad_tensors(o)
+    elif isinstance(output, Mapping):
+        for o in output.values():
+            yield from _grad_tensors(o)
 
 
 class GradientHistogram:
@@ -405,8 +468,16 @@ class GradientHistogram:
                 loss = ...; loss.backward(); opt.step()
         gh.histogram.fractions("FP16")
 
+    What is recorded: "activation" records the gradient of every floating tensor that requires grad in a
+    module's output, also inside nested tuples, lists and dict values (an LSTM's ``(out, (h, c))``: out, h and
+    c, each when a gradient reaches it); "weight" records each parameter once, even when modules share it
+    (tied weights), under the name of the first module holding it.
+
     ``pause()`` / ``resume()`` stop and restart recording (hooks stay registered); ``reset()`` clears the
-    counts.  Hooks are removed on exit.  Counting runs on the gradients' device without host synchronisation.
+    counts.  Recording ends on exit (or :meth:`close`): parameter hooks are removed, and the gradient hooks
+    that a forward inside the block put on output tensors stay on those tensors but record nothing once the
+    block has exited, also when the block is entered again.  Counting runs on the gradients' device without
+    host synchronisation.
 
     Raises
     ------
@@ -436,6 +507,8 @@ class GradientHistogram:
         self.module_names = chosen
         self._named = named
         self._handles: list = []
+        self._session = 0          # counts the with-blocks; a hook records only during the block that made it
+        self._live: int | None = None
         self.enabled = True
         self.reset()
 
@@ -452,8 +525,8 @@ class GradientHistogram:
     def resume(self) -> None:
         self.enabled = True
 
-    def _record(self, name: str, grad: torch.Tensor) -> None:
-        if not self.enabled or grad is None:
+    def _record(self, name: str, grad: torch.Tensor, session: int) -> None:
+        if session != self._live or not self.enabled or grad is None:
             return
         self.histogram.add_(grad)
         self.calls += 1
@@ -461,39 +534,41 @@ class GradientHistogram:
             self.by_module.setdefault(name, Log2Histogram(device=grad.device)).add_(grad)
 
     # --- hooks -----------------------------------------------------------------------------------------------
-    def _forward_hook(self, name):
+    def _forward_hook(self, name, session: int):
         def hook(module, inputs, output):
-            if not self.enabled or not torch.is_grad_enabled():
+            if session != self._live or not self.enabled or not torch.is_grad_enabled():
                 return
-            outs = output if isinstance(output, (tuple, list)) else (output,)
-            for o in outs:
-                if isinstance(o, torch.Tensor) and o.requires_grad and o.is_floating_point():
-                    o.register_hook(lambda g, name=name: self._record(name, g))
+            for o in {id(o): o for o in _grad_tensors(output)}.values():  # a tensor returned twice: once
+                o.register_hook(lambda g, name=name: self._record(name, g, session))
         return hook
 
     def __enter__(self) -> "GradientHistogram":
         if self._handles:
             raise RuntimeError("this GradientHistogram is already recording")
+        self._session += 1
+        session = self._session
         if self.kind == "activation":
             for n in self.module_names:
-                self._handles.append(self._named[n].register_forward_hook(self._forward_hook(n)))
+                self._handles.append(self._named[n].register_forward_hook(self._forward_hook(n, session)))
         else:
-            params = []
+            seen: set[int] = set()  # tied parameters (one tensor in several modules) are recorded once
             for n in self.module_names:
-                for pn, p in self._named[n].named_parameters(recurse=False):
-                    params.append((f"{n}.{pn}" if n else pn, p))
-            for pn, p in params:
-                if p.requires_grad:
-                    self._handles.append(p.register_hook(lambda g, pn=pn: self._record(pn, g)))
+                for pn, p in self._named[n].named_parameters(recurse=False, remove_duplicate=False):
+                    if p.requires_grad and id(p) not in seen:
+                        seen.add(id(p))
+                        name = f"{n}.{pn}" if n else pn
+                        self._handles.append(p.register_hook(lambda g, name=name: self._record(name, g, session)))
         if not self._handles:
             raise ValueError("nothing to record: no modules (or trainable parameters) selected")
+        self._live = session
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
 
     def close(self) -> None:
-        """Remove the hooks (recorded counts stay)."""
+        """Stop recording and remove the hooks (recorded counts stay)."""
+        self._live = None
         for h in self._handles:
             h.remove()
         self._handles = []

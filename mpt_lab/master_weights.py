@@ -1,7 +1,7 @@
 """FP32 master weights: the 8-step mixed precision training loop, each step visible.
 
 Source: Micikevicius et al., "Mixed Precision Training", ICLR 2018, §3.1 "FP32 master copy of weights"
-and §3.2 "Loss scaling"; the book's seed 003 lists the loop as 8 steps:
+and §3.2 "Loss scaling"; the book writes the loop as 8 steps:
 
 1. keep FP32 master weights and make an FP16 copy;
 2. forward with the FP16 copy;
@@ -21,9 +21,10 @@ Design (the one :class:`MasterWeightTrainer` uses, as NVIDIA apex's "O2" did):
   built over ``model.parameters()`` *before* the trainer is created is therefore already an optimizer over
   the masters.  Otherwise (FP16/BF16/FP64 models, or a factory) the masters are new float32 leaves.
 * Gradients flow FP16 → FP32 in step 7: each master's ``.grad`` is a float32 copy of its FP16 copy's
-  ``.grad``, *before* the loss scaler sees them.  The scaler (``mpt_lab.scaling``) then divides the FP32
-  gradients by S, checks them for inf/NaN and skips the optimizer step on overflow.  (``GradScaler``
-  refuses FP16 gradients: the optimizer must update FP32 weights, §3.1.)
+  ``.grad``, *before* the loss scaler sees them.  The scaler (``mpt_lab.scaling``, or ``torch.amp.GradScaler``:
+  the trainer calls only their public methods) then divides the FP32 gradients by S, checks them for
+  inf/NaN and skips the optimizer step on overflow.  (Both scalers refuse FP16 gradients: the optimizer must
+  update FP32 weights, §3.1.)
 
 Why masters (§3.1): an update ``lr·g`` smaller than half an ulp of an FP16 weight rounds away
 ("swamping": for weights in [1, 2) the FP16 ulp is 2⁻¹⁰ ≈ 9.8e-4), and gradients below 2⁻²⁴ become zero in
@@ -43,13 +44,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from .scaling import GradScaler, StaticLossScaler
+from .scaling import GradScaler, StaticLossScaler, _found_non_finite
 
 __all__ = ["MasterWeightTrainer", "STEP_NAMES"]
 
 _HALF_DTYPES = {torch.float16: "FP16", torch.bfloat16: "BF16"}
+#: The public scaler methods the loop calls (torch.amp.GradScaler's names).
+_SCALER_METHODS = ("scale", "unscale_", "step", "update", "get_scale", "is_enabled")
 
-#: The name of each traced step (``{half}`` is FP16 or BF16), as in the paper / seed 003.
+#: The name of each traced step (``{half}`` is FP16 or BF16), steps (1)–(8) of the module docstring.
 STEP_NAMES = {
     1: ("FP32 master weights", "{half} copy of the weights"),
     2: ("{half} forward: prediction",),
@@ -93,6 +96,18 @@ def _cast_floats(obj, dtype: torch.dtype):
     return obj
 
 
+def _any_non_finite(grads: list[torch.Tensor]) -> torch.Tensor:
+    """0-dim bool tensor (on the first gradient's device, no synchronisation): whether any of ``grads``
+    holds an inf or NaN.  Sparse gradients are checked on their stored values, as torch's GradScaler does."""
+    by_device: dict[torch.device, list[torch.Tensor]] = {}
+    for g in grads:
+        by_device.setdefault(g.device, []).append(g._values() if g.is_sparse else g)
+    if not by_device:
+        return torch.zeros((), dtype=torch.bool)
+    found = [_found_non_finite(gs, device) for device, gs in by_device.items()]
+    return torch.stack([f.to(found[0].device) for f in found]).any()
+
+
 def _tensor_bytes(t: torch.Tensor | None) -> int:
     return 0 if t is None else t.numel() * t.element_size()
 
@@ -101,7 +116,7 @@ class MasterWeightTrainer:
     """Train ``model`` with FP32 master weights, an FP16 copy and loss scaling: the paper's 8-step loop.
 
     Source: Micikevicius et al., ICLR 2018, §3.1 (FP32 master copy of weights) and §3.2 (loss scaling);
-    seed 003, steps (1)–(8).  Each step is a separate, commented block in :meth:`train_step`.
+    steps (1)–(8) of the module docstring.  Each step is a separate, commented block in :meth:`train_step`.
 
     Parameters
     ----------
@@ -118,10 +133,12 @@ class MasterWeightTrainer:
         Receives the FP32 prediction (step 3; same structure as the model's output, floating tensors
         cast to float32) and the targets (floating targets cast to float32); returns a one-element loss,
         computed in FP32 (a non-float32 loss is cast to float32).
-    scaler : mpt_lab.scaling.GradScaler or StaticLossScaler or None, default None
-        The loss scale S and the inf/NaN check that skips a step.  ``None``: no loss scaling (S = 1) and
-        **no** overflow check (an inf/NaN gradient reaches the optimizer, as in the paper's "mixed precision
-        without loss scaling"); ``StaticLossScaler(1.0)`` checks without scaling.
+    scaler : mpt_lab.scaling.GradScaler, StaticLossScaler, torch.amp.GradScaler or None, default None
+        The loss scale S and the inf/NaN check that skips a step: any object with the public methods of
+        ``torch.amp.GradScaler`` that the loop calls (``scale``, ``unscale_``, ``step``, ``update``,
+        ``get_scale``, ``is_enabled``).  ``None``: no loss scaling (S = 1) and **no** overflow check (an
+        inf/NaN gradient reaches the optimizer, as in the paper's "mixed precision without loss scaling");
+        ``StaticLossScaler(1.0)`` checks without scaling.
     half_dtype : torch.dtype, default torch.float16
         The dtype of the copy: ``torch.float16`` (the paper) or ``torch.bfloat16``.
     trace : bool, default False
@@ -149,8 +166,8 @@ class MasterWeightTrainer:
     ------
     TypeError
         ``model`` is not an ``nn.Module``; ``optimizer`` is neither an Optimizer nor callable (or the
-        factory returned something else); ``loss_fn`` is not callable; ``scaler`` is not one of
-        ``mpt_lab.scaling``'s scalers or None; ``half_dtype`` is not a ``torch.dtype``; ``trace`` is not a
+        factory returned something else); ``loss_fn`` is not callable; ``scaler`` is neither None nor an
+        object with the scaler methods above; ``half_dtype`` is not a ``torch.dtype``; ``trace`` is not a
         bool; ``max_grad_norm`` is not a real number.
     ValueError
         ``model`` has no trainable floating parameter; ``half_dtype`` is not float16/bfloat16; the
@@ -168,7 +185,8 @@ class MasterWeightTrainer:
     """
 
     def __init__(self, model: nn.Module, optimizer, loss_fn: Callable, *,
-                 scaler: GradScaler | StaticLossScaler | None = None, half_dtype: torch.dtype = torch.float16,
+                 scaler: GradScaler | StaticLossScaler | torch.amp.GradScaler | None = None,
+                 half_dtype: torch.dtype = torch.float16,
                  trace: bool = False, max_grad_norm: float | None = None) -> None:
         # ---- argument checks (before changing the model) ------------------------------------------
         if not isinstance(model, nn.Module):
@@ -178,9 +196,10 @@ class MasterWeightTrainer:
                             f"params -> Optimizer, got {type(optimizer).__name__}")
         if not callable(loss_fn):
             raise TypeError(f"loss_fn must be callable (prediction, targets) -> loss, got {type(loss_fn).__name__}")
-        if scaler is not None and not isinstance(scaler, (GradScaler, StaticLossScaler)):
-            raise TypeError("scaler must be an mpt_lab.scaling.GradScaler, StaticLossScaler or None, "
-                            f"got {type(scaler).__name__}")
+        missing = [] if scaler is None else [n for n in _SCALER_METHODS if not callable(getattr(scaler, n, None))]
+        if missing:
+            raise TypeError("scaler must be None or a loss scaler (mpt_lab.scaling.GradScaler, StaticLossScaler, "
+                            f"torch.amp.GradScaler); {type(scaler).__name__} has no {', '.join(missing)}")
         if not isinstance(half_dtype, torch.dtype):
             raise TypeError(f"half_dtype must be a torch.dtype, got {type(half_dtype).__name__}")
         if half_dtype not in _HALF_DTYPES:
@@ -287,7 +306,10 @@ class MasterWeightTrainer:
         dict
             ``"loss"``: float, the unscaled FP32 loss of this batch (before the update);
             ``"scale"``: float, the loss scale S used (1.0 without a scaler);
-            ``"skipped"``: bool, True when an FP32 gradient was inf/NaN and the scaler skipped step (8);
+            ``"skipped"``: bool, True when an FP32 gradient was inf/NaN and the scaler skipped step (8)
+            (the trainer tests the FP32 gradients just before ``scaler.unscale_``, by the criterion of the
+            scalers' unscale kernels, and reads the answer once: one host synchronisation per step, besides
+            the scaler's own in ``step`` and ``"loss"``'s; False without a scaler or with a disabled one);
             ``"step"``: int, the number of train_step calls so far, this one included.
 
         Raises
@@ -340,7 +362,11 @@ class MasterWeightTrainer:
         # ---- (7) cast the FP16 gradients to FP32 and divide by S ---------------------------------------
         for m, h in zip(self.masters, self.half_params):
             m.grad = None if h.grad is None else h.grad.float()
-        if scaler is not None:
+        checked = scaler is not None and scaler.is_enabled()
+        if checked:
+            # The scaler skips step (8) when a gradient is inf/NaN: the same test on the same FP32 gradients,
+            # as its unscale kernel makes it, on the scaled values (÷ S with S < 1 could overflow a finite one)
+            found_inf = _any_non_finite([m.grad for m in self.masters if m.grad is not None])
             scaler.unscale_(self.optimizer)  # FP32 grads ÷ S, in place; notes any inf/NaN
         self._record(trace, 7, 0, [m.grad for m in self.masters])
         if self.max_grad_norm is not None:
@@ -349,7 +375,8 @@ class MasterWeightTrainer:
         # ---- (8) update the FP32 masters with the FP32 gradients (skipped on inf/NaN) -----------------
         if scaler is not None:
             scaler.step(self.optimizer)      # calls optimizer.step() unless a gradient was inf/NaN
-            skipped = self._found_inf(scaler)
+            # the trainer's one host synchronisation for the check (step() read the scaler's own already)
+            skipped = checked and bool(found_inf.item())
             scaler.update()                  # GradScaler: back S off on overflow, grow it after N clean steps
         else:
             self.optimizer.step()
@@ -363,14 +390,6 @@ class MasterWeightTrainer:
         if trace is not None:
             self.last_trace = trace
         return {"loss": loss.item(), "scale": float(scale_used), "skipped": bool(skipped), "step": self.steps}
-
-    def _found_inf(self, scaler) -> bool:
-        """Whether the scaler found an inf/NaN gradient this iteration (call between step and update)."""
-        found = scaler._found_inf_host()
-        if found is None:  # a fused optimizer: only the device knows
-            combined = scaler._found_inf_combined()
-            found = bool(combined.item()) if combined is not None else False
-        return bool(found)
 
     @torch.no_grad()
     def _refresh_copy(self) -> None:

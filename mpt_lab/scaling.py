@@ -21,9 +21,11 @@ Two scalers, one loop::
 * :class:`StaticLossScaler` keeps one S for the whole run (the paper's first option).
 * :class:`GradScaler` chooses S dynamically (NVIDIA's dynamic loss scaling: halve S on overflow, double
   it after N = 2000 clean steps).  It has the same contract as ``torch.amp.GradScaler`` and is checked
-  against it bit for bit (``tests/test_scaling.py``), but it is written with public operations so that
-  each rule can be read here: ``_update_rule`` (Python numbers) and ``_update_scale`` (the same rules as
-  tensor operations).
+  against it bit for bit (``tests/test_scaling.py``), but it is written so that each rule can be read
+  here: :func:`update_scale` (Python numbers, public) and ``_update_scale`` (the same rules as tensor
+  operations).
+* :func:`max_gradient_scale` is the rule for choosing a static S from the largest gradient: the largest
+  power of two that keeps amax · S within the format's range.
 
 Where the numbers live.  S multiplies the loss on the device, so it is a device tensor.  Whether a
 gradient overflowed is found on the device too, and :meth:`step` must read it on the host to decide
@@ -50,9 +52,13 @@ import struct
 from collections import abc, defaultdict
 from typing import Any
 
+import numpy as np
 import torch
 
-__all__ = ["GradScaler", "StaticLossScaler", "OptState"]
+from . import formats
+from ._torch_internals import foreach_max, foreach_mul_
+
+__all__ = ["GradScaler", "StaticLossScaler", "OptState", "max_gradient_scale", "update_scale"]
 
 _FIX = "This may indicate your script did not use scaler.scale(loss or outputs) earlier in the iteration."
 _HISTORY_CHUNK = 1024  # device-side history records are packed into one tensor per this many
@@ -137,6 +143,139 @@ def _update_rule(scale: float, tracker: int, found_inf: bool, growth_factor: flo
     return scale, tracker
 
 
+def update_scale(scale: float, tracker: int, found_inf: bool, growth_factor: float = 2.0,
+                 backoff_factor: float = 0.5, growth_interval: int = 2000) -> tuple[float, int]:
+    """One update of dynamic loss scaling: torch.amp.GradScaler's rule, as Python numbers.
+
+    The rules, applied in :meth:`GradScaler.update` once per iteration (NVIDIA's dynamic loss scaling, the
+    automatic form of Micikevicius et al. 2018, §3.2 "Loss scaling"; PyTorch's ``_amp_update_scale_``):
+
+    1. *backoff*: ``found_inf`` (some gradient was inf/NaN, the step was skipped) → S · backoff_factor, and
+       the count of clean steps restarts at 0;
+    2. *count*: otherwise one more clean step: tracker + 1;
+    3. *growth*: when the count reaches exactly ``growth_interval`` → S · growth_factor and the count
+       restarts at 0;
+    4. S never grows to infinity: a growth that would overflow float32 keeps S (the count still restarts).
+
+    Products are formed in float64 and rounded once to float32, as torch's kernel does, so the result is
+    bit-identical to ``torch.amp.GradScaler`` (``tests/test_scaling.py`` checks it against the kernel).
+
+    Parameters
+    ----------
+    scale : float
+        The current loss scale S; positive, finite and nonzero in float32 (torch stores S as a float32
+        tensor; other values are rounded to float32 first).
+    tracker : int ≥ 0
+        Consecutive clean steps so far (torch's ``_growth_tracker``).
+    found_inf : bool
+        Whether this iteration found an inf/NaN gradient.
+    growth_factor : float > 1, backoff_factor : float in (0, 1), growth_interval : int ≥ 1
+        As :class:`GradScaler`.
+
+    Returns
+    -------
+    (scale, tracker) : (float, int)
+        The loss scale for the next iteration (a float32 value) and the new count of clean steps.
+
+    Raises
+    ------
+    TypeError
+        An argument of the wrong type (``found_inf`` must be a bool, ``tracker`` and ``growth_interval``
+        ints).
+    ValueError
+        ``scale`` not positive and finite in float32; ``tracker`` < 0; a factor or the interval out of range.
+    """
+    scale = _f32(_positive_scale("scale", scale))
+    if isinstance(tracker, bool) or not isinstance(tracker, numbers.Integral):
+        raise TypeError(f"tracker must be an int, got {type(tracker).__name__}")
+    if tracker < 0:
+        raise ValueError(f"tracker must be ≥ 0 (a count of clean steps), got {tracker!r}")
+    if not isinstance(found_inf, (bool, np.bool_)):
+        raise TypeError(f"found_inf must be a bool, got {type(found_inf).__name__}")
+    return _update_rule(scale, int(tracker), bool(found_inf), _growth_factor(growth_factor),
+                        _backoff_factor(backoff_factor), _growth_interval(growth_interval))
+
+
+def max_gradient_scale(amax, fmt="FP16") -> float:
+    """The largest power of two S with amax · S ≤ fmt.max: the static loss scale that keeps the largest
+    gradient representable.
+
+    Micikevicius et al. 2018, §3.2 "Loss scaling": choose S so that the largest gradient times S stays below
+    FP16's max 65,504 (one option the paper gives for a constant scaling factor; in practice amax is the
+    largest absolute gradient seen in a run, e.g. :attr:`mpt_lab.histogram.Log2Histogram.amax`).
+
+    Computed exactly, with integer exponent arithmetic on the exact values (never a floating-point log2,
+    which is wrong at powers of two): S = 2ᵏ with k = ⌊log2(fmt.max / amax)⌋, so amax · S ≤ fmt.max <
+    amax · 2S holds exactly.
+
+    Parameters
+    ----------
+    amax : int, float, Fraction, NumPy scalar or 0-d array, or 0-d torch tensor (any real dtype)
+        The largest absolute gradient (> 0, finite), in the units of the values the format will hold.
+        Used exactly as given (a tensor is read with ``.item()``: a synchronisation on CUDA).
+    fmt : FloatFormat or str, default "FP16"
+        The format the scaled gradients are stored in (``"FP16"``, ``"BF16"``, ``"FP8_E5M2"``, …).
+
+    Returns
+    -------
+    float
+        S, a power of two (possibly < 1 when amax > fmt.max).
+
+    Raises
+    ------
+    TypeError
+        ``amax`` is not a real number (bools, strings, complex, tensors with more than one element …), or
+        ``fmt`` is not a format.
+    ValueError
+        ``amax`` ≤ 0, NaN or ±inf; an unknown format name; S outside float64's range (e.g. FP64 and an
+        amax below 1, or FP16 and an amax beyond float64 such as 10**400): not representable as a float.
+    """
+    fmt = formats.get_format(fmt, "fmt")
+    return _largest_power_of_two_scale(amax, fmt.max, f"{fmt.name}'s max")
+
+
+def _largest_power_of_two_scale(amax, limit: float, limit_name: str) -> float:
+    """max_gradient_scale for any positive finite float ``limit`` (exercise 2.1 takes a bare limit)."""
+    a = _exact_real("amax", amax)
+    if isinstance(a, float) and not math.isfinite(a):
+        raise ValueError(f"amax must be a positive finite number, got {a!r}")
+    if a <= 0:
+        raise ValueError(f"amax must be positive (the largest absolute gradient), got {a!r}")
+    a_num, a_den = a.as_integer_ratio()
+    m_num, m_den = limit.as_integer_ratio()
+    k = formats._floor_log2(m_num * a_den, m_den * a_num)   # amax · 2^k ≤ limit < amax · 2^(k+1)
+    if not -1074 <= k <= 1023:
+        raise ValueError(f"amax: S = 2^{k}, the largest power of two with amax · S ≤ {limit_name} {limit!r}, "
+                         "is not representable as a float64")
+    return math.ldexp(1.0, k)
+
+
+def _exact_real(name: str, value: Any):
+    """``value`` as an exact Python int, float or Fraction: Python reals, NumPy scalars / 0-d arrays and 0-d
+    torch tensors (read with ``.item()``) of a real, non-bool dtype."""
+    if isinstance(value, torch.Tensor):
+        if value.dtype == torch.bool or value.is_complex():
+            raise TypeError(f"{name} must be a real number, got a {value.dtype} tensor")
+        if value.numel() != 1 or value.dim() != 0:
+            raise TypeError(f"{name} must be a number or a 0-d tensor, got a tensor of shape {tuple(value.shape)}")
+        if value.device.type == "meta":
+            raise ValueError(f"{name} is a meta tensor (no value to read)")
+        value = value.item()
+    elif isinstance(value, (np.ndarray, np.generic)):
+        arr = np.asarray(value)
+        if arr.ndim != 0:
+            raise TypeError(f"{name} must be a number or a 0-d array, got an array of shape {arr.shape}")
+        if arr.dtype.kind in "iu":
+            value = int(arr)
+        elif arr.dtype.kind == "f" or arr.dtype in formats._ML_FLOAT_DTYPES:
+            value = float(arr.astype(np.float64))  # exact for float16/32/64 and the ml_dtypes floats
+        else:
+            raise TypeError(f"{name} must be a real number, got a NumPy {arr.dtype} value")
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
+    return value if isinstance(value, (numbers.Rational, float)) else float(value)
+
+
 def _update_scale(scale: torch.Tensor, growth_tracker: torch.Tensor, found_inf: torch.Tensor,
                   growth_factor: float, backoff_factor: float, growth_interval: int):
     """``_update_rule`` as tensor operations, for when only the device knows found_inf; no synchronisation.
@@ -176,7 +315,7 @@ def _found_non_finite(grads: list[torch.Tensor], device: torch.device) -> torch.
     grads = [g for g in grads if g.numel() > 0]
     if not grads:
         return torch.zeros((), dtype=torch.bool, device=device)
-    largest = torch._foreach_max(grads)
+    largest = foreach_max(grads)
     smallest = [g.amin() for g in grads]
     return torch.isfinite(torch.stack([*largest, *smallest])).all().logical_not()
 
@@ -322,7 +461,7 @@ class _LossScaler:
                 # checked *before* unscaling, as torch does (g · 1/S may overflow when S < 1)
                 found_inf_per_device[device] = _found_non_finite(grads, device)
                 if inv_scale is not None:  # each gradient keeps its dtype (bfloat16: rounded once)
-                    torch._foreach_mul_(grads, _on(inv_scale, device))
+                    foreach_mul_(grads, _on(inv_scale, device))
         return found_inf_per_device
 
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
@@ -522,7 +661,7 @@ class GradScaler(_LossScaler):
       unless that is inf in float32 (S never becomes inf).
 
     This is NVIDIA's dynamic loss scaling (growth interval N = 2000), the automatic version of
-    Micikevicius et al. 2018, §3.2 "Loss scaling".  ``_update_rule`` states the exact rules.
+    Micikevicius et al. 2018, §3.2 "Loss scaling".  :func:`update_scale` states the exact rules.
 
     Parameters
     ----------

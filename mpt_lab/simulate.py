@@ -23,7 +23,7 @@ exactly representable values of the format.
 
 How it works
 ------------
-:class:`simulate` is a :class:`torch.utils._python_dispatch.TorchDispatchMode`: it sees every ATen op below
+:class:`simulate` is a ``TorchDispatchMode`` (see :mod:`mpt_lab._torch_internals`): it sees every ATen op below
 autograd, so it sees the forward ops *and* the ops autograd's backward pass runs (``mm``, ``threshold_backward``,
 ``convolution_backward``, …).  It calls the op in float32 and rounds the op's floating outputs (fresh outputs,
 and the tensors an in-place or ``out=`` op writes).  What gets rounded:
@@ -60,10 +60,12 @@ saturates, so overflow is turned into NaN as ``round_to`` and ml_dtypes do) and 
 a warning if they differ.  No ``torch.compile`` kernel is needed: the conversions are already single fused
 loops, and the remaining cost of a simulated step is the extra passes over memory and the Python hook per op.
 
-:mod:`mpt_lab.formats` (``round_to``, ``encode``, ``decode``, …) and :mod:`mpt_lab.histogram` switch the
-block off while they compute (their exact bit arithmetic must not be rounded), so they give the right answer
-inside a block too, e.g. a :class:`~mpt_lab.histogram.GradientHistogram` recording a simulated FP16 run.  Other
-code of your own that must run unrounded goes inside ``with sim.paused():`` / ``mpt_lab.simulate.paused()``.
+Code marked with :func:`mpt_lab.formats.exact_arithmetic` runs unrounded inside a block: the mode passes its
+ops straight through (no rounding, no bookkeeping).  :mod:`mpt_lab.formats` (``round_to``, ``encode``,
+``decode``, …) and :mod:`mpt_lab.histogram` are marked (their exact bit arithmetic must not be rounded), so they
+give the right answer inside a block too, e.g. a :class:`~mpt_lab.histogram.GradientHistogram` recording a
+simulated FP16 run.  Other code of your own that must run unrounded goes inside ``with sim.paused():`` /
+``mpt_lab.simulate.paused()`` (or ``with exact_arithmetic():``).
 
 Source
 ------
@@ -107,9 +109,10 @@ import warnings
 import weakref
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from .formats import BF16, FP8_E4M3, FP8_E5M2, FP16, FloatFormat, ROUNDING_MODES, get_format, round_to
+from ._torch_internals import TorchDispatchMode, current_autograd_node
+from .formats import (BF16, FP8_E4M3, FP8_E5M2, FP16, FloatFormat, ROUNDING_MODES, exact_arithmetic,
+                      exact_arithmetic_active, get_format, round_to)
 
 __all__ = ["simulate", "paused", "to_float32", "round_parameters_", "rounder", "MODES", "LOWER_PRECISION_OPS", "FLOAT32_OPS"]
 
@@ -395,19 +398,19 @@ class simulate(TorchDispatchMode):
     def paused(self):
         """Run the body of a ``with sim.paused():`` in plain float32 (no rounding), inside an active block.
 
-        Needed for code that computes with bit manipulation, e.g. :func:`mpt_lab.formats.round_to`,
-        ``encode``, or a histogram hook: inside a block their internal float ops would be rounded too.
+        For code of your own that computes with bit manipulation or must stay exact: inside a block its
+        float ops would be rounded too.  (:mod:`mpt_lab.formats` and :mod:`mpt_lab.histogram` need no pause:
+        they run under :func:`mpt_lab.formats.exact_arithmetic`, which is what this sets.)  Ops in the body
+        pass through unrounded and their results are not marked as holding ``fmt`` values.
 
         Raises
         ------
         RuntimeError
-            This instance is not the innermost active dispatch mode.
+            This instance is not the active :class:`simulate` block of this thread.
         """
-        from torch.utils._python_dispatch import _get_current_dispatch_mode, _pop_mode_temporarily
-
-        if _get_current_dispatch_mode() is not self:
-            raise RuntimeError("paused() needs this simulate block to be active and the innermost dispatch mode")
-        with _pop_mode_temporarily():
+        if getattr(_active, "mode", None) is not self:
+            raise RuntimeError("paused() needs this simulate block to be active in this thread")
+        with exact_arithmetic():
             yield
 
     # --- tags: which tensors already hold fmt values ----------------------------------------------------
@@ -495,11 +498,13 @@ class simulate(TorchDispatchMode):
     # --- the op hook ----------------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if exact_arithmetic_active():  # formats, histograms, paused(): the op runs exactly as written
+            return func(*args, **kwargs)
         plan = self._plans.get(func)
         if plan is None:
             plan = self._plans[func] = _plan(func, self.mode)
         kind, written_idx, input_index = plan
-        in_backward = torch._C._current_autograd_node() is not None
+        in_backward = current_autograd_node() is not None
         if in_backward and not self.backward:
             return func(*args, **kwargs)
         if kind == _VIEW:

@@ -95,3 +95,16 @@ def test_matmul_peak_tflops_positive():
         bench.matmul_peak_tflops("cpu", torch.float32, n=0)
     with pytest.raises(ValueError):
         bench.matmul_peak_tflops("cpu", torch.float32, n=8, layout="tt")
+
+
+def test_peak_memory_sees_exact_arithmetic_and_simulated_ops():
+    """formats' exact_arithmetic marker only tells low-precision emulation to stand aside: the storage
+    tracker (another dispatch mode) still counts what round_to and a simulate block allocate."""
+    from mpt_lab.formats import round_to
+    from mpt_lab.simulate import simulate
+
+    x = torch.randn(2**18)                                       # 1 MiB, made before: not counted
+    assert bench.peak_memory(lambda: round_to(x, "FP16")) >= x.nbytes   # at least its result
+    with simulate("FP16", mode="all"):
+        peak = bench.peak_memory(lambda: x * 3.0)
+    assert peak >= x.nbytes

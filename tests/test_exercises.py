@@ -71,3 +71,24 @@ def test_chapter4_naive_threshold_fails_on_ties():
 
     assert not E.check("4.1", lambda w, u: abs(u) >= F.ulp(w, F.FP16) / 2)           # ignores ties to even
     assert E.check("4.1", lambda w, u: bool(np.float16(np.float64(w) + u) != np.float16(w)))
+
+
+def test_reference_solutions_use_the_package_rules(monkeypatch):
+    """2.1 and 3.1's references call mpt_lab.scaling's public rules instead of re-implementing them."""
+    from mpt_lab import scaling
+
+    calls = {"max_gradient_scale": [], "update_scale": []}
+    for name in calls:
+        real = getattr(scaling, name)
+        monkeypatch.setattr(scaling, name, lambda *a, real=real, name=name, **k: calls[name].append(a) or real(*a, **k))
+    choose_scale = E.solution("2.1")
+    assert choose_scale(1.0) == 2.0**15 and choose_scale(448.0, 448.0) == 1.0 and choose_scale(3.0, 57344.0) == 2.0**14
+    assert [a[1].name for a in calls["max_gradient_scale"]] == ["FP16", "FP8_E4M3", "FP8_E5M2"]
+    update = E.solution("3.1")
+    assert update(2.0**16, 1999, False, 2.0, 0.5, 2000) == (2.0**17, 0) and len(calls["update_scale"]) == 1
+    assert E.check("2.1", choose_scale) and E.check("3.1", update)
+    assert len(calls["max_gradient_scale"]) > 900 and len(calls["update_scale"]) > 1800
+    # a limit that is no format's max: the same exact rule, also at powers of two
+    assert choose_scale(3.0, 100.0) == 32.0 and choose_scale(2.0**-3, 2.0**5) == 2.0**8
+    with pytest.raises(ValueError, match="fmt_max"):
+        choose_scale(1.0, -1.0)

@@ -518,6 +518,82 @@ def test_wrong_input_types_raise_type_error(bad):
             fn(bad)
 
 
+def test_meta_tensors_are_refused_before_anything_reads_them():
+    meta = torch.empty(3, device="meta")
+    codes = torch.zeros(3, dtype=torch.int64, device="meta")
+    for fn, name in ((lambda: round_to(meta, FP16), "x"), (lambda: encode(meta, "e4m3"), "x"),
+                     (lambda: decompose(meta, BF16), "x"), (lambda: ulp(meta, FP32), "x"),
+                     (lambda: F.round_fixed(meta, 3, 4), "x"), (lambda: decode(codes, FP16), "codes"),
+                     (lambda: decode(codes, FP64), "codes"), (lambda: compose(codes, 1, 1, FP16), "sign")):
+        with pytest.raises(ValueError, match=f"{name} is a meta tensor"):
+            fn()
+
+
+def test_python_ints_beyond_float64_round_like_a_cast():
+    assert round_to(10**400, FP16) == math.inf and round_to(-(10**400), FP16) == -math.inf
+    assert round_to(10**400, FP16, saturate=True) == 65504.0
+    assert round_to(-(10**400), FP6_E3M2) == -28.0 and round_to(10**400, "FP4") == 6.0
+    assert math.isnan(round_to(10**400, FP8_E4M3))
+    assert encode(10**400, FP8_E5M2) == 0x7C and decompose(-(10**400), BF16).kind == "infinity"
+    assert ulp(10**400, FP16) == 32.0 and F.round_fixed(-(10**400), 3, 2) == -8.0
+    assert type(round_to(3, FP16)) is float and round_to(3, FP16) == 3.0
+
+
+def test_exact_arithmetic_marker():
+    assert not F.exact_arithmetic_active()
+    with F.exact_arithmetic():
+        assert F.exact_arithmetic_active()
+        with F.exact_arithmetic():                    # blocks nest
+            assert F.exact_arithmetic_active()
+        assert F.exact_arithmetic_active()
+    assert not F.exact_arithmetic_active()
+
+    @F.exact_arithmetic
+    def inside(x):
+        """doc"""
+        return F.exact_arithmetic_active(), x
+
+    assert inside(3) == (True, 3) and inside.__doc__ == "doc" and inside.__name__ == "inside"
+    assert not F.exact_arithmetic_active()
+    with pytest.raises(KeyError):                     # reset also when the body raises
+        with F.exact_arithmetic():
+            raise KeyError
+    assert not F.exact_arithmetic_active()
+    with pytest.raises(TypeError, match="fn"):
+        F.exact_arithmetic(3)
+    # per thread: another thread does not see this one's marker
+    import threading
+
+    seen = []
+    with F.exact_arithmetic():
+        t = threading.Thread(target=lambda: seen.append(F.exact_arithmetic_active()))
+        t.start()
+        t.join()
+    assert seen == [False]
+    # the public functions are marked
+    for fn in (round_to, encode, decode, decompose, compose, ulp, F.round_fixed):
+        assert fn.__wrapped__ is not None
+
+
+def test_formats_imports_without_torch_and_without_torch_internals():
+    """The bottom layer: importable with torch unavailable, and no use of torch's private dispatch APIs."""
+    import inspect
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "import mpt_lab.formats as F\n"
+            "assert F.round_to(2**60 + 2**36 + 1, 'FP32') == 2**60 + 2**37\n"
+            "with F.exact_arithmetic():\n    assert F.exact_arithmetic_active()\n"
+            "print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+    src = inspect.getsource(F)
+    for private in ("torch._C", "_python_dispatch", "_disable_current_modes", "_len_torch_dispatch_stack",
+                    "torch._subclasses", "torch.utils._pytree"):
+        assert private not in src, private
+
+
 def test_unknown_format_and_rounding():
     for fn in (lambda: round_to(1.0, "fp12"), lambda: get_format("e9m9"), lambda: values("nope"),
                lambda: decode(1, "x"), lambda: ulp(1.0, "fp7")):

@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 
 import ml_dtypes as md
 import numpy as np
@@ -757,3 +758,201 @@ def test_overflow_without_saturate_as_ml_dtypes(fmt):
     assert_same(round_to(t, fmt), np_oracle(t, fmt), t, "threshold")
     assert_same(round_to(np.nextafter(t, np.float32(0)), fmt), np.array([m, -m] if fmt.signed else [m, np.nan],
                                                                           dtype=np.float32), t, "below threshold")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Python ints and Fractions: rounded exactly, once, against a brute force on exact rationals
+# ----------------------------------------------------------------------------------------------------------
+ALL_FORMATS = [FP64, FP32, TF32, FP16, BF16, FP8_E4M3, FP8_E5M2, FP6_E3M2, FP6_E2M3, FP4_E2M1, E8M0]
+
+
+def _code_value(c: int, fmt) -> tuple[int, int]:
+    """The exact value M · 2^E of the non-negative code c, from the IEEE 754 formula on its fields."""
+    m = fmt.mantissa_bits
+    e_field, mant = c >> m, c & ((1 << m) - 1)
+    if e_field == 0 and fmt.subnormals:
+        return mant, fmt.emin - m
+    return (1 << m) + mant, e_field - fmt.bias - m
+
+
+def _as_fraction(v: tuple[int, int]) -> Fraction:
+    return Fraction(v[0]) * Fraction(2) ** v[1]
+
+
+def _at_most(v: tuple[int, int], a: Fraction) -> bool:
+    """M · 2^E ≤ a, exactly, in integers (a > 0)."""
+    (mant, e), num, den = v, a.numerator, a.denominator
+    return (den * mant) << max(e, 0) <= num << max(-e, 0)
+
+
+def _max_code(fmt) -> int:
+    """The code of max: below the all-ones exponent (IEEE), one below all ones (E4M3, E8M0), all ones (FP6/4)."""
+    m, top = fmt.mantissa_bits, (1 << fmt.exponent_bits) - 1
+    if fmt.nan == "ieee":
+        return ((top - 1) << m) | ((1 << m) - 1)
+    if fmt.nan == "single":
+        return (top << m) | ((1 << m) - 2) if m else top - 1
+    return (top << m) | ((1 << m) - 1)
+
+
+def brute_magnitude(a: Fraction, fmt, rounding: str) -> Fraction | None:
+    """|x| = a > 0 rounded to fmt, None for overflow: a binary search over fmt's non-negative codes (in value
+    order) for the neighbours, then the exact distances to both; ties to the even code (with no mantissa bit,
+    E8M0, up: both neighbours are 1·2^k, and ml_dtypes rounds up).  One spacing above max is a value the
+    format lacks: rounding to it is overflow."""
+    maxc = _max_code(fmt)
+    lo, hi = 0, maxc  # invariant: value(lo) <= a (a ≥ 1 > E8M0's smallest value for the ints used with it)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if _at_most(_code_value(mid, fmt), a):
+            lo = mid
+        else:
+            hi = mid - 1
+    v_lo = _as_fraction(_code_value(lo, fmt))
+    if v_lo == a or rounding == "toward_zero":
+        return v_lo
+    if lo < maxc:
+        v_hi = _as_fraction(_code_value(lo + 1, fmt))
+    else:
+        v_hi = v_lo + Fraction(2) ** (fmt.emax - fmt.mantissa_bits)
+    if a - v_lo != v_hi - a:
+        up = v_hi - a < a - v_lo
+    else:
+        up = fmt.mantissa_bits == 0 or (lo + 1) % 2 == 0
+    return (None if lo == maxc else v_hi) if up else v_lo
+
+
+def brute_round(x: Fraction, fmt, rounding: str, saturate: bool, magnitude=False) -> float:
+    """x rounded to fmt (see brute_magnitude), with the format's rules for sign, zero and overflow (inf, NaN
+    or ±max; ±max with saturate).  ``magnitude``: brute_magnitude(|x|) if already known."""
+    if fmt == E8M0 and x <= 0:
+        return math.nan
+    if x == 0:
+        return 0.0
+    r = brute_magnitude(abs(x), fmt, rounding) if magnitude is False else magnitude
+    if r is None:
+        if saturate or not (fmt.infinities or fmt.nan != "none"):
+            r = _as_fraction(_code_value(_max_code(fmt), fmt))
+        else:
+            v = math.inf if fmt.infinities else math.nan
+            return -v if x < 0 else v
+    return -float(r) if x < 0 else float(r)
+
+
+def _int_cases(fmt, rng) -> list:
+    """Random big ints over every binade from 2^0 to far beyond max (past float64's range), ints at, next to
+    and one apart from ties (midpoints between neighbours) including ties hidden below float64's precision,
+    and around the overflow threshold, both signs."""
+    m, emax = fmt.mantissa_bits, fmt.emax
+    cases = [0, 1, 2, 3, 2**53 + 1, 2**60 + 2**36 + 1, 10**400, 2**1024 - 2**970, 2**1024 - 2**970 - 1, 2**1030]
+    for bits in rng.integers(1, min(emax + 4, 1030), 150).tolist() + [1100, 1500, 2000]:
+        cases.append(int(rng.integers(0, 2**62)) % (1 << bits) | (1 << (bits - 1)))   # low bits random
+        cases.append(sum(int(rng.integers(0, 2**60)) << (60 * i) for i in range(bits // 60 + 1)) % (1 << bits)
+                     | (1 << (bits - 1)))                                               # all bits random
+    for e in sorted(set(rng.integers(m + 1, emax + 1, 25).tolist()) | {m + 1, emax}) if emax > m + 1 else ():
+        for _ in range(3):
+            q = int(rng.integers(1 << m, 1 << (m + 1))) if m else 1
+            mid = (2 * q + 1) << (e - m - 1)                                          # exact tie
+            for d in (0, 1, -1, 2, -2):
+                cases.append(mid + d)
+            if e - m - 1 > 70:  # a tie, and ties with a sticky bit far below float64's 53 bits
+                cases += [mid + 1, mid - 1, mid + (1 << (e - m - 60)), mid - (1 << (e - m - 60))]
+    mx = int(fmt.max) if fmt.max == int(fmt.max) else None
+    if mx is not None:
+        half = 1 << max(emax - m - 1, 0)
+        cases += [mx, mx + 1, mx - 1, mx + half, mx + half - 1, mx + half + 1, 2 * mx]
+    return [c for n in cases for c in (n, -n)]
+
+
+@pytest.mark.parametrize("fmt", ALL_FORMATS, ids=str)
+def test_round_to_python_ints_matches_exact_brute_force(fmt):
+    rng = np.random.default_rng(_seed("ints", fmt))
+    cases = _int_cases(fmt, rng)
+    for rounding in ("nearest_even", "toward_zero"):
+        for n in cases:
+            mag = brute_magnitude(Fraction(abs(n)), fmt, rounding) if n else None
+            for saturate in (False, True):
+                got = round_to(n, fmt, rounding=rounding, saturate=saturate)
+                want = brute_round(Fraction(n), fmt, rounding, saturate, mag)
+                assert type(got) is float
+                assert (math.isnan(got) and math.isnan(want)) or (got == want and
+                                                                  math.copysign(1, got) == math.copysign(1, want)), \
+                    (fmt.name, rounding, saturate, n, got, want)
+
+
+def test_round_to_python_ints_no_double_rounding_and_overflow():
+    n = 2**60 + 2**36 + 1          # float(n) = 2^60 (a tie to even in float64), then FP32 keeps 2^60
+    assert round_to(n, FP32) == 2**60 + 2**37 and round_to(float(n), FP32) == 2**60
+    assert round_to(n, FP32, rounding="toward_zero") == 2**60
+    assert round_to(10**400, FP16) == math.inf and round_to(-10**400, FP16) == -math.inf
+    assert round_to(10**400, FP16, saturate=True) == 65504.0 and round_to(-10**400, "fp16", saturate=True) == -65504.0
+    assert round_to(10**400, FP16, rounding="toward_zero") == 65504.0
+    assert round_to(10**400, FP6_E3M2) == 28.0 and round_to(-10**400, FP4_E2M1) == -6.0
+    assert math.isnan(round_to(10**400, FP8_E4M3)) and math.isnan(round_to(10**400, E8M0))
+    assert round_to(10**400, FP64) == math.inf and round_to(10**400, FP64, rounding="toward_zero") == FP64.max
+    # FP64: Python's own correctly rounded int → float conversion is a second oracle
+    rng = np.random.default_rng(64)
+    for bits in rng.integers(1, 1024, 500).tolist():
+        n = int(rng.integers(0, 2**62)) << max(bits - 62, 0) | int(rng.integers(0, 2**62)) % (1 << min(bits, 62))
+        n |= 1 << (bits - 1)
+        for v in (n, -n, n | 1):
+            assert round_to(v, FP64) == float(v)
+    # encode / decompose / ulp see the exact value too
+    assert encode(2**60 + 2**36 + 1, FP32) == encode(float(2**60 + 2**37), FP32)
+    assert encode(10**400, FP16) == 0x7C00 and encode(-10**400, FP16, saturate=True) == 0xFBFF
+    from mpt_lab.formats import decompose, ulp
+
+    assert decompose(2**60 + 2**36 + 1, FP32).mantissa == 1     # 2^60 · (1 + 2^-23)
+    assert ulp(2**60 - 1, FP32) == 2.0**36        # float(2^60 - 1) = 2^60 would give the next binade's 2^37
+    assert ulp(10**400, FP64) == 2.0**971
+
+
+def test_round_to_small_ints_agrees_with_float_input():
+    """Ints that float64 holds exactly round as the same float does, in every format and mode."""
+    ns = list(range(-300, 301)) + [2**k + d for k in range(9, 53) for d in (-1, 0, 1)]
+    for fmt in ALL_FORMATS:
+        for rounding in ("nearest_even", "toward_zero"):
+            got = np.array([round_to(n, fmt, rounding=rounding) for n in ns])
+            want = round_to(np.array(ns, dtype=np.float64), fmt, rounding=rounding)
+            assert_same(got, want, what=f"{fmt.name} {rounding}")
+
+
+@pytest.mark.parametrize("fmt", [FP32, FP16, BF16, FP8_E5M2, FP6_E2M3, FP64], ids=str)
+def test_round_to_fractions_matches_exact_brute_force(fmt):
+    """Fractions (not dyadic: no float holds them) round exactly too, subnormals and underflow included."""
+    rng = np.random.default_rng(_seed("fractions", fmt))
+    m = fmt.mantissa_bits
+    cases = [Fraction(1, 3), Fraction(-2, 3), Fraction(10**400, 3), Fraction(1, 10**400)]
+    for _ in range(300):
+        num = int(rng.integers(1, 2**62)) << int(rng.integers(0, 100))
+        den = int(rng.integers(1, 2**62)) | 1
+        cases.append(Fraction(num, den) * Fraction(2) ** int(rng.integers(fmt.emin - m - 3, fmt.emax + 2)))
+    for _ in range(100):  # near ties: a midpoint plus or minus a tiny non-dyadic amount
+        e = int(rng.integers(fmt.emin - m, fmt.emax))
+        q = int(rng.integers(1 << m, 1 << (m + 1)))
+        mid = Fraction(2 * q + 1) * Fraction(2) ** (e - m - 1)
+        cases += [mid, mid + mid / 3 * Fraction(1, 2**70), mid - mid / 3 * Fraction(1, 2**70)]
+    for rounding in ("nearest_even", "toward_zero"):
+        for x in cases + [-c for c in cases]:
+            got, want = round_to(x, fmt, rounding=rounding), brute_round(x, fmt, rounding, False)
+            assert (got == want and math.copysign(1, got) == math.copysign(1, want)) or \
+                (math.isnan(got) and math.isnan(want)), (fmt.name, rounding, x, got, want)
+
+
+def test_round_to_python_ints_stochastic_gives_a_neighbour():
+    rng = np.random.default_rng(7)
+    for fmt in (FP32, FP16, BF16, FP8_E4M3, FP64):
+        for n in _int_cases(fmt, rng)[:400]:
+            lo = brute_round(Fraction(n), fmt, "toward_zero", False)
+            got = round_to(n, fmt, rounding="stochastic", generator=rng)
+            if lo == n:                       # exact: stays
+                assert got == lo
+            elif got != lo:                   # else the next value up in magnitude (or overflow past max)
+                assert (math.isinf(got) or math.isnan(got)) and abs(lo) == fmt.max or \
+                    abs(got) > abs(n) and brute_round(Fraction(got), fmt, "toward_zero", False) == got and \
+                    brute_round(Fraction(n), fmt, "toward_zero", False) == lo and \
+                    abs(Fraction(got) - Fraction(lo)) <= Fraction(abs(lo)) * Fraction(2) ** -fmt.mantissa_bits, \
+                    (fmt.name, n, got, lo)
+    # an exact int halfway between two FP16 values rounds up about half of the time
+    ups = sum(round_to(2049, FP16, rounding="stochastic", generator=rng) == 2050 for _ in range(4000))
+    assert 1800 < ups < 2200

@@ -207,3 +207,114 @@ def test_channels_last_and_strided_inputs():
     x = torch.randn(4, 8, 5, 5) * 1e-5
     assert log2_histogram(x.to(memory_format=torch.channels_last)) == log2_histogram(x)
     assert log2_histogram(x[:, ::2]) == log2_histogram(x[:, ::2].contiguous())
+
+
+def test_median_binade():
+    assert log2_histogram([]).median_binade() is None
+    assert log2_histogram(torch.tensor([0.0, -0.0, float("inf"), float("nan")])).median_binade() is None
+    # zeros and non-finite values are left out: the median of {1, 3, 5, 100} lies in binade 1 ([2, 4))
+    x = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0, float("nan"), 1.0, 3.0, -5.0, 100.0])
+    assert log2_histogram(x).median_binade() == 1
+    # an even split: the smallest binade whose cumulative count reaches half
+    assert log2_histogram(torch.tensor([1.0, 1.5, 4.0, 6.0])).median_binade() == 0
+    assert log2_histogram(torch.tensor([1.0, 1.5, 4.0, 6.0, 7.0])).median_binade() == 2
+    assert log2_histogram(torch.tensor([2.0**-149])).median_binade() == -149
+    assert log2_histogram(torch.tensor([3.0e38])).median_binade() == 127
+    # against a sort on random values of every binade
+    vals = _random_values(20_001, 11)
+    fin = vals[np.isfinite(vals) & (vals != 0)]
+    med = np.sort(np.abs(fin.astype(np.float64)))[(fin.size + 1) // 2 - 1]   # the ⌈n/2⌉-th smallest
+    assert log2_histogram(torch.from_numpy(vals)).median_binade() == math.floor(math.log2(med))
+
+
+def test_subtract_an_earlier_state():
+    x, y = _random_values(3000, 12), _random_values(2000, 13)
+    before = log2_histogram(x)
+    after = before.copy().add_(y)
+    diff = after - before
+    want = log2_histogram(y)
+    assert np.array_equal(diff.fine, want.fine) and (diff.zeros, diff.nonfinite) == (want.zeros, want.nonfinite)
+    assert diff.total == y.size and diff.amax == after.amax
+    assert (after - after).total == 0
+    with pytest.raises(ValueError, match="earlier"):
+        before - after
+    with pytest.raises(ValueError, match="earlier"):
+        log2_histogram(torch.tensor([1.0])) - log2_histogram(torch.tensor([2.0]))   # not a later state
+    with pytest.raises(TypeError):
+        after - 1
+    with pytest.raises(TypeError):
+        after - torch.zeros(3)
+
+
+def test_meta_tensors_are_refused():
+    meta = torch.empty(3, device="meta")
+    with pytest.raises(ValueError, match="tensors holds a meta tensor"):
+        log2_histogram(meta)
+    with pytest.raises(ValueError, match="tensors holds a meta tensor"):
+        log2_histogram([torch.ones(2), meta])
+    with pytest.raises(ValueError, match="x holds a meta tensor"):
+        Log2Histogram().add_(meta)
+
+
+def test_tied_weights_are_recorded_once():
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(4, 4, bias=False), torch.nn.Tanh(), torch.nn.Linear(4, 4, bias=False))
+    m[2].weight = m[0].weight                        # one parameter, held by two modules
+    assert sum(p.numel() for p in m.parameters()) == 16
+    with GradientHistogram(m, "weight", per_module=True) as gh:
+        m(torch.randn(3, 4)).sum().backward()
+    assert gh.histogram.total == 16 and gh.calls == 1
+    assert gh.histogram == log2_histogram(m[0].weight.grad)
+    assert set(gh.by_module) == {"0.weight"}
+
+
+def test_nothing_is_recorded_after_exit():
+    model = _tiny_model()
+    x, y = torch.randn(5, 8), torch.tensor([0, 1, 2, 0, 1])
+    with GradientHistogram(model, "activation") as gh:
+        loss = torch.nn.functional.cross_entropy(model(x), y)   # hooks go on the outputs of this forward
+    loss.backward()                                             # after exit: nothing recorded
+    assert gh.calls == 0 and gh.histogram.total == 0
+    with gh:                                                    # a new block: its own forward records ...
+        loss_old = torch.nn.functional.cross_entropy(model(x), y)
+        loss_new = torch.nn.functional.cross_entropy(model(x), y)
+        loss_new.backward()
+    assert gh.calls == 3
+    gh.close()
+    loss_old.backward()                                         # ... and nothing after close()
+    assert gh.calls == 3
+    # a graph built in an earlier block records nothing in a later one
+    with gh:
+        stale = torch.nn.functional.cross_entropy(model(x), y)
+    with gh:
+        stale.backward()
+    assert gh.calls == 3
+    # weight hooks are removed on exit as before
+    with GradientHistogram(model, "weight") as gw:
+        pass
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    assert gw.calls == 0
+
+
+def test_nested_module_outputs_are_recorded():
+    torch.manual_seed(0)
+    lstm = torch.nn.LSTM(3, 5)
+    x = torch.randn(7, 2, 3)
+    with GradientHistogram(lstm, "activation", per_module=True) as gh:
+        out, (h, c) = lstm(x)
+        (out.sum() + (h ** 2).sum() + (c ** 3).sum()).backward()
+    out, (h, c) = lstm(x)
+    g = torch.autograd.grad(out.sum() + (h ** 2).sum() + (c ** 3).sum(), [out, h, c])
+    assert gh.calls == 3 and gh.histogram == log2_histogram(list(g))
+
+    class Dict(torch.nn.Module):
+        def forward(self, x):
+            y = x * 4
+            return {"a": x * 2, "b": [x * 3, (y, torch.arange(3))], "n": None, "again": y}
+
+    module, x = Dict(), torch.randn(4, requires_grad=True)
+    with GradientHistogram(module, "activation", modules=[""]) as gd:
+        out = module(x)
+        (out["a"].sum() + out["b"][0].sum() * 2 + out["b"][1][0].sum() * 3).backward()
+    assert gd.calls == 3 and gd.histogram.total == 12
+    assert gd.histogram == log2_histogram([torch.ones(4), torch.full((4,), 2.0), torch.full((4,), 3.0)])

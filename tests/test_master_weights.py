@@ -1,4 +1,4 @@
-"""mpt_lab.master_weights: the paper's 8-step loop (Micikevicius et al. 2018, §3.1–3.2; seed 003).
+"""mpt_lab.master_weights: the paper's 8-step loop (Micikevicius et al. 2018, §3.1–3.2).
 
 CPU only, one thread, small models (FP16 matrix products have no fast CPU kernel).  The oracle for
 training is ``torch.autocast("cpu", dtype=torch.float16)`` + ``torch.amp.GradScaler("cpu")``.
@@ -170,6 +170,67 @@ def test_grad_scaler_backs_off_until_the_gradients_fit():
     assert all(r["skipped"] for r in results[:first_clean]) and not any(r["skipped"] for r in results[first_clean:])
     assert scales[first_clean] * 65504 > 1  # a scale FP16 can carry, well below 2^40
     assert any(not torch.equal(m, b) for m, b in zip(trainer.masters, before))
+
+
+def _stepped(trainer) -> list:
+    """Records, per train_step, whether optimizer.step() really ran (a public post-step hook)."""
+    calls = []
+    trainer.optimizer.register_step_post_hook(lambda opt, args, kwargs: calls.append(True))
+    return calls
+
+
+@pytest.mark.parametrize("optimizer, clip", [(sgd(momentum=0.9), None), (adam(), 1.0)])
+def test_torch_grad_scaler_and_ours_train_bit_identically(optimizer, clip):
+    """Only public scaler methods: torch.amp.GradScaler drives the loop as ours does, bit for bit, and
+    "skipped" is whether the optimizer step really ran."""
+    runs = {}
+    for name in ("torch", "mpt_lab"):
+        scaler = (torch.amp.GradScaler("cpu", init_scale=2.0**40, growth_interval=4) if name == "torch"
+                  else GradScaler(2.0**40, growth_interval=4))
+        trainer = MasterWeightTrainer(mlp(), optimizer, F.cross_entropy, scaler=scaler, max_grad_norm=clip)
+        stepped = _stepped(trainer)
+        outs = []
+        for s in range(40):
+            before = len(stepped)
+            outs.append(trainer.train_step(*batch(seed=s)))
+            assert outs[-1]["skipped"] is (len(stepped) == before)
+        runs[name] = (outs, [m.detach().clone() for m in trainer.masters], scaler.get_scale())
+    (outs_t, masters_t, scale_t), (outs_m, masters_m, scale_m) = runs["torch"], runs["mpt_lab"]
+    assert [o["skipped"] for o in outs_t] == [o["skipped"] for o in outs_m]
+    assert [o["scale"] for o in outs_t] == [o["scale"] for o in outs_m] and scale_t == scale_m
+    assert [o["loss"] for o in outs_t] == [o["loss"] for o in outs_m]
+    skipped = [o["skipped"] for o in outs_t]
+    assert skipped[0] and not all(skipped)                      # overflows first, then trains
+    scales = [o["scale"] for o in outs_t]
+    assert any(b > a for a, b in zip(scales, scales[1:]))       # and grows again after 4 clean steps
+    assert sum(skipped) >= 2
+    assert all(torch.equal(a, b) for a, b in zip(masters_t, masters_m))
+
+
+@pytest.mark.parametrize("make_scaler", [lambda: StaticLossScaler(2.0**-120),
+                                         lambda: torch.amp.GradScaler("cpu", init_scale=2.0**-120),
+                                         lambda: GradScaler(2.0**-120)])
+def test_skip_follows_the_scalers_check_on_the_scaled_gradients(make_scaler):
+    """With S < 1, finite FP16 gradients can overflow FP32 when divided by S; the scalers check the values
+    before dividing (torch's unscale kernel), so they step; "skipped" says what they did."""
+    model = nn.Linear(8, 1, bias=False)
+    with torch.no_grad():
+        model.weight.fill_(2.0**-10)
+    x = torch.full((16, 8), 8.0)
+    trainer = MasterWeightTrainer(model, sgd(), lambda p, t: 2.0**126 * p.mean(), scaler=make_scaler())
+    stepped = _stepped(trainer)
+    out = trainer.train_step(x, x[:, :1])
+    assert torch.isfinite(trainer.half_params[0].grad).all()       # FP16 gradients: 512, finite
+    assert not torch.isfinite(trainer.masters[0].grad).all()       # 512 · 2^120 overflows FP32
+    assert out["skipped"] is False and stepped == [True]
+
+
+def test_disabled_scalers_never_skip():
+    for scaler in (GradScaler(enabled=False), torch.amp.GradScaler("cpu", enabled=False)):
+        trainer = MasterWeightTrainer(mlp(), sgd(), lambda p, t: 1e9 * F.cross_entropy(p, t), scaler=scaler)
+        stepped = _stepped(trainer)
+        out = trainer.train_step(*batch())
+        assert out["skipped"] is False and out["scale"] == 1.0 and stepped == [True]
 
 
 def test_without_a_scaler_there_is_no_overflow_check():
@@ -388,7 +449,7 @@ def test_load_state_dict_rejects_mismatched_masters():
     (dict(optimizer=3), TypeError, "optimizer"),
     (dict(optimizer=lambda p: "nope"), TypeError, "optimizer"),
     (dict(loss_fn=None), TypeError, "loss_fn"),
-    (dict(scaler=torch.amp.GradScaler("cpu")), TypeError, "scaler"),
+    (dict(scaler=object()), TypeError, "scaler"),
     (dict(scaler=2.0), TypeError, "scaler"),
     (dict(half_dtype="float16"), TypeError, "half_dtype"),
     (dict(half_dtype=torch.float32), ValueError, "half_dtype"),

@@ -12,6 +12,7 @@ import json
 import math
 import pickle
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -1056,3 +1057,131 @@ def test_scaler_overhead_benchmark_runs(tmp_path):
     assert res["provenance"]["config"]["hidden"] == 16
     assert set(res["timings_s"]) >= {"torch.amp.GradScaler", "mpt_lab GradScaler"}
     assert res["ratio_ours_vs_torch"] > 0
+
+
+# ------------------------------------------------------------------------------------------------------
+# The public rules: max_gradient_scale (a static S from amax) and update_scale (the dynamic rule)
+# ------------------------------------------------------------------------------------------------------
+def _reference_scale(amax: float, fmt_max: float) -> float:
+    """Brute force with exact rationals: the k with amax · 2^k ≤ max < amax · 2^(k+1), found by stepping."""
+    from fractions import Fraction
+
+    a, m = Fraction(amax), Fraction(fmt_max)
+    k = 0
+    while a * Fraction(2) ** k > m:
+        k -= 1
+    while a * Fraction(2) ** (k + 1) <= m:
+        k += 1
+    assert a * Fraction(2) ** k <= m < a * Fraction(2) ** (k + 1)
+    return math.ldexp(1.0, k)
+
+
+@pytest.mark.parametrize("fmt", ["FP16", "BF16", "FP8_E4M3", "FP8_E5M2", "FP32"])
+def test_max_gradient_scale_exact_at_and_beside_every_power_of_two(fmt):
+    from mpt_lab.formats import get_format
+    from mpt_lab.scaling import max_gradient_scale
+
+    fmt_max = get_format(fmt).max
+    for k in range(-149, 128):
+        p = math.ldexp(1.0, k)
+        for amax in (math.nextafter(p, 0.0), p, math.nextafter(p, math.inf)):
+            s = max_gradient_scale(amax, fmt)
+            assert s == _reference_scale(amax, fmt_max), (fmt, k, amax)
+    # the format's own max and its neighbours: S = 1 exactly at max, 1/2 just above
+    assert max_gradient_scale(fmt_max, fmt) == 1.0
+    assert max_gradient_scale(math.nextafter(fmt_max, math.inf), fmt) == 0.5
+    assert max_gradient_scale(math.nextafter(fmt_max, 0.0), fmt) == 1.0
+
+
+def test_max_gradient_scale_input_types():
+    from mpt_lab.formats import FP16, FP8_E4M3
+    from mpt_lab.scaling import max_gradient_scale
+
+    assert max_gradient_scale(1.0) == 2.0**15                           # 65504 / 1 → 2^15 (2^16 > 65504)
+    assert max_gradient_scale(2.0**-24) == 2.0**39
+    assert max_gradient_scale(448, FP8_E4M3) == 1.0 and max_gradient_scale(449, "e4m3") == 0.5
+    for amax in (np.float16(3.0), np.float32(3.0), np.float64(3.0), np.array(3.0), np.int64(3), 3,
+                 torch.tensor(3.0), torch.tensor(3.0, dtype=torch.bfloat16), torch.tensor(3, dtype=torch.int32),
+                 torch.tensor(3.0, dtype=torch.float64, requires_grad=True)):
+        assert max_gradient_scale(amax, FP16) == 2.0**14, type(amax)   # 3 · 2^14 = 49152 ≤ 65504 < 98304
+    from fractions import Fraction
+
+    assert max_gradient_scale(Fraction(65504 * 3 + 1, 3)) == 0.5        # just above max: exact, not via float
+    assert max_gradient_scale(2**1000, "FP32") == 2.0**-873
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    assert max_gradient_scale(np.asarray(3.0, dtype=ml_dtypes.bfloat16)[()]) == 2.0**14
+
+
+@pytest.mark.parametrize("amax, error", [
+    (0.0, ValueError), (-1.0, ValueError), (0, ValueError), (-2.0**-149, ValueError), (NAN, ValueError),
+    (INF, ValueError), (-INF, ValueError), (torch.tensor(NAN), ValueError), (torch.tensor(-1.0), ValueError),
+    (True, TypeError), (False, TypeError), ("1.0", TypeError), (None, TypeError), (1 + 2j, TypeError),
+    (torch.tensor(True), TypeError), (torch.tensor([1.0, 2.0]), TypeError), (torch.tensor([1.0]), TypeError),
+    (torch.tensor(1.0, device="meta"), ValueError), (np.bool_(True), TypeError), (np.array([1.0, 2.0]), TypeError),
+    (np.float32(NAN), ValueError), (np.float16(-1.0), ValueError), (np.array("1.0"), TypeError),
+])
+def test_max_gradient_scale_bad_amax(amax, error):
+    from mpt_lab.scaling import max_gradient_scale
+
+    with pytest.raises(error, match="amax"):
+        max_gradient_scale(amax)
+
+
+def test_max_gradient_scale_not_representable_and_bad_format():
+    from mpt_lab.scaling import max_gradient_scale
+
+    assert max_gradient_scale(1.0, "FP64") == 2.0**1023                  # max/1 < 2^1024: still a float
+    with pytest.raises(ValueError, match="not representable"):
+        max_gradient_scale(0.5, "FP64")                                   # S = 2^1024
+    with pytest.raises(ValueError, match="not representable"):
+        max_gradient_scale(2.0**-1074, "FP64")
+    with pytest.raises(ValueError, match="not representable"):
+        max_gradient_scale(10**400, "FP16")                               # S = 2^-1313
+    with pytest.raises(ValueError, match="fmt"):
+        max_gradient_scale(1.0, "FP15")
+    with pytest.raises(TypeError, match="fmt"):
+        max_gradient_scale(1.0, 16)
+
+
+def test_update_scale_is_the_rule_torch_runs():
+    """The public rule against torch.amp.GradScaler driven through the same overflow pattern."""
+    from mpt_lab.scaling import update_scale
+
+    g = torch.Generator().manual_seed(5)
+    found = (torch.rand(120, generator=g) < 0.08).tolist()
+    found[40:43] = [True] * 3
+    for growth_factor, backoff_factor, interval in ((2.0, 0.5, 7), (1.5, 0.3, 1), (3.7, 0.999, 20)):
+        ref = torch.amp.GradScaler("cpu", init_scale=2.0**16, growth_factor=growth_factor,
+                                   backoff_factor=backoff_factor, growth_interval=interval)
+        p = nn.Parameter(torch.ones(2))
+        opt = torch.optim.SGD([p], lr=0.0)
+        scale, tracker = 2.0**16, 0
+        for f in found:
+            opt.zero_grad()
+            ref.scale(p.sum() * (INF if f else 1.0)).backward()
+            ref.step(opt)
+            ref.update()
+            scale, tracker = update_scale(scale, tracker, f, growth_factor, backoff_factor, interval)
+            assert (scale, tracker) == (ref.get_scale(), ref._get_growth_tracker())
+    assert update_scale(2.0**16, 0, True) == (2.0**15, 0)
+    assert update_scale(2.0**16, 1998, False) == (2.0**16, 1999)
+    assert update_scale(2.0**16, 1999, False) == (2.0**17, 0)
+    assert update_scale(2.0**127, 1, False, growth_interval=2) == (2.0**127, 0)   # never grows to inf
+    assert update_scale(2.0**16, 5, True, growth_interval=3) == (2.0**15, 0)
+
+
+@pytest.mark.parametrize("kwargs, error, name", [
+    (dict(scale=0.0), ValueError, "scale"), (dict(scale=INF), ValueError, "scale"),
+    (dict(scale="1"), TypeError, "scale"),
+    (dict(tracker=-1), ValueError, "tracker"), (dict(tracker=1.0), TypeError, "tracker"),
+    (dict(tracker=True), TypeError, "tracker"), (dict(found_inf=1), TypeError, "found_inf"),
+    (dict(found_inf=None), TypeError, "found_inf"), (dict(growth_factor=1.0), ValueError, "growth_factor"),
+    (dict(backoff_factor=1.0), ValueError, "backoff_factor"), (dict(growth_interval=0), ValueError, "growth_interval"),
+])
+def test_update_scale_bad_arguments(kwargs, error, name):
+    from mpt_lab.scaling import update_scale
+
+    args = dict(scale=2.0**16, tracker=0, found_inf=False)
+    args.update(kwargs)
+    with pytest.raises(error, match=name):
+        update_scale(**args)

@@ -369,3 +369,97 @@ def test_formats_and_histograms_are_exact_inside_a_block():
         (model(torch.randn(4, 8)).sum() * 2.0**-20).backward()
     grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
     assert gh.histogram == log2_histogram(grads) and torch.equal(round_to(grads, "FP16"), grads)
+
+
+def test_exact_arithmetic_passes_ops_through_unrounded_and_untagged():
+    from mpt_lab.formats import exact_arithmetic
+
+    x = torch.full((4,), 1.0 + 2.0 ** -20)
+    a, b = torch.randn(8, 8), torch.randn(8, 8)
+    ref = a @ b
+    with simulate("FP16", mode="autocast") as sim:
+        with exact_arithmetic():
+            assert torch.equal(x * 1.0, x)                 # not rounded
+            p = a @ b                                      # a lower-precision op, run exactly
+        assert sim.ops_rounded == 0
+        # p is not marked as an FP16 result: an op on it alone stays float32, as for any float32 tensor
+        r = torch.relu(p)
+        assert sim.ops_rounded == 0
+        q = torch.relu(a @ b)                              # outside the marker: mm and relu are rounded
+        assert sim.ops_rounded == 2
+
+    @exact_arithmetic
+    def exact_sum(t):
+        return t + 2.0 ** -20
+
+    with simulate("FP16", mode="all"):
+        s = exact_sum(torch.ones(4))
+        t = torch.ones(4) + 2.0 ** -20                     # rounded again after it
+    assert torch.equal(p, ref) and torch.equal(r, torch.relu(ref)) and not torch.equal(q, torch.relu(ref))
+    assert torch.equal(s, x) and torch.equal(t, torch.ones(4))
+    with exact_arithmetic():                               # and no block at all: nothing changes
+        assert torch.equal(x * 1.0, x)
+
+
+def test_paused_needs_the_active_block():
+    sim = simulate("FP16", mode="all")
+    with pytest.raises(RuntimeError, match="active"):
+        with sim.paused():
+            pass
+    with simulate("BF16", mode="all"):
+        with pytest.raises(RuntimeError, match="active"):
+            with sim.paused():
+                pass
+
+
+def _private_torch_uses(source: str) -> list:
+    """Imports of private torch modules/names and ``torch._x`` attribute chains in Python source."""
+    import ast
+
+    def private(parts):
+        return any(p.startswith("_") and not (p.startswith("__") and p.endswith("__")) for p in parts)
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "torch":
+            if private(node.module.split(".")) or private([a.name for a in node.names]):
+                found.append((node.lineno, node.module))
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names
+                      if a.name.split(".")[0] == "torch" and private(a.name.split("."))]
+        elif isinstance(node, ast.Attribute):
+            parts, n = [], node
+            while isinstance(n, ast.Attribute):
+                parts.append(n.attr)
+                n = n.value
+            if isinstance(n, ast.Name) and n.id == "torch" and private(parts):
+                found.append((node.lineno, "torch." + ".".join(reversed(parts))))
+    return found
+
+
+def test_private_torch_apis_only_in_torch_internals():
+    """mpt_lab imports torch's private modules and functions in one place (mpt_lab._torch_internals)."""
+    from pathlib import Path
+
+    import mpt_lab
+    from mpt_lab import _torch_internals as TI
+
+    assert _private_torch_uses("import torch\nfrom torch.utils._pytree import x\ntorch._C._f()\ntorch.__version__")\
+        == [(2, "torch.utils._pytree"), (3, "torch._C._f"), (3, "torch._C")]
+    root = Path(mpt_lab.__file__).parent
+    offenders = {}
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if rel != "_torch_internals.py":
+            found = _private_torch_uses(path.read_text())
+            if found:
+                offenders[rel] = found
+    assert not offenders, offenders
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    assert TI.FakeTensorMode is FakeTensorMode and TI.TorchDispatchMode is TorchDispatchMode
+    assert issubclass(simulate, TI.TorchDispatchMode)
+    assert TI.current_autograd_node() is None
+    for name in TI.__all__:
+        assert f"``{name}``" in TI.__doc__, name                      # every name is documented

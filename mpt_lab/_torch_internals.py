@@ -1,0 +1,75 @@
+"""The one place where mpt_lab imports PyTorch's private APIs.
+
+PyTorch marks with a leading underscore what it may change without notice.  The package needs a few such
+names; they are all imported here, so that a new torch release that moves one breaks this module, with a
+clear ``ImportError``, and nothing else.  Every other module imports them from here
+(``from ._torch_internals import TorchDispatchMode``).
+
+Tested with torch 2.13.0 (the CPU build of this project's machines: ``tests/test_simulate.py``,
+``tests/test_scaling.py``, ``tests/test_bench.py``).  The lent H100/H200 machines run torch 2.11 with CUDA;
+every name below exists there (they date from torch 2.4 or earlier), but this module itself has not yet been
+run there: on such a machine, ``python -m pytest -q tests/test_simulate.py tests/test_scaling.py
+tests/test_bench.py`` checks it.
+
+==========================================  =====================================================================
+name here (torch's name)                    what mpt_lab uses it for
+==========================================  =====================================================================
+``TorchDispatchMode``                       The base class of :class:`mpt_lab.simulate.simulate` (round every
+(``torch.utils._python_dispatch``)          ATen op's result to FP16, BF16, FP8, …) and of the storage tracker of
+                                            :func:`mpt_lab.bench.peak_memory` on a CPU: a mode sees every op
+                                            below autograd, backward ops included.  Documented in the PyTorch
+                                            "extending" notes, but its module is private.
+``tree_flatten``                            :mod:`mpt_lab.bench`'s storage tracker: the tensors in an op's
+(``torch.utils._pytree``)                   (nested) output.
+``current_autograd_node``                   :class:`mpt_lab.simulate.simulate`: whether an op runs inside a
+(``torch._C._current_autograd_node``)       backward pass (autograd's engine is executing a node), which the
+                                            autocast emulation treats differently from forward ops.
+``FakeTensorMode``                          :mod:`mpt_lab.autocast` (and the experiments that use its probe):
+(``torch._subclasses.fake_tensor``)         run ops on fake CUDA tensors (shapes and dtypes, no data) to learn
+                                            which dtype ``torch.autocast("cuda")`` gives each, on a machine
+                                            without a GPU.
+``foreach_max``, ``foreach_mul_``           :mod:`mpt_lab.scaling` (the inf/NaN check and the unscaling of
+(``torch._foreach_max``,                    :class:`~mpt_lab.scaling.GradScaler`): one multi-tensor kernel per
+``torch._foreach_mul_``)                    device, the operations ``torch.amp.GradScaler`` uses, so the results
+                                            are bit-identical to it.  PyTorch calls ``torch._foreach_*`` private
+                                            (newer releases add a public ``torch.foreach`` namespace, which
+                                            2.11 and 2.13 do not have), so they are routed through here too.
+==========================================  =====================================================================
+
+Private *attributes* of public objects cannot be imported; the package reads these in place, and they are
+listed here so that one file says everything mpt_lab assumes about torch's internals:
+
+* ``Tensor._version`` (version counter of in-place changes) and ``Tensor._base`` (the tensor a view was
+  made from): :mod:`mpt_lab.simulate`, to know which tensors already hold values of the emulated format.
+* ``OpOverload._schema`` (argument aliasing: which arguments an op writes, which outputs are views) and
+  ``OpOverload.overloadpacket``: :mod:`mpt_lab.simulate`, to classify each ATen op once.
+* ``Tensor._values()`` of sparse gradients (their stored values, uncoalesced, as torch's GradScaler checks
+  them): :mod:`mpt_lab.scaling` and :mod:`mpt_lab.master_weights`.
+* ``Module._parameters`` / ``Module._buffers`` and ``RNNBase._init_flat_weights()``:
+  :class:`mpt_lab.master_weights.MasterWeightTrainer`, to replace a model's parameters by their FP16 copy in
+  place (RNNs keep a flat list of their weights that must follow).
+
+Not listed: :mod:`mpt_lab.formats`, the bottom layer, imports nothing from torch's internals (it must import
+without torch at all).  Its functions compute exactly inside a ``simulate`` block because they run under
+:func:`mpt_lab.formats.exact_arithmetic`, a pure-Python marker that ``simulate`` honours.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+__all__ = ["TorchDispatchMode", "tree_flatten", "current_autograd_node", "FakeTensorMode", "foreach_max",
+           "foreach_mul_"]
+
+#: ``current_autograd_node()`` is the autograd Node being executed by the engine in this thread, or None
+#: outside a backward pass.
+current_autograd_node = torch._C._current_autograd_node
+
+#: ``foreach_max(tensors)`` -> list of 0-dim tensors, the largest element of each (NaN if it holds one).
+foreach_max = torch._foreach_max
+
+#: ``foreach_mul_(tensors, scalar_tensor)``: multiplies every tensor in place (one kernel per device).
+foreach_mul_ = torch._foreach_mul_
