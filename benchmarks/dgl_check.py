@@ -1,6 +1,6 @@
 """What actually happens on this machine when DGL is installed beside the book's PyTorch and used in float16.
 
-The Deep Graph Library's own mixed-precision chapter (seed 001: DGL User Guide, chapter 8) runs its examples
+The Deep Graph Library's own mixed-precision chapter (DGL User Guide, chapter 8) runs its examples
 on a GPU.  Chapter 8 of the book reproduces them with PyTorch Geometric and plain PyTorch, because DGL does
 not run with the PyTorch this book pins.  This script records that fact instead of asserting it: for each DGL
 version it
@@ -15,7 +15,7 @@ version it
    install can supply (:data:`FIXES`, e.g. DGL 2.1.0 needs ``torchdata.datapipes``, removed in torchdata 0.10,
    and imports ``pandas`` and ``pydantic`` without declaring them), installs it and tries again, recording
    every attempt;
-4. once ``import dgl`` works, runs the seed's four examples on the CPU (``dgl.rand_graph(30, 100)``, 16-dim
+4. once ``import dgl`` works, runs the guide's four examples on the CPU (``dgl.rand_graph(30, 100)``, 16-dim
    float16 node features, float16 edge weights: built-in ``u_mul_e``/``sum`` and ``u_dot_v``, then the
    user-defined message/reduce/edge functions), and the built-ins again in bfloat16 and float32 as controls.
 
@@ -92,7 +92,7 @@ for name in ("float16", "bfloat16", "float32"):
     def builtin_u_mul_e_sum():
         g.update_all(fn.u_mul_e("h", "w", "m"), fn.sum("m", "x")); return g.ndata["x"].dtype
     def builtin_u_dot_v():
-        if "x" not in g.ndata:       # the seed's second example uses x from the first
+        if "x" not in g.ndata:       # the guide's second example uses x from the first
             g.ndata["x"] = torch.rand(30, 16).to(dt)
         g.apply_edges(fn.u_dot_v("h", "x", "hx")); return g.edata["hx"].dtype
     ex[f"builtin u_mul_e+sum ({name})"] = attempt(builtin_u_mul_e_sum)

@@ -6,10 +6,14 @@ Everything the book shows is computed here.  Modules (one job each):
 * :mod:`mpt_lab.histogram`: log2 histograms of tensors and the gradient recorder (the paper's Figure 2).
 * :mod:`mpt_lab.scaling`: loss scalers, ``GradScaler`` (torch.amp's contract) and ``StaticLossScaler``.
 * :mod:`mpt_lab.models`, :mod:`mpt_lab.data`: the small real models and their data.
-* :mod:`mpt_lab.experiments`: one module per reproduced result, ``run(config) -> result`` and a CLI.
+* :mod:`mpt_lab.master_weights`: the paper's 8-step FP32-master-weight loop, each step visible.
+* :mod:`mpt_lab.simulate`: FP16/BF16/FP8 numerics at FP32 speed, for CPUs without fast FP16 kernels.
+* :mod:`mpt_lab.autocast`: which dtype each op runs in under ``torch.autocast``, probed on CPU and CUDA.
+* :mod:`mpt_lab.training`: the loop pieces every experiment shares (shuffled batches, a scaled step, accuracy).
+* :mod:`mpt_lab.experiments`: one module per reproduced result, ``run(config) -> result``, one runner and CLI.
+* :mod:`mpt_lab.figures`: the book's figures and tables by topic, and ``show_saved`` for GPU/long results.
 * :mod:`mpt_lab.device`: which device to run on and a one-line description for result provenance.
 * :mod:`mpt_lab.bench`: timing that can be trusted (warm-up, synchronisation, median of repeats).
-* :mod:`mpt_lab.plots`: the book's figures.
 * :mod:`mpt_lab.widgets`: the interactive bit explorer and static tables.
 * :mod:`mpt_lab.exercises`: checks for the exercises at the end of each chapter.
 """
@@ -20,6 +24,9 @@ import os
 
 __version__ = "0.1.0"
 
+#: The profiles :func:`profile` can return.  Experiments also have "long" (paper-like sizes that run in
+#: ≤ 60 minutes on 2 CPU cores, saved under book/results/), which is only ever chosen explicitly on the command
+#: line (``python -m mpt_lab.experiments.NAME --profile long``).
 PROFILES = ("quick", "cpu", "full")
 
 
@@ -27,7 +34,7 @@ def profile() -> str:
     """The run profile: ``"quick"`` (CI, seconds), ``"cpu"`` (a laptop, minutes) or ``"full"`` (a GPU).
 
     Read from the environment variable ``MPT_LAB_PROFILE``; when it is unset or empty, ``"full"`` on a
-    machine with CUDA and ``"cpu"`` without.
+    machine with CUDA and ``"cpu"`` without.  Never ``"long"``: that profile is chosen on the command line.
 
     Raises
     ------
@@ -36,6 +43,10 @@ def profile() -> str:
     """
     value = os.environ.get("MPT_LAB_PROFILE", "").strip().lower()
     if value:
+        if value == "long":
+            raise ValueError("MPT_LAB_PROFILE=long is not a notebook profile: long runs take up to an hour each "
+                             "and are run once from the command line (python -m mpt_lab.experiments.NAME "
+                             "--profile long --out book/results/NAME_long.json); chapters show the saved result")
         if value not in PROFILES:
             raise ValueError(f"MPT_LAB_PROFILE must be one of {PROFILES}, got {value!r}")
         return value
@@ -44,4 +55,18 @@ def profile() -> str:
     return "full" if torch.cuda.is_available() else "cpu"
 
 
-__all__ = ["profile", "PROFILES", "__version__"]
+#: Submodules reachable as attributes without an explicit import (``mpt_lab.device.describe()``), imported on
+#: first use so that ``import mpt_lab`` stays light (and ``mpt_lab.formats`` works without torch).
+SUBMODULES = ("formats", "histogram", "scaling", "master_weights", "simulate", "autocast", "training",
+              "experiments", "figures", "device", "bench", "widgets", "exercises", "models", "data")
+
+
+def __getattr__(name: str):
+    if name in SUBMODULES:
+        import importlib
+
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["profile", "PROFILES", "SUBMODULES", "__version__"]

@@ -10,12 +10,49 @@ from typing import Any
 
 import torch
 
-__all__ = ["default_device", "describe", "versions", "provenance"]
+__all__ = ["default_device", "resolve", "synchronize", "describe", "cpu_flags", "versions", "provenance"]
+
+#: CPU instruction-set extensions that decide how fast FP16/BF16 run on a CPU (Linux names in /proc/cpuinfo).
+CPU_FEATURES = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_fp16", "f16c")
 
 
 def default_device() -> torch.device:
     """``cuda`` when a CUDA device is present, else ``cpu``."""
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def resolve(device: Any = "auto") -> torch.device:
+    """``device`` as a :class:`torch.device`: ``"auto"`` or None is :func:`default_device`.
+
+    Raises
+    ------
+    TypeError
+        ``device`` is not a torch.device, a str or None.
+    ValueError
+        A string torch does not know as a device (e.g. ``"gpu"``).
+    """
+    if device is None or (isinstance(device, str) and device == "auto"):
+        return default_device()
+    if isinstance(device, torch.device):
+        return device
+    if not isinstance(device, str):
+        raise TypeError(f"device must be a torch.device, a str or None, got {type(device).__name__}")
+    try:
+        return torch.device(device)
+    except RuntimeError as err:
+        raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}") from err
+
+
+def synchronize(device: Any = None) -> None:
+    """Wait for the work queued on ``device`` (CUDA kernels run asynchronously); a no-op on a CPU.
+
+    Call it before reading a clock, so that a time covers the work and not only its launch.
+    """
+    if device is None:
+        return
+    device = torch.device(device) if not isinstance(device, torch.device) else device
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _cpu_name() -> str:
@@ -27,6 +64,24 @@ def _cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def cpu_flags() -> list:
+    """Which of :data:`CPU_FEATURES` this CPU has (read from ``/proc/cpuinfo``; an empty list elsewhere).
+
+    Without ``avx512_bf16``/``amx_bf16`` a CPU has no bfloat16 dot-product instructions and bfloat16 matrix
+    products run no faster than float16 ones (measured on this project's machines: both ≈ 10 GFLOP/s against
+    ≈ 80 for float32); with them bfloat16 runs about twice as fast as float32.
+    """
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    have = set(line.split(":", 1)[1].split())
+                    return [w for w in CPU_FEATURES if w in have]
+    except OSError:
+        pass
+    return []
 
 
 def describe(device: Any = None) -> str:

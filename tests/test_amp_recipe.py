@@ -6,6 +6,8 @@ import math
 import pytest
 import torch
 
+from mpt_lab import figures
+from mpt_lab.autocast import RECIPE_OPS, probe_autocast
 from mpt_lab.experiments import amp_recipe as ar
 
 torch.set_num_threads(1)
@@ -36,14 +38,13 @@ def test_runs_all_precisions(result):
         assert set(result.speedup[p]) == {"8", "9"}
         assert all(math.isfinite(v) and v > 0 for v in result.speedup[p].values())
     assert "float16" in result.note and result.provenance["config"]["width"] == 32
-    assert "fp32" in result.describe()
+    assert "fp16" in result.describe() and "cpu_flags" in result.provenance
 
 
 def test_save_load_identical(result, tmp_path):
     p = result.save(tmp_path / "amp.json")
     back = ar.AmpRecipeResult.load(p)
-    assert back.to_dict() == ar.AmpRecipeResult.from_dict(result.to_dict()).to_dict()
-    assert back.rows == result.rows and back.speedup == result.speedup
+    assert back == result
     assert back.save(tmp_path / "again.json").read_text() == p.read_text()
     with pytest.raises(ValueError):
         ar.AmpRecipeResult.from_dict({"experiment": "other"})
@@ -77,21 +78,25 @@ def test_bad_types_and_profiles():
     assert tuple(full.batch_sizes) == (128, 256, 512, 513)
 
 
-def test_probe_and_table():
-    import torch
+def test_speedup_table(result):
+    html = figures.speedup_table({"tiny": result})
+    assert html.count("<tr>") == 1 + len(result.rows)
+    with pytest.raises(TypeError):
+        figures.speedup_table({"x": 1})
 
-    from mpt_lab.experiments import amp_recipe
 
-    p = amp_recipe.probe_autocast("cpu", torch.bfloat16)
+def test_autocast_probe():
+    p = probe_autocast("cpu", torch.bfloat16)
     assert p["linear"] == "bfloat16" and p["cross_entropy"] == "float32" and p["relu"] == "float32"
-    cfg = amp_recipe.Config(profile="quick", width=32, num_batches=2, epochs=1, warmup_epochs=0,
-                            batch_sizes=(8,), peak_n=64, threads=1)
-    r = amp_recipe.run(cfg, progress=False)
-    html = amp_recipe.speedup_table({"tiny": r})
-    assert html.count("<tr>") == 1 + len(r.rows)
-    try:
-        amp_recipe.speedup_table({"x": 1})
-    except TypeError:
-        pass
-    else:
-        raise AssertionError("speedup_table accepted a non-result")
+    # with float16 inputs CUDA runs softmax in float32 and the CPU does not: the probe tells the policies apart
+    cpu, cuda = (probe_autocast(d, torch.float16, input_dtype=torch.float16, ops=RECIPE_OPS) for d in ("cpu", "cuda"))
+    assert cpu["softmax"] == "float16" and cuda["softmax"] == "float32" and cuda.method == "fake CUDA tensors"
+    assert set(cpu.ops) == set(RECIPE_OPS) and not any(v.startswith("error") for v in cuda.ops.values())
+    with pytest.raises(ValueError, match="device_type"):
+        probe_autocast("tpu")
+    with pytest.raises(TypeError, match="dtype"):
+        probe_autocast("cpu", torch.float32)
+    with pytest.raises(TypeError, match="input_dtype"):
+        probe_autocast("cpu", torch.float16, input_dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="ops"):
+        probe_autocast("cpu", ops=("conv7d",))

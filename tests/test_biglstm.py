@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from mpt_lab.data.text import SPECIALS, batchify, bptt_batches, kjv_corpus, kjv_verses, tokenize
+from mpt_lab import figures
 from mpt_lab.experiments import biglstm, ssd_table2
 from mpt_lab.experiments._precision import ARMS, PrecisionArm, shift_eps
 from mpt_lab.formats import FP16, round_to
@@ -163,13 +164,13 @@ def test_equivalent_shift():
 @pytest.fixture(scope="module")
 def lstm_quick():
     torch.set_num_threads(1)
-    return biglstm.run(biglstm.config_for("quick"), progress=False)
+    return biglstm.run(biglstm.config_for("quick"), progress=False)   # with its shift sweep (0, 6)
 
 
 def test_biglstm_quick_reproduces_figure_1(lstm_quick, tmp_path):
     r = lstm_quick
     assert set(r.arms) == {"fp32", "fp16", "fp16_static"} and not r.real_fp16
-    assert r.config["grad_shift"] == biglstm.equivalent_shift(r.vocab_size, 16 * 16)
+    assert r.config["grad_shift"] == -1 and r.grad_shift == biglstm.equivalent_shift(r.vocab_size, 16 * 16)
     fp32, fp16, static = (r.final(a) for a in ("fp32", "fp16", "fp16_static"))
     # what chapter 7 claims for the quick profile: without loss scaling the loss falls behind (and rises),
     # with a loss scale of 128 it matches FP32
@@ -185,11 +186,15 @@ def test_biglstm_quick_reproduces_figure_1(lstm_quick, tmp_path):
     assert r.arms["fp32"]["evals"][-1]["fp16_underflow"] > 0.9       # what FP16 would have lost
     assert not r.arms["fp16_static"]["skipped"] and set(r.arms["fp16_static"]["scales"]) == {128.0}
     back = biglstm.BigLSTMResult.load(r.save(tmp_path / "r.json"))
-    assert back.final("fp16") == pytest.approx(fp16) and "loss scale 128" in back.table()
-    sweep = biglstm.shift_sweep(biglstm.config_for("quick"), (0, 11), reuse=r, progress=False)
-    assert sweep["fp16"][11] == pytest.approx(fp16) and abs(sweep["fp16"][0] - fp32) < 0.05
-    with pytest.raises(ValueError, match="reuse"):
-        biglstm.shift_sweep(dataclasses.replace(biglstm.config_for("quick"), lr=0.1), (0,), reuse=r)
+    assert back == r and "loss scale 128" in figures.divergence_table(back)
+    # the shift sweep: FP32 once (identical for every k), FP16 without scaling at k = 0 keeps up with it, at k = 6
+    # it falls behind
+    sweep = r.sweep
+    assert sweep["fp32"] == pytest.approx(fp32) and sweep["equivalent_shift"] == r.grad_shift
+    k = str(r.grad_shift)
+    assert sorted(sweep["fp16"], key=int) == ["0", "6", k] and abs(sweep["fp16"]["0"] - fp32) < 0.05
+    assert sweep["fp16"][k] == pytest.approx(fp16)                # the main run joins the sweep at its shift
+    assert sweep["fp16"]["6"] > sweep["fp16"]["0"] and sweep["zero_share"]["6"] > sweep["zero_share"]["0"]
     with pytest.raises(ValueError, match="arm"):
         r.final("bf16")
 
@@ -199,6 +204,10 @@ def test_biglstm_config_errors():
         biglstm.run(ssd_table2.Config())
     with pytest.raises(ValueError, match="arms"):
         biglstm.run(dataclasses.replace(biglstm.config_for("quick"), arms=("fp8",)))
+    with pytest.raises(ValueError, match="grad_shift"):
+        biglstm.run(dataclasses.replace(biglstm.config_for("quick"), grad_shift=-2))
+    with pytest.raises(ValueError, match="sweep_shifts"):
+        biglstm.run(dataclasses.replace(biglstm.config_for("quick"), sweep_shifts=(-1,)))
     with pytest.raises(ValueError, match="profile"):
         biglstm.config_for("huge")
 
@@ -215,6 +224,6 @@ def test_ssd_table2_quick_reproduces_table_2(tmp_path):
     fp32_median = r.arms["fp32"]["evals"][-1]["median_log2"]
     assert -27 <= fp32_median <= -21          # the shift places the histogram's median near FP16's 2^-24
     back = ssd_table2.SSDTable2Result.load(r.save(tmp_path / "t.json"))
-    assert back.final_map("fp32") == r.final_map("fp32") and "76.9" in back.table()
+    assert back == r and "76.9" in figures.divergence_table(back, paper=ssd_table2.PAPER["Multibox SSD"])
     with pytest.raises(ValueError, match="arm"):
         r.final_map("fp16_dynamic")

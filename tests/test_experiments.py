@@ -1,19 +1,176 @@
-"""Experiments: a tiny run of ssd_histogram end to end, JSON round trip, CLI, tables."""
+"""The experiment runner (profiles, seeding, threads, provenance, JSON, the CLI, --list/--all) and the small
+experiments end to end: ssd_histogram, loss_scaling, master_weights_stall."""
 
+import dataclasses
 import json
 import math
 
 import pytest
 import torch
 
-from mpt_lab.experiments import load_json, save_json, ssd_histogram
+from mpt_lab import experiments
+from mpt_lab.experiments import _runner, load_json, loss_scaling, master_weights_stall, save_json, ssd_histogram
+from mpt_lab.experiments.__main__ import main as experiments_main
 from mpt_lab.experiments.ssd_histogram import Config, SSDHistogramResult
 
 
+# ------------------------------------------------------------------------------------------------- the runner
+def test_every_experiment_is_registered_with_its_profiles():
+    for name in experiments.NAMES:
+        e = experiments.get(name)
+        assert e.name == name and e.Result.NAME == name
+        assert set(e.profiles) <= set(experiments.PROFILES) and {"quick", "cpu", "full"} <= set(e.profiles)
+        for p in e.profiles:
+            cfg = e.config_for(p)
+            assert cfg.profile == p
+            cfg.validate()                                   # every declared profile is a valid configuration
+        assert not [f for f in dataclasses.fields(e.Config) if f.name == "profile" and f.default != "custom"]
+    with pytest.raises(ValueError, match="must be one of"):
+        experiments.get("nonsense")
+
+
+def test_a_missing_profile_names_the_ones_that_exist():
+    with pytest.raises(ValueError, match=r"no 'long' profile; it has quick, cpu, full"):
+        loss_scaling.config_for("long")
+    with pytest.raises(ValueError, match="profile must be one of"):
+        loss_scaling.config_for("huge")
+
+
+def test_profile_never_picks_long(monkeypatch):
+    import mpt_lab
+
+    monkeypatch.setenv("MPT_LAB_PROFILE", "long")
+    with pytest.raises(ValueError, match="command line"):
+        mpt_lab.profile()
+    monkeypatch.setenv("MPT_LAB_PROFILE", "quick")
+    assert mpt_lab.profile() == "quick"
+
+
+def test_bad_configs_are_named():
+    with pytest.raises(TypeError, match="Config"):
+        loss_scaling.run("quick")
+    with pytest.raises(TypeError, match="Config"):
+        loss_scaling.run(master_weights_stall.Config())
+    with pytest.raises(ValueError, match="config.dtype"):
+        loss_scaling.run(loss_scaling.Config(dtype="float8"), progress=False)
+    with pytest.raises(ValueError, match="config.steps"):
+        loss_scaling.run(loss_scaling.Config(steps=0), progress=False)
+    with pytest.raises(ValueError, match="config.threads"):
+        loss_scaling.run(loss_scaling.Config(threads=-1), progress=False)
+
+
+def test_json_round_trip_keeps_nonfinite_and_histograms(tmp_path):
+    from mpt_lab.histogram import log2_histogram
+
+    h = log2_histogram(torch.tensor([0.0, 1.0, 3e-9, float("inf")]))
+    p = save_json({"a": float("inf"), "b": [float("nan"), (1, 2)], "h": h, 3: "x"}, tmp_path / "x.json")
+    back = load_json(p)
+    assert back["a"] == math.inf and math.isnan(back["b"][0]) and back["b"][1] == [1, 2] and back["3"] == "x"
+    assert back["h"] == h
+    assert json.loads(p.read_text())["a"] == "inf"            # standard JSON on disk
+    with pytest.raises(FileNotFoundError):
+        load_json(tmp_path / "missing.json")
+    with pytest.raises(TypeError):
+        save_json([1], tmp_path / "y.json")
+    with pytest.raises(TypeError, match="tensor"):
+        save_json({"t": torch.ones(2)}, tmp_path / "z.json")
+
+
+def test_set_parses_like_the_field():
+    parse = _runner._parse_like
+    assert parse((128, 256), "64,512") == (64, 512) and parse(("a:1",), "b:2,c:3") == ("b:2", "c:3")
+    assert parse(True, "no") is False and parse(3, "7") == 7 and parse(0.5, "2") == 2.0 and parse("a", "b") == "b"
+    with pytest.raises(ValueError):
+        parse(True, "maybe")
+
+
+@pytest.fixture(scope="module")
+def small_loss_scaling():
+    cfg = loss_scaling.Config(profile="quick", steps=60, growth_interval=10, hidden=32, threads=1)
+    return cfg, loss_scaling.run(cfg, progress=False)
+
+
+def test_provenance_and_command_reproduce_the_run(small_loss_scaling, tmp_path, capsys):
+    cfg, r = small_loss_scaling
+    prov = r.provenance
+    assert {"command", "device", "versions", "date", "config", "seconds", "experiment", "profile"} <= set(prov)
+    assert prov["experiment"] == "loss_scaling" and prov["seconds"] > 0 and "torch" in prov["versions"]
+    assert prov["config"] == r.config == _runner._decode(_runner._encode(dataclasses.asdict(cfg)))
+    cmd = prov["command"]
+    assert cmd.startswith("python -m mpt_lab.experiments.loss_scaling --profile quick") and "--set steps=60" in cmd
+    # the recorded command, run through the CLI, gives the same numbers
+    argv = cmd.split()[3:] + ["--out", str(tmp_path / "again.json"), "--no-progress"]
+    assert loss_scaling.main(argv) == 0
+    again = loss_scaling.LossScalingResult.load(tmp_path / "again.json")
+    assert again.config == r.config and again.losses == r.losses and again.history == r.history
+    assert "wrote" in capsys.readouterr().out
+
+
+def test_seeding_and_threads(small_loss_scaling):
+    cfg, r = small_loss_scaling
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        again = loss_scaling.run(cfg, progress=False)         # cfg.threads = 1 for the run ...
+        assert torch.get_num_threads() == 2                  # ... and the caller's setting afterwards
+    finally:
+        torch.set_num_threads(before)
+    assert again.losses == r.losses                          # same seed, same numbers
+    other = loss_scaling.run(dataclasses.replace(cfg, seed=1), progress=False)
+    assert other.losses != r.losses
+
+
+def test_progress_off_prints_one_timing_line(small_loss_scaling, monkeypatch, capsys):
+    cfg, _ = small_loss_scaling
+    monkeypatch.setenv("MPT_LAB_PROGRESS", "0")
+    loss_scaling.run(dataclasses.replace(cfg, steps=5), progress=None)
+    out = capsys.readouterr()
+    assert out.out.count("\n") == 1 and "loss_scaling (quick profile):" in out.out and "s on " in out.out
+    assert "it/s" not in out.err                             # no progress bar
+
+
+def test_cli_errors_name_the_field():
+    with pytest.raises(SystemExit):
+        loss_scaling.main(["--set", "nonsense=1"])
+    with pytest.raises(SystemExit):
+        loss_scaling.main(["--set", "steps"])
+    with pytest.raises(SystemExit):
+        loss_scaling.main(["--profile", "long"])
+
+
+def test_list_and_all(tmp_path, capsys):
+    assert experiments_main(["--list"]) == 0
+    listing = capsys.readouterr().out
+    assert all(name in listing for name in experiments.NAMES) and "quick, cpu" in listing
+    assert experiments_main(["--all", "--profile", "full", "--out", str(tmp_path), "--dry-run"]) == 0
+    dry = capsys.readouterr().out
+    assert dry.count("+ python -m mpt_lab.experiments.") == len(experiments.NAMES) and not list(tmp_path.iterdir())
+    # a real --all run of one experiment, then a second call skips what is saved
+    assert experiments_main(["--all", "--profile", "quick", "--out", str(tmp_path), "--only", "message_passing"]) == 0
+    saved = tmp_path / "message_passing_quick.json"
+    assert saved.exists() and experiments.get("message_passing").Result.load(saved).all_low_precision()
+    capsys.readouterr()
+    assert experiments_main(["--all", "--profile", "quick", "--out", str(tmp_path), "--only", "message_passing"]) == 0
+    assert "exists, skipped" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        experiments_main(["--all", "--profile", "quick"])
+    with pytest.raises(SystemExit):
+        experiments_main(["--all", "--profile", "quick", "--out", str(tmp_path), "--only", "nope"])
+
+
+def test_saved_results_load():
+    for name in experiments.NAMES:
+        for p in ("full", "long"):
+            r = experiments.saved(name, p)
+            if r is not None:                                # whatever is committed must load and describe itself
+                assert r.profile == p and r.describe() and r.provenance["command"].startswith("python -m")
+
+
+# ------------------------------------------------------------------------------------------------ ssd_histogram
 @pytest.fixture(scope="module")
 def tiny_result():
     cfg = Config(profile="quick", steps=6, n_train=64, n_test=8, batch_size=8, warmup_steps=2, phases=3,
-                 per_module=True, threads=1)
+                 per_module=True, threads=1, sweep=("small:64",), sweep_steps=2)
     return ssd_histogram.run(cfg, progress=False)
 
 
@@ -25,96 +182,68 @@ def test_run_records_histograms(tiny_result):
     # the phases partition the run, and their histograms add up to the whole
     assert [(p["from"], p["to"]) for p in r.phases] == [(1, 2), (3, 4), (5, 6)]
     assert sum(p["activation"] for p in r.phases) == r.activation
-    # per-module histograms add up to the total too
     assert sum(r.by_module.values()).total == r.activation.total
     # every trainable parameter's gradient was counted once per step
-    model = ssd_histogram.build_ssd("small")
-    n_params = sum(p.numel() for p in model.parameters())
+    n_params = sum(p.numel() for p in ssd_histogram.build_ssd("small").parameters())
     assert r.weight.total == 6 * n_params
-    assert r.provenance["config"]["steps"] == 6 and "torch" in r.provenance["versions"]
+    assert list(r.sweep) == ["small, 64 px"] and r.sweep["small, 64 px"].total > 0
 
 
-def test_summary_and_table(tiny_result):
+def test_summary_follows_the_definitions(tiny_result):
+    from mpt_lab import formats as F
+    from mpt_lab.scaling import max_gradient_scale
+
+    h = tiny_result.activation
     s = tiny_result.summary("FP16")
-    assert 0 <= s["zeros"] <= 1 and s["underflow at S=1"] >= s["underflow at S=8"] >= s["underflow at S=2^15"]
-    assert s["max-gradient rule S"] <= s["largest S without overflow"] <= 2 * s["max-gradient rule S"]
-    html = ssd_histogram.comparison_table({"tiny": tiny_result})
-    assert "66.8%" in html and html.count("<tr>") == 11
-    with pytest.raises(TypeError):
-        ssd_histogram.comparison_table({"x": 1})
+    assert s.zeros == h.fraction_zero() and s.lost == h.fractions("FP16")["underflow"]
+    assert 0 <= s.lost <= s.below_smallest_subnormal and s.lost >= s.lost_at_8 >= s.lost_at_2_15
+    assert s.max_gradient_rule == max_gradient_scale(h.amax, "FP16")
+    assert s.max_gradient_rule <= s.max_scale <= 2 * s.max_gradient_rule
+    assert h.amax * s.max_gradient_rule <= F.FP16.max
+    assert s.median_binade == h.median_binade()
+    with pytest.raises(ValueError):
+        tiny_result.summary("FP16", which="bias")
     assert "quick profile" in tiny_result.describe()
 
 
 def test_json_round_trip(tiny_result, tmp_path):
     path = tiny_result.save(tmp_path / "r.json")
     back = SSDHistogramResult.load(path)
-    assert back.activation == tiny_result.activation and back.weight == tiny_result.weight
-    assert back.losses == tiny_result.losses and back.map50 == tiny_result.map50
-    assert [p["activation"] for p in back.phases] == [p["activation"] for p in tiny_result.phases]
-    assert back.summary() == tiny_result.summary()
+    assert back == tiny_result and back.summary() == tiny_result.summary()
     d = json.loads(path.read_text())
     assert d["experiment"] == "ssd_histogram"
     d["experiment"] = "other"
     with pytest.raises(ValueError):
         SSDHistogramResult.from_dict(d)
+    del d["losses"]
+    d["experiment"] = "ssd_histogram"
+    with pytest.raises(ValueError, match="losses"):
+        SSDHistogramResult.from_dict(d)
 
 
-def test_configs_and_cli(tmp_path):
-    for p in ("quick", "cpu", "full"):
-        assert ssd_histogram.config_for(p).profile == p
-        assert ssd_histogram.sweep_for(p)["sizes"]
-    with pytest.raises(ValueError):
-        ssd_histogram.config_for("huge")
-    out = tmp_path / "cli.json"
-    rc = ssd_histogram.main(["--profile", "quick", "--set", "steps=3", "--set", "n_train=32", "--set", "n_test=4",
-                             "--set", "batch_size=8", "--set", "warmup_steps=1", "--out", str(out)])
-    assert rc == 0
-    r = SSDHistogramResult.load(out)
-    assert r.config["steps"] == 3 and r.provenance["command"].startswith("python -m mpt_lab.experiments.ssd_histogram")
-    with pytest.raises(SystemExit):
-        ssd_histogram.main(["--set", "nonsense=1"])
-    with pytest.raises(TypeError):
-        ssd_histogram.run("quick")
+def test_ssd_sweep_entries_are_checked():
+    with pytest.raises(ValueError, match="config.sweep"):
+        ssd_histogram.run(Config(sweep=("tiny-net:64",), sweep_steps=2), progress=False)
+    with pytest.raises(ValueError, match="sweep_steps"):
+        ssd_histogram.run(Config(sweep=("small:64",), sweep_steps=0), progress=False)
 
 
-def test_size_sweep_returns_histograms():
-    out = ssd_histogram.size_sweep((("small", 64),), steps=2, batch_size=4, progress=False)
-    assert list(out) == ["small, 64 px"] and out["small, 64 px"].total > 0
-
-
-def test_save_json_handles_nonfinite(tmp_path):
-    p = save_json({"a": float("inf"), "b": [float("nan")]}, tmp_path / "x.json")
-    assert load_json(p) == {"a": "inf", "b": ["nan"]}
-    with pytest.raises(FileNotFoundError):
-        load_json(tmp_path / "missing.json")
-    with pytest.raises(TypeError):
-        save_json([1], tmp_path / "y.json")
-
-
-def test_loss_scaling_experiment(tmp_path):
-    from mpt_lab.experiments import loss_scaling
-
-    cfg = loss_scaling.Config(profile="quick", steps=60, growth_interval=10, hidden=32, threads=1)
-    r = loss_scaling.run(cfg, progress=False)
+# ----------------------------------------------------------------------------------- loss scaling, master weights
+def test_loss_scaling_experiment(small_loss_scaling, tmp_path):
+    _, r = small_loss_scaling
     assert r.identical and len(r.history["mpt_lab"]) == 60
     assert [h[1] for h in r.history["mpt_lab"]] == [h[1] for h in r.history["torch"]]
     assert [h[2] for h in r.history["mpt_lab"]] == [h[2] for h in r.history["torch"]]
     assert r.history["mpt_lab"][10][1] == 2 * r.history["mpt_lab"][0][1] or r.overflow_steps
     back = loss_scaling.LossScalingResult.load(r.save(tmp_path / "ls.json"))
-    assert back.history == r.history and back.identical and "identical to torch: True" in back.describe()
-    with pytest.raises(ValueError):
-        loss_scaling.run(loss_scaling.Config(dtype="float8"), progress=False)
-    with pytest.raises(ValueError):
-        loss_scaling.config_for("tiny")
+    assert back == r and "identical to torch: True" in back.describe()
 
 
 def test_master_weights_stall_experiment(tmp_path):
-    from mpt_lab.experiments import master_weights_stall as mws
-
-    r = mws.run(mws.Config(profile="quick", steps=300, threads=1), progress=False)
-    assert set(r.losses) == {"FP32", "pure FP16", "FP16 + FP32 masters"} and len(r.swamped) == 300
+    r = master_weights_stall.run(master_weights_stall.Config(profile="quick", steps=300, threads=1), progress=False)
+    assert set(r.losses) == set(master_weights_stall.RUNS) and len(r.swamped) == 300
     assert sum(r.swamped) / 300 > 0.5
-    back = mws.StallResult.load(r.save(tmp_path / "s.json"))
+    back = master_weights_stall.StallResult.load(r.save(tmp_path / "s.json"))
     assert back.losses == r.losses and back.swamped == r.swamped
 
 
@@ -129,11 +258,3 @@ def test_swamped_fraction():
         swamped_fraction(w, torch.zeros(3))
     with pytest.raises(TypeError):
         swamped_fraction([1.0], [1.0])
-
-
-def test_set_parses_like_the_field():
-    from mpt_lab.experiments._common import _parse_like
-
-    assert _parse_like((128, 256), "64,512") == (64, 512)
-    assert _parse_like(True, "no") is False and _parse_like(3, "7") == 7 and _parse_like(0.5, "2") == 2.0
-    assert _parse_like("a", "b") == "b"

@@ -86,7 +86,7 @@ def test_gat_shapes_dtypes_and_learning():
     assert model.layers[1].in_channels == 64                       # hidden layers concatenate their heads
     out = model(g.x, g.edge_index)
     assert out.shape == (300, 41) and out.dtype == torch.float32
-    assert float(out.detach().min()) >= -1.0                        # ELU on the last layer, as the seed
+    assert float(out.detach().min()) >= -1.0                        # ELU on the last layer, as the guide
     seen = []
     hook = model.layers[0].lin.register_forward_hook(lambda mod, inp, o: seen.append(o.dtype))
     with torch.autocast("cpu", dtype=torch.bfloat16):

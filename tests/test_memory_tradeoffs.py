@@ -8,6 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from mpt_lab import figures
+from mpt_lab.bench import peak_memory
 from mpt_lab.experiments import memory_tradeoffs as mt
 from mpt_lab.models.resnet import ResNet, build_resnet
 
@@ -20,7 +22,7 @@ def _one_thread():
     torch.set_num_threads(old)
 
 
-def test_measure_peak_bytes_cpu():
+def test_peak_memory_counts_live_tensors_on_cpu():
     n = 4 * 2 ** 20
 
     def f():
@@ -29,7 +31,7 @@ def test_measure_peak_bytes_cpu():
         del a
         return float(b.sum())
 
-    peak = mt.measure_peak_bytes(f, "cpu")
+    peak = peak_memory(f, "cpu")
     assert 2 * n <= peak < 3 * n
 
 
@@ -84,11 +86,17 @@ def test_tiny_run_all_ways_and_json_roundtrip(tmp_path):
     assert r.ways["fp32"]["memory_saved"] == 0.0
     assert r.mixed_dtype == "bfloat16" and "bfloat16" in r.mixed_note
     assert set(r.training) == {"fp32", "mixed"} and 0 <= r.training["mixed"]["accuracy"] <= 1
-    assert r.seed_003["fp32"]["storage_mb"] == 90.0
     p = r.save(tmp_path / "r.json")
     back = mt.MemoryTradeoffsResult.load(p)
-    assert back.to_dict() == r.to_dict()
-    assert "memory trade-offs" in back.describe()
+    assert back == r and "memory trade-offs" in back.describe()
+    # the tables and the figure, from the result object
+    assert figures.tradeoff_table(r).count("<tr>") == 1 + 4
+    t = figures.training_table(r)
+    assert "MiB" in t and "90 MB as reported" in t and "85.8" in t      # MB quoted and converted: 90e6 / 2**20
+    fig = figures.plot_tradeoffs(r)
+    assert fig._suptitle.get_text() and all(ax.get_title() and ax.get_ylabel() for ax in fig.axes)
+    with pytest.raises(TypeError):
+        figures.tradeoff_table({})
 
 
 def test_bad_config_raises():
@@ -102,17 +110,3 @@ def test_bad_config_raises():
         mt.run(dataclasses.replace(_tiny(), mixed_dtype="float8"), progress=False)
     with pytest.raises(ValueError, match="image_size"):
         mt.run(dataclasses.replace(_tiny(), image_size=2, stages=3), progress=False)
-
-
-def test_tables_and_plot():
-    from mpt_lab import plots
-
-    cfg = mt.config_for("quick")
-    cfg.epochs = 1
-    r = mt.run(cfg, progress=False)
-    assert mt.tradeoff_table(r).count("<tr>") == 1 + 4
-    assert "seed 003" in mt.training_table(r)
-    fig = plots.plot_tradeoffs(r.ways)
-    assert all(ax.get_title() and ax.get_ylabel() for ax in fig.axes)
-    with pytest.raises(TypeError):
-        mt.tradeoff_table({})

@@ -1,7 +1,7 @@
-"""mpt_lab.experiments.message_passing: seed 001's four float16 examples in PyG and plain PyTorch stay float16
+"""mpt_lab.experiments.message_passing: the DGL User Guide's four float16 examples in PyG and plain PyTorch stay float16
 and agree with FP32 references on the CPU.
 
-Tolerances (stated): on the seed's graph (30 nodes, 100 edges, values in [0, 1)) every float16 result is within
+Tolerances (stated): on the guide's graph (30 nodes, 100 edges, values in [0, 1)) every float16 result is within
 2 FP16 ulps of the FP32 reference computed from the same inputs, and its normwise relative error is below
 2⁻¹⁰ (FP16's unit roundoff is 2⁻¹¹; a sum of a few terms rounds a few times).  The PyG and PyTorch results of
 one example differ by at most 1 FP16 ulp of the reference.
@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from mpt_lab import formats
+from mpt_lab import figures
 from mpt_lab.experiments import message_passing as mp
 
 
@@ -103,7 +104,8 @@ def test_run_result_and_roundtrip(tmp_path):
     assert "float16" in res.describe()
     p = res.save(tmp_path / "mp.json")
     back = mp.MessagePassingResult.load(p)
-    assert back.rows == res.rows and back.provenance["command"].startswith("python -m")
+    assert back == res and back.provenance["command"].startswith("python -m")
+    assert figures.message_passing_table(res).count("<tr>") == 1 + len(res.rows)
 
 
 def test_code_side_by_side_and_bad_input():

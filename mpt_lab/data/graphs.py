@@ -2,7 +2,7 @@
 Reddit, generated offline and deterministically from a seed.
 
 * :func:`rand_graph`: ``num_edges`` edges drawn uniformly at random between ``num_nodes`` nodes, as
-  ``dgl.rand_graph(num_nodes, num_edges)`` does (seed 001's message-passing examples use 30 nodes, 100 edges).
+  ``dgl.rand_graph(num_nodes, num_edges)`` does (the DGL User Guide's message-passing examples use 30 nodes, 100 edges).
 * :func:`synthetic_reddit`: a node-classification graph with Reddit's number of features and classes and
   its split fractions, any number of nodes and edges, and *learnable class structure* (class-dependent
   features and homophilous edges).  It is **synthetic**: the real Reddit data set (:data:`REDDIT`,
@@ -25,10 +25,10 @@ __all__ = ["REDDIT", "Graph", "rand_graph", "synthetic_reddit", "add_self_loops"
 #: NeurIPS 2017), as DGL's ``RedditDataset`` loads it: posts are nodes, an edge joins two posts commented on
 #: by the same user; features are 602-dimensional (averaged GloVe word vectors and post statistics); labels are
 #: 41 communities (subreddits).  Edge counts are directed edges as DGL stores them (each undirected edge twice);
-#: seed 001 quotes "114 million edges" for the graph with self loops (114,615,892 + 232,965 = 114,848,857).
+#: the DGL User Guide quotes "114 million edges" for the graph with self loops (114,615,892 + 232,965 = 114,848,857).
 #: Split sizes are those of DGL's train/val/test masks.  Cited, not computed.
 REDDIT = {
-    "source": "Hamilton et al. 2017 (GraphSAGE), Reddit data set as loaded by dgl.data.RedditDataset; seed 001",
+    "source": "Hamilton et al. 2017 (GraphSAGE), Reddit data set as loaded by dgl.data.RedditDataset; DGL User Guide, chapter 8",
     "num_nodes": 232_965,
     "num_edges": 114_615_892,
     "num_edges_with_self_loops": 114_848_857,
@@ -112,7 +112,7 @@ def rand_graph(num_nodes: int, num_edges: int, *, seed: int = 0, device="cpu") -
 
 def add_self_loops(edge_index: torch.Tensor, num_nodes: int) -> torch.Tensor:
     """``edge_index`` with one self loop (i, i) appended for every node (what DGL's ``AddSelfLoop`` does in
-    seed 001: existing self loops are removed first, then one per node is added).  int64 [2, E'] ."""
+    the DGL User Guide: existing self loops are removed first, then one per node is added).  int64 [2, E'] ."""
     if not isinstance(edge_index, torch.Tensor) or edge_index.dim() != 2 or edge_index.shape[0] != 2:
         raise ValueError("edge_index must be a tensor of shape [2, E]")
     _positive_int(num_nodes, "num_nodes")
@@ -138,7 +138,7 @@ def synthetic_reddit(num_nodes: int = REDDIT["num_nodes"], avg_degree: float = 5
     - edges: ``round(num_nodes · avg_degree / 2)`` undirected edges stored in both directions; each picks a
       uniform source, and with probability ``homophily`` another node of the same class as target, else a
       uniform target (the rare self loops this draws are dropped when the self loops are added);
-    - self loops (``self_loops=True``): one per node, as seed 001's ``AddSelfLoop`` transform;
+    - self loops (``self_loops=True``): one per node, as the DGL User Guide's ``AddSelfLoop`` transform;
     - masks: Reddit's train/val/test fractions (:data:`REDDIT`), by a random permutation.
 
     Parameters

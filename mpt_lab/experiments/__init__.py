@@ -1,19 +1,50 @@
-"""One module per reproduced result: ``run(config) -> result`` (a dataclass that saves to and loads from JSON)
-and a CLI, ``python -m mpt_lab.experiments.NAME --profile full --out book/results/NAME_full.json``.
+"""One module per reproduced result, all run by one runner (:mod:`mpt_lab.experiments._runner`).
 
-* :mod:`mpt_lab.experiments.ssd_histogram`: the paper's Figure 2, activation and weight gradients of an
-  SSD-style detector trained in FP32.
-* :mod:`mpt_lab.experiments.loss_scaling`: dynamic loss scaling on a real FP16 run, ours beside torch's.
-* :mod:`mpt_lab.experiments.master_weights_stall`: pure FP16 weights against FP32 master weights (§3.1).
-* :mod:`mpt_lab.experiments.amp_recipe`: the PyTorch AMP recipe timed in FP32, FP16 and BF16.
-* :mod:`mpt_lab.experiments.memory_tradeoffs`: activation checkpointing against lower precision, measured.
-* :mod:`mpt_lab.experiments.biglstm`: the paper's Figure 1, a bigLSTM-shaped language model in FP32 and in
-  FP16 mixed precision without and with loss scaling.
-* :mod:`mpt_lab.experiments.ssd_table2`: the paper's Table 2 for SSD, the same three ways on the detector.
-* :mod:`mpt_lab.experiments.message_passing`: DGL's float16 message-passing examples in PyG and PyTorch.
-* :mod:`mpt_lab.experiments.gat_amp`: DGL's GAT trained in FP32, FP16 autocast + GradScaler, and BF16.
+Each module ``mpt_lab.experiments.NAME`` has ``Config``, its profiles as data (``PROFILES``), a Result
+dataclass, ``run(config) -> Result``, ``config_for(profile)`` and a CLI::
+
+    python -m mpt_lab.experiments.NAME --profile full --out book/results/NAME_full.json [--set key=value]
+    python -m mpt_lab.experiments --list
+    python -m mpt_lab.experiments --all --profile full --out book/results/
+
+* ``ssd_histogram``: the paper's Figure 2, activation and weight gradients of an SSD-style detector in FP32.
+* ``loss_scaling``: dynamic loss scaling on a real FP16 run, ours beside torch's.
+* ``master_weights_stall``: pure FP16 weights against FP32 master weights (the paper's §3.1).
+* ``amp_recipe``: the PyTorch AMP recipe timed in FP32, FP16 and BF16.
+* ``memory_tradeoffs``: activation checkpointing against lower precision, measured.
+* ``biglstm``: the paper's Figure 1, a bigLSTM-shaped language model in FP32 and FP16 mixed precision.
+* ``ssd_table2``: the paper's Table 2 for SSD, the same comparison on the detector.
+* ``message_passing``: the DGL User Guide's float16 message-passing examples in PyG and PyTorch.
+* ``gat_amp``: the DGL User Guide's GAT in FP32, FP16 autocast + GradScaler, and BF16.
 """
 
-from ._common import find_result, load_json, results_dir, save_json
+from __future__ import annotations
 
-__all__ = ["save_json", "load_json", "results_dir", "find_result"]
+import importlib
+
+from ._runner import (PROFILES, REGISTRY, Experiment, ExperimentConfig, ExperimentResult, load_json, result_path,
+                      results_dir, save_json)
+
+#: The experiments, in the order of the book's chapters.
+NAMES = ("ssd_histogram", "loss_scaling", "master_weights_stall", "amp_recipe", "memory_tradeoffs", "biglstm",
+         "ssd_table2", "message_passing", "gat_amp")
+
+
+def get(name: str) -> Experiment:
+    """The :class:`~mpt_lab.experiments._runner.Experiment` called ``name`` (imports its module).
+
+    Raises ValueError for a name that is not in :data:`NAMES`.
+    """
+    if name not in NAMES:
+        raise ValueError(f"name must be one of {NAMES}, got {name!r}")
+    importlib.import_module(f"{__name__}.{name}")
+    return REGISTRY[name]
+
+
+def saved(name: str, profile: str = "full"):
+    """The saved result ``book/results/NAME_PROFILE.json`` of experiment ``name``, or None."""
+    return get(name).saved(profile)
+
+
+__all__ = ["NAMES", "PROFILES", "get", "saved", "Experiment", "ExperimentConfig", "ExperimentResult", "save_json",
+           "load_json", "results_dir", "result_path"]

@@ -28,25 +28,18 @@ from __future__ import annotations
 
 import contextlib
 
-import numpy as np
 import torch
 
 from ..scaling import GradScaler, StaticLossScaler
 from ..simulate import simulate, to_float32
 
-__all__ = ["ARMS", "ARM_LABELS", "PrecisionArm", "shift_eps", "check_arms", "collect_arms", "gradient_shares"]
+__all__ = ["ARMS", "ARM_LABELS", "PrecisionArm", "shift_eps", "collect_arms", "gradient_shares"]
 
 ARMS = ("fp32", "fp16", "fp16_static", "fp16_dynamic")
 
 #: Legend labels of the arms (the static scale is filled in by :meth:`PrecisionArm.label`).
 ARM_LABELS = {"fp32": "FP32", "fp16": "mixed FP16, no loss scaling", "fp16_static": "mixed FP16, loss scale {S:g}",
               "fp16_dynamic": "mixed FP16, dynamic loss scaling"}
-
-
-def check_arms(arms) -> None:
-    """Raise ValueError unless ``arms`` is a non-empty sequence of names in :data:`ARMS`."""
-    if not arms or any(a not in ARMS for a in arms):
-        raise ValueError(f"config.arms must be a non-empty subset of {ARMS}, got {arms!r}")
 
 
 def collect_arms(out: dict) -> dict:
@@ -61,16 +54,14 @@ def collect_arms(out: dict) -> dict:
 
 def gradient_shares(h) -> dict:
     """What the divergence experiments record of a :class:`~mpt_lab.histogram.Log2Histogram` of activation
-    gradients: ``zero_share`` (share of values exactly zero), ``fp16_underflow`` (share FP16 flushes to zero),
-    ``nonfinite`` (share of inf/NaN), all in [0, 1], and ``median_log2`` (int, the binade k with 2ᵏ ≤ |x| < 2ᵏ⁺¹
-    holding the median non-zero finite value; None when there is none)."""
+    gradients: ``zero_share`` (share of values exactly zero), ``fp16_underflow`` (share FP16 flushes to zero:
+    non-zero values with |x| ≤ 2⁻²⁵), ``nonfinite`` (share of inf/NaN), all in [0, 1], and ``median_log2``
+    (:meth:`~mpt_lab.histogram.Log2Histogram.median_binade`: the binade k, 2ᵏ ≤ |x| < 2ᵏ⁺¹, of the median
+    non-zero finite value; None when there is none)."""
     if h.total == 0:
         return {"zero_share": 0.0, "fp16_underflow": 0.0, "nonfinite": 0.0, "median_log2": None}
-    counts = np.asarray(h.counts)
-    cum = np.cumsum(counts)
-    median = int(np.asarray(h.exponents)[np.searchsorted(cum, cum[-1] / 2)]) if cum[-1] > 0 else None
     return {"zero_share": float(h.fraction_zero()), "fp16_underflow": float(h.fractions("FP16")["underflow"]),
-            "nonfinite": float(h.nonfinite) / float(h.total), "median_log2": median}
+            "nonfinite": float(h.nonfinite) / float(h.total), "median_log2": h.median_binade()}
 
 
 def shift_eps(optimizer: torch.optim.Optimizer, grad_shift: int) -> None:

@@ -10,7 +10,7 @@ the King James Bible of :mod:`mpt_lab.data.text`) are trained in each arm of
 :mod:`mpt_lab.simulate` emulation on a CPU.  The run records, over training: the training loss of every step
 (nats per token), the validation perplexity, the loss scale, and from histograms of the activation gradients
 (:class:`~mpt_lab.histogram.GradientHistogram`) the share of values that are zero in the run's own arithmetic
-and the share that FP16 would flush to zero (values below 2⁻²⁴ after scaling).
+and the share that FP16 would flush to zero (non-zero values with |x| ≤ 2⁻²⁵ after scaling).
 
 ``grad_shift = k`` (see :mod:`mpt_lab.experiments._precision`) multiplies the loss by 2⁻ᵏ and Adagrad's eps
 and initial accumulator by 2⁻ᵏ and 4⁻ᵏ: the FP32 run is bit-identical for every k, while the FP16 runs see
@@ -19,8 +19,8 @@ softmax gradients of the mean cross-entropy, (p − y)/N for N tokens per batch,
 of the order of 1/V for a vocabulary of V words, so these values scale like 1/(V·N).  bigLSTM had V = 793,471
 and N = 128 × 20 tokens per batch (:data:`BIGLSTM`); our small runs have far fewer of both, so their gradients
 sit log₂(V_big·N_big / (V·N)) binades higher.  ``grad_shift = -1`` ("auto", the default) uses that number,
-rounded (:func:`equivalent_shift`); :func:`shift_sweep` shows what happens at every shift, so the chapter can
-show where the run without loss scaling starts to fall behind.
+rounded (:func:`equivalent_shift`); ``sweep_shifts`` reruns FP16 without loss scaling at other shifts, so the
+chapter can show where that run starts to fall behind.
 
     python -m mpt_lab.experiments.biglstm --profile full --out book/results/biglstm_full.json
 """
@@ -28,23 +28,20 @@ show where the run without loss scaling starts to fall behind.
 from __future__ import annotations
 
 import math
-import time
 import warnings
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 
 from ..data.text import batchify, bptt_batches, kjv_corpus
-from ..device import provenance
 from ..histogram import GradientHistogram
-from ..models.lstm import build_lstm_lm
-from ._common import JsonResult, main as _main, prepare
-from ._precision import ARMS, PrecisionArm, check_arms, collect_arms, gradient_shares, shift_eps
+from ..models.lstm import CONFIGS, build_lstm_lm
+from ._precision import ARMS, PrecisionArm, collect_arms, gradient_shares, shift_eps
+from ._runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
 
-__all__ = ["Config", "BigLSTMResult", "config_for", "run", "shift_sweep", "sweep_for", "equivalent_shift",
-           "perplexity", "PAPER", "BIGLSTM", "NAME"]
+__all__ = ["Config", "BigLSTMResult", "PROFILES", "PAPER", "BIGLSTM", "config_for", "run", "main",
+           "equivalent_shift", "perplexity", "NAME"]
 
 NAME = "biglstm"
 
@@ -76,10 +73,7 @@ def equivalent_shift(vocab_size: int, tokens_per_batch: int) -> int:
 
 
 @dataclass
-class Config:
-    """Size and settings of one run (see :func:`config_for` for the profiles)."""
-
-    profile: str = "cpu"
+class Config(ExperimentConfig):
     model: str = "tiny"                # mpt_lab.models.lstm.CONFIGS
     max_vocab: int = 0                 # 0: every word of the training split
     batch_size: int = 20
@@ -95,45 +89,53 @@ class Config:
     eval_every: int = 200              # validation perplexity and histogram shares every N steps
     hist_every: int = 1                # record gradient histograms on every N-th step
     valid_tokens: int = 20000          # validation tokens evaluated (0: all)
-    seed: int = 0
-    device: str = "auto"
-    threads: int = 0
+    sweep_shifts: tuple = ()           # gradient shifts k of the sweep (FP16 without scaling at each k)
+
+    def validate(self) -> None:
+        super().validate()
+        self.check_choices("model", CONFIGS)
+        self.check_positive("batch_size", "bptt", "steps", "eval_every", "hist_every", "growth_interval")
+        self.check_positive("max_vocab", "valid_tokens", minimum=0)
+        self.check_choices("arms", ARMS, subset=True)
+        if not isinstance(self.grad_shift, int) or self.grad_shift < -1:
+            raise ValueError(f"config.grad_shift must be -1 (auto) or an int ≥ 0, got {self.grad_shift!r}")
+        if any(not isinstance(k, int) or k < 0 for k in self.sweep_shifts):
+            raise ValueError(f"config.sweep_shifts must be ints ≥ 0, got {self.sweep_shifts!r}")
+        if not self.static_scale > 0:
+            raise ValueError(f"config.static_scale must be > 0, got {self.static_scale!r}")
 
 
-def config_for(profile: str) -> Config:
-    """quick: CI (≈ 20 s on one CPU core); cpu: ≈ 3 minutes; full: one H100, ≤ 8 minutes.
-
-    Raises ValueError for other names.
-    """
-    if profile == "quick":
-        return Config(profile="quick", max_vocab=4000, batch_size=16, bptt=16, steps=120,
-                      arms=("fp32", "fp16", "fp16_static"), eval_every=30, hist_every=4, valid_tokens=4000, threads=1)
-    if profile == "cpu":
-        return Config(profile="cpu", max_vocab=4000, batch_size=16, bptt=16, steps=500, growth_interval=50,
-                      eval_every=100, hist_every=4, valid_tokens=10000, threads=1)
-    if profile == "full":
-        return Config(profile="full", model="medium", max_vocab=0, batch_size=64, bptt=35, steps=4000,
-                      growth_interval=500, eval_every=500, hist_every=5, valid_tokens=0)
-    raise ValueError(f"profile must be one of 'quick', 'cpu', 'full', got {profile!r}")
+PROFILES = {
+    "quick": {"max_vocab": 4000, "batch_size": 16, "bptt": 16, "steps": 120, "arms": ("fp32", "fp16", "fp16_static"),
+              "eval_every": 30, "hist_every": 4, "valid_tokens": 4000, "threads": 1, "sweep_shifts": (0, 6)},
+    "cpu": {"max_vocab": 4000, "batch_size": 16, "bptt": 16, "steps": 500, "growth_interval": 50, "eval_every": 100,
+            "hist_every": 4, "valid_tokens": 10000, "threads": 1, "sweep_shifts": (0, 4, 7)},
+    "full": {"model": "medium", "max_vocab": 0, "batch_size": 64, "bptt": 35, "steps": 4000, "growth_interval": 500,
+             "eval_every": 500, "hist_every": 5, "valid_tokens": 0, "sweep_shifts": (0, 2, 4, 6, 8, 10)},
+}
 
 
 @dataclass
-class BigLSTMResult(JsonResult):
-    """Per arm (keys of :data:`ARMS` that ran): ``losses`` [steps] training loss in nats per token; ``scales``
-    [steps] the loss scale used at each step; ``skipped`` steps the scaler skipped; ``evals`` list of dicts per
-    evaluation: step, valid_ppl, zero_share (share of activation-gradient values that are exactly zero in the
-    run's own arithmetic, since the previous evaluation), fp16_underflow (share that FP16 flushes to zero, of
-    the values as the run computed them: for FP32 what FP16 *would* lose), nonfinite."""
+class BigLSTMResult(ExperimentResult):
+    """``vocab_size``, ``train_tokens``: of the corpus; ``arms``: per arm of :data:`ARMS` that ran, ``losses``
+    [steps] training loss in nats per token, ``scales`` [steps] the loss scale used at each step, ``skipped``
+    steps the scaler skipped, ``evals`` per evaluation {step, valid_ppl, zero_share (share of activation-gradient
+    values exactly zero in the run's own arithmetic since the previous evaluation), fp16_underflow (share FP16
+    flushes to zero, of the values as the run computed them: for FP32 what FP16 *would* lose), nonfinite,
+    median_log2}; ``labels``: legend label per arm; ``real_fp16``: autocast on CUDA (else :mod:`mpt_lab.simulate`);
+    ``train_seconds``: per arm; ``grad_shift``: the shift k the arms ran with (``config["grad_shift"]`` is -1 when
+    it was chosen automatically); ``sweep``: {"fp32": final loss, "fp16": {k: final loss}, "zero_share": {k: share},
+    "equivalent_shift": k, "steps": steps} for ``sweep_shifts`` and the arms' own shift (FP32 is bit-identical
+    for every k)."""
 
-    NAME = NAME
-    config: dict
-    provenance: dict
     vocab_size: int
     train_tokens: int
+    grad_shift: int = 0
     arms: dict = field(default_factory=dict)
     labels: dict = field(default_factory=dict)
     real_fp16: bool = False
     train_seconds: dict = field(default_factory=dict)
+    sweep: dict = field(default_factory=dict)
 
     def final(self, arm: str, what: str = "loss", last: int = 50) -> float:
         """Mean training loss of the last ``last`` steps (``what="loss"``) or the last validation perplexity
@@ -144,32 +146,17 @@ class BigLSTMResult(JsonResult):
             return float(self.arms[arm]["evals"][-1]["valid_ppl"])
         if what != "loss":
             raise ValueError(f"what must be 'loss' or 'ppl', got {what!r}")
-        tail = [float(v) for v in self.arms[arm]["losses"][-last:]]
-        return sum(tail) / len(tail) if tail else float("nan")
-
-    def table(self):
-        """HTML table: per arm, final training loss, validation perplexity, zero share and FP16 underflow."""
-        from ..widgets import table_html
-
-        rows = []
-        for arm, d in self.arms.items():
-            e = d["evals"][-1]
-            rows.append([self.labels.get(arm, arm), f"{self.final(arm):.3f}", f"{self.final(arm, 'ppl'):.1f}",
-                         f"{100 * e['zero_share']:.1f}%", f"{100 * e['fp16_underflow']:.2f}%", str(len(d["skipped"]))])
-        return table_html(["run", "training loss (last 50 steps, nats)", "validation perplexity",
-                           "activation gradients = 0", "below FP16's 2⁻²⁴", "skipped steps"], rows)
+        return _tail_mean(self.arms[arm]["losses"], last)
 
     def describe(self) -> str:
         parts = [f"{a}: loss {self.final(a):.3f}, ppl {self.final(a, 'ppl'):.1f}" for a in self.arms]
-        return (f"biglstm ({self.config['profile']} profile, grad_shift {self.config['grad_shift']}, "
-                f"{'real' if self.real_fp16 else 'simulated'} FP16, {self.provenance['device']}): " + "; ".join(parts))
+        return (f"biglstm ({self.profile} profile, grad_shift {self.grad_shift}, "
+                f"{'real' if self.real_fp16 else 'simulated'} FP16, {self.device}): " + "; ".join(parts))
 
-    @classmethod
-    def _from_fields(cls, d: dict) -> "BigLSTMResult":
-        return cls(config=d["config"], provenance=d["provenance"], vocab_size=int(d["vocab_size"]),
-                   train_tokens=int(d["train_tokens"]), arms=d["arms"], labels=d.get("labels", {}),
-                   real_fp16=bool(d.get("real_fp16", False)), train_seconds=d.get("train_seconds", {}))
 
+def _tail_mean(values, last: int) -> float:
+    tail = [float(v) for v in values[-last:]]
+    return sum(tail) / len(tail) if tail else float("nan")
 
 
 @torch.no_grad()
@@ -187,7 +174,9 @@ def perplexity(model, streams: torch.Tensor, bptt: int, device) -> float:
     return math.exp(mean) if math.isfinite(mean) and mean < 700 else float("inf")
 
 
-def _train_arm(arm_name: str, config: Config, corpus, init_state: dict, device, progress: bool) -> dict:
+def _train_arm(arm_name: str, config: Config, corpus, init_state: dict, run: Run) -> dict:
+    """Train one arm from ``init_state``: the measured loop of the experiment."""
+    device = run.device
     torch.manual_seed(config.seed + 1)   # dropout (none by default) and anything random: the same in every arm
     model = build_lstm_lm(config.model, corpus.vocab_size).to(device)
     model.load_state_dict(init_state)
@@ -203,10 +192,10 @@ def _train_arm(arm_name: str, config: Config, corpus, init_state: dict, device, 
     windows, state = bptt_batches(streams, config.bptt), None
     losses, scales, skipped, evals = [], [], [], []
     gh = GradientHistogram(model, "activation")
-    t0 = time.perf_counter()
+    t0 = run.elapsed()
     with gh, warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="LSTM with projections is not supported with oneDNN")
-        for step in tqdm(range(1, config.steps + 1), desc=arm.label(), disable=not progress, mininterval=1.0):
+        for step in run.bar(range(1, config.steps + 1), desc=arm.label()):
             try:
                 x, y = next(windows)
             except StopIteration:
@@ -232,91 +221,37 @@ def _train_arm(arm_name: str, config: Config, corpus, init_state: dict, device, 
                 evals.append({"step": step, "valid_ppl": perplexity(model, valid, config.bptt, device),
                               **gradient_shares(gh.histogram)})
                 gh.reset()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
     return {"losses": losses, "scales": scales, "skipped": skipped, "evals": evals, "label": arm.label(),
-            "real_fp16": arm.real_fp16, "seconds": time.perf_counter() - t0}
+            "real_fp16": arm.real_fp16, "seconds": run.elapsed() - t0}
 
 
-def run(config: Config | None = None, *, command: str | None = None, progress: bool = True) -> BigLSTMResult:
-    """Train the language model once per arm of ``config.arms`` from the same initial weights and data order.
-
-    Returns
-    -------
-    BigLSTMResult
-
-    Raises
-    ------
-    TypeError
-        ``config`` is not a :class:`Config`.
-    ValueError
-        An unknown arm in ``config.arms``.
-    """
-    config, device = prepare(config, Config, config_for)
-    check_arms(config.arms)
+def measure(config: Config, run: Run) -> dict:
+    """Train the language model once per arm from the same initial weights and data order, then the FP16 run
+    without loss scaling once per shift of ``sweep_shifts``."""
     corpus = kjv_corpus(max_vocab=config.max_vocab or None)
+    k_auto = equivalent_shift(corpus.vocab_size, config.batch_size * config.bptt)
     if config.grad_shift == -1:
-        config = replace(config, grad_shift=equivalent_shift(corpus.vocab_size, config.batch_size * config.bptt))
-    elif not isinstance(config.grad_shift, int) or config.grad_shift < 0:
-        raise ValueError(f"config.grad_shift must be -1 (auto) or an int ≥ 0, got {config.grad_shift!r}")
+        config = replace(config, grad_shift=k_auto)
     torch.manual_seed(config.seed)
     init_state = {k: v.clone() for k, v in build_lstm_lm(config.model, corpus.vocab_size).state_dict().items()}
-    out = {a: _train_arm(a, config, corpus, init_state, device, progress) for a in config.arms}
-    cfg = asdict(config)
-    cfg["arms"] = list(config.arms)
-    prov = provenance(command=command or f"python -m mpt_lab.experiments.{NAME} --profile {config.profile}",
-                      config=cfg, device=device)
-    return BigLSTMResult(config=cfg, provenance=prov, vocab_size=corpus.vocab_size, train_tokens=len(corpus.train),
-                         **collect_arms(out))
+    out = {a: _train_arm(a, config, corpus, init_state, run) for a in config.arms}
+    sweep = {}
+    if config.sweep_shifts:
+        fp32 = out.get("fp32") or _train_arm("fp32", replace(config, grad_shift=0), corpus, init_state, run)
+        sweep = {"fp32": _tail_mean(fp32["losses"], 50), "fp16": {}, "zero_share": {}, "steps": config.steps,
+                 "equivalent_shift": k_auto}
+        shifts = set(config.sweep_shifts) | ({config.grad_shift} if "fp16" in out else set())
+        for k in sorted(shifts):       # the main FP16 run joins the sweep at its own shift, at no cost
+            d = out["fp16"] if (k == config.grad_shift and "fp16" in out) else \
+                _train_arm("fp16", replace(config, grad_shift=k), corpus, init_state, run)
+            sweep["fp16"][k] = _tail_mean(d["losses"], 50)
+            sweep["zero_share"][k] = d["evals"][-1]["zero_share"]
+    return {"vocab_size": corpus.vocab_size, "train_tokens": len(corpus.train), "sweep": sweep,
+            "grad_shift": config.grad_shift, **collect_arms(out)}
 
 
-def shift_sweep(config: Config, shifts=(0, 4, 8, 10, 12), *, reuse: "BigLSTMResult | None" = None,
-                progress: bool = True) -> dict:
-    """Final training loss of FP32 and of mixed FP16 without loss scaling, for several gradient shifts.
-
-    FP32 runs once (it is bit-identical for every shift, see :mod:`mpt_lab.experiments._precision`); the FP16
-    run without scaling repeats per shift.  Returns ``{"fp32": loss, "fp16": {shift: loss}, "underflow":
-    {shift: share of activation-gradient values below 2⁻²⁴ in the last evaluation interval}}``.
-    """
-    if reuse is not None:
-        same = {k: v for k, v in asdict(config).items() if k not in ("arms", "grad_shift", "profile")}
-        if any(reuse.config.get(k) != (list(v) if isinstance(v, tuple) else v) for k, v in same.items()) \
-                or "fp32" not in reuse.arms:
-            raise ValueError("reuse must be a result of the same configuration with an FP32 run")
-        base = reuse
-    else:
-        base = run(replace(config, arms=("fp32",), grad_shift=0), progress=progress)
-    out = {"fp32": base.final("fp32"), "fp16": {}, "zero_share": {}, "steps": config.steps,
-           "equivalent_shift": equivalent_shift(base.vocab_size, config.batch_size * config.bptt)}
-    if reuse is not None and "fp16" in reuse.arms:
-        k = int(reuse.config["grad_shift"])
-        out["fp16"][k] = reuse.final("fp16")
-        out["zero_share"][k] = reuse.arms["fp16"]["evals"][-1]["zero_share"]
-    for k in shifts:
-        if int(k) in out["fp16"]:
-            continue
-        r = run(replace(config, arms=("fp16",), grad_shift=int(k)), progress=progress)
-        out["fp16"][int(k)] = r.final("fp16")
-        out["zero_share"][int(k)] = r.arms["fp16"]["evals"][-1]["zero_share"]
-    out["fp16"] = dict(sorted(out["fp16"].items()))
-    out["zero_share"] = dict(sorted(out["zero_share"].items()))
-    return out
-
-
-def sweep_for(profile: str) -> dict:
-    """Keyword arguments of :func:`shift_sweep` for a profile (the runs are as long as the profile's)."""
-    if profile == "quick":
-        return {"shifts": (0, 6)}
-    if profile == "cpu":
-        return {"shifts": (0, 4, 7)}
-    if profile == "full":
-        return {"shifts": (0, 2, 4, 6, 8, 10)}
-    raise ValueError(f"profile must be one of 'quick', 'cpu', 'full', got {profile!r}")
-
-
-def main(argv=None) -> int:
-    return _main(__doc__.splitlines()[0], run, config_for, argv)
-
+EXPERIMENT = Experiment(NAME, Config, PROFILES, measure, BigLSTMResult, __doc__)
+run, config_for, main = EXPERIMENT.run, EXPERIMENT.config_for, EXPERIMENT.main
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(EXPERIMENT)

@@ -1,10 +1,10 @@
 """Why FP32 master weights: pure FP16 weights stall when updates fall below half an ulp (paper §3.1).
 
-Three copies of the same digit classifier (an MLP on scikit-learn's digits) train with plain SGD on the same
-batches: in FP32; in pure FP16 (weights, gradients and the update ``w ← w − lr·g`` all FP16, so an update
-smaller than half an ulp of its weight rounds away); and with :class:`mpt_lab.master_weights.MasterWeightTrainer`
-(FP16 forward and backward, FP32 master weights).  For the pure FP16 run the share of non-zero updates that
-were lost is recorded at every step.
+Three copies of the same digit classifier (:func:`mpt_lab.models.digits_mlp` on scikit-learn's digits) train
+with plain SGD on the same batches: in FP32; in pure FP16 (weights, gradients and the update ``w ← w − lr·g``
+all FP16, so an update smaller than half an ulp of its weight rounds away); and with
+:class:`mpt_lab.master_weights.MasterWeightTrainer` (FP16 forward and backward, FP32 master weights).  For the
+pure FP16 run the share of non-zero updates that were lost is recorded at every step.
 
     python -m mpt_lab.experiments.master_weights_stall --profile full --out book/results/master_weights_stall_full.json
 """
@@ -12,22 +12,25 @@ were lost is recorded at every step.
 from __future__ import annotations
 
 import copy
-import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
-from tqdm.auto import tqdm
+import torch.nn.functional as F
 
-from .. import formats as F
+from .. import formats
 from ..data import digits_data
-from ..device import provenance
 from ..master_weights import MasterWeightTrainer
+from ..models import digits_mlp
 from ..scaling import GradScaler
-from ._common import JsonResult, main as _main, prepare
+from ..training import accuracy
+from ._runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
 
-__all__ = ["Config", "StallResult", "config_for", "run", "swamped_fraction", "NAME"]
+__all__ = ["Config", "StallResult", "PROFILES", "RUNS", "config_for", "run", "main", "swamped_fraction", "NAME"]
 
 NAME = "master_weights_stall"
+
+#: The three runs, as the result's dicts name them.
+RUNS = ("FP32", "pure FP16", "FP16 + FP32 masters")
 
 
 def swamped_fraction(weights: torch.Tensor, updates: torch.Tensor, fmt="FP16") -> float:
@@ -59,86 +62,70 @@ def swamped_fraction(weights: torch.Tensor, updates: torch.Tensor, fmt="FP16") -
     nz = u != 0
     if not bool(nz.any()):
         return float("nan")
-    lost = (F.round_to(w + u, fmt) == w) & nz
+    lost = (formats.round_to(w + u, fmt) == w) & nz
     return float(lost.sum()) / float(nz.sum())
 
 
 @dataclass
-class Config:
-    profile: str = "cpu"
+class Config(ExperimentConfig):
     steps: int = 10000
     batch_size: int = 64
     hidden: int = 64
     lr: float = 0.001                 # a small learning rate, as late in training: most FP16 updates round away
-    seed: int = 0
-    device: str = "auto"
-    threads: int = 0
+
+    def validate(self) -> None:
+        super().validate()
+        self.check_positive("steps", "batch_size", "hidden")
 
 
-def config_for(profile: str) -> Config:
-    """quick: CI (≈ 5 s on a CPU); cpu: ≈ 20 s; full: a GPU, longer."""
-    if profile == "quick":
-        return Config(profile="quick", steps=3000, threads=1)
-    if profile == "cpu":
-        return Config(profile="cpu", steps=10000, threads=1)
-    if profile == "full":
-        return Config(profile="full", steps=50000)
-    raise ValueError(f"profile must be one of 'quick', 'cpu', 'full', got {profile!r}")
+PROFILES = {
+    "quick": {"steps": 3000, "threads": 1},
+    "cpu": {"steps": 10000, "threads": 1},
+    "full": {"steps": 50000},
+}
 
 
 @dataclass
-class StallResult(JsonResult):
-    NAME = NAME
-    config: dict
-    provenance: dict
-    losses: dict               # {"FP32": [...], "pure FP16": [...], "FP16 + FP32 masters": [...]} per step
-    swamped: list              # per step: share of non-zero pure-FP16 updates lost
+class StallResult(ExperimentResult):
+    """``losses``: {run: [loss per step]} for the runs of :data:`RUNS`; ``swamped``: per step, the share of
+    non-zero pure-FP16 updates lost; ``test_accuracy``: {run: accuracy (0 to 1)}."""
+
+    losses: dict
+    swamped: list
     test_accuracy: dict
-    train_seconds: float = 0.0
 
     def describe(self) -> str:
         acc = ", ".join(f"{k} {v:.3f}" for k, v in self.test_accuracy.items())
         mean = sum(self.swamped) / max(len(self.swamped), 1)
-        return (f"master weights ({self.config['profile']} profile, {self.provenance['device']}): "
-                f"{self.config['steps']} SGD steps at lr {self.config['lr']}; test accuracy {acc}; "
-                f"pure FP16 lost {100 * mean:.1f}% of its non-zero updates on average")
+        return (f"master weights ({self.profile} profile, {self.device}): {self.config['steps']} SGD steps at "
+                f"lr {self.config['lr']}; test accuracy {acc}; pure FP16 lost {100 * mean:.1f}% of its non-zero "
+                f"updates on average")
 
 
-def _mlp(hidden: int) -> torch.nn.Module:
-    return torch.nn.Sequential(torch.nn.Linear(64, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 10))
-
-
-def run(config: Config | None = None, *, command: str | None = None, progress: bool = True) -> StallResult:
-    """Train the three copies and record losses, the pure-FP16 swamped share and test accuracies.
-
-    Raises TypeError when ``config`` is not a :class:`Config`.
-    """
-    config, device = prepare(config, Config, config_for)
+def measure(config: Config, run: Run) -> dict:
+    """Train the three copies; record losses, the pure-FP16 swamped share and test accuracies."""
+    device = run.device
     xtr, ytr, xte, yte = digits_data(config.seed, device)
-    base = _mlp(config.hidden).to(device)
-    fp32 = copy.deepcopy(base)
-    pure = copy.deepcopy(base).half()
-    mixed_model = copy.deepcopy(base)
+    base = digits_mlp(config.hidden).to(device)
+    fp32, pure = copy.deepcopy(base), copy.deepcopy(base).half()
     opt32 = torch.optim.SGD(fp32.parameters(), lr=config.lr)
-    trainer = MasterWeightTrainer(mixed_model, lambda p: torch.optim.SGD(p, lr=config.lr),
-                                  torch.nn.functional.cross_entropy, scaler=GradScaler())
-    ce = torch.nn.functional.cross_entropy
-    losses = {"FP32": [], "pure FP16": [], "FP16 + FP32 masters": []}
+    trainer = MasterWeightTrainer(copy.deepcopy(base), lambda p: torch.optim.SGD(p, lr=config.lr), F.cross_entropy,
+                                  scaler=GradScaler())
+    losses = {k: [] for k in RUNS}
     swamped = []
     gen = torch.Generator().manual_seed(config.seed)
-    t0 = time.perf_counter()
-    for _ in tqdm(range(config.steps), desc="FP32 / FP16 / masters", disable=not progress, mininterval=1.0):
+    for _ in run.bar(range(config.steps), desc="FP32 / FP16 / masters"):
         idx = torch.randint(0, len(xtr), (config.batch_size,), generator=gen).to(device)
         xb, yb = xtr[idx], ytr[idx]
         # FP32 reference
         opt32.zero_grad(set_to_none=True)
-        loss = ce(fp32(xb), yb)
+        loss = F.cross_entropy(fp32(xb), yb)
         loss.backward()
         opt32.step()
         losses["FP32"].append(float(loss.detach()))
         # pure FP16: weights, gradients and the SGD update in FP16
         pure.zero_grad(set_to_none=True)
-        loss = ce(pure(xb.half()).float(), yb)
+        loss = F.cross_entropy(pure(xb.half()).float(), yb)
         loss.backward()
         with torch.no_grad():
             ws = torch.cat([p.reshape(-1) for p in pure.parameters()])
@@ -149,20 +136,14 @@ def run(config: Config | None = None, *, command: str | None = None, progress: b
         losses["pure FP16"].append(float(loss.detach()))
         # FP16 with FP32 master weights (the paper's loop)
         losses["FP16 + FP32 masters"].append(trainer.train_step(xb, yb)["loss"])
-    train_seconds = time.perf_counter() - t0
     with torch.no_grad():
-        acc = {"FP32": float((fp32(xte).argmax(1) == yte).float().mean()),
-               "pure FP16": float((pure(xte.half()).argmax(1) == yte).float().mean()),
-               "FP16 + FP32 masters": float((trainer.predict(xte).argmax(1) == yte).float().mean())}
-    cfg = asdict(config)
-    prov = provenance(command=command or f"python -m mpt_lab.experiments.{NAME} --profile {config.profile}",
-                      config=cfg, device=device)
-    return StallResult(cfg, prov, losses, swamped, acc, train_seconds)
+        acc = {"FP32": accuracy(fp32(xte), yte), "pure FP16": accuracy(pure(xte.half()), yte),
+               "FP16 + FP32 masters": accuracy(trainer.predict(xte), yte)}
+    return {"losses": losses, "swamped": swamped, "test_accuracy": acc}
 
 
-def main(argv=None) -> int:
-    return _main(__doc__.splitlines()[0], run, config_for, argv)
-
+EXPERIMENT = Experiment(NAME, Config, PROFILES, measure, StallResult, __doc__)
+run, config_for, main = EXPERIMENT.run, EXPERIMENT.config_for, EXPERIMENT.main
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(EXPERIMENT)

@@ -1,6 +1,6 @@
-"""Seed 001's half-precision message passing, one for one, in PyTorch Geometric and plain PyTorch.
+"""The DGL User Guide's half-precision message passing, one for one, in PyTorch Geometric and plain PyTorch.
 
-Seed 001 (DGL User Guide, chapter 8) builds ``dgl.rand_graph(30, 100)`` with float16 node features ``h``
+The DGL User Guide (chapter 8, "Mixed Precision Training") builds ``dgl.rand_graph(30, 100)`` with float16 node features ``h``
 [30, 16] and float16 edge weights ``w`` [100, 1] (both uniform in [0, 1)) and runs four examples, each of which
 returns float16:
 
@@ -11,14 +11,14 @@ returns float16:
 4. the same as 2 with a user-defined edge function, ``hy_ji = h_j · y_i``.
 
 DGL does not run with this book's PyTorch (see ``book/results/dgl_check_cpu.json``, written by
-``benchmarks/dgl_check.py``), so each example is computed twice, with the seed's DGL code kept beside ours in
-:data:`DGL_CODE` (quoted from seed 001):
+``benchmarks/dgl_check.py``), so each example is computed twice, with the guide's DGL code kept beside ours in
+:data:`DGL_CODE` (quoted from the guide):
 
 * **PyG** (PyTorch Geometric): built-in = the library's ``MessagePassing(aggr="sum")`` propagation and its
   ``edge_updater``; user-defined = a ``MessagePassing`` subclass whose ``aggregate`` builds DGL's mailbox and
-  reduces it with the seed's ``torch.sum(mailbox, 1)``, and whose ``edge_update`` is the seed's ``dot``;
+  reduces it with the guide's ``torch.sum(mailbox, 1)``, and whose ``edge_update`` is the guide's ``dot``;
 * **PyTorch**: built-in = ``Tensor.index_add_`` (a scatter-sum) and a gathered row-wise dot product;
-  user-defined = the seed's message/reduce/dot functions applied to a padded mailbox by hand.
+  user-defined = the guide's message/reduce/dot functions applied to a padded mailbox by hand.
 
 Every result must stay float16.  Its error is measured against an FP32 reference computed from the *same*
 float16 inputs upcast to float32 (so the error is that of float16 arithmetic, not of rounding the inputs), in
@@ -33,21 +33,20 @@ from __future__ import annotations
 
 import inspect
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 
 from .. import formats
 from ..data.graphs import rand_graph
-from ..device import provenance
-from ._common import JsonResult, main as _main, prepare
+from ._runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
 
-__all__ = ["Config", "config_for", "run", "MessagePassingResult", "DGL_CODE", "EXAMPLES", "IMPLEMENTATIONS",
-           "make_inputs", "mailbox", "errors", "code_side_by_side", "NAME"]
+__all__ = ["Config", "MessagePassingResult", "PROFILES", "config_for", "run", "main", "DGL_CODE", "EXAMPLES",
+           "IMPLEMENTATIONS", "make_inputs", "mailbox", "errors", "code_side_by_side", "NAME"]
 
 NAME = "message_passing"
 
-#: The seed's four examples (key → what it computes).
+#: The guide's four examples (key → what it computes).
 EXAMPLES = {
     "builtin u_mul_e+sum": "x_i = Σ_{j→i} h_j · w_ji (node result [N, 16])",
     "builtin u_dot_v": "hx_ji = h_j · x_i (edge result [E, 1])",
@@ -55,7 +54,7 @@ EXAMPLES = {
     "UDF dot": "hy_ji = h_j · y_i (edge result [E, 1])",
 }
 
-#: Seed 001's DGL code for each example, quoted verbatim (DGL User Guide, chapter 8).  Shown, not run.
+#: The DGL User Guide's code for each example, quoted verbatim (DGL User Guide, chapter 8).  Shown, not run.
 DGL_CODE = {
     "setup": ("g = dgl.rand_graph(30, 100).to(dev)  # Create a graph on GPU w/ 30 nodes and 100 edges.\n"
               "g.ndata['h'] = torch.rand(30, 16).to(dev).half()  # Create fp16 node features.\n"
@@ -73,7 +72,7 @@ DGL_CODE = {
 # ------------------------------------------------------------------------------------------------ inputs
 def make_inputs(num_nodes: int = 30, num_edges: int = 100, num_features: int = 16, *, dtype=torch.float16,
                 seed: int = 0, device="cpu"):
-    """The seed's inputs: ``edge_index`` int64 [2, E] (:func:`mpt_lab.data.graphs.rand_graph`), node features
+    """The guide's inputs: ``edge_index`` int64 [2, E] (:func:`mpt_lab.data.graphs.rand_graph`), node features
     ``h`` [N, F] and edge weights ``w`` [E, 1] drawn uniformly in [0, 1) in float32 and cast to ``dtype``.
 
     Raises TypeError when ``dtype`` is not a floating torch dtype; sizes as :func:`rand_graph`.
@@ -135,19 +134,19 @@ def _pyg():
             return (h_j * x_i).sum(-1, keepdim=True)
 
     class MailboxSum(MessagePassing):
-        """User-defined: the seed's message and reduce, the reduce seeing DGL's mailbox."""
+        """User-defined: the guide's message and reduce, the reduce seeing DGL's mailbox."""
 
         def forward(self, h, w, edge_index):
             return self.propagate(edge_index, h=h, w=w)
 
-        def message(self, h_j, w):                       # the seed's message(edges)
+        def message(self, h_j, w):                       # the guide's message(edges)
             return h_j * w
 
-        def aggregate(self, inputs, index, dim_size=None):   # the seed's reduce(nodes)
+        def aggregate(self, inputs, index, dim_size=None):   # the guide's reduce(nodes)
             return torch.sum(mailbox(inputs, index, dim_size), 1)
 
     class Dot(MessagePassing):
-        """User-defined edge function: the seed's dot(edges)."""
+        """User-defined edge function: the guide's dot(edges)."""
 
         def forward(self, h, y, edge_index):
             return self.edge_updater(edge_index, h=h, y=y)
@@ -176,7 +175,7 @@ def torch_examples(edge_index, h, w) -> dict:
     # built-in: a scatter-sum and a gathered dot product
     x = torch.zeros_like(h).index_add_(0, dst, h[src] * w)
     hx = (h[src] * x[dst]).sum(-1, keepdim=True)
-    # user-defined: the seed's functions on edges and on a mailbox
+    # user-defined: the guide's functions on edges and on a mailbox
     m = h[src] * w                                        # message(edges): edges.src['h'] * edges.data['w']
     y = torch.sum(mailbox(m, dst, n), 1)                  # reduce(nodes): torch.sum(nodes.mailbox['m'], 1)
     hy = (h[src] * y[dst]).sum(-1, keepdims=True)         # dot(edges)
@@ -188,7 +187,7 @@ IMPLEMENTATIONS = {"PyG": pyg_examples, "PyTorch": torch_examples}
 
 
 def code_side_by_side(example: str) -> dict:
-    """The seed's DGL code and the code that computes ``example`` here, as strings: {"DGL": ..., "PyG": ...,
+    """The guide's DGL code and the code that computes ``example`` here, as strings: {"DGL": ..., "PyG": ...,
     "PyTorch": ...}.  Ours is read from this module's source (``inspect``), so it is the code that runs.
 
     Raises ValueError for an unknown ``example`` (see :data:`EXAMPLES`).
@@ -235,84 +234,50 @@ def errors(result: torch.Tensor, reference: torch.Tensor) -> dict:
 
 # ------------------------------------------------------------------------------------------------ run
 @dataclass
-class Config:
-    """Size and settings (seed 001's sizes are the defaults; the same at every profile: it takes milliseconds)."""
+class Config(ExperimentConfig):
+    """The guide's sizes are the defaults (the same at every profile: it takes milliseconds)."""
 
-    profile: str = "cpu"
     num_nodes: int = 30
     num_edges: int = 100
     num_features: int = 16
     dtype: str = "float16"
-    seed: int = 0
-    device: str = "auto"
-    threads: int = 0
+
+    def validate(self) -> None:
+        super().validate()
+        self.check_positive("num_nodes", "num_edges", "num_features")
+        self.check_choices("dtype", ("float16", "bfloat16"))
 
 
-def config_for(profile: str) -> Config:
-    """Every profile runs the seed's size (30 nodes, 100 edges, 16 features); quick and cpu use one thread."""
-    if profile in ("quick", "cpu"):
-        return Config(profile=profile, threads=1)
-    if profile == "full":
-        return Config(profile="full")
-    raise ValueError(f"profile must be one of 'quick', 'cpu', 'full', got {profile!r}")
-
-
-def _check(config: Config) -> None:
-    if not isinstance(config, Config):
-        raise TypeError(f"config must be a Config, got {type(config).__name__}")
-    for name in ("num_nodes", "num_edges", "num_features"):
-        v = getattr(config, name)
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise ValueError(f"config.{name} must be a positive int, got {v!r}")
-    if config.dtype not in ("float16", "bfloat16"):
-        raise ValueError(f"config.dtype must be 'float16' or 'bfloat16', got {config.dtype!r}")
+PROFILES = {"quick": {"threads": 1}, "cpu": {"threads": 1}, "full": {}}
 
 
 @dataclass
-class MessagePassingResult(JsonResult):
-    NAME = NAME
+class MessagePassingResult(ExperimentResult):
+    """``reference``: how the reference was computed; ``rows``: one per (library, example): {library, example,
+    dtype, shape, max_abs, rel_norm, max_ulp, max_rel, agrees_with_other_library (max |PyG − PyTorch| in the
+    low precision)}."""
 
-    config: dict
-    provenance: dict
-    reference: str          # how the reference was computed
-    rows: list              # one per (library, example): {library, example, dtype, shape, max_abs, rel_norm,
-                            # max_ulp, max_rel, agrees_with (max |PyG − PyTorch| in the low precision)}
+    reference: str
+    rows: list
 
     def all_low_precision(self) -> bool:
         """True when every result kept the input dtype (``config["dtype"]``)."""
         return all(r["dtype"] == self.config["dtype"] for r in self.rows)
 
     def describe(self) -> str:
-        lines = [f"seed 001's message passing in {self.config['dtype']} ({self.config['num_nodes']} nodes, "
-                 f"{self.config['num_edges']} edges, {self.provenance['device']})",
-                 f"{'library':<9}{'example':<22}{'dtype':<10}{'max abs err':>12}{'rel err':>10}{'max ulps':>9}"]
-        for r in self.rows:
-            lines.append(f"{r['library']:<9}{r['example']:<22}{r['dtype']:<10}{r['max_abs']:>12.2e}"
-                         f"{r['rel_norm']:>10.2e}{r['max_ulp']:>9.2f}")
-        return "\n".join(lines)
-
-    def table(self):
-        """The rows as an HTML table (:func:`mpt_lab.widgets.table_html`)."""
-        from ..widgets import table_html
-
-        return table_html(["library", "example", "result dtype", "shape", "max |error|", "‖error‖ / ‖FP32‖",
-                           "max error (FP16 ulps)"],
-                          [[r["library"], r["example"], r["dtype"], "×".join(map(str, r["shape"])),
-                            f"{r['max_abs']:.2e}", f"{r['rel_norm']:.2e}", f"{r['max_ulp']:.2f}"] for r in self.rows])
+        worst = max(self.rows, key=lambda r: r["max_ulp"])
+        return (f"DGL User Guide message passing in {self.config['dtype']} ({self.config['num_nodes']} nodes, "
+                f"{self.config['num_edges']} edges, {self.device}): every result {self.config['dtype']}: "
+                f"{self.all_low_precision()}; largest error {worst['max_ulp']:.2f} FP16 ulps "
+                f"({worst['library']}, {worst['example']})")
 
 
-def run(config: Config | None = None, *, command: str | None = None, progress: bool = True) -> MessagePassingResult:
+def measure(config: Config, run: Run) -> dict:
     """Run the four examples in float16 (or ``config.dtype``) with PyG and PyTorch and measure their errors
-    against FP32 references.  ``progress`` is accepted for the common experiment interface (nothing is long).
-
-    Raises TypeError when ``config`` is not a :class:`Config`, ValueError for a bad field (named).
-    """
-    if config is not None:
-        _check(config)
-    config, device = prepare(config, Config, config_for)
+    against FP32 references."""
     dtype = getattr(torch, config.dtype)
     ei, h, w = make_inputs(config.num_nodes, config.num_edges, config.num_features, dtype=dtype,
-                           seed=config.seed, device=device)
+                           seed=config.seed, device=run.device)
     # the FP32 reference: the same (already rounded) inputs, computed in float32 with plain PyTorch
     ref = torch_examples(ei, h.float(), w.float())
     rows, outs = [], {}
@@ -324,17 +289,13 @@ def run(config: Config | None = None, *, command: str | None = None, progress: b
     for r in rows:
         other = outs["PyTorch" if r["library"] == "PyG" else "PyG"][r["example"]]
         r["agrees_with_other_library"] = float((outs[r["library"]][r["example"]].double() - other.double()).abs().max())
-    cfg = asdict(config)
-    prov = provenance(command=command or f"python -m mpt_lab.experiments.{NAME} --profile {config.profile}",
-                      config=cfg, device=device)
     note = ("plain PyTorch in float32 on the same inputs (the float16 values upcast exactly to float32); "
             "errors measured in float64")
-    return MessagePassingResult(cfg, prov, note, rows)
+    return {"reference": note, "rows": rows}
 
 
-def main(argv=None) -> int:
-    return _main(__doc__.splitlines()[0], run, config_for, argv)
-
+EXPERIMENT = Experiment(NAME, Config, PROFILES, measure, MessagePassingResult, __doc__)
+run, config_for, main = EXPERIMENT.run, EXPERIMENT.config_for, EXPERIMENT.main
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(EXPERIMENT)

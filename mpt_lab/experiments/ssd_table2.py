@@ -22,21 +22,19 @@ FP16's normal range; the chapter measures where the median lands (``median_log2`
 from __future__ import annotations
 
 import math
-import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import torch
-from tqdm.auto import tqdm
 
 from ..data import DigitsDetection
-from ..device import provenance
 from ..histogram import GradientHistogram
-from ..models.ssd import MultiBoxLoss, build_ssd, make_optimizer
-from ._common import JsonResult, main as _main, prepare
-from ._precision import ARMS, PrecisionArm, check_arms, collect_arms, gradient_shares, shift_eps
-from .ssd_histogram import _evaluate
+from ..models import evaluate_detector
+from ..models.ssd import CONFIGS, MultiBoxLoss, build_ssd, make_optimizer
+from ..training import shuffled_batches
+from ._precision import ARMS, PrecisionArm, collect_arms, gradient_shares, shift_eps
+from ._runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
 
-__all__ = ["Config", "SSDTable2Result", "config_for", "run", "PAPER", "NAME"]
+__all__ = ["Config", "SSDTable2Result", "PROFILES", "PAPER", "config_for", "run", "main", "NAME"]
 
 NAME = "ssd_table2"
 
@@ -50,10 +48,7 @@ PAPER = {
 
 
 @dataclass
-class Config:
-    """Size and settings of one run (see :func:`config_for` for the profiles)."""
-
-    profile: str = "cpu"
+class Config(ExperimentConfig):
     steps: int = 1200
     batch_size: int = 32
     n_train: int = 6000
@@ -69,34 +64,34 @@ class Config:
     arms: tuple = ("fp32", "fp16", "fp16_static")
     eval_every: int = 0                # mAP@0.5 every N steps as well (0: only at the end)
     hist_every: int = 2
-    seed: int = 0
-    device: str = "auto"
-    threads: int = 0
+
+    def validate(self) -> None:
+        super().validate()
+        self.check_positive("steps", "batch_size", "n_test", "image_size", "warmup_steps", "hist_every",
+                            "growth_interval")
+        self.check_positive("grad_shift", "eval_every", minimum=0)
+        self.check_choices("model", CONFIGS)
+        self.check_choices("arms", ARMS, subset=True)
+        if self.n_train < self.batch_size:
+            raise ValueError(f"config.n_train must be ≥ batch_size = {self.batch_size}, got {self.n_train}")
+        if not self.static_scale > 0:
+            raise ValueError(f"config.static_scale must be > 0, got {self.static_scale!r}")
 
 
-def config_for(profile: str) -> Config:
-    """quick: CI (≈ 30 s on one CPU core); cpu: ≈ 90 s; full: one H100, ≤ 8 minutes (all four arms).
-
-    Raises ValueError for other names.
-    """
-    if profile == "quick":
-        return Config(profile="quick", steps=120, n_train=3840, n_test=100, hist_every=4, threads=1)
-    if profile == "cpu":
-        return Config(profile="cpu", steps=400, n_train=6000, n_test=300, eval_every=100, threads=1)
-    if profile == "full":
-        return Config(profile="full", steps=6000, batch_size=64, n_train=20000, n_test=2000, model="large",
-                      eval_every=1000, hist_every=5, arms=ARMS)
-    raise ValueError(f"profile must be one of 'quick', 'cpu', 'full', got {profile!r}")
+PROFILES = {
+    "quick": {"steps": 120, "n_train": 3840, "n_test": 100, "hist_every": 4, "threads": 1},
+    "cpu": {"steps": 400, "n_train": 6000, "n_test": 300, "eval_every": 100, "threads": 1},
+    "full": {"steps": 6000, "batch_size": 64, "n_train": 20000, "n_test": 2000, "model": "large", "eval_every": 1000,
+             "hist_every": 5, "arms": ARMS},
+}
 
 
 @dataclass
-class SSDTable2Result(JsonResult):
-    """Per arm: ``losses`` [steps] (SSD eq. (1), unshifted, unscaled), ``map50`` [(step, mAP@0.5)], ``skipped``
-    steps, ``evals`` [{step, zero_share, fp16_underflow, nonfinite}] of the activation gradients per interval."""
+class SSDTable2Result(ExperimentResult):
+    """Per arm in ``arms``: ``losses`` [steps] (SSD eq. (1), unshifted, unscaled), ``map50`` [[step, mAP@0.5]],
+    ``skipped`` steps, ``evals`` [{step, zero_share, fp16_underflow, nonfinite, median_log2}] of the activation
+    gradients per quarter of training; ``labels``, ``real_fp16``, ``train_seconds`` as in the bigLSTM result."""
 
-    NAME = NAME
-    config: dict
-    provenance: dict
     arms: dict = field(default_factory=dict)
     labels: dict = field(default_factory=dict)
     real_fp16: bool = False
@@ -110,6 +105,8 @@ class SSDTable2Result(JsonResult):
 
     def final_loss(self, arm: str, last: int = 50) -> float:
         """Mean training loss of the last ``last`` steps; NaN if they were not finite."""
+        if arm not in self.arms:
+            raise ValueError(f"arm must be one of {tuple(self.arms)}, got {arm!r}")
         tail = [float(v) for v in self.arms[arm]["losses"][-last:]]
         return sum(tail) / len(tail) if tail else float("nan")
 
@@ -120,28 +117,15 @@ class SSDTable2Result(JsonResult):
             return True
         return self.final_loss(arm) > sum(losses[:20]) / min(20, len(losses))
 
-    def table(self):
-        """HTML table beside the paper's SSD row: mAP@0.5 per arm, ours (×100) and the paper's."""
-        from ..widgets import table_html
-
-        paper = PAPER["Multibox SSD"]
-        rows = []
-        for arm, d in self.arms.items():
-            e = d["evals"][-1] if d["evals"] else {"zero_share": float("nan"), "fp16_underflow": float("nan")}
-            ours = f"{100 * self.final_map(arm):.1f}" + (" (diverged)" if self.diverged(arm) else "")
-            p = paper.get(arm, "—")
-            rows.append([self.labels.get(arm, arm), ours, str(p), f"{self.final_loss(arm):.3f}",
-                         f"{100 * e['zero_share']:.1f}%", str(len(d["skipped"]))])
-        return table_html(["run", "mAP@0.5 ours (%)", "paper, SSD on VOC (%)", "final training loss",
-                           "activation gradients = 0", "skipped steps"], rows)
-
     def describe(self) -> str:
         parts = [f"{a}: mAP@0.5 {self.final_map(a):.3f}, loss {self.final_loss(a):.3f}" for a in self.arms]
-        return (f"ssd_table2 ({self.config['profile']} profile, grad_shift {self.config['grad_shift']}, "
-                f"{'real' if self.real_fp16 else 'simulated'} FP16, {self.provenance['device']}): " + "; ".join(parts))
+        return (f"ssd_table2 ({self.profile} profile, grad_shift {self.config['grad_shift']}, "
+                f"{'real' if self.real_fp16 else 'simulated'} FP16, {self.device}): " + "; ".join(parts))
 
 
-def _train_arm(arm_name: str, config: Config, train, test, init_state: dict, device, progress: bool) -> dict:
+def _train_arm(arm_name: str, config: Config, train, test, init_state: dict, run: Run) -> dict:
+    """Train one arm from ``init_state``: the measured loop of the experiment."""
+    device = run.device
     model = build_ssd(config.model, image_size=config.image_size).to(device)
     model.load_state_dict(init_state)
     loss_fn = MultiBoxLoss(model.priors, num_classes=model.num_classes).to(device)
@@ -149,20 +133,16 @@ def _train_arm(arm_name: str, config: Config, train, test, init_state: dict, dev
     shift_eps(opt, config.grad_shift)
     arm = PrecisionArm(arm_name, device, static_scale=config.static_scale, init_scale=config.init_scale,
                        growth_interval=config.growth_interval, grad_shift=config.grad_shift)
-    gen = torch.Generator().manual_seed(config.seed)
-    order, pos = torch.randperm(len(train), generator=gen), 0
+    batches = shuffled_batches(len(train), config.batch_size, seed=config.seed)
     losses, skipped, evals, map50 = [], [], [], []
     gh = GradientHistogram(model, "activation")
     eval_every = config.eval_every or config.steps
     hist_interval = max(1, config.steps // 4)
-    t0 = time.perf_counter()
+    t0 = run.elapsed()
     model.train()
     with gh:
-        for step in tqdm(range(1, config.steps + 1), desc=arm.label(), disable=not progress, mininterval=1.0):
-            if pos + config.batch_size > len(order):
-                order, pos = torch.randperm(len(train), generator=gen), 0
-            images, targets = train.batch(order[pos:pos + config.batch_size])
-            pos += config.batch_size
+        for step in run.bar(range(1, config.steps + 1), desc=arm.label()):
+            images, targets = train.batch(next(batches))
             images = images.to(device)
             targets = [{k: v.to(device) for k, v in t.items()} for t in targets]
 
@@ -181,45 +161,23 @@ def _train_arm(arm_name: str, config: Config, train, test, init_state: dict, dev
                 gh.reset()
             if step % eval_every == 0 or step == config.steps:
                 gh.pause()
-                map50.append((step, _evaluate(model, test, 100, device)))
+                map50.append([step, evaluate_detector(model, test, device=device)])
                 model.train()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
     return {"losses": losses, "skipped": skipped, "evals": evals, "map50": map50, "label": arm.label(),
-            "real_fp16": arm.real_fp16, "seconds": time.perf_counter() - t0}
+            "real_fp16": arm.real_fp16, "seconds": run.elapsed() - t0}
 
 
-def run(config: Config | None = None, *, command: str | None = None, progress: bool = True) -> SSDTable2Result:
-    """Train the detector once per arm of ``config.arms`` from the same initial weights and batch order.
-
-    Returns
-    -------
-    SSDTable2Result
-
-    Raises
-    ------
-    TypeError
-        ``config`` is not a :class:`Config`.
-    ValueError
-        An unknown arm in ``config.arms``.
-    """
-    config, device = prepare(config, Config, config_for)
-    check_arms(config.arms)
+def measure(config: Config, run: Run) -> dict:
+    """Train the detector once per arm of ``config.arms`` from the same initial weights and batch order."""
     train = DigitsDetection("train", config.n_train, config.image_size, seed=config.seed)
     test = DigitsDetection("test", config.n_test, config.image_size, seed=config.seed)
     torch.manual_seed(config.seed)
     init_state = {k: v.clone() for k, v in build_ssd(config.model, image_size=config.image_size).state_dict().items()}
-    out = {a: _train_arm(a, config, train, test, init_state, device, progress) for a in config.arms}
-    cfg = asdict(config)
-    cfg["arms"] = list(config.arms)
-    prov = provenance(command=command or f"python -m mpt_lab.experiments.{NAME} --profile {config.profile}",
-                      config=cfg, device=device)
-    return SSDTable2Result(config=cfg, provenance=prov, **collect_arms(out))
+    return collect_arms({a: _train_arm(a, config, train, test, init_state, run) for a in config.arms})
 
 
-def main(argv=None) -> int:
-    return _main(__doc__.splitlines()[0], run, config_for, argv)
-
+EXPERIMENT = Experiment(NAME, Config, PROFILES, measure, SSDTable2Result, __doc__)
+run, config_for, main = EXPERIMENT.run, EXPERIMENT.config_for, EXPERIMENT.main
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(EXPERIMENT)

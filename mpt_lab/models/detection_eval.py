@@ -12,7 +12,7 @@ import torch
 
 from .box_ops import box_iou
 
-__all__ = ["mean_average_precision", "average_precision", "box_iou"]
+__all__ = ["mean_average_precision", "average_precision", "evaluate_detector", "box_iou"]
 
 
 def average_precision(recall: torch.Tensor, precision: torch.Tensor) -> float:
@@ -181,3 +181,32 @@ def mean_average_precision(detections, ground_truths, iou_threshold: float = 0.5
     m_ap = sum(aps.values()) / len(aps) if aps else math.nan
     return {"mAP": m_ap, "ap": aps, "num_ground_truth": dict(sorted(gt_counts.items())),
             "iou_threshold": float(iou_threshold)}
+
+
+def evaluate_detector(model, data, *, batch_size: int = 100, device=None, iou_threshold: float = 0.5) -> float:
+    """mAP@``iou_threshold`` (0 to 1) of a detector on a whole data set, in batches.
+
+    Parameters
+    ----------
+    model : a detector with ``predict(images) -> list of detection dicts`` and ``num_classes`` (e.g.
+        :class:`mpt_lab.models.ssd.SSD`; it runs in eval mode and its training mode is restored)
+    data : a data set with ``len(data)`` and ``batch(indices) -> (images [B, C, H, W], targets)`` (e.g.
+        :class:`mpt_lab.data.DigitsDetection`)
+    batch_size : images per forward pass
+    device : where the model is (images are moved there); default the device of its first parameter
+
+    Returns
+    -------
+    float, :func:`mean_average_precision`'s "mAP".
+    """
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be an int ≥ 1, got {batch_size!r}")
+    if device is None:
+        device = next(model.parameters()).device
+    dets, gts = [], []
+    for i in range(0, len(data), batch_size):
+        images, targets = data.batch(range(i, min(i + batch_size, len(data))))
+        out = model.predict(images.to(device))
+        dets += [{k: v.cpu() for k, v in d.items()} for d in out]
+        gts += targets
+    return float(mean_average_precision(dets, gts, iou_threshold, num_classes=model.num_classes)["mAP"])

@@ -1,18 +1,18 @@
-"""The 3-layer graph attention network of seed 001 (DGL User Guide, chapter 8), on PyTorch Geometric.
+"""The 3-layer graph attention network of the DGL User Guide (chapter 8), on PyTorch Geometric.
 
-Seed 001 trains ``dgl.nn.GATConv`` layers (Veličković et al., ICLR 2018): hidden size 256, ``heads`` per layer,
-ELU as every layer's ``activation`` (the seed passes ``activation=F.elu`` to all three layers, the last one
+The guide trains ``dgl.nn.GATConv`` layers (Veličković et al., ICLR 2018): hidden size 256, ``heads`` per layer,
+ELU as every layer's ``activation`` (the guide passes ``activation=F.elu`` to all three layers, the last one
 included), hidden layers' heads concatenated (``h.flatten(1)``), the last layer's heads averaged
 (``h.mean(1)``), on a graph that already has self loops (``AddSelfLoop``).  :class:`GAT` is the same network on
 ``torch_geometric.nn.GATConv`` (Fey & Lenssen 2019), with the mapping
 
 =====================================  ============================================================
-DGL (seed 001)                         here
+DGL (the guide)                        here
 =====================================  ============================================================
 ``GATConv(in, out, heads, activation   ``GATConv(in, out, heads, add_self_loops=False)`` then ``F.elu``
 =F.elu)``
 ``h.flatten(1)`` (hidden layers)       PyG returns heads concatenated, ``[N, heads·out]``
-``h.mean(1)`` (last layer)             ``F.elu`` per head, then the mean over heads (as the seed)
+``h.mean(1)`` (last layer)             ``F.elu`` per head, then the mean over heads (as the guide)
 ``AddSelfLoop()`` transform            self loops already in ``edge_index`` (``add_self_loops=False``)
 =====================================  ============================================================
 
@@ -43,7 +43,7 @@ __all__ = ["GAT", "GATConv"]
 
 
 class GAT(nn.Module):
-    """Seed 001's 3-layer GAT (any number of layers ≥ 1) on ``torch_geometric.nn.GATConv``.
+    """The DGL User Guide's 3-layer GAT (any number of layers ≥ 1) on ``torch_geometric.nn.GATConv``.
 
     Parameters
     ----------
@@ -52,7 +52,7 @@ class GAT(nn.Module):
     heads : sequence of int, one per layer (seed: [1, 1, 1], then [2, 2, 2]).
 
     ``forward(x, edge_index)``: ``x`` float [N, in_feats], ``edge_index`` int64 [2, E] with self loops →
-    logits [N, n_classes] (after ELU, as in the seed).  Under ``torch.autocast`` the linear projections run in
+    logits [N, n_classes] (after ELU, as in the guide).  Under ``torch.autocast`` the linear projections run in
     the autocast dtype; which of the attention ops do too depends on the device's autocast policy.
 
     Raises
@@ -87,7 +87,7 @@ class GAT(nn.Module):
         for i, (d, h) in enumerate(zip(dims, heads)):
             last = i == len(heads) - 1
             out = n_classes if last else n_hidden
-            # concat=True for every layer: the last layer's heads are averaged in forward *after* ELU, as the seed
+            # concat=True for every layer: the last layer's heads are averaged in forward *after* ELU, as the guide
             self.layers.append(GATConv(d, out, h, concat=True, add_self_loops=False))
 
     def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,504 @@
+"""The one experiment runner: profiles as data, seeding, threads, device, timing, provenance, JSON and the CLI.
+
+An experiment module keeps only what is its own, the measured loop and the fields of its result::
+
+    NAME = "loss_scaling"
+
+    @dataclass
+    class Config(ExperimentConfig):          # profile, seed, device, threads come from ExperimentConfig
+        steps: int = 1500
+
+    PROFILES = {"quick": {"steps": 400, "threads": 1}, "cpu": {...}, "full": {...}}
+
+    @dataclass
+    class LossScalingResult(ExperimentResult):   # config, provenance come from ExperimentResult
+        losses: dict
+
+    def measure(config: Config, run: Run) -> dict:   # returns the result's own fields
+        for step in run.bar(range(config.steps), desc="FP16 + loss scaling"):
+            ...
+        return {"losses": losses}
+
+    EXPERIMENT = Experiment(NAME, Config, PROFILES, measure, LossScalingResult, __doc__)
+    run, config_for, main = EXPERIMENT.run, EXPERIMENT.config_for, EXPERIMENT.main
+
+and the runner does the rest the same way for every experiment:
+
+* **profiles as data**: ``config_for("cpu")`` is ``Config(profile="cpu", **PROFILES["cpu"])``; a profile the
+  experiment does not define is a ValueError naming the ones it does.  :data:`PROFILES` are "quick" (CI, each
+  notebook ≤ 90 s on 2 CPU cores), "cpu" (a laptop, each notebook ≤ 4 minutes), "long" (paper-like sizes
+  that run in ≤ 60 minutes on 2 CPU cores, run once and saved as ``book/results/NAME_long.json``) and
+  "full" (one GPU, ≤ 8 minutes, saved as ``NAME_full.json``).  :func:`mpt_lab.profile` never picks "long".
+* **seeding, threads, device**: ``torch.manual_seed(config.seed)``; ``torch.set_num_threads(config.threads)``
+  when it is non-zero (restored afterwards); ``config.device`` "auto" is CUDA when present.
+* **timing and provenance**: the wall time of the run and where it came from (the command that regenerates it
+  — with ``--set`` for every field that differs from the profile — device, CPU flags, versions, UTC date,
+  configuration) in ``result.provenance``.
+* **JSON**: results save to and load from JSON; a result is normalised through its JSON form when it is made,
+  so a loaded result equals the one that was saved (tuples are lists, dict keys are strings, histograms are
+  :class:`~mpt_lab.histogram.Log2Histogram`, non-finite floats are written "inf", "-inf", "nan").
+* **the CLI**: ``python -m mpt_lab.experiments.NAME --profile P --out F --set key=value``;
+  ``python -m mpt_lab.experiments --list`` and ``--all`` (see :mod:`mpt_lab.experiments.__main__`).
+* **progress**: tqdm bars (``run.bar``) unless ``progress=False`` or the environment variable
+  ``MPT_LAB_PROGRESS`` is "0" (the book build sets it: a rendered page shows one line of timing instead).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import shlex
+import sys
+import time
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Callable, ClassVar, Iterable
+
+__all__ = ["PROFILES", "ExperimentConfig", "ExperimentResult", "Experiment", "Run", "REGISTRY", "save_json",
+           "load_json", "results_dir", "result_path", "progress_enabled"]
+
+#: Every profile an experiment may define, from the smallest to the largest.
+PROFILES = ("quick", "cpu", "long", "full")
+
+#: name → :class:`Experiment`, filled as experiment modules are imported (see ``mpt_lab.experiments.get``).
+REGISTRY: dict[str, "Experiment"] = {}
+
+
+# ---------------------------------------------------------------------------------------------------- JSON
+_HIST_TAG = "__log2_histogram__"
+
+
+def _encode(obj: Any) -> Any:
+    """A JSON-ready copy: tuples → lists, keys → str, non-finite floats → "inf"/"-inf"/"nan",
+    :class:`~mpt_lab.histogram.Log2Histogram` → a tagged dict, NumPy scalars/arrays → Python numbers/lists."""
+    from ..histogram import Log2Histogram
+
+    if obj is None or isinstance(obj, (bool, str)):
+        return obj
+    if isinstance(obj, int):
+        return int(obj)
+    if isinstance(obj, float):
+        if math.isfinite(obj):
+            return obj
+        return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
+    if isinstance(obj, Log2Histogram):
+        return {_HIST_TAG: obj.to_dict()}
+    if isinstance(obj, dict):
+        return {str(k): _encode(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_encode(v) for v in obj]
+    import numpy as np
+
+    if isinstance(obj, np.generic):
+        return _encode(obj.item())
+    if isinstance(obj, np.ndarray):
+        return _encode(obj.tolist())
+    raise TypeError(f"cannot store a {type(obj).__name__} in a result (convert tensors with float()/tolist())")
+
+
+def _decode(obj: Any) -> Any:
+    """Inverse of :func:`_encode` (up to tuples, which stay lists)."""
+    if isinstance(obj, str):
+        return {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}.get(obj, obj)
+    if isinstance(obj, list):
+        return [_decode(v) for v in obj]
+    if isinstance(obj, dict):
+        if len(obj) == 1 and _HIST_TAG in obj:
+            from ..histogram import Log2Histogram
+
+            return Log2Histogram.from_dict(obj[_HIST_TAG])
+        return {k: _decode(v) for k, v in obj.items()}
+    return obj
+
+
+def save_json(data: dict, path) -> Path:
+    """Write ``data`` (a dict) as indented JSON to ``path``, creating parent folders; returns the path.
+
+    Non-finite floats are written as the strings "inf", "-inf", "nan" (JSON has no such numbers) and
+    histograms as tagged dicts; :func:`load_json` reads them back.
+
+    Raises TypeError when ``data`` is not a dict or holds something JSON cannot store (e.g. a tensor).
+    """
+    if not isinstance(data, dict):
+        raise TypeError(f"data must be a dict, got {type(data).__name__}")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(_encode(data), indent=1, ensure_ascii=False) + "\n")
+    return path
+
+
+def load_json(path) -> dict:
+    """Read a dict written by :func:`save_json` (non-finite floats and histograms restored).
+
+    Raises FileNotFoundError naming the path when it is missing.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"no result file at {path}")
+    return _decode(json.loads(path.read_text()))
+
+
+def results_dir() -> Path:
+    """``book/results`` of this repository: measured results with their provenance."""
+    return Path(__file__).resolve().parents[2] / "book" / "results"
+
+
+def result_path(name: str, profile: str) -> Path:
+    """Where the saved result of experiment ``name`` in ``profile`` lives: ``book/results/NAME_PROFILE.json``."""
+    return results_dir() / f"{name}_{profile}.json"
+
+
+def progress_enabled(progress: bool | None = None) -> bool:
+    """Whether to show progress bars: ``progress`` when given, else not when ``MPT_LAB_PROGRESS`` is
+    "0", "false", "no" or "off" (the book build sets it), else yes."""
+    if progress is not None:
+        return bool(progress)
+    return os.environ.get("MPT_LAB_PROGRESS", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+# ------------------------------------------------------------------------------------------ config, result
+@dataclass
+class ExperimentConfig:
+    """Fields every experiment's configuration has.
+
+    profile : the profile these sizes come from ("quick", "cpu", "long", "full", or "custom")
+    seed : torch's seed at the start of the run; data and initial weights derive from it
+    device : "auto" (CUDA when present), "cpu", "cuda" or "cuda:N"
+    threads : torch CPU threads for the run (0: leave torch's setting)
+    """
+
+    profile: str = "custom"
+    seed: int = 0
+    device: str = "auto"
+    threads: int = 0
+
+    def validate(self) -> None:
+        """Raise ValueError naming a field that holds an impossible value.  Experiments extend this."""
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
+            raise ValueError(f"config.seed must be an int, got {self.seed!r}")
+        if not isinstance(self.threads, int) or isinstance(self.threads, bool) or self.threads < 0:
+            raise ValueError(f"config.threads must be an int ≥ 0, got {self.threads!r}")
+        if not isinstance(self.device, str):
+            raise ValueError(f"config.device must be a str such as 'auto', 'cpu' or 'cuda', got {self.device!r}")
+
+    def check_positive(self, *names: str, minimum: int = 1) -> None:
+        """Raise ValueError unless each named field is an int ≥ ``minimum``."""
+        for name in names:
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < minimum:
+                raise ValueError(f"config.{name} must be an int ≥ {minimum}, got {v!r}")
+
+    def check_choices(self, name: str, allowed: Iterable, *, subset: bool = False) -> None:
+        """Raise ValueError unless field ``name`` is one of ``allowed`` (or, with ``subset``, a non-empty
+        sequence of them)."""
+        allowed = tuple(allowed)
+        v = getattr(self, name)
+        ok = (isinstance(v, (list, tuple)) and len(v) > 0 and all(x in allowed for x in v)) if subset else v in allowed
+        if not ok:
+            what = "a non-empty sequence of" if subset else "one of"
+            raise ValueError(f"config.{name} must be {what} {allowed}, got {v!r}")
+
+
+@dataclass
+class ExperimentResult:
+    """Fields every result has, and its JSON persistence.
+
+    config : the configuration of the run (a dict of its fields)
+    provenance : where it came from: "command" (regenerates it), "device", "cpu_flags", "versions", "date"
+        (UTC, ISO 8601), "profile", "experiment", "seconds" (wall time of the run) and "config"
+    """
+
+    NAME: ClassVar[str] = ""
+
+    config: dict
+    provenance: dict
+
+    # --- what every result can say about itself --------------------------------------------------------
+    @property
+    def profile(self) -> str:
+        return str(self.config.get("profile", "custom"))
+
+    @property
+    def device(self) -> str:
+        """The device it ran on, short (e.g. "NVIDIA H100 80GB HBM3" or "CPU: AMD EPYC")."""
+        return str(self.provenance.get("device", "?")).split(" (")[0]
+
+    @property
+    def seconds(self) -> float:
+        return float(self.provenance.get("seconds", math.nan))
+
+    def source(self) -> str:
+        """One line: device, profile, date, wall time and the command that regenerates the result."""
+        p = self.provenance
+        return (f"{self.device}, {self.profile} profile, {str(p.get('date', '?'))[:10]}, {self.seconds:.0f} s: "
+                f"command: {p.get('command', '?')}")
+
+    def describe(self) -> str:
+        """A short text summary (experiments say more)."""
+        return f"{self.NAME} ({self.profile} profile, {self.provenance.get('device', '?')}, {self.seconds:.0f} s)"
+
+    # --- persistence ---------------------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        """A JSON-ready dict with the experiment's name under "experiment"."""
+        return {"experiment": self.NAME, **{f.name: _encode(getattr(self, f.name)) for f in fields(self)}}
+
+    @classmethod
+    def from_dict(cls, d: dict):
+        """Inverse of :meth:`to_dict`.
+
+        Raises TypeError for a non-dict, ValueError for a result of another experiment or a missing field.
+        """
+        if not isinstance(d, dict):
+            raise TypeError(f"d must be a dict, got {type(d).__name__}")
+        if d.get("experiment") != cls.NAME:
+            raise ValueError(f"not a {cls.NAME} result (experiment = {d.get('experiment')!r})")
+        missing = [f.name for f in fields(cls) if f.name not in d and f.default is dataclasses.MISSING
+                   and f.default_factory is dataclasses.MISSING]
+        if missing:
+            raise ValueError(f"the {cls.NAME} result lacks the fields {missing}")
+        return cls(**{f.name: _decode(d[f.name]) for f in fields(cls) if f.name in d})
+
+    def save(self, path) -> Path:
+        """Write the result as JSON (with its provenance) to ``path``."""
+        return save_json(self.to_dict(), path)
+
+    @classmethod
+    def load(cls, path):
+        """Read a result written by :meth:`save`."""
+        with open(path) as f:
+            return cls.from_dict(json.load(f))
+
+
+# ---------------------------------------------------------------------------------------------------- run
+class Run:
+    """What a measured loop gets besides its config: the device, progress bars and a clock.
+
+    Attributes
+    ----------
+    config : the experiment's Config
+    device : torch.device
+    progress : bool, whether :meth:`bar` shows bars
+    """
+
+    def __init__(self, config, device, progress: bool):
+        self.config, self.device, self.progress = config, device, progress
+        self._t0 = time.perf_counter()
+
+    def bar(self, iterable=None, *, desc: str | None = None, total: int | None = None, leave: bool = True):
+        """``tqdm.auto.tqdm(iterable, ...)`` when progress is on, else the iterable itself (or a no-op bar)."""
+        from tqdm.auto import tqdm
+
+        return tqdm(iterable, desc=desc, total=total, disable=not self.progress, mininterval=1.0, leave=leave)
+
+    def sync(self) -> None:
+        """Wait for the device's queued work (CUDA); a no-op on a CPU."""
+        from ..device import synchronize
+
+        synchronize(self.device)
+
+    def elapsed(self) -> float:
+        """Seconds since the run started (after synchronising the device)."""
+        self.sync()
+        return time.perf_counter() - self._t0
+
+
+@contextlib.contextmanager
+def _threads(n: int):
+    import torch
+
+    if not n:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _parse_like(old, value: str):
+    """Parse a ``--set`` value to the type of the field's current value (tuples: comma-separated)."""
+    if isinstance(old, bool):
+        low = value.strip().lower()
+        if low not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+            raise ValueError(f"expected true or false, got {value!r}")
+        return low in ("1", "true", "yes", "on")
+    if isinstance(old, (tuple, list)):
+        kind = type(old[0]) if old else str
+        return type(old)(kind(v.strip()) for v in value.split(",") if v.strip())
+    if old is None:
+        return value
+    return type(old)(value)
+
+
+class Experiment:
+    """One reproduced result: its name, Config, profiles, measured loop and Result (see the module docstring).
+
+    Parameters
+    ----------
+    name : str, the module name under ``mpt_lab.experiments`` and the JSON tag
+    config : a dataclass subclassing :class:`ExperimentConfig`
+    profiles : dict profile → dict of Config fields (a subset of :data:`PROFILES`)
+    measure : callable(config, run: Run) → dict of the result's own fields
+    result : a dataclass subclassing :class:`ExperimentResult`
+    title : the first line is the CLI's description (a module docstring will do)
+    """
+
+    def __init__(self, name: str, config: type, profiles: dict, measure: Callable, result: type, title: str = ""):
+        if not (isinstance(config, type) and issubclass(config, ExperimentConfig)):
+            raise TypeError("config must be a dataclass subclassing ExperimentConfig")
+        if not (isinstance(result, type) and issubclass(result, ExperimentResult)):
+            raise TypeError("result must be a dataclass subclassing ExperimentResult")
+        unknown = [p for p in profiles if p not in PROFILES]
+        if unknown:
+            raise ValueError(f"profiles: {unknown} are not among {PROFILES}")
+        names = {f.name for f in fields(config)}
+        for p, over in profiles.items():
+            bad = [k for k in over if k not in names or k == "profile"]
+            if bad:
+                raise ValueError(f"profile {p!r} of {name} sets unknown fields {bad}")
+        self.name, self.Config, self.Result, self.measure = name, config, result, measure
+        self.profiles = {p: dict(profiles[p]) for p in PROFILES if p in profiles}
+        self.title = (title or name).strip().splitlines()[0]
+        result.NAME = name
+        REGISTRY[name] = self
+
+    def __repr__(self) -> str:
+        return f"Experiment({self.name!r}, profiles {tuple(self.profiles)})"
+
+    # --- configuration ------------------------------------------------------------------------------------
+    def config_for(self, profile: str):
+        """The Config of ``profile``.
+
+        Raises ValueError for a name that is not a profile, or a profile this experiment does not define
+        (the message names the ones it does).
+        """
+        if profile not in PROFILES:
+            raise ValueError(f"profile must be one of {PROFILES}, got {profile!r}")
+        if profile not in self.profiles:
+            raise ValueError(f"the {self.name} experiment has no {profile!r} profile; it has "
+                             f"{', '.join(self.profiles)}")
+        return self.Config(profile=profile, **self.profiles[profile])
+
+    def _resolve(self, config):
+        from .. import profile as current_profile
+
+        if config is None:
+            config = self.config_for(current_profile())
+        if not isinstance(config, self.Config):
+            raise TypeError(f"config must be a {self.Config.__module__}.{self.Config.__qualname__}, "
+                            f"got {type(config).__name__}")
+        config.validate()
+        return config
+
+    def command(self, config=None, out: str | os.PathLike | None = None) -> str:
+        """The command line that runs ``config``: a profile plus ``--set`` for each field that differs from it
+        (a custom config is expressed against the experiment's first profile)."""
+        config = self.config_for(self._default_profile()) if config is None else config
+        profile = config.profile if config.profile in self.profiles else next(iter(self.profiles))
+        base = self.config_for(profile)
+        parts = ["python", "-m", f"mpt_lab.experiments.{self.name}", "--profile", profile]
+        for f in fields(config):
+            v = getattr(config, f.name)
+            if f.name == "profile" or getattr(base, f.name) == v:
+                continue
+            text = ",".join(str(x) for x in v) if isinstance(v, (tuple, list)) else str(v)
+            parts += ["--set", f"{f.name}={text}"]
+        if out is not None:
+            parts += ["--out", str(out)]
+        return " ".join(shlex.quote(p) for p in parts)
+
+    def _default_profile(self) -> str:
+        from .. import profile as current_profile
+
+        p = current_profile()
+        return p if p in self.profiles else next(iter(self.profiles))
+
+    # --- running ------------------------------------------------------------------------------------------
+    def run(self, config=None, *, progress: bool | None = None, command: str | None = None):
+        """Run the experiment and return its Result.
+
+        Parameters
+        ----------
+        config : a Config; default the Config of :func:`mpt_lab.profile`
+        progress : show tqdm bars (default: yes, unless ``MPT_LAB_PROGRESS=0``)
+        command : the command line to record (default :meth:`command` of ``config``)
+
+        Raises
+        ------
+        TypeError
+            ``config`` is not this experiment's Config.
+        ValueError
+            A field of ``config`` is impossible (named), or the profile is unknown.
+        """
+        import torch
+
+        from ..device import cpu_flags, provenance, resolve
+
+        config = self._resolve(config)
+        device = resolve(config.device)
+        show = progress_enabled(progress)
+        with _threads(config.threads):
+            torch.manual_seed(config.seed)
+            run = Run(config, device, show)
+            own = self.measure(config, run)
+            seconds = run.elapsed()
+        if not isinstance(own, dict):
+            raise TypeError(f"{self.name}: measure must return a dict of result fields, got {type(own).__name__}")
+        cfg = _decode(_encode(dataclasses.asdict(config)))
+        prov = provenance(command=command or self.command(config), config=cfg, device=device)
+        prov.update(experiment=self.name, profile=config.profile, seconds=seconds)
+        if device.type == "cpu":
+            prov["cpu_flags"] = cpu_flags()
+        result = self.Result(config=cfg, provenance=prov, **_decode(_encode(own)))
+        if not show:
+            print(f"{self.name} ({config.profile} profile): {seconds:.1f} s on {result.device}")
+        return result
+
+    # --- saved results ------------------------------------------------------------------------------------
+    def saved(self, profile: str = "full"):
+        """The saved result ``book/results/NAME_PROFILE.json`` as a Result, or None when there is none."""
+        path = result_path(self.name, profile)
+        return self.Result.load(path) if path.exists() else None
+
+    # --- command line -------------------------------------------------------------------------------------
+    def main(self, argv: list | None = None) -> int:
+        """``python -m mpt_lab.experiments.NAME [--profile P] [--out F] [--set key=value ...]``."""
+        p = argparse.ArgumentParser(prog=f"python -m mpt_lab.experiments.{self.name}", description=self.title)
+        p.add_argument("--profile", choices=tuple(self.profiles), default=None,
+                       help="run size (default: mpt_lab.profile(), i.e. full with CUDA, else cpu)")
+        p.add_argument("--out", type=Path, help="write the result as JSON here")
+        p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a configuration field (repeatable; tuples comma-separated)")
+        p.add_argument("--no-progress", action="store_true", help="no progress bars")
+        args = p.parse_args(argv)
+        cfg = self.config_for(args.profile or self._default_profile())
+        for item in args.set:
+            key, sep, value = item.partition("=")
+            if not sep or key not in {f.name for f in fields(cfg)} or key == "profile":
+                p.error(f"--set: {item!r} is not KEY=VALUE with a configuration field of {self.name} "
+                        f"({', '.join(f.name for f in fields(cfg) if f.name != 'profile')})")
+            try:
+                setattr(cfg, key, _parse_like(getattr(cfg, key), value))
+            except ValueError as err:
+                p.error(f"--set {key}: {err}")
+        try:
+            result = self.run(cfg, progress=False if args.no_progress else None,
+                              command=self.command(cfg, args.out))
+        except ValueError as err:
+            p.error(str(err))
+        print(result.describe())
+        if args.out:
+            result.save(args.out)
+            print(f"wrote {args.out}")
+        return 0
+
+
+def run_main(experiment: Experiment) -> None:
+    """``if __name__ == "__main__": run_main(EXPERIMENT)`` in an experiment module."""
+    raise SystemExit(experiment.main(sys.argv[1:]))

@@ -1,0 +1,99 @@
+"""The book's figures and tables, one module per topic; every function takes result objects.
+
+* :mod:`~mpt_lab.figures.formats`: where each format's values lie, ulp, fixed against floating point (ch. 1);
+* :mod:`~mpt_lab.figures.gradients`: gradient histograms (the paper's Figure 2), the detector (ch. 2);
+* :mod:`~mpt_lab.figures.scaling`: the loss scale over a run, FP16 with and without loss scaling (ch. 3, 7);
+* :mod:`~mpt_lab.figures.training`: master weights, the AMP recipe's speed, autocast's policy (ch. 4, 5);
+* :mod:`~mpt_lab.figures.memory`: recomputation against lower precision (ch. 6);
+* :mod:`~mpt_lab.figures.graphs`: float16 message passing and the GAT (ch. 8);
+* :func:`show_saved`: a saved GPU ("full") or long CPU result of an experiment, or the command that makes it.
+
+Figures are :class:`~mpt_lab.figures._base.BookFigure` (matplotlib, no pyplot; shown once where returned) with
+a title, labelled axes with units and a legend; tables are HTML built by one function,
+:func:`~mpt_lab.figures._base.table_html`.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Callable, Sequence
+
+from ._base import FORMAT_COLORS, HTML, BookFigure, running_mean, table_html
+from .formats import plot_accumulation, plot_fixed_vs_float, plot_format_ranges, plot_ulp
+from .gradients import (histogram_table, phases_table, plot_detection_samples, plot_gradient_histogram,
+                        plot_kept_vs_scale, plot_training, sweep_table)
+from .graphs import (gat_budget_table, gat_memory_table, message_passing_table, plot_attention_overflow,
+                     plot_gat_memory, plot_gat_training)
+from .memory import plot_tradeoffs, tradeoff_table, training_table
+from .scaling import divergence_table, plot_divergence, plot_scale_history, plot_shift_sweep
+from .training import autocast_table, plot_losses, speedup_table
+
+__all__ = ["show_saved", "BookFigure", "HTML", "table_html", "running_mean", "FORMAT_COLORS",
+           "plot_format_ranges", "plot_ulp", "plot_fixed_vs_float", "plot_accumulation",
+           "plot_gradient_histogram", "plot_kept_vs_scale", "plot_detection_samples", "plot_training",
+           "histogram_table", "phases_table", "sweep_table",
+           "plot_scale_history", "plot_divergence", "plot_shift_sweep", "divergence_table",
+           "plot_losses", "speedup_table", "autocast_table",
+           "plot_tradeoffs", "tradeoff_table", "training_table",
+           "plot_gat_training", "plot_gat_memory", "plot_attention_overflow", "gat_memory_table", "gat_budget_table",
+           "message_passing_table"]
+
+#: What each saved profile is, in the words a reader needs.
+_PROFILE_WORDS = {"full": ("GPU", "On a machine with a CUDA GPU"),
+                  "long": ("long CPU", "On a CPU (up to an hour on 2 cores)")}
+
+
+def _display(obj) -> None:
+    try:
+        from IPython.display import display
+    except ImportError:  # plain Python: print what can be printed
+        print(obj)
+        return
+    display(obj)
+
+
+def show_saved(name: str, profiles: Sequence[str] = ("full", "long"), *,
+               show: Callable | Sequence[Callable] = ()) -> dict:
+    """Show the saved results of experiment ``name`` for each of ``profiles``, or the command that makes each.
+
+    For a saved ``book/results/NAME_PROFILE.json``: where it came from (device, profile, date, wall time, the
+    command), its summary, and ``show(result)`` for each function given (figures or tables of this package).
+    For a missing one: the command that makes it.  Profiles the experiment does not define are left out.
+
+    Parameters
+    ----------
+    name : an experiment of :data:`mpt_lab.experiments.NAMES`
+    profiles : which saved profiles to look for ("full": GPU; "long": long CPU runs)
+    show : a function or functions of a result, each returning something displayable
+
+    Returns
+    -------
+    dict profile → the loaded result, for the profiles that are saved.
+
+    Raises
+    ------
+    ValueError
+        ``name`` is not an experiment.
+    """
+    from ..experiments import get, result_path
+
+    experiment = get(name)
+    shows = [show] if callable(show) else list(show)
+    found = {}
+    for p in profiles:
+        if p not in experiment.profiles:
+            continue
+        what, where = _PROFILE_WORDS.get(p, (p, ""))
+        result = experiment.saved(p)
+        if result is None:
+            out = f"book/results/{result_path(name, p).name}"
+            cmd = experiment.command(experiment.config_for(p), out)
+            _display(HTML(f'<p class="mpt-saved"><b>No {what} result of <code>{name}</code> is saved yet.</b> '
+                          f'{where} it is made by <code>{html.escape(cmd)}</code>.</p>'))
+            continue
+        found[p] = result
+        _display(HTML(f'<p class="mpt-saved"><b>Saved {what} result</b> ({html.escape(result.source())}):<br>'
+                      f'{html.escape(result.describe())}</p>'))
+        for fn in shows:
+            _display(fn(result))
+    return found

@@ -1,0 +1,89 @@
+"""Figures and tables of the memory chapter: recomputation (activation checkpointing) against lower precision.
+
+Memory is shown in MiB (2²⁰ bytes) everywhere; a source that reports MB (10⁶ bytes) is quoted in MB and
+converted beside it.
+"""
+
+from __future__ import annotations
+
+from matplotlib.figure import Figure
+
+from ._base import mib, new_figure, table_html
+
+__all__ = ["plot_tradeoffs", "tradeoff_table", "training_table"]
+
+
+def plot_tradeoffs(result, *, title: str | None = None) -> Figure:
+    """Peak memory and step time per way of training (FP32, mixed precision, checkpointing, both).
+
+    Parameters
+    ----------
+    result : :class:`~mpt_lab.experiments.memory_tradeoffs.MemoryTradeoffsResult`
+
+    Returns
+    -------
+    Figure with two bar charts: peak memory of one step (MiB) and time per step (ms).
+    """
+    ways = getattr(result, "ways", None)
+    if not isinstance(ways, dict) or not ways:
+        raise TypeError("result must be a MemoryTradeoffsResult")
+    names = list(ways)
+    fig = new_figure((10, 3.8))
+    ax1, ax2 = fig.subplots(1, 2)
+    colors = [f"C{i}" for i in range(len(names))]
+    ax1.bar(names, [ways[n]["peak_bytes"] / 2**20 for n in names], color=colors)
+    ax1.set_ylabel("peak memory of one step (MiB)")
+    ax1.set_title("Peak memory")
+    ax2.bar(names, [1e3 * ways[n]["step_seconds"] for n in names], color=colors)
+    ax2.set_ylabel("time per training step (ms)")
+    ax2.set_title("Step time")
+    for ax in (ax1, ax2):
+        ax.set_xlabel("way of training")
+        ax.tick_params(axis="x", labelrotation=15)
+        ax.grid(axis="y", alpha=0.3)
+    fig.suptitle(title or f"Recomputation or lower precision: what each costs and saves ({result.device}, "
+                          f"mixed = {result.mixed_dtype})")
+    return fig
+
+
+def tradeoff_table(result):
+    """Per way: peak memory, step time, memory saved, compute overhead, and whether the gradients are
+    bit-identical to FP32's (else their relative difference), beside the usual qualitative verdict."""
+    from ..experiments.memory_tradeoffs import RECOMPUTE_VS_PRECISION, MemoryTradeoffsResult
+
+    if not isinstance(result, MemoryTradeoffsResult):
+        raise TypeError(f"result must be a MemoryTradeoffsResult, got {type(result).__name__}")
+
+    def say(d):
+        return ("lossless" if d["lossless"] else "lossy") + ", overhead " + d["overhead"]
+
+    verdict = {"fp32": "baseline", "mixed": "lower precision: " + say(RECOMPUTE_VS_PRECISION["lower precision"]),
+               "checkpoint": "recomputation: " + say(RECOMPUTE_VS_PRECISION["recomputation"]),
+               "mixed+checkpoint": "both"}
+    rows = []
+    for way, w in result.ways.items():
+        same = "yes" if w["bit_identical"] else f"no (relative difference {w['grad_rel_diff']:.2g})"
+        rows.append([way, mib(w["peak_bytes"]), f"{1e3 * w['step_seconds']:.1f}", f"{100 * w['memory_saved']:.0f}%",
+                     f"{100 * w['overhead']:+.0f}%", same, verdict.get(way, "")])
+    return table_html(["way", "peak MiB (one step)", "ms / step", "memory saved", "compute overhead",
+                       "gradients identical to FP32?", "the usual verdict"], rows)
+
+
+def training_table(result):
+    """FP32 against mixed precision: test accuracy, time per epoch, checkpoint size (MiB) — beside the CIFAR-10
+    ResNet-50 experiment's numbers (cited, in MB as reported and converted to MiB)."""
+    from ..experiments.memory_tradeoffs import CIFAR10_RESNET50, MemoryTradeoffsResult
+
+    if not isinstance(result, MemoryTradeoffsResult):
+        raise TypeError(f"result must be a MemoryTradeoffsResult, got {type(result).__name__}")
+    t = result.training
+    rows = []
+    for k, label in (("fp32", "FP32"), ("mixed", f"mixed ({result.mixed_dtype})")):
+        rows.append([f"this book: {label}, ResNet on digits ({result.device}, {result.profile} profile)",
+                     f"{100 * t[k]['accuracy']:.2f}%", f"{t[k]['epoch_seconds']:.3g}", mib(t[k]["storage_bytes"], 3)])
+    c = CIFAR10_RESNET50
+    for k, label in (("fp32", "FP32"), ("mixed", "mixed")):
+        mb = c[k]["storage_mb"]
+        rows.append([f"CIFAR-10 ResNet-50 ({c['device']}): {label}", f"{100 * c[k]['accuracy']:.2f}%",
+                     f"{c[k]['epoch_seconds']:.3g}", f"{mb * 1e6 / 2**20:.1f} ({mb:.0f} MB as reported)"])
+    return table_html(["run", "test accuracy", "s / epoch", "checkpoint MiB"], rows)

@@ -1,0 +1,139 @@
+"""mpt_lab.figures: every figure has a title, labelled axes (with units) and a legend where it shows several
+series; the multi-run histogram draws every run; tables come from one builder; show_saved shows a saved result
+or the command that makes it."""
+
+import html
+
+import numpy as np
+import pytest
+import torch
+from matplotlib.container import BarContainer
+from matplotlib.figure import Figure
+
+from mpt_lab import figures
+from mpt_lab import formats as F
+from mpt_lab.experiments import _runner, loss_scaling
+from mpt_lab.histogram import log2_histogram
+
+
+def _check_axes(fig: Figure, legend=True):
+    axes = [ax for ax in fig.axes if ax.get_visible()]
+    assert axes
+    for ax in axes:
+        assert ax.get_title(), "every axes has a title"
+        assert ax.get_xlabel(), "x axis labelled"
+        if legend:
+            assert (ax.get_legend() is not None and ax.get_legend().get_texts()) or fig.legends
+    return axes
+
+
+def _histogram(seed=0, center=-30.0, zeros=5000, n=20_000):
+    rng = np.random.default_rng(seed)
+    g = rng.standard_normal(n) * np.exp2(rng.normal(center, 6, n))
+    g[:zeros] = 0
+    return log2_histogram(torch.from_numpy(g.astype(np.float32)))
+
+
+def test_format_ranges():
+    fig = figures.plot_format_ranges()
+    top, bottom = _check_axes(fig)
+    assert len(top.get_yticklabels()) == 9
+    # the zoomed panel shows a tick per positive value of each ≤ 8-bit format: E4M3 has 126 positive values
+    n_ticks = sum(len(c.get_segments()) for c in bottom.collections if hasattr(c, "get_segments"))
+    positives = sum(int((F.values(f) > 0).sum()) for f in (F.FP4_E2M1, F.FP6_E2M3, F.FP6_E3M2, F.FP8_E4M3, F.FP8_E5M2))
+    assert n_ticks == positives
+    assert fig._repr_png_()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_ulp_fixed_and_accumulation():
+    _check_axes(figures.plot_ulp(["FP16", "BF16"]))
+    with pytest.raises(ValueError):
+        figures.plot_ulp(["FP16"], lo_log2=3, hi_log2=1)
+    with pytest.raises(ValueError):
+        figures.plot_ulp(["FP17"])
+    _check_axes(figures.plot_fixed_vs_float())
+    traj = {"a": 1 + 1e-4 * np.arange(11), "b": np.ones((11, 4))}
+    _check_axes(figures.plot_accumulation(traj, exact=1 + 1e-4 * np.arange(11)))
+    with pytest.raises(TypeError):
+        figures.plot_accumulation([1, 2])
+
+
+def test_gradient_histogram_figure():
+    h = _histogram()
+    fig = figures.plot_gradient_histogram(h, "FP16", scale=2.0**15, extra_formats=["BF16", "FP8_E5M2"])
+    top, ax = fig.axes
+    assert top.get_title() and ax.get_xlabel() and ax.get_ylabel() and fig.legends
+    assert [t.get_text() for t in top.get_yticklabels()] == ["FP16 (16 bits)", "BF16 (16 bits)", "FP8_E5M2 (8 bits)"]
+    heights = [p.get_height() for p in ax.patches if hasattr(p, "get_height")]
+    assert any(abs(hh - 25.0) < 1e-9 for hh in heights)            # the zero bar shows the share of zeros
+    labels = [t.get_text() for t in ax.get_xticklabels()]
+    assert labels[0] == "zeros" and "0" in labels                  # the zero bin is not labelled like 2^0
+    with pytest.raises(TypeError):
+        figures.plot_gradient_histogram([h])
+    with pytest.raises(ValueError):
+        figures.plot_gradient_histogram(h, scale=3.0)
+
+
+def test_every_run_of_a_multi_run_histogram_is_drawn():
+    runs = {"small": _histogram(0, -20), "medium": _histogram(1, -24), "large": _histogram(2, -28)}
+    fig = figures.plot_gradient_histogram(runs, "FP16")
+    ax = fig.axes[1]
+    bars = [c for c in ax.containers if isinstance(c, BarContainer)]
+    assert len(bars) == 2 * len(runs)                               # non-zero bars and a zero bar per run
+    for c in bars:
+        assert all(p.get_alpha() is None or p.get_alpha() > 0 for p in c.patches)   # none of them invisible
+    texts = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert all(any(t.startswith(name) for t in texts) for name in runs)
+
+
+def test_kept_vs_scale():
+    fig = figures.plot_kept_vs_scale(_histogram(), "FP16", log2_scales=range(0, 30))
+    (ax,) = _check_axes(fig)
+    kept = ax.get_lines()[0].get_ydata()
+    assert kept[8] > kept[0]                                        # S = 2^8 keeps more than S = 1
+    with pytest.raises(TypeError):
+        figures.plot_kept_vs_scale({"a": 1})
+
+
+def test_running_mean_leaves_gaps_for_nonfinite_values():
+    x, m = figures.running_mean([1.0, 2.0, 3.0, float("inf"), 5.0, 6.0, 7.0], 2)
+    assert x.tolist() == [2, 3, 4, 5, 6, 7]
+    assert m[0] == 1.5 and m[1] == 2.5 and np.isnan(m[2]) and np.isnan(m[3]) and m[4] == 5.5
+    with pytest.raises(ValueError):
+        figures.running_mean([], 3)
+
+
+def test_losses_and_scale_history_from_results():
+    cfg = loss_scaling.Config(profile="quick", steps=30, growth_interval=5, hidden=16, threads=1)
+    r = loss_scaling.run(cfg, progress=False)
+    (ax,) = _check_axes(figures.plot_scale_history(r))
+    assert len(ax.get_legend().get_texts()) >= 2
+    (ax,) = _check_axes(figures.plot_losses(r.losses, smooth=5))
+    assert len(ax.get_lines()) == 2
+    with pytest.raises(TypeError):
+        figures.plot_losses([1, 2])
+
+
+def test_one_table_builder():
+    t = figures.table_html(["a", "<b>"], [[1, "x"], [2, "y"]], caption="c & d")
+    assert t.count("<tr>") == 3 and "&lt;b&gt;" in t and "c &amp; d" in t and "overflow-x:auto" in t
+    assert t._repr_html_() == str(t)
+
+
+def test_show_saved_shows_a_result_or_the_command(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(_runner, "results_dir", lambda: tmp_path)
+    shown = []
+    monkeypatch.setattr(figures, "_display", lambda obj: shown.append(obj))
+    assert figures.show_saved("loss_scaling") == {}
+    text = " ".join(map(str, shown))
+    assert "No GPU result" in text and html.escape("--profile full --out book/results/loss_scaling_full.json") in text
+    assert "long" not in text                                     # loss_scaling has no long profile
+    cfg = loss_scaling.Config(profile="full", steps=3, hidden=8, threads=1)
+    r = loss_scaling.run(cfg, progress=False)
+    r.save(tmp_path / "loss_scaling_full.json")
+    shown.clear()
+    found = figures.show_saved("loss_scaling", show=figures.plot_scale_history)
+    assert list(found) == ["full"] and found["full"] == r
+    assert "Saved GPU result" in str(shown[0]) and isinstance(shown[1], Figure)
+    with pytest.raises(ValueError):
+        figures.show_saved("nonsense")
