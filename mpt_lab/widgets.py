@@ -12,23 +12,19 @@ from __future__ import annotations
 
 import html
 import math
+from decimal import Decimal
+from fractions import Fraction
 from typing import Sequence
 
 import numpy as np
 
 from . import formats as F
+from .figures._base import HTML, table_html   # the book's one table builder (re-exported here)
 
 __all__ = ["HTML", "table_html", "bits_html", "format_table_html", "value_table_html", "BitExplorer", "bit_explorer",
            "FIELD_COLORS"]
 
 FIELD_COLORS = {"sign": "#f4a6a6", "exponent": "#a6c8f4", "mantissa": "#b9e4b0"}
-
-
-class HTML(str):
-    """An HTML string that Jupyter displays as HTML (and prints as its source)."""
-
-    def _repr_html_(self) -> str:
-        return str(self)
 
 
 def _fmt_num(v: float) -> str:
@@ -58,15 +54,21 @@ def _bit_cells(d: F.Decomposition) -> str:
 
 
 def _formula(d: F.Decomposition) -> str:
+    """The value's formula with the biased and the unbiased exponent (IEEE 754-2019 §3.4), as plain text."""
     f = d.fmt
     sign = "−" if d.sign else "+"
-    if d.kind in ("infinity", "nan"):
-        return f"{sign}{'∞' if d.kind == 'infinity' else 'NaN'} (exponent field all ones)"
+    if d.kind == "infinity":
+        return f"{sign}∞ (exponent field all ones, mantissa 0)"
+    if d.kind == "nan":
+        return ("NaN (exponent field all ones, mantissa ≠ 0)" if f.nan == "ieee"
+                else "NaN (exponent and mantissa fields all ones: the format's only NaN)")
     lead = "1" if d.kind == "normal" else "0"
     mant = format(d.mantissa, f"0{f.mantissa_bits}b") if f.mantissa_bits else ""
     sig = f"{lead}.{mant}₂" if mant else f"{lead}₂"
-    exp_note = (f"2^({d.exponent} − {f.bias})" if d.kind == "normal" else f"2^{f.emin} (subnormal: 1 − bias)")
-    return f"{sign}{sig} × {exp_note} = {_fmt_num(d.value)}"
+    signed = f"{'−' if d.sign else ''}{sig}" if f.signed else sig
+    if d.kind == "normal":
+        return f"{signed} × 2^({d.exponent} − {f.bias}) = {signed} × 2^{d.unbiased_exponent} = {_fmt_num(d.value)}"
+    return (f"{signed} × 2^{f.emin} = {_fmt_num(d.value)} ({d.kind}: exponent = emin = 1 − bias = {f.emin})")
 
 
 def bits_html(x, fmt="FP32") -> HTML:
@@ -90,15 +92,6 @@ def bits_html(x, fmt="FP32") -> HTML:
                 f'<span style="margin-left:8px">{d.kind}: {html.escape(_formula(d))}</span></div>')
 
 
-def table_html(header: Sequence[str], rows: Sequence[Sequence], caption: str = "") -> HTML:
-    """A plain HTML table (cells are inserted as given: escape text yourself, or pass numbers)."""
-    th = "".join(f'<th style="text-align:right;padding:2px 8px">{html.escape(str(h))}</th>' for h in header)
-    body = "".join("<tr>" + "".join(f'<td style="text-align:right;padding:2px 8px">{c}</td>' for c in r) + "</tr>"
-                   for r in rows)
-    cap = f"<caption>{html.escape(caption)}</caption>" if caption else ""
-    return HTML(f'<table class="mpt-table">{cap}<thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>')
-
-
 def format_table_html(formats: Sequence = tuple(F.FORMATS)) -> HTML:
     """The catalogue as a table: bits, fields, bias, max, smallest normal/subnormal, epsilon, decimal digits.
 
@@ -113,8 +106,20 @@ def format_table_html(formats: Sequence = tuple(F.FORMATS)) -> HTML:
         rows.append([f.name, s["bits"], s["exponent"], s["mantissa"], s["bias"], _fmt_num(s["max"]),
                      _fmt_num(s["smallest normal"]), _fmt_num(s["smallest subnormal"]),
                      _fmt_num(s["epsilon"]), f"{s['decimal digits']:.2f}", "yes" if f.infinities else "no",
-                     {"ieee": "IEEE", "single": "one code", "none": "none"}[f.nan]])
+                     _nan_codes(f)])
     return table_html(header, rows)
+
+
+def _nan_codes(f: F.FloatFormat) -> str:
+    """How many codes are NaN, and which: counted from the format's fields, not typed in."""
+    signs = 2 if f.signed else 1
+    if f.nan == "none":
+        return "none"
+    if f.nan == "single":   # the all-ones code, once per sign
+        return f"{signs} ({'±' if signs == 2 else ''}all ones)"
+    n = signs * ((1 << f.mantissa_bits) - 1)   # IEEE: exponent all ones, mantissa ≠ 0
+    return f"{n:,} (IEEE: exponent all ones, mantissa ≠ 0)" if n < 1e6 else \
+        f"2^{f.mantissa_bits + signs - 1} − {signs} (IEEE: exponent all ones, mantissa ≠ 0)"
 
 
 def value_table_html(values: Sequence[float], formats: Sequence = ("FP32", "BF16", "FP16", "FP8_E4M3", "FP8_E5M2"),
@@ -137,21 +142,33 @@ def value_table_html(values: Sequence[float], formats: Sequence = ("FP32", "BF16
 
 
 class BitExplorer:
-    """Interactive bits of one format: toggle a bit to see the value, type a value to see the bits.
+    """Interactive bits of one format: click a bit to flip it, type a value to see its bits.
+
+    The bits are buttons coloured by field (:data:`FIELD_COLORS`: sign, exponent, mantissa; a set bit is
+    bold); below them the code, kind, formula and exact stored value, and a table of the current value
+    stored in the comparison formats.  Typing a value rounds it to the format (round-to-nearest-even);
+    flipping a bit makes the stored value the current value, so the value box, the bits, the formula and
+    the table always show the same number.
 
     Parameters
     ----------
     fmt : FloatFormat or str
-        The format whose bits are shown as toggle buttons.
+        The format whose bits are shown.
     value : float
         The initial value (rounded to fmt).
     compare : sequence of formats
-        Formats in which the typed value is also shown.
+        Formats in which the current value is also shown.
 
     Attributes
     ----------
     code : int
-        The current bit pattern; :attr:`value` its value; :attr:`widget` the ipywidgets box to display.
+        The current bit pattern; :attr:`value` its value; :attr:`typed` the current value before rounding
+        (a float); :attr:`widget` the ipywidgets box to display (CSS class ``mpt-bit-explorer-widget``; bit
+        ``i`` has class ``mpt-bit-{i}``).
+
+    The value box accepts a decimal (``-314.625``, ``1e-7``), a fraction (``1/3``), a hexadecimal float
+    (``0x1.8p3``), ``inf``/``nan``, or a raw code: ``0x`` without ``p`` (``0x3C00``) or ``0b…``, as the
+    rendered book's JavaScript explorer (``book/_static/bit_explorer.js``).
     """
 
     def __init__(self, fmt="FP16", value: float = -314.625, compare: Sequence = ("FP32", "BF16", "FP16",
@@ -163,41 +180,74 @@ class BitExplorer:
         self._updating = False
         self._W = W
         self.code = 0
+        self.typed = 0.0
         self.format_box = W.Dropdown(options=list(F.FORMATS), value=self.fmt.name, description="format")
-        self.value_box = W.Text(value=repr(float(value)), description="value", continuous_update=False)
+        self.value_box = W.Text(value=repr(float(value)), description="value", continuous_update=False,
+                                tooltip="a value (-314.625, 1e-7, 1/3, 0x1.8p3, inf, nan) or a code (0x3C00, 0b…)")
         self.out = W.HTML()
         self.table = W.HTML()
-        self.bit_row = W.HBox()
+        self.bit_row = W.HBox(layout=W.Layout(flex_flow="row wrap"))
         self.format_box.observe(self._on_format, names="value")
         self.value_box.observe(self._on_text, names="value")
         self._build_bits()
         self.set_value(float(value))
         self.widget = W.VBox([W.HBox([self.format_box, self.value_box]), self.bit_row, self.out, self.table])
+        self.widget.add_class("mpt-bit-explorer-widget")
 
     # --- state changes (called by the widgets, callable directly) -------------------------------------------
     def set_value(self, x: float) -> None:
-        """Round ``x`` to the format and show its bits (and the value in the comparison formats)."""
+        """Round ``x`` to the format (round-to-nearest-even) and show its bits, and x in the other formats.
+
+        Raises ``TypeError`` for a non-number and ``ValueError`` for NaN in a format without NaN (FP6, FP4).
+        """
         if not isinstance(x, (int, float, np.floating)) or isinstance(x, bool):
             raise TypeError(f"x must be a real number, got {type(x).__name__}")
+        code = int(F.encode(float(x), self.fmt))
         self.typed = float(x)
-        self._set_code(int(F.encode(float(x), self.fmt)))
-        self.table.value = str(value_table_html([self.typed], self.compare))
+        self._show(code, text=None)
+
+    def set_code(self, code: int) -> None:
+        """Store the bit pattern ``code``; its value becomes the current value (value box and table follow)."""
+        if not isinstance(code, (int, np.integer)) or isinstance(code, bool):
+            raise TypeError(f"code must be an int, got {type(code).__name__}")
+        if not 0 <= int(code) < (1 << self.fmt.bits):
+            raise ValueError(f"code must lie in [0, 2**{self.fmt.bits}) for {self.fmt.name}, got {code}")
+        code = int(code)
+        self.typed = float(F.decode(code, self.fmt))
+        self._show(code, text=repr(self.typed))
 
     def toggle(self, i: int) -> None:
         """Flip bit ``i`` (0 = most significant, the sign bit of signed formats)."""
-        if not isinstance(i, int) or not 0 <= i < self.fmt.bits:
+        if not isinstance(i, (int, np.integer)) or isinstance(i, bool) or not 0 <= i < self.fmt.bits:
             raise ValueError(f"i must be an int in [0, {self.fmt.bits}), got {i!r}")
-        self._set_code(self.code ^ (1 << (self.fmt.bits - 1 - i)))
+        self.set_code(self.code ^ (1 << (self.fmt.bits - 1 - int(i))))
 
     def set_format(self, fmt) -> None:
-        """Show another format, keeping the typed value."""
+        """Show another format, keeping the current value (rounded to the new format)."""
         self.fmt = F.get_format(fmt)
+        if self.format_box.value != self.fmt.name:
+            self._updating = True
+            try:
+                self.format_box.value = self.fmt.name
+            finally:
+                self._updating = False
         self._build_bits()
-        self.set_value(self.typed)
+        try:
+            self.set_value(self.typed)
+        except ValueError as e:  # NaN into FP6/FP4, which have none
+            self.typed = 0.0
+            self._show(int(F.encode(0.0, self.fmt)), text="0.0")
+            self.out.value += f"<div style='color:#b00'>{html.escape(str(e))}; showing 0</div>"
 
     @property
     def value(self) -> float:
+        """The stored value (float64; exact)."""
         return F.decode(self.code, self.fmt)
+
+    @property
+    def bits(self) -> list:
+        """The bits of :attr:`code`, most significant first (what the buttons show)."""
+        return [(self.code >> (self.fmt.bits - 1 - i)) & 1 for i in range(self.fmt.bits)]
 
     @property
     def decomposition(self) -> F.Decomposition:
@@ -210,41 +260,67 @@ class BitExplorer:
         kinds = (["sign"] if f.signed else []) + ["exponent"] * f.exponent_bits + ["mantissa"] * f.mantissa_bits
         self.buttons = []
         for i, k in enumerate(kinds):
-            b = W.ToggleButton(value=False, description="0", tooltip=f"{k} bit",
-                               layout=W.Layout(width="30px", padding="0"))
+            # Button honours style.button_color in ipywidgets 8 (ToggleButton does not: its bits were grey)
+            b = W.Button(description="0", tooltip=f"bit {f.bits - 1 - i}: {k} (click to flip)",
+                         layout=W.Layout(width="30px", padding="0", margin="0 1px 1px 0"))
             b.style.button_color = FIELD_COLORS[k]
-            b.observe(lambda change, i=i: self._on_bit(i, change), names="value")
+            b.add_class(f"mpt-bit-{i}")
+            b.add_class(f"mpt-bit-{k}")
+            b.on_click(lambda _b, i=i: self.toggle(i))
             self.buttons.append(b)
         self.bit_row.children = self.buttons
 
-    def _set_code(self, code: int) -> None:
+    def _show(self, code: int, text) -> None:
+        """Make every part show ``code`` (and :attr:`typed`); ``text`` replaces the value box if given."""
         self.code = code
-        self._updating = True
-        try:
-            for i, b in enumerate(self.buttons):
-                bit = (code >> (self.fmt.bits - 1 - i)) & 1
-                b.value = bool(bit)
-                b.description = str(bit)
-        finally:
-            self._updating = False
+        for b, bit in zip(self.buttons, self.bits):
+            b.description = str(bit)
+            b.style.font_weight = "bold" if bit else "normal"
+        if text is not None and self.value_box.value != text:
+            self._updating = True
+            try:
+                self.value_box.value = text
+            finally:
+                self._updating = False
         d = self.decomposition
-        self.out.value = (f"<div>code 0x{code:0{(self.fmt.bits + 3) // 4}x} · {d.kind} · "
-                          f"{html.escape(_formula(d))}</div>")
-
-    def _on_bit(self, i, change):
-        if not self._updating:
-            self.toggle(i)
+        exact = "" if not math.isfinite(d.value) else f" · exact <code>{format(Decimal(d.value), 'f')}</code>"
+        self.out.value = (f"<div>code <code>0x{code:0{(self.fmt.bits + 3) // 4}X}</code> · {d.kind} · "
+                          f"{html.escape(_formula(d))}{exact}</div>")
+        comparable = [f for f in self.compare if not (math.isnan(self.typed) and f.nan == "none")]
+        self.table.value = str(value_table_html([self.typed], comparable))
 
     def _on_text(self, change):
-        try:
-            x = float(change["new"])
-        except ValueError:
-            self.out.value = f"<div style='color:#b00'>not a number: {html.escape(change['new'])}</div>"
+        if self._updating:
             return
-        self.set_value(x)
+        text = change["new"]
+        try:
+            kind, v = _parse_text(text)
+            if kind == "code":
+                self.set_code(v)
+            else:
+                self.set_value(v)
+        except (ValueError, ZeroDivisionError, OverflowError) as e:
+            self.out.value = (f"<div style='color:#b00'>not a number: {html.escape(text)} "
+                              f"({html.escape(str(e))})</div>")
 
     def _on_format(self, change):
-        self.set_format(change["new"])
+        if not self._updating:
+            self.set_format(change["new"])
+
+
+def _parse_text(text: str):
+    """("code", int) for ``0x…`` without ``p`` or ``0b…``; otherwise ("value", float) (decimal, a/b, hex float).
+
+    Raises ``ValueError`` for anything else.
+    """
+    t = text.strip().replace("_", "").replace(" ", "").replace("−", "-").replace("∞", "inf").lower()
+    if t.startswith(("0x", "0b")) and "p" not in t:
+        return "code", int(t, 0)
+    if t.lstrip("+-").startswith("0x"):
+        return "value", float.fromhex(t)
+    if "/" in t:
+        return "value", float(Fraction(t))
+    return "value", float(t)
 
 
 def bit_explorer(fmt="FP16", value: float = -314.625):

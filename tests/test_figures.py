@@ -118,6 +118,9 @@ def test_one_table_builder():
     t = figures.table_html(["a", "<b>"], [[1, "x"], [2, "y"]], caption="c & d")
     assert t.count("<tr>") == 3 and "&lt;b&gt;" in t and "c &amp; d" in t and "overflow-x:auto" in t
     assert t._repr_html_() == str(t)
+    from mpt_lab import widgets
+
+    assert widgets.table_html is figures.table_html and widgets.HTML is figures.HTML
 
 
 def test_show_saved_shows_a_result_or_the_command(tmp_path, monkeypatch, capsys):

@@ -65,3 +65,53 @@ def test_notebook_executed_cleanly(book, path: Path):
                 problems.append(f"cell {i} ({kind}) shows {what}: …{text[max(0, m.start() - 80):m.end() + 80]}…")
     assert not problems, "\n".join(problems)
     print(f"{path.name}: executed in {book.notebook_seconds.get(path.stem, float('nan')):.0f} s (quick profile)")
+
+
+def _bibliography_labels() -> set:
+    """"Surname, year" of the first author of every entry of book/references.bib (as the chapters cite them)."""
+    import codecs
+
+    import latexcodec  # noqa: F401  (registers the "ulatex" codec; a dependency of pybtex)
+    from pybtex.database import parse_file
+
+    from conftest import ROOT
+
+    out = set()
+    for entry in parse_file(ROOT / "book" / "references.bib").entries.values():
+        first = entry.persons["author"][0]
+        name = " ".join(first.last_names) or " ".join(first.first_names)
+        out.add(f"{codecs.decode(name, 'ulatex').replace('{', '').replace('}', '')}, {entry.fields['year']}")
+    return out
+
+
+CITATION = re.compile(r"\[\(([^\]]*)\)\]\(\.\./book/bibliography\.md\)")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_citations_read_in_jupyter_and_name_bibliography_entries(path: Path):
+    """Chapters cite works as "(Author et al., year)" linked to the bibliography (a {cite} role shows raw in
+    Jupyter); each cited author and year is an entry of book/references.bib."""
+    labels = _bibliography_labels()
+    nb = nbformat.read(path, as_version=4)
+    text = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    assert "{cite}" not in text
+    for m in CITATION.finditer(text):
+        for item in m.group(1).split("; "):
+            author, year = item.rsplit(", ", 1)
+            author = author.replace(" et al.", "").split(" & ")[0]
+            assert f"{author}, {year}" in labels, f"{path.name} cites ({item}), which is not in references.bib"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_first_cell_installs_mpt_lab_from_the_configured_repository(path: Path):
+    """Opened in Colab (launch button), a chapter installs mpt_lab from the repository _config.yml names; the cell
+    is removed from the rendered book and does nothing where mpt_lab is installed."""
+    import yaml
+
+    from conftest import ROOT
+
+    url = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"]
+    nb = nbformat.read(path, as_version=4)
+    first = next(c for c in nb.cells if c.cell_type == "code")
+    assert f"mpt_lab @ git+{url}" in first.source and 'find_spec("mpt_lab") is None' in first.source
+    assert "remove-cell" in first.metadata.get("tags", [])
