@@ -7,7 +7,10 @@ and §3.2 "Loss scaling"; the book writes the loop as 8 steps:
 2. forward with the FP16 copy;
 3. cast the FP16 prediction to FP32;
 4. compute the FP32 loss and multiply it by the loss scale S;
-5. cast the scaled loss to FP16;
+5. cast the scaled loss to FP16 (as the loop is usually written; PyTorch's GradScaler and NVIDIA's guide keep
+   the scaled loss in FP32 instead, and FP16 begins where the gradient crosses back into the FP16 part of the
+   graph, at step 3's cast: ``cast_scaled_loss=False``.  The two give bit-identical gradients, because the
+   derivative of a cast is 1 whatever the value, even when loss·S overflows FP16 to inf);
 6. backward in FP16 to get FP16 gradients;
 7. cast the FP16 gradients to FP32 and divide by S (skip the update if any is inf/NaN);
 8. update the FP32 master weights with the FP32 gradients (and refresh the FP16 copy from them).
@@ -58,7 +61,7 @@ STEP_NAMES = {
     2: ("{half} forward: prediction",),
     3: ("prediction cast to FP32",),
     4: ("FP32 loss × S",),
-    5: ("scaled loss cast to {half}",),
+    5: ("scaled loss cast to {half}", "scaled loss kept in FP32 (as frameworks do)"),
     6: ("{half} gradients (× S)",),
     7: ("FP32 gradients ÷ S",),
     8: ("FP32 master weights, updated", "{half} copy refreshed from the masters"),
@@ -145,6 +148,11 @@ class MasterWeightTrainer:
         Record, at every :meth:`train_step`, what each of the 8 steps produced (see :attr:`last_trace`).
     max_grad_norm : float or None, default None
         If given, clip the FP32 gradients (after dividing by S) to this total 2-norm before step 8.
+    cast_scaled_loss : bool, default True
+        Step 5 as the paper's loop is written: backward starts from the scaled loss cast to FP16 (which is inf
+        when loss·S > 65504; harmless, the gradient of the cast is 1).  False: backward starts from the FP32
+        scaled loss, as ``torch.amp.GradScaler`` and NVIDIA's "Training with Mixed Precision" guide do; the
+        gradients are the same bit for bit.
 
     Attributes
     ----------
@@ -187,7 +195,7 @@ class MasterWeightTrainer:
     def __init__(self, model: nn.Module, optimizer, loss_fn: Callable, *,
                  scaler: GradScaler | StaticLossScaler | torch.amp.GradScaler | None = None,
                  half_dtype: torch.dtype = torch.float16,
-                 trace: bool = False, max_grad_norm: float | None = None) -> None:
+                 trace: bool = False, max_grad_norm: float | None = None, cast_scaled_loss: bool = True) -> None:
         # ---- argument checks (before changing the model) ------------------------------------------
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -206,6 +214,8 @@ class MasterWeightTrainer:
             raise ValueError(f"half_dtype must be torch.float16 or torch.bfloat16, got {half_dtype}")
         if not isinstance(trace, bool):
             raise TypeError(f"trace must be a bool, got {type(trace).__name__}")
+        if not isinstance(cast_scaled_loss, bool):
+            raise TypeError(f"cast_scaled_loss must be a bool, got {type(cast_scaled_loss).__name__}")
         if max_grad_norm is not None:
             if isinstance(max_grad_norm, bool) or not isinstance(max_grad_norm, (int, float)):
                 raise TypeError(f"max_grad_norm must be a real number or None, got {type(max_grad_norm).__name__}")
@@ -233,6 +243,7 @@ class MasterWeightTrainer:
         self.scaler = scaler
         self.half_dtype = half_dtype
         self.trace = trace
+        self.cast_scaled_loss = cast_scaled_loss
         self.max_grad_norm = None if max_grad_norm is None else float(max_grad_norm)
         self.steps = 0
         self.last_trace: list[dict[str, Any]] | None = None
@@ -352,11 +363,16 @@ class MasterWeightTrainer:
 
         # ---- (5) cast the scaled loss to FP16 ----------------------------------------------------------
         # (loss·S above 65504 is inf here; its gradient, 1, is still exact: the check is on the gradients.)
-        scaled_loss_half = scaled_loss.to(half)
-        self._record(trace, 5, 0, scaled_loss_half)
+        # Frameworks skip this cast: backward starts from the FP32 scaled loss (cast_scaled_loss=False).
+        if self.cast_scaled_loss:
+            backward_from = scaled_loss.to(half)
+            self._record(trace, 5, 0, backward_from)
+        else:
+            backward_from = scaled_loss
+            self._record(trace, 5, 1, backward_from)
 
         # ---- (6) backward in FP16: FP16 gradients of the FP16 copy (S times the true ones) -------------
-        scaled_loss_half.backward()
+        backward_from.backward()
         self._record(trace, 6, 0, [h.grad for h in self.half_params])
 
         # ---- (7) cast the FP16 gradients to FP32 and divide by S ---------------------------------------

@@ -494,3 +494,27 @@ def test_half_model_gets_fp32_masters_and_frozen_parameters_are_only_cast():
     assert torch.equal(model[0].bias, bias)
     total = torch.linalg.vector_norm(torch.cat([m.grad.flatten() for m in trainer.masters]))
     assert total <= 1.0 + 1e-5
+
+
+def test_casting_the_scaled_loss_to_fp16_changes_no_gradient():
+    """Step 5 as the paper's loop is written (scaled loss cast to FP16, inf when loss·S > 65504) and as
+    frameworks do it (kept in FP32) give bit-identical gradients and updates: the derivative of a cast is 1."""
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))           # loss ≈ 1.4: loss × 2^16 overflows FP16
+    runs = {}
+    for cast in (True, False):
+        t = MasterWeightTrainer(copy.deepcopy(base), lambda p: torch.optim.SGD(p, lr=0.01),
+                                nn.functional.cross_entropy, scaler=GradScaler(init_scale=2.0 ** 16), trace=True,
+                                cast_scaled_loss=cast)
+        out = t.train_step(x, y)
+        runs[cast] = (out, [m.detach().clone() for m in t.masters], t.last_trace)
+    (out_paper, w_paper, tr_paper), (out_fw, w_fw, tr_fw) = runs[True], runs[False]
+    assert out_paper["loss"] * 2.0 ** 16 > 65504                      # the cast scaled loss is inf in FP16 ...
+    assert out_paper == out_fw and not out_paper["skipped"]           # ... and nothing else changes
+    assert all(torch.equal(a, b) for a, b in zip(w_paper, w_fw))
+    step5 = {r["step"]: r for r in tr_paper}[5], {r["step"]: r for r in tr_fw}[5]
+    assert (step5[0]["dtype"], step5[1]["dtype"]) == ("float16", "float32")
+    with pytest.raises(TypeError, match="cast_scaled_loss"):
+        MasterWeightTrainer(copy.deepcopy(base), lambda p: torch.optim.SGD(p, lr=0.01), nn.functional.cross_entropy,
+                            cast_scaled_loss="yes")

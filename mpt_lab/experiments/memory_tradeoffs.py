@@ -3,16 +3,20 @@
 There are two ways to cut the memory of training: *recomputation* (activation checkpointing, Chen et al. 2016:
 drop activations in forward and recompute them in backward; lossless, about one extra forward pass) and
 *lower precision* (store values in fewer bits; lossy, little overhead).  The CIFAR-10 ResNet-50 experiment of
-github.com/suvojit-0x55aa/mixed-precision-pytorch reports, FP32 against mixed precision on one V100, storage
-90 MB against 46 MB and 47.1 s against 25.6 s per epoch (:data:`CIFAR10_RESNET50`).  This experiment measures
-the same quantities on the book's small ResNet (:mod:`mpt_lab.models.resnet`) trained on scikit-learn's
-digits upsampled to ``image_size``² pixels (:func:`mpt_lab.data.upsampled_digits`):
+Manna (2018, github.com/suvojit-0x55aa/mixed-precision-pytorch) reports, FP32 against mixed precision on one
+V100, storage 90 MB against 46 MB and 47.1 s against 25.6 s per epoch (:data:`CIFAR10_RESNET50`).  This
+experiment measures the same quantities on the book's small ResNet (:mod:`mpt_lab.models.resnet`) trained on
+scikit-learn's digits upsampled to ``image_size``² pixels (:func:`mpt_lab.data.upsampled_digits`):
 
 1. for each of the four ways (:data:`WAYS`), the peak memory of one training step above what was live before
    it (activations, gradients, temporaries; bytes), the step time (median of repeats after warm-up; seconds),
    memory saved and compute overhead against FP32, and whether the gradients are bit-identical to FP32's;
-2. the size on disk of the model's ``state_dict`` saved with ``torch.save`` in FP32 and in FP16;
-3. a short training run in FP32 and in mixed precision from the same initial weights and batch order: test
+2. where the memory of a step goes, for FP32 and for mixed precision: weights, gradients, optimizer state (each
+   counted from the tensors) and the tensors autograd saves for the backward pass (counted with
+   ``torch.autograd.graph.saved_tensors_hooks``: activations, and under autocast the low-precision copies of
+   the weights it casts);
+3. the size on disk of the model's ``state_dict`` saved with ``torch.save`` in FP32 and in FP16;
+4. a short training run in FP32 and in mixed precision from the same initial weights and batch order: test
    accuracy, seconds per epoch, storage.
 
 Mixed precision is ``torch.autocast`` with float16 and ``torch.amp.GradScaler`` on CUDA.  On a CPU it is
@@ -52,8 +56,8 @@ NAME = "memory_tradeoffs"
 WAYS = {"fp32": (False, False), "mixed": (True, False), "checkpoint": (False, True),
         "mixed+checkpoint": (True, True)}
 
-#: github.com/suvojit-0x55aa/mixed-precision-pytorch (cited by study notes on Micikevicius et al. 2018):
-#: CIFAR-10, ResNet-50, batch 128, 200 epochs on one NVIDIA V100.  Cited, not computed; sizes in MB (10⁶ bytes).
+#: Manna (2018), github.com/suvojit-0x55aa/mixed-precision-pytorch, README: CIFAR-10, ResNet-50, batch 128,
+#: 200 epochs on one NVIDIA V100.  Cited, not computed; sizes in MB (10⁶ bytes) as reported.
 CIFAR10_RESNET50 = {
     "source": "github.com/suvojit-0x55aa/mixed-precision-pytorch: CIFAR-10 ResNet-50, batch 128, 200 epochs",
     "device": "1× NVIDIA V100",
@@ -121,7 +125,9 @@ class MemoryTradeoffsResult(ExperimentResult):
     """``mixed_dtype``: "float16" (with GradScaler) or "bfloat16" (no scaler), with ``mixed_note`` saying why;
     ``memory_method``: how peak memory was measured; ``param_bytes``: bytes of the FP32 weights; ``ways``: per
     way of :data:`WAYS` {peak_bytes, step_seconds, step_times, memory_saved, overhead (fractions), bit_identical,
-    grad_rel_diff, loss, loss_diff}; ``storage``: {fp32_bytes, fp16_bytes, ratio} of the checkpoint on disk;
+    grad_rel_diff (‖g − g₃₂‖/‖g₃₂‖), grad_cosine (cosine of the angle between g and g₃₂), loss, loss_diff};
+    ``breakdown``: {"fp32", "mixed"} each {weights, gradients, optimizer_state, saved_for_backward} in bytes
+    for one step on the measured batch; ``storage``: {fp32_bytes, fp16_bytes, ratio} of the checkpoint on disk;
     ``training``: {"fp32", "mixed"} each {accuracy (evaluated in the training precision), accuracy_fp32_eval,
     epoch_seconds (median), epoch_times, final_loss, storage_bytes}."""
 
@@ -132,6 +138,7 @@ class MemoryTradeoffsResult(ExperimentResult):
     ways: dict
     storage: dict
     training: dict
+    breakdown: dict
 
     def describe(self) -> str:
         w, t = self.ways, self.training
@@ -189,13 +196,41 @@ def _exactness(init, xb, yb, device, dtype) -> dict:
             m.checkpoint = ckpt
             loss, g = _grads(m, xb, yb, device, dtype if mixed else None)
             same = bool(torch.equal(loss, ref_loss)) and all(torch.equal(a, b) for a, b in zip(g, ref))
-            num = math.sqrt(sum(float(((a.float() - b) ** 2).sum()) for a, b in zip(g, ref)))
-            den = math.sqrt(sum(float((b ** 2).sum()) for b in ref))
-            out[way] = {"bit_identical": same, "grad_rel_diff": num / den if den else 0.0,
+            flat, flat_ref = torch.cat([a.float().reshape(-1) for a in g]), torch.cat([b.reshape(-1) for b in ref])
+            den = float(flat_ref.norm())
+            out[way] = {"bit_identical": same, "grad_rel_diff": float((flat - flat_ref).norm()) / den if den else 0.0,
+                        "grad_cosine": float(torch.nn.functional.cosine_similarity(flat, flat_ref, dim=0)),
                         "loss": float(loss), "loss_diff": float(loss - ref_loss)}
         return out
     finally:
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = det_prev
+
+
+def _breakdown(init, x, y, device, dtype, config) -> dict:
+    """Bytes of weights, gradients, optimizer state (SGD momentum, after one step) and of the tensors autograd
+    saves for backward (unique storages; measured with saved_tensors_hooks) in one training step."""
+    m = copy.deepcopy(init)
+    opt = torch.optim.SGD(m.parameters(), lr=config.lr, momentum=config.momentum)
+    saved = {}
+
+    def pack(t):
+        st = t.untyped_storage()
+        saved[(st.data_ptr(), t.device)] = st.nbytes()
+        return t
+
+    opt.zero_grad(set_to_none=True)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with autocast_to(device.type, dtype):
+            loss = F.cross_entropy(m(x), y)
+    loss.backward()
+    opt.step()
+    params = list(m.parameters())
+    param_ptrs = {(p.untyped_storage().data_ptr(), p.device) for p in params}
+    nbytes = lambda ts: sum(t.numel() * t.element_size() for t in ts)       # noqa: E731
+    return {"weights": nbytes(params), "gradients": nbytes(p.grad for p in params if p.grad is not None),
+            "optimizer_state": nbytes(t for st in opt.state.values() for t in st.values()
+                                      if isinstance(t, torch.Tensor)),
+            "saved_for_backward": sum(b for k, b in saved.items() if k not in param_ptrs)}
 
 
 def measure(config: Config, run: Run) -> dict:
@@ -234,6 +269,8 @@ def measure(config: Config, run: Run) -> dict:
         w["memory_saved"] = 1.0 - w["peak_bytes"] / ways["fp32"]["peak_bytes"]
         w["overhead"] = w["step_seconds"] / ways["fp32"]["step_seconds"] - 1.0
 
+    breakdown = {"fp32": _breakdown(init, xb, yb, device, None, config),
+                 "mixed": _breakdown(init, xb, yb, device, dtype, config)}
     fp32_b, fp16_b = checkpoint_bytes(init, torch.float32), checkpoint_bytes(init, torch.float16)
     storage = {"fp32_bytes": fp32_b, "fp16_bytes": fp16_b, "ratio": fp16_b / fp32_b}
 
@@ -265,7 +302,7 @@ def measure(config: Config, run: Run) -> dict:
                            "epoch_times": times, "final_loss": losses[-1],
                            "storage_bytes": checkpoint_bytes(m, dtype if mixed else torch.float32)}
     return {"mixed_dtype": name, "mixed_note": note, "memory_method": method, "param_bytes": int(param_bytes),
-            "ways": ways, "storage": storage, "training": training}
+            "ways": ways, "storage": storage, "training": training, "breakdown": breakdown}
 
 
 EXPERIMENT = Experiment(NAME, Config, PROFILES, measure, MemoryTradeoffsResult, __doc__)

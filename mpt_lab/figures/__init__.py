@@ -24,7 +24,7 @@ from .gradients import (histogram_table, phases_table, plot_detection_samples, p
                         plot_kept_vs_scale, plot_training, sweep_table)
 from .graphs import (gat_budget_table, gat_memory_table, message_passing_table, plot_attention_overflow,
                      plot_gat_memory, plot_gat_training)
-from .memory import plot_tradeoffs, tradeoff_table, training_table
+from .memory import breakdown_table, plot_tradeoffs, tradeoff_table, training_table
 from .scaling import divergence_table, plot_divergence, plot_scale_history, plot_shift_sweep
 from .training import autocast_table, plot_losses, speedup_table
 
@@ -34,7 +34,7 @@ __all__ = ["show_saved", "BookFigure", "HTML", "table_html", "running_mean", "FO
            "histogram_table", "phases_table", "sweep_table",
            "plot_scale_history", "plot_divergence", "plot_shift_sweep", "divergence_table",
            "plot_losses", "speedup_table", "autocast_table",
-           "plot_tradeoffs", "tradeoff_table", "training_table",
+           "plot_tradeoffs", "tradeoff_table", "training_table", "breakdown_table",
            "plot_gat_training", "plot_gat_memory", "plot_attention_overflow", "gat_memory_table", "gat_budget_table",
            "message_passing_table"]
 

@@ -10,7 +10,7 @@ from matplotlib.figure import Figure
 
 from ._base import mib, new_figure, table_html
 
-__all__ = ["plot_tradeoffs", "tradeoff_table", "training_table"]
+__all__ = ["plot_tradeoffs", "tradeoff_table", "training_table", "breakdown_table"]
 
 
 def plot_tradeoffs(result, *, title: str | None = None) -> Figure:
@@ -62,7 +62,8 @@ def tradeoff_table(result):
                "mixed+checkpoint": "both"}
     rows = []
     for way, w in result.ways.items():
-        same = "yes" if w["bit_identical"] else f"no (relative difference {w['grad_rel_diff']:.2g})"
+        same = "yes" if w["bit_identical"] else \
+            f"no: relative difference {w['grad_rel_diff']:.2g}, cosine {w.get('grad_cosine', float('nan')):.3f}"
         rows.append([way, mib(w["peak_bytes"]), f"{1e3 * w['step_seconds']:.1f}", f"{100 * w['memory_saved']:.0f}%",
                      f"{100 * w['overhead']:+.0f}%", same, verdict.get(way, "")])
     return table_html(["way", "peak MiB (one step)", "ms / step", "memory saved", "compute overhead",
@@ -87,3 +88,21 @@ def training_table(result):
         rows.append([f"CIFAR-10 ResNet-50 ({c['device']}): {label}", f"{100 * c[k]['accuracy']:.2f}%",
                      f"{c[k]['epoch_seconds']:.3g}", f"{mb * 1e6 / 2**20:.1f} ({mb:.0f} MB as reported)"])
     return table_html(["run", "test accuracy", "s / epoch", "checkpoint MiB"], rows)
+
+
+def breakdown_table(result):
+    """Where the memory of one training step goes, in FP32 and in mixed precision (MiB): weights, gradients,
+    optimizer state and the tensors autograd saves for the backward pass."""
+    from ..experiments.memory_tradeoffs import MemoryTradeoffsResult
+
+    if not isinstance(result, MemoryTradeoffsResult):
+        raise TypeError(f"result must be a MemoryTradeoffsResult, got {type(result).__name__}")
+    parts = (("weights", "weights (FP32 in both: autocast casts per op)"), ("gradients", "gradients (FP32)"),
+             ("optimizer_state", "optimizer state (SGD momentum, FP32)"),
+             ("saved_for_backward", "saved for backward: activations (and autocast's weight copies)"))
+    b = result.breakdown
+    rows = [[label, mib(b["fp32"][k], 3), mib(b["mixed"][k], 3),
+             f"{b['mixed'][k] / b['fp32'][k]:.2f}" if b["fp32"][k] else "–"] for k, label in parts]
+    total = {w: sum(b[w][k] for k, _ in parts) for w in ("fp32", "mixed")}
+    rows.append(["<b>total</b>", mib(total["fp32"], 3), mib(total["mixed"], 3), f"{total['mixed'] / total['fp32']:.2f}"])
+    return table_html(["part of one step", "FP32 (MiB)", f"mixed, {result.mixed_dtype} (MiB)", "mixed ÷ FP32"], rows)
