@@ -4,12 +4,18 @@
     >>> exercises.check("1.1", 129)          # doctest: +SKIP
     ✅ 1.1 passed: ...
 
-Every expected answer is computed from :mod:`mpt_lab.formats` when the check runs; nothing is typed in.
-:func:`solution` returns the reference answer (the tests check that every reference solution passes).
+Every expected answer is computed by the package (:mod:`mpt_lab.formats`, :mod:`mpt_lab.scaling`,
+:mod:`mpt_lab.autocast`, ...) when the check runs; nothing is typed in. :func:`solution` returns the reference
+answer (the tests check that every reference solution passes); references call the package's public functions.
+
+An exercise not answered yet (the answer is ``None``, or a function whose first call raises
+``NotImplementedError``, as the notebooks' templates do) gets a neutral "your answer goes here", not a failure.
 """
 
 from __future__ import annotations
 
+import copy
+import functools
 import html
 import math
 import numbers
@@ -20,32 +26,47 @@ import numpy as np
 
 from . import formats as F
 
-__all__ = ["Feedback", "Exercise", "EXERCISES", "check", "solution", "show", "list_exercises"]
+__all__ = ["Feedback", "Exercise", "EXERCISES", "check", "solution", "show", "list_exercises",
+           "UNANSWERED_VALUE", "UNANSWERED_FUNCTION"]
 
 
 @dataclass(frozen=True)
 class Feedback:
-    """The outcome of a check: ``passed``, a ``message`` and, when it failed, a ``hint``."""
+    """The outcome of a check: ``passed``, a ``message`` and, when it failed, a ``hint``.
+
+    ``answered`` is False for an exercise not answered yet (see :func:`check`): it is falsy like a failure
+    but renders neutrally (grey, "your answer goes here", no hint yet) instead of as a red ❌.
+    """
 
     exercise: str
     passed: bool
     message: str
     hint: str = ""
+    answered: bool = True
 
     def __bool__(self) -> bool:
         return self.passed
 
+    def _status(self) -> tuple:
+        """(icon, status words, HTML background) of this outcome."""
+        if not self.answered:
+            return "✏️", "not answered yet", "#f0f0f0"
+        return ("✅", "passed", "#e6f4e6") if self.passed else ("❌", "not yet", "#fbe9e9")
+
     def __str__(self) -> str:
-        head = f"{'✅' if self.passed else '❌'} {self.exercise} {'passed' if self.passed else 'not yet'}: {self.message}"
+        icon, status, _ = self._status()
+        head = f"{icon} {self.exercise} {status}: {self.message}"
         return head if self.passed or not self.hint else f"{head}\n   hint: {self.hint}"
 
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
-        color = "#e6f4e6" if self.passed else "#fbe9e9"
+        icon, _, color = self._status()
         hint = "" if self.passed or not self.hint else f"<br><i>Hint:</i> {html.escape(self.hint)}"
-        return (f'<div style="background:{color};padding:6px 10px;border-radius:4px">'
-                f'{"✅" if self.passed else "❌"} <b>{html.escape(self.exercise)}</b> '
+        style = f"background:{color};padding:6px 10px;border-radius:4px"
+        if not self.answered:
+            style += ";color:#555;border:1px dashed #bbb"
+        return (f'<div style="{style}">{icon} <b>{html.escape(self.exercise)}</b> '
                 f'{html.escape(self.message)}{hint}</div>')
 
 
@@ -77,10 +98,37 @@ def _get(exercise_id) -> Exercise:
     return EXERCISES[exercise_id]
 
 
+#: What an unanswered exercise says, for a value and for a function.
+UNANSWERED_VALUE = "your answer goes here. Replace None with your answer and run the cell again."
+UNANSWERED_FUNCTION = ("your answer goes here. Write the function's body (its first call still raises "
+                       "NotImplementedError) and run the cell again.")
+
+
+def _watch_first_call(fn: Callable) -> tuple:
+    """``fn`` wrapped so that it records whether its first call raised NotImplementedError: (wrapper, record)."""
+    record = {"calls": 0, "not_implemented": False}
+
+    def watched(*args, **kwargs):
+        record["calls"] += 1
+        try:
+            return fn(*args, **kwargs)
+        except NotImplementedError:
+            if record["calls"] == 1:
+                record["not_implemented"] = True
+            raise
+
+    functools.update_wrapper(watched, fn, updated=())
+    return watched, record
+
+
 def check(exercise_id: str, answer: Any) -> Feedback:
     """Check ``answer`` for exercise ``exercise_id`` and return :class:`Feedback` (truthy when passed).
 
-    A wrong type of answer fails with a message saying what was expected; it does not raise.
+    A wrong type of answer fails with a message saying what was expected; it does not raise. An answer that
+    is ``None``, or a function whose first call raises ``NotImplementedError`` (the notebooks' templates),
+    is *not answered yet*: the Feedback is falsy, with ``answered=False``, and renders neutrally ("your answer
+    goes here") without the hint. A function that raises ``NotImplementedError`` only on a later call has
+    been answered in part, and fails.
 
     Raises
     ------
@@ -88,10 +136,17 @@ def check(exercise_id: str, answer: Any) -> Feedback:
         ``exercise_id`` is not a str or not a known exercise.
     """
     ex = _get(exercise_id)
+    if answer is None:
+        return Feedback(ex.id, False, UNANSWERED_VALUE, answered=False)
+    record = None
+    if callable(answer):
+        answer, record = _watch_first_call(answer)
     try:
         passed, message = ex.checker(answer)
     except Exception as err:  # a student's function may raise anything: report it, do not crash the notebook
         passed, message = False, f"checking raised {type(err).__name__}: {err}"
+    if record is not None and record["not_implemented"]:
+        return Feedback(ex.id, False, UNANSWERED_FUNCTION, answered=False)
     return Feedback(ex.id, bool(passed), message, "" if passed else ex.hint)
 
 
@@ -124,6 +179,20 @@ def _expect_int(answer, truth, what):
     if int(answer) == truth:
         return True, f"{what} is {truth}."
     return False, f"{answer} is not {what}."
+
+
+def _as_list(answer):
+    """A list of the entries of a list, tuple or 1-D NumPy array; None for anything else."""
+    if isinstance(answer, np.ndarray):
+        return answer.tolist() if answer.ndim == 1 else None
+    return list(answer) if isinstance(answer, (list, tuple)) else None
+
+
+def _short(values, n: int = 6) -> str:
+    """At most ``n`` numbers of a sequence, for a message."""
+    values = [float(v) for v in values]
+    text = ", ".join(f"{v:g}" for v in values[:n])
+    return f"[{text}{', …' if len(values) > n else ''}] ({len(values)} values)" if len(values) > n else f"[{text}]"
 
 
 def _expect_float(answer, truth, what):
@@ -400,6 +469,453 @@ _register(Exercise(
     "Write survives(w, u) -> bool: True when adding the update u to the FP16 weight w (round to nearest even) "
     "changes the stored weight. Use only arithmetic and math/numpy (e.g. numpy.float16), not mpt_lab.",
     _ex41_check,
-    "Compare |u| with half an ulp of w; exactly half an ulp is a tie, decided by whether w's mantissa is even. "
-    "Or let numpy.float16 do the rounding: np.float16(np.float64(w) + u) != np.float16(w).",
+    "An update is lost when w + u rounds back to w: compare |u| with half the gap between w and its neighbour "
+    "on that side. Exactly half a gap is a tie — what decides a tie under round-to-nearest-even? (numpy.float16 "
+    "can do the rounding for you, if you form w + u exactly first.)",
     lambda: _ex41_reference))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Chapter 5: automatic mixed precision in practice
+# ----------------------------------------------------------------------------------------------------------
+#: The ops of exercise 5.1 (names of :data:`mpt_lab.autocast.OPS`) and the expression each one stands for.
+_EX51_OPS = {
+    "matmul (@)": "x @ w",
+    "relu": "torch.relu(x)",
+    "add (x + x)": "x + x",
+    "exp": "torch.exp(x)",
+    "softmax": "torch.softmax(x, -1)",
+    "linear → relu": "torch.relu(F.linear(x, w))",
+    "linear → softmax": "torch.softmax(F.linear(x, w), -1)",
+    "elu": "F.elu(x)",
+    "mul + sum (a·Wh)": "(x * x).sum(-1)",
+}
+
+
+def _ex51_truth() -> dict:
+    """op name → the dtype name it returns under CUDA float16 autocast from float16 inputs, probed from
+    PyTorch's dispatcher by :func:`mpt_lab.autocast.probe_autocast` (on fake CUDA tensors without a GPU)."""
+    import torch
+
+    from .autocast import probe_autocast
+
+    return dict(probe_autocast("cuda", torch.float16, input_dtype=torch.float16, ops=tuple(_EX51_OPS)).ops)
+
+
+def _dtype_name(value):
+    """"float16"/"float32" from a str ("float16", "torch.float16") or a torch.dtype; None for anything else."""
+    import torch
+
+    if isinstance(value, torch.dtype):
+        value = str(value)
+    if not isinstance(value, str):
+        return None
+    name = value.strip().removeprefix("torch.")
+    return name if name in ("float16", "float32") else None
+
+
+def _ex51_check(a):
+    keys = list(_EX51_OPS)
+    if not isinstance(a, dict):
+        return False, (f'expected a dict {{op name: "float16" or "float32"}} with the keys {keys}, '
+                       f"got {type(a).__name__}")
+    missing, unknown = [k for k in keys if k not in a], [k for k in a if k not in _EX51_OPS]
+    if missing or unknown:
+        return False, (f"expected a dict with exactly the keys {keys}"
+                       + (f"; missing: {missing}" if missing else "") + (f"; not asked: {unknown}" if unknown else ""))
+    names = {k: _dtype_name(a[k]) for k in keys}
+    bad = [k for k in keys if names[k] is None]
+    if bad:
+        return False, f'expected "float16" or "float32" (or torch.float16 / torch.float32) as each value; not so for {bad}'
+    truth = _ex51_truth()
+    wrong = [k for k in keys if names[k] != truth[k]]
+    if wrong:
+        return False, (f"{len(wrong)} of the {len(keys)} dtypes are not what torch.autocast('cuda', "
+                       "dtype=torch.float16) returns from float16 inputs.")
+    low = [k for k in keys if truth[k] == "float16"]
+    return True, (f"all {len(keys)} right: autocast's CUDA policy returns float16 for {', '.join(low)} and runs "
+                  "the others in float32, even from float16 inputs.")
+
+
+_register(Exercise(
+    "5.1", "Read autocast's CUDA policy",
+    "Under torch.autocast(\"cuda\", dtype=torch.float16), with float16 inputs x [8, 16] and w [16, 16], which "
+    "dtype does each of these ops return? " + "; ".join(f"{k!r}: {v}" for k, v in _EX51_OPS.items())
+    + ". Answer with a dict {op name: \"float16\" or \"float32\"} with exactly these keys (the names of "
+    "mpt_lab.autocast.OPS). Predict first, then compare with the chapter's table.",
+    _ex51_check,
+    "Autocast sorts ops into three groups on CUDA: ops it casts to float16 (matrix products, convolutions), "
+    "ops it runs in float32 whatever their input (exponentials, reductions, normalisations, losses), and ops "
+    "it leaves alone, which return their input's dtype. For a chain, the last op decides.",
+    _ex51_truth))
+
+
+#: Exercise 5.2's GradScaler and overflow pattern (iterations counted from 1).
+_EX52 = {"init_scale": 1024.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 3,
+         "iterations": 12, "overflows": (5, 6, 11)}
+
+
+def _ex52_truth() -> list:
+    """The loss scale of each iteration, from running :class:`mpt_lab.scaling.GradScaler` on a one-weight model
+    whose gradient is inf in the overflow iterations (the scaler's ``history``)."""
+    import torch
+
+    from .scaling import GradScaler
+
+    c = _EX52
+    w = torch.nn.Parameter(torch.ones(1))
+    opt = torch.optim.SGD([w], lr=0.0)
+    scaler = GradScaler(init_scale=c["init_scale"], growth_factor=c["growth_factor"],
+                        backoff_factor=c["backoff_factor"], growth_interval=c["growth_interval"])
+    for i in range(1, c["iterations"] + 1):
+        g = math.inf if i in c["overflows"] else 1.0
+        scaler.scale((w * g).sum()).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad(set_to_none=True)
+    return [scale for _, scale, _ in scaler.history]
+
+
+def _ex52_check(a):
+    n = _EX52["iterations"]
+    values = _as_list(a)
+    if values is None or len(values) != n or not all(_is_real(v) for v in values):
+        shape = f"{len(values)} entries" if values is not None else type(a).__name__
+        return False, f"expected a list of {n} numbers (the loss scale of iterations 1 to {n}), got {shape}"
+    truth = _ex52_truth()
+    for i, (got, want) in enumerate(zip(values, truth), 1):
+        if float(got) != want:
+            right = f"iterations 1–{i - 1} are right" if i > 1 else "iteration 1 uses init_scale"
+            return False, f"iteration {i} is the first whose loss scale is not right ({right})."
+    return True, (f"the loss scales {', '.join(f'{v:g}' for v in truth)} are what mpt_lab.scaling.GradScaler "
+                  "(torch.amp.GradScaler's rule) uses; the steps of iterations "
+                  f"{', '.join(map(str, _EX52['overflows']))} are skipped.")
+
+
+_register(Exercise(
+    "5.2", "Follow a GradScaler",
+    f"A GradScaler(init_scale={_EX52['init_scale']}, growth_factor={_EX52['growth_factor']}, "
+    f"backoff_factor={_EX52['backoff_factor']}, growth_interval={_EX52['growth_interval']}) runs "
+    f"{_EX52['iterations']} iterations of scaler.scale(loss).backward(), scaler.step(opt), scaler.update(). "
+    f"The gradients contain inf in iterations {', '.join(map(str, _EX52['overflows']))} (counting from 1) and "
+    "are finite in all others. By which loss scale S is the loss multiplied in each iteration? Answer with a "
+    f"list of {_EX52['iterations']} floats, iteration 1 first.",
+    _ex52_check,
+    "S changes only in update(), at the end of an iteration, and the new S is used from the next iteration "
+    "on. Keep a count of clean iterations since the start or the last overflow; an overflow empties it.",
+    _ex52_truth))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Chapter 6: memory
+# ----------------------------------------------------------------------------------------------------------
+def _tensor_bytes(t) -> int:
+    return t.numel() * t.element_size()
+
+
+def _ex61_truth() -> dict:
+    """Bytes per parameter of weights, gradients and Adam's state after one step of a real model (an MLP of
+    82,240 parameters): FP32 training from its tensors' ``element_size()``, mixed precision from
+    :meth:`mpt_lab.master_weights.MasterWeightTrainer.memory_per_parameter`."""
+    import torch
+    import torch.nn.functional as Fn
+    from torch import nn
+
+    from .master_weights import MasterWeightTrainer
+
+    def model():
+        return nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 64))
+
+    def adam(params):
+        return torch.optim.Adam(params, lr=1e-3)
+
+    g = torch.Generator().manual_seed(61)
+    x, y = torch.randn(8, 256, generator=g), torch.randn(8, 64, generator=g)
+    with torch.random.fork_rng(devices=[]):        # leave the student's random state alone
+        net = model()
+        opt = adam(net.parameters())
+        Fn.mse_loss(net(x), y).backward()
+        opt.step()
+        params = list(net.parameters())
+        state = sum(_tensor_bytes(v) for p in params for v in opt.state[p].values() if isinstance(v, torch.Tensor))
+        fp32 = (sum(_tensor_bytes(p) + _tensor_bytes(p.grad) for p in params) + state) / sum(p.numel() for p in params)
+        trainer = MasterWeightTrainer(model(), adam, Fn.mse_loss)
+        trainer.train_step(x, y)
+        mixed = trainer.memory_per_parameter()["total"]
+    return {"fp32": fp32, "mixed": mixed}
+
+
+def _ex61_check(a):
+    if not isinstance(a, dict) or set(a) != {"fp32", "mixed"} or not all(_is_real(v) for v in a.values()):
+        got = f"a dict with keys {sorted(a, key=str)}" if isinstance(a, dict) else type(a).__name__
+        return False, f'expected a dict {{"fp32": number, "mixed": number}} (bytes per parameter), got {got}'
+    truth = _ex61_truth()
+    wrong = [f"{k!r} is too {'high' if a[k] > truth[k] else 'low'}" for k in ("fp32", "mixed")
+             if abs(float(a[k]) - truth[k]) >= 0.01]
+    if wrong:
+        return False, "; ".join(wrong) + " (measured on a real model after one Adam step)."
+    return True, (f"FP32 training with Adam keeps {truth['fp32']:.2f} bytes per parameter, mixed precision with FP32 "
+                  f"master weights {truth['mixed']:.2f} (measured after one step; Adam's step counters add the "
+                  "last digits): the masters cost memory, the savings come from the activations.")
+
+
+_register(Exercise(
+    "6.1", "Bytes per parameter",
+    "A large model is trained with Adam. FP32 training keeps per parameter the FP32 weight, its FP32 gradient "
+    "and Adam's state. Mixed precision with FP32 master weights (the paper's loop, as "
+    "mpt_lab.master_weights.MasterWeightTrainer runs it) keeps the FP32 master weight, the FP16 copy, the "
+    "FP16 gradient, the FP32 gradient and Adam's state. How many bytes per parameter do these take in total, "
+    "in each case (activations not counted; Adam's one step counter per tensor is negligible)? Answer with a "
+    'dict {"fp32": number, "mixed": number}.',
+    _ex61_check,
+    "Add up element sizes: an FP32 value takes 4 bytes, an FP16 value 2. Adam keeps two running averages per "
+    "parameter (exp_avg and exp_avg_sq); ask yourself in which dtype, given which weights it updates.",
+    _ex61_truth))
+
+
+def _ex62_models() -> dict:
+    """The models exercise 6.2 is checked on (more than 100,000 parameters each, so headers stay below 5 %)."""
+    import torch
+    from torch import nn
+
+    with torch.random.fork_rng(devices=[]):
+        return {
+            "an MLP 512 → 512 → 10": nn.Sequential(nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10)),
+            "a CNN with BatchNorm": nn.Sequential(
+                nn.Conv2d(3, 64, 3), nn.BatchNorm2d(64), nn.ReLU(), nn.Conv2d(64, 256, 3), nn.BatchNorm2d(256),
+                nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(256, 10)),
+            "a 2-layer LSTM 128 → 256": nn.LSTM(128, 256, num_layers=2),
+            "an Embedding(5000, 64)": nn.Embedding(5000, 64),
+            "a TransformerEncoderLayer(128, 4, 512)": nn.TransformerEncoderLayer(128, 4, 512),
+        }
+
+
+def _ex62_reference(model, dtype) -> int:
+    """Bytes that ``torch.save`` writes for the state_dict in ``dtype`` (reference solution of exercise 6.2):
+    :func:`mpt_lab.experiments.memory_tradeoffs.checkpoint_bytes`, which saves it and measures."""
+    from .experiments.memory_tradeoffs import checkpoint_bytes
+
+    return checkpoint_bytes(model, dtype)
+
+
+def _ex62_check(fn):
+    if not callable(fn):
+        return False, f"expected a function checkpoint_size(model, dtype) -> int, got {type(fn).__name__}"
+    import torch
+
+    from .experiments.memory_tradeoffs import checkpoint_bytes
+
+    models = _ex62_models()
+    for name, model in models.items():
+        for dtype in (torch.float32, torch.float16, torch.bfloat16):
+            want = checkpoint_bytes(model, dtype)
+            got = fn(copy.deepcopy(model), dtype)       # a copy: a function that casts the model in place is harmless
+            if not _is_real(got):
+                return False, f"checkpoint_size({name}, {dtype}) returned {type(got).__name__}, not a number of bytes"
+            if not abs(float(got) - want) <= 0.05 * want:
+                return False, (f"checkpoint_size({name}, {dtype}) returned {got!r}; torch.save writes {want:,} bytes "
+                               f"({float(got) / want - 1:+.0%}).")
+    return True, (f"within 5 % of the file torch.save writes for {len(models)} models in float32, float16 and "
+                  "bfloat16: a checkpoint is its tensors' bytes, and FP16 halves it.")
+
+
+_register(Exercise(
+    "6.2", "The size of a checkpoint",
+    "Write checkpoint_size(model, dtype) -> int: an estimate of the bytes that torch.save(state) writes, where "
+    "state is model.state_dict() with every floating-point tensor cast to dtype (torch.float32, torch.float16 "
+    "or torch.bfloat16) and integer tensors kept as they are. Estimates within 5 % of the measured file pass "
+    "(the file adds a few kilobytes of names and headers; the check uses models of more than 100,000 "
+    "parameters, each in the three dtypes).",
+    _ex62_check,
+    "The file is almost only tensor data: for each entry of the state_dict, its number of elements times the "
+    "bytes of one element of the dtype it is saved in (torch.empty((), dtype=dtype).element_size()). Buffers "
+    "such as BatchNorm's running statistics are in the state_dict too.",
+    lambda: _ex62_reference))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Chapter 7: when FP16 training fails
+# ----------------------------------------------------------------------------------------------------------
+def _ex7_gradient() -> float:
+    """bigLSTM's typical softmax gradient 1/(V·N) (p ≈ 1/V, N tokens per batch), from
+    :data:`mpt_lab.experiments.biglstm.BIGLSTM`."""
+    from .experiments.biglstm import BIGLSTM
+
+    return 1.0 / (BIGLSTM["vocab_size"] * BIGLSTM["tokens_per_batch"])
+
+
+def _ex71_truth() -> tuple:
+    """(binade k with 2^k ≤ g < 2^(k+1), whether FP16 rounds g to zero) for bigLSTM's g, by
+    :func:`mpt_lab.formats.decompose` and :func:`mpt_lab.formats.round_to`."""
+    g = _ex7_gradient()
+    return int(F.decompose(g, F.FP64).unbiased_exponent), bool(F.round_to(g, F.FP16) == 0.0)
+
+
+def _ex71_check(a):
+    if not (isinstance(a, (tuple, list)) and len(a) == 2 and isinstance(a[0], numbers.Integral)
+            and not isinstance(a[0], bool) and isinstance(a[1], (bool, np.bool_))):
+        return False, f"expected a tuple (k, lost) of an int and a bool, got {a!r}"
+    k, lost = int(a[0]), bool(a[1])
+    truth_k, truth_lost = _ex71_truth()
+    if k != truth_k:
+        return False, (f"g = 1/(V·N) does not lie in [2^{k}, 2^{k + 1}): it is "
+                       f"{'larger' if k < truth_k else 'smaller'}.")
+    if lost != truth_lost:
+        return False, "the binade is right; whether FP16 rounds g to zero is not."
+    g16 = F.round_to(_ex7_gradient(), F.FP16)
+    return True, (f"g lies in [2^{truth_k}, 2^{truth_k + 1}), and FP16 "
+                  f"{'rounds it to zero' if truth_lost else f'stores it as {g16!r}'}: "
+                  f"{'it is at or below' if truth_lost else 'it is above'} "
+                  f"2^{F.FP16.emin - F.FP16.mantissa_bits - 1}, half the smallest FP16 subnormal.")
+
+
+_register(Exercise(
+    "7.1", "Where bigLSTM's gradients land",
+    "bigLSTM had a vocabulary of V = 793,471 words and N = 128 × 20 = 2,560 tokens per batch. The softmax "
+    "gradient of a wrong word is p/N with p ≈ 1/V, so a typical value is g = 1/(V·N). In which binade is g "
+    "(the int k with 2^k ≤ g < 2^(k+1)), and does FP16 lose it (round it to zero)? Answer with a tuple "
+    "(k, lost) of an int and a bool.",
+    _ex71_check,
+    "log2(g) = −(log2 V + log2 N), and 2^10 ≈ 10^3 gives a first estimate (then use math.log2). "
+    "The smallest positive FP16 value is 2^-24; where does round-to-nearest send a value below it?",
+    _ex71_truth))
+
+
+def _ex72_truth() -> float:
+    """The smallest power of two S ≥ 1 with S·g rounded to FP16 ≥ FP16's smallest normal, for bigLSTM's g
+    (:func:`mpt_lab.formats.round_to`, :attr:`FloatFormat.smallest_normal`)."""
+    g, s = _ex7_gradient(), 1.0
+    while F.round_to(s * g, F.FP16) < F.FP16.smallest_normal:   # s·g is exact: s is a power of two
+        s *= 2.0
+    return s
+
+
+def _ex72_check(a):
+    if not _is_real(a) or not (1 <= a < math.inf) or math.frexp(float(a))[0] != 0.5:
+        return False, f"expected a power of two S ≥ 1 (a float such as 1024.0), got {a!r}"
+    s, g = float(a), _ex7_gradient()
+    if F.round_to(s * g, F.FP16) < F.FP16.smallest_normal:
+        return False, (f"S·g rounds to {F.round_to(s * g, F.FP16)!r} in FP16, still below the smallest normal "
+                       f"2^-14: S is too small.")
+    if s > 1 and F.round_to(s / 2 * g, F.FP16) >= F.FP16.smallest_normal:
+        return False, f"S/2 = {s / 2:g} already makes S·g normal: S is not the smallest."
+    paper = F.round_to(128 * g, F.FP16)
+    return True, (f"S = {s:g} = 2^{int(math.log2(s))} makes g normal in FP16. The paper's S = 128 only keeps g "
+                  f"from zero: 128·g rounds to {paper!r}, a subnormal with a rounding error of "
+                  f"{abs(paper / (128 * g) - 1):.0%}, "
+                  "and that was enough to train bigLSTM.")
+
+
+_register(Exercise(
+    "7.2", "A loss scale that makes them normal",
+    "For the same g = 1/(V·N) as in 7.1, which is the smallest power of two S ≥ 1 for which S·g, rounded to "
+    "FP16, is a normal number (at least FP16's smallest normal, 2^-14)? Answer with a float.",
+    _ex72_check,
+    "Multiplying by 2^j moves a value up j binades and changes none of its bits. How many binades lie between "
+    "the binade of g (exercise 7.1) and 2^-14? Check the one below the boundary: rounding can help.",
+    _ex72_truth))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Chapter 8: graphs in half precision
+# ----------------------------------------------------------------------------------------------------------
+#: Exercise 8.1's attention logits.
+_EX81_LOGITS = (-20.0, 0.0, 5.5, 10.5, 11.0, 11.08, 11.1, 12.0, 16.0)
+
+
+def _ex81_exp() -> list:
+    """exp of each logit in float16 (torch.exp on a float16 tensor), as floats."""
+    import torch
+
+    return torch.exp(torch.tensor(_EX81_LOGITS, dtype=torch.float16)).tolist()
+
+
+def _ex81_truth() -> list:
+    """Whether exp of each logit overflows in float16."""
+    return [math.isinf(v) for v in _ex81_exp()]
+
+
+def _ex81_check(a):
+    n = len(_EX81_LOGITS)
+    values = _as_list(a)
+    if values is None or len(values) != n or not all(isinstance(v, (bool, np.bool_)) for v in values):
+        shape = f"{len(values)} entries" if values is not None else type(a).__name__
+        return False, f"expected a list of {n} bools (True where exp overflows), one per logit, got {shape}"
+    truth = _ex81_truth()
+    wrong = sum(bool(v) != t for v, t in zip(values, truth))
+    if wrong:
+        return False, f"{wrong} of the {n} entries are not right."
+    over = [f"{e:g}" for e, t in zip(_EX81_LOGITS, truth) if t]
+    under = [f"{e:g}" for e, v in zip(_EX81_LOGITS, _ex81_exp()) if v == 0]
+    return True, (f"exp overflows FP16 for {', '.join(over)}: ln(65504) ≈ {math.log(F.FP16.max):.4f}, and a logit "
+                  "is rounded to FP16 before exp sees it."
+                  + (f" (exp of {', '.join(under)} underflows to 0 instead: no trouble for a softmax.)"
+                     if under else ""))
+
+
+_register(Exercise(
+    "8.1", "Which attention logits overflow?",
+    f"These attention logits are stored in float16 and exponentiated in float16 (torch.exp on a float16 tensor): "
+    f"{list(_EX81_LOGITS)}. Which results are inf? Answer with a list of {len(_EX81_LOGITS)} bools, True where "
+    "exp overflows, in the order of the logits.",
+    _ex81_check,
+    "FP16's largest finite value is 65504; which x has exp(x) = 65504? A logit is rounded to float16 first "
+    "(between 8 and 16, FP16 values are 2^-7 apart), and exp's result is rounded to nearest too.",
+    _ex81_truth))
+
+
+def _ex82_reference(e):
+    """Softmax over one node's incoming edges in float16, the maximum subtracted first (reference solution
+    of exercise 8.2): PyTorch Geometric's softmax, via :func:`mpt_lab.experiments.gat_amp.attention_overflow`."""
+    import torch
+
+    from .experiments.gat_amp import attention_overflow
+
+    return torch.tensor(attention_overflow(e.float())["max_subtracted_fp16"], dtype=torch.float16)
+
+
+def _ex82_cases() -> list:
+    """Sets of float16 logits: ordinary ones, ones whose exp overflows FP16, FP32 too, ties, single edges."""
+    rng = np.random.default_rng(82)
+    cases = [[12.0, 11.0, 0.0], [300.0, 299.0, -5.0], [5.0], [-1000.0, 1000.0], [11.5] * 4, [0.0, 0.0]]
+    for i in range(60):
+        n = int(rng.integers(1, 50))
+        cases.append([rng.normal(0, 3, n), rng.normal(12, 2, n), rng.uniform(-5, 300, n),
+                      np.full(n, rng.uniform(-50, 50)), rng.uniform(-1000, 1000, n)][i % 5].tolist())
+    return cases
+
+
+def _ex82_check(fn):
+    if not callable(fn):
+        return False, f"expected a function safe_softmax(e) -> float16 Tensor, got {type(fn).__name__}"
+    import torch
+
+    cases = _ex82_cases()
+    for logits in cases:
+        e = torch.tensor(logits, dtype=torch.float16)
+        ref = torch.softmax(e.float(), 0)
+        got = fn(e.clone())
+        where = f"safe_softmax of the logits {_short(e.tolist())}"
+        if not isinstance(got, torch.Tensor) or got.dtype != torch.float16 or got.shape != e.shape:
+            what = f"a {got.dtype} tensor of shape {tuple(got.shape)}" if isinstance(got, torch.Tensor) else \
+                type(got).__name__
+            return False, f"{where} returned {what}; expected a float16 tensor of shape {tuple(e.shape)}."
+        err = (got.float() - ref).abs()
+        if not bool(torch.isfinite(got).all()) or float(err.max()) > 2e-3:
+            i = int(torch.nan_to_num(err, nan=math.inf).argmax())
+            return False, f"{where}: entry {i} is {float(got[i])!r}, the FP32 softmax gives {float(ref[i])!r}."
+    return True, (f"finite and within 2·10⁻³ of the FP32 softmax on {len(cases)} sets of logits, including ones "
+                  "whose exp overflows FP16 (and FP32).")
+
+
+_register(Exercise(
+    "8.2", "A softmax that does not overflow",
+    "Write safe_softmax(e) -> Tensor: the softmax over the edges entering one node, where e is a 1-D float16 "
+    "tensor of attention logits (one per edge, at least one). Compute it in float16 so that it stays finite for "
+    "any float16 logits, and return a float16 tensor of e's shape. The check compares it with the FP32 softmax "
+    f"on {len(_ex82_cases())} sets of logits, some as large as 1000 (exp overflows FP16, and FP32 too): every "
+    "entry must be within 2·10⁻³.",
+    _ex82_check,
+    "softmax(e) = softmax(e − c) for any constant c, because the factor exp(−c) cancels between numerator and "
+    "denominator. Choose c so that no exponent is positive.",
+    lambda: _ex82_reference))

@@ -45,3 +45,47 @@ def test_no_page_shows_tracebacks_or_source_file_names(book):
         text = page.read_text()
         assert "Traceback" not in text, page.name
         assert not re.search(r"[Ss]eed 0\d\d", text), page.name       # the book cites works, not file names
+
+
+def test_every_page_reads_offline_in_a_browser(book):
+    """Every page of the built book, opened from file:// in headless Chromium with the network blocked: formulas
+    rendered (no raw \\( \\[ $$ left), no widget placeholder, every image loaded, no request off the machine."""
+    import time
+
+    from browser import offline_browser, skip_reason
+
+    reason = skip_reason()
+    if reason:
+        pytest.skip(reason)
+    pages = sorted(book.html.rglob("*.html"))
+    pages = [p for p in pages if "_static" not in p.parts and p.name not in ("search.html", "genindex.html")]
+    t0 = time.perf_counter()
+    problems = []
+    with offline_browser() as session:
+        page = session.new_page(1280, 1000)
+        for path in pages:
+            page.goto(path.as_uri())
+            page.wait_for_load_state("load")
+            # MathJax typesets after load: wait for it where the page has formulas
+            page.evaluate("() => (window.MathJax && MathJax.startup && MathJax.startup.promise)"
+                          " ? MathJax.startup.promise.then(() => true) : true")
+            text = page.inner_text("main") if page.query_selector("main") else page.inner_text("body")
+            rel = path.relative_to(book.html).as_posix()
+            for raw in ("\\(", "\\[", "$$"):
+                if raw in text:
+                    problems.append(f"{rel}: raw {raw} in the text")
+            if "Error displaying widget" in text:
+                problems.append(f"{rel}: a widget placeholder")
+            broken = page.evaluate("() => Array.from(document.images).filter(i => !i.complete || i.naturalWidth === 0)"
+                                   ".map(i => i.src)")
+            problems += [f"{rel}: broken image {src}" for src in broken]
+            wide = page.evaluate("() => document.documentElement.scrollWidth - document.documentElement.clientWidth")
+            if wide > 2:
+                problems.append(f"{rel}: scrolls sideways by {wide} px at 1280 px")
+            if rel.startswith("notebooks/"):
+                session.screenshot(page, "book_" + path.stem, full_page=False)
+        blocked = list(session.blocked)
+    print(f"\n[browser] {len(pages)} pages opened offline in {time.perf_counter() - t0:.1f} s; "
+          f"blocked requests: {len(blocked)}")
+    assert not blocked, f"pages asked the network for: {sorted(set(blocked))[:10]}"
+    assert not problems, "\n".join(problems)

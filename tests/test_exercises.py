@@ -1,5 +1,8 @@
 """Exercise checks: reference solutions pass, wrong answers fail with a hint, bad input is reported."""
 
+import math
+
+import numpy as np
 import pytest
 
 from mpt_lab import exercises as E
@@ -12,7 +15,7 @@ def test_reference_solutions_pass(ex_id):
 
 
 @pytest.mark.parametrize("ex_id,wrong", [("1.1", 128), ("1.2", "0 0101 001"), ("1.3", 2.0**-11), ("1.5", 1.0),
-                                          ("1.1", None), ("1.2", "01"), ("1.3", "x")])
+                                          ("1.1", "129"), ("1.2", "01"), ("1.3", "x")])
 def test_wrong_answers_fail_with_hint(ex_id, wrong):
     fb = E.check(ex_id, wrong)
     assert not fb and fb.hint and "hint" in str(fb) and "Hint" in fb._repr_html_()
@@ -26,10 +29,10 @@ def test_function_exercise_reports_first_mismatch():
     assert not fb and "subnormal" in fb.message and "mantissa=1" in fb.message
 
     def raises(sign, exponent, mantissa):
-        raise NotImplementedError
+        raise ValueError("no idea")
 
     fb = E.check("1.4", raises)
-    assert not fb and "NotImplementedError" in fb.message
+    assert not fb and fb.answered and "ValueError" in fb.message and "no idea" in fb.message
     assert not E.check("1.4", 3)
 
 
@@ -43,6 +46,8 @@ def test_unknown_exercise():
     assert E.list_exercises(2) == ["2.1", "2.2"]
     assert E.list_exercises(3) == ["3.1"]
     assert E.list_exercises(4) == ["4.1"]
+    for chapter in (5, 6, 7, 8):
+        assert E.list_exercises(chapter) == [f"{chapter}.1", f"{chapter}.2"]
 
 
 def test_chapter2_wrong_functions_fail():
@@ -92,3 +97,312 @@ def test_reference_solutions_use_the_package_rules(monkeypatch):
     assert choose_scale(3.0, 100.0) == 32.0 and choose_scale(2.0**-3, 2.0**5) == 2.0**8
     with pytest.raises(ValueError, match="fmt_max"):
         choose_scale(1.0, -1.0)
+
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Unanswered exercises render neutrally
+# ------------------------------------------------------------------------------------------------------------
+def _template(*args, **kwargs):
+    """What the notebooks' function cells hold before a student writes anything."""
+    # your code here
+    raise NotImplementedError
+
+
+def _assert_neutral(fb):
+    assert not fb and not fb.passed and fb.answered is False
+    assert "your answer goes here" in str(fb) and "your answer goes here" in fb._repr_html_()
+    assert "❌" not in str(fb) and "❌" not in fb._repr_html_() and "not yet:" not in str(fb)
+    assert not fb.hint and "hint" not in str(fb) and "Hint" not in fb._repr_html_()
+    assert "#fbe9e9" not in fb._repr_html_() and "#f0f0f0" in fb._repr_html_()   # grey, not red
+
+
+@pytest.mark.parametrize("ex_id", E.list_exercises())
+def test_unanswered_is_neutral(ex_id):
+    _assert_neutral(E.check(ex_id, None))                    # answer_N_M = None
+    if callable(E.solution(ex_id)):
+        fb = E.check(ex_id, _template)                       # def f(...): raise NotImplementedError
+        _assert_neutral(fb)
+        assert "NotImplementedError" in fb.message
+
+
+def test_answered_feedback_keeps_its_style():
+    passed, failed = E.check("1.1", E.solution("1.1")), E.check("1.1", 128)
+    assert passed.answered and failed.answered
+    assert "✅" in str(passed) and "#e6f4e6" in passed._repr_html_()
+    assert "❌" in str(failed) and "#fbe9e9" in failed._repr_html_() and failed.hint
+    assert E.Feedback("1.1", False, "m", "h") == E.Feedback("1.1", False, "m", "h", True)   # old fields, same order
+
+
+def test_not_implemented_after_the_first_call_is_a_failure():
+    """A function that works on some cases and raises NotImplementedError on others has been answered."""
+    ref = E.solution("1.4")
+
+    def normals_only(sign, exponent, mantissa):
+        if exponent == 0:
+            raise NotImplementedError("subnormals")
+        return ref(sign, exponent, mantissa)
+
+    def later(sign, exponent, mantissa):     # the checker's first call is (0, 0, 0): fine; then it gives up
+        if mantissa:
+            raise NotImplementedError
+        return ref(sign, exponent, mantissa)
+
+    fb = E.check("1.4", normals_only)        # the first call raises: still the template's state
+    _assert_neutral(fb)
+    fb = E.check("1.4", later)
+    assert not fb and fb.answered and "NotImplementedError" in fb.message and "❌" in str(fb) and fb.hint
+
+    class Callable:                          # callable objects and partials are watched too
+        def __call__(self, *a):
+            raise NotImplementedError
+
+    _assert_neutral(E.check("2.1", Callable()))
+    import functools
+    _assert_neutral(E.check("8.2", functools.partial(_template, 1)))
+
+
+def test_a_caught_not_implemented_error_is_still_unanswered(monkeypatch):
+    """Even a checker that catches the student's exception sees the template as unanswered."""
+    ex = E.EXERCISES["2.1"]
+
+    def catching(fn):
+        try:
+            fn(1.0)
+        except NotImplementedError:
+            return False, "caught"
+        return True, "ok"
+
+    monkeypatch.setitem(E.EXERCISES, "2.1", E.Exercise(ex.id, ex.title, ex.prompt, catching, ex.hint, ex.solution))
+    _assert_neutral(E.check("2.1", _template))
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Chapters 5–8
+# ------------------------------------------------------------------------------------------------------------
+NEW = [k for k in E.list_exercises() if k.split(".")[0] in "5678"]
+ODD_ANSWERS = [0, 3, -1.5, math.nan, math.inf, True, "x", "", b"\x00", [], [None], (1, 2), {}, {"a": 1}, {1: 2},
+               np.zeros(3), np.zeros((2, 2)), object(), lambda: 0, lambda *a: None, lambda *a: "x", print]
+
+
+def test_every_chapter_has_two_exercises_with_prompt_hint_and_title():
+    for chapter in range(1, 9):
+        assert len(E.list_exercises(chapter)) >= 1 + (chapter in (2, 5, 6, 7, 8))
+    for k in NEW:
+        ex = E.EXERCISES[k]
+        assert ex.title and ex.prompt and ex.hint and E.show(k).startswith(f"Exercise {k}: {ex.title}")
+        assert "Answer with" in ex.prompt or ex.prompt.startswith("Write ")
+
+
+@pytest.mark.parametrize("ex_id", NEW)
+@pytest.mark.parametrize("odd", ODD_ANSWERS, ids=lambda a: type(a).__name__)
+def test_wrong_types_fail_without_raising(ex_id, odd):
+    fb = E.check(ex_id, odd)
+    assert isinstance(fb, E.Feedback) and not fb and fb.answered and fb.hint and "❌" in str(fb)
+    if not callable(odd):
+        assert "expected" in fb.message
+
+
+@pytest.mark.parametrize("ex_id", NEW)
+def test_hints_do_not_give_the_answer(ex_id):
+    ex = E.EXERCISES[ex_id]
+    sol = E.solution(ex_id)
+    if isinstance(sol, dict):
+        leaks = [f"{v:g}" if isinstance(v, float) else str(v) for v in sol.values()]
+        leaks = [x for x in leaks if x not in ("float16", "float32")]   # the dtype names are the vocabulary
+    elif isinstance(sol, (list, tuple)):
+        leaks = [str(sol), str(list(sol))] + [f"{v:g}" for v in sol if isinstance(v, (int, float)) and abs(v) > 20]
+    elif isinstance(sol, float):
+        leaks = [f"{sol:g}", str(int(sol))]
+    else:
+        leaks = []
+    for leak in leaks:
+        assert leak not in ex.hint, (ex_id, leak)
+
+
+def test_5_1_autocast_policy():
+    import torch
+
+    from mpt_lab.autocast import OPS, probe_autocast
+
+    assert set(E._EX51_OPS) <= set(OPS) and all(k in E.EXERCISES["5.1"].prompt for k in E._EX51_OPS)
+    sol = E.solution("5.1")
+    truth = probe_autocast("cuda", torch.float16, input_dtype=torch.float16, ops=tuple(E._EX51_OPS)).ops
+    assert sol == truth and {"float16", "float32"} == set(sol.values())
+    assert E.check("5.1", {k: getattr(torch, v) for k, v in sol.items()})          # torch dtypes are accepted
+    assert E.check("5.1", {k: f"torch.{v}" for k, v in sol.items()})
+    all16 = {k: "float16" for k in sol}                     # "autocast means FP16 everywhere"
+    fb = E.check("5.1", all16)
+    n_wrong = sum(v == "float32" for v in sol.values())
+    assert not fb and f"{n_wrong} of the {len(sol)}" in fb.message and "float16 inputs" in fb.message
+    flipped = dict(sol, **{"mul + sum (a·Wh)": "float16"})  # the sum at the end of a chain runs in FP32
+    assert not E.check("5.1", flipped)
+    fb = E.check("5.1", {k: v for k, v in sol.items() if k != "exp"})
+    assert not fb and "missing" in fb.message and "exp" in fb.message
+    fb = E.check("5.1", dict(sol, conv2d="float16"))
+    assert not fb and "not asked" in fb.message
+    fb = E.check("5.1", dict(sol, exp="half"))
+    assert not fb and "'exp'" in fb.message and '"float16" or "float32"' in fb.message
+
+
+def test_5_2_gradscaler_trace():
+    from mpt_lab import scaling
+
+    c = E._EX52
+    sol = E.solution("5.2")
+    assert len(sol) == c["iterations"] and sol[0] == c["init_scale"]
+    # the same trace from the public rule, step by step
+    s, t, trace = c["init_scale"], 0, []
+    for i in range(1, c["iterations"] + 1):
+        trace.append(s)
+        s, t = scaling.update_scale(s, t, i in c["overflows"], c["growth_factor"], c["backoff_factor"],
+                                    c["growth_interval"])
+    assert trace == sol
+    assert E.check("5.2", np.array(sol)) and E.check("5.2", tuple(int(v) for v in sol))
+    # a classic mistake: the scale grows in the iteration that completes the interval, not after it
+    early = list(sol)
+    early[c["growth_interval"] - 1] *= 2
+    fb = E.check("5.2", early)
+    assert not fb and f"iteration {c['growth_interval']} is the first" in fb.message
+    # another: an overflow does not reset the count of clean steps
+    s, t, no_reset = c["init_scale"], 0, []
+    for i in range(1, c["iterations"] + 1):
+        no_reset.append(s)
+        if i in c["overflows"]:
+            s *= c["backoff_factor"]
+        else:
+            t += 1
+            if t == c["growth_interval"]:
+                s, t = s * c["growth_factor"], 0
+    assert no_reset != sol and not E.check("5.2", no_reset)
+    fb = E.check("5.2", sol[:-1])
+    assert not fb and f"{len(sol) - 1} entries" in fb.message
+
+
+def test_6_1_bytes_per_parameter():
+    sol = E.solution("6.1")
+    assert abs(sol["fp32"] - 16) < 0.01 and abs(sol["mixed"] - 20) < 0.01     # 4+4+8 and 4+2+2+4+8
+    assert E.check("6.1", {"fp32": round(sol["fp32"]), "mixed": round(sol["mixed"])})
+    fb = E.check("6.1", {"fp32": 16, "mixed": 16})       # forgets the FP32 gradients of the paper's loop
+    assert not fb and "'mixed' is too low" in fb.message and "'fp32'" not in fb.message
+    fb = E.check("6.1", {"fp32": 12, "mixed": 20})       # Adam's state counted once
+    assert not fb and "'fp32' is too low" in fb.message
+    fb = E.check("6.1", {"fp32": 16})
+    assert not fb and '{"fp32": number, "mixed": number}' in fb.message
+
+
+def test_6_2_checkpoint_size():
+    import torch
+
+    def by_state_dict(model, dtype):
+        size = torch.empty((), dtype=dtype).element_size()
+        return sum(v.numel() * (size if v.is_floating_point() else v.element_size())
+                   for v in model.state_dict().values())
+
+    assert E.check("6.2", by_state_dict)
+    fb = E.check("6.2", lambda model, dtype: sum(p.numel() * 4 for p in model.parameters()))   # always FP32
+    assert not fb and "float16" in fb.message and "torch.save writes" in fb.message and "(+99%)" in fb.message
+    fb = E.check("6.2", lambda model, dtype: sum(p.numel() for p in model.parameters()))      # elements, not bytes
+    assert not fb and "float32" in fb.message
+    fb = E.check("6.2", lambda model, dtype: str(by_state_dict(model, dtype)))
+    assert not fb and "not a number of bytes" in fb.message
+
+    def casts_in_place(model, dtype):                      # harmless: the checker hands out copies
+        model.to(dtype)
+        return by_state_dict(model, dtype)
+
+    assert E.check("6.2", casts_in_place)
+
+
+def test_7_prompts_follow_biglstm_and_answers_come_from_formats():
+    from mpt_lab import formats as F
+    from mpt_lab.experiments.biglstm import BIGLSTM
+
+    for k in ("7.1", "7.2"):
+        assert k == "7.2" or f"V = {BIGLSTM['vocab_size']:,}" in E.EXERCISES[k].prompt
+    assert f"N = 128 × 20 = {BIGLSTM['tokens_per_batch']:,}" in E.EXERCISES["7.1"].prompt
+    g = 1 / (BIGLSTM["vocab_size"] * BIGLSTM["tokens_per_batch"])
+    k, lost = E.solution("7.1")
+    assert 2.0**k <= g < 2.0 ** (k + 1) and lost == (F.round_to(g, F.FP16) == 0)
+    assert lost and g <= F.FP16.smallest_subnormal / 2
+    assert E.check("7.1", [k, np.bool_(lost)])
+    fb = E.check("7.1", (k + 1, lost))
+    assert not fb and "smaller" in fb.message
+    fb = E.check("7.1", (k, not lost))
+    assert not fb and "binade is right" in fb.message
+    assert not E.check("7.1", (float(k), lost)) and not E.check("7.1", (k, 1))
+    s = E.solution("7.2")
+    assert F.round_to(s * g, F.FP16) >= F.FP16.smallest_normal > F.round_to(s / 2 * g, F.FP16)
+    assert E.check("7.2", int(s))
+    fb = E.check("7.2", 128.0)                               # the paper's S: enough to train, but subnormal
+    assert not fb and "too small" in fb.message
+    fb = E.check("7.2", 2 * s)
+    assert not fb and "not the smallest" in fb.message
+    fb = E.check("7.2", s * 1.5)
+    assert not fb and "power of two" in fb.message
+    assert "128·g" in E.check("7.2", s).message
+
+
+def test_8_1_exp_overflow():
+    import torch
+
+    from mpt_lab import formats as F
+
+    sol = E.solution("8.1")
+    logits16 = torch.tensor(E._EX81_LOGITS, dtype=torch.float16).tolist()
+    by_formats = [math.isinf(F.round_to(math.exp(x), F.FP16)) for x in logits16]
+    assert sol == by_formats and any(sol) and not all(sol)
+    assert str(list(E._EX81_LOGITS)) in E.EXERCISES["8.1"].prompt
+    assert E.check("8.1", np.array(sol))
+    fb = E.check("8.1", [x > 88.72 for x in E._EX81_LOGITS])   # FP32's threshold: nothing overflows
+    assert not fb and f"{sum(sol)} of the {len(sol)}" in fb.message
+    fb = E.check("8.1", [int(v) for v in sol])
+    assert not fb and "bools" in fb.message
+
+
+def test_8_2_safe_softmax():
+    import torch
+
+    def max_subtracted(e):
+        z = torch.exp(e - e.max())
+        return z / z.sum()
+
+    def naive(e):
+        z = torch.exp(e)
+        return z / z.sum()
+
+    assert E.check("8.2", max_subtracted)
+    fb = E.check("8.2", naive)
+    assert not fb and "FP32 softmax gives" in fb.message and "nan" in fb.message.lower()
+    fb = E.check("8.2", lambda e: naive(e.float()).half())          # FP32 without the max: overflows at 88.7
+    assert not fb and "FP32 softmax gives" in fb.message
+    assert E.check("8.2", lambda e: torch.softmax(e.float(), 0).half())   # torch's softmax subtracts the max
+    fb = E.check("8.2", lambda e: max_subtracted(e).float())
+    assert not fb and "float32" in fb.message and "float16" in fb.message
+    fb = E.check("8.2", lambda e: max_subtracted(e).tolist())
+    assert not fb and "list" in fb.message
+    cases = E._ex82_cases()
+    assert any(max(c) > math.log(torch.finfo(torch.float32).max) for c in cases)   # some overflow even FP32
+    assert f"on {len(cases)} sets" in E.EXERCISES["8.2"].prompt
+
+
+def test_new_reference_solutions_call_the_package(monkeypatch):
+    """5.1, 6.1, 6.2 and 8.2's references (and their checks) ask the package instead of re-implementing it."""
+    from mpt_lab import autocast, master_weights
+    from mpt_lab.experiments import gat_amp, memory_tradeoffs
+
+    calls = []
+    for module, name in ((autocast, "probe_autocast"), (memory_tradeoffs, "checkpoint_bytes"),
+                         (gat_amp, "attention_overflow")):
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, real=real, name=name, **k: calls.append(name) or real(*a, **k))
+    real_mpp = master_weights.MasterWeightTrainer.memory_per_parameter
+    monkeypatch.setattr(master_weights.MasterWeightTrainer, "memory_per_parameter",
+                        lambda self: calls.append("memory_per_parameter") or real_mpp(self))
+    for k in ("5.1", "6.1", "6.2", "8.2"):
+        calls.clear()
+        sol = E.solution(k)
+        assert E.check(k, sol), k
+        expected = {"5.1": "probe_autocast", "6.1": "memory_per_parameter", "6.2": "checkpoint_bytes",
+                    "8.2": "attention_overflow"}[k]
+        assert expected in calls, (k, calls)
