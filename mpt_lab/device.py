@@ -137,7 +137,8 @@ def versions() -> dict:
 
 
 def provenance(command: str | None = None, config: dict | None = None, device: Any = None) -> dict:
-    """Where a measured result came from: command, device, versions, UTC date and configuration.
+    """Where a measured result came from: command, device, versions, UTC date, configuration and the machine's
+    load average (so a time measured while other work ran can be read as such).
 
     Parameters
     ----------
@@ -151,7 +152,16 @@ def provenance(command: str | None = None, config: dict | None = None, device: A
         command = " ".join([os.path.basename(sys.executable)] + sys.argv)
     return {"command": command, "device": describe(device), "versions": versions(),
             "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "profile": _profile_or_none(), "config": dict(config or {})}
+            "profile": _profile_or_none(), "config": dict(config or {}), "load_average": _load_average()}
+
+
+def _load_average() -> list | None:
+    """The machine's 1-, 5- and 15-minute load averages when the result was made (None where the OS has none):
+    a time measured while other processes ran says so."""
+    try:
+        return [round(v, 2) for v in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None
 
 
 def _profile_or_none():

@@ -48,7 +48,7 @@ def _bit_cells(d: F.Decomposition) -> str:
     bits = d.bits.replace(" ", "")
     fields = (["sign"] if f.signed else []) + ["exponent"] * f.exponent_bits + ["mantissa"] * f.mantissa_bits
     cells = "".join(
-        f'<td style="background:{FIELD_COLORS[k]};font-family:monospace;padding:1px 3px;text-align:center" '
+        f'<td style="background:{FIELD_COLORS[k]};font-family:monospace;font-size:0.85em;padding:0 2px;text-align:center" '
         f'title="{k}">{b}</td>' for b, k in zip(bits, fields))
     return f'<table style="border-collapse:collapse;display:inline-table"><tr>{cells}</tr></table>'
 

@@ -1,0 +1,72 @@
+"""The CUDA code paths, run wherever a CUDA GPU exists (the lent H100/H200 machines) and skipped cleanly elsewhere:
+real FP16 autocast in the precision arms, CUDA-event timing, the caching allocator's peak memory, the GAT and the
+detector on the GPU, and the experiments' device selection."""
+
+import dataclasses
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (this machine has none)")
+
+
+def test_bench_uses_cuda_events_and_the_allocator():
+    from mpt_lab import bench
+
+    a = torch.randn(1024, 1024, device="cuda")
+    t = bench.time_call(lambda: a @ a, repeat=3, warmup=1, device="cuda", timer="auto")
+    assert t.method == "cuda_event" and t.min > 0
+    peak = bench.peak_memory(lambda: a @ a, "cuda")
+    assert peak >= 1024 * 1024 * 4                    # the product's output, 4 MiB, was allocated
+
+
+def test_precision_arm_runs_real_fp16_autocast_on_cuda():
+    from mpt_lab.experiments._precision import PrecisionArm
+    from mpt_lab.models import digits_mlp
+
+    model = digits_mlp(32, seed=0).cuda()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    x, y = torch.randn(16, 64, device="cuda"), torch.randint(0, 10, (16,), device="cuda")
+    arm = PrecisionArm("fp16_dynamic", "cuda")
+    assert arm.real_fp16
+    seen = {}
+
+    def forward():
+        out = model(x)
+        seen["dtype"] = out.dtype
+        return torch.nn.functional.cross_entropy(arm.to_float32(out), y)
+
+    loss, skipped = arm.step(forward, opt)
+    assert seen["dtype"] == torch.float16 and loss > 0 and skipped in (True, False)
+
+
+def test_divergence_experiments_run_real_fp16_on_cuda():
+    from mpt_lab.experiments import biglstm, ssd_table2
+
+    b = biglstm.run(dataclasses.replace(biglstm.config_for("quick"), steps=8, eval_every=4, hist_every=2,
+                                        sweep_shifts=(), device="cuda"), progress=False)
+    assert b.real_fp16 and "CUDA" in b.provenance["device"]          # describe(): "<GPU name> (sm_90, …), CUDA 12.x"
+    s = ssd_table2.run(dataclasses.replace(ssd_table2.config_for("quick"), steps=4, n_test=8, device="cuda"),
+                       progress=False)
+    assert s.real_fp16 and all(len(d["losses"]) == 4 for d in s.arms.values())
+
+
+def test_gat_and_memory_experiments_on_cuda():
+    from mpt_lab.experiments import gat_amp, memory_tradeoffs
+
+    g = gat_amp.run(gat_amp.Config(num_nodes=200, avg_degree=6.0, hidden=16, epochs=3, device="cuda"),
+                    progress=False)
+    r = g.runs["[1, 1, 1]"]
+    assert not r["fp16"]["oom"] and r["fp16"]["cuda_max_allocated_bytes"] > 0
+    assert g.ratio("[1, 1, 1]", "fp16") < 1
+    m = memory_tradeoffs.run(dataclasses.replace(memory_tradeoffs.config_for("quick"), epochs=1, device="cuda"),
+                             progress=False)
+    assert m.mixed_dtype == "float16" and "GradScaler" in m.mixed_note
+    assert m.ways["mixed"]["peak_bytes"] < m.ways["fp32"]["peak_bytes"]
+
+
+def test_default_profile_is_full_on_cuda(monkeypatch):
+    import mpt_lab
+
+    monkeypatch.delenv("MPT_LAB_PROFILE", raising=False)
+    assert mpt_lab.profile() == "full" and mpt_lab.device.default_device().type == "cuda"
