@@ -42,6 +42,7 @@ def _outputs(nb):
 FORBIDDEN = {
     "a warning": re.compile(r"\w*Warning\b"),
     "a raw NumPy repr": re.compile(r"np\.(float|int)\d+\("),
+    "a raw dict": re.compile(r"\{'[^'\n]*': "),
     "a tqdm bar": re.compile(r"\d+%\|"),
     "a file name of the source documents": re.compile(r"[Ss]eed 0\d\d"),
 }
