@@ -15,7 +15,8 @@ from mpt_lab.experiments import gat_amp as ga
 def tiny():
     old = torch.get_num_threads()
     torch.set_num_threads(1)
-    cfg = ga.Config(profile="quick", num_nodes=150, avg_degree=6.0, hidden=16, epochs=5, threads=1)
+    cfg = ga.Config(profile="quick", num_nodes=150, avg_degree=6.0, hidden=16, epochs=5, threads=1, fit_nodes=100,
+                    fit_degrees=(4, 8))
     res = ga.run(cfg, progress=False)
     torch.set_num_threads(old)
     return res
@@ -66,6 +67,17 @@ def test_result_roundtrip_tables_and_budget(tiny, tmp_path):
     assert "÷ FP32" in tiny.describe()
     with pytest.raises(TypeError, match="result"):
         figures.gat_memory_table({})
+
+
+def test_memory_fit_finds_pygs_per_edge_messages(tiny):
+    fit = tiny.memory_fit
+    assert len(fit["points"]) == 2 * len(tiny.config["fit_degrees"]) and fit["max_relative_residual"] < 0.02
+    # PyG keeps per edge and head more than one float32 vector of the hidden size (gathered features, messages)
+    assert fit["per_edge_head"] > tiny.config["hidden"] * 4
+    fig = figures.plot_gat_memory_fit(tiny)
+    (ax,) = fig.axes
+    assert ax.get_title() and ax.get_xlabel() and ax.get_ylabel() and ax.get_legend() is not None
+    assert tiny.head_model("fp32")["per_head"] > 0
 
 
 def test_the_guides_numbers_are_cited():

@@ -43,6 +43,12 @@ downloaded here.  Sizes per profile (:func:`config_for`):
   the 8-minute budget of one H100.  A run that still runs out of memory is recorded as such
   (``oom: True``), not retried.
 
+Why the guide's heads [2, 2, 2] fitted its V100 only in FP16 and ours never does: ``fit_degrees`` measures the
+FP32 step peak on graphs of several sizes and fits it as a·E·H + b·N·H + c (``memory_fit``).  PyG keeps a
+per-edge, per-head slope a of several [E, heads, hidden] float32 vectors (gathered features and messages), so
+doubling the heads doubles the memory in every precision; DGL's fused kernels keep a few scalars per edge, and
+most of the guide's memory does not depend on the heads.
+
     python -m mpt_lab.experiments.gat_amp --profile full --out book/results/gat_amp_full.json
 """
 
@@ -52,7 +58,7 @@ import copy
 import math
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -106,6 +112,8 @@ class Config(ExperimentConfig):
     epochs: int = 30
     lr: float = 1e-3
     weight_decay: float = 5e-4
+    fit_nodes: int = 300            # the memory fit: FP32 step peaks on graphs of this many nodes ...
+    fit_degrees: tuple = (4, 8, 16)  # ... with these average degrees, heads 1 and 2 (empty: no fit)
 
     def validate(self) -> None:
         super().validate()
@@ -114,6 +122,10 @@ class Config(ExperimentConfig):
         if not self.heads or any(not isinstance(h, int) or isinstance(h, bool) or h < 1 for h in self.heads):
             raise ValueError(f"config.heads must be a non-empty tuple of positive ints, got {self.heads!r}")
         self.check_choices("precisions", PRECISIONS, subset=True)
+        self.check_positive("fit_nodes", minimum=self.num_classes)
+        if self.fit_degrees and (len(self.fit_degrees) < 2 or any(not isinstance(d, (int, float)) or d <= 0
+                                                                   for d in self.fit_degrees)):
+            raise ValueError(f"config.fit_degrees must be empty or ≥ 2 positive degrees, got {self.fit_degrees!r}")
         for name in ("lr", "avg_degree"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
@@ -121,9 +133,11 @@ class Config(ExperimentConfig):
 
 
 PROFILES = {
-    "quick": {"num_nodes": 400, "avg_degree": 10.0, "epochs": 15, "threads": 1},
+    "quick": {"num_nodes": 400, "avg_degree": 10.0, "epochs": 15, "threads": 1, "fit_nodes": 200,
+              "fit_degrees": (4, 8)},
     "cpu": {"num_nodes": 1500, "avg_degree": 16.0, "epochs": 30, "threads": 1},
-    "full": {"num_nodes": REDDIT["num_nodes"], "avg_degree": 20.0, "epochs": 100},
+    "full": {"num_nodes": REDDIT["num_nodes"], "avg_degree": 20.0, "epochs": 100, "fit_nodes": 20000,
+             "fit_degrees": (8, 16, 32, 64)},
 }
 
 
@@ -132,12 +146,25 @@ class GatAmpResult(ExperimentResult):
     """``graph``: num_nodes, num_edges, num_features, num_classes, split sizes, bytes, "synthetic";
     ``memory_method``, ``timing_method``: how they were measured; ``runs``: "[h, h, h]" → precision →
     {losses, accuracy {train, val, test}, epoch_seconds, epoch_times, peak_bytes, static_bytes, total_bytes,
-    skipped_steps, final_scale, oom, error}."""
+    skipped_steps, final_scale, oom, error}; ``memory_fit``: FP32 step peaks of the GAT on graphs of several
+    sizes fitted as bytes ≈ per_edge_head·E·H + per_node_head·N·H + constant (least squares): {per_edge_head,
+    per_node_head, constant (bytes), max_relative_residual, points [[N, E, H, bytes]]}, empty without
+    ``fit_degrees``."""
 
     graph: dict
     memory_method: str
     timing_method: str
     runs: dict
+    memory_fit: dict = field(default_factory=dict)
+
+    def head_model(self, precision: str) -> dict | None:
+        """total(heads h) = static + h · per_head for ``precision``, from the [1,1,1] and [2,2,2] runs:
+        {"static": bytes, "per_head": bytes}; None when either run is missing or out of memory."""
+        a, b = (self.runs.get(k, {}).get(precision) for k in ("[1, 1, 1]", "[2, 2, 2]"))
+        if not a or not b or a.get("oom") or b.get("oom"):
+            return None
+        per_head = b["total_bytes"] - a["total_bytes"]
+        return {"static": a["total_bytes"] - per_head, "per_head": per_head}
 
     def ratio(self, heads: str = "[1, 1, 1]", precision: str = "fp16", key: str = "total_bytes") -> float | None:
         """``key`` of ``precision`` ÷ that of FP32 for one head setting (None when either run is missing or OOM)."""
@@ -246,7 +273,38 @@ def measure(config: Config, run: Run) -> dict:
            "plus the bytes of graph, weights and Adam state")
     timing = ("time.perf_counter around each full-batch epoch (one training step), CUDA synchronised; median "
               "of the epochs after the first, the memory-measured epoch excluded")
-    return {"graph": ginfo, "memory_method": mem, "timing_method": timing, "runs": runs}
+    fit = _memory_fit(config, run) if config.fit_degrees else {}
+    return {"graph": ginfo, "memory_method": mem, "timing_method": timing, "runs": runs, "memory_fit": fit}
+
+
+def _memory_fit(config: Config, run: Run) -> dict:
+    """FP32 step peaks of the GAT (heads 1 and 2) on graphs of ``fit_nodes`` nodes and ``fit_degrees``, fitted as
+    bytes ≈ a·E·H + b·N·H + c: how much a step keeps per edge and head (PyG materialises per-edge messages
+    [E, heads, hidden]; DGL's fused kernels do not) against per node and head."""
+    from ..models.gat import GAT
+
+    points = []
+    for d in run.bar(config.fit_degrees, desc="memory fit"):
+        g = synthetic_reddit(config.fit_nodes, float(d), num_features=config.num_features,
+                             num_classes=config.num_classes, seed=config.seed, device=run.device)
+        for h in (1, 2):
+            torch.manual_seed(config.seed)
+            model = GAT(config.num_features, config.hidden, config.num_classes, (h, h, h)).to(run.device)
+            opt = torch.optim.Adam(model.parameters(), lr=config.lr)
+
+            def step():
+                opt.zero_grad(set_to_none=True)
+                F.cross_entropy(model(g.x, g.edge_index)[g.train_mask], g.y[g.train_mask]).backward()
+                opt.step()
+
+            step()                     # Adam's state exists before the measured step, as in training
+            points.append([g.num_nodes, g.num_edges, h, int(peak_memory(step, run.device))])
+    a = torch.tensor([[e * h, n * h, 1.0] for n, e, h, _ in points], dtype=torch.float64)
+    b = torch.tensor([p for *_, p in points], dtype=torch.float64)
+    coef = torch.linalg.lstsq(a, b).solution
+    residual = float(((a @ coef - b).abs() / b).max())
+    return {"per_edge_head": float(coef[0]), "per_node_head": float(coef[1]), "constant": float(coef[2]),
+            "max_relative_residual": residual, "points": points}
 
 
 # ------------------------------------------------------------------------------------- attention in FP16

@@ -11,8 +11,8 @@ from matplotlib.figure import Figure
 from .. import formats as F
 from ._base import FORMAT_COLORS, PRECISION_STYLE, mib, new_figure, table_html
 
-__all__ = ["plot_gat_training", "plot_gat_memory", "plot_attention_overflow", "gat_memory_table",
-           "gat_budget_table", "message_passing_table"]
+__all__ = ["plot_gat_training", "plot_gat_memory", "plot_attention_overflow", "plot_gat_memory_fit",
+           "gat_memory_table", "gat_budget_table", "message_passing_table"]
 
 
 def _check_gat(result):
@@ -200,3 +200,40 @@ def message_passing_table(result):
                        "max error (FP16 ulps)"],
                       [[r["library"], html.escape(r["example"]), r["dtype"], "×".join(map(str, r["shape"])),
                         f"{r['max_abs']:.2e}", f"{r['rel_norm']:.2e}", f"{r['max_ulp']:.2f}"] for r in result.rows])
+
+
+def plot_gat_memory_fit(result, *, title: str | None = None) -> Figure:
+    """The GAT's FP32 step peak against edges × heads, measured on graphs of several sizes, with the fitted line
+    bytes ≈ a·E·H + b·N·H + c: the slope a is what PyG keeps per edge and head.
+
+    Parameters
+    ----------
+    result : :class:`~mpt_lab.experiments.gat_amp.GatAmpResult` with a ``memory_fit``
+
+    Raises
+    ------
+    ValueError
+        The result has no memory fit (its config had no ``fit_degrees``).
+    """
+    _check_gat(result)
+    fit = result.memory_fit
+    if not fit:
+        raise ValueError("result has no memory_fit (config.fit_degrees was empty)")
+    pts = np.asarray(fit["points"], dtype=float)       # N, E, H, bytes
+    fig = new_figure((8, 4.4))
+    ax = fig.add_subplot()
+    for h, marker in ((1, "o"), (2, "s")):
+        sel = pts[:, 2] == h
+        ax.plot(pts[sel, 1] * h, pts[sel, 3] / 2**20, marker, ms=7, label=f"measured, heads [{h}, {h}, {h}]")
+        eh = np.linspace(0, (pts[sel, 1] * h).max() * 1.05, 50)
+        n = pts[sel, 0][0]
+        ax.plot(eh, (fit["per_edge_head"] * eh + fit["per_node_head"] * n * h + fit["constant"]) / 2**20, "--",
+                color="0.4", lw=1)
+    ax.plot([], [], "--", color="0.4", label=f"fit: {fit['per_edge_head']:,.0f} bytes per edge and head "
+                                             f"+ {fit['per_node_head']:,.0f} per node and head")
+    ax.set_xlabel("edges × heads (E·H)")
+    ax.set_ylabel("peak memory of one FP32 step (MiB)")
+    ax.set_title(title or "What PyG's GAT keeps per edge: the step's memory grows with edges × heads")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small", loc="upper left")
+    return fig
