@@ -51,7 +51,8 @@ class BuiltBook:
 
 @pytest.fixture(scope="session")
 def book(tmp_path_factory) -> BuiltBook:
-    """Build the book once for the whole test run (tests that use it share the xdist group "book")."""
+    """Build the book once for the whole test run (the tests that use it are all in test_book.py, which
+    ``--dist loadfile`` runs on one worker)."""
     out = tmp_path_factory.mktemp("book")
     jb = Path(sys.executable).parent / "jupyter-book"
     cmd = [str(jb), "build", str(ROOT), "--path-output", str(out), "-W", "-n", "--keep-going"]

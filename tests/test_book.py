@@ -1,13 +1,63 @@
-"""The book builds from the repository with warnings as errors (-W, nitpicky), executing every notebook once,
-and each chapter's rendered page shows what it computed."""
+"""The book builds from the repository with warnings as errors (-W, nitpicky), executing every notebook once; each
+notebook's executed outputs are clean; each chapter's rendered page shows what it computed; every page reads
+offline in a browser.
+
+All tests that read the built book live in this file: the README's test command distributes tests by file
+(``--dist loadfile``), so the book is built once, by one worker, while the other runs the rest of the suite.
+"""
 
 import re
+from pathlib import Path
 
+import nbformat
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("book")]
+from conftest import NOTEBOOKS
+
+pytestmark = [pytest.mark.slow]
 
 IMG = re.compile(r'<img[^>]+_images/')
+
+
+def _outputs(nb):
+    """(cell index, output type, text) of every output of an executed notebook."""
+    for i, cell in enumerate(nb.cells):
+        for out in cell.get("outputs", []):
+            if out.output_type == "stream":
+                yield i, out.name, out.text
+            elif out.output_type == "error":
+                yield i, "error", f"{out.ename}: {out.evalue}"
+            else:
+                data = out.get("data", {})
+                yield i, out.output_type, data.get("text/plain", "") + data.get("text/html", "")
+
+
+#: Text that must not appear in a chapter's outputs (a reader sees it in the rendered page).
+FORBIDDEN = {
+    "a warning": re.compile(r"\w*Warning\b"),
+    "a raw NumPy repr": re.compile(r"np\.(float|int)\d+\("),
+    "a raw dict": re.compile(r"\{'[^'\n]*': "),
+    "a tqdm bar": re.compile(r"\d+%\|"),
+    "a file name of the source documents": re.compile(r"[Ss]eed 0\d\d"),
+}
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_executed_cleanly(book, path: Path):
+    executed = book.executed / "notebooks" / path.name
+    assert executed.exists(), f"the book build did not execute {path.name}:\n{book.log[-3000:]}"
+    nb = nbformat.read(executed, as_version=4)
+    assert any(c.get("outputs") for c in nb.cells), f"{path.name}: the build kept no outputs"
+    problems = []
+    for i, kind, text in _outputs(nb):
+        if kind == "error":
+            problems.append(f"cell {i}: {text}")
+        for what, pattern in FORBIDDEN.items():
+            m = pattern.search(text)
+            if m:
+                problems.append(f"cell {i} ({kind}) shows {what}: …{text[max(0, m.start() - 80):m.end() + 80]}…")
+    assert not problems, "\n".join(problems)
+    print(f"{path.name}: executed in {book.notebook_seconds.get(path.stem, float('nan')):.0f} s (quick profile)")
 
 
 def test_book_builds_without_warnings(book):
