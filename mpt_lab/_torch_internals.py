@@ -49,6 +49,12 @@ listed here so that one file says everything mpt_lab assumes about torch's inter
   :class:`mpt_lab.master_weights.MasterWeightTrainer`, to replace a model's parameters by their FP16 copy in
   place (RNNs keep a flat list of their weights that must follow).
 
+Not needed: :class:`mpt_lab.scaling.GradScaler` handles FSDP2's sharded (DTensor) gradients with public APIs only
+(``DTensor.to_local``, ``.placements``, ``.device_mesh.get_group``, ``torch.distributed.all_reduce``); it does what
+torch's GradScaler gets from DTensor's private handler of ``_amp_foreach_non_finite_check_and_unscale_``
+(``torch.distributed.tensor._dispatch.found_inf_reduce_handler``: the found-inf flag reduced as ``Partial("max")``
+over the mesh dimensions that are not replicated), without calling it.
+
 Not listed: :mod:`mpt_lab.formats`, the bottom layer, imports nothing from torch's internals (it must import
 without torch at all).  Its functions compute exactly inside a ``simulate`` block because they run under
 :func:`mpt_lab.formats.exact_arithmetic`, a pure-Python marker that ``simulate`` honours.

@@ -21,9 +21,10 @@ Two scalers, one loop::
 * :class:`StaticLossScaler` keeps one S for the whole run (the paper's first option).
 * :class:`GradScaler` chooses S dynamically (NVIDIA's dynamic loss scaling: halve S on overflow, double
   it after N = 2000 clean steps).  It has the same contract as ``torch.amp.GradScaler`` and is checked
-  against it bit for bit (``tests/test_scaling.py``), but it is written so that each rule can be read
-  here: :func:`update_scale` (Python numbers, public) and ``_update_scale`` (the same rules as tensor
-  operations).
+  against it bit for bit (``tests/test_scaling.py``; under DDP and FSDP2 in ``tests/test_distributed.py``:
+  with sharded gradients the ranks all-reduce the found-inf flag, see :meth:`GradScaler.unscale_`), but it
+  is written so that each rule can be read here: :func:`update_scale` (Python numbers, public) and
+  ``_update_scale`` (the same rules as tensor operations).
 * :func:`max_gradient_scale` is the rule for choosing a static S from the largest gradient: the largest
   power of two that keeps amax · S within the format's range.
 
@@ -49,11 +50,13 @@ import inspect
 import math
 import numbers
 import struct
+import sys
 from collections import abc, defaultdict
 from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from . import formats
 from ._torch_internals import foreach_max, foreach_mul_
@@ -320,6 +323,29 @@ def _found_non_finite(grads: list[torch.Tensor], device: torch.device) -> torch.
     return torch.isfinite(torch.stack([*largest, *smallest])).all().logical_not()
 
 
+def _local_shard(grad: torch.Tensor) -> tuple[torch.Tensor, list]:
+    """``(tensor, process_groups)``: the values of ``grad`` held by this process, and the process groups that
+    must agree on whether a gradient overflowed.
+
+    A plain tensor is all there is: no group.  A DTensor (a gradient of a model sharded by FSDP2's
+    ``fully_shard``) holds one shard per rank; its local shard (``to_local()``, which under ``no_grad`` is the
+    stored tensor itself, so unscaling it in place unscales the DTensor) is checked and unscaled, and the
+    ranks along every mesh dimension where it is not replicated (``Shard``, ``Partial``) must combine their
+    found-inf flags: an inf in rank 1's shard is not in rank 0's.  These are the dimensions over which
+    ``torch.amp.GradScaler`` reduces the flag (DTensor's handler of ``_amp_foreach_non_finite_check_and_unscale_``
+    reduces it as ``Partial("max")`` there).
+    """
+    # FSDP2's gradients are DTensors.  A DTensor exists only once torch.distributed.tensor has been imported;
+    # importing it here for every scaler would cost seconds, so it is looked up among the imported modules.
+    dtensor = sys.modules.get("torch.distributed.tensor")
+    if dtensor is not None and isinstance(grad, dtensor.DTensor):
+        mesh = grad.device_mesh
+        groups = [mesh.get_group(dim) for dim, placement in enumerate(grad.placements)
+                  if not isinstance(placement, dtensor.Replicate)]
+        return grad.to_local(), groups
+    return grad, []
+
+
 def _on(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     """``t`` on ``device`` (a copy only when it lives elsewhere)."""
     return t if t.device == device else t.to(device, non_blocking=True)
@@ -437,8 +463,10 @@ class _LossScaler:
         Returns {device: found_inf}, one 0-dim bool tensor per device holding gradients (torch: float32);
         empty when no parameter has a gradient.
         """
-        # Group the gradients by device, refusing FP16 ones before touching any.
+        # Group the gradients by device, refusing FP16 ones before touching any.  Sharded (DTensor)
+        # gradients contribute their local shard, and the process groups that must agree on found_inf.
         groups: dict[torch.device, list[torch.Tensor]] = defaultdict(list)
+        agree: dict[torch.device, list] = defaultdict(list)
         for group in optimizer.param_groups:
             for param in group["params"]:
                 grad = param.grad
@@ -453,16 +481,35 @@ class _LossScaler:
                     if grad.dtype == torch.float16:  # coalescing adds duplicates: check the sums
                         param.grad = grad = grad.coalesce()
                     grad = grad._values()  # unscale the stored values in place
+                grad, process_groups = _local_shard(grad)
                 groups[grad.device].append(grad)
+                agree[grad.device] += [g for g in process_groups if all(g is not h for h in agree[grad.device])]
 
         found_inf_per_device: dict[torch.device, torch.Tensor] = {}
         with torch.no_grad():
             for device, grads in groups.items():
                 # checked *before* unscaling, as torch does (g · 1/S may overflow when S < 1)
-                found_inf_per_device[device] = _found_non_finite(grads, device)
+                found = _found_non_finite(grads, device)
+                if agree[device]:
+                    found = self._agree_found_inf(found, agree[device])
+                found_inf_per_device[device] = found
                 if inv_scale is not None:  # each gradient keeps its dtype (bfloat16: rounded once)
                     foreach_mul_(grads, _on(inv_scale, device))
         return found_inf_per_device
+
+    def _agree_found_inf(self, found: torch.Tensor, process_groups: list) -> torch.Tensor:
+        """found_inf of sharded gradients, agreed by every rank: True when any rank's shard overflowed.
+
+        One all-reduce (MAX) of the flag per process group, on the device (no host synchronisation), as
+        ``torch.amp.GradScaler`` does for DTensor gradients.  Without it, a rank whose shard is clean would
+        step while another skips, and their loss scales would part (chapter 9 measures it).  Every rank must
+        call this the same number of times, in the same order: it does, because every rank holds a shard of
+        every parameter (an empty one included) and walks the optimizer's parameters in the same order.
+        """
+        flag = found.to(torch.float32)              # collectives reduce numbers: MAX of 0/1 is "any"
+        for group in process_groups:
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+        return flag > 0
 
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
         """Divide the gradients of ``optimizer``'s parameters by S, in place, and note any inf/NaN.
@@ -471,7 +518,12 @@ class _LossScaler:
         gradients before the step (clipping, logging).  Multiplies by the float32 reciprocal of S
         (computed in float64), exactly like torch.  No host synchronisation.
 
-        Gradients may be float32, bfloat16 or float64, dense or sparse, on any devices.
+        Gradients may be float32, bfloat16 or float64, dense or sparse, on any devices, and sharded: the
+        DTensor gradients of a model sharded by FSDP2 (``torch.distributed.fsdp.fully_shard``) are checked and
+        unscaled shard by shard, and the ranks then agree on found_inf (one all-reduce of the flag, MAX, over
+        the ranks that hold different shards), so that every rank skips the same steps and keeps the same S,
+        as with ``torch.amp.GradScaler``.  Under DDP every rank holds the whole all-reduced gradient, so the
+        ranks agree without communication.
 
         Whether this optimizer's step will be skipped is decided here, on the gradients as they are now.
         Clip each optimizer's gradients separately: one norm over the parameters of two optimizers

@@ -84,6 +84,8 @@ def test_chapter_pages_show_their_results(book):
     assert len(IMG.findall(ch7)) >= 3 and "mixed FP16, loss scale 128" in ch7 and "Read this first" in ch7
     ch8 = book.page("notebooks/08_graphs_in_half_precision.html")
     assert len(IMG.findall(ch8)) >= 2 and "float16" in ch8 and "DGL User Guide" in ch8
+    ch9 = book.page("notebooks/09_across_processes.html")
+    assert len(IMG.findall(ch9)) >= 3 and "FSDP2" in ch9 and "torchrun" in ch9
     bib = book.page("book/bibliography.html")
     assert "Micikevicius" in bib
 

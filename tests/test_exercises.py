@@ -180,7 +180,7 @@ def test_a_caught_not_implemented_error_is_still_unanswered(monkeypatch):
 # ------------------------------------------------------------------------------------------------------------
 # Chapters 5–8
 # ------------------------------------------------------------------------------------------------------------
-NEW = [k for k in E.list_exercises() if k.split(".")[0] in "5678"]
+NEW = [k for k in E.list_exercises() if k.split(".")[0] in "56789"]
 ODD_ANSWERS = [0, 3, -1.5, math.nan, math.inf, True, "x", "", b"\x00", [], [None], (1, 2), {}, {"a": 1}, {1: 2},
                np.zeros(3), np.zeros((2, 2)), object(), lambda: 0, lambda *a: None, lambda *a: "x", print]
 
@@ -406,3 +406,52 @@ def test_new_reference_solutions_call_the_package(monkeypatch):
         expected = {"5.1": "probe_autocast", "6.1": "memory_per_parameter", "6.2": "checkpoint_bytes",
                     "8.2": "attention_overflow"}[k]
         assert expected in calls, (k, calls)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Chapter 9
+# ------------------------------------------------------------------------------------------------------------
+def test_9_exercises_follow_the_summation_order(monkeypatch):
+    """9.1–9.3: the answers come from the ring and tree simulations; classic mistakes fail."""
+    from mpt_lab import formats as F
+    from mpt_lab.experiments import distributed
+
+    assert E.list_exercises(9) == ["9.1", "9.2", "9.3"]
+    assert E.solution("9.1") == (1.0 + 2.0 ** -7, 1.0)                # the ring keeps the small values, the tree not
+    assert not E.check("9.1", (1.0, 1.0)) and not E.check("9.1", (1.0 + 2.0 ** -7,) * 2)
+    n, mean = E.solution("9.3")
+    assert n == 22 and mean != 3000.0 and E.check("9.3", (22, mean))
+    assert not E.check("9.3", (21, mean)) and not E.check("9.3", (22, 3000.0))
+
+    def ring_sum_in_float64(values, fmt):                              # forgets to round the partial sums
+        return float(F.round_to(sum(float(F.round_to(v, fmt)) for v in values), fmt))
+
+    def ring_sum_wrong_way(values, fmt):                               # NCCL's direction: the other order
+        x = [float(F.round_to(v, fmt)) for v in values]
+        order = distributed.ring_order(len(x), 0, direction=1)
+        acc = x[order[0]]
+        for r in order[1:]:
+            acc = float(F.round_to(acc + x[r], fmt))
+        return acc
+
+    def ring_sum(values, fmt):                                         # a student's correct answer
+        x = [float(F.round_to(v, fmt)) for v in values]
+        order = distributed.ring_order(len(x), 0)
+        acc = x[order[0]]
+        for r in order[1:]:
+            acc = float(F.round_to(acc + x[r], fmt))
+        return acc
+
+    assert not E.check("9.2", ring_sum_in_float64) and not E.check("9.2", ring_sum_wrong_way)
+    assert E.check("9.2", ring_sum)
+    calls = []
+    from mpt_lab import collectives
+
+    for name in ("ring_allreduce", "tree_allreduce"):
+        real = getattr(collectives, name)
+        monkeypatch.setattr(collectives, name,
+                            lambda *a, real=real, name=name, **k: calls.append(name) or real(*a, **k))
+    for k in ("9.1", "9.2", "9.3"):
+        calls.clear()
+        assert E.check(k, E.solution(k)) and "ring_allreduce" in calls, k
+

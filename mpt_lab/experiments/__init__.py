@@ -16,6 +16,7 @@ dataclass, ``run(config) -> Result``, ``config_for(profile)`` and a CLI::
 * ``ssd_table2``: the paper's Table 2 for SSD, the same comparison on the detector.
 * ``message_passing``: the DGL User Guide's float16 message-passing examples in PyG and PyTorch.
 * ``gat_amp``: the DGL User Guide's GAT in FP32, FP16 autocast + GradScaler, and BF16.
+* ``distributed``: DDP and FSDP2 under torchrun: reduction dtypes, compression hooks, sharded loss scaling.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from ._runner import (PROFILES, REGISTRY, Experiment, ExperimentConfig, Experime
 
 #: The experiments, in the order of the book's chapters.
 NAMES = ("ssd_histogram", "loss_scaling", "master_weights_stall", "amp_recipe", "memory_tradeoffs", "biglstm",
-         "ssd_table2", "message_passing", "gat_amp")
+         "ssd_table2", "message_passing", "gat_amp", "distributed")
 
 
 def get(name: str) -> Experiment:

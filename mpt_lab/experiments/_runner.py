@@ -41,6 +41,9 @@ and the runner does the rest the same way for every experiment:
   ``python -m mpt_lab.experiments --list`` and ``--all`` (see :mod:`mpt_lab.experiments.__main__`).
 * **progress**: tqdm bars (``run.bar``) unless ``progress=False`` or the environment variable
   ``MPT_LAB_PROGRESS`` is "0" (the book build sets it: a rendered page shows one line of timing instead).
+* **several processes**: an experiment made with a ``launcher`` (``distributed``: torchrun) is measured in the
+  processes the launcher starts, each running the same CLI; the one that reports (rank 0) writes the result, which
+  ``run`` returns (see :class:`Experiment`).
 """
 
 from __future__ import annotations
@@ -347,9 +350,16 @@ class Experiment:
     measure : callable(config, run: Run) → dict of the result's own fields
     result : a dataclass subclassing :class:`ExperimentResult`
     title : the first line is the CLI's description (a module docstring will do)
+    launcher : None, or for an experiment whose measure runs in several processes (``torchrun``) a callable
+        ``launcher(config, *, progress, command) -> Result | None``.  :meth:`run` hands it the configuration
+        first: it starts the processes (each runs ``python -m mpt_lab.experiments.NAME`` and so :meth:`run`),
+        waits for them and returns the result they wrote; in a process it started it returns None, and
+        :meth:`run` measures there.  ``measure`` returns None in a process that does not report (a rank other
+        than 0): :meth:`run` then returns None and :meth:`main` prints and writes nothing.
     """
 
-    def __init__(self, name: str, config: type, profiles: dict, measure: Callable, result: type, title: str = ""):
+    def __init__(self, name: str, config: type, profiles: dict, measure: Callable, result: type, title: str = "",
+                 launcher: Callable | None = None):
         if not (isinstance(config, type) and issubclass(config, ExperimentConfig)):
             raise TypeError("config must be a dataclass subclassing ExperimentConfig")
         if not (isinstance(result, type) and issubclass(result, ExperimentResult)):
@@ -363,6 +373,7 @@ class Experiment:
             if bad:
                 raise ValueError(f"profile {p!r} of {name} sets unknown fields {bad}")
         self.name, self.Config, self.Result, self.measure = name, config, result, measure
+        self.launcher = launcher
         self.profiles = {p: dict(profiles[p]) for p in PROFILES if p in profiles}
         self.title = (title or name).strip().splitlines()[0]
         result.NAME = name
@@ -429,6 +440,8 @@ class Experiment:
         progress : show tqdm bars (default: yes, unless ``MPT_LAB_PROGRESS=0``)
         command : the command line to record (default :meth:`command` of ``config``)
 
+        Returns None in a process that does not report (see ``launcher`` in the class docstring).
+
         Raises
         ------
         TypeError
@@ -441,6 +454,10 @@ class Experiment:
         from ..device import cpu_flags, provenance, resolve
 
         config = self._resolve(config)
+        if self.launcher is not None:
+            launched = self.launcher(config, progress=progress, command=command or self.command(config))
+            if launched is not None:
+                return launched
         device = resolve(config.device)
         show = progress_enabled(progress)
         with _threads(config.threads):
@@ -448,6 +465,8 @@ class Experiment:
             run = Run(config, device, show)
             own = self.measure(config, run)
             seconds = run.elapsed()
+        if own is None and self.launcher is not None:  # a launched process that does not report
+            return None
         if not isinstance(own, dict):
             raise TypeError(f"{self.name}: measure must return a dict of result fields, got {type(own).__name__}")
         cfg = _decode(_encode(dataclasses.asdict(config)))
@@ -492,6 +511,8 @@ class Experiment:
                               command=self.command(cfg, args.out))
         except ValueError as err:
             p.error(str(err))
+        if result is None:  # a launched process that does not report (a rank other than 0)
+            return 0
         print(result.describe())
         if args.out:
             result.save(args.out)

@@ -176,10 +176,10 @@ def measure(config: Config, run: Run) -> dict:
         g = torch.Generator(device=device).manual_seed(config.seed + batch)
         batches = [(torch.randn(batch, config.width, device=device, generator=g),
                     torch.randn(batch, config.width, device=device, generator=g)) for _ in range(config.num_batches)]
-        model, opt, scaler = _make(config, precision, device)
-        timing = time_call(lambda: _train_epoch(model, opt, scaler, batches, precision, device),
+        state = _make(config, precision, device)                   # model, optimizer, scaler
+        timing = time_call(lambda: _train_epoch(*state, batches, precision, device),
                            repeat=config.epochs, warmup=config.warmup_epochs, device=device, timer="auto")
-        del model, opt, scaler
+        state = None                                                 # free them before measuring memory
         peak = None
         if config.measure_memory:
             peak = peak_memory(lambda: _train_epoch(*_make(config, precision, device), batches, precision, device),

@@ -32,7 +32,6 @@ has a 10-bit trailing significand, so 1 ulp is 2⁻¹⁰ relative to the leading
 from __future__ import annotations
 
 import inspect
-import math
 from dataclasses import dataclass
 
 import torch

@@ -6,6 +6,8 @@
 * :mod:`~mpt_lab.figures.training`: master weights, the AMP recipe's speed, autocast's policy (ch. 4, 5);
 * :mod:`~mpt_lab.figures.memory`: recomputation against lower precision (ch. 6);
 * :mod:`~mpt_lab.figures.graphs`: float16 message passing and the GAT (ch. 8);
+* :mod:`~mpt_lab.figures.distributed`: DDP and FSDP2 recipes, memory per rank, reduction error, overflow
+  agreement across ranks (ch. 9);
 * :func:`show_saved`: a saved GPU ("full") or long CPU result of an experiment, or the command that makes it.
 
 Figures are :class:`~mpt_lab.figures._base.BookFigure` (matplotlib, no pyplot; shown once where returned) with
@@ -19,9 +21,11 @@ import html
 from typing import Callable, Sequence
 
 from ._base import FORMAT_COLORS, HTML, BookFigure, running_mean, table_html
+from .distributed import (memory_table, plot_flag_agreement, plot_memory_per_rank, plot_recipe_losses,
+                          plot_reduction_error, reduction_table)
 from .formats import plot_accumulation, plot_fixed_vs_float, plot_format_ranges, plot_ulp
-from .gradients import (gradient_factors_table, histogram_table, phases_table, plot_detection_samples,
-                        plot_gradient_factors, plot_gradient_histogram, plot_kept_vs_scale, plot_training, sweep_table)
+from .gradients import (histogram_table, phases_table, plot_detection_samples, plot_gradient_histogram,
+                        plot_kept_vs_scale, plot_training, sweep_table)
 from .graphs import (gat_budget_table, gat_memory_table, message_passing_table, plot_attention_overflow,
                      plot_gat_memory, plot_gat_memory_fit, plot_gat_training)
 from .memory import breakdown_table, plot_tradeoffs, tradeoff_table, training_table
@@ -31,13 +35,15 @@ from .training import autocast_table, plot_losses, speedup_table
 __all__ = ["show_saved", "BookFigure", "HTML", "table_html", "running_mean", "FORMAT_COLORS",
            "plot_format_ranges", "plot_ulp", "plot_fixed_vs_float", "plot_accumulation",
            "plot_gradient_histogram", "plot_kept_vs_scale", "plot_detection_samples", "plot_training",
-           "histogram_table", "phases_table", "sweep_table", "plot_gradient_factors", "gradient_factors_table",
+           "histogram_table", "phases_table", "sweep_table",
            "plot_scale_history", "plot_divergence", "plot_shift_sweep", "divergence_table",
            "plot_losses", "speedup_table", "autocast_table",
            "plot_tradeoffs", "tradeoff_table", "training_table", "breakdown_table",
            "plot_gat_training", "plot_gat_memory", "plot_attention_overflow", "plot_gat_memory_fit",
            "gat_memory_table", "gat_budget_table",
-           "message_passing_table"]
+           "message_passing_table",
+           "plot_recipe_losses", "plot_memory_per_rank", "plot_reduction_error", "plot_flag_agreement", "memory_table",
+           "reduction_table"]
 
 #: What each saved profile is, in the words a reader needs.
 _PROFILE_WORDS = {"full": ("GPU", "On a machine with a CUDA GPU"),

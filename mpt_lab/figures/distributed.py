@@ -1,0 +1,256 @@
+"""Figures and tables of mixed precision across processes (chapter 9): the loss of each DDP and FSDP2 recipe,
+the memory each rank holds, the error of an all-reduce in FP32, BF16 and FP16 as the number of ranks grows,
+and what happens to the loss scale when the ranks do not agree on overflow.
+
+Every function takes a :class:`mpt_lab.experiments.distributed.DistributedResult`.  Li et al. (VLDB 2020) for
+DDP, Zhao et al. (VLDB 2023) for FSDP.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from ._base import PRECISION_STYLE, mib, new_figure, running_mean, table_html
+
+__all__ = ["plot_recipe_losses", "plot_memory_per_rank", "plot_reduction_error", "plot_flag_agreement",
+           "memory_table", "reduction_table"]
+
+#: Colour of the dtype that does the work in each recipe: its gradients' sum (DDP hooks, FSDP2's reduce_dtype)
+#: or its compute (autocast, FSDP2's param_dtype): FP32 blue, BF16 green, FP16 red, as in every chapter.
+_FORMAT_KEY = {"FP32": "fp32", "BF16": "bf16", "FP16": "fp16"}
+
+
+def _check(result) -> None:
+    if not all(hasattr(result, a) for a in ("recipes", "reduction", "flag_agreement", "world_size")):
+        raise TypeError(f"result must be a DistributedResult, got {type(result).__name__}")
+
+
+def _recipe_color(name: str) -> str:
+    key = "fp16" if "fp16" in name else "bf16" if "bf16" in name else "fp32"
+    return PRECISION_STYLE[key][1]
+
+
+def plot_recipe_losses(result, *, smooth: int = 5, title: str | None = None) -> Figure:
+    """The training loss of every recipe (left) and how far each recipe ended from DDP in FP32 (right).
+
+    Left: the loss of the global batch per step (the ranks' mean), running mean over ``smooth`` steps; DDP solid,
+    FSDP2 dashed, coloured by the 16-bit format involved (blue FP32 only, green BF16, red FP16).  Right: the
+    relative difference ‖θ − θ_DDP FP32‖₂ / ‖θ_DDP FP32‖₂ of the final parameters, per recipe; "bit-identical"
+    where it is exactly 0.
+
+    Returns a Figure; x = step (left) and relative difference (right, log scale).
+    """
+    _check(result)
+    fig = new_figure((12.5, 4.8))
+    ax, bx = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    names = list(result.recipes)
+    for name in names:
+        r = result.recipes[name]
+        x, mean = running_mean(r["losses"], smooth)
+        ax.plot(x, mean, ls="-" if r["wrapper"] == "ddp" else "--", color=_recipe_color(name),
+                lw=2.0 if r["wrapper"] == "ddp" else 1.4, label=r["label"])
+    ax.set_xlabel("step")
+    ax.set_ylabel(f"training loss (cross-entropy, nats)\nrunning mean of {smooth} steps")
+    ax.set_title(f"Loss per recipe, {result.world_size} ranks ({result.backend})")
+    ax.grid(alpha=0.3)
+    diffs = [result.recipes[n]["param_diff"] for n in names]
+    floor = min([d for d in diffs if d > 0], default=1e-6) / 10
+    y = np.arange(len(names))[::-1]
+    nonzero = [i for i, d in enumerate(diffs) if d > 0]
+    bx.barh(y[nonzero], [diffs[i] for i in nonzero], color=[_recipe_color(names[i]) for i in nonzero], alpha=0.85)
+    for yi, d in zip(y, diffs):
+        if d > 0:
+            bx.text(d, yi, f"  {d:.2g}", va="center", fontsize="small")
+        else:                                          # 0 has no place on a log axis: said in words
+            bx.text(0.02, yi, "bit-identical (0)", va="center", fontsize="small",
+                    transform=bx.get_yaxis_transform())
+    bx.set_xscale("log")
+    bx.set_yticks(y, [result.recipes[n]["label"] for n in names], fontsize="small")
+    bx.set_ylim(-0.6, len(names) - 0.4)
+    bx.set_ylabel("recipe")
+    bx.set_xlabel("‖θ − θ_DDP FP32‖₂ / ‖θ_DDP FP32‖₂ (log scale)")
+    bx.set_title("Final parameters against DDP in FP32")
+    bx.set_xlim(floor / 3, max(max(diffs), floor) * 20)
+    bx.grid(alpha=0.3, axis="x")
+    fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncol=4, fontsize="small")
+    fig.suptitle(title or f"The same model and data under DDP and FSDP2 ({result.profile} profile)")
+    return fig
+
+
+def _memory_rows(result, rank: int):
+    for name, r in result.recipes.items():
+        m = r["memory"][rank]
+        yield name, r, m, m["params"] + m["grads"] + m["optimizer"]
+
+
+def plot_memory_per_rank(result, *, rank: int = 0, title: str | None = None) -> Figure:
+    """What one rank holds between steps, per recipe: parameters, gradients and optimizer state (stacked), and,
+    hatched on top, FSDP2's largest all-gathered layer, held only while that layer computes.
+
+    Returns a Figure; x = recipe, y = KiB (2¹⁰ bytes) on ``rank``.
+    """
+    _check(result)
+    if not 0 <= rank < result.world_size:
+        raise ValueError(f"rank must be in [0, {result.world_size}), got {rank!r}")
+    fig = new_figure((11, 4.8))
+    ax = fig.add_subplot()
+    rows = list(_memory_rows(result, rank))
+    x = np.arange(len(rows))
+    bottom = np.zeros(len(rows))
+    parts = [("params", "parameters", "#1f77b4"), ("grads", "gradients", "#ff7f0e"),
+             ("optimizer", "Adam state (two moments)", "#7f7f7f")]
+    for key, label, color in parts:
+        v = np.array([m[key] for _, _, m, _ in rows]) / 2**10
+        ax.bar(x, v, bottom=bottom, color=color, label=label)
+        bottom += v
+    gathered = np.array([m["gathered"] for _, _, m, _ in rows]) / 2**10
+    ax.bar(x, gathered, bottom=bottom, color="none", edgecolor="#333333", hatch="//",
+           label="all-gathered layer in param_dtype (FSDP2, transient)")
+    ax.set_xticks(x, [r["label"] for _, r, _, _ in rows], rotation=25, ha="right", fontsize="small")
+    ax.set_ylabel(f"bytes held by rank {rank} (KiB)")
+    ax.set_xlabel("recipe")
+    ax.set_title(title or f"Memory per rank: DDP replicates, FSDP2 shards over {result.world_size} ranks")
+    ax.margins(y=0.08)
+    ax.legend(fontsize="small")
+    ax.grid(alpha=0.3, axis="y")
+    return fig
+
+
+def memory_table(result, *, rank: int = 0):
+    """HTML table of :func:`plot_memory_per_rank`'s numbers (MiB) and each total against DDP FP32's."""
+    _check(result)
+    rows = list(_memory_rows(result, rank))
+    ref = next((t for n, _, _, t in rows if n == "ddp_fp32"), rows[0][3])
+    body = [[html.escape(r["label"]), mib(m["params"], 3), mib(m["grads"], 3), mib(m["optimizer"], 3), mib(t, 3),
+             f"{t / ref:.2f}", mib(m["gathered"], 3) if m["gathered"] else "–"] for _, r, m, t in rows]
+    return table_html(["recipe", "parameters", "gradients", "optimizer state", "total", "÷ DDP FP32",
+                       "all-gathered layer"], body,
+                      caption=f"MiB held by rank {rank} of {result.world_size} between steps "
+                              f"({result.recipes[rows[0][0]]['parameters']:,} parameters)")
+
+
+def plot_reduction_error(result, *, title: str | None = None) -> Figure:
+    """The error of summing the ranks' gradients, against the number of ranks N.
+
+    Left: the relative error ‖ĝ − g‖₂/‖g‖₂ of the averaged gradient (each rank's gradient rounded to the format
+    and divided by N first, as DDP's compression hooks do) in FP32, BF16 and FP16, summed in the order of a ring
+    (solid) and of a binary tree (dashed); the real all-reduce of the run's ranks as open circles.  Right: the
+    share of the gradient elements an FP16 ring sum loses: inf when loss-scaled gradients are summed before
+    dividing by N, 0 (where the exact mean is not) when they are divided first, with FSDP2's ≈√N split, and
+    for unscaled gradients divided first (FP32 training with ``fp16_compress_hook``); shares of 0 are not drawn.
+
+    Returns a Figure; x = N (log₂ axis), y = relative error (left) and share lost in % (right), log axes.
+    """
+    _check(result)
+    sweep, fp16, measured = result.reduction["sweep"], result.reduction["fp16"], result.reduction["measured"]
+    ns = np.array(sweep["n"])
+    fig = new_figure((12.5, 4.8))
+    ax, bx = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    for fmt in sweep["ring"]:
+        label, color, _ = PRECISION_STYLE[_FORMAT_KEY[fmt]]
+        ax.plot(ns, sweep["ring"][fmt], "-o", ms=3, color=color, label=f"{fmt} ring")
+        ax.plot(ns, sweep["tree"][fmt], "--", color=color, label=f"{fmt} tree")
+        ax.plot([measured["n"]], [max(measured[fmt]["rel_error"], 1e-12)], "o", ms=10, mfc="none", mew=2,
+                color=color, label=f"{fmt} real, N = {measured['n']}")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("ranks N (log₂ scale)")
+    ax.set_ylabel("relative error of the averaged gradient\n‖ĝ − g‖₂ / ‖g‖₂ (log scale)")
+    ax.set_title("Summing N ranks' gradients in FP32, BF16, FP16")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize="x-small", ncol=3, loc="upper left")
+    ymax = max(max(v) for v in sweep["ring"].values())
+    ax.set_ylim(top=ymax * 1e3)                      # room for the legend above the curves
+    s = f"2^{int(math.log2(fp16['scale']))}"
+    lost = [(f"sum, then ÷ N (S = {s}): inf", fp16["sum_then_divide"]["overflow_share"], "#d62728", "-"),
+            (f"÷ N first, the hook (S = {s}): 0", fp16["predivide"]["underflow_share"], "#9467bd", "--"),
+            (f"÷ ≈√N before and after, FSDP2 (S = {s}): inf or 0",
+             np.add(fp16["fsdp_split"]["overflow_share"], fp16["fsdp_split"]["underflow_share"]), "#8c564b", ":"),
+            ("÷ N first, unscaled gradients (FP32 training + hook): 0", sweep["underflow"]["ring"]["FP16"],
+             "#ff7f0e", "-.")]
+    for label, share, color, ls in lost:
+        share = 100 * np.asarray(share, dtype=float)
+        shown = share > 0
+        bx.plot(ns[shown], share[shown], ls, marker="o", ms=4, color=color,
+                label=label if shown.any() else f"{label}: none lost")
+    over = fp16["first_overflow_n"]
+    if over is not None:
+        bx.axvline(over, color="#d62728", lw=0.8, alpha=0.5)
+    bx.set_xscale("log", base=2)
+    bx.set_yscale("log")
+    bx.set_xlim(ax.get_xlim())
+    bx.set_xlabel("ranks N (log₂ scale)")
+    bx.set_ylabel("gradient elements lost (%, log scale)\n(inf, or 0 where the exact mean is not)")
+    bx.set_title("FP16 sums: overflow without pre-division, underflow with it")
+    bx.grid(alpha=0.3, which="both")
+    bx.legend(fontsize="x-small", loc="upper left")
+    fig.suptitle(title or f"The reduction error as the cluster grows ({sweep['elements']:,} gradient elements, "
+                          f"{result.profile} profile)")
+    return fig
+
+
+def reduction_table(result):
+    """HTML table: the real all-reduce of the run's ranks in each format, its error, and whether it equals the
+    ring simulation (and DDP's compression hooks) bit for bit."""
+    _check(result)
+    m, hooks = result.reduction["measured"], result.reduction["hooks"]
+    hook_of = {"BF16": hooks.get("bf16"), "FP16": hooks.get("fp16"), "FP32": None}
+
+    def yes(v):
+        return "–" if v is None else ("yes" if v else "no")
+
+    rows = [[fmt, f"{m[fmt]['rel_error']:.3g}", yes(m[fmt]["matches_ring"]), yes(hook_of[fmt])]
+            for fmt in ("FP32", "BF16", "FP16")]
+    return table_html(["format", "relative error", "= ring_allreduce, bit for bit",
+                       "DDP's compression hook = ring_allreduce"], rows,
+                      caption=f"The ranks' gradients ({m['elements']:,} elements) ÷ {m['n']}, all-reduced by "
+                              f"{result.backend} on {m['n']} processes")
+
+
+def plot_flag_agreement(result, *, title: str | None = None) -> Figure:
+    """The loss scale on every rank when one rank's gradient shard overflows (left), and how far the
+    unsynchronised model drifts from the synchronised one (right).
+
+    Left: log₂ S per step and rank for ``torch.amp.GradScaler``, ours, and ours with the found-inf flag left
+    unreduced; the steps with an inf in one rank's shard as vertical lines.  Right: ‖θ_unsynchronised −
+    θ_ours‖₂ / ‖θ_ours‖₂ per step.
+
+    Returns a Figure; x = step.
+    """
+    _check(result)
+    fa = result.flag_agreement
+    if not fa:
+        raise ValueError("this result has no overflow-agreement study (flag_steps = 0)")
+    fig = new_figure((12.5, 4.6))
+    ax, bx = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    steps = np.arange(fa["steps"])
+    look = {"torch": ("torch.amp.GradScaler", "#7f7f7f", "-", 5.0),
+            "mpt_lab": ("mpt_lab GradScaler", "#1f77b4", "--", 2.5),
+            "unsynchronised": ("unsynchronised", "#d62728", "-", 1.5)}
+    for variant, (label, color, ls, lw) in look.items():
+        for rank, scales in enumerate(fa["variants"][variant]["scales"]):
+            ax.step(steps, np.log2(scales), where="post", color=color, ls=ls if rank == 0 else ":",
+                    lw=lw if variant != "unsynchronised" else lw + rank, alpha=0.6 if variant == "torch" else 1,
+                    label=f"{label}, rank {rank}")
+    for i, s in enumerate(fa["inject_steps"]):
+        ax.axvline(s, color="#ff7f0e", lw=1, label=f"inf in rank {fa['inject_rank']}'s shard" if i == 0 else None)
+        bx.axvline(s, color="#ff7f0e", lw=1, label=f"inf in rank {fa['inject_rank']}'s shard" if i == 0 else None)
+    ax.set_xlabel("step")
+    ax.set_ylabel("log₂ S   (loss scale)")
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_title("Loss scale per rank (FSDP2, FP16 params)")
+    ax.grid(alpha=0.3)
+    fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncol=4, fontsize="small")
+    bx.plot(steps, fa["drift"], "-o", ms=3, color="#d62728", label="unsynchronised against ours")
+    bx.set_xlabel("step")
+    bx.set_ylabel("‖θ_unsync − θ_sync‖₂ / ‖θ_sync‖₂")
+    bx.set_title("Parameters drift apart")
+    bx.grid(alpha=0.3)
+    bx.legend(fontsize="small")
+    fig.suptitle(title or "When the ranks do not agree on overflow")
+    return fig
