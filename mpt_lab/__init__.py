@@ -9,6 +9,8 @@ Everything the book shows is computed here.  Modules (one job each):
 * :mod:`mpt_lab.master_weights`: the paper's 8-step FP32-master-weight loop, each step visible.
 * :mod:`mpt_lab.simulate`: FP16/BF16/FP8 numerics at FP32 speed, for CPUs without fast FP16 kernels.
 * :mod:`mpt_lab.microscaling`: scaled FP8/FP6/FP4 quantisation: per-tensor (current, delayed), OCP MX, NVFP4.
+* :mod:`mpt_lab.quantized_training`: training through those quantisers: every ``nn.Linear``'s operands in FP8, MX
+  or NVFP4 (emulated, or FP8 tensor cores where present), and BF16 weights with stochastic rounding.
 * :mod:`mpt_lab.autocast`: which dtype each op runs in under ``torch.autocast``, probed on CPU and CUDA.
 * :mod:`mpt_lab.training`: the loop pieces every experiment shares (shuffled batches, a scaled step, accuracy).
 * :mod:`mpt_lab.experiments`: one module per reproduced result, ``run(config) -> result``, one runner and CLI.
@@ -58,8 +60,9 @@ def profile() -> str:
 
 #: Submodules reachable as attributes without an explicit import (``mpt_lab.device.describe()``), imported on
 #: first use so that ``import mpt_lab`` stays light (and ``mpt_lab.formats`` works without torch).
-SUBMODULES = ("formats", "histogram", "scaling", "master_weights", "simulate", "microscaling", "collectives", "autocast",
-              "training", "experiments", "figures", "device", "bench", "widgets", "exercises", "models", "data")
+SUBMODULES = ("formats", "histogram", "scaling", "master_weights", "simulate", "microscaling", "quantized_training",
+              "collectives", "autocast", "training", "experiments", "figures", "device", "bench", "widgets",
+              "exercises", "models", "data")
 
 
 def __getattr__(name: str):

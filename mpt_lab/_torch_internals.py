@@ -28,6 +28,15 @@ name here (torch's name)                    what mpt_lab uses it for
 (``torch._subclasses.fake_tensor``)         run ops on fake CUDA tensors (shapes and dtypes, no data) to learn
                                             which dtype ``torch.autocast("cuda")`` gives each, on a machine
                                             without a GPU.
+``scaled_mm``                               :mod:`mpt_lab.quantized_training` (the ``fp8_current`` and
+(``torch._scaled_mm``)                      ``fp8_delayed`` runs of :mod:`mpt_lab.experiments.fp8_recipes` on a
+                                            GPU of compute capability ≥ 8.9): the FP8 tensor-core product
+                                            ``scaled_mm(a, b, scale_a=, scale_b=, out_dtype=)`` of a row-major
+                                            and a column-major float8 matrix (dimensions multiples of 16) with
+                                            FP32 decode scales, as torchao's ``Float8Linear`` calls it.  None
+                                            when this torch has no such op (the callers then emulate).  Its
+                                            CUDA path is tested by ``tests/test_fp8_recipes.py`` (skipped
+                                            without such a GPU).
 ``foreach_max``, ``foreach_mul_``           :mod:`mpt_lab.scaling` (the inf/NaN check and the unscaling of
 (``torch._foreach_max``,                    :class:`~mpt_lab.scaling.GradScaler`): one multi-tensor kernel per
 ``torch._foreach_mul_``)                    device, the operations ``torch.amp.GradScaler`` uses, so the results
@@ -68,7 +77,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 __all__ = ["TorchDispatchMode", "tree_flatten", "current_autograd_node", "FakeTensorMode", "foreach_max",
-           "foreach_mul_"]
+           "foreach_mul_", "scaled_mm"]
 
 #: ``current_autograd_node()`` is the autograd Node being executed by the engine in this thread, or None
 #: outside a backward pass.
@@ -79,3 +88,7 @@ foreach_max = torch._foreach_max
 
 #: ``foreach_mul_(tensors, scalar_tensor)``: multiplies every tensor in place (one kernel per device).
 foreach_mul_ = torch._foreach_mul_
+
+#: ``scaled_mm(a, b, scale_a=, scale_b=, out_dtype=)`` -> a @ b from float8 operands on FP8 tensor cores
+#: (CUDA, compute capability ≥ 8.9); None if this torch build has no ``torch._scaled_mm``.
+scaled_mm = getattr(torch, "_scaled_mm", None)

@@ -86,6 +86,8 @@ def test_chapter_pages_show_their_results(book):
     assert len(IMG.findall(ch8)) >= 2 and "float16" in ch8 and "DGL User Guide" in ch8
     ch9 = book.page("notebooks/09_across_processes.html")
     assert len(IMG.findall(ch9)) >= 3 and "FSDP2" in ch9 and "torchrun" in ch9
+    ch10 = book.page("notebooks/10_fp8_and_block_scaling.html")
+    assert len(IMG.findall(ch10)) >= 5 and "MXFP4" in ch10 and "No GPU result of <code>fp8_recipes</code>" in ch10
     bib = book.page("book/bibliography.html")
     assert "Micikevicius" in bib
 

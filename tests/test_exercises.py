@@ -455,3 +455,68 @@ def test_9_exercises_follow_the_summation_order(monkeypatch):
         calls.clear()
         assert E.check(k, E.solution(k)) and "ring_allreduce" in calls, k
 
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Chapter 10
+# ------------------------------------------------------------------------------------------------------------
+CH10 = ["10.1", "10.2"]
+
+
+def test_10_exercises_are_listed_with_prompt_hint_and_title():
+    assert E.list_exercises(10) == CH10
+    for k in CH10:
+        ex = E.EXERCISES[k]
+        assert ex.title and ex.hint and E.show(k).startswith(f"Exercise {k}: {ex.title}") and "Answer with" in ex.prompt
+
+
+@pytest.mark.parametrize("ex_id", CH10)
+@pytest.mark.parametrize("odd", ODD_ANSWERS, ids=lambda a: type(a).__name__)
+def test_10_wrong_types_fail_without_raising(ex_id, odd):
+    test_wrong_types_fail_without_raising(ex_id, odd)          # the checks of chapters 5–9, for chapter 10
+
+
+@pytest.mark.parametrize("ex_id", CH10)
+def test_10_hints_do_not_give_the_answer(ex_id):
+    sol = E.solution(ex_id)
+    leaks = [str(sol)] + ([str(list(sol))] + [f"{v:g}" for v in sol] if isinstance(sol, tuple) else [])
+    hint = E.EXERCISES[ex_id].hint
+    for leak in leaks:
+        if len(leak) > 1:                     # single digits occur in any text ("E4M3", "m = 0, 1, 2")
+            assert leak not in hint, (ex_id, leak)
+    assert f"margin {sol}" not in hint if ex_id == "10.2" else True
+
+
+def test_10_1_shared_exponents_come_from_quantize_mx(monkeypatch):
+    from mpt_lab import formats as F, microscaling
+
+    k8, k4, stored = E.solution("10.1")
+    assert (k8, k4) == (2 - F.FP8_E4M3.emax, 2 - F.FP4_E2M1.emax)      # amax 5.5 lies in [2^2, 2^3)
+    assert stored in F.values(F.FP4_E2M1) * 2.0 ** k4
+    assert not E.check("10.1", (k8 + 1, k4, stored))                     # ⌈log2 amax⌉ instead of ⌊⌋
+    assert not E.check("10.1", (2 - F.FP8_E5M2.emax, k4, stored))        # E5M2's emax
+    assert not E.check("10.1", (k8, k4, -3.2))                           # forgets to round
+    assert not E.check("10.1", (k8, k4, -4.0))                           # rounds the wrong way
+    assert not E.check("10.1", (float(k8), k4, stored))                  # the exponents are ints
+    calls = []
+    real = microscaling.quantize_mx
+    monkeypatch.setattr(microscaling, "quantize_mx", lambda *a, **k: calls.append(1) or real(*a, **k))
+    assert E.check("10.1", E.solution("10.1")) and calls
+
+
+def test_10_2_margin_comes_from_delayed_scaling(monkeypatch):
+    from mpt_lab import microscaling
+
+    m = E.solution("10.2")
+    assert m == 2
+    hist, spike = max(E._EX102_HISTORY), E._EX102_NEXT
+    assert spike * 448 / hist / 2 ** (m - 1) > 464 >= spike * 448 / hist / 2 ** m   # the smallest that fits
+    fb = E.check("10.2", m - 1)
+    assert not fb and "saturates" in fb.message
+    fb = E.check("10.2", m + 1)
+    assert not fb and "smaller" in fb.message
+    assert not E.check("10.2", -1) and not E.check("10.2", 2.0)
+    calls = []
+    real = microscaling.DelayedScaling
+    monkeypatch.setattr(microscaling, "DelayedScaling", lambda *a, **k: calls.append(1) or real(*a, **k))
+    assert E.check("10.2", m) and calls

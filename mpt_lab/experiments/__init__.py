@@ -17,6 +17,8 @@ dataclass, ``run(config) -> Result``, ``config_for(profile)`` and a CLI::
 * ``message_passing``: the DGL User Guide's float16 message-passing examples in PyG and PyTorch.
 * ``gat_amp``: the DGL User Guide's GAT in FP32, FP16 autocast + GradScaler, and BF16.
 * ``distributed``: DDP and FSDP2 under torchrun: reduction dtypes, compression hooks, sharded loss scaling.
+* ``fp8_recipes``: a small transformer and the digits MLP trained in FP32, BF16, FP16, FP8 (unscaled, current,
+  delayed), MXFP8/6/4, NVFP4 and BF16 weights with stochastic rounding.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from ._runner import (PROFILES, REGISTRY, Experiment, ExperimentConfig, Experime
 
 #: The experiments, in the order of the book's chapters.
 NAMES = ("ssd_histogram", "loss_scaling", "master_weights_stall", "amp_recipe", "memory_tradeoffs", "biglstm",
-         "ssd_table2", "message_passing", "gat_amp", "distributed")
+         "ssd_table2", "message_passing", "gat_amp", "distributed", "fp8_recipes")
 
 
 def get(name: str) -> Experiment:

@@ -8,6 +8,8 @@
 * :mod:`~mpt_lab.figures.graphs`: float16 message passing and the GAT (ch. 8);
 * :mod:`~mpt_lab.figures.distributed`: DDP and FSDP2 recipes, memory per rank, reduction error, overflow
   agreement across ranks (ch. 9);
+* :mod:`~mpt_lab.figures.fp8`: training in FP8, MX and NVFP4 recipes, per-layer underflow and SNR, delayed
+  scaling's amax history, error against block size (ch. 10);
 * :func:`show_saved`: a saved GPU ("full") or long CPU result of an experiment, or the command that makes it.
 
 Figures are :class:`~mpt_lab.figures._base.BookFigure` (matplotlib, no pyplot; shown once where returned) with
@@ -24,6 +26,8 @@ from ._base import FORMAT_COLORS, HTML, BookFigure, running_mean, table_html
 from .distributed import (memory_table, plot_flag_agreement, plot_memory_per_rank, plot_recipe_losses,
                           plot_reduction_error, reduction_table)
 from .formats import plot_accumulation, plot_fixed_vs_float, plot_format_ranges, plot_ulp
+from .fp8 import (block_scale_table, fp8_results_table, hardware_table, one_scale_table, plot_amax_history,
+                  plot_block_size_error, plot_fp8_training, plot_layer_quantization, plot_recipe_snr)
 from .gradients import (histogram_table, phases_table, plot_detection_samples, plot_gradient_histogram,
                         plot_kept_vs_scale, plot_training, sweep_table)
 from .graphs import (gat_budget_table, gat_memory_table, message_passing_table, plot_attention_overflow,
@@ -43,7 +47,9 @@ __all__ = ["show_saved", "BookFigure", "HTML", "table_html", "running_mean", "FO
            "gat_memory_table", "gat_budget_table",
            "message_passing_table",
            "plot_recipe_losses", "plot_memory_per_rank", "plot_reduction_error", "plot_flag_agreement", "memory_table",
-           "reduction_table"]
+           "reduction_table",
+           "plot_fp8_training", "fp8_results_table", "plot_layer_quantization", "plot_recipe_snr",
+           "plot_amax_history", "plot_block_size_error", "block_scale_table", "one_scale_table", "hardware_table"]
 
 #: What each saved profile is, in the words a reader needs.
 _PROFILE_WORDS = {"full": ("GPU", "On a machine with a CUDA GPU"),
