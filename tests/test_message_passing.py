@@ -113,6 +113,10 @@ def test_code_side_by_side_and_bad_input():
     assert "nodes.mailbox" in c["DGL"] and "def aggregate" in c["PyG"] and "mailbox(m, dst, n)" in c["PyTorch"]
     with pytest.raises(ValueError, match="example"):
         mp.code_side_by_side("u_add_v")
+    table = figures.code_table("UDF message+reduce", c)        # the code is shown escaped, one row per library
+    assert table.count("<tr>") == 1 + 3 and "{&#x27;m&#x27;: " in table and "{'m': " not in table
+    with pytest.raises(TypeError, match="codes"):
+        figures.code_table("x", ["def f(): pass"])
     with pytest.raises(TypeError, match="config"):
         mp.run(object())
     with pytest.raises(ValueError, match="dtype"):

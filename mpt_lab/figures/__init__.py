@@ -30,8 +30,8 @@ from .fp8 import (block_scale_table, fp8_results_table, hardware_table, one_scal
                   plot_block_size_error, plot_fp8_training, plot_layer_quantization, plot_recipe_snr)
 from .gradients import (histogram_table, phases_table, plot_detection_samples, plot_gradient_histogram,
                         plot_kept_vs_scale, plot_training, sweep_table)
-from .graphs import (gat_budget_table, gat_memory_table, message_passing_table, plot_attention_overflow,
-                     plot_gat_memory, plot_gat_memory_fit, plot_gat_training)
+from .graphs import (code_table, gat_budget_table, gat_memory_table, message_passing_table,
+                     plot_attention_overflow, plot_gat_memory, plot_gat_memory_fit, plot_gat_training)
 from .memory import breakdown_table, plot_tradeoffs, tradeoff_table, training_table
 from .scaling import divergence_table, plot_divergence, plot_scale_history, plot_shift_sweep
 from .training import autocast_table, plot_losses, speedup_table
@@ -45,7 +45,7 @@ __all__ = ["show_saved", "BookFigure", "HTML", "table_html", "running_mean", "FO
            "plot_tradeoffs", "tradeoff_table", "training_table", "breakdown_table",
            "plot_gat_training", "plot_gat_memory", "plot_attention_overflow", "plot_gat_memory_fit",
            "gat_memory_table", "gat_budget_table",
-           "message_passing_table",
+           "message_passing_table", "code_table",
            "plot_recipe_losses", "plot_memory_per_rank", "plot_reduction_error", "plot_flag_agreement", "memory_table",
            "reduction_table",
            "plot_fp8_training", "fp8_results_table", "plot_layer_quantization", "plot_recipe_snr",

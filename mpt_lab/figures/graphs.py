@@ -202,6 +202,23 @@ def message_passing_table(result):
                         f"{r['max_abs']:.2e}", f"{r['rel_norm']:.2e}", f"{r['max_ulp']:.2f}"] for r in result.rows])
 
 
+def code_table(example: str, codes: dict):
+    """The same computation written with each library, one row per library, as a syntax-plain HTML table.
+
+    ``example``: the example's name (the caption); ``codes``: {library: source code}, e.g. from
+    :func:`mpt_lab.experiments.message_passing.code_side_by_side`.  The code is HTML-escaped and kept in a
+    ``<pre>`` block that scrolls inside its cell, so a long line never makes the page scroll sideways.
+
+    Raises TypeError if ``codes`` is not a dict of strings.
+    """
+    if not isinstance(codes, dict) or not all(isinstance(v, str) for v in codes.values()):
+        raise TypeError(f"codes must be a dict {{library: source code}}, got {type(codes).__name__}")
+    pre = ('<pre style="text-align:left;margin:0;padding:4px;overflow-x:auto;max-width:80ch;'
+           'font-size:85%">{}</pre>')
+    return table_html(["library", "code"], [[html.escape(lib), pre.format(html.escape(code))]
+                                            for lib, code in codes.items()], caption=example)
+
+
 def plot_gat_memory_fit(result, *, title: str | None = None) -> Figure:
     """The GAT's FP32 step peak against edges × heads, measured on graphs of several sizes, with the fitted line
     bytes ≈ a·E·H + b·N·H + c: the slope a is what PyG keeps per edge and head.
