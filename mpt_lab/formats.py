@@ -21,7 +21,7 @@ name           bits  exp.  mant.  source
 =============  ====  ====  =====  ======================================================================
 
 Functions work on Python floats, NumPy arrays (float16/32/64 and the ml_dtypes types) and torch tensors
-(any floating dtype, on the tensor's own device, with torch ops only: no per-element Python):
+(any floating dtype, on the tensor's own device; no per-element Python):
 
 * :func:`round_to` rounds values to a format and returns them in the input's type;
 * :func:`encode` / :func:`decode` convert between values and integer bit patterns (codes);
@@ -29,11 +29,23 @@ Functions work on Python floats, NumPy arrays (float16/32/64 and the ml_dtypes t
 * :func:`values` lists every finite value of a small format; :func:`ulp` gives the unit in the last place.
 
 Rounding (IEEE 754-2019 §4.3): ``"nearest_even"`` (roundTiesToEven, the default), ``"toward_zero"``
-(roundTowardZero) and ``"stochastic"`` (round up with probability equal to the discarded fraction of an ulp).
+(roundTowardZero) and ``"stochastic"`` (round up with probability equal to the discarded fraction of an ulp:
+uniform random bits are added below the format's last mantissa bit and the sum truncated, on the integer
+encoding, so the result is always one of the two neighbours and E[round_to(x)] = x exactly, subnormals and
+overflow included).
 Overflow without ``saturate`` follows the format, as ml_dtypes' casts do: infinity where the format has one,
 NaN where it has NaN but no infinity (E4M3, E8M0), ±max where it has neither (FP6, FP4).  With
 ``saturate=True`` finite and infinite values beyond ±max become ±max (OCP OFP8 §5, saturating conversion).
 Python ints and Fractions are rounded exactly, once, with integer arithmetic (never through float64 first).
+
+Speed: every rounding is exact, and each call takes the fastest exact path for its input.  A native cast
+where it is exactly the requested rounding (round-to-nearest-even of float32 values: torch's conversions to
+float16, bfloat16 and float8_e5m2 for tensors, with a clamp for ``saturate``; ml_dtypes' bfloat16 for NumPy
+arrays), checked bit for bit against the bit path on a probe the first time it is used; otherwise bit
+manipulation on the float32/float64 encoding, in cache-sized blocks of NumPy ufuncs for arrays and CPU tensors
+and in torch ops on other devices.  On 10⁷ values, one CPU thread, round_to takes about the time of the cast it
+reproduces, and stochastic rounding at most about three times that (``benchmarks/round_to_speed.py``, whose
+table is ``book/results/round_to_speed_cpu.json``).  ``MPT_LAB_FAST_ROUND=0`` turns native casts off.
 
 Inside a :class:`mpt_lab.simulate.simulate` block, which rounds the results of torch ops, the functions here
 still compute exactly: they run under :func:`exact_arithmetic`, a marker that such modes honour.  This
@@ -46,6 +58,8 @@ import contextvars
 import functools
 import math
 import numbers
+import os
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -482,38 +496,17 @@ def _rational_work(x, fmt: FloatFormat, rounding: str, generator) -> np.ndarray:
     return np.asarray([v], dtype=np.float64)
 
 
-# ---- small backend shims: the algorithms below are written once for NumPy and torch ----
-_INT_OF = {np.dtype(np.float32): np.dtype(np.uint32), np.dtype(np.float64): np.dtype(np.uint64)}
+# ---- working types: IEEE binary32 and binary64 arrays (NumPy) or tensors (torch) ----
 _MANT_OF = {32: 23, 64: 52}
 _BIAS_OF = {32: 127, 64: 1023}
 _MAX_OF = {32: float(np.finfo(np.float32).max), 64: float(np.finfo(np.float64).max)}
+_NP_INT = {32: np.dtype(np.int32), 64: np.dtype(np.int64)}
+_NP_FLOAT = {32: np.dtype(np.float32), 64: np.dtype(np.float64)}
+_INT64_MIN = -(1 << 63)
 
 
 def _nbits(a) -> int:
     return a.element_size() * 8 if _is_tensor(a) else a.dtype.itemsize * 8
-
-
-def _as_int(xf):
-    """Bit pattern view: uint32/uint64 for NumPy, int32/int64 for torch (torch has few unsigned ops)."""
-    if _is_tensor(xf):
-        return xf.view(torch.int32 if xf.dtype == torch.float32 else torch.int64)
-    return xf.view(_INT_OF[xf.dtype])
-
-
-def _as_float(a):
-    if _is_tensor(a):
-        return a.view(torch.float32 if a.dtype == torch.int32 else torch.float64)
-    return a.view(np.float32 if a.dtype == np.uint32 else np.float64)
-
-
-def _sign_mask(nbits: int, tensor: bool) -> int:
-    return -(1 << (nbits - 1)) if tensor else (1 << (nbits - 1))
-
-
-def _clip_(a, lo, hi):
-    if _is_tensor(a):
-        return a.clamp_(lo, hi)
-    return np.clip(a, lo, hi, out=a)
 
 
 def _put_(a, mask, value):
@@ -525,14 +518,6 @@ def _put_(a, mask, value):
     return a
 
 
-def _put_from_(a, mask, b):
-    if _is_tensor(a):
-        a.copy_(torch.where(mask, b, a))
-    else:
-        np.copyto(a, b, where=mask)
-    return a
-
-
 def _any(mask) -> bool:
     return bool(mask.any())
 
@@ -541,22 +526,12 @@ def _isnan(a):
     return torch.isnan(a) if _is_tensor(a) else np.isnan(a)
 
 
-def _isfinite(a):
-    return torch.isfinite(a) if _is_tensor(a) else np.isfinite(a)
-
-
-def _uniform(ref, generator, shape_like):
-    """Uniform [0, 1) float64 samples shaped like ``shape_like``, on its device."""
-    if _is_tensor(ref):
-        return torch.rand(shape_like.shape, generator=generator, dtype=torch.float64, device=shape_like.device)
-    return generator.random(shape_like.shape)
-
-
-def _randbits(ref, generator, nbits_drop: int, like):
-    """Uniform integers in [0, 2**nbits_drop) with ``like``'s int dtype, shape and device."""
-    if _is_tensor(ref):
-        return torch.randint(0, 1 << nbits_drop, like.shape, generator=generator, dtype=like.dtype, device=like.device)
-    return generator.integers(0, 1 << nbits_drop, size=like.shape, dtype=like.dtype)
+def _has_nan(xf) -> bool:
+    """Whether a float array or tensor holds a NaN (one NaN-propagating max, not a boolean array)."""
+    if _is_tensor(xf):
+        return xf.numel() > 0 and bool(torch.isnan(xf.max()))
+    with np.errstate(invalid="ignore"):
+        return xf.size > 0 and bool(np.isnan(xf.max()))
 
 
 def _make_generator(generator, tensor_like):
@@ -580,8 +555,21 @@ def _make_generator(generator, tensor_like):
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Rounding
+# Rounding: which path
 # ----------------------------------------------------------------------------------------------------------
+# round_to, encode and mpt_lab.simulate all round through _round_work, which takes one of these exact paths:
+#
+# * "identity": every value of the working type is a value of fmt (FP32 or FP64 from float32);
+# * "wide": fmt does not fit the float32 working type's algorithms: work in float64;
+# * native cast (``_round_native``): float32 input, nearest-even, where a library's conversion is exactly that
+#   rounding and the faster path (``_NATIVE_CASTS``, ``_NATIVE_ON_CPU``): torch's to float16 / bfloat16 /
+#   float8_e5m2 and back for tensors (float8_e4m3fn with saturation, off the CPU), ml_dtypes' bfloat16 for
+#   NumPy arrays; each is checked bit for bit against the bit path on a probe the first time it is considered;
+# * the bit path (``_round_bits``) otherwise: integer and exactly rounded float operations on the IEEE
+#   encoding, written once against a small backend (NumPy ufuncs for arrays and for the memory of CPU
+#   tensors, in cache-sized blocks; torch ops on other devices), with a kernel per rounding for "add"
+#   formats (per-element exponent: FP16, FP8, FP6, FP4, E8M0, and every format from float64) and one for
+#   "int" formats (the working type's exponent field: BF16 and TF32 from float32).
 def _contains(fmt: FloatFormat, nbits: int) -> bool:
     """Whether every value of the IEEE binary{nbits} working type is a value of fmt (no rounding needed)."""
     m_in, b_in = _MANT_OF[nbits], _BIAS_OF[nbits]
@@ -589,8 +577,9 @@ def _contains(fmt: FloatFormat, nbits: int) -> bool:
             and fmt.emin - fmt.mantissa_bits <= 1 - b_in - m_in and fmt.emax >= b_in)
 
 
+@functools.lru_cache(maxsize=None)
 def _path(fmt: FloatFormat, nbits: int) -> str:
-    """Which exact algorithm rounds a binary{nbits} working array to fmt: identity, 'add' or 'int'."""
+    """Which exact algorithm rounds a binary{nbits} working array to fmt: identity, 'add', 'int' or 'wide'."""
     if _contains(fmt, nbits):
         return "identity"
     m_in, b_in = _MANT_OF[nbits], _BIAS_OF[nbits]
@@ -601,141 +590,680 @@ def _path(fmt: FloatFormat, nbits: int) -> str:
     emin_b, emax_b = fmt.emin + b_in, fmt.emax + b_in
     if emin_b - m >= 1 and emax_b + 1 + (m_in - m) <= (1 << ebits_in) - 2:
         return "add"
-    if fmt.exponent_bits == ebits_in and fmt.bias == b_in and fmt.subnormals and fmt.signed:
+    if (fmt.exponent_bits == ebits_in and fmt.bias == b_in and fmt.subnormals and fmt.signed
+            and fmt.infinities):
         return "int"
     return "wide"
 
 
-def _round_abs(ax, a, fmt: FloatFormat, rounding: str, gen, ref):
-    """Round the magnitudes ``ax`` (float view of the integer bits ``a``, sign cleared) to fmt, ignoring range.
+class _Plan:
+    """Constants of the bit path for one format, working type (32 or 64 bits), rounding and saturation.
 
-    Returns a new float array of rounded magnitudes; values beyond fmt's range are left for the caller.
-    Exact: every step is an exactly rounded IEEE operation or integer bit manipulation.
+    Integer constants are the signed values of the working type's bit patterns (int32/int64, as both
+    backends compute), e.g. ``SIGN = -2**31``.
     """
-    nbits = _nbits(ax)
-    m_in, b_in = _MANT_OF[nbits], _BIAS_OF[nbits]
-    m = fmt.mantissa_bits
-    path = _path(fmt, nbits)
-    if path == "add":
-        # Per element, C = 2^(e + m_in - m) where e is the exponent of |x| clamped to fmt's [emin, emax+1].
-        # |x| + C lies in C's binade, whose spacing 2^(e - m) is fmt's spacing at |x|: the hardware's
-        # round-to-nearest-even of |x| + C, minus C (exact, Sterbenz), is |x| rounded to fmt.  Below emin
-        # the clamp makes the spacing fmt's subnormal quantum 2^(emin - m), so subnormals come out right.
-        expo = a >> m_in
-        _clip_(expo, fmt.emin + b_in, fmt.emax + 1 + b_in)
-        if rounding != "nearest_even":
-            q = _as_float((expo - m) << m_in)  # spacing 2^(e - m) as a float
-        expo += m_in - m
-        expo <<= m_in
-        c = _as_float(expo)
-        y = ax + c
-        y -= c
-        if rounding == "nearest_even":
-            return y
-        # toward zero: step back one spacing where nearest rounded up (also across a binade boundary)
-        up = y > ax
-        y = _sub_where(y, q, up)
-        if rounding == "toward_zero":
-            return y
-        # stochastic: round up with probability (|x| - trunc(|x|)) / spacing
-        frac = _to64(ax - y) / _to64(q)
-        u = _uniform(ref, gen, frac)
-        y = _add_where(y, q, u < frac)
-        return y
-    if path == "int":
-        # Same exponent field as the working type (BF16, TF32 from FP32): drop s = m_in - m mantissa bits of
-        # the bit pattern; a carry out of the mantissa correctly increments the exponent.
-        s = m_in - m
-        low = (1 << s) - 1
-        if rounding == "nearest_even":
-            r = a + ((1 << (s - 1)) - 1)
-            r += (a >> s) & 1
+
+    def __init__(self, fmt: FloatFormat, nbits: int, rounding: str, saturate: bool):
+        m_in, b_in, m = _MANT_OF[nbits], _BIAS_OF[nbits], fmt.mantissa_bits
+        half = 1 << (nbits - 1)
+        emin_b, emax_b = fmt.emin + b_in, fmt.emax + b_in
+        self.fmt, self.nbits, self.m_in, self.rounding = fmt, nbits, m_in, rounding
+        self.kind = _path(fmt, nbits)
+        self.k0 = m_in - m  # mantissa bits dropped in fmt's normal range
+        self.ABS, self.SIGN = half - 1, -half
+        self.INF = ((1 << (nbits - 1 - m_in)) - 1) << m_in  # +inf, and the exponent field's mask
+        self.max = fmt.max
+        # |x| above max (bits) is the only way to overflow: the overflow step is skipped in blocks without it
+        self.max_bits = int(np.array(min(fmt.max, _MAX_OF[nbits]), _NP_FLOAT[nbits]).view(_NP_INT[nbits]))
+        # "add", nearest-even: C = 2^(e + k0) from x's exponent field clamped to fmt's [emin, emax + 1]
+        self.c_lo, self.c_hi, self.c_off = emin_b << m_in, (emax_b + 1) << m_in, self.k0 << m_in
+        # "add", stochastic / toward zero: kc − E bits (at least k0) are dropped where the biased exponent field
+        # is E.  A block holding some 0 < |x| < s (fmt's smallest subnormal, exponent field emin_b − m; ``deep``
+        # on the wrapped magnitude bits of _kernel_add_truncate) takes the fixed-point form, which drops up to
+        # kmax bits; beyond (exponent fields below kc − kmax, ``ultra``) sig's top bits meet the random ones
+        self.kc = emin_b + self.k0
+        self.kmax = nbits - 2
+        self.deep = self.SIGN + ((emin_b - m) << m_in) - 1 if self.kind == "add" else None
+        self.ultra = self.SIGN + ((self.kc - self.kmax) << m_in) - 1 if self.kc - self.kmax >= 1 else self.SIGN
+        self.smallest = fmt.smallest_subnormal if fmt.subnormals else fmt.smallest_normal
+        # "int": drop k0 low bits of the pattern
+        self.low, self.half_low = (1 << self.k0) - 1, (1 << (self.k0 - 1)) - 1
+        self.lane_bits = 16 if (self.kind == "int" and self.k0 <= 16) else nbits
+        # overflow: what a result beyond ±max becomes
+        big_exp = 1 << (nbits - 1 - m_in - 1)  # 128 or 1024: 2^big_exp overflows the working type
+        if saturate or fmt.nan == "none":
+            self.overflow = "clip"  # ±max
+        elif self.kind == "int":
+            # a carry into the all-ones exponent field is the working type's infinity, which fmt has; toward
+            # zero never goes beyond max
+            self.overflow = None
         elif rounding == "toward_zero":
-            r = a.clone() if _is_tensor(a) else a.copy()
+            self.overflow = "clip"  # finite overflow gives ±max (IEEE 754 §7.4); infinities are put back after
+        elif fmt.infinities and 0 <= fmt.emax:
+            self.overflow, self.scale = "inf", math.ldexp(1.0, big_exp - fmt.emax - 1)
+        elif not fmt.infinities and fmt.emax - m >= 1:
+            # results beyond max are ≥ top = max + 2^(emax − m): (|y| − max)⁺ · 2^j is 0 or inf; inf − inf NaN
+            self.overflow, self.scale = "nan", math.ldexp(1.0, big_exp - (fmt.emax - m))
         else:
-            r = a + _randbits(ref, gen, s, a)
-        r &= ~low if _is_tensor(r) else r.dtype.type(~low & ((1 << nbits) - 1))
-        y = _as_float(r)
-        nan = _isnan(ax)
-        if _any(nan):
-            _put_(y, nan, float("nan"))
+            self.overflow = "mask"
+        self.fill = (math.inf if fmt.infinities else math.nan if fmt.nan != "none" else fmt.max)
+        self.top = fmt.max + math.ldexp(1.0, fmt.emax - m)  # the first value beyond max on fmt's grid
+        self.restore_inf = self.overflow == "clip" and rounding == "toward_zero" and not saturate \
+            and self.fill != fmt.max
+
+
+@functools.lru_cache(maxsize=None)
+def _plan(fmt: FloatFormat, nbits: int, rounding: str, saturate: bool) -> _Plan:
+    return _Plan(fmt, nbits, rounding, saturate)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The bit path: backends
+# ----------------------------------------------------------------------------------------------------------
+try:  # the ufunc behind np.clip, without np.clip's per-call checks (≈ 20 µs, and slower on int arrays)
+    from numpy._core.umath import clip as _np_clip
+except ImportError:  # pragma: no cover - another NumPy layout
+    _np_clip = np.clip
+
+
+class _Ops:
+    """What the bit path's two backends share."""
+
+    @staticmethod
+    def amin(a) -> int:
+        return int(a.min())
+
+    @staticmethod
+    def amax(a) -> int:
+        return int(a.max())
+
+    @classmethod
+    def tofloat(cls, a, out):
+        """out = float(a), exactly, for integers 0 ≤ a ≤ 2^m_in (a is overwritten): the float whose pattern
+        is that of 2^m_in plus a, minus 2^m_in."""
+        nbits = _nbits(out)
+        m_in = _MANT_OF[nbits]
+        cls.add(a, (_BIAS_OF[nbits] + m_in) << m_in, out=a)
+        return cls.sub(cls.floats(a), float(1 << m_in), out=out)
+
+
+class _NumpyOps(_Ops):
+    """The bit path's operations on NumPy arrays; CPU tensors lend it their memory (``Tensor.numpy()``)."""
+
+    band, shr, shl = np.bitwise_and, np.right_shift, np.left_shift
+    add, sub, mul, copysign, absolute = np.add, np.subtract, np.multiply, np.copysign, np.absolute
+
+    @staticmethod
+    def rsub(c, a, out):
+        return np.subtract(c, a, out=out)
+
+    @staticmethod
+    def ushr(lanes, s, out):
+        """Logical right shift of random lanes (unsigned views) by s (an int array of the lanes' width)."""
+        return np.right_shift(lanes, s.view(lanes.dtype), out=out)
+
+    @staticmethod
+    def uadd(u, lanes, out):
+        """u + lanes (unsigned lane values below 2^(nbits−1), or uint16)."""
+        return np.add(u, lanes if lanes.dtype.itemsize == 2 else lanes.view(u.dtype), out=out)
+
+    @staticmethod
+    def clip(a, lo, hi, out):
+        return _np_clip(a, lo, hi, out=out)
+
+    @staticmethod
+    def ints(a):
+        return a.view(_NP_INT[a.dtype.itemsize * 8])
+
+    @staticmethod
+    def floats(a):
+        return a.view(_NP_FLOAT[a.dtype.itemsize * 8])
+
+    @staticmethod
+    def empty(n, nbits, like):
+        return np.empty(n, _NP_INT[nbits])
+
+    @staticmethod
+    def host(a) -> np.ndarray:
+        return a
+
+    @staticmethod
+    def put(a, idx, values) -> None:
+        a[idx] = values
+
+    @staticmethod
+    def take(a, idx) -> np.ndarray:
+        return a[idx]
+
+    @staticmethod
+    def nonzero(mask) -> np.ndarray:
+        return np.flatnonzero(mask)
+
+
+class _TorchOps(_Ops):
+    """The same operations with torch ops, for tensors on other devices (CUDA): one block, no chunks.  The
+    elementwise ones are torch's functions themselves (set below, when torch is there)."""
+
+    @staticmethod
+    def rsub(c, a, out):
+        torch.neg(a, out=out)
+        return out.add_(c)
+
+    @staticmethod
+    def ushr(lanes, s, out):
+        torch.bitwise_right_shift(lanes, s, out=out)  # arithmetic: clear the copies of the sign bit
+        keep = torch.bitwise_left_shift(torch.ones_like(s), lanes.element_size() * 8 - s).sub_(1)
+        return out.bitwise_and_(keep)
+
+    @staticmethod
+    def uadd(u, lanes, out):
+        if lanes.dtype == torch.int16:  # the unsigned value of a 16-bit lane
+            lanes = lanes.to(u.dtype).bitwise_and_(0xFFFF)
+        return torch.add(u, lanes, out=out)
+
+    @staticmethod
+    def ints(a):
+        return a.view(torch.int32 if a.element_size() == 4 else torch.int64)
+
+    @staticmethod
+    def floats(a):
+        return a.view(torch.float32 if a.element_size() == 4 else torch.float64)
+
+    @staticmethod
+    def empty(n, nbits, like):
+        return torch.empty(n, dtype=torch.int32 if nbits == 32 else torch.int64, device=like.device)
+
+    @staticmethod
+    def host(a) -> np.ndarray:
+        return a.cpu().numpy()
+
+    @staticmethod
+    def put(a, idx, values) -> None:
+        a[torch.as_tensor(idx, device=a.device)] = torch.as_tensor(values, dtype=a.dtype, device=a.device)
+
+    @staticmethod
+    def take(a, idx) -> np.ndarray:
+        return a[torch.as_tensor(idx, device=a.device)].cpu().numpy()
+
+    @staticmethod
+    def nonzero(mask) -> np.ndarray:
+        return torch.nonzero(mask).reshape(-1).cpu().numpy()
+
+
+if torch is not None:
+    for _name, _fn in (("band", torch.bitwise_and), ("shr", torch.bitwise_right_shift),
+                       ("shl", torch.bitwise_left_shift), ("add", torch.add), ("sub", torch.sub), ("mul", torch.mul),
+                       ("copysign", torch.copysign), ("absolute", torch.abs), ("clip", torch.clamp)):
+        setattr(_TorchOps, _name, staticmethod(_fn))
+
+
+_CHUNK = 1 << 16  # values per block on the CPU: the block's scratch arrays stay in the core's cache
+
+
+def _numpy_backend(t) -> bool:
+    """Whether the bit path may run on a tensor's memory with NumPy: a plain, dense CPU tensor."""
+    return type(t) is torch.Tensor and t.device.type == "cpu" and t.layout == torch.strided
+
+
+class _RandomBits:
+    """Uniform random bits for stochastic rounding, block by block, from the caller's generator.
+
+    A ``numpy.random.Generator`` gives 64-bit words with ``integers`` (full range); a ``torch.Generator`` (or
+    torch's default one, ``None``) with ``Tensor.random_`` (full 64-bit range) on the tensor's device.  Each
+    value has a lane of the words (32 bits for float32, 64 for float64, 16 for BF16/TF32 from float32), drawn
+    in order, a whole number of words per block: a result depends only on the input and the generator's
+    state, not on the block size or the backend.  (Values far below the format's range draw further words,
+    with probability ≈ 2^-30 each, after their block's lanes.)
+    """
+
+    def __init__(self, gen, xf, host: bool):
+        self.gen, self.torch = gen, _is_tensor(xf)
+        self.device, self.host = (xf.device if self.torch else None), host
+        self._buf = None
+
+    def words(self, w: int):
+        """w uniform int64 words (NumPy for the NumPy backend, else a tensor on the device)."""
+        if not self.torch:
+            return self.gen.integers(_INT64_MIN, -_INT64_MIN - 1, size=w, dtype=np.int64, endpoint=True)
+        if self._buf is None or self._buf.numel() < w:
+            self._buf = torch.empty(w, dtype=torch.int64, device=self.device)
+        t = self._buf[:w].random_(_INT64_MIN, None, generator=self.gen)
+        return t.numpy() if self.host else t
+
+    def lanes(self, n: int, bits: int):
+        """n uniform random lanes of ``bits`` bits (16, 32 or 64): a uint16/32/64 view for the NumPy backend,
+        the int16/32/64 view holding the same bits for torch (which has few unsigned ops)."""
+        w = self.words(-(-n * bits // 64))
+        if _is_tensor(w):
+            return w.view({16: torch.int16, 32: torch.int32, 64: torch.int64}[bits])[:n]
+        return w.view({16: np.uint16, 32: np.uint32, 64: np.uint64}[bits])[:n]
+
+    def bits63(self, n: int) -> np.ndarray:
+        """n uniform integers in [0, 2^63) on the host (for the few values below a format's range)."""
+        w = self.words(n)
+        w = w.cpu().numpy() if _is_tensor(w) else w
+        return w & ((1 << 63) - 1)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The bit path: kernels (one block; x and y are float arrays of the working type, S holds scratch arrays)
+# ----------------------------------------------------------------------------------------------------------
+def _kernel_add_nearest(B, P: _Plan, x, y, S, rand) -> None:
+    """Round to nearest even: |x| + C − C with C = 2^(e + k0), e = x's exponent clamped to fmt's range.
+
+    |x| + C lies in C's binade, whose spacing 2^(e − m) is fmt's spacing at |x|: the hardware's exactly
+    rounded addition rounds |x| to fmt, and subtracting C is exact (Sterbenz).  Below emin the clamp makes the
+    spacing fmt's subnormal quantum, so subnormals and underflow come out right; NaN and inf pass through.
+    """
+    u, a, c = B.ints(x), S.A, S.C
+    B.band(u, P.ABS, out=a)
+    B.band(u, P.INF, out=c)
+    B.clip(c, P.c_lo, P.c_hi, out=c)
+    B.add(c, P.c_off, out=c)
+    over = B.amax(a) > P.max_bits
+    cf = B.floats(c)
+    B.add(B.floats(a), cf, out=y)
+    B.sub(y, cf, out=y)
+    if over:
+        _overflow(B, P, y, B.floats(a), signed=False)
+    B.copysign(y, x, out=y)
+
+
+def _kernel_add_truncate(B, P: _Plan, x, y, S, rand) -> None:
+    """Stochastic rounding (``rand`` given) or rounding toward zero (``rand`` None) on the integer encoding.
+
+    Per element, k = the bits of x's significand below fmt's last mantissa bit at x's place: k0 in fmt's
+    normal range, more for its subnormals and below.  Stochastic: add k uniform random bits (the top k of
+    the value's random lane), then clear the low k bits; the carry out of them happens with probability
+    (discarded part) / spacing, so the result is the upper neighbour with exactly that probability, else the
+    lower one, and a carry out of the mantissa moves to the next binade.  Toward zero: clear the low k bits.
+
+    Two forms give the same bits: on the IEEE pattern itself while every nonzero |x| of the block is at
+    least fmt's smallest subnormal s (k ≤ m_in, the exponent field is untouched); else on the integer
+    significand sig (|x| = sig · 2^unit), the result rebuilt as a float from its count of quanta, which also
+    handles 0 < |x| < s: up to kmax = nbits − 2 bits directly, beyond that sig's top bits meet the lane's
+    kmax random bits and the rare ties are finished apart (:func:`_finish_ties`), as are NaNs
+    (:func:`_finish_special`).
+    """
+    u, r, a, k = B.ints(x), B.ints(y), S.A, S.K
+    B.band(u, P.ABS, out=a)
+    B.shr(a, P.m_in, out=k)  # biased exponent field E
+    hi = B.amax(a)
+    special, over = hi >= P.INF, hi > P.max_bits  # inf or NaN; |x| > max
+    B.add(a, P.ABS, out=a)  # wraps: 0 → ABS, a ≥ 1 → SIGN + a − 1, so one min finds the smallest nonzero |x|
+    lo = B.amin(a)
+    rb = rand.lanes(k.shape[0], P.nbits) if rand is not None else None
+    if lo >= P.deep:  # the pattern form
+        B.rsub(P.kc, k, out=k)
+        B.clip(k, P.k0, P.m_in, out=k)
+        if rb is not None:
+            B.rsub(P.nbits, k, out=a)
+            B.ushr(rb, a, out=rb)  # the lane's top k bits: uniform on [0, 2^k)
+            B.uadd(u, rb, out=r)
+            B.shr(r, k, out=r)
+        else:
+            B.shr(u, k, out=r)
+        B.shl(r, k, out=r)
+    else:  # the fixed-point form
+        e, sig, d = S.C, S.D, S.F
+        B.clip(k, 1, P.ABS, out=e)  # E' = max(E, 1): |x| = sig · 2^(E' − bias − m_in)
+        B.shl(e, P.m_in, out=sig)
+        B.sub(a, sig, out=sig)
+        B.add(sig, (1 << P.m_in) - P.ABS, out=sig)  # a − (E' − 1) · 2^m_in, from the wrapped a
+        B.rsub(P.kc, e, out=k)  # the bits dropped: kc − E'
+        ultra = lo < P.ultra  # more than kmax: sig's top bits only meet the random lane's kmax
+        if ultra:
+            B.sub(k, P.kmax, out=d)
+            B.clip(d, 0, P.nbits - 1, out=d)
+            B.shr(sig, d, out=sig)
+        B.clip(k, P.k0, P.kmax, out=k)
+        if rb is not None:
+            B.rsub(P.nbits, k, out=a)
+            B.ushr(rb, a, out=rb)
+            B.uadd(sig, rb, out=sig)
+            # (sig >> d) + R = 2^kmax − 1: whether sig's dropped low bits carry decides (probability 2^-kmax)
+            ties = B.nonzero(sig == (1 << P.kmax) - 1) if ultra else None
+        B.shr(sig, k, out=sig)  # the count of quanta 2^(k + d + unit)
+        if ultra:
+            B.add(k, d, out=k)
+        B.add(k, e, out=e)
+        B.shl(e, P.m_in, out=e)
+        B.sub(e, P.m_in << P.m_in, out=e)  # the quantum as a float: exponent field k + d + E' − m_in ≥ 1
+        B.tofloat(sig, out=y)
+        B.mul(y, B.floats(e), out=y)
+        B.copysign(y, x, out=y)
+        if rb is not None and ultra and ties.size:
+            _finish_ties(B, P, x, y, ties, rand)
+    if over:
+        _overflow(B, P, y, B.floats(a), signed=True)
+    if special:
+        _finish_special(B, P, x, y)
+
+
+def _kernel_int(B, P: _Plan, x, y, S, rand) -> None:
+    """Formats with the working type's exponent field (BF16, TF32 from float32): drop k0 low bits of the
+    pattern, rounding to nearest even (add 2^(k0−1) − 1 plus the last kept bit), stochastically (add k0
+    random bits) or toward zero; a carry out of the mantissa increments the exponent, up to infinity."""
+    u, r = B.ints(x), B.ints(y)
+    if P.rounding == "nearest_even":
+        c = S.C
+        B.shr(u, P.k0, out=c)
+        B.band(c, 1, out=c)
+        B.add(u, c, out=r)
+        B.add(r, P.half_low, out=r)
+    elif P.rounding == "stochastic":
+        rb = rand.lanes(u.shape[0], P.lane_bits)
+        if P.k0 < P.lane_bits:
+            B.band(rb, P.low, out=rb)
+        B.uadd(u, rb, out=r)
+    if P.rounding == "toward_zero":
+        B.band(u, ~P.low, out=r)
+    else:
+        B.band(r, ~P.low, out=r)
+    if P.overflow == "clip":
+        B.clip(y, -P.max, P.max, out=y)
+    if _has_nan(x):
+        _finish_special(B, P, x, y)
+
+
+def _overflow(B, P: _Plan, y, tmp, signed: bool) -> None:
+    """Results beyond ±max (they are ≥ fmt's ``top``, or ±inf) become the format's overflow value."""
+    if P.overflow == "clip":
+        B.clip(y, -P.max if signed else 0.0, P.max, out=y)
+    elif P.overflow == "inf":  # y · 2^s overflows to inf exactly when |y| ≥ 2^(emax+1); finite y scale exactly
+        B.mul(y, P.scale, out=y)
+        B.mul(y, 1.0 / P.scale, out=y)
+    elif P.overflow == "nan":
+        src = y
+        if signed:
+            B.absolute(y, out=tmp)
+            src = tmp
+        B.sub(src, P.max, out=tmp)
+        B.clip(tmp, 0.0, math.inf, out=tmp)
+        B.mul(tmp, P.scale, out=tmp)  # 0, or inf where |y| > max
+        B.sub(tmp, tmp, out=tmp)  # 0, or NaN
+        B.sub(y, tmp, out=y)  # y − 0 keeps the sign of zero
+    elif P.overflow == "mask":
+        h = B.host(y)
+        with np.errstate(invalid="ignore"):
+            idx = np.flatnonzero(np.abs(h) >= P.top)
+        if idx.size:
+            B.put(y, idx, np.copysign(P.fill, h[idx]))
+
+
+def _finish_special(B, P: _Plan, x, y) -> None:
+    """NaN stays NaN; toward zero, ±inf becomes the format's overflow value (inf, or NaN for E4M3/E8M0)."""
+    hx = B.host(x)
+    with np.errstate(invalid="ignore"):
+        idx = np.flatnonzero(np.isnan(hx) | (np.isinf(hx) if P.restore_inf else False))
+    if idx.size:
+        v = hx[idx]
+        B.put(y, idx, np.where(np.isnan(v), v, np.copysign(P.fill, v)))
+
+
+def _finish_ties(B, P: _Plan, x, y, idx, rand) -> None:
+    """Stochastic rounding where 0 < |x| < s (fmt's smallest subnormal) needs more than kmax random bits and
+    the top ones tied: the values at ``idx`` (a superset) get ±s with probability |x|/s exactly.
+
+    |x| = sig · 2^unit, |x| / s = sig / 2^j with j = kmax + d.  The block added the value's kmax random bits
+    R to sig >> d; with R + (sig >> d) = 2^kmax − 1 the result is s exactly when the d low bits of sig plus d
+    further random bits carry, with probability (sig mod 2^d) / 2^d (:func:`_bernoulli_dyadic`).
+    """
+    v = B.take(x, idx)
+    a = v.view(_NP_INT[P.nbits]).astype(np.int64) & P.ABS
+    e = a >> P.m_in
+    sig = np.where(e > 0, (a & ((1 << P.m_in) - 1)) | (1 << P.m_in), a)
+    d = int(math.log2(P.smallest)) - (np.maximum(e, 1) - _BIAS_OF[P.nbits] - P.m_in) - P.kmax
+    tie = np.flatnonzero((d > 0) & (a > 0) & (a < P.INF))
+    if tie.size:
+        low = sig[tie] & ((1 << np.minimum(d[tie], 62)) - 1)
+        up = tie[_bernoulli_dyadic(low, d[tie], rand)]
+        B.put(y, idx[up], np.copysign(P.smallest, v[up]))
+
+
+def _bernoulli_dyadic(num: np.ndarray, k: np.ndarray, rand: _RandomBits) -> np.ndarray:
+    """Booleans that are True with probability exactly num / 2^k (int64 arrays, 0 ≤ num < 2^k, k ≥ 1).
+
+    True when R' < num for R' uniform on [0, 2^k), R' being the complement of drawn bits (all-zero draws
+    give False, all-one draws True, as truncation and rounding away from zero).  The first 63-bit word gives
+    R''s low min(k, 63) bits; for k > 63 (num < 2^53 < 2^63) R' < num also needs R''s other k − 63 bits to be
+    zero, checked with further words only for the values still in the running (probability ≤ 2^-10 each).
+    """
+    ones = (1 << 63) - 1
+    first = np.minimum(k, 63)
+    up = ((ones - rand.bits63(num.size)) >> (63 - first)) < num
+    rest = k - first
+    pending = np.flatnonzero(up & (rest > 0))
+    while pending.size:
+        t = np.minimum(rest[pending], 63)
+        up[pending] = ((ones - rand.bits63(pending.size)) >> (63 - t)) == 0
+        rest[pending] -= t
+        pending = pending[up[pending] & (rest[pending] > 0)]
+    return up
+
+
+_KERNELS = {("add", "nearest_even"): _kernel_add_nearest, ("add", "stochastic"): _kernel_add_truncate,
+            ("add", "toward_zero"): _kernel_add_truncate}
+
+
+class _Scratch:
+    __slots__ = ("A", "C", "D", "F", "K", "X")
+
+
+def _round_bits(xf, fmt: FloatFormat, rounding: str, saturate: bool, gen, out=None):
+    """The bit path: xf (a contiguous float32/float64 array or tensor) rounded to fmt ("add" or "int" path),
+    written to ``out`` (a new array or tensor if None; may be xf itself)."""
+    nbits = _nbits(xf)
+    P = _plan(fmt, nbits, rounding, saturate)
+    kernel = _kernel_int if P.kind == "int" else _KERNELS[("add", rounding)]
+    tensor = _is_tensor(xf)
+    if out is None:
+        out = torch.empty_like(xf) if tensor else np.empty_like(xf)
+    if tensor and not _numpy_backend(xf):
+        B, xa, oa = _TorchOps, xf.reshape(-1), out.reshape(-1)
+        size = max(xa.numel(), 1)
+        inplace = xf.data_ptr() == out.data_ptr()
+    else:
+        B = _NumpyOps
+        xa = (xf.numpy() if tensor else xf).reshape(-1)
+        oa = (out.numpy() if tensor else out).reshape(-1)
+        size, inplace = _CHUNK, np.may_share_memory(xa, oa)
+    n = xa.shape[0]
+    rand = _RandomBits(gen, xf, host=B is _NumpyOps) if rounding == "stochastic" else None
+    S = _Scratch()
+    m = min(size, n)
+    S.A, S.C, S.D, S.F, S.K = (B.empty(m, nbits, xa) for _ in range(5))
+    S.X = B.floats(B.empty(m, nbits, xa)) if inplace else None
+    with np.errstate(all="ignore"):  # NaN, inf and overflow are part of the arithmetic
+        for i in range(0, n, size):
+            j = min(i + size, n)
+            xb, yb, c = xa[i:j], oa[i:j], j - i
+            if inplace:
+                xb = S.X[:c]
+                xb[...] = oa[i:j]
+            kernel(B, P, xb, yb, S if c == m else _slice_scratch(S, c), rand)
+    return out
+
+
+def _slice_scratch(S: _Scratch, c: int) -> _Scratch:
+    t = _Scratch()
+    t.A, t.C, t.D, t.F, t.K, t.X = S.A[:c], S.C[:c], S.D[:c], S.F[:c], S.K[:c], None
+    return t
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Native casts: exactly the requested rounding, checked once against the bit path
+# ----------------------------------------------------------------------------------------------------------
+#: The dtypes whose conversion from float32 is round-to-nearest-even to the format, per input library
+#: (NumPy arrays: ml_dtypes' types).  torch's float8_e4m3fn conversion saturates, so it serves E4M3 only
+#: with ``saturate=True``; float64 inputs never take a cast (torch and ml_dtypes convert float64 to the
+#: narrow types through float32, rounding twice).
+_NATIVE_CASTS = {"torch": {FP16: "float16", BF16: "bfloat16", FP8_E5M2: "float8_e5m2", FP8_E4M3: "float8_e4m3fn"},
+                 "numpy": {BF16: "bfloat16"}}
+#: Where a cast is faster than the bit path on a CPU (measured with benchmarks/round_to_speed.py): torch's
+#: conversions from float8 back to float32 are slow there, and NumPy's float16 conversion and ml_dtypes'
+#: float8/6/4 ones are slower than the bit path.  On other devices (CUDA) every exact cast is taken.
+_NATIVE_ON_CPU = {"torch": frozenset({FP16, BF16, FP8_E5M2}), "numpy": frozenset({BF16})}
+_native_checked: dict = {}
+
+
+def _native_enabled() -> bool:
+    """``MPT_LAB_FAST_ROUND=0`` (or false/no/off) in the environment turns native casts off (read when a
+    cast is first considered for a library, device, dtype, format and saturation)."""
+    return os.environ.get("MPT_LAB_FAST_ROUND", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def _native_dtype(xf, fmt: FloatFormat, rounding: str, saturate: bool):
+    """The dtype whose conversion (and a clamp to ±max with ``saturate``) is exactly round-to-nearest-even
+    of the float32 array or tensor ``xf`` to fmt, and is the faster path here; None otherwise.  Decided once
+    per library, device, dtype, format and saturation (the first time with a check on a probe)."""
+    if rounding != "nearest_even":
+        return None
+    tensor = _is_tensor(xf)
+    key = (tensor, xf.dtype, xf.device.type if tensor else "cpu", fmt, saturate)
+    try:
+        return _native_checked[key]
+    except KeyError:
+        pass
+    lib = "torch" if tensor else "numpy"
+    name, dt = _NATIVE_CASTS[lib].get(fmt), None
+    if name is not None and not (fmt == FP8_E4M3 and not saturate) and _native_enabled() \
+            and (key[2] != "cpu" or fmt in _NATIVE_ON_CPU[lib]):
+        if tensor and xf.dtype == torch.float32 and hasattr(torch, name):
+            dt = getattr(torch, name)
+        elif not tensor and xf.dtype == np.float32 and _ml_dtypes is not None:
+            dt = np.dtype(getattr(_ml_dtypes, name))
+        if dt is not None and not _check_native(lib, xf.device if tensor else None, fmt, saturate):
+            dt = None
+    _native_checked[key] = dt
+    return dt
+
+
+def _round_native(xf, fmt: FloatFormat, dtype, saturate: bool, out=None):
+    """Round with the conversion to ``dtype`` and back to xf's dtype (into ``out`` if given)."""
+    if _is_tensor(xf):
+        y = xf.to(dtype).to(xf.dtype) if out is None else out.copy_(xf.to(dtype))
+        if saturate and fmt != FP8_E4M3:
+            y.clamp_(-fmt.max, fmt.max)
         return y
-    raise AssertionError(path)  # pragma: no cover
-
-
-def _to64(a):
-    return a.to(torch.float64) if _is_tensor(a) else a.astype(np.float64)
-
-
-def _sub_where(y, q, mask):
-    if _is_tensor(y):
-        return torch.where(mask, y - q, y)
-    np.subtract(y, q, out=y, where=mask)
+    with np.errstate(over="ignore", invalid="ignore"):
+        y = xf.astype(dtype).astype(xf.dtype) if out is None else _assign(out, xf.astype(dtype))
+    if saturate:
+        _np_clip(y, -fmt.max, fmt.max, out=y)
     return y
 
 
-def _add_where(y, q, mask):
-    if _is_tensor(y):
-        return torch.where(mask, y + q, y)
-    np.add(y, q, out=y, where=mask)
-    return y
+def _probe() -> np.ndarray:
+    """Float32 values that exercise every path: random bit patterns, wide magnitudes, every tie (and its
+    neighbours) near the extremes of each castable format, subnormals, overflow, ±0, ±inf, NaN."""
+    rng = np.random.default_rng(1234)
+    with np.errstate(over="ignore"):  # 2^127 · normal values, 2 · max of FP16 in float32: inf, on purpose
+        parts = [rng.integers(0, 1 << 32, 1 << 14, dtype=np.uint64).astype(np.uint32).view(np.float32),
+                 (rng.standard_normal(1 << 14) * np.exp2(rng.integers(-150, 128, 1 << 14))).astype(np.float32)]
+        for fmt in _NATIVE_CASTS["torch"]:  # exact midpoints between neighbouring values, and either side
+            m = fmt.mantissa_bits
+            k = np.arange(-(1 << (m + 1)), 1 << (m + 1), dtype=np.float64)
+            for e in (fmt.emin - m, fmt.emin, 0, fmt.emax - 1, fmt.emax):
+                mid = ((k + 0.5) * 2.0 ** (e - m) if e > fmt.emin - m else (k + 0.5) * 2.0 ** e).astype(np.float32)
+                parts += [mid, np.nextafter(mid, np.float32(0)), np.nextafter(mid, np.float32(np.inf))]
+            parts.append(np.array([fmt.max, -fmt.max, fmt.max * (1 + 2.0 ** -(m + 1)), 2 * fmt.max], np.float32))
+    parts.append(np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 3.4e38, -3.4e38, 1e-45], np.float32))
+    return np.concatenate(parts)
 
 
-def _round_work(xf, fmt: FloatFormat, rounding: str, saturate: bool, generator, check_nan: bool = True):
-    """Round a contiguous float32/float64 array or tensor to fmt; returns a new array of the same dtype."""
+def _same_bits(a, b) -> bool:
+    """Bit-identical float32 arrays or tensors, except that any NaN matches any NaN (payloads and NaN signs
+    are not part of any contract)."""
+    if _is_tensor(a):
+        a, b = a.cpu().numpy(), b.cpu().numpy()
+    return bool(((a.view(np.uint32) == b.view(np.uint32)) | (np.isnan(a) & np.isnan(b))).all())
+
+
+def _check_native(lib: str, device, fmt: FloatFormat, saturate: bool) -> bool:
+    """Whether the library's conversion equals the bit path on :func:`_probe`, out of place and in place
+    (warns and returns False if not)."""
+    name = _NATIVE_CASTS[lib][fmt]
+    try:
+        p = _probe()
+        if lib == "torch":
+            p, dt = torch.from_numpy(p).to(device), getattr(torch, name)
+        else:
+            dt = np.dtype(getattr(_ml_dtypes, name))
+        want = _round_bits(p, fmt, "nearest_even", saturate, None)
+        inplace = p.clone() if lib == "torch" else p.copy()
+        if not (_same_bits(_round_native(p, fmt, dt, saturate), want)
+                and _same_bits(_round_native(inplace, fmt, dt, saturate, out=inplace), want)):
+            raise RuntimeError("the conversion disagrees with the bit path")
+        return True
+    except Exception as err:  # a build without the dtype, a conversion that differs, ...
+        where = f"{lib} on {device}" if device is not None else lib
+        warnings.warn(f"the {name} conversion ({where}) is not used for {fmt.name} rounding "
+                      f"({type(err).__name__}: {err}); the bit path is used instead", RuntimeWarning, stacklevel=4)
+        return False
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Rounding: the one entry point
+# ----------------------------------------------------------------------------------------------------------
+def _round_work(xf, fmt: FloatFormat, rounding: str, saturate: bool, generator, out=None):
+    """Round a contiguous float32/float64 array or tensor to fmt; returns a new array of the same dtype (or
+    ``out``, an array of xf's shape and dtype, which may be xf itself).  The one implementation behind
+    round_to, encode and mpt_lab.simulate: see "Rounding: which path" above."""
     nbits = _nbits(xf)
     path = _path(fmt, nbits)
+    tensor = _is_tensor(xf)
     if path == "identity":
-        y = xf.clone() if _is_tensor(xf) else xf.copy()
+        y = (xf.clone() if tensor else xf.copy()) if out is None else _assign(out, xf)
         if saturate and fmt.max <= _MAX_OF[nbits]:
             # Every finite working value is in fmt, so only ±inf lie beyond ±max: saturation must still clamp
-            # them (it was skipped here, so round_to(inf, FP32, saturate=True) gave inf).  When fmt.max does
-            # not fit the working type (FP64 from float32) the clamped value would be stored as inf anyway.
-            _clip_(y, -fmt.max, fmt.max)
+            # them.  When fmt.max does not fit the working type (FP64 from float32) the clamped value would
+            # be stored as inf anyway.
+            y = y.clamp_(-fmt.max, fmt.max) if tensor else np.clip(y, -fmt.max, fmt.max, out=y)
         return y
     if path == "wide":
         if nbits == 64:
             raise ValueError(f"fmt: {fmt.name} is wider than FP64 in some respect and cannot be emulated here")
-        wide = xf.to(torch.float64) if _is_tensor(xf) else xf.astype(np.float64)
-        y = _round_work(wide, fmt, rounding, saturate, generator, check_nan)
-        return y.to(torch.float32) if _is_tensor(y) else y.astype(np.float32)
-
-    tensor = _is_tensor(xf)
-    gen = _make_generator(generator, xf) if rounding == "stochastic" else None
-    if check_nan and fmt.nan == "none" and _any(_isnan(xf)):
+        with np.errstate(invalid="ignore", over="ignore"):  # signalling NaNs; the result fits back in float32
+            wide = xf.to(torch.float64) if tensor else xf.astype(np.float64)
+            y = _round_work(wide, fmt, rounding, saturate, generator)
+            y = y.to(torch.float32) if tensor else y.astype(np.float32)
+        return y if out is None else _assign(out, y)
+    if fmt.nan == "none" and _has_nan(xf):
         raise ValueError(f"x contains NaN, which {fmt.name} cannot encode (it has no NaN); "
                          "remove or replace NaNs before rounding")
-    u = _as_int(xf)
-    smask = _sign_mask(nbits, tensor)
-    a = u & ((1 << (nbits - 1)) - 1)  # the magnitude's bits: sign cleared
-    ax = _as_float(a)
-    with np.errstate(all="ignore"):
-        y = _round_abs(ax, a, fmt, rounding, gen, xf)
-        big = fmt.max
-        over = y > big
-        if _any(over):
-            if saturate:
-                fill = big
-            elif fmt.infinities:
-                fill = float("inf")
-            elif fmt.nan != "none":
-                fill = float("nan")
-            else:
-                fill = big
-            _put_(y, over, fill)
-            if rounding == "toward_zero" and fill != big:
-                # IEEE 754 §7.4: roundTowardZero carries a finite overflow to the largest finite value
-                _put_(y, over & _isfinite(ax), big)
-        if not fmt.subnormals:  # E8M0: no zero; the nearest value to a tiny positive number is 2^emin
-            _put_(y, y < fmt.smallest_normal, fmt.smallest_normal)
-        yb = _as_int(y)
-        if fmt.signed:
-            yb |= u & smask
-        else:  # E8M0: negative numbers, zeros (both signs) and NaN are invalid: NaN (as ml_dtypes)
-            invalid = (u & smask) != 0
-            invalid |= ax == 0
-            _put_(y, invalid, float("nan"))
+    dt = _native_dtype(xf, fmt, rounding, saturate)
+    if dt is not None:
+        return _round_native(xf, fmt, dt, saturate, out)
+    gen = _make_generator(generator, xf) if rounding == "stochastic" else None
+    y = _round_bits(xf, fmt, rounding, saturate, gen, out)
+    if not (fmt.signed and fmt.subnormals):
+        with np.errstate(invalid="ignore"):
+            _unsigned_or_no_zero(xf, y, fmt)
     return y
+
+
+def _assign(out, y):
+    if _is_tensor(out):
+        return out.copy_(y)
+    out[...] = y
+    return out
+
+
+def _unsigned_or_no_zero(xf, y, fmt: FloatFormat) -> None:
+    """E8M0 (unsigned, no zero): negative numbers, zeros (both signs) and NaN are invalid: NaN (as ml_dtypes);
+    a positive value below the smallest normal 2^emin rounds to it, the nearest value (in place)."""
+    if not fmt.subnormals:  # ±0 from the bit path: the nearest values are ±2^emin
+        small = (y.abs() if _is_tensor(y) else np.abs(y)) < fmt.smallest_normal
+        s = torch.full_like(y, fmt.smallest_normal).copysign_(y) if _is_tensor(y) \
+            else np.copysign(fmt.smallest_normal, y).astype(y.dtype)
+        if _is_tensor(y):
+            y.copy_(torch.where(small, s, y))
+        else:
+            np.copyto(y, s, where=small)
+    if not fmt.signed:
+        bits = xf.view(torch.int32 if xf.dtype == torch.float32 else torch.int64) if _is_tensor(xf) \
+            else xf.view(_NP_INT[_nbits(xf)])
+        _put_(y, (bits < 0) | (xf == 0), float("nan"))
 
 
 @exact_arithmetic
@@ -760,7 +1288,11 @@ def round_to(x, fmt, *, rounding: str = "nearest_even", saturate: bool = False, 
     saturate : bool
         Clamp results beyond ±max (infinities included) to ±max, as OCP OFP8's saturating conversion.
     generator : None, int, numpy.random.Generator or torch.Generator
-        Randomness for ``"stochastic"``; an int seeds a new generator.  Ignored otherwise.
+        Randomness for ``"stochastic"``; an int seeds a new generator.  Ignored otherwise.  NumPy input takes
+        None (fresh entropy), an int or a ``numpy.random.Generator``; a tensor takes None (torch's default
+        generator), an int or a ``torch.Generator`` of the tensor's device.  The bits come from it in order,
+        a 64-bit word for two float32 values (four for BF16 and TF32; one per float64 value), so a result is
+        reproducible from the generator's state, and the generator moves on.
 
     Returns
     -------
@@ -787,6 +1319,18 @@ def round_to(x, fmt, *, rounding: str = "nearest_even", saturate: bool = False, 
         raise TypeError(f"saturate must be a bool, got {type(saturate).__name__}")
     y = _round_work(_exact_work(inp, fmt, rounding, generator), fmt, rounding, bool(saturate), generator)
     return inp.restore(y)
+
+
+def _round_tensor(t, fmt: FloatFormat, rounding: str = "nearest_even", saturate: bool = False, generator=None,
+                  out=None):
+    """:func:`round_to` of a floating tensor, without its argument checks, for :mod:`mpt_lab.simulate`'s
+    rounding of every op's results: the same paths, with less per-call overhead.  With ``out`` (a tensor of
+    t's shape and dtype, e.g. t itself for rounding in place) the result is written there."""
+    if t.dtype in (torch.float32, torch.float64) and t.is_contiguous() and (out is None or out.is_contiguous()):
+        y = _round_work(t.detach(), fmt, rounding, saturate, generator, out=None if out is None else out.detach())
+        return y if out is None else out
+    y = round_to(t, fmt, rounding=rounding, saturate=saturate, generator=generator)
+    return y if out is None else out.copy_(y)
 
 
 def _exact_work(inp: "_Input", fmt: FloatFormat, rounding: str, generator):
@@ -832,14 +1376,24 @@ def _own_codes(x, inp: "_Input", fmt: FloatFormat):
     return inp.reshape(c)
 
 
-def _codes_from_values(v, fmt: FloatFormat):
-    """Codes of float64 values ``v`` that are already exactly fmt's values (or ±inf / NaN)."""
+def _codes_from_values(v, fmt: FloatFormat, signs=None):
+    """Codes of float64 values ``v`` that are already exactly fmt's values (or ±inf / NaN).
+
+    ``signs``: the float array that was rounded to ``v``, whose sign bits the codes take (a rounding keeps
+    the sign, and this way a NaN keeps its input's sign whichever path produced it; torch's bfloat16
+    conversion, for one, returns a positive NaN).
+    """
     tensor = _is_tensor(v)
     if fmt == FP64:
         return v.view(torch.int64).clone() if tensor else v.view(np.uint64).copy()
     e, m = fmt.exponent_bits, fmt.mantissa_bits
     b = v.view(torch.int64) if tensor else v.view(np.int64)
-    neg = b < 0
+    if signs is None:
+        neg = b < 0
+    elif tensor:
+        neg = signs.view(torch.int32 if signs.dtype == torch.float32 else torch.int64).reshape(v.shape) < 0
+    else:
+        neg = signs.view(_NP_INT[_nbits(signs)]).reshape(v.shape) < 0
     a = b & ((1 << 63) - 1)
     e64 = a >> 52
     mant = (a & ((1 << 52) - 1)) >> (52 - m)
@@ -904,9 +1458,10 @@ def encode(x, fmt, *, rounding: str = "nearest_even", saturate: bool = False, ge
     own = None if saturate or inp.exact is not None else _own_codes(x, inp, fmt)
     if own is not None:
         return own
-    y = _round_work(_exact_work(inp, fmt, rounding, generator), fmt, rounding, saturate, generator)
+    work = _exact_work(inp, fmt, rounding, generator)
+    y = _round_work(work, fmt, rounding, saturate, generator)
     y64 = y.to(torch.float64) if inp.is_torch else y.astype(np.float64)
-    codes = _codes_from_values(y64, fmt)
+    codes = _codes_from_values(y64, fmt, signs=work)
     return codes if inp.is_torch else inp.reshape(codes)
 
 

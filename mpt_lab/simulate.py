@@ -52,13 +52,13 @@ autocast op reference, https://pytorch.org/docs/stable/amp.html#cuda-ops-that-ca
     block (lower-precision ops round inputs and outputs as in forward).
 
 Rounding is exact round-to-nearest-even (``rounding="nearest_even"``, the default) or, on request, any rounding
-of :func:`mpt_lab.formats.round_to`.  For float32 tensors and FP16, BF16, FP8_E5M2 or FP8_E4M3 with
-round-to-nearest-even it uses torch's own dtype conversions (float32 → float16/bfloat16/float8 → float32, two
-passes, ≈ 2 ns per value on this project's CPUs against ≈ 10 for the general :func:`round_to`); each fast path is
-checked bit for bit against :func:`round_to` on a probe the first time it is used (E4M3: torch's conversion
-saturates, so overflow is turned into NaN as ``round_to`` and ml_dtypes do) and is replaced by ``round_to`` with
-a warning if they differ.  No ``torch.compile`` kernel is needed: the conversions are already single fused
-loops, and the remaining cost of a simulated step is the extra passes over memory and the Python hook per op.
+of :func:`mpt_lab.formats.round_to` (stochastic rounding draws from torch's default generator).  It takes
+round_to's own paths, with less per-call overhead: torch's dtype conversions where they are exactly the rounding
+(float32 → float16/bfloat16/float8_e5m2 → float32 on a CPU, two passes; each is checked bit for bit against the
+bit path on a probe the first time it is used, and replaced by it with a warning if they differ), else
+round_to's bit manipulation on the float32 encoding (E4M3, FP6, FP4, stochastic rounding, ...).  No
+``torch.compile`` kernel is needed: the remaining cost of a simulated step is the extra passes over memory and
+the Python hook per op.
 
 Code marked with :func:`mpt_lab.formats.exact_arithmetic` runs unrounded inside a block: the mode passes its
 ops straight through (no rounding, no bookkeeping).  :mod:`mpt_lab.formats` (``round_to``, ``encode``,
@@ -105,14 +105,13 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import warnings
 import weakref
 
 import torch
 
 from ._torch_internals import TorchDispatchMode, current_autograd_node
-from .formats import (BF16, FP8_E4M3, FP8_E5M2, FP16, FloatFormat, ROUNDING_MODES, exact_arithmetic,
-                      exact_arithmetic_active, get_format, round_to)
+from .formats import (FloatFormat, ROUNDING_MODES, _round_tensor, exact_arithmetic, exact_arithmetic_active,
+                      get_format)
 
 __all__ = ["simulate", "paused", "to_float32", "round_parameters_", "rounder", "MODES", "LOWER_PRECISION_OPS", "FLOAT32_OPS"]
 
@@ -162,108 +161,37 @@ _active = threading.local()  # .mode: the simulate instance active in this threa
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Fast, verified rounding of float32 tensors
+# Rounding: the paths of mpt_lab.formats.round_to
 # ----------------------------------------------------------------------------------------------------------
-_CAST_DTYPES = {FP16: "float16", BF16: "bfloat16", FP8_E5M2: "float8_e5m2", FP8_E4M3: "float8_e4m3fn"}
 _rounders: dict = {}
-
-
-def _probe() -> torch.Tensor:
-    """Float32 values that exercise every path: random bit patterns, ties, subnormals, overflow, inf, NaN."""
-    g = torch.Generator().manual_seed(1234)
-    bits = torch.randint(-2 ** 31, 2 ** 31 - 1, (1 << 14,), generator=g, dtype=torch.int64).to(torch.int32)
-    wide = torch.randn(1 << 14, generator=g) * torch.exp2(torch.randint(-150, 128, (1 << 14,), generator=g).float())
-    ties = []
-    for fmt in _CAST_DTYPES:  # exact midpoints between neighbouring values of each format, and next to them
-        m = fmt.mantissa_bits
-        k = torch.arange(-(1 << (m + 1)), 1 << (m + 1), dtype=torch.float64)
-        for e in (fmt.emin - m, fmt.emin, 0, fmt.emax - 1, fmt.emax):
-            mid = (k + 0.5) * 2.0 ** (e - m) if e > fmt.emin - m else (k + 0.5) * 2.0 ** e
-            ties += [mid.float(), torch.nextafter(mid.float(), torch.tensor(0.0)),
-                     torch.nextafter(mid.float(), torch.tensor(float("inf")))]
-        ties.append(torch.tensor([fmt.max, -fmt.max, fmt.max * (1 + 2.0 ** -(m + 1)), 2 * fmt.max]))
-    special = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 3.4e38, -3.4e38, 1e-45])
-    return torch.cat([bits.view(torch.float32), wide, *ties, special])
-
-
-def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Bit-identical, except that any NaN matches any NaN (payloads are not part of the contract)."""
-    return bool(((a.view(torch.int32) == b.view(torch.int32)) | (a.isnan() & b.isnan())).all())
-
-
-def _cast_rounder(fmt: FloatFormat):
-    """(out-of-place, in-place) rounding of float32 tensors by torch's dtype conversions."""
-    dt = getattr(torch, _CAST_DTYPES[fmt])
-    if fmt == FP8_E4M3:
-        limit = fmt.max + 2.0 ** (fmt.emax - fmt.mantissa_bits - 1)  # 464: the midpoint above max
-
-        def r(t):
-            y = t.to(dt).to(t.dtype)
-            return y.masked_fill_(t.abs() > limit, float("nan"))  # torch's E4M3 conversion saturates
-
-        def r_(t):
-            return t.copy_(r(t))
-    else:
-        def r(t):
-            return t.to(dt).to(t.dtype)
-
-        def r_(t):
-            return t.copy_(t.to(dt))  # copy_ converts back on the fly: two passes
-    return r, r_
 
 
 def _rounder_pair(fmt: FloatFormat, rounding: str):
     """(r, r_): out-of-place and in-place rounding equal to round_to (see :func:`rounder`), cached."""
-    import os
-
     key = (fmt, rounding)
-    if key in _rounders:
-        return _rounders[key]
-
-    def slow(t):
-        return round_to(t, fmt, rounding=rounding)
-
-    fast = None
-    if rounding == "nearest_even" and fmt in _CAST_DTYPES and os.environ.get(
-            "MPT_LAB_FAST_ROUND", "1").strip().lower() not in ("0", "false", "no", "off"):
-        try:
-            cand = _cast_rounder(fmt)
-            probe = _probe()
-            if not (_same(cand[0](probe), round_to(probe, fmt))
-                    and _same(cand[1](probe.clone()), round_to(probe, fmt))):
-                raise RuntimeError("torch's conversion disagrees with round_to")
-            fast = cand
-        except Exception as err:  # a torch build without the dtype, a conversion that differs, …
-            warnings.warn(f"fast {fmt.name} rounding unavailable ({type(err).__name__}: {err}); using round_to",
-                          RuntimeWarning, stacklevel=3)
-    if fast is None:
+    pair = _rounders.get(key)
+    if pair is None:
         def r(t):
-            return slow(t)
+            return _round_tensor(t, fmt, rounding)
 
         def r_(t):
-            return t.copy_(slow(t))
-    else:
-        f, f_ = fast
+            return _round_tensor(t, fmt, rounding, out=t)
 
-        def r(t):
-            return f(t) if t.dtype == torch.float32 else slow(t)
-
-        def r_(t):
-            return f_(t) if t.dtype == torch.float32 else t.copy_(slow(t))
-    _rounders[key] = (r, r_)
-    return r, r_
+        pair = _rounders[key] = (r, r_)
+    return pair
 
 
 def rounder(fmt, rounding: str = "nearest_even"):
     """A function ``r(t) -> tensor`` equal to ``round_to(t, fmt, rounding=rounding)`` on floating tensors.
 
-    For float32 tensors, ``rounding="nearest_even"`` and FP16, BF16, FP8_E5M2 or FP8_E4M3, ``r`` uses torch's
-    dtype conversions (two passes, ≈ 5× faster than :func:`round_to` on a CPU), verified bit for bit against
-    :func:`round_to` on a probe of ≈ 5·10⁴ values (random bit patterns, ties, subnormals, overflow, ±inf, NaN)
-    the first time; a mismatch falls back to :func:`round_to` with a ``RuntimeWarning``.
-    ``MPT_LAB_FAST_ROUND=0`` in the environment disables the fast path.  Other dtypes, formats and roundings
-    call :func:`round_to`.  NaN payloads are not preserved (any NaN stays a NaN).  ``r`` never tracks autograd
-    and returns a new tensor of the input's shape, dtype and device.
+    ``r`` takes :func:`round_to`'s paths (see :mod:`mpt_lab.formats`): for float32 tensors and
+    ``rounding="nearest_even"``, torch's dtype conversion to FP16, BF16 or FP8_E5M2 and back (on a CPU; on
+    other devices E4M3 with saturation too), verified bit for bit against round_to's bit path on a probe of
+    ≈ 5·10⁴ values (random bit patterns, ties, subnormals, overflow, ±inf, NaN) the first time, a mismatch
+    falling back to the bit path with a ``RuntimeWarning``; otherwise round_to's bit path.
+    ``MPT_LAB_FAST_ROUND=0`` in the environment turns the conversions off (round_to's too).  NaN payloads are
+    not preserved (any NaN stays a NaN).  ``r`` never tracks autograd and returns a new tensor of the input's
+    shape, dtype and device.
 
     Raises
     ------
@@ -320,7 +248,7 @@ class simulate(TorchDispatchMode):
         Round the ops of backward passes run inside the block (gradients in ``fmt``, as FP16 kernels produce
         them).  With False, backward ops run in plain float32.
     rounding : {"nearest_even", "toward_zero", "stochastic"}, keyword-only
-        Rounding of :func:`mpt_lab.formats.round_to`; only ``"nearest_even"`` uses the fast path.
+        Rounding of :func:`mpt_lab.formats.round_to` (stochastic: from torch's default generator).
 
     Tensors: every floating dtype is rounded in its own dtype (float32 models stay float32); shapes, devices and
     autograd graphs are unchanged.  Rounding is invisible to autograd (it happens below it), i.e. gradients
@@ -376,7 +304,7 @@ class simulate(TorchDispatchMode):
     def __enter__(self):
         if getattr(_active, "mode", None) is not None:
             raise RuntimeError(f"a simulate block is already active ({_active.mode!r}); nesting is not supported")
-        # verify the fast path before any op is intercepted
+        # round_to's paths (a native conversion is checked against the bit path on its first use)
         self._round, self._round_ = _rounder_pair(self.fmt, self.rounding)
         self._tags.clear()
         self.ops_rounded = 0

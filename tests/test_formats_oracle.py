@@ -956,3 +956,205 @@ def test_round_to_python_ints_stochastic_gives_a_neighbour():
     # an exact int halfway between two FP16 values rounds up about half of the time
     ups = sum(round_to(2049, FP16, rounding="stochastic", generator=rng) == 2050 for _ in range(4000))
     assert 1800 < ups < 2200
+
+
+# ----------------------------------------------------------------------------------------------------------
+# 10. every path: native casts, the bit path in NumPy blocks, the bit path in torch ops
+# ----------------------------------------------------------------------------------------------------------
+# round_to takes a native cast where it is exactly the rounding (torch float32 tensors to FP16, BF16 and E5M2
+# on a CPU; NumPy float32 arrays to BF16 through ml_dtypes), else the bit path: NumPy ufuncs on blocks of
+# arrays and of CPU tensors' memory, torch ops for tensors on other devices.  The comparisons above run the
+# default choice; here the same oracles check each path by itself.
+import mpt_lab.formats as F  # noqa: E402
+
+
+def _force_path(monkeypatch, path):
+    """"bits": native casts off; "torch_ops": also the torch-op kernels for CPU tensors (as on CUDA)."""
+    monkeypatch.setattr(F, "_native_checked", {})  # the choice is made once per input kind, then kept
+    if path in ("bits", "torch_ops"):
+        monkeypatch.setenv("MPT_LAB_FAST_ROUND", "0")
+    if path == "torch_ops":
+        monkeypatch.setattr(F, "_numpy_backend", lambda t: False)
+
+
+@functools.lru_cache(maxsize=None)
+def _ref(fmt, dtype, rounding, saturate):
+    x = _without_nan_if_needed(inputs(fmt, dtype), fmt)
+    return ref_round(x, fmt, rounding, saturate).astype(dtype)
+
+
+@pytest.mark.parametrize("path", ["bits", "torch_ops"])
+@pytest.mark.parametrize("fmt", ORACLE_FORMATS, ids=str)
+def test_each_path_matches_the_oracles(fmt, path, monkeypatch):
+    _force_path(monkeypatch, path)
+    x = _without_nan_if_needed(inputs(fmt, np.float32), fmt)
+    t = torch.from_numpy(x.copy())
+    want = oracle_or_ref(x, fmt)
+    assert_same(round_to(t, fmt), want, x, f"{path}: round_to(tensor, {fmt}) vs oracle")
+    if path == "bits":  # NumPy arrays never take torch ops
+        assert_same(round_to(x, fmt), want, x, f"{path}: round_to(float32, {fmt}) vs oracle")
+    for rounding, sat in (("nearest_even", True), ("toward_zero", False), ("toward_zero", True)):
+        w = _ref(fmt, np.float32, rounding, sat)
+        assert_same(round_to(t, fmt, rounding=rounding, saturate=sat), w, x, f"{path}: {rounding} sat={sat} {fmt}")
+        if path == "bits":
+            assert_same(round_to(x, fmt, rounding=rounding, saturate=sat), w, x, f"{path}: {rounding} {fmt}")
+    x64 = _without_nan_if_needed(inputs(fmt, np.float64), fmt)
+    assert_same(round_to(torch.from_numpy(x64.copy()), fmt), _ref(fmt, np.float64, "nearest_even", False), x64,
+                f"{path}: float64 tensor {fmt}")
+
+
+@pytest.mark.parametrize("path", ["bits", "torch_ops"])
+def test_each_path_tf32(path, monkeypatch):
+    _force_path(monkeypatch, path)
+    x = tf32_inputs()
+    for rounding in ("nearest_even", "toward_zero"):
+        assert_same(round_to(torch.from_numpy(x.copy()), TF32, rounding=rounding), tf32_reference(x, rounding), x,
+                    f"{path}: TF32 {rounding}")
+
+
+def test_native_casts_are_taken_checked_and_refused_when_they_differ(monkeypatch):
+    x = inputs(FP16, np.float32)[:50_000]
+    t = torch.from_numpy(x.copy())
+    for fmt in (FP16, BF16, FP8_E5M2):  # torch's casts, on a CPU
+        assert F._native_dtype(t, fmt, "nearest_even", False) is TORCH_ORACLE[fmt]
+        assert F._native_dtype(t, fmt, "nearest_even", True) is TORCH_ORACLE[fmt]
+        assert F._native_dtype(t.double(), fmt, "nearest_even", False) is None  # float64: no double rounding
+        assert F._native_dtype(t, fmt, "stochastic", False) is None
+    assert F._native_dtype(t, FP8_E4M3, "nearest_even", False) is None  # torch's E4M3 cast saturates
+    assert F._native_dtype(x, BF16, "nearest_even", False) == np.dtype(md.bfloat16)  # ml_dtypes for arrays
+    assert F._native_dtype(x, FP16, "nearest_even", False) is None  # the bit path is faster than NumPy's cast
+    monkeypatch.setattr(F, "_native_checked", {})
+    monkeypatch.setenv("MPT_LAB_FAST_ROUND", "off")
+    assert F._native_dtype(t, FP16, "nearest_even", False) is None
+    monkeypatch.delenv("MPT_LAB_FAST_ROUND")
+    # a conversion that disagrees with the bit path on the probe is not used (with a warning): still exact
+    monkeypatch.setattr(F, "_native_checked", {})
+    real = F._round_native
+    monkeypatch.setattr(F, "_round_native", lambda xf, fmt, dt, sat, out=None: real(xf, fmt, dt, sat, out) * 1.5)
+    with pytest.warns(RuntimeWarning, match="bit path"):
+        assert F._native_dtype(t, FP16, "nearest_even", False) is None
+    assert_same(round_to(t, FP16), x.astype(np.float16).astype(np.float32), x, "after a refused cast")
+
+
+@pytest.mark.parametrize("path", ["default", "bits", "torch_ops"])
+def test_rounding_in_place_equals_out_of_place(path, monkeypatch):
+    """The ``out=`` form that mpt_lab.simulate uses to round the tensors an op writes in place."""
+    _force_path(monkeypatch, path)
+    for fmt in (FP16, BF16, FP8_E4M3, FP8_E5M2, FP4_E2M1):
+        x = _without_nan_if_needed(inputs(fmt, np.float32)[:200_000], fmt)
+        for rounding, sat in (("nearest_even", False), ("nearest_even", True), ("toward_zero", False)):
+            want = round_to(x, fmt, rounding=rounding, saturate=sat)
+            for arr in (x.copy(), torch.from_numpy(x.copy())):
+                got = F._round_work(arr, fmt, rounding, sat, None, out=arr)
+                assert got is arr
+                assert_same(arr, want, x, f"{path}: in place {fmt} {rounding} sat={sat}")
+
+
+# stochastic rounding: exact probabilities, checked deterministically.  The random bits are added below the
+# last kept bit and the sum truncated, so all-zero random bits must give rounding toward zero and all-one bits
+# rounding away from zero (for every value: normal, subnormal, below the smallest subnormal, beyond max).
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("fmt", GRID_FORMATS, ids=str)
+def test_stochastic_with_constant_random_bits_truncates_or_rounds_away(fmt, dtype, monkeypatch):
+    x = _without_nan_if_needed(inputs(fmt, dtype)[:300_000], fmt)
+    down = ref_round(x, fmt, "toward_zero")
+    g = grid(fmt)
+    fin = np.isfinite(x)
+    beyond = fin & (np.abs(x) >= g.top)  # x ≥ top: both neighbours are overflow
+    lo = np.where(beyond | ~fin, np.nan, down)
+    with np.errstate(invalid="ignore"):
+        exact = lo == x
+    in_range = fin & ~beyond & ~np.isnan(lo)
+    up = np.full_like(lo, np.nan)
+    up[in_range] = ref_next_up(lo[in_range], fmt)
+    for ones in (False, True):
+        word = -1 if ones else 0  # every random 64-bit word drawn is this one
+        monkeypatch.setattr(F._RandomBits, "words", lambda self, w: np.full(w, word, dtype=np.int64))
+        got = round_to(x, fmt, rounding="stochastic", generator=0).astype(np.float64)
+        got_t = round_to(torch.from_numpy(x.copy()), fmt, rounding="stochastic", generator=0).numpy()
+        assert_same(got_t.astype(np.float64), got, x, f"{fmt} constant bits, tensor")
+        want = np.where(exact | (not ones), lo, up)
+        if not fmt.subnormals:  # E8M0 below its smallest value 2^-127: that value, the only neighbour
+            want = np.where((x > 0) & (x < fmt.smallest_normal), fmt.smallest_normal, want)
+        with np.errstate(invalid="ignore"):
+            ok = (got[in_range] == want[in_range]) | (np.isnan(got[in_range]) & np.isnan(want[in_range]))
+        gi = got[in_range]
+        zero_sign = (np.signbit(gi) == np.signbit(x[in_range])) | np.isnan(gi) if fmt.signed else True
+        assert (ok & zero_sign).all(), (fmt.name, ones, x[in_range][~(ok & zero_sign)][:5],
+                                        got[in_range][~(ok & zero_sign)][:5], want[in_range][~(ok & zero_sign)][:5])
+        # beyond the top of the range every rounding overflows
+        ov = np.abs(got[beyond])
+        assert ((ov == g.overflow) | (np.isnan(ov) & np.isnan(g.overflow))).all()
+
+
+def test_bernoulli_dyadic_is_exact_with_scripted_words():
+    """P(True) = num / 2^k through every word of the draw: True exactly when R' < num, R' being the
+    complemented drawn bits in the documented order (the low 63 first)."""
+    class Script:
+        def __init__(self, words):
+            self.words = list(words)
+
+        def bits63(self, n):
+            out, self.words = self.words[:n], self.words[n:]
+            return np.array(out, dtype=np.int64)
+
+    rng = np.random.default_rng(_seed("bernoulli"))
+    ones = (1 << 63) - 1
+    for k in (1, 5, 40, 63, 64, 70, 126, 127, 200):
+        for _ in range(200):
+            num = int(rng.integers(0, 1 << min(k, 53)))
+            words = [int(w) for w in rng.integers(0, 1 << 63, 5, dtype=np.int64)]
+            if rng.random() < 0.5:  # the interesting draws: high parts all zero (in R'), so that they count
+                words = [words[0]] + [ones] * 4
+            got = F._bernoulli_dyadic(np.array([num]), np.array([k]), Script(words))[0]
+            comp = [ones - w for w in words]
+            r, used, bits = comp[0] >> (63 - min(k, 63)), 1, min(k, 63)
+            while bits < k and r < num:  # R' = low word, then the high words' top bits above it
+                t = min(k - bits, 63)
+                r += (comp[used] >> (63 - t)) << bits
+                used, bits = used + 1, bits + t
+            assert got == (r < num), (k, num, words)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch", "torch_ops"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+def test_stochastic_is_unbiased_at_the_edges(backend, dtype, monkeypatch):
+    """Below the smallest subnormal s (|x| = s·p: s with probability p), between max and the first value
+    beyond it (overflow with probability p; with saturation always max)."""
+    if backend == "torch_ops":
+        monkeypatch.setattr(F, "_numpy_backend", lambda t: False)
+    n = 20_000
+    for j, fmt in enumerate((FP16, BF16, FP8_E4M3, FP8_E5M2, FP6_E3M2, FP4_E2M1)):
+        s, m, g = fmt.smallest_subnormal, fmt.max, grid(fmt)
+        cases = [(s * p, 0.0, s, p, False) for p in (0.3125, 0.8125, 2.0 ** -6, 1.5 * 2.0 ** -10)]
+        cases += [(m + p * (g.top - m), m, g.overflow, p, False) for p in (0.25, 0.75)]
+        cases.append((m + 0.5 * (g.top - m), m, m, 0.5, True))
+        for i, (x, lo, hi, p, sat) in enumerate(cases):
+            xs = np.full(n, -x if i % 2 else x, dtype=dtype)
+            assert abs(float(xs[0])) == x
+            xin = xs if backend == "numpy" else torch.from_numpy(xs)
+            r = round_to(xin, fmt, rounding="stochastic", saturate=sat, generator=_seed("edges", j, i))
+            r = np.abs(np.asarray(r, dtype=np.float64))
+            is_hi = (r == hi) | (np.isnan(r) & np.isnan(hi))
+            assert ((r == lo) | is_hi).all(), (fmt.name, x, np.unique(r))
+            if sat or hi == lo:  # saturation, or no value beyond max (FP6, FP4: overflow is max)
+                assert (r == m).all()
+                continue
+            ups = int(is_hi.sum())
+            assert abs(ups - n * p) <= 6 * math.sqrt(n * p * (1 - p)) + 1, (fmt.name, backend, x, ups / n, p)
+
+
+def test_stochastic_backends_and_block_size_give_the_same_draws(monkeypatch):
+    """The random lanes are drawn in order, a whole number of 64-bit words per block, so neither the block
+    size nor the backend (NumPy blocks or torch ops on the same generator) changes a result."""
+    for fmt in GRID_FORMATS:
+        x = _without_nan_if_needed(inputs(fmt, np.float32)[:200_000], fmt)
+        t = torch.from_numpy(x.copy())
+        want_t = round_to(t, fmt, rounding="stochastic", generator=11)
+        want_n = round_to(x, fmt, rounding="stochastic", generator=11)
+        with monkeypatch.context() as mp:
+            mp.setattr(F, "_CHUNK", 1000)
+            assert_same(round_to(t, fmt, rounding="stochastic", generator=11), want_t, x, f"{fmt} blocks (torch)")
+            assert_same(round_to(x, fmt, rounding="stochastic", generator=11), want_n, x, f"{fmt} blocks (numpy)")
+            mp.setattr(F, "_numpy_backend", lambda t: False)
+            assert_same(round_to(t, fmt, rounding="stochastic", generator=11), want_t, x, f"{fmt} torch ops")

@@ -79,6 +79,32 @@ def test_rounder_bit_identical_to_round_to(fmt):
     assert torch.equal(rounder(fmt)(x64).nan_to_num(0.0), round_to(x64, fmt).nan_to_num(0.0))
 
 
+def test_rounder_takes_round_to_paths_for_every_rounding():
+    """One implementation: the same bits as round_to, stochastic rounding included (same generator state)."""
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(50_000, generator=g) * torch.exp2(torch.randint(-30, 12, (50_000,), generator=g).float())
+    for fmt in (FP16, BF16, FP8_E4M3, FP8_E5M2):
+        for rounding in ("nearest_even", "toward_zero", "stochastic"):
+            torch.manual_seed(5)
+            got = rounder(fmt, rounding)(x)
+            torch.manual_seed(5)
+            want = round_to(x, fmt, rounding=rounding)
+            assert torch.equal(got.view(torch.int32), want.view(torch.int32)), (fmt, rounding)
+
+
+@pytest.mark.parametrize("fmt", [FP16, FP8_E4M3])  # a torch conversion, the bit path
+def test_in_place_ops_are_rounded_in_place(fmt):
+    g = torch.Generator().manual_seed(6)
+    x, z = torch.randn(40, 50, generator=g), torch.randn(40, 50, generator=g) * 1e-2
+    want = round_to(round_to(x, fmt) + round_to(z, fmt), fmt)
+    y = round_to(x, fmt)
+    yt = round_to(x, fmt).t()  # not contiguous
+    with simulate(fmt, mode="all"):
+        y.add_(z)
+        yt.add_(z.t())
+    assert torch.equal(y, want) and torch.equal(yt.t(), want)
+
+
 def test_rounder_bad_arguments():
     with pytest.raises(ValueError, match="fmt"):
         rounder("FP17")

@@ -25,7 +25,7 @@ from typing import Callable, Sequence
 from ._base import FORMAT_COLORS, HTML, BookFigure, running_mean, table_html
 from .distributed import (memory_table, plot_flag_agreement, plot_memory_per_rank, plot_recipe_losses,
                           plot_reduction_error, reduction_table)
-from .formats import plot_accumulation, plot_fixed_vs_float, plot_format_ranges, plot_ulp
+from .formats import plot_accumulation, plot_fixed_vs_float, plot_format_ranges, plot_ulp, round_to_speed_table
 from .fp8 import (block_scale_table, fp8_results_table, hardware_table, one_scale_table, plot_amax_history,
                   plot_block_size_error, plot_fp8_training, plot_layer_quantization, plot_recipe_snr)
 from .gradients import (histogram_table, phases_table, plot_detection_samples, plot_gradient_histogram,
@@ -37,7 +37,7 @@ from .scaling import divergence_table, plot_divergence, plot_scale_history, plot
 from .training import autocast_table, plot_losses, speedup_table
 
 __all__ = ["show_saved", "BookFigure", "HTML", "table_html", "running_mean", "FORMAT_COLORS",
-           "plot_format_ranges", "plot_ulp", "plot_fixed_vs_float", "plot_accumulation",
+           "plot_format_ranges", "plot_ulp", "plot_fixed_vs_float", "plot_accumulation", "round_to_speed_table",
            "plot_gradient_histogram", "plot_kept_vs_scale", "plot_detection_samples", "plot_training",
            "histogram_table", "phases_table", "sweep_table",
            "plot_scale_history", "plot_divergence", "plot_shift_sweep", "divergence_table",

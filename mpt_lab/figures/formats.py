@@ -194,3 +194,40 @@ def plot_accumulation(trajectories: dict, *, exact=None, title: str | None = Non
     ax.legend(fontsize="small")
     ax.grid(alpha=0.3)
     return fig
+
+
+def round_to_speed_table(result: dict, data: str = "normal"):
+    """The round_to benchmark as a table: per input library and format, the native nearest-even cast and
+    :func:`mpt_lab.formats.round_to` with round-to-nearest-even and with stochastic rounding, in milliseconds
+    for the benchmark's ``n`` float32 values, with round_to's time as a multiple of the cast's.
+
+    ``result``: the dict that ``benchmarks/round_to_speed.py`` writes (``book/results/round_to_speed_cpu.json``,
+    loaded with :func:`mpt_lab.experiments.load_json`); ``data``: "normal" or "wide".  A nearest-even cell
+    marked "≠" is one where the native cast is not the format's operation (torch's E4M3 cast saturates).
+
+    Raises ValueError if ``result`` holds no rows for ``data``; TypeError if it is not such a dict.
+    """
+    import html
+
+    from ._base import table_html
+
+    if not isinstance(result, dict) or "rows" not in result:
+        raise TypeError("result must be the dict written by benchmarks/round_to_speed.py (with 'rows')")
+    rows = [r for r in result["rows"] if r["data"] == data]
+    if not rows:
+        raise ValueError(f"data must be one of {sorted({r['data'] for r in result['rows']})}, got {data!r}")
+    by = {(r["input"], r["format"], r["rounding"]): r for r in rows}
+    out = []
+    for (inp, fmt, rnd), r in by.items():
+        if rnd != "nearest_even":
+            continue
+        s = by.get((inp, fmt, "stochastic"))
+        native = html.escape(r["native"].split(" (")[0])
+        mark = "" if r["same_values"] else " ≠"
+        out.append([f"{inp} · {fmt}", f"<code>{native}</code>", f"{1e3 * r['native_s']:.1f}",
+                    f"{1e3 * r['round_to_s']:.1f} ({r['ratio']:.2f}×){mark}",
+                    "–" if s is None else f"{1e3 * s['round_to_s']:.1f} ({s['ratio']:.2f}×)"])
+    n = result.get("provenance", {}).get("config", {}).get("n")
+    caption = f"{n:,} float32 values ({data} data), one thread, median times" if n else f"{data} data"
+    return table_html(["input · format", "native cast", "cast (ms)", "round_to nearest-even (ms)",
+                       "round_to stochastic (ms)"], out, caption=caption)
