@@ -227,3 +227,53 @@ def test_ssd_table2_quick_reproduces_table_2(tmp_path):
     assert back == r and "76.9" in figures.divergence_table(back, paper=ssd_table2.PAPER["Multibox SSD"])
     with pytest.raises(ValueError, match="arm"):
         r.final_map("fp16_dynamic")
+
+
+# ------------------------------------------------------------------- Figure 1 at natural scale (no shift)
+def test_the_shift_is_a_larger_batch_measured():
+    """A tiny grid of the equivalence measurement (mpt_lab.experiments.lm_gradient_scale): the activation
+    gradients of the language model scale like 1/N exactly and like 1/V in their median, and the gradient shift k
+    moves an FP32 histogram by exactly k binades, so a shift k at (V, N) stands for a batch 2ᵏ times larger."""
+    from mpt_lab.experiments import lm_gradient_scale as lgs
+
+    torch.set_num_threads(1)
+    cfg = lgs.Config(profile="quick", vocabs=(128, 512), batch_sizes=(4, 16), bptt=8, steps=6, record_steps=2,
+                     shift_check=5, threads=1)
+    r = lgs.run(cfg, progress=False)
+    assert r.shift_check["exact"] and r.shift_check["same_losses"]      # bit-identical FP32 run, histogram × 2⁻⁵
+    for which in ("init", "trained"):
+        for c in r.comparisons(which):
+            if c["axis"] == "N":      # the mean over 4× the tokens: the same histogram 2 binades lower
+                assert abs(c["shifted_median"] - c["measured_median"]) < 0.15, c
+            else:                     # 4× the words: the median moves by about 2 binades too
+                assert abs(c["shifted_median"] - c["measured_median"]) < 0.75, c
+        f = r.fit(which)
+        assert abs(f["b"] + 1) < 0.1 and -1.2 < f["a"] < -0.5
+
+
+def test_the_long_profile_runs_without_a_shift():
+    cfg = biglstm.config_for("long")
+    cfg.validate()
+    assert cfg.grad_shift == 0 and tuple(cfg.arms) == ARMS and cfg.threads == 1
+    assert not cfg.sweep_shifts and cfg.valid_tokens == 0           # the whole validation split
+    # tokens per batch: a word's gradient p/N underflows in FP16 for p < N · 2⁻²⁵ = 2⁻⁹, with no shift
+    n = cfg.batch_size * cfg.bptt
+    assert n == 2 ** 16 and math.log2(cfg.max_vocab * n) >= 27
+    assert build_lstm_lm(cfg.model, cfg.max_vocab).lstm.hidden_size == 128      # the "lean" model
+    cmd = biglstm.EXPERIMENT.command(cfg, "book/results/biglstm_long.json")
+    assert cmd == ("python -m mpt_lab.experiments.biglstm --profile long "
+                   "--out book/results/biglstm_long.json")
+    # the profiles chapter 7 runs live keep their shift and sizes
+    assert biglstm.config_for("cpu").grad_shift == -1 and biglstm.config_for("cpu").max_vocab == 4000
+
+
+def test_the_saved_long_result_is_figure_1_without_a_shift():
+    r = biglstm.EXPERIMENT.saved("long")
+    if r is None:
+        pytest.skip("book/results/biglstm_long.json is not saved yet")
+    assert r.provenance["command"] == ("python -m mpt_lab.experiments.biglstm --profile long "
+                                       "--out book/results/biglstm_long.json")
+    assert r.config["grad_shift"] == 0 and r.grad_shift == 0 and set(r.arms) == set(ARMS) and not r.real_fp16
+    assert r.provenance["config"] == r.config and r.provenance["date"] and r.provenance["versions"]["torch"]
+    fp32 = r.final("fp32")
+    assert abs(r.final("fp16_static") - fp32) < 0.1 and abs(r.final("fp16_dynamic") - fp32) < 0.1

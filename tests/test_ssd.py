@@ -564,3 +564,78 @@ def test_training_reaches_map_well_above_chance():
     result = mean_average_precision(dets, test.targets, num_classes=11)
     assert sum(losses[-20:]) / 20 < 0.5 * sum(losses[:20]) / 20
     assert result["mAP"] > MAP_THRESHOLD, result
+
+
+# ----------------------------------------------------------------------------------------------------------
+# SSD300's layout on a VGG-16-shaped backbone; initial weight scale, input scale, loss normalisation
+# ----------------------------------------------------------------------------------------------------------
+def test_vgg_ssd_has_ssd300s_sources_and_default_boxes():
+    from mpt_lab.models.ssd import SSD300_ASPECT_RATIOS, VGGSSD, vgg_ssd_feature_sizes
+
+    assert vgg_ssd_feature_sizes(300) == (38, 19, 10, 5, 3, 1)
+    assert vgg_ssd_feature_sizes(64) == (8, 4, 2, 1) and vgg_ssd_feature_sizes(128) == (16, 8, 4, 2)
+    model = build_ssd("vgg16_narrow")
+    assert isinstance(model, VGGSSD) and isinstance(model, SSD) and model.image_size == 300
+    assert model.feature_sizes == (38, 19, 10, 5, 3, 1) and model.boxes_per_location == (4, 6, 6, 6, 4, 4)
+    assert model.priors.shape == (8732, 4)                    # SSD300's 8,732 default boxes
+    x = torch.rand(2, 1, 300, 300)
+    loc, conf = model(x)
+    assert loc.shape == (2, 8732, 4) and conf.shape == (2, 8732, 11)
+    names = dict(model.named_modules())
+    for n in ("backbone.block1.conv1_2", "backbone.block3.pool3", "backbone.block4.conv4_3", "backbone.block5.pool5",
+              "backbone.block6.conv6", "backbone.block6.conv7", "extras.block8.conv8_2", "extras.block11.conv11_2",
+              "l2norm", "loc_heads.s38", "conf_heads.s1"):
+        assert n in names, n
+    assert names["backbone.block6.conv6"].dilation == (6, 6) and names["backbone.block3.pool3"].ceil_mode
+    convs = [m for m in model.backbone.modules() if isinstance(m, torch.nn.Conv2d)]
+    assert len(convs) == 15                                   # VGG-16's 13 convolutions, conv6 and conv7
+    assert [c.out_channels for c in convs[:13:3]] == [8, 16, 32, 64, 64]   # 64-128-256-512-512 × 1/8
+    relus = [m for m in model.modules() if isinstance(m, torch.nn.ReLU)]
+    assert len(relus) == 23 and not any(m.inplace for m in relus)
+    # at full width with 3 channels and 21 classes it is SSD300 (26.3M parameters)
+    full = VGGSSD(num_classes=21, in_channels=3, width=1.0, channels_last=False)
+    assert sum(p.numel() for p in full.parameters()) == 26_285_486
+    assert [len(a) for a in SSD300_ASPECT_RATIOS] == [1, 2, 2, 2, 1, 1]
+    # smaller inputs keep the sources that fit
+    small = VGGSSD(image_size=64, width=0.125)
+    assert small.feature_sizes == (8, 4, 2, 1) and small(torch.rand(1, 1, 64, 64))[0].shape == (1, 382, 4)
+    assert any(isinstance(m, torch.nn.BatchNorm2d) for m in VGGSSD(image_size=64, width=0.125,
+                                                                   batch_norm=True).modules())
+    with pytest.raises(ValueError, match="image_size"):
+        VGGSSD(image_size=32)
+
+
+def test_init_gain_and_input_scale():
+    torch.manual_seed(0)
+    a = build_ssd("small")
+    torch.manual_seed(0)
+    b = build_ssd("small", init_gain=0.5)
+    for (name, pa), pb in zip(a.named_parameters(), b.parameters()):
+        if name.startswith(("backbone", "extras")) and name.endswith("weight"):
+            assert torch.allclose(pb, 0.5 * pa), name             # backbone and extras: He × 0.5
+        else:
+            assert torch.equal(pa, pb), name                      # heads, L2Norm and biases unchanged
+    c = build_ssd("small", input_scale=255.0)
+    c.load_state_dict(a.state_dict())
+    x = torch.rand(2, 1, 64, 64)
+    assert torch.allclose(c(x)[0], a(x * 255.0)[0], rtol=1e-5, atol=1e-5)
+    for kwargs, exc in ((dict(init_gain=0.0), ValueError), (dict(input_scale="big"), TypeError),
+                        (dict(init_gain=float("inf")), ValueError)):
+        with pytest.raises(exc, match=next(iter(kwargs))):
+            SSD(**kwargs)
+
+
+def test_loss_normalisation_divides_by_matched_boxes_images_or_nothing():
+    torch.manual_seed(0)
+    model = build_ssd("small")
+    ds = DigitsDetection("train", 4)
+    images, targets = ds.batch(range(4))
+    with torch.no_grad():
+        loc, conf = model(images)
+    parts = MultiBoxLoss(model.priors)(loc, conf, targets, return_components=True)
+    n = parts["num_pos"]
+    for normalize, factor in (("matched", 1.0), ("batch", n / 4), ("none", float(n))):
+        loss = MultiBoxLoss(model.priors, normalize=normalize)(loc, conf, targets)
+        assert float(loss) == pytest.approx(float(parts["loss"]) * factor, rel=1e-5), normalize
+    with pytest.raises(ValueError, match="normalize"):
+        MultiBoxLoss(model.priors, normalize="mean")

@@ -8,10 +8,12 @@ dataclass, ``run(config) -> Result``, ``config_for(profile)`` and a CLI::
     python -m mpt_lab.experiments --all --profile full --out book/results/
 
 * ``ssd_histogram``: the paper's Figure 2, activation and weight gradients of an SSD-style detector in FP32.
+* ``gradient_factors``: what moves the detector's activation gradients toward SSD's, one factor at a time.
 * ``loss_scaling``: dynamic loss scaling on a real FP16 run, ours beside torch's.
 * ``master_weights_stall``: pure FP16 weights against FP32 master weights (the paper's §3.1).
 * ``amp_recipe``: the PyTorch AMP recipe timed in FP32, FP16 and BF16.
 * ``memory_tradeoffs``: activation checkpointing against lower precision, measured.
+* ``lm_gradient_scale``: where a language model's activation gradients lie against its vocabulary and batch.
 * ``biglstm``: the paper's Figure 1, a bigLSTM-shaped language model in FP32 and FP16 mixed precision.
 * ``ssd_table2``: the paper's Table 2 for SSD, the same comparison on the detector.
 * ``message_passing``: the DGL User Guide's float16 message-passing examples in PyG and PyTorch.
@@ -29,8 +31,9 @@ from ._runner import (PROFILES, REGISTRY, Experiment, ExperimentConfig, Experime
                       results_dir, save_json)
 
 #: The experiments, in the order of the book's chapters.
-NAMES = ("ssd_histogram", "loss_scaling", "master_weights_stall", "amp_recipe", "memory_tradeoffs", "biglstm",
-         "ssd_table2", "message_passing", "gat_amp", "distributed", "fp8_recipes")
+NAMES = ("ssd_histogram", "gradient_factors", "loss_scaling", "master_weights_stall", "amp_recipe",
+         "memory_tradeoffs", "lm_gradient_scale", "biglstm", "ssd_table2", "message_passing", "gat_amp",
+         "distributed", "fp8_recipes")
 
 
 def get(name: str) -> Experiment:

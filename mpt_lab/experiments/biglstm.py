@@ -22,12 +22,24 @@ sit log₂(V_big·N_big / (V·N)) binades higher.  ``grad_shift = -1`` ("auto", 
 rounded (:func:`equivalent_shift`); ``sweep_shifts`` reruns FP16 without loss scaling at other shifts, so the
 chapter can show where that run starts to fall behind.
 
+Without a shift (the "long" profile): a shift k and a batch 2ᵏ times larger give the same histogram, value for
+value (the mean over N tokens divides every logit gradient by N; :mod:`~mpt_lab.experiments.lm_gradient_scale`
+measures it, and that 2ᵏ times the vocabulary moves the median by about k binades too).  What decides whether
+FP16 without scaling fails is not how many values it loses (most of them, already at k = 0 in the cpu profile,
+without harm) but how much of the update: a word's gradient p/N is lost when p < N · 2⁻²⁵, so the lost share of
+the gradient *mass* (:func:`lost_mass`) grows with N, and hardly with V (the unlikely words of a larger
+vocabulary carry little probability).  Our shift sweeps fall behind from N · 2ᵏ ≈ 2¹⁵ tokens on; the long
+profile trains 4096 × 16 = 2¹⁶ tokens per batch with k = 0, on a vocabulary of 2048 words and the "lean" model
+so that a step of all four arms stays near 20 CPU seconds::
+
+    python -m mpt_lab.experiments.biglstm --profile long --out book/results/biglstm_long.json
     python -m mpt_lab.experiments.biglstm --profile full --out book/results/biglstm_full.json
 """
 
 from __future__ import annotations
 
 import math
+import time
 import warnings
 from dataclasses import dataclass, field, replace
 
@@ -41,7 +53,8 @@ from ._precision import ARMS, PrecisionArm, collect_arms, gradient_shares, shift
 from ._runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
 
 __all__ = ["Config", "BigLSTMResult", "PROFILES", "PAPER", "BIGLSTM", "config_for", "run", "main",
-           "equivalent_shift", "perplexity", "NAME"]
+           "equivalent_shift", "perplexity", "lm_windows", "lm_optimizer", "lm_step", "lost_mass",
+           "NAME"]
 
 NAME = "biglstm"
 
@@ -110,6 +123,11 @@ PROFILES = {
               "eval_every": 30, "hist_every": 4, "valid_tokens": 4000, "threads": 1, "sweep_shifts": (0, 6)},
     "cpu": {"max_vocab": 4000, "batch_size": 16, "bptt": 16, "steps": 500, "growth_interval": 50, "eval_every": 100,
             "hist_every": 4, "valid_tokens": 10000, "threads": 1, "sweep_shifts": (0, 4, 7)},
+    # Figure 1 with no shift at all: 4096 × 16 = 65,536 tokens per batch, 2^8 times the cpu profile's, so that the
+    # softmax gradients p/N of words with p < 2^-9 fall below FP16's 2^-25 by themselves; the vocabulary (2048
+    # words) and the "lean" model keep a step cheap (≈ 20 CPU seconds for the four arms, 150 steps ≤ 60 minutes)
+    "long": {"model": "lean", "max_vocab": 2048, "batch_size": 4096, "bptt": 16, "steps": 150, "grad_shift": 0,
+             "growth_interval": 50, "eval_every": 25, "hist_every": 25, "valid_tokens": 0, "threads": 1},
     "full": {"model": "medium", "max_vocab": 0, "batch_size": 64, "bptt": 35, "steps": 4000, "growth_interval": 500,
              "eval_every": 500, "hist_every": 5, "valid_tokens": 0, "sweep_shifts": (0, 2, 4, 6, 8, 10)},
 }
@@ -119,10 +137,12 @@ PROFILES = {
 class BigLSTMResult(ExperimentResult):
     """``vocab_size``, ``train_tokens``: of the corpus; ``arms``: per arm of :data:`ARMS` that ran, ``losses``
     [steps] training loss in nats per token, ``scales`` [steps] the loss scale used at each step, ``skipped``
-    steps the scaler skipped, ``evals`` per evaluation {step, valid_ppl, zero_share (share of activation-gradient
-    values exactly zero in the run's own arithmetic since the previous evaluation), fp16_underflow (share FP16
-    flushes to zero, of the values as the run computed them: for FP32 what FP16 *would* lose), nonfinite,
-    median_log2}; ``labels``: legend label per arm; ``real_fp16``: autocast on CUDA (else :mod:`mpt_lab.simulate`);
+    steps the scaler skipped, ``cpu_seconds`` the CPU time of this process while the arm trained (with
+    ``threads=1``, about the wall time the arm takes on an idle core, however busy the machine was), ``evals``
+    per evaluation {step, valid_ppl, zero_share (share of activation-gradient values exactly zero in the run's
+    own arithmetic since the previous evaluation), fp16_underflow (share FP16 flushes to zero, of the values as
+    the run computed them: for FP32 what FP16 *would* lose), nonfinite, median_log2, fp16_lost_mass (the share
+    of the sum of |gradient| that FP16 flushes, :func:`lost_mass`)}; ``labels``: legend label per arm; ``real_fp16``: autocast on CUDA (else :mod:`mpt_lab.simulate`);
     ``train_seconds``: per arm; ``grad_shift``: the shift k the arms ran with (``config["grad_shift"]`` is -1 when
     it was chosen automatically); ``sweep``: {"fp32": final loss, "fp16": {k: final loss}, "zero_share": {k: share},
     "equivalent_shift": k, "steps": steps} for ``sweep_shifts`` and the arms' own shift (FP32 is bit-identical
@@ -174,55 +194,93 @@ def perplexity(model, streams: torch.Tensor, bptt: int, device) -> float:
     return math.exp(mean) if math.isfinite(mean) and mean < 700 else float("inf")
 
 
+def lost_mass(h, shift: int = 0) -> float:
+    """Share of the gradient *mass* (the sum of |x|) of a :class:`~mpt_lab.histogram.Log2Histogram` that FP16
+    rounds to zero after the gradient shift 2⁻ˢʰⁱᶠᵗ: the values with |x · 2⁻ˢʰⁱᶠᵗ| < 2⁻²⁵ (binades ≤ −26; the
+    few values of exactly 2⁻²⁵ are left out), each binade weighted by its count × 2ᵏ⁺⁰·⁵, to a factor 2^±0.5 per
+    value.  Where the share of values lost says how many gradients vanish, this says how much of the update
+    does: the softmax gradients (p − y)/N lost in a language model are the small p of the unlikely words, and
+    the run is biased by their sum.  NaN without non-zero finite values."""
+    import numpy as np
+
+    e = h.exponents
+    w = h.counts * np.exp2(e + 0.5)
+    total = w.sum()
+    return float(w[e - shift <= -26].sum() / total) if total > 0 else float("nan")
+
+
+def lm_windows(ids: torch.Tensor, batch_size: int, bptt: int):
+    """Endless training windows over a token stream: :func:`batchify` into ``batch_size`` streams, then
+    :func:`bptt_batches` of ``bptt`` steps, starting over at the end.
+
+    Yields ``(x, y, fresh)``: int64 tensors [≤ bptt, batch_size] and whether this window starts a pass over the
+    streams (the recurrent state must start from zero there).
+    """
+    streams = batchify(ids, batch_size)
+    while True:
+        for i, (x, y) in enumerate(bptt_batches(streams, bptt)):
+            yield x, y, i == 0
+
+
+def lm_optimizer(model, lr: float, adagrad_init: float, grad_shift: int = 0) -> torch.optim.Adagrad:
+    """bigLSTM's optimizer, Adagrad (Jozefowicz et al. 2016), made exactly invariant to a gradient shift k: the
+    initial accumulator (squared gradients) × 4⁻ᵏ and eps × 2⁻ᵏ (:func:`~mpt_lab.experiments._precision.shift_eps`)."""
+    opt = torch.optim.Adagrad(model.parameters(), lr=lr, initial_accumulator_value=adagrad_init * 4.0 ** -grad_shift)
+    shift_eps(opt, grad_shift)
+    return opt
+
+
+def lm_step(model, arm: PrecisionArm, optimizer, x: torch.Tensor, y: torch.Tensor, state=None):
+    """One truncated-BPTT training step of a language model in ``arm``: the mean cross-entropy of predicting
+    ``y`` from ``x`` (int64 [T, B]) starting from ``state`` (detached here; None: zeros), backward, update.
+
+    Returns ``(loss, skipped, state)``: the loss in nats per token, whether the scaler skipped the update, and
+    the recurrent state after the window (for the next one).
+    """
+    if state is not None:
+        state = tuple(s.detach() for s in state)
+    box = {}
+
+    def forward():
+        logits, box["state"] = model(x, state)
+        return F.cross_entropy(arm.to_float32(logits).reshape(-1, model.vocab_size), y.reshape(-1))
+
+    loss, skipped = arm.step(forward, optimizer)
+    return loss, skipped, box["state"]
+
+
 def _train_arm(arm_name: str, config: Config, corpus, init_state: dict, run: Run) -> dict:
     """Train one arm from ``init_state``: the measured loop of the experiment."""
     device = run.device
     torch.manual_seed(config.seed + 1)   # dropout (none by default) and anything random: the same in every arm
     model = build_lstm_lm(config.model, corpus.vocab_size).to(device)
     model.load_state_dict(init_state)
-    # the initial accumulator holds squared gradients: × 4^-k keeps the run invariant to the shift
-    opt = torch.optim.Adagrad(model.parameters(), lr=config.lr,
-                              initial_accumulator_value=config.adagrad_init * 4.0 ** -config.grad_shift)
-    shift_eps(opt, config.grad_shift)
+    opt = lm_optimizer(model, config.lr, config.adagrad_init, config.grad_shift)
     arm = PrecisionArm(arm_name, device, static_scale=config.static_scale, init_scale=config.init_scale,
                        growth_interval=config.growth_interval, grad_shift=config.grad_shift)
-    streams = batchify(corpus.train, config.batch_size)
+    windows = lm_windows(corpus.train, config.batch_size, config.bptt)
     valid = corpus.valid[:config.valid_tokens] if config.valid_tokens else corpus.valid
     valid = batchify(valid, min(config.batch_size, 10))
-    windows, state = bptt_batches(streams, config.bptt), None
+    state = None
     losses, scales, skipped, evals = [], [], [], []
     gh = GradientHistogram(model, "activation")
-    t0 = run.elapsed()
+    t0, cpu0 = run.elapsed(), time.process_time()
     with gh, warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="LSTM with projections is not supported with oneDNN")
         for step in run.bar(range(1, config.steps + 1), desc=arm.label()):
-            try:
-                x, y = next(windows)
-            except StopIteration:
-                windows, state = bptt_batches(streams, config.bptt), None
-                x, y = next(windows)
-            x, y = x.to(device), y.to(device)
-            if state is not None:
-                state = tuple(s.detach() for s in state)
-            box = {}
-
-            def forward():
-                logits, box["state"] = model(x, state)
-                return F.cross_entropy(arm.to_float32(logits).reshape(-1, model.vocab_size), y.reshape(-1))
-
+            x, y, fresh = next(windows)
             (gh.resume if (step - 1) % config.hist_every == 0 else gh.pause)()
             scales.append(arm.get_scale())
-            loss, skip = arm.step(forward, opt)
-            state = box["state"]
+            loss, skip, state = lm_step(model, arm, opt, x.to(device), y.to(device), None if fresh else state)
             losses.append(loss)
             if skip:
                 skipped.append(step)
             if step % config.eval_every == 0 or step == config.steps:
                 evals.append({"step": step, "valid_ppl": perplexity(model, valid, config.bptt, device),
-                              **gradient_shares(gh.histogram)})
+                              **gradient_shares(gh.histogram), "fp16_lost_mass": lost_mass(gh.histogram)})
                 gh.reset()
     return {"losses": losses, "scales": scales, "skipped": skipped, "evals": evals, "label": arm.label(),
-            "real_fp16": arm.real_fp16, "seconds": run.elapsed() - t0}
+            "real_fp16": arm.real_fp16, "seconds": run.elapsed() - t0, "cpu_seconds": time.process_time() - cpu0}
 
 
 def measure(config: Config, run: Run) -> dict:

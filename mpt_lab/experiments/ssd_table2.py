@@ -16,7 +16,15 @@ VGG-16 on 300 px).  The default shift 12 moves our median non-zero activation gr
 about 2⁻²⁴, FP16's smallest subnormal, so that, as in the paper's Figure 2, most non-zero values lie below
 FP16's normal range; the chapter measures where the median lands (``median_log2`` in ``evals``).
 
+The "long" profile has no shift (``grad_shift = 0``) and all four arms: it asks whether a larger detector's
+gradients are small enough by themselves for FP16 without loss scaling to fail.  Its detector is the small one
+on 128 px images (four times the default boxes, and of matched boxes N, of 64 px: gradients ∝ 1/N sit two
+binades lower, as low as the VGG-16-shaped detector's at 128 px); SSD300's shape at 300 px does not fit: the
+FP16 emulation of :mod:`mpt_lab.simulate` costs about five FP32 steps per step there, so four arms would get
+about 60 steps each in an hour.
+
     python -m mpt_lab.experiments.ssd_table2 --profile full --out book/results/ssd_table2_full.json
+    python -m mpt_lab.experiments.ssd_table2 --profile long --out book/results/ssd_table2_long.json
 """
 
 from __future__ import annotations
@@ -26,13 +34,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..data import DigitsDetection
 from ..histogram import GradientHistogram
 from ..models import evaluate_detector
 from ..models.ssd import CONFIGS, MultiBoxLoss, build_ssd, make_optimizer
 from ..training import shuffled_batches
 from ._precision import ARMS, PrecisionArm, collect_arms, gradient_shares, shift_eps
 from ._runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
+from .ssd_histogram import detection_split
 
 __all__ = ["Config", "SSDTable2Result", "PROFILES", "PAPER", "config_for", "run", "main", "NAME"]
 
@@ -81,6 +89,10 @@ class Config(ExperimentConfig):
 PROFILES = {
     "quick": {"steps": 120, "n_train": 3840, "n_test": 100, "hist_every": 4, "threads": 1},
     "cpu": {"steps": 400, "n_train": 6000, "n_test": 300, "eval_every": 100, "threads": 1},
+    # no gradient shift: the gradients as the detector makes them, on 128 px images (FP16 emulated on a CPU costs
+    # ~2.3x an FP32 step here; SSD300's VGG-16 shape at 300 px costs ~5x and would allow ~60 steps per arm)
+    "long": {"steps": 800, "n_train": 6000, "n_test": 300, "image_size": 128, "grad_shift": 0, "arms": ARMS,
+             "eval_every": 200, "threads": 1},
     "full": {"steps": 6000, "batch_size": 64, "n_train": 20000, "n_test": 2000, "model": "large", "eval_every": 1000,
              "hist_every": 5, "arms": ARMS},
 }
@@ -169,8 +181,8 @@ def _train_arm(arm_name: str, config: Config, train, test, init_state: dict, run
 
 def measure(config: Config, run: Run) -> dict:
     """Train the detector once per arm of ``config.arms`` from the same initial weights and batch order."""
-    train = DigitsDetection("train", config.n_train, config.image_size, seed=config.seed)
-    test = DigitsDetection("test", config.n_test, config.image_size, seed=config.seed)
+    train = detection_split("train", config.n_train, config.image_size, seed=config.seed)
+    test = detection_split("test", config.n_test, config.image_size, seed=config.seed)
     torch.manual_seed(config.seed)
     init_state = {k: v.clone() for k, v in build_ssd(config.model, image_size=config.image_size).state_dict().items()}
     return collect_arms({a: _train_arm(a, config, train, test, init_state, run) for a in config.arms})

@@ -28,19 +28,21 @@ from .distributed import (memory_table, plot_flag_agreement, plot_memory_per_ran
 from .formats import plot_accumulation, plot_fixed_vs_float, plot_format_ranges, plot_ulp, round_to_speed_table
 from .fp8 import (block_scale_table, fp8_results_table, hardware_table, one_scale_table, plot_amax_history,
                   plot_block_size_error, plot_fp8_training, plot_layer_quantization, plot_recipe_snr)
-from .gradients import (histogram_table, phases_table, plot_detection_samples, plot_gradient_histogram,
-                        plot_kept_vs_scale, plot_training, sweep_table)
+from .gradients import (gradient_factors_table, histogram_table, phases_table, plot_detection_samples,
+                        plot_gradient_factors, plot_gradient_histogram, plot_kept_vs_scale, plot_training, sweep_table)
 from .graphs import (code_table, gat_budget_table, gat_memory_table, message_passing_table,
                      plot_attention_overflow, plot_gat_memory, plot_gat_memory_fit, plot_gat_training)
 from .memory import breakdown_table, plot_tradeoffs, tradeoff_table, training_table
-from .scaling import divergence_table, plot_divergence, plot_scale_history, plot_shift_sweep
+from .scaling import (divergence_table, gradient_scale_table, plot_divergence, plot_gradient_scale,
+                      plot_scale_history, plot_shift_sweep)
 from .training import autocast_table, plot_losses, speedup_table
 
 __all__ = ["show_saved", "BookFigure", "HTML", "table_html", "running_mean", "FORMAT_COLORS",
            "plot_format_ranges", "plot_ulp", "plot_fixed_vs_float", "plot_accumulation", "round_to_speed_table",
            "plot_gradient_histogram", "plot_kept_vs_scale", "plot_detection_samples", "plot_training",
-           "histogram_table", "phases_table", "sweep_table",
+           "histogram_table", "phases_table", "sweep_table", "plot_gradient_factors", "gradient_factors_table",
            "plot_scale_history", "plot_divergence", "plot_shift_sweep", "divergence_table",
+           "plot_gradient_scale", "gradient_scale_table",
            "plot_losses", "speedup_table", "autocast_table",
            "plot_tradeoffs", "tradeoff_table", "training_table", "breakdown_table",
            "plot_gat_training", "plot_gat_memory", "plot_attention_overflow", "plot_gat_memory_fit",

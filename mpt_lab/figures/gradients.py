@@ -6,6 +6,7 @@ bin for zeros, and FP16's representable range; §3.2: a loss scale S shifts ever
 
 from __future__ import annotations
 
+import html
 import math
 from typing import Sequence
 
@@ -18,7 +19,7 @@ from ._base import as_formats, binade, power_text, format_color, new_figure, pct
 from .formats import draw_format_ranges
 
 __all__ = ["plot_gradient_histogram", "plot_kept_vs_scale", "plot_detection_samples", "plot_training",
-           "histogram_table", "phases_table", "sweep_table"]
+           "histogram_table", "phases_table", "sweep_table", "plot_gradient_factors", "gradient_factors_table"]
 
 
 def _shade_format(ax, fmt: F.FloatFormat, lo: float) -> None:
@@ -304,3 +305,100 @@ def sweep_table(result, fmt="FP16"):
                      pct(h.fractions(fmt)["underflow"])])
     return table_html(["detector, input size", "median non-zero |g|", "zeros",
                        f"non-zero below {power_text(math.log2(fmt.smallest_subnormal))}", f"lost in {fmt.name}"], rows)
+
+
+def plot_gradient_factors(result, fmt="FP16", *, title: str | None = None) -> Figure:
+    """Where each variant of the gradient-factor experiment puts its activation gradients, against ``fmt``'s range.
+
+    One row per variant (top: our detector): a dot at the median binade of the non-zero activation gradients, a
+    thick bar over the middle half (25th to 75th percentile) and a thin line over the 10th to 90th percentile;
+    shaded: what ``fmt`` keeps (normal, subnormal) and the zone it rounds to zero.  The last row is the paper's
+    Multibox SSD, of which Figure 2 of Micikevicius et al. (2018) says that most non-zero values lie below 2⁻²⁴.
+
+    Parameters
+    ----------
+    result : :class:`mpt_lab.experiments.gradient_factors.GradientFactorsResult`
+    fmt : the format whose ranges are shaded (FP16)
+
+    Returns
+    -------
+    Figure; x = log₂ |activation gradient| (binade k holds 2ᵏ ≤ |g| < 2ᵏ⁺¹), y = variants grouped by factor.
+
+    Raises
+    ------
+    TypeError
+        ``result`` is not a GradientFactorsResult.
+    """
+    from ..experiments.gradient_factors import GradientFactorsResult, quantile_binade
+
+    if not isinstance(result, GradientFactorsResult):
+        raise TypeError(f"result must be a GradientFactorsResult, got {type(result).__name__}")
+    fmt = F.get_format(fmt)
+    vids = list(result.variants)
+    rows = len(vids) + 1
+    fig = new_figure((10, 1.6 + 0.36 * rows))
+    ax = fig.add_subplot()
+    q = {v: [quantile_binade(result.variants[v]["activation"], p) for p in (0.1, 0.25, 0.5, 0.75, 0.9)]
+         for v in vids}
+    ks = [k for qs in q.values() for k in qs if k is not None]
+    lo = min(ks + [-34]) - 2
+    hi = max(ks + [0]) + 3
+    _shade_format(ax, fmt, lo)
+    ys = np.arange(rows)[::-1]
+    factor_prev = None
+    for y, v in zip(ys, vids):
+        d = result.variants[v]
+        if factor_prev is not None and d["factor"] != factor_prev:
+            ax.axhline(y + 0.5, color="0.8", lw=0.6)
+        factor_prev = d["factor"]
+        k10, k25, k50, k75, k90 = q[v]
+        if k50 is None:
+            continue
+        ax.plot([k10, k90 + 1], [y, y], color="0.25", lw=1.2,
+                label="10th–90th percentile of the non-zero values" if v == vids[0] else None)
+        ax.plot([k25, k75 + 1], [y, y], color="#1f77b4", lw=6, alpha=0.6, solid_capstyle="butt",
+                label="25th–75th percentile" if v == vids[0] else None)
+        ax.plot([k50 + 0.5], [y], "o", color="#d62728", ms=7, label="median binade" if v == vids[0] else None)
+    ax.axvline(q[vids[0]][2] + 0.5, color="#d62728", lw=0.8, ls=":", label="median of our detector")
+    ax.barh(ys[-1], -24 - lo, left=lo, height=0.5, color="none", edgecolor="0.2", hatch="///",
+            label="paper: median below 2⁻²⁴ (Figure 2)")
+    ax.set_yticks(ys, [f"{result.variants[v]['factor']}: {result.variants[v]['label']}" for v in vids]
+                  + ["paper: Multibox SSD, VGG-16, 300 px"], fontsize="small")
+    ax.set_ylim(-0.7, rows - 0.3)
+    ax.set_xlim(lo, hi)
+    ax.set_xlabel("log₂ |activation gradient|   (binade k holds 2ᵏ ≤ |g| < 2ᵏ⁺¹)")
+    ax.set_ylabel("variant (one factor changed)")
+    ax.set_title(title or f"What moves the activation gradients: {result.config['steps']} FP32 steps per variant "
+                          f"({result.profile} profile)")
+    ax.grid(axis="x", alpha=0.3)
+    fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncol=2, fontsize="small")
+    return fig
+
+
+def gradient_factors_table(result):
+    """Per variant of the gradient-factor experiment: median binade, its shift from our detector split into the
+    part the loss's divisor predicts (1/N, the gradient shift k) and the rest, matched boxes, and the shares zero,
+    below 2⁻²⁴ and lost in FP16 (an HTML table).
+
+    Raises TypeError when ``result`` is not a GradientFactorsResult."""
+    from ..experiments.gradient_factors import GradientFactorsResult
+
+    if not isinstance(result, GradientFactorsResult):
+        raise TypeError(f"result must be a GradientFactorsResult, got {type(result).__name__}")
+
+    def signed(v, digits=0):
+        return "–" if v is None else f"{v:+.{digits}f}"
+
+    rows = []
+    for vid, d in result.variants.items():
+        sh = result.shares(vid)
+        shift, law = result.shift(vid), result.divisor_shift(vid)
+        rows.append([html.escape(d["factor"]), html.escape(d["label"]), binade(result.median(vid)), signed(shift),
+                     signed(law, 1), signed(None if shift is None else shift - law, 1), f"{d['matched']:,.0f}",
+                     pct(sh["zeros"]), pct(sh["below"]), pct(sh["lost"])])
+    return table_html(["factor", "variant", "median non-zero |g|", "shift from ours (binades)",
+                       "of which the loss's divisor: 1/N, 2⁻ᵏ (binades)", "the rest: the network (binades)",
+                       "matched boxes N per batch", "zeros (of all values)", "below 2⁻²⁴ (of non-zero)",
+                       "lost in FP16: 0 < |g| ≤ 2⁻²⁵ (of non-zero)"], rows,
+                      caption=f"{result.config['steps']} FP32 steps per variant, {result.profile} profile, "
+                              f"{result.device}")

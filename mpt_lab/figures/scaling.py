@@ -1,5 +1,6 @@
 """Figures and tables of loss scaling: the dynamic scale over a run, and FP32 against FP16 mixed precision
-without and with loss scaling (the paper's Figure 1 and Table 2).
+without and with loss scaling (the paper's Figure 1 and Table 2), and where a language model's activation
+gradients lie against its vocabulary and batch (why chapter 7 shifts them).
 
 Micikevicius et al. (ICLR 2018), §3.2 (loss scaling, dynamic scaling), §4.2 (Table 2), §4.4 (Figure 1).
 """
@@ -9,9 +10,10 @@ from __future__ import annotations
 import numpy as np
 from matplotlib.figure import Figure
 
-from ._base import new_figure, pct, running_mean, table_html
+from ._base import FORMAT_COLORS, binade, new_figure, pct, power_text, running_mean, table_html
 
-__all__ = ["plot_scale_history", "plot_divergence", "plot_shift_sweep", "divergence_table"]
+__all__ = ["plot_scale_history", "plot_divergence", "plot_shift_sweep", "divergence_table", "plot_gradient_scale",
+           "gradient_scale_table"]
 
 _STYLES = ["-", "--", ":", "-."]
 
@@ -164,3 +166,132 @@ def divergence_table(result, paper: dict | None = None):
     if paper is not None:
         header.append("paper (%)")
     return table_html(header + ["activation gradients = 0", "lost in FP16 (|x| ≤ 2⁻²⁵)", "skipped steps"], rows)
+
+
+# ------------------------------------------------------------------- the language model's gradient scale
+def _gradient_scale_points(result, which: str) -> list:
+    points = getattr(result, "points", None)
+    if not isinstance(points, list) or not points or not hasattr(result, "summary"):
+        raise TypeError("result must be an LMGradientScaleResult with at least one point")
+    return result.summary(which)
+
+
+def plot_gradient_scale(result, *, which: str = "trained", title: str | None = None) -> Figure:
+    """Where a language model's activation gradients lie against its vocabulary V and batch N, and a gradient
+    shift k beside a 2ᵏ times larger vocabulary or batch.
+
+    Parameters
+    ----------
+    result : :class:`~mpt_lab.experiments.lm_gradient_scale.LMGradientScaleResult`
+    which : "trained" (histograms of the last recorded steps) or "init" (the first step)
+
+    Returns
+    -------
+    Figure with three axes.  Left: x = log₂(V·N), y = log₂ of the median |activation gradient| (one marker per
+    point, one colour per vocabulary), with the line of slope −1 (the 1/(V·N) law) through their mean and FP16's
+    underflow threshold.  Middle: the percentage of values per binade (x = log₂|g|) of the comparison with the
+    largest k: the smaller point's histogram shifted down by k binades (dashed) beside the measured points with
+    2ᵏ times the vocabulary or the batch (solid).  Right: what FP16 would lose (%) against log₂(V·N·2ᵏ), from
+    the largest batch of each vocabulary shifted by k = 0, 1, …: the share of the values (dashed) and of their
+    sum |g| (solid; :func:`~mpt_lab.experiments.biglstm.lost_mass`), measured points marked.
+
+    Raises TypeError for another result, ValueError for ``which``.
+    """
+    rows = _gradient_scale_points(result, which)
+    fig = new_figure((16, 5.2))
+    ax, bx, cx = fig.add_subplot(1, 3, 1), fig.add_subplot(1, 3, 2), fig.add_subplot(1, 3, 3)
+    vocabs = sorted({r["vocab_size"] for r in rows})
+    markers = "os^Dv<>p*h"
+    tokens = sorted({r["tokens"] for r in rows})
+    for r in rows:
+        ci, mi = vocabs.index(r["vocab_size"]), tokens.index(r["tokens"])
+        ax.plot(r["log2_vn"], r["median_log2"], markers[mi % len(markers)], color=f"C{ci}", ms=8)
+    for ci, v in enumerate(vocabs):       # legend entries: colour = vocabulary, marker = batch
+        ax.plot([], [], "o", color=f"C{ci}", label=f"V = {v:,} words")
+    for mi, n in enumerate(tokens):
+        ax.plot([], [], markers[mi % len(markers)], color="0.4", mfc="none", label=f"N = {n:,} tokens per batch")
+    x = np.array([r["log2_vn"] for r in rows])
+    y = np.array([r["median_log2"] for r in rows])
+    xs = np.array([x.min() - 1, max(x.max() + 1, 26)])
+    ax.plot(xs, (y + x).mean() - xs, "k--", lw=1.2, label="slope −1: median ∝ 1/(V·N)")
+    ax.axhline(-25, color=FORMAT_COLORS["FP16"], ls=":", lw=1.5, label="FP16 rounds |x| ≤ 2⁻²⁵ to zero")
+    ax.set_xlabel("log₂(V·N)   (vocabulary × tokens per batch)")
+    ax.set_ylabel("log₂ median |activation gradient|")
+    ax.set_title("The median gradient follows 1/(V·N)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="x-small", loc="lower left")
+    comps = result.comparisons(which)
+    if comps:
+        k = max(c["k"] for c in comps)
+        base = min((c["base"] for c in comps if c["k"] == k))
+        pts = {(p["vocab_size"], p["tokens"]): p[which] for p in result.points}
+        h = pts[base]
+        share = 100.0 * h.counts / max(h.total, 1)
+        keep = share > 0
+        bx.plot(h.exponents[keep] - k, share[keep], "k--", lw=2,
+                label=f"V = {base[0]:,}, N = {base[1]:,}, shifted by k = {k} (loss × 2⁻{_sup(k)})")
+        for i, c in enumerate(c for c in comps if c["k"] == k and c["base"] == base):
+            t = pts[c["target"]]
+            share = 100.0 * t.counts / max(t.total, 1)
+            keep = share > 0
+            bx.plot(t.exponents[keep], share[keep], _STYLES[i % 4], color=f"C{i + 2}", lw=1.6,
+                    label=f"measured: V = {c['target'][0]:,}, N = {c['target'][1]:,} "
+                          f"({'vocabulary' if c['axis'] == 'V' else 'batch'} × 2{_sup(k)})")
+    bx.axvline(-25, color=FORMAT_COLORS["FP16"], ls=":", lw=1.5, label="FP16: |x| ≤ 2⁻²⁵ → 0")
+    bx.set_yscale("log")
+    bx.set_xlabel("log₂|activation gradient|   (bin k: 2ᵏ ≤ |g| < 2ᵏ⁺¹)")
+    bx.set_ylabel("share of values (%)")
+    bx.set_title("A shift k against 2ᵏ times the vocabulary or batch")
+    bx.grid(alpha=0.3)
+    bx.legend(fontsize="x-small", loc="upper left")
+    _plot_lost_against_shift(cx, result, which, vocabs)
+    fig.suptitle(title or f"What sets a language model's gradient scale ({which} histograms, FP32, "
+                          f"{result.profile} profile)")
+    return fig
+
+
+def _plot_lost_against_shift(ax, result, which: str, vocabs: list, shifts: int = 14) -> None:
+    from ..experiments.biglstm import lost_mass
+    from ..experiments.lm_gradient_scale import lost_share
+
+    for ci, v in enumerate(vocabs):
+        p = max((p for p in result.points if p["vocab_size"] == v), key=lambda p: p["tokens"])
+        h, x = p[which], p["log2_vn"] + np.arange(shifts + 1)
+        label = f"V = {v:,}, N = {p['tokens']:,}"
+        ax.plot(x, [100 * lost_share(h, k) for k in range(shifts + 1)], "--", color=f"C{ci}", lw=1.2)
+        ax.plot(x, [100 * lost_mass(h, k) for k in range(shifts + 1)], "-", color=f"C{ci}", lw=2, label=label)
+        ax.plot(x[0], 100 * lost_mass(h), "o", color=f"C{ci}", ms=7)
+    ax.plot([], [], "k--", lw=1.2, label="share of the values")
+    ax.plot([], [], "k-", lw=2, label="share of their sum |g|")
+    ax.set_xlabel("log₂(V·N·2ᵏ)   (shifted by k = 0, 1, …; dots: measured)")
+    ax.set_ylabel("lost in FP16: rounded to zero (%)")
+    ax.set_ylim(-2, 102)
+    ax.set_title("What FP16 would lose, shift by shift")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="x-small", loc="upper left")
+
+
+def _sup(k: int) -> str:
+    return power_text(k)[1:]
+
+
+def gradient_scale_table(result, *, which: str = "trained"):
+    """Per point of an :class:`~mpt_lab.experiments.lm_gradient_scale.LMGradientScaleResult`: V, N, log₂(V·N),
+    the median binade and the share FP16 loses at the first step and over the recorded steps, the loss
+    (an HTML table); below it, each comparison of a shifted point with a measured one."""
+    init, trained = _gradient_scale_points(result, "init"), _gradient_scale_points(result, which)
+    rows = [[f"{a['vocab_size']:,}", f"{a['tokens']:,}", f"{a['log2_vn']:.1f}", binade(a["median_binade"]),
+             binade(b["median_binade"]), pct(a["lost"]), pct(b["lost"]), f"{b['loss']:.2f}"]
+            for a, b in zip(init, trained)]
+    points = table_html(["V (words)", "N (tokens per batch)", "log₂(V·N)", "median, first step",
+                         "median, trained", "lost in FP16, first step", "lost in FP16, trained",
+                         "loss, trained (nats per token)"], rows)
+    comps = [[("vocabulary" if c["axis"] == "V" else "batch") + f" × 2<sup>{c['k']}</sup>",
+              f"{c['base'][0]:,} × {c['base'][1]:,} → {c['target'][0]:,} × {c['target'][1]:,}",
+              f"{c['shifted_median']:.2f}", f"{c['measured_median']:.2f}", pct(c["shifted_lost"]),
+              pct(c["measured_lost"])] for c in result.comparisons(which)]
+    if not comps:
+        return points
+    shifts = table_html(["larger by", "V × N → V × N", "log₂ median, shifted", "log₂ median, measured",
+                         "lost in FP16, shifted", "lost in FP16, measured"], comps)
+    return type(points)(points + shifts)

@@ -16,9 +16,11 @@ from torch import nn
 
 __all__ = ["LSTMLanguageModel", "build_lstm_lm", "CONFIGS"]
 
-#: Named sizes.  "tiny" and "small" train on one CPU core; "big" is the paper's bigLSTM for reference
-#: (2 × 8192 cells projected to 1024, embedding 1024; ≈ 1.8 G parameters with its 793 k vocabulary).
+#: Named sizes.  "lean", "tiny" and "small" train on one CPU core ("lean" keeps a step with tens of thousands of
+#: tokens cheap: its LSTM and softmax layer cost half of "tiny"'s per token); "big" is the paper's bigLSTM for
+#: reference (2 × 8192 cells projected to 1024, embedding 1024; ≈ 1.8 G parameters with its 793 k vocabulary).
 CONFIGS: dict[str, dict] = {
+    "lean": dict(embed_dim=32, hidden_size=128, proj_size=32, num_layers=1),
     "tiny": dict(embed_dim=64, hidden_size=256, proj_size=64, num_layers=1),
     "small": dict(embed_dim=128, hidden_size=512, proj_size=128, num_layers=2),
     "medium": dict(embed_dim=256, hidden_size=2048, proj_size=256, num_layers=2),

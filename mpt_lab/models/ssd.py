@@ -43,14 +43,18 @@ from torch import nn
 from . import box_ops
 from .box_ops import DEFAULT_VARIANCES
 
-__all__ = ["SSD", "CONFIGS", "build_ssd", "L2Norm", "MultiBoxLoss", "default_boxes", "match", "match_batch",
+__all__ = ["SSD", "VGGSSD", "CONFIGS", "build_ssd", "vgg_ssd_feature_sizes", "SSD300_ASPECT_RATIOS", "L2Norm", "MultiBoxLoss", "default_boxes", "match", "match_batch",
            "detect", "make_optimizer", "train_step"]
 
-#: Named model sizes: keyword arguments of :class:`SSD`.
+#: Named model sizes: keyword arguments of :class:`SSD`, or with ``arch="vgg16"`` of :class:`VGGSSD`
+#: (:func:`build_ssd` picks the class).
 CONFIGS: dict[str, dict] = {
     "small": dict(width=0.375),  # 0.11M parameters; ~43 ms per training step (batch 32, 64x64, one CPU thread)
     "medium": dict(width=1.0),   # 0.50M parameters; ~120 ms per step on one CPU thread
     "large": dict(width=2.0),    # 1.6M parameters; ~350 ms per step on one CPU thread: for a GPU
+    # SSD300's layout on a VGG-16-shaped backbone (VGGSSD) at a quarter and an eighth of VGG-16's width
+    "vgg16": dict(arch="vgg16", width=0.25, image_size=300),         # 1.9M parameters
+    "vgg16_narrow": dict(arch="vgg16", width=0.125, image_size=300),  # 0.61M parameters
 }
 
 
@@ -161,8 +165,21 @@ class L2Norm(nn.Module):
         return x / norm * self.weight.view(1, -1, 1, 1)
 
 
-def _conv(cin: int, cout: int, k: int = 3, stride: int = 1, padding: int = 1) -> nn.Conv2d:
-    return nn.Conv2d(cin, cout, kernel_size=k, stride=stride, padding=padding)
+def _conv(cin: int, cout: int, k: int = 3, stride: int = 1, padding: int = 1, dilation: int = 1) -> nn.Conv2d:
+    return nn.Conv2d(cin, cout, kernel_size=k, stride=stride, padding=padding, dilation=dilation)
+
+
+def _block_maker(batch_norm: bool):
+    """``block(*(name, module))`` -> an ``nn.Sequential`` of them, with a BatchNorm2d ``bn<suffix>`` after each
+    conv ``conv<suffix>`` when ``batch_norm``."""
+    def block(*layers):
+        out = OrderedDict()
+        for name, mod in layers:
+            out[name] = mod
+            if batch_norm and isinstance(mod, nn.Conv2d):
+                out["bn" + name[4:]] = nn.BatchNorm2d(mod.out_channels)
+        return nn.Sequential(out)
+    return block
 
 
 class SSD(nn.Module):
@@ -192,6 +209,10 @@ class SSD(nn.Module):
     min_scale, max_scale, aspect_ratios : default-box parameters, see :func:`default_boxes`.
     channels_last : bool, keep weights and activations in the channels-last (NHWC) memory format (default
         True: 1.3-2x faster on CPU; values and gradients are the same).
+    init_gain : float > 0, the backbone and extra convolutions start ``init_gain`` times He's initialisation
+        (see :meth:`reset_parameters`; default 1).
+    input_scale : float > 0, images are multiplied by it first (default 1: pixels in [0, 1]; SSD's Caffe VGG-16
+        read pixels in 0-255 with the mean subtracted, a scale of 255).
 
     Attributes
     ----------
@@ -205,35 +226,15 @@ class SSD(nn.Module):
 
     def __init__(self, num_classes: int = 11, in_channels: int = 1, image_size: int = 64, width: float = 0.375,
                  batch_norm: bool = False, l2norm: bool = True, min_scale: float = 0.15, max_scale: float = 0.6,
-                 aspect_ratios: Sequence[Sequence[float]] | None = None, channels_last: bool = True):
+                 aspect_ratios: Sequence[Sequence[float]] | None = None, channels_last: bool = True,
+                 init_gain: float = 1.0, input_scale: float = 1.0):
         super().__init__()
-        for name, v, low in (("num_classes", num_classes, 2), ("in_channels", in_channels, 1),
-                             ("image_size", image_size, 64)):
-            if isinstance(v, bool) or not isinstance(v, int):
-                raise TypeError(f"{name} must be an int, got {type(v).__name__}")
-            if v < low:
-                raise ValueError(f"{name} must be >= {low}, got {v}")
+        self._check_arguments(num_classes, in_channels, image_size, width, init_gain, input_scale)
         if image_size % 32:
             raise ValueError(f"image_size must be a multiple of 32, got {image_size}")
-        if isinstance(width, bool) or not isinstance(width, (int, float)):
-            raise TypeError(f"width must be a float, got {type(width).__name__}")
-        if not width > 0:
-            raise ValueError(f"width must be positive, got {width}")
-        self.num_classes = num_classes
-        self.in_channels = in_channels
-        self.image_size = image_size
-        self.width = float(width)
         c = max(1, round(16 * width))
         ch = (c, 2 * c, 4 * c, 8 * c)
-
-        def block(*layers):
-            out = OrderedDict()
-            for name, mod in layers:
-                out[name] = mod
-                if batch_norm and isinstance(mod, nn.Conv2d):
-                    out["bn" + name[4:]] = nn.BatchNorm2d(mod.out_channels)
-            return nn.Sequential(out)
-
+        block = _block_maker(batch_norm)
         relu = nn.ReLU  # not in place: hooks on module outputs must see each activation
         self.backbone = nn.Sequential(OrderedDict(
             block1=block(("conv1_1", _conv(in_channels, ch[0])), ("relu1_1", relu()),
@@ -251,17 +252,39 @@ class SSD(nn.Module):
             block6=block(("conv6_1", _conv(ch[2], ch[1], 1, 1, 0)), ("relu6_1", relu()),
                          ("conv6_2", _conv(ch[1], ch[2], 3, 2, 1)), ("relu6_2", relu())),
         ))
-        source_channels = (ch[2], ch[3], ch[2], ch[2])
-        self.feature_sizes = tuple(image_size // s for s in (4, 8, 16, 32))
+        self._add_heads((ch[2], ch[3], ch[2], ch[2]), tuple(image_size // s for s in (4, 8, 16, 32)),
+                        [(2.0,)] * 4 if aspect_ratios is None else aspect_ratios, min_scale, max_scale, channels_last)
+
+    def _check_arguments(self, num_classes, in_channels, image_size, width, init_gain, input_scale) -> None:
+        """Check and store the arguments every SSD of this module shares (TypeError/ValueError naming them)."""
+        for name, v, low in (("num_classes", num_classes, 2), ("in_channels", in_channels, 1),
+                             ("image_size", image_size, 64)):
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise TypeError(f"{name} must be an int, got {type(v).__name__}")
+            if v < low:
+                raise ValueError(f"{name} must be >= {low}, got {v}")
+        for name, v in (("width", width), ("init_gain", init_gain), ("input_scale", input_scale)):
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise TypeError(f"{name} must be a float, got {type(v).__name__}")
+            if not (math.isfinite(v) and v > 0):
+                raise ValueError(f"{name} must be positive, got {v}")
+        self.num_classes = num_classes
+        self.in_channels = in_channels
+        self.image_size = image_size
+        self.width = float(width)
+        self.init_gain = float(init_gain)
+        self.input_scale = float(input_scale)
+
+    def _add_heads(self, source_channels, feature_sizes, aspect_ratios, min_scale, max_scale, channels_last) -> None:
+        """Default boxes and the multibox heads of the sources; then initialise, and go channels-last."""
+        self.feature_sizes = tuple(feature_sizes)
         self.source_names = tuple(f"s{f}" for f in self.feature_sizes)
-        if aspect_ratios is None:
-            aspect_ratios = [(2.0,)] * len(self.feature_sizes)
         priors = default_boxes(self.feature_sizes, min_scale, max_scale, aspect_ratios)
         self.register_buffer("priors", priors, persistent=False)
         self.boxes_per_location = tuple(2 + 2 * len(a) for a in aspect_ratios)
         self.loc_heads = nn.ModuleDict({n: _conv(cs, a * 4) for n, cs, a in
                                         zip(self.source_names, source_channels, self.boxes_per_location)})
-        self.conf_heads = nn.ModuleDict({n: _conv(cs, a * num_classes) for n, cs, a in
+        self.conf_heads = nn.ModuleDict({n: _conv(cs, a * self.num_classes) for n, cs, a in
                                          zip(self.source_names, source_channels, self.boxes_per_location)})
         self.reset_parameters()
         self.channels_last = bool(channels_last)
@@ -269,15 +292,22 @@ class SSD(nn.Module):
             self.to(memory_format=torch.channels_last)
 
     def reset_parameters(self) -> None:
-        """He-normal convolutions (fan-out, ReLU gain) with zero biases in backbone and extras; heads drawn from
-        N(0, 0.01²) with zero biases, so that the first predictions are near uniform and near the default boxes;
-        L2Norm scale 20.
+        """He-normal convolutions (fan-out, ReLU gain) times ``init_gain`` with zero biases in backbone and
+        extras; heads drawn from N(0, 0.01²) with zero biases, so that the first predictions are near uniform and
+        near the default boxes; L2Norm scale 20.
+
+        With ``init_gain`` g every backbone and extra convolution starts g times larger than He's: a ReLU
+        network's backward pass multiplies an activation gradient by about g per layer it crosses, so the
+        gradient reaching a layer L layers below the heads starts about g^L times He's.
 
         (SSD's reference code used Xavier heads on a pretrained VGG-16; trained from scratch here, small heads
         reach mAP@0.5 ≈ 0.74 after 400 Adam steps where Xavier heads reach ≈ 0.5.)"""
         for m in self.modules():
             if isinstance(m, nn.Conv2d):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+                if self.init_gain != 1.0:
+                    with torch.no_grad():
+                        m.weight.mul_(self.init_gain)
                 nn.init.zeros_(m.bias)
         for heads in (self.loc_heads, self.conf_heads):
             for m in heads.values():
@@ -308,6 +338,8 @@ class SSD(nn.Module):
             raise ValueError(f"images must have shape [B, {self.in_channels}, {self.image_size}, "
                              f"{self.image_size}], got {tuple(images.shape)}")
         b = images.shape[0]
+        if self.input_scale != 1.0:
+            images = images * self.input_scale
         if self.channels_last:
             images = images.contiguous(memory_format=torch.channels_last)
         locs, confs = [], []
@@ -332,14 +364,129 @@ class SSD(nn.Module):
         return detect(loc, conf, self.priors, **detect_kwargs)
 
 
+#: SSD300's default-box aspect ratios per source (Liu et al. 2016, §3.1 "PASCAL VOC2007"): 4, 6, 6, 6, 4 and 4
+#: boxes per location on conv4_3, conv7, conv8_2, conv9_2, conv10_2 and conv11_2.
+SSD300_ASPECT_RATIOS = ((2.0,), (2.0, 3.0), (2.0, 3.0), (2.0, 3.0), (2.0,), (2.0,))
+#: VGG-16's convolution blocks (configuration D of Simonyan & Zisserman 2015): (convolutions, channels).
+VGG16_BLOCKS = ((2, 64), (2, 128), (3, 256), (3, 512), (3, 512))
+
+
+def vgg_ssd_feature_sizes(image_size: int) -> tuple[int, ...]:
+    """The sides of :class:`VGGSSD`'s sources for a square input of ``image_size`` pixels.
+
+    conv4_3 after three 2x2 poolings (the third rounding up, as SSD's ``pool3``), conv7 after a fourth, then
+    conv8_2 and conv9_2 (3x3, stride 2, padding 1: ceil(n/2)) and conv10_2 and conv11_2 (3x3, no padding:
+    n - 2), keeping the extra sources of side >= 1.  300 gives SSD300's (38, 19, 10, 5, 3, 1).
+    """
+    f1 = -(-(image_size // 2 // 2) // 2)
+    f2 = f1 // 2
+    f3 = -(-f2 // 2)
+    f4 = -(-f3 // 2)
+    sizes = [f1, f2, f3, f4, f4 - 2, f4 - 4]
+    return tuple(f for f in sizes if f >= 1)
+
+
+class VGGSSD(SSD):
+    """SSD300's layout (Liu et al., ECCV 2016, §2.1, §3 and Fig. 2) on a VGG-16-shaped backbone, with a width factor.
+
+    The channel counts of VGG-16 and of SSD's extra layers times ``width`` (``c(n) = max(1, round(n * width))``);
+    a ReLU (not in place) after every convolution; for a 300x300 input the side of each block's output in
+    brackets::
+
+        backbone.block1: conv1_1, conv1_2 (c(64)), pool1 2x2                                 [150]
+        backbone.block2: conv2_1, conv2_2 (c(128)), pool2 2x2                                 [75]
+        backbone.block3: conv3_1 .. conv3_3 (c(256)), pool3 2x2 rounding up                   [38]
+        backbone.block4: conv4_1 .. conv4_3 (c(512))                     -> l2norm -> source  [38]
+        backbone.block5: pool4 2x2, conv5_1 .. conv5_3 (c(512)), pool5 3x3 stride 1           [19]
+        backbone.block6: conv6 3x3 dilation 6 (c(1024)), conv7 1x1 (c(1024))     -> source  [19]
+        extras.block8:   conv8_1 1x1 (c(256)), conv8_2 3x3 stride 2 (c(512))      -> source  [10]
+        extras.block9:   conv9_1 1x1 (c(128)), conv9_2 3x3 stride 2 (c(256))      -> source   [5]
+        extras.block10:  conv10_1 1x1 (c(128)), conv10_2 3x3 no padding (c(256))  -> source   [3]
+        extras.block11:  conv11_1 1x1 (c(128)), conv11_2 3x3 no padding (c(256))  -> source   [1]
+
+    At 300 px: SSD300's sources (38, 19, 10, 5, 3, 1) with its aspect ratios (:data:`SSD300_ASPECT_RATIOS`),
+    8,732 default boxes.  Smaller inputs keep the extra blocks whose output is at least 1x1 (64 px: sources 8,
+    4, 2, 1; 128 px: 16, 8, 4, 2).  ``width = 1`` is SSD300 itself (26,285,486 parameters with 3 input
+    channels and Pascal VOC's 21 classes); ``CONFIGS["vgg16"]`` is a quarter of its width (1.9M parameters for
+    one grey channel and 11 classes), ``CONFIGS["vgg16_narrow"]`` an eighth (0.61M).  Default-box scales, heads,
+    :meth:`reset_parameters`, ``forward`` and ``predict`` are :class:`SSD`'s.
+
+    Parameters
+    ----------
+    As :class:`SSD`; ``image_size`` is any int >= 64 (default 300); ``width`` defaults to 0.25;
+    ``aspect_ratios`` defaults to SSD300's, one entry per source.
+
+    Raises
+    ------
+    TypeError, ValueError
+        An argument of the wrong type or out of range (the message names it).
+    """
+
+    def __init__(self, num_classes: int = 11, in_channels: int = 1, image_size: int = 300, width: float = 0.25,
+                 batch_norm: bool = False, l2norm: bool = True, min_scale: float = 0.15, max_scale: float = 0.6,
+                 aspect_ratios: Sequence[Sequence[float]] | None = None, channels_last: bool = True,
+                 init_gain: float = 1.0, input_scale: float = 1.0):
+        nn.Module.__init__(self)
+        self._check_arguments(num_classes, in_channels, image_size, width, init_gain, input_scale)
+
+        def c(n: int) -> int:
+            return max(1, round(n * width))
+
+        block = _block_maker(batch_norm)
+        relu = nn.ReLU
+        blocks, cin = OrderedDict(), in_channels
+        pools = {1: nn.MaxPool2d(2), 2: nn.MaxPool2d(2), 3: nn.MaxPool2d(2, ceil_mode=True), 4: None,
+                 5: nn.MaxPool2d(3, stride=1, padding=1)}
+        for b, (n_conv, ch) in enumerate(VGG16_BLOCKS, start=1):
+            layers = [("pool4", nn.MaxPool2d(2))] if b == 5 else []
+            for i in range(1, n_conv + 1):
+                layers += [(f"conv{b}_{i}", _conv(cin, c(ch))), (f"relu{b}_{i}", relu())]
+                cin = c(ch)
+            if pools[b] is not None:
+                layers.append((f"pool{b}", pools[b]))
+            blocks[f"block{b}"] = block(*layers)
+        blocks["block6"] = block(("conv6", _conv(cin, c(1024), 3, 1, 6, dilation=6)), ("relu6", relu()),
+                                 ("conv7", _conv(c(1024), c(1024), 1, 1, 0)), ("relu7", relu()))
+        self.backbone = nn.Sequential(blocks)
+        self.l2norm = L2Norm(c(512)) if l2norm else nn.Identity()
+        sizes = vgg_ssd_feature_sizes(image_size)
+        extras, cin, source_channels = OrderedDict(), c(1024), [c(512), c(1024)]
+        for b, (mid, out, stride, pad) in zip(range(8, 12), ((256, 512, 2, 1), (128, 256, 2, 1), (128, 256, 1, 0),
+                                                            (128, 256, 1, 0))):
+            if b - 6 >= len(sizes):
+                break
+            extras[f"block{b}"] = block((f"conv{b}_1", _conv(cin, c(mid), 1, 1, 0)), (f"relu{b}_1", relu()),
+                                        (f"conv{b}_2", _conv(c(mid), c(out), 3, stride, pad)), (f"relu{b}_2", relu()))
+            cin = c(out)
+            source_channels.append(cin)
+        self.extras = nn.Sequential(extras)
+        if aspect_ratios is None:
+            aspect_ratios = SSD300_ASPECT_RATIOS[:len(sizes)]
+        self._add_heads(tuple(source_channels), sizes, aspect_ratios, min_scale, max_scale, channels_last)
+
+    def sources(self, images: torch.Tensor) -> list[torch.Tensor]:
+        """The feature maps the heads read: conv4_3 (after L2Norm), conv7, then each extra block's output."""
+        bb = self.backbone
+        x = bb.block4(bb.block3(bb.block2(bb.block1(images))))
+        out = [self.l2norm(x)]
+        x = bb.block6(bb.block5(x))
+        out.append(x)
+        for blk in self.extras:
+            x = blk(x)
+            out.append(x)
+        return out
+
+
 def build_ssd(config: str = "small", **overrides) -> SSD:
-    """An :class:`SSD` from a named size in :data:`CONFIGS` (``"small"``, ``"medium"``, ``"large"``), with
-    keyword overrides.  Raises ValueError for an unknown ``config`` and TypeError when it is not a str."""
+    """An :class:`SSD` (or, for the configurations with ``arch="vgg16"``, a :class:`VGGSSD`) from a named size in
+    :data:`CONFIGS`, with keyword overrides.  Raises ValueError for an unknown ``config`` and TypeError when it
+    is not a str."""
     if not isinstance(config, str):
         raise TypeError(f"config must be a str, got {type(config).__name__}")
     if config not in CONFIGS:
         raise ValueError(f"config must be one of {tuple(CONFIGS)}, got {config!r}")
-    return SSD(**{**CONFIGS[config], **overrides})
+    kwargs = {**CONFIGS[config], **overrides}
+    return (VGGSSD if kwargs.pop("arch", "ssd") == "vgg16" else SSD)(**kwargs)
 
 
 def match(boxes: torch.Tensor, labels: torch.Tensor, priors: torch.Tensor, iou_threshold: float = 0.5,
@@ -448,6 +595,10 @@ def match_batch(boxes: Sequence[torch.Tensor], labels: Sequence[torch.Tensor], p
     return loc, cls
 
 
+#: What :class:`MultiBoxLoss` may divide its sum by: the matched default boxes (SSD), the images, or nothing.
+NORMALIZATIONS = ("matched", "batch", "none")
+
+
 class MultiBoxLoss(nn.Module):
     """SSD's training objective, eq. (1): ``L = (L_conf + alpha L_loc) / N`` (Liu et al. 2016, §2.2).
 
@@ -458,6 +609,9 @@ class MultiBoxLoss(nn.Module):
       ``min(neg_pos_ratio * n_pos, D - n_pos)`` unmatched default boxes with the highest background loss
       ``-log softmax(conf)[0]`` ("Hard negative mining", 3:1); an image without positives contributes none.
     * ``N``: number of positives in the batch; the loss is 0 (with zero gradients) when ``N = 0``.
+    * ``normalize``: what the sum is divided by: ``"matched"`` (SSD's ``N``, the default), ``"batch"`` (the
+      number of images ``B``) or ``"none"`` (the plain sum).  Every gradient of the loss is proportional to the
+      reciprocal of the divisor: ``"none"`` makes every gradient ``N`` times larger than ``"matched"``.
 
     Parameters
     ----------
@@ -467,6 +621,7 @@ class MultiBoxLoss(nn.Module):
     neg_pos_ratio : int >= 0, negatives per positive (3).
     alpha : float >= 0, weight of the localisation term (1).
     variances : pair of floats, see :func:`~mpt_lab.models.box_ops.encode`.
+    normalize : ``"matched"``, ``"batch"`` or ``"none"`` (see above).
 
     ``forward(loc [B, D, 4], conf [B, D, num_classes], targets, return_components=False)`` with ``targets`` a list
     of ``B`` dicts (``"boxes"`` float ``[n, 4]`` normalised xyxy, ``"labels"`` int64 ``[n]``): a scalar float
@@ -477,8 +632,11 @@ class MultiBoxLoss(nn.Module):
     """
 
     def __init__(self, priors: torch.Tensor, num_classes: int = 11, iou_threshold: float = 0.5,
-                 neg_pos_ratio: int = 3, alpha: float = 1.0, variances=DEFAULT_VARIANCES):
+                 neg_pos_ratio: int = 3, alpha: float = 1.0, variances=DEFAULT_VARIANCES, normalize: str = "matched"):
         super().__init__()
+        if normalize not in NORMALIZATIONS:
+            raise ValueError(f"normalize must be one of {NORMALIZATIONS}, got {normalize!r}")
+        self.normalize = normalize
         box_ops._check_boxes(priors, "priors", ndim=2)
         if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
             raise ValueError(f"num_classes must be an int >= 2, got {num_classes!r}")
@@ -533,7 +691,8 @@ class MultiBoxLoss(nn.Module):
         loss_loc = F.smooth_l1_loss(loc[pos], loc_t[pos], reduction="sum", beta=1.0)
         sel = pos | neg
         loss_conf = F.cross_entropy(conf[sel], cls_t[sel], reduction="sum")
-        loss = (loss_conf + self.alpha * loss_loc) / n
+        divisor = {"matched": n, "batch": loc.shape[0], "none": 1}[self.normalize]
+        loss = (loss_conf + self.alpha * loss_loc) / divisor
         if return_components:
             return {"loss": loss, "loc": (loss_loc / n).detach(), "conf": (loss_conf / n).detach(),
                     "num_pos": n, "num_neg": int(neg.sum())}

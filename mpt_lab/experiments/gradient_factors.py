@@ -1,0 +1,251 @@
+"""What sets the scale of a detector's activation gradients: one factor at a time, from our detector toward SSD's.
+
+Micikevicius et al. (ICLR 2018, §3.2, Figure 2) recorded the activation gradients of Multibox SSD (Liu et al.,
+ECCV 2016: VGG-16 on 300x300 images, batch 32, loss divided by the number of matched default boxes) in FP32:
+66.8% were zero and most of the rest lay below FP16's smallest subnormal 2⁻²⁴.  Our detector (chapter 2:
+:data:`mpt_lab.models.ssd.CONFIGS` "small", 64x64 images) has about the paper's share of zeros but its median
+non-zero value is some 12 binades higher.  This experiment measures which differences move the histogram and
+by how much: each variant of :data:`VARIANTS` changes one thing of our detector toward SSD's (or combines
+several), trains briefly in FP32 from scratch (the recipe of :func:`mpt_lab.models.ssd.make_optimizer`) and
+records the log2 histogram of every module's output gradient (:class:`~mpt_lab.histogram.GradientHistogram`)
+over the whole run.  For each it reports the median binade (:meth:`~mpt_lab.histogram.Log2Histogram.median_binade`),
+the share of the non-zero values below 2⁻²⁴ and the share lost in FP16 (rounded to zero: 0 < |x| ≤ 2⁻²⁵).
+
+The result also splits each shift into the part that a simple law predicts (:meth:`GradientFactorsResult.divisor_shift`)
+and the rest:
+
+* SSD's loss is a sum over matched default boxes divided by their number N (eq. 1), so every gradient is
+  proportional to 1/N: a batch B times larger has about B times more matched boxes, and gradients log₂ B binades
+  smaller; a loss that is not divided by N has gradients N times larger.
+* A gradient shift k (the loss times 2⁻ᵏ, Adam's eps times 2⁻ᵏ: :mod:`mpt_lab.experiments._precision`) moves
+  every value by exactly k binades and changes nothing else in FP32: the variant "shift12" shows that the shift
+  the book applies to the small detector in chapter 7 is the same kind of change as these natural factors.
+
+More pixels per image, or another backbone, also change N (a 128 px image has four times the default boxes of a
+64 px one, and about four times the matched ones); what remains after the 1/N part is what the network itself
+does to the gradients on their way down (depth, width, initial weight scale, BatchNorm, the input's pixel range),
+which has no exact law and is measured.
+
+    python -m mpt_lab.experiments.gradient_factors --profile long --out book/results/gradient_factors_long.json
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from ..data import DigitsDetection
+from ..histogram import GradientHistogram, Log2Histogram
+from ..models.ssd import MultiBoxLoss, build_ssd, make_optimizer
+from ..training import shuffled_batches
+from ._precision import shift_eps
+from ._runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
+
+__all__ = ["Config", "GradientFactorsResult", "PROFILES", "VARIANTS", "BASE", "SETTINGS", "config_for", "run",
+           "main", "NAME", "quantile_binade"]
+
+NAME = "gradient_factors"
+
+#: The settings a variant may change, with our detector's values (chapter 2's detector).
+BASE = {"model": "small", "image_size": 64, "batch_size": 32, "normalize": "matched", "init_gain": 1.0,
+        "batch_norm": False, "input_scale": 1.0, "grad_shift": 0}
+SETTINGS = tuple(BASE)
+
+#: SSD's settings (Liu et al. 2016, §3; its Caffe model read pixels in 0-255 with the mean subtracted), cited.
+PAPER_SSD = {"model": "VGG-16 (SSD300)", "image_size": 300, "batch_size": 32, "normalize": "matched",
+             "batch_norm": False, "input_scale": 255}
+
+#: id → (factor, label, settings that differ from :data:`BASE`).  Ids are what ``Config.variants`` lists.
+VARIANTS: dict[str, tuple[str, str, dict]] = {
+    "ours": ("our detector", "ours: small, 64 px, batch 32, loss ÷ N", {}),
+    "px128": ("input size", "128 × 128 px", {"image_size": 128}),
+    "px320": ("input size", "320 × 320 px", {"image_size": 320}),
+    "medium": ("width", "width × 8/3 (channels 16–128)", {"model": "medium"}),
+    "large": ("width", "width × 16/3 (channels 32–256)", {"model": "large"}),
+    "vgg16_64": ("depth: VGG-16 shape", "VGG-16 shape, ⅛ width, 64 px", {"model": "vgg16_narrow"}),
+    "vgg16_128": ("depth: VGG-16 shape", "VGG-16 shape, ⅛ width, 128 px",
+                  {"model": "vgg16_narrow", "image_size": 128}),
+    "batch8": ("batch size", "batch 8", {"batch_size": 8}),
+    "batch128": ("batch size", "batch 128", {"batch_size": 128}),
+    "per_image": ("loss normalisation", "loss ÷ images, not ÷ N", {"normalize": "batch"}),
+    "sum": ("loss normalisation", "loss not divided (sum)", {"normalize": "none"}),
+    "gain0.5": ("initial weight scale", "weights ½ × He", {"init_gain": 0.5}),
+    "gain0.7": ("initial weight scale", "weights 0.7 × He", {"init_gain": 0.7}),
+    "gain1.4": ("initial weight scale", "weights 1.4 × He", {"init_gain": 1.4}),
+    "bn": ("BatchNorm", "BatchNorm after every conv", {"batch_norm": True}),
+    "pixels255": ("input range", "pixels 0–255 (SSD's Caffe input)", {"input_scale": 255.0}),
+    "shift12": ("gradient shift (chapter 7)", "ours, loss × 2⁻¹²", {"grad_shift": 12}),
+    "vgg16_300": ("SSD300 shape", "VGG-16 shape, ⅛ width, 300 px", {"model": "vgg16_narrow", "image_size": 300}),
+    "vgg16w4_300": ("SSD300 shape", "VGG-16 shape, ¼ width, 300 px", {"model": "vgg16", "image_size": 300}),
+    "vgg16_300_255": ("SSD300 shape", "VGG-16 shape, ⅛ width, 300 px, pixels 0–255",
+                      {"model": "vgg16_narrow", "image_size": 300, "input_scale": 255.0}),
+}
+
+
+@dataclass
+class Config(ExperimentConfig):
+    variants: tuple = ("ours", "batch8", "sum", "shift12")   # ids of VARIANTS, "ours" first
+    steps: int = 60                   # FP32 optimizer steps of each variant (all recorded)
+    n_train: int = 4000               # at most this many generated images per variant (fewer when steps × batch is)
+    lr: float = 3e-3                  # Adam, warm-up and cosine decay (models.ssd.make_optimizer)
+    warmup_steps: int = 20
+
+    def validate(self) -> None:
+        super().validate()
+        self.check_positive("steps", "n_train", "warmup_steps")
+        self.check_choices("variants", VARIANTS, subset=True)
+        if self.variants[0] != "ours":
+            raise ValueError(f"config.variants must start with 'ours' (the reference of every shift), got "
+                             f"{tuple(self.variants)!r}")
+        if len(set(self.variants)) != len(self.variants):
+            raise ValueError(f"config.variants must not repeat an id, got {tuple(self.variants)!r}")
+        if not (isinstance(self.lr, (int, float)) and self.lr > 0):
+            raise ValueError(f"config.lr must be a positive float, got {self.lr!r}")
+
+
+_CHEAP = ("ours", "px128", "medium", "vgg16_64", "batch8", "sum", "gain0.5", "bn", "pixels255", "shift12")
+
+PROFILES = {
+    "quick": {"variants": ("ours", "px128", "batch8", "sum", "gain0.5", "shift12"), "steps": 12,
+              "warmup_steps": 5, "n_train": 400, "threads": 1},
+    "cpu": {"variants": _CHEAP, "steps": 40, "warmup_steps": 10, "n_train": 1280, "threads": 1},
+    "long": {"variants": tuple(v for v in VARIANTS if v != "vgg16w4_300"), "steps": 100, "warmup_steps": 20, "n_train": 1600, "threads": 1},
+    "full": {"variants": tuple(VARIANTS), "steps": 1000, "warmup_steps": 50, "n_train": 8000},
+}
+
+
+def quantile_binade(h: Log2Histogram, q: float) -> int | None:
+    """The binade k (2ᵏ ≤ |x| < 2ᵏ⁺¹) holding the ``q``-quantile (0 < q < 1) of the non-zero finite values of
+    ``h``; q = 0.5 is :meth:`~mpt_lab.histogram.Log2Histogram.median_binade`.  None when there is none.
+
+    Raises ValueError for q outside (0, 1).
+    """
+    if not (isinstance(q, (int, float)) and 0 < q < 1):
+        raise ValueError(f"q must lie strictly between 0 and 1, got {q!r}")
+    import numpy as np
+
+    cum = np.cumsum(h.counts)
+    if cum[-1] == 0:
+        return None
+    return int(h.exponents[np.searchsorted(cum, cum[-1] * q)])
+
+
+@dataclass
+class GradientFactorsResult(ExperimentResult):
+    """``variants``: {id: {"factor", "label", "settings" (all of :data:`SETTINGS`), "activation" (histogram of
+    the run), "losses" (per step, SSD eq. 1 divided by the matched boxes N whatever the normalisation),
+    "matched" (mean N per batch), "values_per_image" (activation-gradient values per image and step),
+    "parameters", "weight_gain" (geometric mean over backbone and extra convolutions of the weights' standard
+    deviation over He's, at the end), "seconds"}} in the order of ``config["variants"]``."""
+
+    variants: dict = field(default_factory=dict)
+
+    def _v(self, vid: str) -> dict:
+        if vid not in self.variants:
+            raise ValueError(f"vid must be one of {tuple(self.variants)}, got {vid!r}")
+        return self.variants[vid]
+
+    def median(self, vid: str) -> int | None:
+        """Median binade of the non-zero activation gradients of variant ``vid``."""
+        return self._v(vid)["activation"].median_binade()
+
+    def shift(self, vid: str) -> int | None:
+        """Binades the median of ``vid`` lies above (> 0) or below (< 0) our detector's."""
+        m, m0 = self.median(vid), self.median("ours")
+        return None if m is None or m0 is None else m - m0
+
+    def divisor_shift(self, vid: str) -> float:
+        """The part of :meth:`shift` that the loss's divisor and the gradient shift predict, in binades:
+        log₂(D_ours / D) − (k − k_ours), where D is what the loss is divided by (the measured mean number N of
+        matched default boxes per batch for SSD's normalisation, the batch size B, or 1) and k the gradient shift.
+
+        Every gradient of the loss is ∝ 1/D × 2⁻ᵏ, so for variants that change only the normalisation, the batch
+        size or k this is the whole shift; for the others (more pixels or default boxes also mean more matched
+        boxes) the rest, :meth:`shift` minus this, is what the network itself does."""
+        s, s0 = self._v(vid)["settings"], self.variants["ours"]["settings"]
+
+        def divisor(settings, matched):
+            return {"matched": float(matched), "batch": float(settings["batch_size"]), "none": 1.0}[settings["normalize"]]
+
+        return (math.log2(divisor(s0, self.variants["ours"]["matched"]) / divisor(s, self._v(vid)["matched"]))
+                - (s["grad_shift"] - s0["grad_shift"]))
+
+    def shares(self, vid: str) -> dict:
+        """Shares of variant ``vid``'s activation gradients (0 to 1): "zeros" (of all values), "below" (of the
+        non-zero finite values: |x| < 2⁻²⁴, FP16's smallest subnormal) and "lost" (of the non-zero finite values:
+        rounds to zero in FP16, |x| ≤ 2⁻²⁵)."""
+        h = self._v(vid)["activation"]
+        nonzero = h.total - h.zeros - h.nonfinite
+        if nonzero <= 0:
+            return {"zeros": h.fraction_zero(), "below": math.nan, "lost": math.nan}
+        below = float(h.counts[h.exponents < -24].sum()) / nonzero
+        return {"zeros": h.fraction_zero(), "below": below,
+                "lost": h.fractions("FP16")["underflow"] * h.total / nonzero}
+
+    def describe(self) -> str:
+        parts = [f"{v['label']}: 2^{self.median(k)}" for k, v in self.variants.items()]
+        return (f"gradient_factors ({self.profile} profile, {self.device}, {self.config['steps']} steps each): "
+                f"median binade of the non-zero activation gradients: " + "; ".join(parts))
+
+
+def _weight_gain(model: torch.nn.Module) -> float:
+    """Geometric mean over the backbone and extra convolutions of std(W) / He's std sqrt(2 / fan_out)."""
+    logs = []
+    for part in (model.backbone, model.extras):
+        for m in part.modules():
+            if isinstance(m, torch.nn.Conv2d):
+                fan_out = m.out_channels * m.kernel_size[0] * m.kernel_size[1]
+                logs.append(math.log(float(m.weight.detach().float().std()) / math.sqrt(2.0 / fan_out)))
+    return math.exp(sum(logs) / len(logs)) if logs else math.nan
+
+
+def _train_variant(vid: str, config: Config, run: Run) -> dict:
+    """Train variant ``vid`` in FP32 for ``config.steps`` steps, recording every activation gradient."""
+    factor, label, over = VARIANTS[vid]
+    s = {**BASE, **over}
+    device = run.device
+    batch = s["batch_size"]
+    n_train = max(batch, min(config.n_train, config.steps * batch))
+    data = DigitsDetection("train", n_train, s["image_size"], seed=config.seed)
+    torch.manual_seed(config.seed)
+    model = build_ssd(s["model"], image_size=s["image_size"], batch_norm=s["batch_norm"], init_gain=s["init_gain"],
+                      input_scale=s["input_scale"]).to(device)
+    loss_fn = MultiBoxLoss(model.priors, num_classes=model.num_classes, normalize=s["normalize"]).to(device)
+    opt, sched = make_optimizer(model, config.steps, lr=config.lr, warmup_steps=min(config.warmup_steps, config.steps))
+    shift_eps(opt, s["grad_shift"])
+    batches = shuffled_batches(n_train, batch, seed=config.seed)
+    losses, matched = [], []
+    t0 = run.elapsed()
+    model.train()
+    with GradientHistogram(model, "activation") as gh:
+        for _ in run.bar(range(config.steps), desc=label, leave=False):
+            images, targets = data.batch(next(batches))
+            targets = [{k: v.to(device) for k, v in t.items()} for t in targets]
+            opt.zero_grad(set_to_none=True)
+            loc, conf = model(images.to(device))
+            out = loss_fn(loc, conf, targets, return_components=True)
+            loss = out["loss"] * 2.0 ** -s["grad_shift"] if s["grad_shift"] else out["loss"]
+            loss.backward()
+            opt.step()
+            sched.step()
+            losses.append(float(out["loc"] + out["conf"]))
+            matched.append(out["num_pos"])
+    hist = gh.histogram.copy()
+    return {"factor": factor, "label": label, "settings": s, "activation": hist, "losses": losses,
+            "matched": sum(matched) / len(matched), "values_per_image": hist.total / (config.steps * batch),
+            "parameters": sum(p.numel() for p in model.parameters()), "weight_gain": _weight_gain(model),
+            "seconds": run.elapsed() - t0}
+
+
+def measure(config: Config, run: Run) -> dict:
+    """Train every variant of ``config.variants`` briefly in FP32 and keep its activation-gradient histogram."""
+    return {"variants": {vid: _train_variant(vid, config, run) for vid in config.variants}}
+
+
+EXPERIMENT = Experiment(NAME, Config, PROFILES, measure, GradientFactorsResult, __doc__)
+run, config_for, main = EXPERIMENT.run, EXPERIMENT.config_for, EXPERIMENT.main
+
+if __name__ == "__main__":
+    run_main(EXPERIMENT)
