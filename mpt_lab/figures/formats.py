@@ -196,6 +196,14 @@ def plot_accumulation(trajectories: dict, *, exact=None, title: str | None = Non
     return fig
 
 
+def _cast_name(code: str) -> str:
+    """The dtype a benchmark's native round trip casts through, e.g. "torch.float16", "ml_dtypes.float4_e2m1fn"."""
+    import re
+
+    m = re.search(r"(torch|ml_dtypes|np)\.(float\w*|bfloat16)", code)
+    return f"{m.group(1)}.{m.group(2)}" if m else code
+
+
 def round_to_speed_table(result: dict, data: str = "normal"):
     """The round_to benchmark as a table: per input library and format, the native nearest-even cast and
     :func:`mpt_lab.formats.round_to` with round-to-nearest-even and with stochastic rounding, in milliseconds
@@ -222,12 +230,12 @@ def round_to_speed_table(result: dict, data: str = "normal"):
         if rnd != "nearest_even":
             continue
         s = by.get((inp, fmt, "stochastic"))
-        native = html.escape(r["native"].split(" (")[0])
         mark = "" if r["same_values"] else " ≠"
-        out.append([f"{inp} · {fmt}", f"<code>{native}</code>", f"{1e3 * r['native_s']:.1f}",
+        out.append([f"{inp} · {fmt}", f"<code>{html.escape(_cast_name(r['native']))}</code>",
+                    f"{1e3 * r['native_s']:.1f}",
                     f"{1e3 * r['round_to_s']:.1f} ({r['ratio']:.2f}×){mark}",
                     "–" if s is None else f"{1e3 * s['round_to_s']:.1f} ({s['ratio']:.2f}×)"])
     n = result.get("provenance", {}).get("config", {}).get("n")
     caption = f"{n:,} float32 values ({data} data), one thread, median times" if n else f"{data} data"
-    return table_html(["input · format", "native cast", "cast (ms)", "round_to nearest-even (ms)",
+    return table_html(["input · format", "cast through", "cast (ms)", "round_to nearest-even (ms)",
                        "round_to stochastic (ms)"], out, caption=caption)
