@@ -1,17 +1,20 @@
 """Figures of chapter 1: where each format's values lie, how their spacing grows, fixed against floating point,
-and what repeated small updates do to a stored weight."""
+what repeated small updates do to a stored weight, and how fast round_to simulates a format."""
 
 from __future__ import annotations
 
+import html
+import re
 from typing import Sequence
 
 import numpy as np
 from matplotlib.figure import Figure
 
 from .. import formats as F
-from ._base import as_formats, format_color, new_figure
+from ._base import as_formats, format_color, new_figure, table_html
 
-__all__ = ["draw_format_ranges", "plot_format_ranges", "plot_ulp", "plot_fixed_vs_float", "plot_accumulation"]
+__all__ = ["draw_format_ranges", "plot_format_ranges", "plot_ulp", "plot_fixed_vs_float", "plot_accumulation",
+           "round_to_speed_table"]
 
 
 def draw_format_ranges(ax, fmts, ticks_max_bits: int, *, legend: bool = True) -> None:
@@ -198,8 +201,6 @@ def plot_accumulation(trajectories: dict, *, exact=None, title: str | None = Non
 
 def _cast_name(code: str) -> str:
     """The dtype a benchmark's native round trip casts through, e.g. "torch.float16", "ml_dtypes.float4_e2m1fn"."""
-    import re
-
     m = re.search(r"(torch|ml_dtypes|np)\.(float\w*|bfloat16)", code)
     return f"{m.group(1)}.{m.group(2)}" if m else code
 
@@ -215,10 +216,6 @@ def round_to_speed_table(result: dict, data: str = "normal"):
 
     Raises ValueError if ``result`` holds no rows for ``data``; TypeError if it is not such a dict.
     """
-    import html
-
-    from ._base import table_html
-
     if not isinstance(result, dict) or "rows" not in result:
         raise TypeError("result must be the dict written by benchmarks/round_to_speed.py (with 'rows')")
     rows = [r for r in result["rows"] if r["data"] == data]

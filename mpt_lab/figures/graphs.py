@@ -12,7 +12,7 @@ from .. import formats as F
 from ._base import FORMAT_COLORS, PRECISION_STYLE, mib, new_figure, table_html
 
 __all__ = ["plot_gat_training", "plot_gat_memory", "plot_attention_overflow", "plot_gat_memory_fit",
-           "gat_memory_table", "gat_budget_table", "message_passing_table"]
+           "gat_memory_table", "gat_budget_table", "message_passing_table", "code_table"]
 
 
 def _check_gat(result):
