@@ -80,3 +80,18 @@ def test_device_resolve_synchronize_and_cpu_flags():
     device.synchronize(None)
     flags = device.cpu_flags()
     assert isinstance(flags, list) and set(flags) <= set(device.CPU_FEATURES)
+
+
+def test_no_tracked_file_names_the_source_documents_by_file_name():
+    """The book cites works (the paper, the DGL User Guide, ...), never "seed 00N": not in pages (test_book), and
+    not in the package, notebooks, benchmarks or saved results, whose text the chapters print."""
+    import re
+    import subprocess
+
+    from conftest import ROOT
+
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    pattern = re.compile(r"[Ss]eed 0\d\d")
+    hits = [f for f in files if not f.startswith("tests/") and (ROOT / f).is_file()
+            and pattern.search((ROOT / f).read_text(encoding="utf-8", errors="ignore"))]
+    assert not hits, hits
