@@ -47,9 +47,13 @@ autocast op reference, https://pytorch.org/docs/stable/amp.html#cuda-ops-that-ca
       floating tensor inputs are ``fmt`` values produced inside the block (e.g. ``relu`` or ``max_pool2d`` of a
       linear/conv output), and left in float32 as soon as one input is float32 (e.g. ``x16 + x32``).
       Batch norm follows its ``input``.
-    During backward autocast is not active and each backward op computes in the dtype of the forward tensors:
-    a backward op's outputs are rounded when any of its floating inputs is an ``fmt`` value produced in the
-    block (lower-precision ops round inputs and outputs as in forward).
+    During backward autocast is not active; each backward op computes, by type promotion, in the dtype of its
+    inputs (the incoming gradient and the tensors saved in forward), and autograd casts the gradient of every
+    tensor to that tensor's dtype.  So a backward op's outputs are rounded when all its floating inputs are
+    ``fmt`` values (lower-precision ops round inputs and outputs as in forward), and the gradient that reaches
+    an ``fmt`` tensor of the forward pass is rounded however it was computed (a tensor hook registered when
+    the tensor enters an op).  E.g. in ``x16 / norm32`` the gradients of the norm stay float32 and only the
+    gradient of ``x16`` is rounded, as with autocast.
 
 Rounding is exact round-to-nearest-even (``rounding="nearest_even"``, the default) or, on request, any rounding
 of :func:`mpt_lab.formats.round_to` (stochastic rounding draws from torch's default generator).  It takes
@@ -88,12 +92,12 @@ What the emulation does NOT model
   "all" and for lower-precision ops, but they are not changed: use :func:`round_parameters_` to store the
   weights in ``fmt`` (the FP16 copy of the master weights) and round the batch yourself if it must be stored
   in ``fmt``.
-* In mode "autocast", the backward of autocast's float16 → float32 casts (which rounds the gradient entering
-  an FP16 region from an FP32 op) is approximated by the "any input" rule above; a float32-op gradient that
-  feeds only float32 backward ops is not rounded (e.g. the bias gradient of a ``linear`` whose output goes
-  to the loss, a ``sum`` of the loss gradient).  Mark such a boundary with :func:`to_float32` (the
-  simulated ``t.float()`` of an autocast output) to round that gradient as autocast does.  Gradients of FP32 leaves (master weights) are the float32
-  accumulation of rounded contributions, as with autocast.
+* In mode "autocast", autograd casts each contribution to the gradient of a float16 tensor to float16 and
+  sums the contributions in float16; the emulation sums them in float32 and rounds the total once (the
+  same value where a tensor feeds one op, within an ulp or so where it feeds several).
+  :func:`to_float32` (the simulated ``t.float()`` of an autocast output) rounds the gradient of the float32
+  copy itself, as the backward of autocast's cast does.  Gradients of FP32 leaves (master weights) are the
+  float32 accumulation of rounded contributions, as with autocast.
 * Integer ops, random number generation and dtype conversions inside the block are not changed; ``fmt``
   values are stored in float32 (or the dtype the op returns), never in a real 16/8-bit dtype, so memory use
   and speed are those of float32.
@@ -296,6 +300,7 @@ class simulate(TorchDispatchMode):
         self._round = self._round_ = None
         self._plans: dict = {}
         self._tags: dict = {}  # see _entry
+        self._hooked: dict = {}  # id -> weakref of the fmt tensors whose gradient is rounded (_cast_gradients_of)
 
     def __repr__(self) -> str:
         return f"simulate({self.fmt.name!r}, mode={self.mode!r}, backward={self.backward})"
@@ -307,6 +312,7 @@ class simulate(TorchDispatchMode):
         # round_to's paths (a native conversion is checked against the bit path on its first use)
         self._round, self._round_ = _rounder_pair(self.fmt, self.rounding)
         self._tags.clear()
+        self._hooked.clear()
         self.ops_rounded = 0
         _active.mode = self
         try:
@@ -399,6 +405,35 @@ class simulate(TorchDispatchMode):
             return rb.as_strided(x.size(), x.stride(), x.storage_offset() - base.storage_offset())
         return self._round(x)
 
+    # --- the gradient of an fmt tensor is an fmt tensor --------------------------------------------------
+    # Autograd casts every gradient to the dtype of the tensor it belongs to (the engine's validate_outputs),
+    # so under autocast the gradient of a float16 activation is float16 however it was computed (e.g. in
+    # float32 by the backward of x16 / norm32).  A hook on each fmt tensor that enters an op in forward rounds
+    # the gradient that reaches it; the backward ops themselves round only when all their inputs are fmt.
+    def _cast_gradients_of(self, tensors) -> None:
+        hooked = self._hooked
+        for t in tensors:
+            if not (t.requires_grad and t.is_floating_point()) or not self._tagged(t):
+                continue
+            ref = hooked.get(id(t))
+            if ref is not None and ref() is t:
+                continue
+            t.register_hook(self._cast_gradient)
+
+            def forget(ref, k=id(t), hooked=hooked):
+                if hooked.get(k) is ref:
+                    del hooked[k]
+
+            hooked[id(t)] = weakref.ref(t, forget)
+
+    def _cast_gradient(self, grad):
+        if getattr(_active, "mode", None) is not self or self._tagged(grad):
+            return None
+        with exact_arithmetic():
+            out = self._round(grad)
+        self._tag(out)
+        return out
+
     def _finish(self, out, written_args, fresh: bool = True):
         """Round the tensors that the op wrote (in place) and, with ``fresh``, its other floating outputs."""
         r, r_ = self._round, self._round_
@@ -444,6 +479,8 @@ class simulate(TorchDispatchMode):
                         self._tag(o)
             return out
         flat = _flat_tensors(args, kwargs)
+        if self.mode == "autocast" and self.backward and not in_backward:
+            self._cast_gradients_of(flat)
         written = [_arg(func, args, kwargs, i) for i in written_idx] if written_idx else ()
         if written:
             written = [t for w in written for t in (w if isinstance(w, (list, tuple)) else (w,))
@@ -470,15 +507,16 @@ class simulate(TorchDispatchMode):
                     return type(out)((self._finish(out[0], ()), *out[1:]))
                 return self._finish(out, ())
             return out
-        # promote: forward, all floating inputs in fmt (as autocast's "widest input type"; an in-place op
-        # keeps the dtype of the tensor it writes); backward, any floating input in fmt
+        # promote: all floating inputs in fmt, as autocast's "widest input type" and as type promotion inside
+        # a backward formula (an in-place op keeps the dtype of the tensor it writes); in backward, the
+        # gradient reaching an fmt tensor is rounded by the hook of _cast_gradients_of
         if written and not in_backward:
             rounded = all(self._tagged(t) for t in written)
         else:
             fl = [t for t in flat if t.is_floating_point()]
             dims = [t for t in fl if t.dim() > 0] or fl
             tags = [self._tagged(t) for t in dims]
-            rounded = bool(tags) and (any(tags) if in_backward else all(tags))
+            rounded = bool(tags) and all(tags)
         out = func(*args, **kwargs)
         if rounded:
             self.ops_rounded += 1
@@ -519,10 +557,11 @@ def to_float32(t: torch.Tensor) -> torch.Tensor:
     backward (inside the same :class:`simulate` block) the incoming float32 gradient is rounded to the block's
     format, as the backward of autocast's float16 → float32 cast rounds it to float16.
 
-    Use it where an autocast (lower-precision) result feeds a float32 op whose gradient autocast would round
-    on its way back, e.g. ``loss = cross_entropy(to_float32(logits), y)``: without it the gradient of a
-    ``linear`` layer's bias, a ``sum`` of the float32 loss gradient, is not rounded (see "What the emulation
-    does NOT model").  Outside a block, or when the block is not active during backward, it changes nothing.
+    It marks, in code that reads like autocast code, where an autocast (lower-precision) result feeds a float32
+    op, e.g. ``loss = cross_entropy(to_float32(logits), y)``.  Inside a block the gradient of every ``fmt``
+    tensor is rounded anyway (see the module docstring), so the boundary rounds a gradient that is about to
+    be rounded again, with the same result.  Outside a block, or when the block is not active during backward,
+    it changes nothing.
 
     Parameters
     ----------

@@ -194,6 +194,39 @@ def test_autocast_mode_backward_rounds_gradients_of_fp16_tensors():
         assert torch.allclose(p.grad, q.grad, rtol=1e-2, atol=1e-4)
 
 
+def test_autocast_mode_backward_computes_in_float32_where_autocast_does():
+    """x16 / norm32 (SSD's L2Norm): autograd computes the backward in float32 and casts only the gradient of the
+    float16 tensor.  Rounding the float32 intermediates (the gradient of the norm, its sqrt backward) would
+    overflow FP16 where real autocast does not."""
+    def forward(lin, x, g):
+        h = torch.relu(lin(x))
+        norm = h.float().pow(2).sum(1, keepdim=True).add(1e-10).sqrt()
+        return (h / norm * 20.0 * g).sum()
+
+    def layer():
+        torch.manual_seed(3)
+        return nn.Linear(16, 8, bias=False)
+
+    x = torch.randn(64, 16, generator=torch.Generator().manual_seed(1))
+    x[:8] *= 1e-2  # rows of small activations: a small norm, a large gradient of the norm
+    g = torch.randn(64, 8, generator=torch.Generator().manual_seed(2))
+    real = layer()
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = forward(real, x, g)
+    loss.backward()
+    sim = layer()
+    with simulate("FP16", mode="autocast"):
+        forward(sim, x, g).backward()
+    fp32 = layer()
+    forward(fp32, x, g).backward()
+    assert torch.isfinite(real.weight.grad).all()
+    assert torch.isfinite(sim.weight.grad).all()
+    assert _is_in(sim.weight.grad, FP16)
+    err = (sim.weight.grad - real.weight.grad).norm() / real.weight.grad.norm()
+    err32 = (fp32.weight.grad - real.weight.grad).norm() / real.weight.grad.norm()
+    assert err < err32  # the emulation is closer to real FP16 autocast than FP32 is
+
+
 # ------------------------------------------------------------------------------------------------------
 # (c) gradient underflow, (d) training
 # ------------------------------------------------------------------------------------------------------
