@@ -21,7 +21,8 @@ gradients are small enough by themselves for FP16 without loss scaling to fail. 
 on 128 px images (four times the default boxes, and of matched boxes N, of 64 px: gradients ∝ 1/N sit two
 binades lower, as low as the VGG-16-shaped detector's at 128 px); SSD300's shape at 300 px does not fit: the
 FP16 emulation of :mod:`mpt_lab.simulate` costs about five FP32 steps per step there, so four arms would get
-about 60 steps each in an hour.
+about 60 steps each in an hour.  At that size the answer is no (``book/results/ssd_table2_long.json``): FP16
+would flush a fraction of a percent of the FP32 run's values, and FP16 without loss scaling trains as FP32 does.
 
     python -m mpt_lab.experiments.ssd_table2 --profile full --out book/results/ssd_table2_full.json
     python -m mpt_lab.experiments.ssd_table2 --profile long --out book/results/ssd_table2_long.json
