@@ -111,7 +111,7 @@ PROFILES = {
     "quick": {"variants": ("ours", "px128", "batch8", "sum", "gain0.5", "shift12"), "steps": 12,
               "warmup_steps": 5, "n_train": 400, "threads": 1},
     # chapter 2's cpu profile: the factors a reader can act on, short enough to add about a minute to the chapter
-    "cpu": {"variants": _CHEAP, "steps": 24, "warmup_steps": 8, "n_train": 800, "threads": 1},
+    "cpu": {"variants": _CHEAP, "steps": 24, "warmup_steps": 8, "n_train": 800, "threads": 0},
     "long": {"variants": tuple(v for v in VARIANTS if v != "vgg16w4_300"), "steps": 100, "warmup_steps": 20, "n_train": 1600, "threads": 1},
     "full": {"variants": tuple(VARIANTS), "steps": 1000, "warmup_steps": 50, "n_train": 8000},
 }
