@@ -300,7 +300,7 @@ class simulate(TorchDispatchMode):
         self._round = self._round_ = None
         self._plans: dict = {}
         self._tags: dict = {}  # see _entry
-        self._hooked: dict = {}  # id -> weakref of the fmt tensors whose gradient is rounded (_cast_gradients_of)
+        self._hooked: dict = {}  # id -> (weakref,) of the fmt tensors whose gradient is rounded (_cast_gradients_of)
 
     def __repr__(self) -> str:
         return f"simulate({self.fmt.name!r}, mode={self.mode!r}, backward={self.backward})"
@@ -369,15 +369,7 @@ class simulate(TorchDispatchMode):
             v = t._version + bump
         except RuntimeError:
             return
-        k = id(t)
-        tags = self._tags
-
-        def forget(ref, k=k, tags=tags):
-            e = tags.get(k)
-            if e is not None and e[0] is ref:
-                del tags[k]
-
-        tags[k] = (weakref.ref(t, forget), v, rounded)
+        _remember(self._tags, t, v, rounded)
 
     def _rounded_input(self, x):
         """x itself when it holds fmt values, else its rounded copy (made once per tensor and version)."""
@@ -415,16 +407,11 @@ class simulate(TorchDispatchMode):
         for t in tensors:
             if not (t.requires_grad and t.is_floating_point()) or not self._tagged(t):
                 continue
-            ref = hooked.get(id(t))
-            if ref is not None and ref() is t:
+            e = hooked.get(id(t))
+            if e is not None and e[0]() is t:
                 continue
             t.register_hook(self._cast_gradient)
-
-            def forget(ref, k=id(t), hooked=hooked):
-                if hooked.get(k) is ref:
-                    del hooked[k]
-
-            hooked[id(t)] = weakref.ref(t, forget)
+            _remember(hooked, t)
 
     def _cast_gradient(self, grad):
         if getattr(_active, "mode", None) is not self or self._tagged(grad):
@@ -581,6 +568,18 @@ def to_float32(t: torch.Tensor) -> torch.Tensor:
     if not t.requires_grad:
         return t
     return _ToFloat32.apply(t)
+
+
+def _remember(table: dict, t: torch.Tensor, *fields) -> None:
+    """``table[id(t)] = (weakref to t, *fields)``; the entry goes when ``t`` is freed (ids are reused)."""
+    k = id(t)
+
+    def forget(ref, k=k, table=table):
+        e = table.get(k)
+        if e is not None and e[0] is ref:
+            del table[k]
+
+    table[k] = (weakref.ref(t, forget), *fields)
 
 
 def _arg(func, args, kwargs, i):
