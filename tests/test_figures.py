@@ -118,6 +118,12 @@ def test_one_table_builder():
     t = figures.table_html(["a", "<b>"], [[1, "x"], [2, "y"]], caption="c & d")
     assert t.count("<tr>") == 3 and "&lt;b&gt;" in t and "c &amp; d" in t and "overflow-x:auto" in t
     assert t._repr_html_() == str(t)
+    assert t.count("text-align:left") == 3 and t.count("text-align:right") == 3     # names left, numbers right
+    t = figures.table_html(["a", "b"], [[1, "x"]], align=("left", "left"))
+    assert "text-align:right" not in t and t.count("text-align:left") == 4
+    for bad in (("left",), ("left", "centre")):
+        with pytest.raises(ValueError, match="align"):
+            figures.table_html(["a", "b"], [[1, "x"]], align=bad)
     from mpt_lab import widgets
 
     assert widgets.table_html is figures.table_html and widgets.HTML is figures.HTML

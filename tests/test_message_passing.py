@@ -115,6 +115,7 @@ def test_code_side_by_side_and_bad_input():
         mp.code_side_by_side("u_add_v")
     table = figures.code_table("UDF message+reduce", c)        # the code is shown escaped, one row per library
     assert table.count("<tr>") == 1 + 3 and "{&#x27;m&#x27;: " in table and "{'m': " not in table
+    assert "text-align:right" not in table                  # the header "code" sits over its code, on the left
     with pytest.raises(TypeError, match="codes"):
         figures.code_table("x", ["def f(): pass"])
     with pytest.raises(TypeError, match="config"):

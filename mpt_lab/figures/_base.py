@@ -83,15 +83,25 @@ class HTML(str):
         return str(self)
 
 
-def table_html(header: Sequence[str], rows: Sequence[Sequence], caption: str = "") -> HTML:
+def table_html(header: Sequence[str], rows: Sequence[Sequence], caption: str = "",
+               align: Sequence[str] | None = None) -> HTML:
     """The book's one HTML table builder.
 
     ``header``: column titles (escaped); ``rows``: cells inserted as given (numbers, or text that is already
-    HTML: escape your own strings with ``html.escape``); ``caption``: escaped.  The table scrolls inside its
-    own box on narrow screens, so a wide table never makes the page scroll sideways.
+    HTML: escape your own strings with ``html.escape``); ``caption``: escaped; ``align``: "left" or "right" per
+    column, header and cells alike (default: the first column, which names the row, left; the others, which hold
+    numbers, right).  The table scrolls inside its own box on narrow screens, so a wide table never makes the
+    page scroll sideways.
+
+    Raises ValueError if ``align`` does not give "left" or "right" for each column of ``header``.
     """
-    def cell(tag, i, c):      # the first column names the row: left-aligned; the others hold numbers
-        return f'<{tag} style="text-align:{"left" if i == 0 else "right"};padding:2px 8px">{c}</{tag}>'
+    if align is None:
+        align = ["left"] + ["right"] * (len(header) - 1)
+    elif len(align) != len(header) or any(a not in ("left", "right") for a in align):
+        raise ValueError(f"align must give 'left' or 'right' for each of the {len(header)} columns, got {align!r}")
+
+    def cell(tag, i, c):
+        return f'<{tag} style="text-align:{align[i]};padding:2px 8px">{c}</{tag}>'
 
     th = "".join(cell("th", i, html.escape(str(h))) for i, h in enumerate(header))
     body = "".join("<tr>" + "".join(cell("td", i, c) for i, c in enumerate(r)) + "</tr>" for r in rows)

@@ -216,7 +216,8 @@ def code_table(example: str, codes: dict):
     pre = ('<pre style="text-align:left;margin:0;padding:4px;overflow-x:auto;max-width:80ch;'
            'font-size:85%">{}</pre>')
     return table_html(["library", "code"], [[html.escape(lib), pre.format(html.escape(code))]
-                                            for lib, code in codes.items()], caption=example)
+                                            for lib, code in codes.items()], caption=example,
+                      align=("left", "left"))
 
 
 def plot_gat_memory_fit(result, *, title: str | None = None) -> Figure:
