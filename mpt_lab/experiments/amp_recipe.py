@@ -78,7 +78,7 @@ class Config(ExperimentConfig):
 
 PROFILES = {
     "quick": {"width": 256, "num_batches": 4, "epochs": 2, "warmup_epochs": 1, "threads": 1},
-    "cpu": {"width": 512, "num_batches": 4, "epochs": 2, "warmup_epochs": 1, "threads": 1},
+    "cpu": {"width": 384, "num_batches": 4, "epochs": 2, "warmup_epochs": 1, "threads": 1},
     "full": {"peak_n": 8192},
 }
 

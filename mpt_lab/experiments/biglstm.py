@@ -121,7 +121,7 @@ class Config(ExperimentConfig):
 PROFILES = {
     "quick": {"max_vocab": 4000, "batch_size": 16, "bptt": 16, "steps": 120, "arms": ("fp32", "fp16", "fp16_static"),
               "eval_every": 30, "hist_every": 4, "valid_tokens": 4000, "threads": 1, "sweep_shifts": (0, 6)},
-    "cpu": {"max_vocab": 4000, "batch_size": 16, "bptt": 16, "steps": 150, "growth_interval": 50, "eval_every": 50,
+    "cpu": {"max_vocab": 4000, "batch_size": 16, "bptt": 16, "steps": 120, "growth_interval": 40, "eval_every": 40,
             "hist_every": 4, "valid_tokens": 6000, "threads": 0, "sweep_shifts": (0, 7)},
     # Figure 1 with no shift at all: 4096 × 16 = 65,536 tokens per batch, 2^8 times the cpu profile's, so that the
     # softmax gradients p/N of words with p < 2^-9 fall below FP16's 2^-25 by themselves; the vocabulary (2048

@@ -152,7 +152,7 @@ class Config(ExperimentConfig):
 
 PROFILES = {
     "quick": {"steps": 60, "flag_steps": 16, "inject_steps": (3, 9), "sweep_elements": 1024, "threads": 1},
-    "cpu": {"steps": 300, "hidden": 256, "flag_steps": 40, "inject_steps": (5, 20), "growth_interval": 10,
+    "cpu": {"steps": 200, "hidden": 256, "flag_steps": 40, "inject_steps": (5, 20), "growth_interval": 10,
             "sweep_elements": 4096, "threads": 1},
     "full": {"nproc": 0, "steps": 3000, "hidden": 1024, "layers": 4, "batch_size": 512, "flag_steps": 200,
              "inject_steps": (20, 80, 140), "growth_interval": 200, "sweep_elements": 16384},

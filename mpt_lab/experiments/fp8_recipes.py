@@ -237,7 +237,7 @@ PROFILES = {
               "lm_valid_chars": 8192, "block_sizes": (8, 32, 128), "sweep_formats": ("FP8_E4M3", "FP4_E2M1"),
               "recipes": ("fp32", "bf16", "fp16", "fp8_unscaled", "fp8_current", "fp8_delayed", "mxfp8", "mxfp4",
                           "nvfp4", "bf16_sr", "bf16_rne"), "threads": 1},
-    "cpu": {"lm_steps": 100, "lm_batch": 12, "mlp_steps": 150, "evals": 3, "stats_every": 25, "threads": 1},
+    "cpu": {"lm_steps": 100, "lm_batch": 12, "mlp_steps": 150, "evals": 3, "stats_every": 25, "threads": 0},
     "full": {"lm_dim": 256, "lm_layers": 4, "lm_heads": 8, "lm_context": 128, "lm_batch": 32, "lm_steps": 500,
              "lm_lr": 1e-3, "lm_valid_chars": 65536, "mlp_hidden": 256, "mlp_steps": 1000, "evals": 6,
              "stats_every": 25},

@@ -135,7 +135,7 @@ class Config(ExperimentConfig):
 PROFILES = {
     "quick": {"num_nodes": 400, "avg_degree": 10.0, "epochs": 15, "threads": 1, "fit_nodes": 200,
               "fit_degrees": (4, 8)},
-    "cpu": {"num_nodes": 1000, "avg_degree": 12.0, "epochs": 20, "fit_degrees": (4, 8), "threads": 1},
+    "cpu": {"num_nodes": 1000, "avg_degree": 12.0, "epochs": 14, "fit_degrees": (4, 8), "threads": 1},
     "full": {"num_nodes": REDDIT["num_nodes"], "avg_degree": 20.0, "epochs": 100, "fit_nodes": 20000,
              "fit_degrees": (8, 16, 32, 64)},
 }

@@ -83,7 +83,7 @@ class Config(ExperimentConfig):
 PROFILES = {
     "quick": {"vocabs": (512, 2048), "batch_sizes": (8, 32), "bptt": 16, "steps": 30, "record_steps": 10,
               "threads": 1},
-    "cpu": {"vocabs": (1024, 4096, 0), "batch_sizes": (16, 64), "bptt": 16, "steps": 60, "record_steps": 15,
+    "cpu": {"vocabs": (1024, 4096), "batch_sizes": (16, 64), "bptt": 16, "steps": 60, "record_steps": 15,
             "threads": 0},
     "long": {"vocabs": (1024, 2048, 4096, 8192, 0), "batch_sizes": (16, 64, 256), "bptt": 16, "steps": 200,
              "record_steps": 50, "threads": 1},

@@ -48,7 +48,7 @@ class Config(ExperimentConfig):
 
 PROFILES = {
     "quick": {"steps": 400, "growth_interval": 50, "threads": 1},
-    "cpu": {"steps": 2000, "growth_interval": 100, "threads": 1},
+    "cpu": {"steps": 1200, "growth_interval": 100, "threads": 1},
     "full": {"steps": 20000, "growth_interval": 2000, "batch_size": 256, "hidden": 1024},
 }
 

@@ -80,7 +80,7 @@ class Config(ExperimentConfig):
 
 PROFILES = {
     "quick": {"steps": 3000, "threads": 1},
-    "cpu": {"steps": 10000, "threads": 1},
+    "cpu": {"steps": 7000, "threads": 1},
     "full": {"steps": 50000},
 }
 

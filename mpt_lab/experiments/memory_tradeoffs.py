@@ -101,7 +101,7 @@ class Config(ExperimentConfig):
 
 PROFILES = {
     "quick": {"image_size": 16, "width": 8, "batch_size": 32, "repeat": 3, "warmup": 1, "epochs": 4, "threads": 1},
-    "cpu": {"image_size": 24, "width": 12, "batch_size": 64, "repeat": 3, "warmup": 1, "epochs": 4, "threads": 1},
+    "cpu": {"image_size": 24, "width": 12, "batch_size": 64, "repeat": 3, "warmup": 1, "epochs": 4, "threads": 0},
     "full": {"image_size": 64, "width": 64, "stages": 4, "depth": 2, "batch_size": 256, "repeat": 10, "warmup": 3,
              "epochs": 10},
 }

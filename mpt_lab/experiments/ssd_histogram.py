@@ -88,7 +88,7 @@ class Config(ExperimentConfig):
 PROFILES = {
     "quick": {"steps": 400, "n_train": 4000, "n_test": 300, "threads": 1,
               "sweep": ("small:64", "small:128"), "sweep_steps": 20},
-    "cpu": {"steps": 600, "n_train": 6000, "n_test": 300, "threads": 0, "eval_every": 150,
+    "cpu": {"steps": 400, "n_train": 6000, "n_test": 300, "threads": 0, "eval_every": 100,
             "sweep": ("small:64", "small:128", "medium:128"), "sweep_steps": 30},
     # SSD300's layout and input size on a VGG-16-shaped backbone at an eighth of its width (the widest that trains
     # for 720 steps in 60 minutes on one CPU core: ~4 s per step of 32 images with the histogram recorded)

@@ -89,7 +89,7 @@ class Config(ExperimentConfig):
 
 PROFILES = {
     "quick": {"steps": 120, "n_train": 3840, "n_test": 100, "hist_every": 4, "threads": 1},
-    "cpu": {"steps": 140, "n_train": 4000, "n_test": 200, "eval_every": 70, "threads": 0},
+    "cpu": {"steps": 120, "n_train": 4000, "n_test": 200, "eval_every": 60, "threads": 0},
     # no gradient shift: the gradients as the detector makes them, on 128 px images (FP16 emulated on a CPU costs
     # ~2.3x an FP32 step here; SSD300's VGG-16 shape at 300 px costs ~5x and would allow ~60 steps per arm)
     "long": {"steps": 800, "n_train": 6000, "n_test": 300, "image_size": 128, "grad_shift": 0, "arms": ARMS,
