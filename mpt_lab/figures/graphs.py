@@ -213,7 +213,7 @@ def code_table(example: str, codes: dict):
     """
     if not isinstance(codes, dict) or not all(isinstance(v, str) for v in codes.values()):
         raise TypeError(f"codes must be a dict {{library: source code}}, got {type(codes).__name__}")
-    pre = ('<pre style="text-align:left;margin:0;padding:4px;overflow-x:auto;max-width:80ch;'
+    pre = ('<pre style="margin:0;padding:4px;overflow-x:auto;max-width:80ch;'
            'font-size:85%">{}</pre>')
     return table_html(["library", "code"], [[html.escape(lib), pre.format(html.escape(code))]
                                             for lib, code in codes.items()], caption=example,
