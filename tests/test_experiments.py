@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from mpt_lab import experiments
-from mpt_lab.experiments import _runner, load_json, loss_scaling, master_weights_stall, save_json, ssd_histogram
+from mpt_lab.experiments import runner, load_json, loss_scaling, master_weights_stall, save_json, ssd_histogram
 from mpt_lab.experiments.__main__ import main as experiments_main
 from mpt_lab.experiments.ssd_histogram import Config, SSDHistogramResult
 
@@ -77,7 +77,7 @@ def test_json_round_trip_keeps_nonfinite_and_histograms(tmp_path):
 
 
 def test_set_parses_like_the_field():
-    parse = _runner._parse_like
+    parse = runner._parse_like
     assert parse((128, 256), "64,512") == (64, 512) and parse(("a:1",), "b:2,c:3") == ("b:2", "c:3")
     assert parse(True, "no") is False and parse(3, "7") == 7 and parse(0.5, "2") == 2.0 and parse("a", "b") == "b"
     with pytest.raises(ValueError):
@@ -95,7 +95,7 @@ def test_provenance_and_command_reproduce_the_run(small_loss_scaling, tmp_path, 
     prov = r.provenance
     assert {"command", "device", "versions", "date", "config", "seconds", "experiment", "profile"} <= set(prov)
     assert prov["experiment"] == "loss_scaling" and prov["seconds"] > 0 and "torch" in prov["versions"]
-    assert prov["config"] == r.config == _runner._decode(_runner._encode(dataclasses.asdict(cfg)))
+    assert prov["config"] == r.config == runner._decode(runner._encode(dataclasses.asdict(cfg)))
     cmd = prov["command"]
     assert cmd.startswith("python -m mpt_lab.experiments.loss_scaling --profile quick") and "--set steps=60" in cmd
     # the recorded command, run through the CLI, gives the same numbers

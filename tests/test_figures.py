@@ -12,7 +12,7 @@ from matplotlib.figure import Figure
 
 from mpt_lab import figures
 from mpt_lab import formats as F
-from mpt_lab.experiments import _runner, loss_scaling
+from mpt_lab.experiments import loss_scaling, runner
 from mpt_lab.histogram import log2_histogram
 
 
@@ -130,7 +130,7 @@ def test_one_table_builder():
 
 
 def test_show_saved_shows_a_result_or_the_command(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(_runner, "results_dir", lambda: tmp_path)
+    monkeypatch.setattr(runner, "results_dir", lambda: tmp_path)
     shown = []
     monkeypatch.setattr(figures, "_display", lambda obj: shown.append(obj))
     assert figures.show_saved("loss_scaling") == {}

@@ -1,4 +1,4 @@
-"""One module per reproduced result, all run by one runner (:mod:`mpt_lab.experiments._runner`).
+"""One module per reproduced result, all run by one runner (:mod:`mpt_lab.experiments.runner`).
 
 Each module ``mpt_lab.experiments.NAME`` has ``Config``, its profiles as data (``PROFILES``), a Result
 dataclass, ``run(config) -> Result``, ``config_for(profile)`` and a CLI::
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import importlib
 
-from ._runner import (PROFILES, REGISTRY, Experiment, ExperimentConfig, ExperimentResult, load_json, result_path,
+from .runner import (PROFILES, REGISTRY, Experiment, ExperimentConfig, ExperimentResult, load_json, result_path,
                       results_dir, save_json)
 
 #: The experiments, in the order of the book's chapters.
@@ -37,7 +37,7 @@ NAMES = ("ssd_histogram", "gradient_factors", "loss_scaling", "master_weights_st
 
 
 def get(name: str) -> Experiment:
-    """The :class:`~mpt_lab.experiments._runner.Experiment` called ``name`` (imports its module).
+    """The :class:`~mpt_lab.experiments.runner.Experiment` called ``name`` (imports its module).
 
     Raises ValueError for a name that is not in :data:`NAMES`.
     """

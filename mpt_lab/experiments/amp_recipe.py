@@ -34,7 +34,7 @@ import torch
 from ..bench import matmul_peak_tflops, peak_memory, time_call
 from ..device import cpu_flags
 from ..training import autocast_to, backward_step
-from ._runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
+from .runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
 
 __all__ = ["Config", "AmpRecipeResult", "PROFILES", "PRECISIONS", "RECIPE_CLAIM", "config_for", "run", "main",
            "make_model", "flops_per_step", "NAME"]

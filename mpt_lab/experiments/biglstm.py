@@ -50,7 +50,7 @@ from ..data.text import batchify, bptt_batches, kjv_corpus
 from ..histogram import GradientHistogram
 from ..models.lstm import CONFIGS, build_lstm_lm
 from ._precision import ARMS, PrecisionArm, collect_arms, gradient_shares, shift_eps
-from ._runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
+from .runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
 
 __all__ = ["Config", "BigLSTMResult", "PROFILES", "PAPER", "BIGLSTM", "config_for", "run", "main",
            "equivalent_shift", "perplexity", "lm_windows", "lm_optimizer", "lm_step", "lost_mass",

@@ -56,7 +56,7 @@ from ..scaling import GradScaler, max_gradient_scale
 from ..collectives import (COMM_FORMATS, fsdp_divide_factors, relative_error, ring_allreduce, ring_order,
                            tree_allreduce, tree_children)
 from ..training import accuracy, autocast_to, shuffled_batches
-from ._runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
+from .runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
 from ._torchrun import LaunchError, in_torchrun, run_torchrun, tail, write_pid
 
 __all__ = ["NAME", "Config", "PROFILES", "Recipe", "RECIPES", "DistributedResult", "AGREEMENT", "LaunchError",
@@ -278,7 +278,7 @@ def launch(config=None, *, nproc: int | None = None, timeout: float = 900.0, pro
         The ranks did not finish within ``timeout`` seconds; all of them were stopped.
     """
     from .. import profile as current_profile
-    from ._runner import progress_enabled
+    from .runner import progress_enabled
 
     if config is None or isinstance(config, str):
         config = config_for(config or current_profile())

@@ -51,7 +51,7 @@ from ..quantized_training import (ROLES, TRAINING_RECIPES, block_scale_compariso
                                   hardware_fp8_available, layer_stats, mean_over_layers, quantize_linears_,
                                   round_weights_)
 from ..scaling import GradScaler
-from ._runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
+from .runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
 
 __all__ = ["NAME", "Config", "PROFILES", "FP8RecipesResult", "CharTransformerLM", "kjv_characters", "lr_factor",
            "MODELS", "RECIPE_ORDER", "HARDWARE_RECIPES", "run", "config_for", "main", "EXPERIMENT"]

@@ -67,7 +67,7 @@ from .. import formats
 from ..bench import peak_memory
 from ..data.graphs import REDDIT, synthetic_reddit
 from ..training import autocast_to, backward_step
-from ._runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
+from .runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
 
 __all__ = ["Config", "GatAmpResult", "PROFILES", "PRECISIONS", "DGL_GUIDE", "FP16_EXP_LIMIT", "config_for", "run",
            "main", "attention_overflow", "NAME"]

@@ -41,7 +41,7 @@ from ..histogram import GradientHistogram, Log2Histogram
 from ..models.ssd import MultiBoxLoss, build_ssd, make_optimizer
 from ..training import shuffled_batches
 from ._precision import shift_eps
-from ._runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
+from .runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
 
 __all__ = ["Config", "GradientFactorsResult", "PROFILES", "VARIANTS", "BASE", "SETTINGS", "config_for", "run",
            "main", "NAME", "quantile_binade"]

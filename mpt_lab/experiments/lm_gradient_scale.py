@@ -38,7 +38,7 @@ from ..data.text import kjv_corpus
 from ..histogram import GradientHistogram, Log2Histogram
 from ..models.lstm import CONFIGS, build_lstm_lm
 from ._precision import PrecisionArm
-from ._runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
+from .runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
 from .biglstm import lm_optimizer, lm_step, lm_windows, lost_mass
 
 __all__ = ["Config", "LMGradientScaleResult", "PROFILES", "config_for", "run", "main", "NAME", "median_log2",

@@ -22,7 +22,7 @@ from ..data import digits_data
 from ..models import digits_mlp
 from ..scaling import GradScaler
 from ..training import accuracy
-from ._runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
+from .runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
 
 __all__ = ["Config", "LossScalingResult", "PROFILES", "config_for", "run", "main", "NAME"]
 

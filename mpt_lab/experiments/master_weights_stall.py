@@ -23,7 +23,7 @@ from ..master_weights import MasterWeightTrainer
 from ..models import digits_mlp
 from ..scaling import GradScaler
 from ..training import accuracy
-from ._runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
+from .runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
 
 __all__ = ["Config", "StallResult", "PROFILES", "RUNS", "config_for", "run", "main", "swamped_fraction", "NAME"]
 

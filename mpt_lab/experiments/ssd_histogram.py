@@ -34,7 +34,7 @@ from ..models import MultiBoxLoss, build_ssd, evaluate_detector, make_optimizer,
 from ..models.ssd import CONFIGS
 from ..scaling import max_gradient_scale
 from ..training import shuffled_batches
-from ._runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
+from .runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
 
 __all__ = ["Config", "SSDHistogramResult", "HistogramSummary", "PROFILES", "PAPER", "config_for", "run", "main",
            "NAME"]

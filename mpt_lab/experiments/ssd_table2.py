@@ -40,7 +40,7 @@ from ..models import evaluate_detector
 from ..models.ssd import CONFIGS, MultiBoxLoss, build_ssd, make_optimizer
 from ..training import shuffled_batches
 from ._precision import ARMS, PrecisionArm, collect_arms, gradient_shares, shift_eps
-from ._runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
+from .runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
 from .ssd_histogram import detection_split
 
 __all__ = ["Config", "SSDTable2Result", "PROFILES", "PAPER", "config_for", "run", "main", "NAME"]
