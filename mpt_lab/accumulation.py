@@ -69,12 +69,17 @@ import torch
 
 from mpt_lab.formats import BF16, FP16, FP32, FP64, FloatFormat, exact_arithmetic, get_format, round_to
 
-__all__ = ["ORDERS", "ROUNDINGS", "dot", "matmul", "partial_sums", "unit_roundoff"]
+__all__ = ["ORDERS", "ROUNDINGS", "TENSOR_CORE_ACCUMULATOR", "dot", "matmul", "partial_sums", "unit_roundoff",
+           "tensor_core_dot", "compensated_update_"]
 
 #: The summation orders :func:`dot` and :func:`matmul` accept.
 ORDERS = ("sequential", "pairwise", "blocked")
 #: The rounding modes of the accumulator's additions.
 ROUNDINGS = ("nearest_even", "toward_zero")
+
+#: The accumulator DeepSeek-V3 reports for Hopper's FP8 tensor cores, as a format: FP32's exponent range, 14 bits
+#: of precision ("limited to retaining around 14 bits", arXiv:2412.19437 §3.3.2), i.e. 13 stored mantissa bits.
+TENSOR_CORE_ACCUMULATOR = FloatFormat("TC14", 8, 13, 127, source="DeepSeek-V3 §3.3.2: ~14-bit FP8 accumulation")
 
 # Products held at once (a chunk of the K axis times the outputs): 2**21 float64 values are 16 MiB.
 _CHUNK_ELEMENTS = 1 << 21
@@ -683,3 +688,117 @@ def _same_kind(kind_a, kind_b, device_a, device_b) -> None:
         raise TypeError(f"the two operands must both be NumPy arrays or both torch tensors, got {kind_a} and {kind_b}")
     if device_a != device_b:
         raise ValueError(f"the two operands must be on the same device, got {device_a} and {device_b}")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Two models built on the above: a tensor core's FP8 accumulation, and Kahan-compensated low-precision weights
+# ----------------------------------------------------------------------------------------------------------
+def _aligned_group_sums(p: np.ndarray, group: int, bits: int) -> np.ndarray:
+    """Exact sums of consecutive groups of ``group`` products (last axis), each product first truncated toward
+    zero to the ``bits`` highest bits below the group's largest exponent."""
+    K = p.shape[-1]
+    pad = (-K) % group
+    if pad:
+        p = np.concatenate([p, np.zeros((*p.shape[:-1], pad))], axis=-1)
+    g = p.reshape(*p.shape[:-1], -1, group)
+    with np.errstate(divide="ignore"):
+        e = np.floor(np.log2(np.abs(g).max(axis=-1, keepdims=True)))
+    e = np.where(np.isfinite(e), e, 0.0)
+    quantum = np.exp2(e - (bits - 1))
+    return (np.trunc(g / quantum) * quantum).sum(axis=-1)  # ≤ bits + log2(group) bits: exact in float64
+
+
+def tensor_core_dot(a, b, *, group: int = 32, bits: int = 14, promote_every: int | None = None) -> np.ndarray:
+    """A model of FP8 tensor-core accumulation as DeepSeek-V3 describes Hopper's (arXiv:2412.19437, §3.5.2).
+
+    "After aligning 32 mantissa products by right-shifting based on the maximum exponent, the Tensor Core only
+    uses the highest 14 bits of each mantissa product for addition, and truncates bits exceeding this range.
+    The accumulation of addition results into registers also employs 14-bit precision."  Modelled as: the
+    exact products of each group of ``group`` consecutive k are truncated toward zero to multiples of
+    2^(e − bits + 1), e the group's largest product exponent, and summed exactly; each group sum is added to
+    an accumulator of ``bits`` bits of precision (FP32's exponent range) that rounds toward zero.  With
+    ``promote_every`` (a multiple of ``group``; DeepSeek-V3: N_C = 128) the accumulator's partial sum is added
+    into an FP32 total (round-to-nearest-even) every ``promote_every`` products and restarts from zero, as
+    their promotion to CUDA cores does (§3.3.2).  The hardware's exact behaviour is not public: this is a model
+    of the paper's description (the alignment may also involve the accumulator; the order of the group
+    additions is assumed sequential).
+
+    Parameters
+    ----------
+    a, b : NumPy float arrays of shape (..., K) (leading axes broadcast), e.g. FP8 E4M3 values
+    group : int ≥ 1, products aligned and added together (32 on Hopper, per the paper)
+    bits : int in [2, 24], bits kept of each aligned product and by the accumulator (14)
+    promote_every : None or a positive multiple of ``group``
+
+    Returns
+    -------
+    float32 NumPy array of the leading shape: the modelled dot products.
+
+    Raises
+    ------
+    TypeError, ValueError
+        Non-array inputs, different K, a bad group, bits or promote_every.
+    """
+    for name, v in (("group", group), ("bits", bits)):
+        if not isinstance(v, numbers.Integral) or isinstance(v, bool):
+            raise TypeError(f"{name} must be an int, got {type(v).__name__}")
+    if group < 1:
+        raise ValueError(f"group must be ≥ 1, got {group}")
+    if not 2 <= bits <= 24:
+        raise ValueError(f"bits must be in [2, 24], got {bits}")
+    if promote_every is not None:
+        if not isinstance(promote_every, numbers.Integral) or isinstance(promote_every, bool):
+            raise TypeError(f"promote_every must be an int or None, got {type(promote_every).__name__}")
+        if promote_every < 1 or promote_every % group:
+            raise ValueError(f"promote_every must be a positive multiple of group ({group}), got {promote_every}")
+    x, _, _ = _operand(a, "a")
+    y, _, _ = _operand(b, "b")
+    if x.ndim == 0 or y.ndim == 0 or x.shape[-1] != y.shape[-1]:
+        raise ValueError(f"a and b need shapes (..., K) with the same K; got {tuple(x.shape)} and {tuple(y.shape)}")
+    if not (_representable(x, torch.float32) and _representable(y, torch.float32)):
+        raise ValueError("a and b must hold float32 values (FP8, FP16, BF16 or FP32), whose products are exact in float64")
+    p = x.double().numpy() * y.double().numpy()
+    sums = _aligned_group_sums(p, group, bits)
+    acc = FloatFormat(f"TC{bits}", 8, bits - 1, 127)
+    kw = {"order": "blocked", "block_size": promote_every // group} if promote_every else {}
+    return np.asarray(dot(sums, np.ones_like(sums), accumulator=acc, products="FP32", rounding="toward_zero", **kw),
+                      dtype=np.float32)
+
+
+@exact_arithmetic
+def compensated_update_(weights: torch.Tensor, update: torch.Tensor, compensation: torch.Tensor, fmt="BF16") -> None:
+    """Add ``update`` to low-precision ``weights`` with Kahan compensation, every operation rounded to ``fmt``.
+
+    The step of optimizers that keep BF16 weights without FP32 master weights and carry the rounding error in
+    a compensation buffer c of the same format (optimi's ``kahan_sum``; Zamirai et al., "Revisiting BFloat16
+    Training", arXiv:2010.06192)::
+
+        c ← fmt(c + update);  old ← w;  w ← fmt(w + c);  c ← fmt(c + fmt(old − w))
+
+    An update smaller than half an ulp of w is not lost: it stays in c until the sum of such updates moves w.
+
+    Parameters
+    ----------
+    weights, compensation : floating tensors holding values of ``fmt`` (e.g. float32 tensors of BF16 values,
+        or bfloat16 tensors), changed in place; compensation starts at zero
+    update : floating tensor of the same shape (what the optimizer adds, e.g. −lr·m/(√v + ε))
+    fmt : FloatFormat or str (default "BF16")
+
+    Raises
+    ------
+    TypeError, ValueError
+        Non-tensors, different shapes, an unknown format.
+    """
+    fmt = get_format(fmt)
+    for name, t in (("weights", weights), ("update", update), ("compensation", compensation)):
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+            raise TypeError(f"{name} must be a floating tensor, got {type(t).__name__}")
+        if t.shape != weights.shape:
+            raise ValueError(f"{name} must have the weights' shape {tuple(weights.shape)}, got {tuple(t.shape)}")
+    with torch.no_grad():
+        c = round_to(compensation.float() + update.float(), fmt)
+        old = weights.float()
+        w = round_to(old + c, fmt)
+        c = round_to(c + round_to(old - w, fmt), fmt)
+        weights.copy_(w)
+        compensation.copy_(c)

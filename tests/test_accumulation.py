@@ -518,3 +518,73 @@ def test_bad_input_names_the_argument(call, error, words):
     x = np.ones((2, 5), dtype=np.float32)
     with pytest.raises(error, match=words.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
         call(x)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The tensor-core model and Kahan-compensated weights
+# ----------------------------------------------------------------------------------------------------------
+def _oracle_tensor_core(a, b, group, bits, promote_every=None) -> float:
+    """DeepSeek-V3 §3.5.2's description, written with Fractions: groups of products truncated below the group's
+    largest exponent, summed exactly, added to a ``bits``-bit accumulator that truncates; optional promotion."""
+    acc_fmt = FloatFormat("T", 8, bits - 1, 127)
+    A, T = Oracle(acc_fmt, "toward_zero"), Oracle(FP32)
+    p = [Fraction(float(x)) * Fraction(float(y)) for x, y in zip(a, b)]
+    s, total = 0.0, 0.0
+    for g0 in range(0, len(p), group):
+        g = p[g0:g0 + group]
+        big = max(abs(x) for x in g)
+        if big == 0:
+            gsum = Fraction(0)
+        else:
+            q = Fraction(2) ** (_floor_log2(big) - (bits - 1))
+            gsum = sum((Fraction(int(x / q)) * q for x in g), Fraction(0))  # int() truncates toward zero
+        s = A.add(s, float(gsum))
+        if promote_every and ((g0 + group) % promote_every == 0 or g0 + group >= len(p)):
+            total, s = T.add(total, s), 0.0
+    return total if promote_every else s
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(promote_every=64), dict(group=4, bits=8), dict(group=8, bits=10,
+                                                                                              promote_every=16)],
+                         ids=str)
+def test_tensor_core_dot_against_its_description(kw):
+    rng = np.random.default_rng(13)
+    a = round_to(rng.uniform(-1, 1, (6, 200)).astype(np.float32), FP8_E4M3)
+    b = round_to(rng.uniform(0, 2, (6, 200)).astype(np.float32), FP8_E4M3)
+    a[0, :40] = 0.0  # an all-zero group
+    got = acc.tensor_core_dot(a, b, **kw)
+    assert got.dtype == np.float32 and got.shape == (6,)
+    want = [_oracle_tensor_core(x, y, kw.get("group", 32), kw.get("bits", 14), kw.get("promote_every")) for x, y
+            in zip(a, b)]
+    same_bits(got, want)
+
+
+def test_tensor_core_dot_bad_input():
+    x = np.ones((2, 64), np.float32)
+    with pytest.raises(ValueError, match="promote_every"):
+        acc.tensor_core_dot(x, x, promote_every=48)
+    with pytest.raises(ValueError, match="bits"):
+        acc.tensor_core_dot(x, x, bits=30)
+    with pytest.raises(TypeError, match="group"):
+        acc.tensor_core_dot(x, x, group=2.0)
+    with pytest.raises(ValueError, match="float32 values"):
+        acc.tensor_core_dot(x.astype(np.float64) / 3, x)
+
+
+def test_compensated_update_keeps_what_rounding_loses():
+    """1000 updates of 1e-4 to a BF16 weight of 1 (half an ulp there is 2⁻⁸ ≈ 0.0039): rounding to nearest keeps
+    1; with Kahan's compensation the weight reaches 1.1 to 1% (the BF16 compensation rounds too)."""
+    w_rne = torch.ones(4)
+    w = torch.ones(4)
+    c = torch.zeros(4)
+    u = torch.full((4,), 1e-4)
+    for _ in range(1000):
+        w_rne = round_to(w_rne + u, BF16)
+        acc.compensated_update_(w, u, c, "BF16")
+    assert torch.all(w_rne == 1)
+    assert torch.all(round_to(w, BF16) == w) and torch.all(round_to(c, BF16) == c)
+    assert torch.allclose(w, torch.full((4,), 1.1), rtol=0.01) and torch.all(c.abs() < 2 ** -7)
+    with pytest.raises(ValueError, match="compensation"):
+        acc.compensated_update_(w, u, torch.zeros(3))
+    with pytest.raises(TypeError, match="update"):
+        acc.compensated_update_(w, 1e-4, c)

@@ -19,6 +19,12 @@ dataclass, ``run(config) -> Result``, ``config_for(profile)`` and a CLI::
 * ``message_passing``: the DGL User Guide's float16 message-passing examples in PyG and PyTorch.
 * ``gat_amp``: the DGL User Guide's GAT in FP32, FP16 autocast + GradScaler, and BF16.
 * ``distributed``: DDP and FSDP2 under torchrun: reduction dtypes, compression hooks, sharded loss scaling.
+* ``accumulation_error``: dot products against K in FP16, BF16 and FP32 accumulators, a tensor core's narrow FP8
+  accumulator (DeepSeek-V3's ~14 bits), and reductions in an FP16 accumulator.
+* ``accumulation_training``: a model trained with FP16- against FP32-accumulated products, and BF16 weights
+  with Kahan compensation beside stochastic rounding and FP32 master weights.
+* ``tensor_core_accumulation``: a GPU's FP16 and FP8 matrix products against the exact prediction of each
+  accumulator model, error against K.
 * ``fp8_recipes``: a small transformer and the digits MLP trained in FP32, BF16, FP16, FP8 (unscaled, current,
   delayed), MXFP8/6/4, NVFP4 and BF16 weights with stochastic rounding.
 """
@@ -33,7 +39,7 @@ from .runner import (PROFILES, REGISTRY, Experiment, ExperimentConfig, Experimen
 #: The experiments, in the order of the book's chapters.
 NAMES = ("ssd_histogram", "gradient_factors", "loss_scaling", "master_weights_stall", "amp_recipe",
          "memory_tradeoffs", "lm_gradient_scale", "biglstm", "ssd_table2", "message_passing", "gat_amp",
-         "distributed", "fp8_recipes")
+         "distributed", "fp8_recipes", "accumulation_error", "accumulation_training", "tensor_core_accumulation")
 
 
 def get(name: str) -> Experiment:

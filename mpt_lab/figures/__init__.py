@@ -4,6 +4,8 @@
 * :mod:`~mpt_lab.figures.gradients`: gradient histograms (the paper's Figure 2), the detector (ch. 2);
 * :mod:`~mpt_lab.figures.scaling`: the loss scale over a run, FP16 with and without loss scaling (ch. 3, 8);
 * :mod:`~mpt_lab.figures.training`: master weights, the AMP recipe's speed, autocast's policy (ch. 4, 6);
+* :mod:`~mpt_lab.figures.accumulation`: error against K, swamping in a dot product, the tensor-core accumulator,
+  reductions, Kahan-compensated weights, a GPU's products against the models (ch. 5);
 * :mod:`~mpt_lab.figures.memory`: recomputation against lower precision (ch. 7);
 * :mod:`~mpt_lab.figures.graphs`: float16 message passing and the GAT (ch. 9);
 * :mod:`~mpt_lab.figures.distributed`: DDP and FSDP2 recipes, memory per rank, reduction error, overflow
@@ -23,6 +25,8 @@ import html
 from typing import Callable, Sequence
 
 from ._base import FORMAT_COLORS, HTML, BookFigure, running_mean, table_html
+from .accumulation import (plot_error_vs_k, plot_gpu_accumulation, plot_running_sum, plot_tensor_core_model,
+                           reductions_table, weights_table)
 from .distributed import (memory_table, plot_flag_agreement, plot_memory_per_rank, plot_recipe_losses,
                           plot_reduction_error, reduction_table)
 from .formats import plot_accumulation, plot_fixed_vs_float, plot_format_ranges, plot_ulp, round_to_speed_table
@@ -51,7 +55,9 @@ __all__ = ["show_saved", "BookFigure", "HTML", "table_html", "running_mean", "FO
            "plot_recipe_losses", "plot_memory_per_rank", "plot_reduction_error", "plot_flag_agreement", "memory_table",
            "reduction_table",
            "plot_fp8_training", "fp8_results_table", "plot_layer_quantization", "plot_recipe_snr",
-           "plot_amax_history", "plot_block_size_error", "block_scale_table", "one_scale_table", "hardware_table"]
+           "plot_amax_history", "plot_block_size_error", "block_scale_table", "one_scale_table", "hardware_table",
+           "plot_error_vs_k", "plot_running_sum", "plot_tensor_core_model", "reductions_table", "weights_table",
+           "plot_gpu_accumulation"]
 
 #: What each saved profile is, in the words a reader needs.
 _PROFILE_WORDS = {"full": ("GPU", "On a machine with a CUDA GPU"),

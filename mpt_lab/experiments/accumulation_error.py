@@ -1,0 +1,244 @@
+"""Accumulation error: dot products against K, a tensor core's narrow FP8 accumulator, and FP16 reductions.
+
+Everything here is computed exactly by :mod:`mpt_lab.accumulation` (every product and addition rounded as
+stated), against exact float64/``math.fsum`` references; nothing is timed.
+
+* **Error against K** (the paper's §3.3, arithmetic precision): dot products of ``trials`` pairs of random
+  FP16 vectors with entries uniform in [0, 1) (every product adds, so the sum grows like K and the relative
+  error is well defined), accumulated in FP16, BF16 and FP32, sequentially
+  (:func:`~mpt_lab.accumulation.partial_sums` gives every K of one run) and pairwise; the relative error of
+  each dot product, its median and largest value over the trials.  The running sum in FP16 shows where the
+  accumulator's ulp swallows the addends.
+* **Tensor cores**: FP8 E4M3 matrices (uniform [0, 1) values rounded to E4M3) multiplied with the
+  accumulator DeepSeek-V3 reports for Hopper's FP8 tensor cores (arXiv:2412.19437, §3.3.2 and §3.5.2:
+  ~14 bits, groups of 32 aligned products truncated, promotion to FP32 every N_C = 128 elements), modelled by
+  :func:`~mpt_lab.accumulation.tensor_core_dot`, beside a sequential 14-bit accumulator rounding toward zero
+  and an FP32 accumulator; the median and the largest relative error of the output elements, |ĉ − c|/|c| (the
+  paper reports "a maximum relative error of nearly 2%" for K = 4096, without saying how its random matrices
+  were drawn; with positive entries every product adds and the relative error is well defined).
+* **Reductions** in an FP16 accumulator against FP32: the mean loss over ``tokens`` per-token losses, a
+  log-sum-exp over ``vocab`` logits (a softmax's denominator), and a LayerNorm variance over ``width``
+  features (two passes: the mean, then the mean square deviation); and which dtype ``torch.autocast``'s CUDA
+  float16 policy gives the matching ops (probed by :func:`mpt_lab.autocast.probe_autocast`, on fake tensors
+  where there is no GPU).
+
+    python -m mpt_lab.experiments.accumulation_error --profile cpu
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .. import accumulation as acc
+from ..formats import FP8_E4M3, FP16, get_format, round_to
+from .runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
+
+__all__ = ["NAME", "Config", "PROFILES", "AccumulationErrorResult", "run", "config_for", "main", "EXPERIMENT",
+           "REDUCTION_OPS"]
+
+NAME = "accumulation_error"
+#: The reductions and the autocast op (a name of :data:`mpt_lab.autocast.OPS`) that performs each.
+REDUCTION_OPS = {"mean loss": "cross_entropy", "log-sum-exp": "log_softmax", "LayerNorm variance": "layer_norm",
+                 "plain sum": "sum"}
+
+
+@dataclass
+class Config(ExperimentConfig):
+    k_max: int = 16384                 # longest dot product (a power of two)
+    trials: int = 64                   # dot products per K
+    formats: tuple = ("FP16", "BF16", "FP32")
+    tc_ks: tuple = (128, 512, 1024, 4096, 16384)   # K of the tensor-core model
+    tc_outputs: int = 64               # output elements per K (an 8 × 8 block of a GEMM)
+    tokens: int = 65536                # per-token losses averaged
+    vocab: int = 32768                 # logits in the log-sum-exp
+    width: int = 4096                  # features of the LayerNorm
+    rows: int = 16                     # independent draws of each reduction
+
+    def validate(self) -> None:
+        super().validate()
+        self.check_positive("k_max", "trials", "tc_outputs", "tokens", "vocab", "width", "rows")
+        if self.k_max & (self.k_max - 1) or self.k_max < 16:
+            raise ValueError(f"config.k_max must be a power of two ≥ 16, got {self.k_max!r}")
+        self.check_choices("formats", ("FP16", "BF16", "FP32", "TF32"), subset=True)
+        if not self.tc_ks or any(not isinstance(k, int) or k < 32 or k % 32 for k in self.tc_ks):
+            raise ValueError(f"config.tc_ks must be multiples of 32, got {self.tc_ks!r}")
+
+
+#: quick: ≈ 10 s, cpu: ≈ 30 s on one core of the project's shared 2-core machines (measured: see the report).
+PROFILES = {
+    "quick": {"k_max": 16384, "trials": 16, "tc_ks": (128, 512, 1024, 4096), "tc_outputs": 64, "rows": 4,
+              "threads": 1},
+    "cpu": {"k_max": 16384, "trials": 64, "tc_ks": (128, 512, 1024, 2048, 4096, 8192), "tc_outputs": 256,
+            "rows": 8, "threads": 1},
+}
+
+
+@dataclass
+class AccumulationErrorResult(ExperimentResult):
+    """``ks``: the K of the curves (powers of two); ``error``: "FORMAT order" (e.g. "FP16 sequential") →
+    {"median", "max"} lists over ``ks`` (relative error);
+    ``unit_roundoff``: format → u; ``running``: the FP16 and exact running sums of one positive dot product at
+    every K (``running_ks``); ``tensor_core``: {"ks", "models": name → {"max_relative", "median_relative"}
+    lists over ks}; ``reductions``: name → {"exact", "FP32", "FP16 sequential",
+    "FP16 pairwise": values (first row), "errors": arm → largest relative error over the rows}; ``autocast``:
+    reduction → the dtype CUDA float16 autocast returns for its op from float16 inputs."""
+
+    ks: list
+    error: dict
+    unit_roundoff: dict
+    running_ks: list
+    running: dict
+    tensor_core: dict
+    reductions: dict
+    autocast: dict
+
+    def slope(self, arm: str, k_min: int = 16, k_hi: int | None = None, stat: str = "median") -> float:
+        """Least-squares slope of log2(error) against log2(K) over ks in [k_min, k_hi]."""
+        ks = np.asarray(self.ks, dtype=float)
+        e = np.asarray(self.error[arm][stat], dtype=float)
+        keep = (ks >= k_min) & (ks <= (k_hi or ks.max())) & (e > 0)
+        return float(np.polyfit(np.log2(ks[keep]), np.log2(e[keep]), 1)[0])
+
+    def stall_k(self, threshold: float = 0.5) -> int:
+        """The first K at which the FP16 running sum has lost ``threshold`` of the sum (-1: never)."""
+        fp16, exact = np.asarray(self.running["FP16"]), np.asarray(self.running["exact"])
+        lost = 1 - fp16 / exact
+        hit = np.flatnonzero(lost >= threshold)
+        return int(self.running_ks[hit[0]]) if hit.size else -1
+
+    def describe(self) -> str:
+        e = self.error
+        k = self.ks[-1]
+        parts = [f"{arm} {e[arm]['median'][-1]:.1e}" for arm in e]
+        tc = self.tensor_core
+        i = tc["ks"].index(4096) if 4096 in tc["ks"] else -1
+        m = tc["models"]
+        return (f"accumulation error ({self.profile} profile): K = {k}, median relative error: "
+                + ", ".join(parts) + f"; tensor-core model at K = {tc['ks'][i]}: largest relative error "
+                f"{100 * m['DeepSeek-V3 model (14 bits, groups of 32)']['max_relative'][i]:.2f}%, with promotion "
+                f"every 128: {100 * m['… + FP32 promotion every 128']['max_relative'][i]:.3f}%")
+
+
+def _fp16_values(rng, shape) -> np.ndarray:
+    return round_to(rng.uniform(0.0, 1.0, shape).astype(np.float32), FP16)
+
+
+def _errors(got, exact) -> dict:
+    e = np.abs(np.asarray(got, dtype=np.float64) - exact) / np.abs(exact)
+    return {"median": float(np.median(e)), "max": float(np.max(e))}
+
+
+def _error_vs_k(config: Config, run: Run, rng) -> tuple:
+    ks = [2 ** j for j in range(0, int(math.log2(config.k_max)) + 1)]
+    running_ks = sorted({int(k) for k in np.geomspace(1, config.k_max, 200).round()})
+    a = _fp16_values(rng, (config.trials, config.k_max))
+    b = _fp16_values(rng, (config.trials, config.k_max))
+    exact = np.cumsum(a.astype(np.float64) * b, axis=1)  # float64: its error (≤ K·2⁻⁵³) ≪ the accumulators'
+    arms, running = {}, {}
+    for fmt in run.bar(config.formats, desc="error against K"):
+        seq = acc.partial_sums(a, b, accumulator=fmt)
+        arms[f"{fmt} sequential"] = [_errors(seq[:, k - 1], exact[:, k - 1]) for k in ks]
+        arms[f"{fmt} pairwise"] = [_errors(acc.dot(a[:, :k], b[:, :k], accumulator=fmt, order="pairwise"),
+                                           exact[:, k - 1]) for k in ks]
+        if fmt == "FP16":
+            running = {"FP16": [float(seq[0, k - 1]) for k in running_ks],
+                       "exact": [float(exact[0, k - 1]) for k in running_ks]}
+    error = {arm: {s: [r[s] for r in rows] for s in ("median", "max")} for arm, rows in arms.items()}
+    return ks, error, running_ks, running
+
+
+def _tensor_core(config: Config, run: Run, rng) -> dict:
+    names = ("FP32 accumulator", "14 bits per product, toward zero", "DeepSeek-V3 model (14 bits, groups of 32)",
+             "… + FP32 promotion every 128")
+    models = {n: {"max_relative": [], "median_relative": []} for n in names}
+    for K in run.bar(config.tc_ks, desc="tensor-core model"):
+        a = round_to(rng.uniform(0.0, 1.0, (config.tc_outputs, K)).astype(np.float32), FP8_E4M3)
+        b = round_to(rng.uniform(0.0, 1.0, (config.tc_outputs, K)).astype(np.float32), FP8_E4M3)
+        p = a.astype(np.float64) * b
+        exact = np.array([math.fsum(r) for r in p])
+        outs = {names[0]: acc.dot(a, b, accumulator="FP32", products="FP32"),
+                names[1]: acc.dot(a, b, accumulator=acc.TENSOR_CORE_ACCUMULATOR, products="FP32",
+                                  rounding="toward_zero"),
+                names[2]: acc.tensor_core_dot(a, b),
+                names[3]: acc.tensor_core_dot(a, b, promote_every=128)}
+        for n, got in outs.items():
+            d = np.abs(np.asarray(got, dtype=np.float64) - exact)
+            rel = d / np.abs(exact)
+            models[n]["max_relative"].append(float(rel.max()))
+            models[n]["median_relative"].append(float(np.median(rel)))
+    return {"ks": list(config.tc_ks), "models": models, "format": FP8_E4M3.name,
+            "accumulator": {"precision_bits": acc.TENSOR_CORE_ACCUMULATOR.precision, "group": 32, "promote_every": 128}}
+
+
+def _reduce(x: np.ndarray, how: str) -> np.ndarray:
+    """Σ over the last axis of FP16 values x: "FP32", "FP16 sequential" or "FP16 pairwise"."""
+    ones = np.ones_like(x)
+    if how == "FP32":
+        return acc.dot(x, ones, accumulator="FP32").astype(np.float64)
+    order = "pairwise" if how.endswith("pairwise") else "sequential"
+    return acc.dot(x, ones, accumulator="FP16", order=order).astype(np.float64)
+
+
+def _reductions(config: Config, run: Run, rng) -> dict:
+    """Each reduction with its sums in an FP16 accumulator (sequential and pairwise) and in FP32; elementwise
+    steps (exp, the subtraction of the mean, the square) are FP16 operations rounded once, as an FP16 kernel
+    would compute them; the final division and log are exact (float64)."""
+    arms = ("FP32", "FP16 sequential", "FP16 pairwise")
+    out = {}
+    # mean loss: per-token cross-entropies of a language model in mid-training (|N(2.5, 1)| nats), in FP16
+    losses = round_to(np.abs(rng.normal(2.5, 1.0, (config.rows, config.tokens))).astype(np.float32), FP16)
+    exact = losses.astype(np.float64).sum(1) / config.tokens
+    vals = {h: _reduce(losses, h) / config.tokens for h in arms}
+    out["mean loss"] = (exact, vals)
+    # log-sum-exp: logits N(0, 3²); Σ exp(x − max) in the accumulator, then max + log(Σ)
+    logits = round_to(rng.normal(0.0, 3.0, (config.rows, config.vocab)).astype(np.float32), FP16)
+    m = logits.max(1, keepdims=True)
+    ex = round_to(np.exp(logits.astype(np.float64) - m), FP16).astype(np.float32)   # FP16 exp, one rounding
+    exact = m[:, 0] + np.log(np.exp(logits.astype(np.float64) - m).sum(1))
+    vals = {h: m[:, 0].astype(np.float64) + np.log(_reduce(ex, h)) for h in arms}
+    out["log-sum-exp"] = (exact, vals)
+    # LayerNorm variance: features N(3, 1) (a non-zero mean), two passes
+    x = round_to(rng.normal(3.0, 1.0, (config.rows, config.width)).astype(np.float32), FP16)
+    x64 = x.astype(np.float64)
+    exact = ((x64 - x64.mean(1, keepdims=True)) ** 2).mean(1)
+    vals = {}
+    for h in arms:
+        fmt = "FP32" if h == "FP32" else "FP16"
+        mu = round_to(_reduce(x, h) / config.width, fmt)
+        dev = round_to(round_to(x64 - mu[:, None], fmt) ** 2, fmt).astype(np.float32)
+        vals[h] = _reduce(dev, h) / config.width
+    out["LayerNorm variance"] = (exact, vals)
+    result = {}
+    for name, (exact, vals) in out.items():
+        errs = {h: float(np.max(np.abs(v - exact) / np.abs(exact))) for h, v in vals.items()}
+        result[name] = {"exact": float(exact[0]), **{h: float(v[0]) for h, v in vals.items()}, "errors": errs,
+                        "size": {"mean loss": config.tokens, "log-sum-exp": config.vocab,
+                                 "LayerNorm variance": config.width}[name]}
+    return result
+
+
+def _autocast() -> dict:
+    from ..autocast import probe_autocast
+
+    probe = probe_autocast("cuda", torch.float16, input_dtype=torch.float16, ops=tuple(REDUCTION_OPS.values()))
+    return {name: probe.ops[op] for name, op in REDUCTION_OPS.items()}
+
+
+def measure(config: Config, run: Run) -> dict:
+    rng = np.random.default_rng(config.seed)
+    ks, error, running_ks, running = _error_vs_k(config, run, rng)
+    return {"ks": ks, "error": error, "running_ks": running_ks, "running": running,
+            "unit_roundoff": {f: acc.unit_roundoff(get_format(f)) for f in config.formats},
+            "tensor_core": _tensor_core(config, run, rng), "reductions": _reductions(config, run, rng),
+            "autocast": _autocast()}
+
+
+EXPERIMENT = Experiment(NAME, Config, PROFILES, measure, AccumulationErrorResult, __doc__)
+run, config_for, main = EXPERIMENT.run, EXPERIMENT.config_for, EXPERIMENT.main
+
+if __name__ == "__main__":
+    run_main(EXPERIMENT)

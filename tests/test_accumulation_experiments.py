@@ -1,0 +1,154 @@
+"""The accumulation chapter's experiments, figures and exercises, at tiny sizes (the chapter runs the real ones)."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from matplotlib.figure import Figure
+
+from mpt_lab import accumulation as acc
+from mpt_lab import exercises as E
+from mpt_lab import figures
+from mpt_lab.experiments import (NAMES, accumulation_error, accumulation_training, fp8_recipes, get,
+                                 tensor_core_accumulation)
+
+
+@pytest.fixture(scope="module")
+def err():
+    c = accumulation_error.Config(k_max=64, trials=4, tc_ks=(32, 64), tc_outputs=4, tokens=4096, vocab=512,
+                                  width=256, rows=2, threads=1)
+    return accumulation_error.run(c, progress=False)
+
+
+@pytest.fixture(scope="module")
+def train():
+    c = accumulation_training.Config(steps=3, batch=64, hidden=8, fp8_profile="quick", weight_steps=4, threads=1)
+    return accumulation_training.run(c, progress=False)
+
+
+def test_registered_with_profiles():
+    for name in ("accumulation_error", "accumulation_training", "tensor_core_accumulation"):
+        assert name in NAMES
+        e = get(name)
+        assert {"quick"} <= set(e.profiles)
+    assert "full" in get("tensor_core_accumulation").profiles and "cpu" in get("accumulation_error").profiles
+
+
+def test_error_result_fields_and_json(err, tmp_path):
+    assert err.ks == [1, 2, 4, 8, 16, 32, 64]
+    assert set(err.error) == {f"{f} {o}" for f in ("FP16", "BF16", "FP32") for o in ("sequential", "pairwise")}
+    for arm, v in err.error.items():
+        assert len(v["median"]) == len(err.ks) and all(m <= x for m, x in zip(v["median"], v["max"]))
+    # K = 1: one rounded product, the same in both orders
+    assert err.error["FP16 sequential"]["median"][0] == err.error["FP16 pairwise"]["median"][0]
+    assert err.error["FP32 sequential"]["median"][-1] < err.error["FP16 sequential"]["median"][-1]
+    assert len(err.running["FP16"]) == len(err.running_ks) and err.running_ks[-1] == 64
+    assert set(err.tensor_core["models"]) and err.tensor_core["ks"] == [32, 64]
+    assert set(err.reductions) == {"mean loss", "log-sum-exp", "LayerNorm variance"}
+    assert set(err.autocast) == set(accumulation_error.REDUCTION_OPS)
+    path = err.save(tmp_path / "e.json")
+    again = accumulation_error.AccumulationErrorResult.load(path)
+    assert again.error == err.error and again.reductions["mean loss"]["errors"] == err.reductions["mean loss"]["errors"]
+    assert math.isfinite(err.slope("FP32 sequential", 2, 64))
+    assert "median relative error" in err.describe()
+
+
+def test_error_config_is_checked():
+    with pytest.raises(ValueError, match="k_max"):
+        accumulation_error.Config(k_max=100).validate()
+    with pytest.raises(ValueError, match="tc_ks"):
+        accumulation_error.Config(tc_ks=(100,)).validate()
+
+
+def test_training_runs_and_reproduces_chapter_11(train):
+    assert set(train.accumulator["losses"]) == set(accumulation_training.ACCUMULATORS)
+    assert all(len(v) == 3 for v in train.accumulator["losses"].values())
+    assert set(train.weights["losses"]) == set(accumulation_training.WEIGHT_ARMS)
+    # the BF16-weight arms are chapter 11's runs, step for step
+    c = fp8_recipes.config_for("quick")
+    c.recipes, c.models, c.mlp_steps = ("bf16", "bf16_rne", "bf16_sr"), ("mlp",), 4
+    ch11 = fp8_recipes.run(c, progress=False)
+    for label, (recipe, _) in accumulation_training.WEIGHT_ARMS.items():
+        if label != "BF16, Kahan-compensated":
+            assert ch11.runs["mlp"][recipe]["losses"] == train.weights["losses"][label], label
+    assert train.weights["fp8_config"]["mlp_steps"] == 4
+    assert "test accuracy by accumulator" in train.describe()
+
+
+def test_accumulated_linear_is_a_linear_of_fp16_operands():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(16, 8)
+    x = torch.randn(32, 16, requires_grad=True)
+    layer = accumulation_training.AccumulatedLinear(lin, "FP32")
+    y = layer(x)
+    x16, w16 = x.detach().half().float(), lin.weight.detach().half().float()
+    ref = x16 @ w16.t() + lin.bias.detach()
+    assert torch.allclose(y, ref, rtol=1e-5, atol=1e-6)
+    y.sum().backward()
+    assert torch.allclose(x.grad, torch.ones(32, 8) @ w16, rtol=1e-5)
+    assert torch.allclose(lin.weight.grad, torch.ones(8, 32) @ x16, rtol=1e-5)
+    model = accumulation_training.accumulate_linears_(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()),
+                                                      "FP16")
+    assert isinstance(model[0], accumulation_training.AccumulatedLinear) and model[0].accumulator == "FP16"
+    with pytest.raises(TypeError, match="linear"):
+        accumulation_training.AccumulatedLinear(torch.nn.ReLU())
+
+
+def test_tensor_core_experiment_runs_on_a_cpu():
+    r = tensor_core_accumulation.run(tensor_core_accumulation.config_for("quick"), progress=False)
+    assert r.fp8 == {} and r.fp8_skipped == "no CUDA device"
+    assert set(r.fp16) == set(tensor_core_accumulation.FP16_RUNS) and r.ks == [128, 512]
+    # on a CPU the FP16 product accumulates in FP32: the FP32-accumulator model's error, not the FP16 one's
+    dev = r.fp16["device, reduced-precision reduction off"]["median"]
+    assert dev[-1] < r.fp16["model, FP16 accumulator"]["median"][-1]
+    with pytest.raises(ValueError, match="multiples of 16"):
+        tensor_core_accumulation.Config(m=10).validate()
+
+
+def test_saved_gpu_result_has_every_run():
+    r = get("tensor_core_accumulation").saved("full")
+    if r is None:
+        pytest.skip("no saved GPU result")
+    assert "NVIDIA" in r.device_name and r.fp8_skipped == ""
+    assert set(r.fp8) <= set(tensor_core_accumulation.FP8_RUNS) and len(r.fp8) >= 5
+    for runs in (r.fp16, r.fp8):
+        for v in runs.values():
+            assert len(v["median"]) == len(r.ks)
+
+
+def test_figures(err, train):
+    for fig in (figures.plot_error_vs_k(err), figures.plot_running_sum(err), figures.plot_tensor_core_model(err)):
+        assert isinstance(fig, Figure)
+        for ax in fig.axes:
+            assert ax.get_xlabel() and ax.get_title() or fig._suptitle is not None
+        assert any(ax.get_legend() is not None for ax in fig.axes)
+    table = figures.reductions_table(err)
+    assert "mean loss" in table and "float32" in table and "overflow" in table or "error" in table
+    assert "Kahan" in figures.weights_table(train)
+    g = tensor_core_accumulation.run(tensor_core_accumulation.config_for("quick"), progress=False)
+    fig = figures.plot_gpu_accumulation(g)
+    assert len(fig.axes) == 1 and fig.axes[0].get_legend() is not None
+    with pytest.raises(TypeError, match="running"):
+        figures.plot_running_sum(train)
+
+
+def test_exercises_5():
+    assert E.list_exercises(5) == ["5.1", "5.2"]
+    assert E.solution("5.1") == {"FP16": 512.0, "BF16": 64.0}
+    assert E.check("5.1", E.solution("5.1")) and not E.check("5.1", {"FP16": 2048.0, "BF16": 256.0})
+    assert E.check("5.2", E.solution("5.2"))
+
+    def plain(values):  # no compensation
+        s = np.float16(0)
+        for v in values:
+            s = s + np.float16(v)
+        return float(s)
+
+    def in_fp32(values):  # compensated, but in FP32
+        return float(np.sum(np.asarray(values, dtype=np.float64)))
+
+    assert not E.check("5.2", plain) and not E.check("5.2", in_fp32)
+    # the reference equals the module's Kahan in FP16
+    x = np.random.default_rng(0).uniform(0, 1, 3000).astype(np.float16).astype(np.float32)
+    assert E.solution("5.2")(x) == float(acc.dot(x, np.ones_like(x), accumulator="FP16", compensated=True))
