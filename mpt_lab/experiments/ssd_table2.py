@@ -37,6 +37,7 @@ import torch
 
 from ..histogram import GradientHistogram
 from ..models import evaluate_detector
+from ..models.detection_eval import LEGACY_MAP_EVALUATOR, MAP_EVALUATOR
 from ..models.ssd import CONFIGS, MultiBoxLoss, build_ssd, make_optimizer
 from ..training import shuffled_batches
 from ._precision import ARMS, PrecisionArm, collect_arms, gradient_shares, shift_eps
@@ -103,12 +104,16 @@ PROFILES = {
 class SSDTable2Result(ExperimentResult):
     """Per arm in ``arms``: ``losses`` [steps] (SSD eq. (1), unshifted, unscaled), ``map50`` [[step, mAP@0.5]],
     ``skipped`` steps, ``evals`` [{step, zero_share, fp16_underflow, nonfinite, median_log2}] of the activation
-    gradients per quarter of training; ``labels``, ``real_fp16``, ``train_seconds`` as in the bigLSTM result."""
+    gradients per quarter of training; ``labels``, ``real_fp16``, ``train_seconds`` as in the bigLSTM result;
+    ``map_evaluator``: what computed the mAP (:data:`~mpt_lab.models.detection_eval.MAP_EVALUATOR`; a result
+    saved without it was made by the old hand-written evaluator, :data:`~mpt_lab.models.detection_eval.
+    LEGACY_MAP_EVALUATOR`)."""
 
     arms: dict = field(default_factory=dict)
     labels: dict = field(default_factory=dict)
     real_fp16: bool = False
     train_seconds: dict = field(default_factory=dict)
+    map_evaluator: str = LEGACY_MAP_EVALUATOR
 
     def final_map(self, arm: str) -> float:
         """mAP@0.5 of ``arm`` at the end of training (0 to 1)."""
@@ -133,7 +138,8 @@ class SSDTable2Result(ExperimentResult):
     def describe(self) -> str:
         parts = [f"{a}: mAP@0.5 {self.final_map(a):.3f}, loss {self.final_loss(a):.3f}" for a in self.arms]
         return (f"ssd_table2 ({self.profile} profile, grad_shift {self.config['grad_shift']}, "
-                f"{'real' if self.real_fp16 else 'simulated'} FP16, {self.device}): " + "; ".join(parts))
+                f"{'real' if self.real_fp16 else 'simulated'} FP16, {self.device}, mAP by {self.map_evaluator}): "
+                + "; ".join(parts))
 
 
 def _train_arm(arm_name: str, config: Config, train, test, init_state: dict, run: Run) -> dict:
@@ -186,7 +192,8 @@ def measure(config: Config, run: Run) -> dict:
     test = detection_split("test", config.n_test, config.image_size, seed=config.seed)
     torch.manual_seed(config.seed)
     init_state = {k: v.clone() for k, v in build_ssd(config.model, image_size=config.image_size).state_dict().items()}
-    return collect_arms({a: _train_arm(a, config, train, test, init_state, run) for a in config.arms})
+    out = collect_arms({a: _train_arm(a, config, train, test, init_state, run) for a in config.arms})
+    return {**out, "map_evaluator": MAP_EVALUATOR}
 
 
 EXPERIMENT = Experiment(NAME, Config, PROFILES, measure, SSDTable2Result, __doc__)
