@@ -19,8 +19,8 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from conftest import ROOT
-from mpt_lab.scaling import (GradScaler, OptState, StaticLossScaler, _f32, _found_non_finite, _update_rule,
-                             _update_scale)
+from mpt_lab.scaling import (GradScaler, OptState, StaticLossScaler, _f32, _update_rule, _update_scale,
+                             found_non_finite)
 
 INF, NAN = float("inf"), float("nan")
 
@@ -285,7 +285,7 @@ def test_unscale_bit_identical_to_torch_kernel(dtype):
             found_ref = torch.zeros(())
             torch._amp_foreach_non_finite_check_and_unscale_(ref, found_ref, inv_t)
             ours = [t.clone() for t in grads]
-            found = _found_non_finite(ours, torch.device("cpu"))
+            found = found_non_finite(ours, torch.device("cpu"))
             torch._foreach_mul_(ours, inv_t)
             assert found.dtype == torch.bool and found.item() == bool(found_ref), (inject, inv)
             for a, b in zip(ours, ref):
