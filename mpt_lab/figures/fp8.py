@@ -3,8 +3,8 @@ the activations, weights and gradients of every layer, delayed scaling's amax hi
 scaling against block size.
 
 Most functions take a :class:`mpt_lab.experiments.fp8_recipes.FP8RecipesResult`;
-:func:`plot_block_size_error` also takes the output of :func:`mpt_lab.quantized_training.block_size_sweep`, and
-:func:`one_scale_table` that of :func:`mpt_lab.quantized_training.one_scale_vs_per_tensor`.  Sources:
+:func:`plot_block_size_error` also takes the output of :func:`mpt_lab.microscaling.block_size_sweep`, and
+:func:`one_scale_table` that of :func:`mpt_lab.microscaling.one_scale_vs_per_tensor`.  Sources:
 Micikevicius et al. (2022) for FP8; OCP MX v1.0 and Rouhani et al. (2023) for MX; Transformer Engine's
 documentation for delayed scaling.
 """
@@ -18,7 +18,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from .. import formats as F
-from ..quantized_training import mean_over_layers
+from ..microscaling import mean_over_layers
 from ._base import FORMAT_COLORS, new_figure, pct, power_text, running_mean, table_html
 
 __all__ = ["RECIPE_STYLE", "plot_fp8_training", "fp8_results_table", "plot_layer_quantization",
@@ -332,7 +332,7 @@ def plot_block_size_error(result_or_sweep, *, title: str | None = None) -> Figur
     Parameters
     ----------
     result_or_sweep : FP8RecipesResult, or a dict role → (the output of
-        :func:`mpt_lab.quantized_training.block_size_sweep`: layer → format → {block size: SNR, "tensor": SNR})
+        :func:`mpt_lab.microscaling.block_size_sweep`: layer → format → {block size: SNR, "tensor": SNR})
 
     Returns
     -------
@@ -383,9 +383,9 @@ def block_scale_table(result):
 def one_scale_table(comparison: dict, *, limit: int | None = None):
     """Per tensor: the binade of its amax, its own power-of-two scale, and the share of its non-zero values that
     underflow with one scale for all tensors against its own (an HTML table), from
-    :func:`mpt_lab.quantized_training.one_scale_vs_per_tensor`."""
+    :func:`mpt_lab.microscaling.one_scale_vs_per_tensor`."""
     if not isinstance(comparison, dict) or "tensors" not in comparison:
-        raise TypeError("comparison must be the dict of mpt_lab.quantized_training.one_scale_vs_per_tensor")
+        raise TypeError("comparison must be the dict of mpt_lab.microscaling.one_scale_vs_per_tensor")
     rows = []
     items = list(comparison["tensors"].items())[:limit]
     one = comparison.get("one_scale")

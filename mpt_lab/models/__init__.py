@@ -8,6 +8,8 @@
 * :mod:`mpt_lab.models.resnet`: a small ResNet for the memory chapter.
 * :mod:`mpt_lab.models.lstm`: a word-level LSTM language model with projections shaped like bigLSTM
   (Jozefowicz et al. 2016), the model of the paper's Figure 1.
+* :mod:`mpt_lab.models.transformer`: :class:`CharTransformerLM`, a small character-level transformer
+  language model (the FP8 and block-scaling runs of chapter 10).
 * :mod:`mpt_lab.models.gat`: the DGL User Guide's 3-layer GAT (Veličković et al. 2018) on PyTorch Geometric (imported on its own:
   ``from mpt_lab.models.gat import GAT``, so that importing this package does not import PyG).
 """
@@ -16,9 +18,10 @@ from . import box_ops
 from .detection_eval import MAP_EVALUATOR, evaluate_detector, mean_average_precision
 from .mlp import digits_mlp
 from .lstm import LSTMLanguageModel, build_lstm_lm
+from .transformer import CharTransformerLM
 from .ssd import (CONFIGS, SSD, L2Norm, MultiBoxLoss, build_ssd, default_boxes, detect, make_optimizer, match,
                   match_batch, train_step)
 
-__all__ = ["LSTMLanguageModel", "build_lstm_lm", "SSD", "CONFIGS", "build_ssd", "L2Norm", "MultiBoxLoss", "default_boxes", "match", "match_batch",
+__all__ = ["LSTMLanguageModel", "build_lstm_lm", "CharTransformerLM", "SSD", "CONFIGS", "build_ssd", "L2Norm", "MultiBoxLoss", "default_boxes", "match", "match_batch",
            "detect", "make_optimizer", "train_step", "mean_average_precision", "MAP_EVALUATOR", "evaluate_detector",
            "digits_mlp", "box_ops"]
