@@ -19,21 +19,12 @@ from matplotlib.figure import Figure
 
 from .. import formats as F
 from ..microscaling import mean_over_layers
-from ._base import FORMAT_COLORS, new_figure, pct, power_text, running_mean, table_html
+from ._base import FORMAT_COLORS, new_figure, pct, power_text, recipe_style, running_mean, table_html
 
-__all__ = ["RECIPE_STYLE", "plot_fp8_training", "fp8_results_table", "plot_layer_quantization",
+__all__ = ["plot_fp8_training", "fp8_results_table", "plot_layer_quantization",
            "plot_recipe_snr", "plot_amax_history", "plot_block_size_error", "block_scale_table",
            "one_scale_table", "hardware_table"]
 
-#: Colour and line style per training recipe: FP32 blue, BF16 green, FP16 red (as in every chapter); FP8 per
-#: tensor purple; MX and NVFP4 brown to orange; BF16 weights green, dashed.
-RECIPE_STYLE = {
-    "fp32": ("#1f77b4", "-"), "bf16": ("#2ca02c", "-"), "fp16": ("#d62728", "-"),
-    "fp8_unscaled": ("#7f7f7f", "-"), "fp8_current": ("#9467bd", "-"), "fp8_delayed": ("#c5b0d5", "--"),
-    "mxfp8": ("#8c564b", "-"), "mxfp6": ("#e377c2", "-"), "mxfp4": ("#ff7f0e", "-"), "nvfp4": ("#bcbd22", "-"),
-    "bf16_sr": ("#98df8a", "--"), "bf16_rne": ("#17becf", ":"),
-    "fp8_current_hw": ("#9467bd", ":"), "fp8_delayed_hw": ("#c5b0d5", ":"),
-}
 _ROLE_LABELS = {"x": "activations (inputs)", "w": "weights", "g": "output gradients"}
 _SCALING_WORDS = {"none": "none", "current": "per tensor, current amax", "delayed": "per tensor, amax history",
                   "mx": "E8M0 per {n} values", "nvfp4": "E4M3 per {n} values, FP32 per tensor"}
@@ -53,7 +44,8 @@ def _model(result, model: str) -> dict:
 
 
 def _style(name: str) -> tuple:
-    return RECIPE_STYLE.get(name, ("#333333", "-"))
+    """(colour, line style) of a recipe: the book's style table (:data:`mpt_lab.figures._base.RECIPE_STYLE`)."""
+    return recipe_style(name)[1:]
 
 
 def _signed(v: float, digits: int = 3) -> str:
