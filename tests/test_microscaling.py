@@ -1080,19 +1080,16 @@ def test_cuda_equals_cpu():
 
 def test_package_attribute_and_benchmark_script(tmp_path):
     """``mpt_lab.microscaling`` resolves lazily; the benchmark runs (tiny size; no timing is asserted)."""
-    import importlib.util
     import json
-    from pathlib import Path
 
     import mpt_lab
+    from conftest import load_benchmark
 
     assert mpt_lab.microscaling is M and "microscaling" in mpt_lab.SUBMODULES
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "microscaling_speed.py"
-    spec = importlib.util.spec_from_file_location("microscaling_speed", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_benchmark("microscaling_speed")
     out = tmp_path / "speed.json"
-    assert mod.main(["--n", "8000", "--repeat", "1", "--out", str(out)]) == 0
+    assert mod.main(["--profile", "quick", "--set", "n=8000", "--set", "repeat=1", "--no-progress",
+                     "--out", str(out)]) == 0
     res = json.loads(out.read_text())
     assert res["provenance"]["config"]["n"] == 8000 and len(res["rows"]) == 2
     assert {"cast_s", "quantize_mx_s", "quantize_mx_vs_cast", "same_as_torchao"} <= set(res["rows"][0])
