@@ -12,13 +12,13 @@ notebook's execution time from the build's log ("Executed notebook in N seconds"
     python benchmarks/book_times.py --profile cpu --out book/results/book_build_cpu.json
     python benchmarks/book_times.py --profile quick
 
-The JSON records the command, device, versions, date, the machine's load average before and after, the build's
-wall time and each notebook's seconds, and whether every budget held.
+Run by the experiment runner (:mod:`mpt_lab.experiments.benchmark`; its profile is the book's): the JSON records
+the configuration, the provenance (command, device, versions, date), the machine's load average before and
+after, the build's wall time and each notebook's seconds, and whether every budget held.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import shutil
@@ -26,18 +26,50 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from mpt_lab.device import provenance
-from mpt_lab.experiments import save_json
+from mpt_lab.experiments.benchmark import Benchmark
+from mpt_lab.experiments.runner import ExperimentConfig, ExperimentResult, Run, run_main
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Seconds per notebook and for the whole build, per profile (DESIGN.md, "Sizes and devices").
 BUDGETS = {"quick": {"notebook": 90, "book": None}, "cpu": {"notebook": 240, "book": 720}}
 
 
-def run(profile: str = "cpu") -> dict:
-    """Build the book from a clean clone of HEAD in ``profile``; returns a dict (seconds)."""
+@dataclass
+class Config(ExperimentConfig):
+    """The profile (``quick`` or ``cpu``) is the one the book is built in."""
+
+
+PROFILES = {"quick": {}, "cpu": {}}
+
+
+@dataclass
+class BookTimesResult(ExperimentResult):
+    """``commit`` built; ``returncode`` of ``jupyter-book build``; ``build_seconds`` (wall time); ``notebook_seconds``:
+    notebook → seconds as the build's log reports them; ``budget_seconds`` and ``within_budget`` (notebooks, book);
+    ``load_average``: the machine's 1/5/15-minute load before and after; ``log_tail``: the log's end if it failed."""
+
+    commit: str = ""
+    returncode: int = 0
+    build_seconds: float = 0.0
+    notebook_seconds: dict = field(default_factory=dict)
+    budget_seconds: dict = field(default_factory=dict)
+    within_budget: dict = field(default_factory=dict)
+    load_average: dict = field(default_factory=dict)
+    log_tail: str = ""
+
+    def describe(self) -> str:
+        lines = [f"{name:36s} {s:7.1f} s" for name, s in sorted(self.notebook_seconds.items())]
+        lines.append(f"whole build (clean clone, {self.profile} profile): {self.build_seconds:.0f} s; exit status "
+                     f"{self.returncode}; within budget: {self.within_budget}")
+        return "\n".join(lines)
+
+
+def measure(config: Config, run: Run) -> dict:
+    """Build the book from a clean clone of HEAD in the config's profile (seconds)."""
+    profile = config.profile
     if profile not in BUDGETS:
         raise ValueError(f"profile must be one of {tuple(BUDGETS)}, got {profile!r}")
     jb = Path(sys.executable).parent / "jupyter-book"
@@ -63,31 +95,14 @@ def run(profile: str = "cpu") -> dict:
     budget = BUDGETS[profile]
     within = {"notebooks": all(v <= budget["notebook"] for v in notebooks.values()),
               "book": None if budget["book"] is None else seconds <= budget["book"]}
-    config = {"profile": profile, "commit": commit}
-    prov = provenance(config=config, device="cpu")
-    prov["load_average_before"], prov["load_average_after"] = [round(v, 2) for v in load_before], \
-        [round(v, 2) for v in load_after]
-    return {"provenance": prov, "returncode": res.returncode, "build_seconds": seconds,
-            "notebook_seconds": notebooks, "budget_seconds": budget, "within_budget": within,
+    return {"commit": commit, "returncode": res.returncode, "build_seconds": seconds, "notebook_seconds": notebooks,
+            "budget_seconds": budget, "within_budget": within,
+            "load_average": {"before": [round(v, 2) for v in load_before], "after": [round(v, 2) for v in load_after]},
             "log_tail": log[-2000:] if res.returncode else ""}
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--profile", default="cpu", choices=tuple(BUDGETS))
-    p.add_argument("--out", type=Path, help="write the result as JSON here")
-    args = p.parse_args(argv)
-    res = run(args.profile)
-    res["provenance"]["command"] = "python benchmarks/book_times.py " + " ".join(argv or sys.argv[1:])
-    for name, s in sorted(res["notebook_seconds"].items()):
-        print(f"{name:36s} {s:7.1f} s")
-    print(f"whole build (clean clone, {args.profile} profile): {res['build_seconds']:.0f} s; exit status "
-          f"{res['returncode']}; within budget: {res['within_budget']}")
-    if args.out:
-        save_json(res, args.out)
-        print(f"wrote {args.out}")
-    return 0 if res["returncode"] == 0 else 1
-
+BENCHMARK = Benchmark("book_times", Config, PROFILES, measure, BookTimesResult, __doc__)
+main = BENCHMARK.main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(BENCHMARK)

@@ -22,24 +22,26 @@ version it
 Every outcome is the exception's type and text as raised (stack-trace lines of DGL's C++ errors, which start
 with ``[bt]``, are dropped), or the dtype of the result.
 
-    python benchmarks/dgl_check.py --out book/results/dgl_check_cpu.json
+    python benchmarks/dgl_check.py --profile cpu --out book/results/dgl_check_cpu.json
 
-Needs the pip registry (a few downloads); about a minute.
+Needs the pip registry (a few downloads); about a minute.  Run by the experiment runner
+(:mod:`mpt_lab.experiments.benchmark`): the JSON records the configuration, the provenance (command, device,
+versions, date), the method and each version's record.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import subprocess
 import sys
 import sysconfig
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from mpt_lab.device import provenance
-from mpt_lab.experiments import save_json
+from mpt_lab.experiments.benchmark import Benchmark
+from mpt_lab.experiments.runner import ExperimentConfig, ExperimentResult, Run, run_main
 
 #: The DGL versions checked: the newest wheel on the registry for this Python, and the last 1.x release.
 VERSIONS = ("2.1.0", "1.1.3")
@@ -167,38 +169,46 @@ def check_version(version: str, base_python: str, workdir: Path) -> dict:
     return rec
 
 
-def run(versions=VERSIONS, command: str | None = None) -> dict:
-    """Check each DGL version in ``versions`` (strings); returns the JSON-ready record with provenance."""
+@dataclass
+class Config(ExperimentConfig):
+    versions: tuple = VERSIONS    # the DGL versions to check
+
+
+PROFILES = {"cpu": {}}
+
+
+@dataclass
+class DglCheckResult(ExperimentResult):
+    """``method``: what was done (from the module docstring); ``results``: DGL version → its record (pip's exit
+    status, every ``import dgl`` attempt, the torch builds DGL ships libraries for, the examples' outcomes)."""
+
+    method: str = ""
+    results: dict = field(default_factory=dict)
+
+    def describe(self) -> str:
+        lines = []
+        for v, r in self.results.items():
+            imp = r["import"]
+            lines.append(f"DGL {v}: import " + ("ok" if imp["ok"] else
+                                                f"failed: {imp['exception']}: {imp['message'][:200]}"))
+            lines += [f"   {k}: " + (e["dtype"] if e["ok"] else f"{e['exception']}: {e['message'][:160]}")
+                      for k, e in (r["examples_cpu"] or {}).items()]
+        return "\n".join(lines)
+
+
+def measure(config: Config, run: Run) -> dict:
+    """Check each DGL version of ``config.versions``."""
     base_python = str(Path(sys.base_prefix) / "bin" / "python3")
     workdir = Path(tempfile.mkdtemp(prefix="mpt_lab_dgl_check_"))
     try:
-        results = {v: check_version(v, base_python, workdir) for v in versions}
+        results = {v: check_version(v, base_python, workdir) for v in run.bar(config.versions, desc="DGL versions")}
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    cmd = command or "python benchmarks/dgl_check.py"
-    return {"experiment": "dgl_check", "provenance": provenance(command=cmd, config={"versions": list(versions)},
-                                                                device="cpu"),
-            "method": " ".join(__doc__.split("\n\n")[1:4]).replace("\n", " "), "results": results}
+    return {"method": " ".join(__doc__.split("\n\n")[1:4]).replace("\n", " "), "results": results}
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, help="write the record as JSON here")
-    p.add_argument("--versions", default=",".join(VERSIONS), help="comma-separated DGL versions")
-    args = p.parse_args(argv)
-    argv_s = sys.argv[1:] if argv is None else argv
-    data = run(tuple(v for v in args.versions.split(",") if v), command="python benchmarks/dgl_check.py "
-               + " ".join(argv_s))
-    for v, r in data["results"].items():
-        imp = r["import"]
-        print(f"DGL {v}: import " + ("ok" if imp["ok"] else f"failed: {imp['exception']}: {imp['message'][:200]}"))
-        for k, e in (r["examples_cpu"] or {}).items():
-            print(f"   {k}: " + (e["dtype"] if e["ok"] else f"{e['exception']}: {e['message'][:160]}"))
-    if args.out:
-        save_json(data, args.out)
-        print(f"wrote {args.out}")
-    return 0
-
+BENCHMARK = Benchmark("dgl_check", Config, PROFILES, measure, DglCheckResult, __doc__)
+main = BENCHMARK.main
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(BENCHMARK)

@@ -17,31 +17,29 @@ formats).  ``same_values`` tells whether round_to's nearest-even result equals t
 that data (NaNs as equal): it differs only where the native cast is not the format's operation (torch's
 float8_e4m3fn cast saturates where OCP E4M3 without saturation gives NaN).
 
-    python benchmarks/round_to_speed.py                       # prints the table
-    python benchmarks/round_to_speed.py --out book/results/round_to_speed_cpu.json
+    python benchmarks/round_to_speed.py --profile cpu              # prints the table
+    python benchmarks/round_to_speed.py --profile cpu --out book/results/round_to_speed_cpu.json
 
-The JSON (written with :func:`mpt_lab.experiments.save_json`) holds ``provenance`` (command, device, versions,
-date, config), ``load_average`` (1-minute load of the machine at the start and the end), ``rows`` (one dict per
+Run by the experiment runner (:mod:`mpt_lab.experiments.benchmark`): the JSON holds ``config``, ``provenance``
+(command, device, versions, date, config), ``load_average`` (1-minute load of the machine at the start and the end), ``rows`` (one dict per
 row: input, format, rounding, data, native, native_s, round_to_s, ratio, same_values, native_times_s,
 round_to_times_s) and ``summary`` (the largest ratio per input and rounding, on each kind of data).
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
-import sys
-import time
-from pathlib import Path
+from dataclasses import dataclass
 
 import ml_dtypes
 import numpy as np
 import torch
 
-from mpt_lab.device import provenance
-from mpt_lab.experiments import save_json
-from mpt_lab.formats import BF16, FP4_E2M1, FP6_E2M3, FP6_E3M2, FP8_E4M3, FP8_E5M2, FP16, round_to
+from mpt_lab.bench import interleaved
+from mpt_lab.experiments.benchmark import Benchmark, TimingTable
+from mpt_lab.experiments.runner import ExperimentConfig, Run, run_main
+from mpt_lab.formats import BF16, FP4_E2M1, FP6_E2M3, FP6_E3M2, FP8_E4M3, FP8_E5M2, FP16, get_format, round_to
 
 FORMATS = (FP16, BF16, FP8_E4M3, FP8_E5M2, FP6_E3M2, FP6_E2M3, FP4_E2M1)
 ROUNDINGS = ("nearest_even", "stochastic")
@@ -80,19 +78,6 @@ def _same(a, b) -> bool:
     return bool(((a.view(np.uint32) == b.view(np.uint32)) | (np.isnan(a) & np.isnan(b))).all())
 
 
-def interleaved(fns: list, repeat: int) -> list:
-    """Times (seconds) of each callable: one untimed call of each, then ``repeat`` rounds calling each once."""
-    for f in fns:
-        f()
-    times = [[] for _ in fns]
-    for _ in range(repeat):
-        for f, ts in zip(fns, times):
-            t0 = time.perf_counter()
-            f()
-            ts.append(time.perf_counter() - t0)
-    return times
-
-
 def measure_row(x, fmt, rounding: str, dist: str, repeat: int, seed: int) -> dict:
     """One row: the native cast and round_to on x, interleaved; medians, ratio and agreement."""
     native, what = native_cast(x, fmt)
@@ -106,7 +91,8 @@ def measure_row(x, fmt, rounding: str, dist: str, repeat: int, seed: int) -> dic
         def ours():
             return round_to(x, fmt)
     same = _same(ours(), native()) if rounding == "nearest_even" else None
-    t_native, t_ours = interleaved([native, ours], repeat)
+    times = interleaved({"native": native, "round_to": ours}, repeat)
+    t_native, t_ours = times["native"][0], times["round_to"][0]
     med_n, med_o = statistics.median(t_native), statistics.median(t_ours)
     return {"input": "torch" if tensor else "numpy", "format": fmt.name, "rounding": rounding, "data": dist,
             "native": what, "native_s": med_n, "round_to_s": med_o, "ratio": med_o / med_n,
@@ -122,55 +108,52 @@ def summary(rows: list) -> dict:
     return out
 
 
-def run(n: int = 10_000_000, repeat: int = 7, seed: int = 0, threads: int = 1, formats=FORMATS,
-        roundings=ROUNDINGS, inputs=("torch", "numpy"), progress=None) -> dict:
-    """Measure every row; returns the result dict (see the module docstring)."""
-    torch.set_num_threads(threads)
+@dataclass
+class Config(ExperimentConfig):
+    n: int = 10_000_000           # float32 values per row
+    repeat: int = 7               # timed calls of each (the median is kept)
+    formats: tuple = tuple(f.name for f in FORMATS)
+    roundings: tuple = ROUNDINGS
+    inputs: tuple = ("torch", "numpy")
+
+    def validate(self) -> None:
+        super().validate()
+        self.check_positive("n", "repeat")
+        self.check_choices("formats", tuple(f.name for f in FORMATS), subset=True)
+        self.check_choices("roundings", ROUNDINGS, subset=True)
+        self.check_choices("inputs", ("torch", "numpy"), subset=True)
+
+
+PROFILES = {"quick": {"n": 4096, "repeat": 2, "threads": 1}, "cpu": {"threads": 1}}
+
+
+@dataclass
+class RoundToSpeedResult(TimingTable):
+    """``load_average`` (1-minute load at the start and the end), ``rows`` (one dict per row, see the module
+    docstring) and ``summary`` (the largest ratio per input and rounding, on each kind of data)."""
+
+    SUMMARY = "largest ratio, {key}: {ratio:.2f}"
+
+    def row_text(self, r: dict) -> str:
+        same = "" if r["same_values"] is None else ("  same" if r["same_values"] else "  differs")
+        return (f"{r['input']:5s} {r['format']:9s} {r['rounding']:12s} {r['data']:6s} native "
+                f"{r['native_s'] * 1e3:8.2f} ms  round_to {r['round_to_s'] * 1e3:8.2f} ms  ratio {r['ratio']:6.2f}{same}")
+
+
+def measure(config: Config, run: Run) -> dict:
+    """Measure every row (see the module docstring)."""
     load_start = os.getloadavg()[0]
+    combos = [(dist, xn, inp, get_format(f), rounding) for dist, xn in data(config.n, config.seed).items()
+              for inp in config.inputs for f in config.formats for rounding in config.roundings]
     rows = []
-    for dist, xn in data(n, seed).items():
-        for inp in inputs:
-            x = torch.from_numpy(xn) if inp == "torch" else xn
-            for fmt in formats:
-                for rounding in roundings:
-                    row = measure_row(x, fmt, rounding, dist, repeat, seed)
-                    rows.append(row)
-                    if progress:
-                        progress(row)
-    config = {"n": n, "repeat": repeat, "seed": seed, "torch_threads": threads, "dtype": "float32",
-              "formats": [f.name for f in formats], "roundings": list(roundings), "inputs": list(inputs)}
-    return {"provenance": provenance(config=config, device="cpu"),
-            "load_average": {"start": load_start, "end": os.getloadavg()[0]},
-            "rows": rows, "summary": summary(rows)}
+    for dist, xn, inp, fmt, rounding in run.bar(combos, desc="round_to against the native casts"):
+        x = torch.from_numpy(xn) if inp == "torch" else xn
+        rows.append(measure_row(x, fmt, rounding, dist, config.repeat, config.seed))
+    return {"load_average": {"start": load_start, "end": os.getloadavg()[0]}, "rows": rows, "summary": summary(rows)}
 
 
-def _print_row(r: dict) -> None:
-    same = "" if r["same_values"] is None else ("  same" if r["same_values"] else "  differs")
-    print(f"{r['input']:5s} {r['format']:9s} {r['rounding']:12s} {r['data']:6s} native {r['native_s'] * 1e3:8.2f} ms"
-          f"  round_to {r['round_to_s'] * 1e3:8.2f} ms  ratio {r['ratio']:6.2f}{same}", flush=True)
-
-
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--n", type=int, default=10_000_000, help="number of float32 values (default 1e7)")
-    p.add_argument("--repeat", type=int, default=7, help="timed calls of each (default 7; the median is kept)")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
-    p.add_argument("--out", type=Path, help="write the result as JSON here")
-    args = p.parse_args(argv)
-    if args.repeat < 1 or args.n < 1:
-        p.error("--n and --repeat must be at least 1")
-    print(f"load average (1 min) at the start: {os.getloadavg()[0]:.2f}", flush=True)
-    res = run(args.n, args.repeat, threads=args.threads, progress=_print_row)
-    argv_used = sys.argv[1:] if argv is None else list(argv)
-    res["provenance"]["command"] = " ".join(["python benchmarks/round_to_speed.py", *argv_used])
-    for key, ratio in res["summary"].items():
-        print(f"largest ratio, {key}: {ratio:.2f}")
-    print(f"load average (1 min): start {res['load_average']['start']:.2f}, end {res['load_average']['end']:.2f}")
-    if args.out:
-        save_json(res, args.out)
-        print(f"wrote {args.out}")
-    return 0
-
+BENCHMARK = Benchmark("round_to_speed", Config, PROFILES, measure, RoundToSpeedResult, __doc__)
+main = BENCHMARK.main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(BENCHMARK)

@@ -5,25 +5,25 @@ FP32 step on a CPU (a real float16 step, ``model.half()``, is timed too: on CPUs
 kernels it is far slower).  Each step is forward, loss, backward and an SGD update; in mode "all" the update
 runs inside the block (FP16 weights, as ``model.half()``), in mode "autocast" outside (FP32 master weights).
 
-    python benchmarks/simulate_speed.py                       # prints the timing table
-    python benchmarks/simulate_speed.py --out book/results/simulate_speed_cpu.json
+    python benchmarks/simulate_speed.py --profile cpu               # prints the timing table
+    python benchmarks/simulate_speed.py --profile cpu --out book/results/simulate_speed_cpu.json
 
-The JSON records the command, device, versions, date and every repeat (seconds).
+Run by the experiment runner (:mod:`mpt_lab.experiments.benchmark`): the JSON records the configuration, the
+provenance (command, device, versions, date) and every repeat (seconds).
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
-import sys
-from pathlib import Path
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 from mpt_lab.bench import Timing, time_call
-from mpt_lab.device import provenance
-from mpt_lab.experiments import save_json
+from mpt_lab.experiments.benchmark import Benchmark
+from mpt_lab.experiments.runner import ExperimentConfig, ExperimentResult, Run, run_main
+from mpt_lab.formats import FORMATS
 from mpt_lab.simulate import round_parameters_, simulate
 
 
@@ -56,12 +56,43 @@ def _step(model, x, y, opt, ctx=None, update_inside=False):
     return fn
 
 
-def run(batch: int = 64, repeat: int = 7, threads: int = 1, half: bool = True, fmt: str = "FP16") -> dict:
+@dataclass
+class Config(ExperimentConfig):
+    batch: int = 64
+    repeat: int = 7              # timed calls per case (the real float16 step: a third of them)
+    fmt: str = "FP16"            # the format to emulate
+    half: bool = True            # also time the (slow) real float16 step
+
+    def validate(self) -> None:
+        super().validate()
+        self.check_positive("batch", "repeat")
+        self.check_choices("fmt", FORMATS)
+
+
+PROFILES = {"quick": {"batch": 8, "repeat": 2, "half": False, "threads": 1}, "cpu": {"threads": 1}}
+
+
+@dataclass
+class SimulateSpeedResult(ExperimentResult):
+    """``timings_s``: "model: case" → :meth:`mpt_lab.bench.Timing.as_dict` (seconds per step);
+    ``ratio_vs_fp32``: model → case → its median over the plain FP32 step's."""
+
+    timings_s: dict = field(default_factory=dict)
+    ratio_vs_fp32: dict = field(default_factory=dict)
+
+    def describe(self) -> str:
+        lines = [f"{name:36s} median {tm['median'] * 1e3:9.2f} ms   min {tm['min'] * 1e3:9.2f} ms"
+                 for name, tm in self.timings_s.items()]
+        lines += [f"{name}: {case} / fp32 = {r:.2f}" for name, rs in self.ratio_vs_fp32.items()
+                  for case, r in rs.items()]
+        return "\n".join(lines)
+
+
+def measure(config: Config, run: Run) -> dict:
     """Time plain FP32, simulated (modes "all" and "autocast") and, optionally, real float16 steps."""
-    torch.set_num_threads(threads)
-    torch.manual_seed(0)
+    fmt, repeat = config.fmt, config.repeat
     timings, ratios = {}, {}
-    for name, (model, x, y) in models(batch).items():
+    for name, (model, x, y) in models(config.batch).items():
         cases = {}
         m = copy.deepcopy(model)
         cases["fp32"] = _step(m, x, y, torch.optim.SGD(m.parameters(), lr=0.01))
@@ -71,7 +102,7 @@ def run(batch: int = 64, repeat: int = 7, threads: int = 1, half: bool = True, f
         m = copy.deepcopy(model)
         cases[f"simulate {fmt} autocast"] = _step(m, x, y, torch.optim.SGD(m.parameters(), lr=0.01),
                                                   simulate(fmt, "autocast"))
-        if half:
+        if config.half:
             m = copy.deepcopy(model).half()
             cases["real float16 (.half())"] = _step(m, x.half(), y, torch.optim.SGD(m.parameters(), lr=0.01))
         # interleaved (one call of each case per round) so that load from other processes hits all alike
@@ -87,33 +118,11 @@ def run(batch: int = 64, repeat: int = 7, threads: int = 1, half: bool = True, f
             timings[f"{name}: {case}"] = Timing(tuple(ts), warmup=1).as_dict()
         base = timings[f"{name}: fp32"]["median"]
         ratios[name] = {case: timings[f"{name}: {case}"]["median"] / base for case in cases if case != "fp32"}
-    config = {"batch": batch, "repeat": repeat, "torch_threads": threads, "fmt": fmt, "optimizer": "SGD lr=0.01",
-              "loss": "cross_entropy"}
-    return {"provenance": provenance(config=config, device="cpu"), "timings_s": timings, "ratio_vs_fp32": ratios}
+    return {"timings_s": timings, "ratio_vs_fp32": ratios}
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--repeat", type=int, default=7)
-    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
-    p.add_argument("--fmt", default="FP16", help="format to emulate (default FP16)")
-    p.add_argument("--no-half", action="store_true", help="skip the (slow) real float16 step")
-    p.add_argument("--out", type=Path, help="write the result as JSON here")
-    args = p.parse_args(argv)
-    res = run(args.batch, args.repeat, args.threads, half=not args.no_half, fmt=args.fmt)
-    res["provenance"]["command"] = "python benchmarks/simulate_speed.py " + " ".join(
-        argv if argv is not None else sys.argv[1:])
-    for name, tm in res["timings_s"].items():
-        print(f"{name:36s} median {tm['median'] * 1e3:9.2f} ms   min {tm['min'] * 1e3:9.2f} ms")
-    for name, rs in res["ratio_vs_fp32"].items():
-        for case, r in rs.items():
-            print(f"{name}: {case} / fp32 = {r:.2f}")
-    if args.out:
-        save_json(res, args.out)
-        print(f"wrote {args.out}")
-    return 0
-
+BENCHMARK = Benchmark("simulate_speed", Config, PROFILES, measure, SimulateSpeedResult, __doc__)
+main = BENCHMARK.main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(BENCHMARK)

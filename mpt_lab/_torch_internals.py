@@ -35,7 +35,7 @@ name here (torch's name)                    what mpt_lab uses it for
                                             and a column-major float8 matrix (dimensions multiples of 16) with
                                             FP32 decode scales, as torchao's ``Float8Linear`` calls it.  None
                                             when this torch has no such op (the callers then emulate).  Its
-                                            CUDA path is tested by ``tests/test_fp8_recipes.py`` (skipped
+                                            CUDA path is tested by ``tests/test_quantized_training.py`` (skipped
                                             without such a GPU).
 ``foreach_max``, ``foreach_mul_``           :mod:`mpt_lab.scaling` (the inf/NaN check and the unscaling of
 (``torch._foreach_max``,                    :class:`~mpt_lab.scaling.GradScaler`): one multi-tensor kernel per

@@ -26,7 +26,7 @@ from typing import Callable
 
 import torch
 
-__all__ = ["Timing", "time_call", "peak_memory", "track_peak_memory", "matmul_peak_tflops", "TIMERS"]
+__all__ = ["Timing", "time_call", "interleaved", "peak_memory", "track_peak_memory", "matmul_peak_tflops", "TIMERS"]
 
 TIMERS = ("wall", "cuda_event", "auto")
 
@@ -56,6 +56,41 @@ class Timing:
         d.update(median=self.median, min=self.min, max=self.max)
         d["times"] = list(self.times)
         return d
+
+
+def interleaved(fns: dict, repeat: int) -> dict:
+    """Time several callables in turn, so that load from other processes hits them alike (CPU).
+
+    One untimed call of each, then ``repeat`` rounds that call each once, in the order given.
+
+    Parameters
+    ----------
+    fns : dict name → callable with no arguments
+    repeat : int ≥ 1
+
+    Returns
+    -------
+    dict name → (wall-clock seconds, process CPU seconds): two lists of ``repeat`` times each
+    (``time.perf_counter`` and ``time.process_time`` around each call; the CPU time is what the load of other
+    processes on a shared machine inflates least).
+
+    Raises TypeError for a non-callable value, ValueError for ``repeat`` < 1.
+    """
+    if not isinstance(fns, dict) or not all(callable(f) for f in fns.values()):
+        raise TypeError("fns must be a dict of name → callable")
+    if not isinstance(repeat, int) or repeat < 1:
+        raise ValueError(f"repeat must be an int ≥ 1, got {repeat!r}")
+    for f in fns.values():
+        f()
+    times = {name: ([], []) for name in fns}
+    for _ in range(repeat):
+        for name, f in fns.items():
+            w0, c0 = time.perf_counter(), time.process_time()
+            f()
+            c1, w1 = time.process_time(), time.perf_counter()
+            times[name][0].append(w1 - w0)
+            times[name][1].append(c1 - c0)
+    return times
 
 
 def _sync(device) -> None:

@@ -79,7 +79,7 @@ __all__ = [
     "FloatFormat", "Decomposition", "FORMATS", "ROUNDING_MODES",
     "FP64", "FP32", "TF32", "FP16", "BF16", "FP8_E4M3", "FP8_E5M2", "FP6_E3M2", "FP6_E2M3", "FP4_E2M1", "E8M0",
     "get_format", "decompose", "compose", "encode", "decode", "round_to", "values", "ulp", "round_fixed",
-    "accumulate", "exact_arithmetic", "exact_arithmetic_active",
+    "accumulate", "exact_arithmetic", "exact_arithmetic_active", "round_tensor", "floor_log2", "ML_FLOAT_DTYPES",
 ]
 
 ROUNDING_MODES = ("nearest_even", "toward_zero", "stochastic")
@@ -177,7 +177,9 @@ class FloatFormat:
         return top
 
     @property
-    def _max_mantissa_field(self) -> int:
+    def max_mantissa_field(self) -> int:
+        """Mantissa field of the largest finite value (all ones, or one less where the all-ones code is NaN:
+        E4M3); :mod:`mpt_lab.histogram` uses it to find where the top binade overflows."""
         top_m = (1 << self.mantissa_bits) - 1
         if self.nan == "single" and self.mantissa_bits > 0:
             return top_m - 1  # the all-ones code is NaN
@@ -196,7 +198,7 @@ class FloatFormat:
     @property
     def max(self) -> float:
         """Largest finite value."""
-        return math.ldexp((1 << self.mantissa_bits) + self._max_mantissa_field, self.emax - self.mantissa_bits)
+        return math.ldexp((1 << self.mantissa_bits) + self.max_mantissa_field, self.emax - self.mantissa_bits)
 
     @property
     def smallest_normal(self) -> float:
@@ -362,7 +364,9 @@ def _ml_float_dtypes() -> tuple:
     return tuple(np.dtype(getattr(_ml_dtypes, n)) for n in names if hasattr(_ml_dtypes, n))
 
 
-_ML_FLOAT_DTYPES = _ml_float_dtypes()
+#: NumPy dtypes of ml_dtypes' narrow floats (bfloat16, the float8, float6 and float4 types; empty without
+#: ml_dtypes): arrays of these hold exact binary floats, as :mod:`mpt_lab.scaling` must know when it reads one.
+ML_FLOAT_DTYPES = _ml_float_dtypes()
 
 
 class _Input:
@@ -387,7 +391,7 @@ class _Input:
             dt = x.dtype
             if dt in (np.float32, np.float64):
                 work_dt = dt
-            elif dt == np.float16 or dt in _ML_FLOAT_DTYPES:
+            elif dt == np.float16 or dt in ML_FLOAT_DTYPES:
                 work_dt = np.dtype(np.float32)
             else:
                 raise TypeError(f"{argname} must have a floating dtype (float16/32/64 or an ml_dtypes float), got {dt}")
@@ -440,8 +444,11 @@ def _check_has_values(t, argname: str) -> None:
                          "pass a tensor on a real device (cpu, cuda, ...)")
 
 
-def _floor_log2(num: int, den: int) -> int:
-    """⌊log2(num / den)⌋ of positive ints, exactly (integer arithmetic only)."""
+def floor_log2(num: int, den: int) -> int:
+    """⌊log2(num / den)⌋ of positive ints, exactly (integer arithmetic only): the binade of a rational.
+
+    :mod:`mpt_lab.scaling` uses it for the largest power-of-two loss scale.  No argument checks (callers pass
+    positive Python ints)."""
     e = num.bit_length() - den.bit_length()  # 2^(e-1) < num/den < 2^(e+1)
     if (num << max(-e, 0)) < (den << max(e, 0)):
         e -= 1
@@ -471,7 +478,7 @@ def _rational_to_float(x, mantissa_bits: int, emin: int, rounding: str, generato
     mag = abs(num)
     if mag == 0:
         return 0.0
-    shift = max(_floor_log2(mag, den), emin) - mantissa_bits  # the quantum is 2^shift
+    shift = max(floor_log2(mag, den), emin) - mantissa_bits  # the quantum is 2^shift
     q = _round_ratio(mag << max(-shift, 0), den << max(shift, 0), rounding, generator)
     try:
         v = math.ldexp(float(q), shift)  # exact: q ≤ 2^(mantissa_bits + 1) ≤ 2^53
@@ -1321,11 +1328,14 @@ def round_to(x, fmt, *, rounding: str = "nearest_even", saturate: bool = False, 
     return inp.restore(y)
 
 
-def _round_tensor(t, fmt: FloatFormat, rounding: str = "nearest_even", saturate: bool = False, generator=None,
+def round_tensor(t, fmt: FloatFormat, rounding: str = "nearest_even", saturate: bool = False, generator=None,
                   out=None):
     """:func:`round_to` of a floating tensor, without its argument checks, for :mod:`mpt_lab.simulate`'s
     rounding of every op's results: the same paths, with less per-call overhead.  With ``out`` (a tensor of
-    t's shape and dtype, e.g. t itself for rounding in place) the result is written there."""
+    t's shape and dtype, e.g. t itself for rounding in place) the result is written there.
+
+    The caller guarantees what :func:`round_to` checks: ``t`` a floating tensor, ``fmt`` a
+    :class:`FloatFormat`, ``rounding`` one of :data:`ROUNDING_MODES`, ``saturate`` a bool."""
     if t.dtype in (torch.float32, torch.float64) and t.is_contiguous() and (out is None or out.is_contiguous()):
         y = _round_work(t.detach(), fmt, rounding, saturate, generator, out=None if out is None else out.detach())
         return y if out is None else out

@@ -318,7 +318,7 @@ class Log2Histogram:
         out = dict.fromkeys(FRACTION_KEYS, 0)
         kkg = kk[:, None] + np.zeros_like(state)[None, :]
         onesg = np.broadcast_to(ones, fine.shape)
-        top_mant = fmt._max_mantissa_field
+        top_mant = fmt.max_mantissa_field
         top_all_ones = top_mant == (1 << m) - 1
         # thresholds on the leading-ones count (exact when the relevant neighbour is "all ones", see docstring)
         over = (kkg > emax) | ((kkg == emax) & (onesg >= (m + 1 if top_all_ones else m)))

@@ -47,7 +47,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .scaling import GradScaler, StaticLossScaler, _found_non_finite
+from .scaling import GradScaler, StaticLossScaler, found_non_finite
 
 __all__ = ["MasterWeightTrainer", "STEP_NAMES"]
 
@@ -107,7 +107,7 @@ def _any_non_finite(grads: list[torch.Tensor]) -> torch.Tensor:
         by_device.setdefault(g.device, []).append(g._values() if g.is_sparse else g)
     if not by_device:
         return torch.zeros((), dtype=torch.bool)
-    found = [_found_non_finite(gs, device) for device, gs in by_device.items()]
+    found = [found_non_finite(gs, device) for device, gs in by_device.items()]
     return torch.stack([f.to(found[0].device) for f in found]).any()
 
 

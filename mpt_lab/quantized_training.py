@@ -52,12 +52,11 @@ Exactness and speed
 Per-tensor recipes call :func:`~mpt_lab.microscaling.quantize_per_tensor` and
 :class:`~mpt_lab.microscaling.DelayedScaling` directly; ``fp8_current`` gives the same outputs and gradients,
 bit for bit, as torchao's ``Float8Linear`` (tensorwise dynamic scaling, ``emulate=True``; a test checks it).
-For MX and NVFP4 blocks, :func:`fake_quantize_mx` and :func:`fake_quantize_nvfp4` compute the dequantised
-values of :func:`~mpt_lab.microscaling.quantize_mx` and :func:`~mpt_lab.microscaling.quantize_nvfp4` without
-forming codes (the scales from the bits of each block's amax, the elements with
-:func:`~mpt_lab.formats.round_to`): the same values bit for bit (the tests compare them on random, tied,
-subnormal, zero, infinite and NaN blocks), four (E4M3) to ten (FP6, FP4) times faster on a CPU, which is what
-makes a CPU training run in MXFP4 affordable.
+For MX and NVFP4 blocks, the fast twins :func:`~mpt_lab.microscaling.fake_quantize_mx` and
+:func:`~mpt_lab.microscaling.fake_quantize_nvfp4` compute the dequantised values of
+:func:`~mpt_lab.microscaling.quantize_mx` and :func:`~mpt_lab.microscaling.quantize_nvfp4` without forming
+codes: the same values bit for bit, four (E4M3) to ten (FP6, FP4) times faster on a CPU, which is what makes a
+CPU training run in MXFP4 affordable.
 
 Statistics
 ----------
@@ -67,7 +66,8 @@ the input, "w": the weight, "g": the output gradient) the :class:`Quantizer` acc
 values, non-zero values that became zero (underflow), values beyond the range of their scale (saturated:
 clamped to ±max or overflowed, as
 ``ScaledTensor.saturated`` / ``MXTensor.saturated`` define it), non-finite results, and the sums of x² and of
-(Q(x) − x)² (the signal-to-noise ratio).  For block recipes the statistics are those of the forward
+(Q(x) − x)² (the signal-to-noise ratio): :func:`mpt_lab.microscaling.add_counts`, and
+:func:`mpt_lab.microscaling.layer_stats` reads them.  For block recipes the statistics are those of the forward
 quantisation of x and w (along K) and of the dgrad quantisation of g (along N).
 
 On CUDA GPUs of compute capability 8.9 and above (H100, L40, RTX 40…), ``hardware=True`` computes the FP8
@@ -83,7 +83,6 @@ Formats for Deep Learning" (2023); NVIDIA's NVFP4 (two-level scaling).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -91,13 +90,11 @@ from torch import nn
 
 from . import formats as F
 from .formats import BF16, FP16, FP4_E2M1, FP6_E3M2, FP8_E4M3, FP8_E5M2, FloatFormat
-from .microscaling import (SCALE_ROUNDINGS, DelayedScaling, ScaledTensor, quantize_mx, quantize_nvfp4,
-                           quantize_per_tensor)
+from .microscaling import (SCALE_ROUNDINGS, DelayedScaling, ScaledTensor, add_counts, fake_quantize_mx,
+                           fake_quantize_nvfp4, new_counts, quantize_mx, quantize_nvfp4, quantize_per_tensor)
 
 __all__ = ["TrainingRecipe", "TRAINING_RECIPES", "SCALINGS", "WEIGHT_STORAGE", "get_recipe", "Quantizer",
-           "QuantLinear", "quantize_linears_", "quantized_layers", "fake_quantize_mx", "fake_quantize_nvfp4",
-           "round_weights_", "layer_stats", "block_size_sweep", "block_scale_comparison", "one_scale_vs_per_tensor",
-           "mean_over_layers", "ROLES", "hardware_fp8_available"]
+           "QuantLinear", "quantize_linears_", "quantized_layers", "round_weights_", "ROLES", "hardware_fp8_available"]
 
 #: How a recipe scales a tensor before rounding it to its format.
 SCALINGS = ("none", "current", "delayed", "mx", "nvfp4")
@@ -105,7 +102,6 @@ SCALINGS = ("none", "current", "delayed", "mx", "nvfp4")
 WEIGHT_STORAGE = ("fp32", "bf16_rne", "bf16_sr")
 #: The operands of a Linear layer that a recipe quantises: its input, its weight, its output gradient.
 ROLES = ("x", "w", "g")
-_ROLE_WORDS = {"x": "activations (inputs)", "w": "weights", "g": "output gradients"}
 
 
 @dataclass(frozen=True)
@@ -194,150 +190,6 @@ def get_recipe(recipe) -> TrainingRecipe:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# fast fake quantisation, equal to mpt_lab.microscaling's bit for bit
-# ----------------------------------------------------------------------------------------------------------
-def _check_float_tensor(x, argname: str = "x") -> torch.Tensor:
-    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-        raise TypeError(f"{argname} must be a floating torch.Tensor, got {type(x).__name__}")
-    if x.dim() == 0:
-        raise ValueError(f"{argname} must have at least one dimension to be split into blocks")
-    return x.detach()
-
-
-def _blocks(x: torch.Tensor, block_size: int, axis: int) -> tuple[torch.Tensor, tuple]:
-    """x (float32) with ``axis`` last, zero-padded to whole blocks, as (blocks, block_size), and how to undo it."""
-    xm = x.movedim(axis, -1)
-    n = xm.shape[-1]
-    pad = -n % block_size
-    if pad:
-        xm = nn.functional.pad(xm, (0, pad))
-    return xm.reshape(-1, block_size), (tuple(xm.shape), n)
-
-
-def _unblocks(y: torch.Tensor, layout: tuple, axis: int, dtype: torch.dtype) -> torch.Tensor:
-    shape, n = layout
-    return y.reshape(shape)[..., :n].movedim(-1, axis).to(dtype).contiguous()
-
-
-def _pow2_f32(k: torch.Tensor) -> torch.Tensor:
-    """2^k as float32 for integers k in [−149, 127], exactly (built from float64 bits)."""
-    return ((k.to(torch.int64) + 1023) << 52).view(torch.float64).to(torch.float32)
-
-
-def _axis(axis, ndim: int) -> int:
-    if not isinstance(axis, int) or isinstance(axis, bool):
-        raise TypeError(f"axis must be an int, got {type(axis).__name__}")
-    if not -ndim <= axis < ndim:
-        raise ValueError(f"axis must lie in [{-ndim}, {ndim}) for a {ndim}-d tensor, got {axis}")
-    return axis % ndim
-
-
-@F.exact_arithmetic
-def fake_quantize_mx(x, fmt, block_size: int = 32, axis: int = -1, *, scale_rounding: str = "floor") -> torch.Tensor:
-    """``quantize_mx(x, fmt, block_size, axis, scale_rounding=...).dequantize()`` for float32 (or narrower) x,
-    computed without codes: the same values bit for bit, four to ten times faster on a CPU.
-
-    Per block of ``block_size`` values along ``axis`` (OCP MX v1.0 §6.3): the E8M0 code c of the shared scale
-    from the biased exponent field E and mantissa field M of the block's amax (float32 bits: c = E − emax,
-    plus one for the "ceil", "even" and "rceil" rules when M says so, clamped to [0, 254]), X = 2^(c − 127);
-    each value becomes round_to(v · 2^(127 − c), fmt, saturate=True) · X (both products exact).  A block
-    holding inf or NaN becomes NaN.
-
-    Parameters
-    ----------
-    x : floating tensor (float16, bfloat16 or float32; float64 is refused: its MX scale uses float64 bits)
-    fmt : an MX element format (FP8_E4M3, FP8_E5M2, FP6_E3M2, FP6_E2M3, FP4_E2M1)
-    block_size : int ≥ 1
-    axis : int
-    scale_rounding : one of :data:`mpt_lab.microscaling.SCALE_ROUNDINGS`
-
-    Returns
-    -------
-    Tensor of x's shape, dtype and device, no autograd history.
-
-    Raises
-    ------
-    TypeError, ValueError
-        A bad x, fmt, block_size, axis or scale_rounding, each named.
-    """
-    x = _check_float_tensor(x)
-    if x.dtype == torch.float64:
-        raise TypeError("x must be float16, bfloat16 or float32 (use mpt_lab.microscaling.quantize_mx for float64)")
-    fmt = F.get_format(fmt)
-    from .microscaling import MX_ELEMENT_FORMATS
-
-    if fmt not in MX_ELEMENT_FORMATS:
-        raise ValueError(f"fmt must be an MX element format {[f.name for f in MX_ELEMENT_FORMATS]}, got {fmt.name}")
-    if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
-        raise ValueError(f"block_size must be an int ≥ 1, got {block_size!r}")
-    if scale_rounding not in SCALE_ROUNDINGS:
-        raise ValueError(f"scale_rounding must be one of {SCALE_ROUNDINGS}, got {scale_rounding!r}")
-    axis = _axis(axis, x.dim())
-    xb, layout = _blocks(x.to(torch.float32), block_size, axis)
-    bits = xb.abs().amax(1).view(torch.int32)           # |amax| bits; NaN blocks give a NaN amax
-    e = bits >> 23
-    nan = e == 255
-    c = e - fmt.emax
-    if scale_rounding != "floor":
-        mant = bits & ((1 << 23) - 1)
-        if scale_rounding == "ceil":
-            c = c + (mant != 0).to(torch.int32)
-        elif scale_rounding == "even":
-            c = c + (mant >= (1 << 23) - (1 << (23 - fmt.mantissa_bits - 1))).to(torch.int32)
-        else:
-            c = c + (mant > int((fmt.max / 2.0 ** fmt.emax - 1) * (1 << 23))).to(torch.int32)
-    c = c.clamp(0, 254)
-    inv = ((254 - c.clamp(max=253)) << 23).view(torch.float32)            # 2^(127 − c), exact
-    any_nan = bool(nan.any())
-    if any_nan:                                                            # FP6/FP4 have no NaN: zero them first
-        xb = xb.masked_fill(nan[:, None], 0.0)
-    elem = F.round_to(xb * inv[:, None], fmt, saturate=True)
-    y = elem * _pow2_f32(c - 127)[:, None]
-    if any_nan:
-        y[nan] = math.nan
-    return _unblocks(y, layout, axis, x.dtype)
-
-
-@F.exact_arithmetic
-def fake_quantize_nvfp4(x, *, axis: int = -1) -> torch.Tensor:
-    """``quantize_nvfp4(x, axis=axis).dequantize()`` for float32 (or narrower) x, without codes: the same
-    values bit for bit, faster.
-
-    NVIDIA's two-level scaling in float32: tensor scale s_t = fl32(amax / (448 · 6)) over the finite values
-    (1 when that is zero or not finite); per block of 16: s_b = E4M3(clamp(fl32(fl32(amax_b / 6) / s_t),
-    2⁻⁶, 448)); elements round_to(fl32(v · fl32(fl32(1 / s_t) / s_b)), FP4_E2M1, saturate=True); value =
-    element × s_b × s_t, rounded once to x's dtype.  Blocks holding inf or NaN become NaN.
-
-    Raises TypeError / ValueError for a bad x or axis.
-    """
-    x = _check_float_tensor(x)
-    if x.dtype == torch.float64:
-        raise TypeError("x must be float16, bfloat16 or float32 (use mpt_lab.microscaling.quantize_nvfp4 for float64)")
-    axis = _axis(axis, x.dim())
-    x32 = x.to(torch.float32)
-    amax = x32.abs().amax() if x32.numel() else x32.new_zeros(())
-    if not bool(torch.isfinite(amax)):                                     # the amax of the finite values
-        amax = torch.where(torch.isfinite(x32), x32, torch.zeros_like(x32)).abs().amax()
-    st = amax / (FP8_E4M3.max * FP4_E2M1.max)
-    ok = torch.isfinite(st) & (st > 0) & torch.isfinite(1.0 / st)
-    st = torch.where(ok, st, torch.ones_like(st))
-    xb, layout = _blocks(x32, 16, axis)
-    bamax = xb.abs().amax(1)
-    nan = ~torch.isfinite(bamax)
-    s = (bamax / FP4_E2M1.max / st).clamp_(FP8_E4M3.smallest_normal, FP8_E4M3.max).masked_fill_(nan, 1.0)
-    sb = F.round_to(s, FP8_E4M3)
-    r = (1.0 / st) / sb
-    any_nan = bool(nan.any())
-    if any_nan:                                                            # FP4 has no NaN: zero them first
-        xb = xb.masked_fill(nan[:, None], 0.0)
-    elem = F.round_to(xb * r[:, None], FP4_E2M1, saturate=True)
-    y = (elem * sb[:, None]) * st          # element × s_b is exact; × s_t rounds once, as float64 then float32
-    if any_nan:
-        y[nan] = math.nan
-    return _unblocks(y, layout, axis, x.dtype)
-
-
-# ----------------------------------------------------------------------------------------------------------
 # the quantizer: one per model, shared by its QuantLinear layers
 # ----------------------------------------------------------------------------------------------------------
 def hardware_fp8_available(device=None) -> bool:
@@ -351,10 +203,6 @@ def hardware_fp8_available(device=None) -> bool:
     from ._torch_internals import scaled_mm
 
     return scaled_mm is not None and torch.cuda.get_device_capability(device) >= (8, 9)
-
-
-def _new_stats() -> dict:
-    return {"n": 0, "nonzero": 0, "underflow": 0, "saturated": 0, "nonfinite": 0, "signal": 0.0, "noise": 0.0}
 
 
 class Quantizer:
@@ -373,7 +221,8 @@ class Quantizer:
     ----------
     enabled : bool, False makes every :class:`QuantLinear` a plain FP32 Linear (e.g. to evaluate in FP32)
     recording : bool, accumulate statistics (set it on the steps you want measured)
-    stats : dict layer → role → counts (see the module docstring; :func:`layer_stats` turns them into shares)
+    stats : dict layer → role → counts (see the module docstring; :func:`~mpt_lab.microscaling.layer_stats`
+        turns them into shares)
     delayed : the :class:`~mpt_lab.microscaling.DelayedScaling` of ``fp8_delayed`` (None otherwise)
     gemms : dict "hardware" / "emulated" → number of products computed each way
     """
@@ -448,20 +297,8 @@ class Quantizer:
             self._record(layer, role, t, tq, st.saturated(t))
         return tq, st
 
-    @F.exact_arithmetic
     def _record(self, layer: str, role: str, t: torch.Tensor, tq: torch.Tensor, saturated: torch.Tensor) -> None:
-        s = self.stats.setdefault(layer, {}).setdefault(role, _new_stats())
-        t64, q64 = t.to(torch.float64), tq.to(torch.float64)
-        fin = torch.isfinite(q64) & torch.isfinite(t64)
-        nz = t64 != 0
-        s["n"] += t.numel()
-        s["nonzero"] += int(nz.sum())
-        s["underflow"] += int((nz & (q64 == 0)).sum())
-        s["saturated"] += int(saturated.sum())
-        s["nonfinite"] += int((torch.isfinite(t64) & ~torch.isfinite(q64)).sum())
-        s["signal"] += float(torch.where(fin, t64 * t64, torch.zeros_like(t64)).sum())
-        d = torch.where(fin, q64 - t64, torch.zeros_like(t64))
-        s["noise"] += float((d * d).sum())
+        add_counts(self.stats.setdefault(layer, {}).setdefault(role, new_counts()), t, tq, saturated)
 
     # --- the products -------------------------------------------------------------------------------------
     def matmul(self, a: torch.Tensor, b: torch.Tensor, sa: ScaledTensor | None = None,
@@ -653,171 +490,3 @@ def round_weights_(params, rounding: str = "stochastic", *, fmt=BF16, generator:
         raise TypeError("params must be floating tensors (a model's parameters)")
     for p in params:
         p.copy_(F.round_to(p.detach(), fmt, rounding=rounding, generator=generator))
-
-
-# ----------------------------------------------------------------------------------------------------------
-# reading the statistics
-# ----------------------------------------------------------------------------------------------------------
-def _snr(signal: float, noise: float) -> float:
-    if noise > 0:
-        return 10.0 * math.log10(signal / noise) if signal > 0 else -math.inf
-    return math.inf if signal > 0 else math.nan
-
-
-def layer_stats(stats: dict) -> dict:
-    """Shares and SNR from the counts of :attr:`Quantizer.stats` (or a result's ``stats``).
-
-    Returns
-    -------
-    dict layer → role → {"underflow": share of the non-zero values that became zero, "saturated": share of all
-    values beyond their scale's range, "nonfinite": share of finite values that became inf/NaN, "snr_db":
-    10·log10(Σx² / Σ(Q(x) − x)²)}, and under the key "all" per role the same over every layer.
-    """
-    out, total = {}, {}
-    for layer, roles in stats.items():
-        out[layer] = {}
-        for role, s in roles.items():
-            out[layer][role] = _shares(s)
-            acc = total.setdefault(role, _new_stats())
-            for k in acc:
-                acc[k] += s[k]
-    out["all"] = {role: _shares(s) for role, s in total.items()}
-    return out
-
-
-def _shares(s: dict) -> dict:
-    n, nz = s["n"], s["nonzero"]
-    return {"underflow": s["underflow"] / nz if nz else 0.0, "saturated": s["saturated"] / n if n else 0.0,
-            "nonfinite": s["nonfinite"] / n if n else 0.0, "snr_db": _snr(s["signal"], s["noise"])}
-
-
-# ----------------------------------------------------------------------------------------------------------
-# error against block size, E8M0 against FP32 scales, one scale against one per tensor
-# ----------------------------------------------------------------------------------------------------------
-def _snr_of(x: torch.Tensor, xq: torch.Tensor) -> float:
-    x64, q64 = x.to(torch.float64), xq.to(torch.float64)
-    return _snr(float((x64 * x64).sum()), float(((q64 - x64) ** 2).sum()))
-
-
-def _by_tensor_and_format(tensors: dict, formats, row) -> dict:
-    """name → format name → row(tensor as float32, format), for a dict of tensors (TypeError otherwise)."""
-    if not isinstance(tensors, dict) or not tensors:
-        raise TypeError("tensors must be a non-empty dict of name → tensor")
-    fmts = [F.get_format(f, "formats") for f in formats]
-    return {name: {fmt.name: row(_check_float_tensor(t, f"tensors[{name!r}]").to(torch.float32), fmt) for fmt in fmts}
-            for name, t in tensors.items()}
-
-
-@F.exact_arithmetic
-def block_size_sweep(tensors: dict, formats=("FP8_E4M3", "FP8_E5M2", "FP6_E3M2", "FP6_E2M3", "FP4_E2M1"),
-                     block_sizes=(8, 16, 32, 64, 128, 256)) -> dict:
-    """SNR (dB) of MX quantisation against block size, and with one E8M0 scale for the whole tensor.
-
-    Parameters
-    ----------
-    tensors : dict name → 2-D floating tensor (blocks run along the last axis, the reduction axis of x and w;
-        for output gradients pass them as (M, N): the dgrad product reduces over N)
-    formats : MX element formats
-    block_sizes : ints ≥ 1
-
-    Returns
-    -------
-    dict name → format name → {str(block size): SNR in dB, ..., "tensor": SNR with one shared E8M0 scale for the
-    whole tensor (the flattened tensor as a single block)}, computed with :func:`fake_quantize_mx` (equal to
-    :func:`mpt_lab.microscaling.quantize_mx`'s values; OCP's floor rule).
-    """
-    def row(t: torch.Tensor, fmt: FloatFormat) -> dict:
-        out = {str(bs): _snr_of(t, fake_quantize_mx(t, fmt, bs, -1)) for bs in block_sizes}
-        flat = t.reshape(-1)
-        out["tensor"] = _snr_of(flat, fake_quantize_mx(flat, fmt, flat.numel(), -1))
-        return out
-
-    return _by_tensor_and_format(tensors, formats, row)
-
-
-@F.exact_arithmetic
-def block_scale_comparison(tensors: dict, formats=("FP8_E4M3", "FP6_E3M2", "FP4_E2M1"), block_size: int = 32) -> dict:
-    """SNR (dB) of block quantisation with an E8M0 (power-of-two) scale against an exact FP32 scale.
-
-    The E8M0 scale is OCP MX's (:func:`~mpt_lab.microscaling.quantize_mx`, floor rule: the block's amax lands
-    in the element format's top binade).  The FP32 scale maps each block's amax exactly onto the format's
-    largest value, s = fl32(max / amax), and rounds fl32(v · s) to the format with saturation (Transformer
-    Engine's per-tensor rule, applied per block); NVFP4 (E4M3 scales, blocks of 16) is shown for FP4.
-
-    Returns
-    -------
-    dict name → format name → {"e8m0": SNR, "fp32": SNR} (and "nvfp4" for FP4_E2M1), in dB.
-    """
-    def row(t: torch.Tensor, fmt: FloatFormat) -> dict:
-        xb, layout = _blocks(t, block_size, -1)
-        amax = xb.abs().amax(1, keepdim=True)
-        scale = torch.where(amax > 0, torch.tensor(fmt.max, dtype=torch.float32) / amax, torch.ones_like(amax))
-        fq = F.round_to(xb * scale, fmt, saturate=True).to(torch.float64) / scale.to(torch.float64)
-        out = {"e8m0": _snr_of(t, fake_quantize_mx(t, fmt, block_size, -1)),
-               "fp32": _snr_of(t, _unblocks(fq.to(torch.float32), layout, t.dim() - 1, torch.float32))}
-        if fmt == FP4_E2M1:
-            out["nvfp4"] = _snr_of(t, fake_quantize_nvfp4(t))
-        return out
-
-    return _by_tensor_and_format(tensors, formats, row)
-
-
-def mean_over_layers(per_layer: dict) -> dict:
-    """The mean SNR (dB) over layers of :func:`block_size_sweep` or :func:`block_scale_comparison` output:
-    layer → format → {key: SNR} becomes format → {key: mean SNR} (non-finite values left out)."""
-    if not isinstance(per_layer, dict) or not per_layer:
-        raise TypeError("per_layer must be a non-empty dict layer → format → {key: SNR}")
-    acc: dict = {}
-    for fmts in per_layer.values():
-        for fmt, row in fmts.items():
-            for k, v in row.items():
-                acc.setdefault(fmt, {}).setdefault(k, []).append(v)
-    return {fmt: {k: (sum(x for x in v if math.isfinite(x)) / max(1, sum(math.isfinite(x) for x in v))
-                      if any(math.isfinite(x) for x in v) else math.nan) for k, v in row.items()}
-            for fmt, row in acc.items()}
-
-
-def one_scale_vs_per_tensor(histograms: dict, fmt="FP8_E5M2") -> dict:
-    """What one scale for all tensors loses against one scale per tensor, from their log2 histograms.
-
-    One scale: the largest power of two S for which no value of *any* tensor overflows ``fmt``
-    (:meth:`~mpt_lab.histogram.Log2Histogram.max_scale` of the sum of the histograms), as one loss scale
-    does.  Per tensor: each tensor's own largest such power of two (per-tensor scaling with power-of-two
-    scales).  Shares are exact (:meth:`~mpt_lab.histogram.Log2Histogram.fractions`).
-
-    Parameters
-    ----------
-    histograms : dict name → :class:`~mpt_lab.histogram.Log2Histogram`
-    fmt : the format the tensors are stored in
-
-    Returns
-    -------
-    dict with "one_scale" (log2 S), and "tensors": name → {"amax_log2": binade of the tensor's amax,
-    "per_tensor_log2": log2 of its own scale, "lost_one_scale" / "lost_per_tensor": share of its non-zero
-    values that underflow to zero}.
-    """
-    from .histogram import Log2Histogram
-
-    if not isinstance(histograms, dict) or not histograms or \
-            not all(isinstance(h, Log2Histogram) for h in histograms.values()):
-        raise TypeError("histograms must be a non-empty dict of name → Log2Histogram")
-    fmt = F.get_format(fmt)
-    total = None
-    for h in histograms.values():
-        total = h if total is None else total + h
-    s_all = total.max_scale(fmt)
-
-    def lost(h, s):
-        fr = h.fractions(fmt, s)
-        nz = 1.0 - fr["zero"] - fr["nonfinite"]
-        return fr["underflow"] / nz if nz > 0 else 0.0
-
-    rows = {}
-    for name, h in histograms.items():
-        s = h.max_scale(fmt)
-        rows[name] = {"amax_log2": math.frexp(h.amax)[1] - 1 if h.amax > 0 else None,
-                      "per_tensor_log2": int(math.log2(s)) if math.isfinite(s) else None,
-                      "lost_one_scale": lost(h, s_all) if math.isfinite(s_all) else 0.0,
-                      "lost_per_tensor": lost(h, s) if math.isfinite(s) else 0.0}
-    return {"format": fmt.name, "one_scale": int(math.log2(s_all)) if math.isfinite(s_all) else None,
-            "tensors": rows}

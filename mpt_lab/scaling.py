@@ -61,7 +61,8 @@ import torch.distributed as dist
 from . import formats
 from ._torch_internals import foreach_max, foreach_mul_
 
-__all__ = ["GradScaler", "StaticLossScaler", "OptState", "max_gradient_scale", "update_scale"]
+__all__ = ["GradScaler", "StaticLossScaler", "OptState", "max_gradient_scale", "largest_power_of_two_scale",
+           "update_scale", "found_non_finite"]
 
 _FIX = "This may indicate your script did not use scaler.scale(loss or outputs) earlier in the iteration."
 _HISTORY_CHUNK = 1024  # device-side history records are packed into one tensor per this many
@@ -234,11 +235,16 @@ def max_gradient_scale(amax, fmt="FP16") -> float:
         amax below 1, or FP16 and an amax beyond float64 such as 10**400): not representable as a float.
     """
     fmt = formats.get_format(fmt, "fmt")
-    return _largest_power_of_two_scale(amax, fmt.max, f"{fmt.name}'s max")
+    return largest_power_of_two_scale(amax, fmt.max, f"{fmt.name}'s max")
 
 
-def _largest_power_of_two_scale(amax, limit: float, limit_name: str) -> float:
-    """max_gradient_scale for any positive finite float ``limit`` (exercise 2.1 takes a bare limit)."""
+def largest_power_of_two_scale(amax, limit: float, limit_name: str = "limit") -> float:
+    """The largest power of two S with amax · S ≤ ``limit``, exactly: :func:`max_gradient_scale` for any
+    positive finite float ``limit`` (exercise 2.1 takes a bare limit instead of a format).
+
+    ``limit_name`` names the limit in the error messages.  Raises TypeError/ValueError as
+    :func:`max_gradient_scale` (amax not a positive finite real; S beyond float64's range).
+    """
     a = _exact_real("amax", amax)
     if isinstance(a, float) and not math.isfinite(a):
         raise ValueError(f"amax must be a positive finite number, got {a!r}")
@@ -246,7 +252,7 @@ def _largest_power_of_two_scale(amax, limit: float, limit_name: str) -> float:
         raise ValueError(f"amax must be positive (the largest absolute gradient), got {a!r}")
     a_num, a_den = a.as_integer_ratio()
     m_num, m_den = limit.as_integer_ratio()
-    k = formats._floor_log2(m_num * a_den, m_den * a_num)   # amax · 2^k ≤ limit < amax · 2^(k+1)
+    k = formats.floor_log2(m_num * a_den, m_den * a_num)   # amax · 2^k ≤ limit < amax · 2^(k+1)
     if not -1074 <= k <= 1023:
         raise ValueError(f"amax: S = 2^{k}, the largest power of two with amax · S ≤ {limit_name} {limit!r}, "
                          "is not representable as a float64")
@@ -270,7 +276,7 @@ def _exact_real(name: str, value: Any):
             raise TypeError(f"{name} must be a number or a 0-d array, got an array of shape {arr.shape}")
         if arr.dtype.kind in "iu":
             value = int(arr)
-        elif arr.dtype.kind == "f" or arr.dtype in formats._ML_FLOAT_DTYPES:
+        elif arr.dtype.kind == "f" or arr.dtype in formats.ML_FLOAT_DTYPES:
             value = float(arr.astype(np.float64))  # exact for float16/32/64 and the ml_dtypes floats
         else:
             raise TypeError(f"{name} must be a real number, got a NumPy {arr.dtype} value")
@@ -307,8 +313,10 @@ def _reciprocal(scale: torch.Tensor) -> torch.Tensor:
     return _wide(scale).reciprocal().float()
 
 
-def _found_non_finite(grads: list[torch.Tensor], device: torch.device) -> torch.Tensor:
-    """bool 0-dim tensor: True if any of ``grads`` (all on ``device``) holds an inf or NaN.
+def found_non_finite(grads: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """bool 0-dim tensor on ``device``: True if any of ``grads`` (dense tensors, all on ``device``) holds an
+    inf or NaN; no host synchronisation.  :class:`GradScaler` and :mod:`mpt_lab.master_weights` check
+    gradients with it.
 
     A +inf shows in the largest element of a tensor, a -inf in the smallest, a NaN in both (max and min
     propagate NaN); finite values give finite extremes (unlike a sum or a norm, which can overflow).
@@ -489,7 +497,7 @@ class _LossScaler:
         with torch.no_grad():
             for device, grads in groups.items():
                 # checked *before* unscaling, as torch does (g · 1/S may overflow when S < 1)
-                found = _found_non_finite(grads, device)
+                found = found_non_finite(grads, device)
                 if agree[device]:
                     found = self._agree_found_inf(found, agree[device])
                 found_inf_per_device[device] = found

@@ -114,7 +114,7 @@ import weakref
 import torch
 
 from ._torch_internals import TorchDispatchMode, current_autograd_node
-from .formats import (FloatFormat, ROUNDING_MODES, _round_tensor, exact_arithmetic, exact_arithmetic_active,
+from .formats import (FloatFormat, ROUNDING_MODES, round_tensor, exact_arithmetic, exact_arithmetic_active,
                       get_format)
 
 __all__ = ["simulate", "paused", "to_float32", "round_parameters_", "rounder", "MODES", "LOWER_PRECISION_OPS", "FLOAT32_OPS"]
@@ -176,10 +176,10 @@ def _rounder_pair(fmt: FloatFormat, rounding: str):
     pair = _rounders.get(key)
     if pair is None:
         def r(t):
-            return _round_tensor(t, fmt, rounding)
+            return round_tensor(t, fmt, rounding)
 
         def r_(t):
-            return _round_tensor(t, fmt, rounding, out=t)
+            return round_tensor(t, fmt, rounding, out=t)
 
         pair = _rounders[key] = (r, r_)
     return pair

@@ -19,7 +19,7 @@ from typing import Sequence
 import numpy as np
 
 from . import formats as F
-from .figures._base import HTML, table_html   # the book's one table builder (re-exported here)
+from .figures import HTML, table_html   # the book's one table builder (re-exported here)
 
 __all__ = ["HTML", "table_html", "bits_html", "format_table_html", "value_table_html", "BitExplorer", "bit_explorer",
            "FIELD_COLORS"]

@@ -19,10 +19,33 @@ os.environ.setdefault("MPT_LAB_PROFILE", "quick")
 
 @pytest.fixture(autouse=True, scope="session")
 def _torch_threads():
+    """One torch thread from the start, module-scoped fixtures included (two shared cores; DESIGN.md)."""
     import torch
 
     torch.set_num_threads(1)
     yield
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Every test runs with one torch thread, whatever the test before it set, and leaves the setting as it was."""
+    import torch
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+def load_benchmark(name: str):
+    """The script ``benchmarks/NAME.py`` as a module (registered in ``sys.modules``, as its dataclasses need)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"benchmarks_{name}", ROOT / "benchmarks" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def subprocess_env() -> dict:

@@ -25,7 +25,7 @@ def result():
 
 
 def test_runs_all_precisions(result):
-    assert {(r["precision"], r["batch"]) for r in result.rows} == {(p, b) for p in ar.PRECISIONS for b in (8, 9)}
+    assert {(r["precision"], r["batch"]) for r in result.rows} == {(p, b) for p in ar.RECIPES for b in (8, 9)}
     assert set(result.matmul_tflops) == {"float32", "float16", "bfloat16"}
     assert all(v > 0 for v in result.matmul_tflops.values())
     for r in result.rows:

@@ -1,31 +1,24 @@
 """The round_to benchmark runs (at a tiny size) and writes the table that chapter 1 quotes.
 
 Speed is reported, not asserted: a busy machine must not fail a test (DESIGN.md).  The full measurement is
-``python benchmarks/round_to_speed.py --out book/results/round_to_speed_cpu.json``.
+``python benchmarks/round_to_speed.py --profile cpu --out book/results/round_to_speed_cpu.json``.
 """
 
-import importlib.util
 import math
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, load_benchmark
 from mpt_lab.experiments import load_json
 
 FORMATS = ["FP16", "BF16", "FP8_E4M3", "FP8_E5M2", "FP6_E3M2", "FP6_E2M3", "FP4_E2M1"]
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("round_to_speed", ROOT / "benchmarks" / "round_to_speed.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.fixture(scope="module")
 def result(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench") / "speed.json"
-    assert _load().main(["--n", "4096", "--repeat", "2", "--out", str(out)]) == 0
+    assert load_benchmark("round_to_speed").main(["--profile", "quick", "--set", "n=4096", "--set", "repeat=2", "--no-progress",
+                         "--out", str(out)]) == 0
     return load_json(out)
 
 
@@ -61,8 +54,9 @@ def test_nearest_even_rows_time_the_same_values(result):
 
 def test_provenance_load_and_summary(result):
     prov = result["provenance"]
-    assert prov["config"]["n"] == 4096 and prov["config"]["torch_threads"] == 1
-    assert prov["command"].startswith("python benchmarks/round_to_speed.py")
+    assert prov["config"]["n"] == 4096 and prov["config"]["threads"] == 1
+    assert prov["command"].startswith("python benchmarks/round_to_speed.py --profile quick")
+    assert result["experiment"] == "round_to_speed" and result["config"] == prov["config"]
     assert {"torch", "numpy", "ml_dtypes"} <= set(prov["versions"])
     assert set(result["load_average"]) == {"start", "end"}
     summary = result["summary"]

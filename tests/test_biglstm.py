@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from mpt_lab.data.text import SPECIALS, batchify, bptt_batches, kjv_corpus, kjv_verses, tokenize
 from mpt_lab import figures
 from mpt_lab.experiments import biglstm, ssd_table2
-from mpt_lab.experiments._precision import ARMS, PrecisionArm, shift_eps
+from mpt_lab.experiments._precision import RECIPES, RecipeRun, shift_eps
 from mpt_lab.formats import FP16, round_to
 from mpt_lab.models.lstm import LSTMLanguageModel, build_lstm_lm
 from mpt_lab.simulate import simulate, to_float32
@@ -129,7 +129,7 @@ def test_fp32_is_bit_identical_under_the_gradient_shift(opt_name):
         else:
             opt = torch.optim.Adam(m.parameters(), lr=1e-2)
         shift_eps(opt, shift)
-        arm = PrecisionArm("fp32", "cpu", grad_shift=shift)
+        arm = RecipeRun("fp32", "cpu", grad_shift=shift)
         gen = torch.Generator().manual_seed(1)
         for _ in range(20):
             x, y = torch.randn(16, 10, generator=gen), torch.randint(0, 5, (16,), generator=gen)
@@ -141,16 +141,16 @@ def test_fp32_is_bit_identical_under_the_gradient_shift(opt_name):
 
 
 def test_arm_arguments():
-    with pytest.raises(ValueError, match="arm"):
-        PrecisionArm("fp8", "cpu")
+    with pytest.raises(ValueError, match="recipe"):
+        RecipeRun("fp8", "cpu")
     with pytest.raises(ValueError, match="static_scale"):
-        PrecisionArm("fp16_static", "cpu", static_scale=0)
+        RecipeRun("fp16_static", "cpu", static_scale=0)
     with pytest.raises(ValueError, match="grad_shift"):
-        PrecisionArm("fp16", "cpu", grad_shift=-1)
+        RecipeRun("fp16", "cpu", grad_shift=-1)
     with pytest.raises(ValueError, match="eps"):
         shift_eps(torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=0.1), 3)
-    assert PrecisionArm("fp16_static", "cpu", static_scale=8).label() == "mixed FP16, loss scale 8"
-    assert not PrecisionArm("fp16", "cpu").real_fp16 and PrecisionArm("fp16", "cpu", simulate_on_cpu=False).real_fp16
+    assert RecipeRun("fp16_static", "cpu", static_scale=8).label() == "mixed FP16, loss scale 8"
+    assert not RecipeRun("fp16", "cpu").real_fp16 and RecipeRun("fp16", "cpu", simulate_on_cpu=False).real_fp16
 
 
 def test_equivalent_shift():
@@ -255,7 +255,7 @@ def test_the_shift_is_a_larger_batch_measured():
 def test_the_long_profile_runs_without_a_shift():
     cfg = biglstm.config_for("long")
     cfg.validate()
-    assert cfg.grad_shift == 0 and tuple(cfg.arms) == ARMS and cfg.threads == 1
+    assert cfg.grad_shift == 0 and tuple(cfg.arms) == RECIPES and cfg.threads == 1
     assert not cfg.sweep_shifts and cfg.valid_tokens == 0           # the whole validation split
     # tokens per batch: a word's gradient p/N underflows in FP16 for p < N · 2⁻²⁵ = 2⁻⁹, with no shift
     n = cfg.batch_size * cfg.bptt
@@ -274,7 +274,7 @@ def test_the_saved_long_result_is_figure_1_without_a_shift():
         pytest.skip("book/results/biglstm_long.json is not saved yet")
     assert r.provenance["command"] == ("python -m mpt_lab.experiments.biglstm --profile long "
                                        "--out book/results/biglstm_long.json")
-    assert r.config["grad_shift"] == 0 and r.grad_shift == 0 and set(r.arms) == set(ARMS) and not r.real_fp16
+    assert r.config["grad_shift"] == 0 and r.grad_shift == 0 and set(r.arms) == set(RECIPES) and not r.real_fp16
     assert r.provenance["config"] == r.config and r.provenance["date"] and r.provenance["versions"]["torch"]
     fp32 = r.final("fp32")
     assert abs(r.final("fp16_static") - fp32) < 0.1 and abs(r.final("fp16_dynamic") - fp32) < 0.1

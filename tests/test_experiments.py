@@ -178,6 +178,7 @@ def test_run_records_histograms(tiny_result):
     r = tiny_result
     assert r.steps == list(range(1, 7)) and len(r.losses) == 6 and all(math.isfinite(x) for x in r.losses)
     assert [s for s, _ in r.map50] == [0, 6]
+    assert r.map_evaluator.startswith("pycocotools") and "pycocotools" in r.describe()   # who computed the mAP
     assert r.activation.total > 0 and r.weight.total > 0
     # the phases partition the run, and their histograms add up to the whole
     assert [(p["from"], p["to"]) for p in r.phases] == [(1, 2), (3, 4), (5, 6)]

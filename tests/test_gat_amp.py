@@ -25,7 +25,7 @@ def tiny():
 def test_every_run_trains_and_is_measured(tiny):
     assert list(tiny.runs) == ["[1, 1, 1]", "[2, 2, 2]"]
     for hk, runs in tiny.runs.items():
-        assert list(runs) == list(ga.PRECISIONS)
+        assert list(runs) == list(ga.RECIPES)
         for p, r in runs.items():
             assert not r["oom"]
             assert len(r["losses"]) == 5 and all(math.isfinite(v) for v in r["losses"])
@@ -42,7 +42,7 @@ def test_lower_precision_uses_less_memory(tiny):
             assert tiny.runs[hk][p]["peak_bytes"] < tiny.runs[hk]["fp32"]["peak_bytes"], (hk, p)
             assert 0.3 < tiny.ratio(hk, p) < 1.0
     # two heads need more memory than one, in every precision
-    for p in ga.PRECISIONS:
+    for p in ga.RECIPES:
         assert tiny.runs["[2, 2, 2]"][p]["peak_bytes"] > tiny.runs["[1, 1, 1]"][p]["peak_bytes"]
 
 

@@ -8,14 +8,6 @@ import torch.nn.functional as F
 from mpt_lab.data.graphs import REDDIT, add_self_loops, rand_graph, synthetic_reddit
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
 def test_rand_graph_like_dgl():
     ei = rand_graph(30, 100, seed=3)
     assert ei.shape == (2, 100) and ei.dtype == torch.int64

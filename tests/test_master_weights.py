@@ -17,11 +17,6 @@ from mpt_lab.master_weights import MasterWeightTrainer
 from mpt_lab.scaling import GradScaler, StaticLossScaler
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)
-
-
 def mlp(seed: int = 0, d_in: int = 8, hidden: int = 16, d_out: int = 4) -> nn.Module:
     torch.manual_seed(seed)
     return nn.Sequential(nn.Linear(d_in, hidden), nn.ReLU(), nn.Linear(hidden, d_out))

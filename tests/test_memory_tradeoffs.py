@@ -14,14 +14,6 @@ from mpt_lab.experiments import memory_tradeoffs as mt
 from mpt_lab.models.resnet import ResNet, build_resnet
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
 def test_peak_memory_counts_live_tensors_on_cpu():
     n = 4 * 2 ** 20
 

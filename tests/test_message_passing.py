@@ -15,14 +15,6 @@ from mpt_lab import figures
 from mpt_lab.experiments import message_passing as mp
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
 @pytest.fixture(scope="module")
 def inputs():
     return mp.make_inputs(30, 100, 16, seed=0)

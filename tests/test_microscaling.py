@@ -45,7 +45,9 @@ import pytest
 import torch
 
 from mpt_lab import microscaling as M
+from mpt_lab import formats as F
 from mpt_lab.formats import FP4_E2M1, FP6_E2M3, FP6_E3M2, FP8_E4M3, FP8_E5M2
+from mpt_lab.histogram import log2_histogram
 
 torch.set_num_threads(1)
 
@@ -802,33 +804,34 @@ def test_saturation_counts_follow_round_to_nearest_even():
     assert M.ScaledTensor(q, s, FP8_E4M3, torch.float32).saturated(x).sum() == 3
 
 
-@pytest.mark.parametrize("recipe", M.RECIPES)
-def test_recipes_quantize_and_fake_quantize(recipe):
+@pytest.mark.parametrize("scheme", M.SCHEMES)
+def test_schemes_quantize_and_fake_quantize(scheme):
     x = torch.randn(8, 64, dtype=torch.bfloat16)
-    qt = M.quantize(x, recipe)
-    fq = M.fake_quantize(x, recipe)
+    qt = M.quantize(x, scheme)
+    fq = M.fake_quantize(x, scheme)
     assert fq.dtype == x.dtype and fq.shape == x.shape and torch.equal(fq, qt.dequantize())
     e = M.quantization_error(x, qt)
     assert e["snr_db"] > 12 and e["nonfinite_out"] == 0 and e["saturated"] is not None
-    assert torch.equal(M.fake_quantize(x, recipe, axis=0), M.quantize(x, recipe, axis=0).dequantize())
+    assert torch.equal(M.fake_quantize(x, scheme, axis=0), M.quantize(x, scheme, axis=0).dequantize())
 
 
-def test_recipe_in_an_autograd_function():
-    """The use the module docstring shows: a Linear whose input, weight and output gradient are quantised."""
+def test_scheme_in_an_autograd_function():
+    """The use mpt_lab.microscaling.schemes' docstring shows: a Linear whose input, weight and output gradient
+    are quantised."""
 
     class QuantLinearFn(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, x, w, recipe):
+        def forward(ctx, x, w, scheme):
             ctx.save_for_backward(x, w)
-            ctx.recipe = recipe
-            return M.fake_quantize(x, recipe, axis=-1) @ M.fake_quantize(w, recipe, axis=-1).t()
+            ctx.scheme = scheme
+            return M.fake_quantize(x, scheme, axis=-1) @ M.fake_quantize(w, scheme, axis=-1).t()
 
         @staticmethod
         def backward(ctx, g):
             x, w = ctx.saved_tensors
-            r = ctx.recipe
-            return (M.fake_quantize(g, r, axis=-1) @ M.fake_quantize(w, r, axis=0),
-                    M.fake_quantize(g, r, axis=0).t() @ M.fake_quantize(x, r, axis=0), None)
+            s = ctx.scheme
+            return (M.fake_quantize(g, s, axis=-1) @ M.fake_quantize(w, s, axis=0),
+                    M.fake_quantize(g, s, axis=0).t() @ M.fake_quantize(x, s, axis=0), None)
 
     x = torch.randn(16, 64, requires_grad=True)
     w = torch.randn(32, 64, requires_grad=True)
@@ -844,6 +847,156 @@ def test_recipe_in_an_autograd_function():
 
     assert rel(out, ref) < 0.05 and rel(x.grad, gx) < 0.05 and rel(w.grad, gw) < 0.05     # E4M3: 2⁻⁴ per value
     assert torch.equal(out, M.fake_quantize(x, "mxfp8_e4m3") @ M.fake_quantize(w, "mxfp8_e4m3").t())
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the fast twins are the exact quantisers, bit for bit
+# ----------------------------------------------------------------------------------------------------------
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal values bit for bit (NaN where the other is NaN)."""
+    na, nb = torch.isnan(a), torch.isnan(b)
+    return torch.equal(na, nb) and torch.equal(a[~na].view(torch.int32), b[~nb].view(torch.int32))
+
+
+def _awkward(seed: int = 0) -> torch.Tensor:
+    """Rows of very different magnitudes, zeros, a zero row, inf, NaN, FP32 subnormals, values at E4M3's
+    saturation boundary (448, the tie 464, 480) and powers of two."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(37, 70, generator=g) * torch.exp2(torch.randint(-30, 30, (37, 1), generator=g).float())
+    x[0, :5] = 0
+    x[1] = 0
+    x[2, 3] = math.inf
+    x[3, 7] = math.nan
+    x[4] *= 1e-40
+    x[5] = 2.0 ** -130
+    x[6] = torch.tensor([448.0, 464.0, 480.0] * 23 + [1.0]) * 2.0 ** -3
+    x[7] = torch.exp2(torch.arange(70.0) - 35)
+    return x
+
+
+@pytest.mark.parametrize("fmt", M.MX_ELEMENT_FORMATS, ids=lambda f: f.name)
+@pytest.mark.parametrize("rule", M.SCALE_ROUNDINGS)
+def test_fake_quantize_mx_is_quantize_mx(fmt, rule):
+    x = _awkward()
+    for axis in (0, 1, -1):
+        for bs in (1, 7, 16, 32):
+            fast = M.fake_quantize_mx(x, fmt, bs, axis, scale_rounding=rule)
+            ref = M.quantize_mx(x, fmt, bs, axis, scale_rounding=rule).dequantize()
+            assert _same_bits(fast, ref), (fmt.name, rule, axis, bs)
+    for dtype in (torch.float16, torch.bfloat16):
+        xd = torch.randn(8, 64, generator=torch.Generator().manual_seed(1)).to(dtype)
+        fast, ref = M.fake_quantize_mx(xd, fmt, 32, -1, scale_rounding=rule), \
+            M.quantize_mx(xd, fmt, 32, -1, scale_rounding=rule).dequantize()
+        assert fast.dtype == dtype and torch.equal(fast, ref)
+
+
+def test_fake_quantize_nvfp4_is_quantize_nvfp4():
+    x = _awkward(3)
+    for axis in (0, 1):
+        assert _same_bits(M.fake_quantize_nvfp4(x, axis=axis), M.quantize_nvfp4(x, axis=axis).dequantize())
+        y = x[5:]                                  # no inf/NaN: a finite tensor scale from the amax
+        assert _same_bits(M.fake_quantize_nvfp4(y, axis=axis), M.quantize_nvfp4(y, axis=axis).dequantize())
+    z = torch.zeros(3, 16)
+    assert torch.equal(M.fake_quantize_nvfp4(z), z)
+
+
+def test_fake_quantizers_refuse_bad_input():
+    with pytest.raises(TypeError, match="x must be"):
+        M.fake_quantize_mx(torch.ones(4, dtype=torch.float64), "FP8_E4M3")
+    with pytest.raises(TypeError, match="x must be"):
+        M.fake_quantize_mx([1.0], "FP8_E4M3")
+    with pytest.raises(ValueError, match="fmt must be an MX element format"):
+        M.fake_quantize_mx(torch.ones(4), "FP16")
+    with pytest.raises(ValueError, match="block_size"):
+        M.fake_quantize_mx(torch.ones(4), "FP8_E4M3", 0)
+    with pytest.raises(ValueError, match="axis"):
+        M.fake_quantize_mx(torch.ones(4), "FP8_E4M3", 2, axis=1)
+    with pytest.raises(ValueError, match="scale_rounding"):
+        M.fake_quantize_mx(torch.ones(4), "FP8_E4M3", scale_rounding="up")
+    with pytest.raises(ValueError, match="at least one dimension"):
+        M.fake_quantize_nvfp4(torch.tensor(1.0))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# MX format names; per-tensor scaling rounds as Transformer Engine does
+# ----------------------------------------------------------------------------------------------------------
+def test_quantize_mx_takes_the_mx_names_its_repr_prints():
+    x = torch.randn(4, 64, generator=torch.Generator().manual_seed(2))
+    for name, fmt in M.MX_FORMATS.items():
+        want = M.quantize_mx(x, fmt)
+        for spelled in (name, name.lower(), repr(want).split("(")[1].split(",")[0]):
+            got = M.quantize_mx(x, spelled)
+            assert got.fmt == fmt and torch.equal(got.element_codes, want.element_codes), spelled
+        assert torch.equal(M.fake_quantize_mx(x, name.lower()), want.dequantize())
+    assert repr(M.quantize_mx(x, "mxfp8_e4m3")).startswith("MXTensor(MXFP8_E4M3,")
+    for bad in ("mxfp8", "MXFP6"):                         # two MX formats each: the message says which to name
+        with pytest.raises(ValueError, match="MXFP8_E4M3.*MXFP8_E5M2.*say which"):
+            M.quantize_mx(x, bad)
+    with pytest.raises(ValueError, match=r"MX format name \['MXFP8_E4M3'"):
+        M.quantize_mx(x, "mxint8")
+
+
+def test_per_tensor_rounds_the_float32_product_then_to_the_format_as_transformer_engine():
+    """q = round_to(fl32(x·scale), fmt): two roundings, as Transformer Engine's FP32 multiply-then-cast.  Here
+    the exact product x·scale lies just above the midpoint 0.328125 of E4M3's neighbours 0.3125 (mantissa 010,
+    even) and 0.34375 (011): rounded once it would give 0.34375; its float32 rounding is the midpoint itself,
+    and the tie goes to the even 0.3125."""
+    x = torch.tensor([75 / 1024, 100.0])                   # amax 100: scale = fl32(448 / 100)
+    q, scale = M.quantize_per_tensor(x, FP8_E4M3)
+    assert float(scale) == float(np.float32(448.0) / np.float32(100.0))
+    exact = Fraction(75, 1024) * Fraction(float(scale))
+    assert exact > Fraction(0.328125) and float(np.float32(float(exact))) == 0.328125
+    assert float(q[0]) == 0.3125                           # the float32 product's tie, to even
+    assert F.round_to(exact, FP8_E4M3) == 0.34375          # the exact product rounded once: the other neighbour
+    ds = M.DelayedScaling(history_len=1)                    # delayed scaling casts the same way
+    ds.quantize(x, "x")
+    ds.update()
+    q2, s2 = ds.quantize(x, "x")
+    assert float(s2) == float(scale) and torch.equal(q2, q)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# what quantisation loses: block size, E8M0 scales, one scale for all, a training run's counts
+# ----------------------------------------------------------------------------------------------------------
+def test_block_size_sweep_and_scale_comparison():
+    g = torch.Generator().manual_seed(0)
+    t = torch.randn(64, 256, generator=g) * torch.exp2(torch.randn(64, 256, generator=g) * 2)
+    sweep = M.block_size_sweep({"t": t}, ("FP8_E4M3", "FP4_E2M1"), (8, 32, 256))
+    row = sweep["t"]["FP4_E2M1"]
+    assert set(row) == {"8", "32", "256", "tensor"}
+    assert row["8"] > row["32"] > row["256"] > row["tensor"]           # smaller blocks, less error
+    assert sweep["t"]["FP8_E4M3"]["32"] > row["32"] + 10                # 3 more mantissa bits
+    cmp = M.block_scale_comparison({"t": t}, ("FP8_E4M3", "FP4_E2M1"))
+    assert set(cmp["t"]["FP4_E2M1"]) == {"e8m0", "fp32", "nvfp4"} and "nvfp4" not in cmp["t"]["FP8_E4M3"]
+    assert all(math.isfinite(v) for r in cmp["t"].values() for v in r.values())
+    with pytest.raises(TypeError):
+        M.block_size_sweep([t])
+
+
+def test_one_scale_loses_what_per_tensor_scales_keep():
+    big = log2_histogram(torch.randn(1000) * 100.0)
+    small = log2_histogram(torch.randn(1000) * 2.0 ** -20)
+    out = M.one_scale_vs_per_tensor({"big": big, "small": small}, "FP8_E4M3")
+    assert out["one_scale"] == int(math.log2((big + small).max_scale("FP8_E4M3")))
+    t = out["tensors"]
+    assert t["small"]["lost_one_scale"] > 0.9 and t["small"]["lost_per_tensor"] < 0.05
+    assert t["big"]["lost_one_scale"] == t["big"]["lost_per_tensor"]
+    with pytest.raises(TypeError):
+        M.one_scale_vs_per_tensor({"a": torch.ones(2)})
+
+
+def test_counts_and_layer_stats_by_hand():
+    c = M.new_counts()
+    t = torch.tensor([0.0, 1.0, 2.0 ** -30, 500.0, 3.0])
+    tq = torch.tensor([0.0, 1.0, 0.0, 448.0, math.inf])
+    M.add_counts(c, t, tq, torch.tensor([False, False, False, True, False]))
+    assert (c["n"], c["nonzero"], c["underflow"], c["saturated"], c["nonfinite"]) == (5, 4, 1, 1, 1)
+    assert c["signal"] == 1.0 + 2.0 ** -60 + 500.0 ** 2 and c["noise"] == 2.0 ** -60 + 52.0 ** 2
+    s = M.layer_stats({"a": {"x": c}})
+    assert s["a"]["x"]["underflow"] == 1 / 4 and s["a"]["x"]["saturated"] == 1 / 5
+    assert s["a"]["x"]["snr_db"] == pytest.approx(10 * math.log10(c["signal"] / c["noise"]))
+    assert s["all"]["x"] == s["a"]["x"]
+    assert M.snr_db(1.0, 0.0) == math.inf and M.snr_db(0.0, 1.0) == -math.inf and math.isnan(M.snr_db(0.0, 0.0))
 
 
 def test_exact_inside_simulate():
@@ -885,7 +1038,7 @@ def test_bad_arguments_are_named():
         (lambda: M.DelayedScaling(amax_compute_algo="mean"), ValueError, "amax_compute_algo"),
         (lambda: M.DelayedScaling(forward="E8M0"), ValueError, "forward"),
         (lambda: M.DelayedScaling().quantize(x, 3), TypeError, "name"),
-        (lambda: M.quantize(x, "int8"), ValueError, "recipe"),
+        (lambda: M.quantize(x, "int8"), ValueError, "scheme"),
         (lambda: M.quantization_error(x, x[:2]), ValueError, "xq"),
         (lambda: M.quantization_error(x, x, saturated=x), TypeError, "saturated"),
         (lambda: M.quantize_mx(x, "FP8_E4M3").dequantize(torch.int32), TypeError, "dtype"),
@@ -897,9 +1050,11 @@ def test_bad_arguments_are_named():
 
 
 def test_native_fp8_cast_was_checked_against_encode():
+    from mpt_lab.microscaling._core import native_cast      # the package's internal module, tested here
+
     for fmt in (FP8_E4M3, FP8_E5M2):
-        assert M._native_cast(fmt, torch.device("cpu")) in ("saturating", "in_range")
-    assert M._native_cast(FP8_E4M3, torch.device("cpu")) == "saturating"    # torch ≥ 2.12 saturates E4M3
+        assert native_cast(fmt, torch.device("cpu")) in ("saturating", "in_range")
+    assert native_cast(FP8_E4M3, torch.device("cpu")) == "saturating"    # torch ≥ 2.12 saturates E4M3
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -925,19 +1080,16 @@ def test_cuda_equals_cpu():
 
 def test_package_attribute_and_benchmark_script(tmp_path):
     """``mpt_lab.microscaling`` resolves lazily; the benchmark runs (tiny size; no timing is asserted)."""
-    import importlib.util
     import json
-    from pathlib import Path
 
     import mpt_lab
+    from conftest import load_benchmark
 
     assert mpt_lab.microscaling is M and "microscaling" in mpt_lab.SUBMODULES
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "microscaling_speed.py"
-    spec = importlib.util.spec_from_file_location("microscaling_speed", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_benchmark("microscaling_speed")
     out = tmp_path / "speed.json"
-    assert mod.main(["--n", "8000", "--repeat", "1", "--out", str(out)]) == 0
+    assert mod.main(["--profile", "quick", "--set", "n=8000", "--set", "repeat=1", "--no-progress",
+                     "--out", str(out)]) == 0
     res = json.loads(out.read_text())
     assert res["provenance"]["config"]["n"] == 8000 and len(res["rows"]) == 2
     assert {"cast_s", "quantize_mx_s", "quantize_mx_vs_cast", "same_as_torchao"} <= set(res["rows"][0])

@@ -6,7 +6,6 @@ CPU only.  The oracle is torch's own GradScaler("cpu") (and its fused kernels fo
 from __future__ import annotations
 
 import copy
-import importlib.util
 import io
 import json
 import math
@@ -18,16 +17,11 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from conftest import ROOT
-from mpt_lab.scaling import (GradScaler, OptState, StaticLossScaler, _f32, _found_non_finite, _update_rule,
-                             _update_scale)
+from conftest import load_benchmark
+from mpt_lab.scaling import (GradScaler, OptState, StaticLossScaler, _f32, _update_rule, _update_scale,
+                             found_non_finite)
 
 INF, NAN = float("inf"), float("nan")
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
@@ -285,7 +279,7 @@ def test_unscale_bit_identical_to_torch_kernel(dtype):
             found_ref = torch.zeros(())
             torch._amp_foreach_non_finite_check_and_unscale_(ref, found_ref, inv_t)
             ours = [t.clone() for t in grads]
-            found = _found_non_finite(ours, torch.device("cpu"))
+            found = found_non_finite(ours, torch.device("cpu"))
             torch._foreach_mul_(ours, inv_t)
             assert found.dtype == torch.bool and found.item() == bool(found_ref), (inject, inv)
             for a, b in zip(ours, ref):
@@ -1048,11 +1042,10 @@ def test_history_mixes_host_and_device_records_in_order():
 # The overhead benchmark runs and writes its JSON
 # ------------------------------------------------------------------------------------------------------
 def test_scaler_overhead_benchmark_runs(tmp_path):
-    spec = importlib.util.spec_from_file_location("scaler_overhead", ROOT / "benchmarks" / "scaler_overhead.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_benchmark("scaler_overhead")
     out = tmp_path / "overhead.json"
-    assert mod.main(["--batch", "8", "--hidden", "16", "--steps", "5", "--repeat", "3", "--out", str(out)]) == 0
+    assert mod.main(["--profile", "quick", "--set", "batch=8", "--set", "hidden=16", "--set", "steps=5",
+                     "--set", "repeat=3", "--no-progress", "--out", str(out)]) == 0
     res = json.loads(out.read_text())
     assert res["provenance"]["config"]["hidden"] == 16
     assert set(res["timings_s"]) >= {"torch.amp.GradScaler", "mpt_lab GradScaler"}

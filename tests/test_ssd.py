@@ -1,4 +1,4 @@
-"""mpt_lab.models: box ops, the SSD-style detector, MultiBoxLoss, detection post-processing and VOC mAP."""
+"""mpt_lab.models: box ops, the SSD-style detector, MultiBoxLoss, detection post-processing and mAP (pycocotools)."""
 
 import math
 
@@ -7,8 +7,9 @@ import torch
 import torch.nn.functional as F
 
 from mpt_lab.data import DigitsDetection
-from mpt_lab.models import (CONFIGS, SSD, MultiBoxLoss, average_precision, box_ops, build_ssd, default_boxes,
-                            detect, make_optimizer, match, mean_average_precision, train_step)
+from mpt_lab.models import (CONFIGS, SSD, MultiBoxLoss, box_ops, build_ssd, default_boxes, detect, make_optimizer,
+                            match, mean_average_precision, train_step)
+from mpt_lab.models.detection_eval import LEGACY_MAP_EVALUATOR, MAP_EVALUATOR
 from mpt_lab.models.ssd import match_batch
 
 
@@ -382,55 +383,70 @@ def test_map_perfect_detections_is_one():
     gts = [_gt([A, B], [1, 2]), _gt([C], [1])]
     dets = [_det([A, B], [0.9, 0.8], [1, 2]), _det([C], [0.7], [1])]
     r = mean_average_precision(dets, gts, num_classes=11)
-    assert r["mAP"] == 1.0 and r["ap"] == {1: 1.0, 2: 1.0} and r["num_ground_truth"] == {1: 2, 2: 1}
+    # COCOeval's precision is tp / (tp + fp + eps) with eps = 2^-52: one less a few 1e-16
+    assert r["mAP"] == pytest.approx(1.0, abs=1e-12) and set(r["ap"]) == {1, 2}
+    assert r["num_ground_truth"] == {1: 2, 2: 1} and r["evaluator"] == MAP_EVALUATOR
+    assert MAP_EVALUATOR.startswith("pycocotools ")
     # slightly shifted boxes still count at IoU 0.5; not at 0.95
     shifted = [_det([[0.02, 0.0, 0.42, 0.4], B], [0.9, 0.8], [1, 2]), _det([C], [0.7], [1])]
-    assert mean_average_precision(shifted, gts)["mAP"] == 1.0
-    assert mean_average_precision(shifted, gts, iou_threshold=0.95)["mAP"] < 1.0
+    assert mean_average_precision(shifted, gts)["mAP"] == pytest.approx(1.0, abs=1e-12)
+    assert mean_average_precision(shifted, gts, iou_threshold=0.95)["mAP"] < 0.9
 
 
-def test_map_false_positive_ranked_first():
-    # one class, 2 ground truths; detections FP (0.9), TP (0.8), TP (0.7):
-    # precision 0, 1/2, 2/3 at recall 0, 1/2, 1 -> envelope 2/3 at both recalls -> AP = 2/3
+def test_map_by_hand_at_101_recall_points():
+    """COCOeval samples the precision envelope at the recall points 0, 0.01, …, 1 (101 of them)."""
     gts = [_gt([A, B], [1, 1])]
+    # detections FP (0.9), TP (0.8), TP (0.7): precision 0, 1/2, 2/3 at recall 0, 1/2, 1; the envelope is 2/3
+    # at every recall point -> AP = 2/3 (Pascal VOC's all-point area gives 2/3 too)
     dets = [_det([FAR, A, B], [0.9, 0.8, 0.7], [1, 1, 1])]
     assert mean_average_precision(dets, gts)["mAP"] == pytest.approx(2 / 3, abs=1e-12)
     # ranked last, the same false positive costs nothing
     dets = [_det([FAR, A, B], [0.1, 0.8, 0.7], [1, 1, 1])]
-    assert mean_average_precision(dets, gts)["mAP"] == pytest.approx(1.0)
-    # between the two true positives: precision 1, 1/2, 2/3 -> AP = 1/2 * 1 + 1/2 * 2/3 = 5/6
+    assert mean_average_precision(dets, gts)["mAP"] == pytest.approx(1.0, abs=1e-12)
+    # between the two true positives: precision 1, 1/2, 2/3 at recall 1/2, 1/2, 1; the envelope is 1 up to
+    # recall 1/2 (51 points: 0, 0.01, …, 0.50) and 2/3 above it (50 points) -> AP = (51 + 50·2/3) / 101 =
+    # 253/303 = 0.83498 (Pascal VOC's all-point area: 5/6 = 0.83333)
     dets = [_det([FAR, A, B], [0.75, 0.8, 0.7], [1, 1, 1])]
-    assert mean_average_precision(dets, gts)["mAP"] == pytest.approx(5 / 6, abs=1e-12)
+    assert mean_average_precision(dets, gts)["mAP"] == pytest.approx(253 / 303, abs=1e-12)
     # a detection with the wrong class is a false positive of its class, not a hit
     dets = [_det([A, B, A], [0.8, 0.7, 0.95], [1, 1, 2])]
-    r = mean_average_precision(dets, gts + [], num_classes=3)
-    assert r["ap"] == {1: pytest.approx(1.0)} and r["mAP"] == pytest.approx(1.0)  # class 2 has no ground truth
+    r = mean_average_precision(dets, gts, num_classes=3)
+    assert set(r["ap"]) == {1} and r["mAP"] == pytest.approx(1.0, abs=1e-12)  # class 2 has no ground truth
 
 
-def test_map_duplicates_are_false_positives():
+def test_map_duplicates_and_matching_among_unmatched():
     gts = [_gt([A, B], [1, 1])]
-    # A found twice before B: TP, FP, TP -> precision 1, 1/2, 2/3 -> AP = 1/2 * 1 + 1/2 * 2/3 = 5/6
+    # A found twice before B: TP, FP, TP -> as above, AP = 253/303
     dets = [_det([A, [0.0, 0.0, 0.4, 0.38], B], [0.9, 0.8, 0.7], [1, 1, 1])]
-    assert mean_average_precision(dets, gts)["mAP"] == pytest.approx(5 / 6, abs=1e-12)
-    # a detection overlapping two ground truths matches only its best one
+    assert mean_average_precision(dets, gts)["mAP"] == pytest.approx(253 / 303, abs=1e-12)
+    # COCOeval matches a detection to the best ground truth *not matched yet* with IoU ≥ 0.5: two detections
+    # on the second box (IoU 1 with it, 0.12 / 0.20 = 0.6 with the first) find both -> AP = 1
     gts = [_gt([[0.0, 0.0, 0.4, 0.4], [0.1, 0.0, 0.5, 0.4]], [3, 3])]
     dets = [_det([[0.1, 0.0, 0.5, 0.4], [0.1, 0.0, 0.5, 0.4]], [0.9, 0.8], [3, 3])]
-    assert mean_average_precision(dets, gts)["mAP"] == pytest.approx(0.5)
+    assert mean_average_precision(dets, gts)["mAP"] == pytest.approx(1.0, abs=1e-12)
+    # at IoU 0.7 the second detection no longer reaches the first box: TP, FP at recall 1/2 -> AP = 51/101
+    assert mean_average_precision(dets, gts, iou_threshold=0.7)["mAP"] == pytest.approx(51 / 101, abs=1e-12)
 
 
 def test_map_misses_and_empty_inputs():
     gts = [_gt([A, B], [1, 1]), _gt([], [])]
     dets = [_det([A], [0.9], [1]), _det([C], [0.8], [1])]
-    # TP then FP (in the image without objects); recall reaches only 1/2 -> AP = 1/2
-    assert mean_average_precision(dets, gts)["mAP"] == pytest.approx(0.5)
+    # TP then FP (in the image without objects); recall reaches only 1/2: precision 1 at the 51 recall points
+    # 0 … 0.50, 0 at the 50 beyond -> AP = 51/101
+    assert mean_average_precision(dets, gts)["mAP"] == pytest.approx(51 / 101, abs=1e-12)
     none = [_det([], [], []), _det([], [], [])]
     r = mean_average_precision(none, gts)
     assert r["mAP"] == 0.0 and r["ap"] == {1: 0.0}
     assert math.isnan(mean_average_precision(none, [_gt([], []), _gt([], [])])["mAP"])
+    # only the max_detections best of an image count: the FP ranked first, then nothing -> AP = 0
+    dets = [_det([FAR, A, B], [0.9, 0.8, 0.7], [1, 1, 1]), _det([], [], [])]
+    assert mean_average_precision(dets, gts, max_detections=1)["mAP"] == 0.0
 
 
 def _map_reference(dets, gts, thr=0.5):
-    """VOC devkit logic, detection by detection."""
+    """COCOeval's rules written out detection by detection: greedy matching, best score first, to the ground
+    truth of the same class and image with the highest IoU ≥ thr among those not matched yet (the later one
+    on a tie); the precision envelope sampled at 101 recall points."""
     classes = sorted({c for g in gts for c in g["labels"].tolist()})
     aps = []
     for c in classes:
@@ -442,30 +458,29 @@ def _map_reference(dets, gts, thr=0.5):
         tp = []
         for s, i, k in cand:
             gb = gts[i]["boxes"][gts[i]["labels"] == c]
-            if gb.shape[0] == 0:
-                tp.append(0)
-                continue
-            iou = box_ops.box_iou(dets[i]["boxes"][k:k + 1].double(), gb.double())[0]
-            j = int(iou.argmax())
-            if float(iou[j]) >= thr and j not in used[i]:
-                used[i].add(j)
-                tp.append(1)
-            else:
-                tp.append(0)
-        ctp = torch.cumsum(torch.tensor(tp, dtype=torch.float64), 0)
-        rec = ctp / npos
-        prec = ctp / torch.arange(1, len(tp) + 1, dtype=torch.float64)
-        # all-point interpolation, the VOC 2010 devkit way
-        mrec = [0.0] + rec.tolist() + [1.0]
-        mpre = [0.0] + prec.tolist() + [0.0]
-        for i in range(len(mpre) - 2, -1, -1):
-            mpre[i] = max(mpre[i], mpre[i + 1])
-        aps.append(sum((mrec[i + 1] - mrec[i]) * mpre[i + 1] for i in range(len(mrec) - 1) if mrec[i + 1] != mrec[i]))
+            iou = box_ops.box_iou(dets[i]["boxes"][k:k + 1].double(), gb.double())[0].tolist() if len(gb) else []
+            best, m = thr, -1
+            for j, v in enumerate(iou):
+                if j not in used[i] and v >= best:
+                    best, m = v, j
+            if m >= 0:
+                used[i].add(m)
+            tp.append(int(m >= 0))
+        ctp = torch.cumsum(torch.tensor(tp, dtype=torch.float64), 0).tolist()
+        rec = [t / npos for t in ctp]
+        prec = [t / (n + 1) for n, t in enumerate(ctp)]
+        for n in range(len(prec) - 2, -1, -1):
+            prec[n] = max(prec[n], prec[n + 1])
+        samples = []
+        for r in (n / 100 for n in range(101)):
+            reached = [p for q, p in zip(rec, prec) if q >= r]
+            samples.append(reached[0] if reached else 0.0)
+        aps.append(sum(samples) / 101)
     return sum(aps) / len(aps)
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_map_matches_devkit_reference(seed):
+def test_map_matches_cocoeval_rules_written_out(seed):
     g = torch.Generator().manual_seed(seed)
     gts, dets = [], []
     for _ in range(15):
@@ -477,7 +492,9 @@ def test_map_matches_devkit_reference(seed):
         k = int(torch.randint(0, 6, (1,), generator=g))
         src = torch.randint(0, max(n, 1), (k,), generator=g)
         jitter = 0.05 * torch.randn(k, 4, generator=g)
-        dboxes = (boxes[src] + jitter) if n else torch.rand(k, 4, generator=g).sort(1).values
+        dboxes = (boxes[src] + jitter) if n else torch.rand(k, 4, generator=g)
+        x, y = dboxes[:, 0::2].sort(1).values, dboxes[:, 1::2].sort(1).values    # x1 ≤ x2, y1 ≤ y2
+        dboxes = torch.stack([x[:, 0], y[:, 0], x[:, 1], y[:, 1]], 1)
         dlabels = labels[src] if n else torch.randint(1, 4, (k,), generator=g)
         flip = torch.rand(k, generator=g) < 0.2
         dlabels = torch.where(flip, torch.randint(1, 4, (k,), generator=g), dlabels)
@@ -485,9 +502,7 @@ def test_map_matches_devkit_reference(seed):
     assert mean_average_precision(dets, gts)["mAP"] == pytest.approx(_map_reference(dets, gts), abs=1e-12)
 
 
-def test_average_precision_and_bad_inputs():
-    assert average_precision(torch.tensor([0.5, 0.5, 1.0]), torch.tensor([1.0, 0.5, 2 / 3])) == pytest.approx(5 / 6)
-    assert average_precision(torch.zeros(0), torch.zeros(0)) == 0.0
+def test_map_bad_inputs_and_saved_evaluator():
     gts = [_gt([A], [1])]
     with pytest.raises(ValueError, match="one entry per image"):
         mean_average_precision([], gts)
@@ -497,6 +512,24 @@ def test_average_precision_and_bad_inputs():
         mean_average_precision([_det([], [], [])], [_gt([A], [11])], num_classes=11)
     with pytest.raises(ValueError, match="iou_threshold"):
         mean_average_precision([_det([], [], [])], gts, iou_threshold=0.0)
+    with pytest.raises(ValueError, match="inverted"):
+        mean_average_precision([_det([[0.4, 0.0, 0.0, 0.4]], [0.9], [1])], gts)
+    with pytest.raises(ValueError, match="max_detections"):
+        mean_average_precision([_det([], [], [])], gts, max_detections=0)
+
+
+@pytest.mark.parametrize("name", ["ssd_histogram", "ssd_table2"])
+def test_results_that_report_map_name_their_evaluator(name):
+    """A result saved before the evaluator was recorded loads as made by the old hand-written VOC code."""
+    from mpt_lab.experiments import get
+    from mpt_lab.experiments.runner import load_json, result_path
+
+    exp = get(name)
+    saved = load_json(result_path(name, "long"))
+    saved.pop("map_evaluator", None)
+    old = exp.Result.from_dict(saved)
+    assert old.map_evaluator == LEGACY_MAP_EVALUATOR and "VOC" in old.describe()
+    assert MAP_EVALUATOR.startswith("pycocotools") and not LEGACY_MAP_EVALUATOR.startswith("pycocotools")
 
 
 # ----------------------------------------------------------------------------------------------------------

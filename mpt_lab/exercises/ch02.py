@@ -24,7 +24,7 @@ def _ex21_reference(amax: float, fmt_max: float = 65504.0) -> float:
         return scaling.max_gradient_scale(amax, fmt)
     if not (is_real(fmt_max) and 0 < fmt_max < math.inf):
         raise ValueError(f"fmt_max must be a positive finite number, got {fmt_max!r}")
-    return scaling._largest_power_of_two_scale(amax, float(fmt_max), "fmt_max")
+    return scaling.largest_power_of_two_scale(amax, float(fmt_max), "fmt_max")
 
 
 def _ex21_check(fn):

@@ -1,7 +1,8 @@
-"""One training step in FP32 or in FP16 mixed precision, without or with loss scaling: the "arms" that the
+"""One training step in FP32 or in FP16 mixed precision, without or with loss scaling: the recipes that the
 divergence experiments (:mod:`~mpt_lab.experiments.biglstm`, :mod:`~mpt_lab.experiments.ssd_table2`) compare.
 
-An arm is one of :data:`ARMS`:
+A recipe is one of :data:`RECIPES` (each experiment trains one run, an *arm*, per recipe: its config and result
+keep them under the stored key ``arms``):
 
 ``"fp32"``          plain float32 training;
 ``"fp16"``          mixed precision (FP32 master weights, FP16 forward and backward) **without** loss scaling;
@@ -10,7 +11,7 @@ An arm is one of :data:`ARMS`:
 
 Mixed precision is real ``torch.autocast(dtype=torch.float16)`` on CUDA and, on a CPU (no fast float16
 kernels), the emulation ``mpt_lab.simulate.simulate("FP16", mode="autocast")`` with forward *and* backward
-inside the block; :attr:`PrecisionArm.real_fp16` says which.
+inside the block; :attr:`RecipeRun.real_fp16` says which.
 
 The gradient shift
 ------------------
@@ -33,18 +34,20 @@ import torch
 from ..scaling import GradScaler, StaticLossScaler
 from ..simulate import simulate, to_float32
 
-__all__ = ["ARMS", "ARM_LABELS", "PrecisionArm", "shift_eps", "collect_arms", "gradient_shares"]
+__all__ = ["RECIPES", "RECIPE_LABELS", "RecipeRun", "shift_eps", "collect_arms", "gradient_shares"]
 
-ARMS = ("fp32", "fp16", "fp16_static", "fp16_dynamic")
+#: The recipes of the divergence experiments (see the module docstring).
+RECIPES = ("fp32", "fp16", "fp16_static", "fp16_dynamic")
 
-#: Legend labels of the arms (the static scale is filled in by :meth:`PrecisionArm.label`).
-ARM_LABELS = {"fp32": "FP32", "fp16": "mixed FP16, no loss scaling", "fp16_static": "mixed FP16, loss scale {S:g}",
+#: Legend labels of the recipes (the static scale is filled in by :meth:`RecipeRun.label`).
+RECIPE_LABELS = {"fp32": "FP32", "fp16": "mixed FP16, no loss scaling", "fp16_static": "mixed FP16, loss scale {S:g}",
               "fp16_dynamic": "mixed FP16, dynamic loss scaling"}
 
 
 def collect_arms(out: dict) -> dict:
-    """The result fields shared by the divergence experiments, from ``{arm: dict returned by its training
-    loop}`` (which holds "label", "real_fp16" and "seconds" besides the per-arm records)."""
+    """The result fields shared by the divergence experiments, from ``{recipe: dict returned by its training
+    loop}`` (which holds "label", "real_fp16" and "seconds" besides the run's records): ``arms`` (one run per
+    recipe), ``labels``, ``real_fp16``, ``train_seconds``."""
     meta = ("label", "real_fp16", "seconds")
     return {"arms": {a: {k: v for k, v in d.items() if k not in meta} for a, d in out.items()},
             "labels": {a: d["label"] for a, d in out.items()},
@@ -75,12 +78,12 @@ def shift_eps(optimizer: torch.optim.Optimizer, grad_shift: int) -> None:
         group["eps"] = group["eps"] * 2.0 ** -grad_shift
 
 
-class PrecisionArm:
-    """Run training steps in one arm of :data:`ARMS` on ``device``.
+class RecipeRun:
+    """Run training steps in one recipe of :data:`RECIPES` on ``device``.
 
     Parameters
     ----------
-    arm : str in :data:`ARMS`
+    recipe : str in :data:`RECIPES`
     device : torch.device or str; CUDA runs real float16 autocast, a CPU the emulation
     static_scale : float > 0, the loss scale S of ``"fp16_static"`` (the paper: 128 for bigLSTM, 8 for SSD)
     init_scale, growth_interval : the dynamic scaler's settings (``"fp16_dynamic"``)
@@ -92,30 +95,30 @@ class PrecisionArm:
     Raises
     ------
     ValueError
-        Unknown ``arm``, non-positive ``static_scale``, negative ``grad_shift``.
+        Unknown ``recipe``, non-positive ``static_scale``, negative ``grad_shift``.
     """
 
-    def __init__(self, arm: str, device, *, static_scale: float = 128.0, init_scale: float = 2.0 ** 16,
+    def __init__(self, recipe: str, device, *, static_scale: float = 128.0, init_scale: float = 2.0 ** 16,
                  growth_interval: int = 2000, grad_shift: int = 0, simulate_on_cpu: bool = True):
-        if arm not in ARMS:
-            raise ValueError(f"arm must be one of {ARMS}, got {arm!r}")
+        if recipe not in RECIPES:
+            raise ValueError(f"recipe must be one of {RECIPES}, got {recipe!r}")
         if not static_scale > 0:
             raise ValueError(f"static_scale must be > 0, got {static_scale!r}")
         if not isinstance(grad_shift, int) or grad_shift < 0:
             raise ValueError(f"grad_shift must be an int ≥ 0, got {grad_shift!r}")
-        self.arm, self.device = arm, torch.device(device)
-        self.mixed = arm != "fp32"
+        self.recipe, self.device = recipe, torch.device(device)
+        self.mixed = recipe != "fp32"
         self.real_fp16 = self.mixed and (self.device.type == "cuda" or not simulate_on_cpu)
         self.static_scale, self.grad_shift = float(static_scale), grad_shift
         self.scaler = None
-        if arm == "fp16_static":
+        if recipe == "fp16_static":
             self.scaler = StaticLossScaler(static_scale)
-        elif arm == "fp16_dynamic":
+        elif recipe == "fp16_dynamic":
             self.scaler = GradScaler(init_scale=init_scale, growth_interval=growth_interval)
         self._sim = None
 
     def label(self) -> str:
-        return ARM_LABELS[self.arm].format(S=self.static_scale)
+        return RECIPE_LABELS[self.recipe].format(S=self.static_scale)
 
     def get_scale(self) -> float:
         """The loss scale of the next step (1.0 without a scaler)."""

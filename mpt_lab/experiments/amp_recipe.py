@@ -4,13 +4,14 @@ on a stack of Linear layers.
 The recipe (Carilli, "Automatic Mixed Precision", PyTorch recipes) trains ``num_layers`` ``Linear(width,
 width)`` layers with ReLU between them (width 4096, 3 layers), MSE loss, SGD lr 0.001, 50 batches of random
 data per epoch, 3 epochs, batch sizes 128, 256, 512 and 513 (multiples of 8 use tensor cores; 513 does not).
-Three precisions:
+Three recipes (:data:`RECIPES`; the config's field and the rows' key for them are ``precisions`` and
+``precision``):
 
 - ``fp32``: default precision;
 - ``fp16``: ``torch.autocast(device, dtype=torch.float16)`` with ``torch.amp.GradScaler``;
 - ``bf16``: ``torch.autocast(device, dtype=torch.bfloat16)``, no scaler (bfloat16 has FP32's exponent range).
 
-For each (precision, batch size): the median time of an epoch (after warm-up epochs; CUDA-event timing on CUDA),
+For each (recipe, batch size): the median time of an epoch (after warm-up epochs; CUDA-event timing on CUDA),
 the peak tensor memory of one epoch that also builds the model and optimizer (``mpt_lab.bench.peak_memory``),
 the achieved TFLOP/s counting ``6 · batch · width · width`` FLOPs per Linear per step (2 for the forward
 product, 2 for the input gradient, 2 for the weight gradient; bias, ReLU, loss and optimizer are not counted,
@@ -36,11 +37,12 @@ from ..device import cpu_flags
 from ..training import autocast_to, backward_step
 from .runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
 
-__all__ = ["Config", "AmpRecipeResult", "PROFILES", "PRECISIONS", "RECIPE_CLAIM", "config_for", "run", "main",
+__all__ = ["Config", "AmpRecipeResult", "PROFILES", "RECIPES", "RECIPE_CLAIM", "config_for", "run", "main",
            "make_model", "flops_per_step", "NAME"]
 
 NAME = "amp_recipe"
-PRECISIONS = ("fp32", "fp16", "bf16")
+#: The recipes: FP32; FP16 autocast + GradScaler; BF16 autocast (``config.precisions`` names which run).
+RECIPES = ("fp32", "fp16", "bf16")
 _DTYPE = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 #: The recipe's claim (Carilli, PyTorch AMP recipe): "2–3× speed-up on Volta, Turing and Ampere GPUs".
@@ -58,7 +60,7 @@ class Config(ExperimentConfig):
     epochs: int = 3                   # timed epochs (median reported)
     warmup_epochs: int = 1            # untimed epochs before timing
     lr: float = 0.001
-    precisions: tuple = PRECISIONS
+    precisions: tuple = RECIPES
     peak_n: int = 0                   # matrix size for the matmul peak; 0: max(width, 512)
     measure_memory: bool = True
 
@@ -69,7 +71,7 @@ class Config(ExperimentConfig):
         if not self.batch_sizes or any(not isinstance(b, int) or isinstance(b, bool) or b < 1
                                        for b in self.batch_sizes):
             raise ValueError(f"config.batch_sizes must be a non-empty sequence of ints ≥ 1, got {self.batch_sizes!r}")
-        self.check_choices("precisions", PRECISIONS, subset=True)
+        self.check_choices("precisions", RECIPES, subset=True)
         if "fp32" not in self.precisions:
             raise ValueError("config.precisions must include 'fp32' (the baseline of the speed-ups)")
         if not (isinstance(self.lr, (int, float)) and self.lr > 0):

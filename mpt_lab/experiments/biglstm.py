@@ -5,7 +5,7 @@ Micikevicius et al. (ICLR 2018), §4.4 and Figure 1: bigLSTM (Jozefowicz et al. 
 Word benchmark with Adagrad; mixed precision *without* loss scaling diverges after a while, with a loss scale
 of 128 it matches FP32.  Here the same model, data order and seed (:mod:`mpt_lab.models.lstm`, word-level, on
 the King James Bible of :mod:`mpt_lab.data.text`) are trained in each arm of
-:data:`~mpt_lab.experiments._precision.ARMS` (FP32; mixed FP16 without scaling; with the static scale
+:data:`~mpt_lab.experiments._precision.RECIPES` (FP32; mixed FP16 without scaling; with the static scale
 ``static_scale``; with the dynamic :class:`~mpt_lab.scaling.GradScaler`): real FP16 autocast on CUDA, the
 :mod:`mpt_lab.simulate` emulation on a CPU.  The run records, over training: the training loss of every step
 (nats per token), the validation perplexity, the loss scale, and from histograms of the activation gradients
@@ -49,7 +49,7 @@ import torch.nn.functional as F
 from ..data.text import batchify, bptt_batches, kjv_corpus
 from ..histogram import GradientHistogram
 from ..models.lstm import CONFIGS, build_lstm_lm
-from ._precision import ARMS, PrecisionArm, collect_arms, gradient_shares, shift_eps
+from ._precision import RECIPES, RecipeRun, collect_arms, gradient_shares, shift_eps
 from .runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
 
 __all__ = ["Config", "BigLSTMResult", "PROFILES", "PAPER", "BIGLSTM", "config_for", "run", "main",
@@ -98,7 +98,7 @@ class Config(ExperimentConfig):
     init_scale: float = 2.0 ** 16      # GradScaler (torch's defaults)
     growth_interval: int = 2000
     grad_shift: int = -1               # loss × 2^-grad_shift (FP32 unchanged); -1: equivalent_shift (auto)
-    arms: tuple = ARMS
+    arms: tuple = RECIPES                # the recipes to run, one arm each
     eval_every: int = 200              # validation perplexity and histogram shares every N steps
     hist_every: int = 1                # record gradient histograms on every N-th step
     valid_tokens: int = 20000          # validation tokens evaluated (0: all)
@@ -109,7 +109,7 @@ class Config(ExperimentConfig):
         self.check_choices("model", CONFIGS)
         self.check_positive("batch_size", "bptt", "steps", "eval_every", "hist_every", "growth_interval")
         self.check_positive("max_vocab", "valid_tokens", minimum=0)
-        self.check_choices("arms", ARMS, subset=True)
+        self.check_choices("arms", RECIPES, subset=True)
         if not isinstance(self.grad_shift, int) or self.grad_shift < -1:
             raise ValueError(f"config.grad_shift must be -1 (auto) or an int ≥ 0, got {self.grad_shift!r}")
         if any(not isinstance(k, int) or k < 0 for k in self.sweep_shifts):
@@ -135,7 +135,7 @@ PROFILES = {
 
 @dataclass
 class BigLSTMResult(ExperimentResult):
-    """``vocab_size``, ``train_tokens``: of the corpus; ``arms``: per arm of :data:`ARMS` that ran, ``losses``
+    """``vocab_size``, ``train_tokens``: of the corpus; ``arms``: per recipe of :data:`~mpt_lab.experiments._precision.RECIPES` that ran, ``losses``
     [steps] training loss in nats per token, ``scales`` [steps] the loss scale used at each step, ``skipped``
     steps the scaler skipped, ``cpu_seconds`` the CPU time of this process while the arm trained (with
     ``threads=1``, about the wall time the arm takes on an idle core, however busy the machine was), ``evals``
@@ -230,7 +230,7 @@ def lm_optimizer(model, lr: float, adagrad_init: float, grad_shift: int = 0) -> 
     return opt
 
 
-def lm_step(model, arm: PrecisionArm, optimizer, x: torch.Tensor, y: torch.Tensor, state=None):
+def lm_step(model, arm: RecipeRun, optimizer, x: torch.Tensor, y: torch.Tensor, state=None):
     """One truncated-BPTT training step of a language model in ``arm``: the mean cross-entropy of predicting
     ``y`` from ``x`` (int64 [T, B]) starting from ``state`` (detached here; None: zeros), backward, update.
 
@@ -256,7 +256,7 @@ def _train_arm(arm_name: str, config: Config, corpus, init_state: dict, run: Run
     model = build_lstm_lm(config.model, corpus.vocab_size).to(device)
     model.load_state_dict(init_state)
     opt = lm_optimizer(model, config.lr, config.adagrad_init, config.grad_shift)
-    arm = PrecisionArm(arm_name, device, static_scale=config.static_scale, init_scale=config.init_scale,
+    arm = RecipeRun(arm_name, device, static_scale=config.static_scale, init_scale=config.init_scale,
                        growth_interval=config.growth_interval, grad_shift=config.grad_shift)
     windows = lm_windows(corpus.train, config.batch_size, config.bptt)
     valid = corpus.valid[:config.valid_tokens] if config.valid_tokens else corpus.valid

@@ -11,9 +11,10 @@ round-to-nearest-even).  The operands of every Linear layer's products are quant
 
 The models:
 
-* ``lm``: a character-level decoder-only transformer (:class:`CharTransformerLM`: token and position
-  embeddings, pre-LayerNorm blocks of causal self-attention and a GELU MLP, a linear output layer) on the King
-  James Bible of :mod:`mpt_lab.data.text` (:func:`kjv_characters`), trained with Adam, warm-up and cosine decay;
+* ``lm``: a character-level decoder-only transformer (:class:`mpt_lab.models.transformer.CharTransformerLM`:
+  token and position embeddings, pre-LayerNorm blocks of causal self-attention and a GELU MLP, a linear output
+  layer) on the King James Bible (:func:`mpt_lab.data.kjv_characters`), trained with Adam, warm-up and cosine
+  decay;
   its loss is the mean cross-entropy in nats per character;
 * ``mlp``: the digits MLP (:func:`mpt_lab.models.digits_mlp` on :func:`mpt_lab.data.digits_data`), Adam, the same
   schedule; its loss is the mean cross-entropy in nats per image.
@@ -36,9 +37,7 @@ per-tensor recipes also run with their products on the tensor cores (``torch._sc
 from __future__ import annotations
 
 import copy
-import functools
 import math
-import re
 import time
 from dataclasses import dataclass, field
 
@@ -46,15 +45,16 @@ import torch
 import torch.nn.functional as Fn
 from torch import nn
 
+from ..data.text import kjv_characters
 from ..histogram import Log2Histogram
-from ..quantized_training import (ROLES, TRAINING_RECIPES, block_scale_comparison, block_size_sweep,
-                                  hardware_fp8_available, layer_stats, mean_over_layers, quantize_linears_,
-                                  round_weights_)
+from ..microscaling import block_scale_comparison, block_size_sweep, layer_stats, mean_over_layers
+from ..models.transformer import CharTransformerLM
+from ..quantized_training import ROLES, TRAINING_RECIPES, hardware_fp8_available, quantize_linears_, round_weights_
 from ..scaling import GradScaler
 from .runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
 
-__all__ = ["NAME", "Config", "PROFILES", "FP8RecipesResult", "CharTransformerLM", "kjv_characters", "lr_factor",
-           "MODELS", "RECIPE_ORDER", "HARDWARE_RECIPES", "run", "config_for", "main", "EXPERIMENT"]
+__all__ = ["NAME", "Config", "PROFILES", "FP8RecipesResult", "lr_factor", "MODELS", "RECIPE_ORDER",
+           "HARDWARE_RECIPES", "run", "config_for", "main", "EXPERIMENT"]
 
 NAME = "fp8_recipes"
 #: The models the experiment trains.
@@ -63,99 +63,6 @@ MODELS = ("lm", "mlp")
 RECIPE_ORDER = tuple(TRAINING_RECIPES)
 #: The recipes that also run on FP8 tensor cores where there are some.
 HARDWARE_RECIPES = ("fp8_current", "fp8_delayed")
-_LM_LINEARS = ("qkv", "proj", "fc1", "fc2")
-
-
-# ----------------------------------------------------------------------------------------------------------
-# the text and the model
-# ----------------------------------------------------------------------------------------------------------
-_VERSE_NUMBER = re.compile(r"\b\d+:\d+\s*")
-
-
-@functools.lru_cache(maxsize=1)
-def kjv_characters() -> tuple:
-    """The King James Bible as characters, split as :func:`mpt_lab.data.kjv_corpus` splits it.
-
-    Verse numbers are removed and each verse ends with a newline; every 20th chapter (running number ≡ 19 mod
-    20) is validation.  The vocabulary is the training split's characters, in code-point order (a validation
-    character outside it, if any, becomes a space).
-
-    Returns
-    -------
-    (train, valid, vocab): int64 tensors of character ids (≈ 3.9 M and 0.2 M) and the tuple of characters.
-    """
-    from ..data.text import kjv_verses
-
-    parts = ([], [])
-    for chapter, text in kjv_verses():
-        parts[chapter % 20 == 19].append(_VERSE_NUMBER.sub("", text).strip() + "\n")
-    train_text, valid_text = "".join(parts[0]), "".join(parts[1])
-    vocab = tuple(sorted(set(train_text)))
-    index = {c: i for i, c in enumerate(vocab)}
-    space = index[" "]
-    as_ids = lambda s: torch.tensor([index.get(c, space) for c in s], dtype=torch.int64)  # noqa: E731
-    return as_ids(train_text), as_ids(valid_text), vocab
-
-
-class _Block(nn.Module):
-    """Pre-LayerNorm transformer block: x + proj(attention(ln1 x)), then x + fc2(gelu(fc1(ln2 x)))."""
-
-    def __init__(self, dim: int, heads: int):
-        super().__init__()
-        self.heads = heads
-        self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
-        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
-        self.fc1, self.fc2 = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, c = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(c, -1)
-        heads = [z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v)]
-        a = Fn.scaled_dot_product_attention(*heads, is_causal=True)
-        x = x + self.proj(a.transpose(1, 2).reshape(b, t, c))
-        return x + self.fc2(Fn.gelu(self.fc1(self.ln2(x))))
-
-
-class CharTransformerLM(nn.Module):
-    """A decoder-only transformer language model over characters, from ``torch.nn`` building blocks.
-
-    Token and learned position embeddings, ``layers`` pre-LayerNorm blocks (causal multi-head self-attention
-    with ``heads`` heads through ``scaled_dot_product_attention``; an MLP of width 4·dim with GELU), a final
-    LayerNorm and a linear output layer ``head`` (no bias, not tied).  Initialisation as GPT-2: weights
-    N(0, 0.02²), the layers that write into the residual stream (``proj``, ``fc2``) N(0, (0.02/√(2·layers))²),
-    biases zero.
-
-    Input int64 [batch, time ≤ context]; output logits float32 [batch, time, vocab_size].  The Linear layers
-    are ``blocks.i.qkv``, ``blocks.i.proj``, ``blocks.i.fc1``, ``blocks.i.fc2`` and ``head``.
-
-    Raises ValueError for sizes < 1 or a ``dim`` not divisible by ``heads``.
-    """
-
-    def __init__(self, vocab_size: int, dim: int = 64, layers: int = 2, heads: int = 4, context: int = 64):
-        super().__init__()
-        for name, v in (("vocab_size", vocab_size), ("dim", dim), ("layers", layers), ("heads", heads),
-                        ("context", context)):
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"{name} must be an int ≥ 1, got {v!r}")
-        if dim % heads:
-            raise ValueError(f"dim ({dim}) must be divisible by heads ({heads})")
-        self.vocab_size, self.context = vocab_size, context
-        self.tok, self.pos = nn.Embedding(vocab_size, dim), nn.Embedding(context, dim)
-        self.blocks = nn.ModuleList(_Block(dim, heads) for _ in range(layers))
-        self.ln = nn.LayerNorm(dim)
-        self.head = nn.Linear(dim, vocab_size, bias=False)
-        for name, p in self.named_parameters():
-            if p.dim() == 2:
-                small = name.endswith(("proj.weight", "fc2.weight"))
-                nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * layers) if small else 0.02)
-            elif name.endswith("bias"):
-                nn.init.zeros_(p)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        x = self.tok(ids) + self.pos(torch.arange(ids.shape[1], device=ids.device))
-        for block in self.blocks:
-            x = block(x)
-        return self.head(self.ln(x))
 
 
 def lr_factor(step: int, steps: int, warmup: float = 0.1, floor: float = 0.1) -> float:
@@ -250,7 +157,7 @@ class FP8RecipesResult(ExperimentResult):
     {"parameters", "linears" (their names, in order), "tokens_per_step", "loss_unit", ...}; ``runs``: model →
     run name (a recipe, or ``<recipe>_hw`` for the tensor-core runs) → {"losses" [steps] training loss,
     "evals" [{"step", "valid_loss", ("accuracy")}], "stats" layer → role → counts
-    (:func:`mpt_lab.quantized_training.layer_stats` reads them), "skipped" steps (FP16's scaler),
+    (:func:`mpt_lab.microscaling.layer_stats` reads them), "skipped" steps (FP16's scaler),
     "diverged", "seconds", "cpu_seconds", "gemms"}; ``histograms``: layer → role → Log2Histogram of the FP32
     language-model run; ``block_sweep``: role → layer → format → {block size or "tensor": SNR dB} and
     ``block_scales``: role → layer → format → {"e8m0", "fp32", ("nvfp4")} SNR dB (the last recorded step of
@@ -284,7 +191,7 @@ class FP8RecipesResult(ExperimentResult):
 
     def stats(self, model: str, recipe: str) -> dict:
         """Shares and SNR per layer and role, and over all layers under "all"
-        (:func:`mpt_lab.quantized_training.layer_stats`)."""
+        (:func:`mpt_lab.microscaling.layer_stats`)."""
         return layer_stats(self._run(model, recipe)["stats"])
 
     def underflow(self, model: str, recipe: str, role: str = "g") -> float:

@@ -8,7 +8,7 @@ with it, and for heads [2, 2, 2] out of memory without FP16, 15.7 GB with it (:d
 
 This experiment trains the same network (:class:`mpt_lab.models.gat.GAT`, PyTorch Geometric's ``GATConv``)
 full-batch, with loss on the training nodes, for heads [h, h, h] with each h in ``config.heads`` and each
-precision in ``config.precisions``:
+recipe of :data:`RECIPES` in ``config.precisions``:
 
 * ``fp32``: no autocast;
 * ``fp16``: ``torch.autocast(dtype=float16)`` and ``torch.amp.GradScaler`` (the guide's recipe);
@@ -69,11 +69,12 @@ from ..data.graphs import REDDIT, synthetic_reddit
 from ..training import autocast_to, backward_step
 from .runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
 
-__all__ = ["Config", "GatAmpResult", "PROFILES", "PRECISIONS", "DGL_GUIDE", "FP16_EXP_LIMIT", "config_for", "run",
+__all__ = ["Config", "GatAmpResult", "PROFILES", "RECIPES", "DGL_GUIDE", "FP16_EXP_LIMIT", "config_for", "run",
            "main", "attention_overflow", "NAME"]
 
 NAME = "gat_amp"
-PRECISIONS = ("fp32", "fp16", "bf16")
+#: The recipes: FP32; FP16 autocast + GradScaler (the guide's); BF16 autocast (``config.precisions`` names which run).
+RECIPES = ("fp32", "fp16", "bf16")
 _DTYPE = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 _OOM = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
 
@@ -108,7 +109,7 @@ class Config(ExperimentConfig):
     feature_signal: float = 2.0
     hidden: int = 256
     heads: tuple = (1, 2)          # each h trains heads [h, h, h]
-    precisions: tuple = PRECISIONS
+    precisions: tuple = RECIPES
     epochs: int = 30
     lr: float = 1e-3
     weight_decay: float = 5e-4
@@ -121,7 +122,7 @@ class Config(ExperimentConfig):
         self.check_positive("epochs", minimum=3)     # two warm-up epochs, then a measured one
         if not self.heads or any(not isinstance(h, int) or isinstance(h, bool) or h < 1 for h in self.heads):
             raise ValueError(f"config.heads must be a non-empty tuple of positive ints, got {self.heads!r}")
-        self.check_choices("precisions", PRECISIONS, subset=True)
+        self.check_choices("precisions", RECIPES, subset=True)
         self.check_positive("fit_nodes", minimum=self.num_classes)
         if self.fit_degrees and (len(self.fit_degrees) < 2 or any(not isinstance(d, (int, float)) or d <= 0
                                                                    for d in self.fit_degrees)):

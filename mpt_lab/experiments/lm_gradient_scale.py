@@ -37,7 +37,7 @@ import torch
 from ..data.text import kjv_corpus
 from ..histogram import GradientHistogram, Log2Histogram
 from ..models.lstm import CONFIGS, build_lstm_lm
-from ._precision import PrecisionArm
+from ._precision import RecipeRun
 from .runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
 from .biglstm import lm_optimizer, lm_step, lm_windows, lost_mass
 
@@ -217,7 +217,7 @@ def _train_point(config: Config, max_vocab: int, batch_size: int, run: Run, grad
     torch.manual_seed(config.seed)
     model = build_lstm_lm(config.model, corpus.vocab_size).to(run.device)
     opt = lm_optimizer(model, config.lr, config.adagrad_init, grad_shift)
-    arm = PrecisionArm("fp32", run.device, grad_shift=grad_shift)
+    arm = RecipeRun("fp32", run.device, grad_shift=grad_shift)
     windows = lm_windows(corpus.train, batch_size, config.bptt)
     first_recorded = config.steps - config.record_steps + 1
     hists, losses, state = {}, {"init": [], "trained": []}, None

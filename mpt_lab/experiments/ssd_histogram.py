@@ -31,6 +31,7 @@ from .. import formats as F
 from ..data import DigitsDetection
 from ..histogram import GradientHistogram, Log2Histogram
 from ..models import MultiBoxLoss, build_ssd, evaluate_detector, make_optimizer, train_step
+from ..models.detection_eval import LEGACY_MAP_EVALUATOR, MAP_EVALUATOR
 from ..models.ssd import CONFIGS
 from ..scaling import max_gradient_scale
 from ..training import shuffled_batches
@@ -128,7 +129,10 @@ class SSDHistogramResult(ExperimentResult):
     """``steps``/``losses``: the training loss (SSD eq. 1) per step; ``map50``: [[step, mAP@0.5]] on the test
     split (0 to 1); ``activation``/``weight``: histograms of all activation / weight gradients of the run;
     ``phases``: [{"from", "to", "activation"}] per part of training; ``by_module``: {module: histogram} when
-    ``per_module``; ``sweep``: {"model, N px": histogram of activation gradients} of the size sweep."""
+    ``per_module``; ``sweep``: {"model, N px": histogram of activation gradients} of the size sweep;
+    ``map_evaluator``: what computed the mAP (:data:`~mpt_lab.models.detection_eval.MAP_EVALUATOR`; a result
+    saved without it was made by the old hand-written evaluator, :data:`~mpt_lab.models.detection_eval.
+    LEGACY_MAP_EVALUATOR`)."""
 
     steps: list
     losses: list
@@ -138,6 +142,7 @@ class SSDHistogramResult(ExperimentResult):
     phases: list = field(default_factory=list)
     by_module: dict = field(default_factory=dict)
     sweep: dict = field(default_factory=dict)
+    map_evaluator: str = LEGACY_MAP_EVALUATOR
 
     @property
     def final_map50(self) -> float:
@@ -152,7 +157,8 @@ class SSDHistogramResult(ExperimentResult):
     def describe(self) -> str:
         s = self.summary()
         return (f"SSD histogram ({self.profile} profile, {self.device}): {self.config['steps']} steps in "
-                f"{self.seconds:.0f} s, mAP@0.5 {self.map50[0][1]:.3f} → {self.final_map50:.3f}; activation "
+                f"{self.seconds:.0f} s, mAP@0.5 {self.map50[0][1]:.3f} → {self.final_map50:.3f} (by "
+                f"{self.map_evaluator}); activation "
                 f"gradients: {100 * s.zeros:.1f}% zeros, {100 * s.lost:.2f}% lost in FP16, {100 * s.lost_at_8:.2f}% "
                 f"with S = 8; largest S without overflow 2^{_log2(s.max_scale)}")
 
@@ -260,6 +266,7 @@ def _train(config: Config, run: Run, *, desc: str, evaluate: bool, weights: bool
 def measure(config: Config, run: Run) -> dict:
     """Train the detector in FP32 recording its gradient histograms, then the short runs of the size sweep."""
     out = _train(config, run, desc="SSD (FP32)", evaluate=True, weights=True)
+    out["map_evaluator"] = MAP_EVALUATOR
     out["sweep"] = {}
     for entry in config.sweep:
         model, _, px = entry.partition(":")

@@ -5,7 +5,7 @@ Micikevicius et al. (ICLR 2018), §4.2 and Table 2: Multibox SSD (VGG-16, PASCAL
 in mixed precision without loss scaling training diverged; with loss scaling it reached 77.1 (§3.2: a scale
 of 8 was enough, values below 2⁻²⁷ did not matter).  Here the detector of the histogram chapter
 (:mod:`mpt_lab.models.ssd`, on :class:`~mpt_lab.data.DigitsDetection`) is trained from the same initial
-weights and batch order in each arm of :data:`~mpt_lab.experiments._precision.ARMS` (real FP16 autocast on
+weights and batch order in each recipe of :data:`~mpt_lab.experiments._precision.RECIPES` (real FP16 autocast on
 CUDA, :mod:`mpt_lab.simulate` on a CPU), and the run reports mAP@0.5 on the test split and the loss curves,
 with the share of activation-gradient values that are zero or below FP16's 2⁻²⁴ over training.
 
@@ -37,9 +37,10 @@ import torch
 
 from ..histogram import GradientHistogram
 from ..models import evaluate_detector
+from ..models.detection_eval import LEGACY_MAP_EVALUATOR, MAP_EVALUATOR
 from ..models.ssd import CONFIGS, MultiBoxLoss, build_ssd, make_optimizer
 from ..training import shuffled_batches
-from ._precision import ARMS, PrecisionArm, collect_arms, gradient_shares, shift_eps
+from ._precision import RECIPES, RecipeRun, collect_arms, gradient_shares, shift_eps
 from .runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
 from .ssd_histogram import detection_split
 
@@ -80,12 +81,16 @@ class Config(ExperimentConfig):
                             "growth_interval")
         self.check_positive("grad_shift", "eval_every", minimum=0)
         self.check_choices("model", CONFIGS)
-        self.check_choices("arms", ARMS, subset=True)
+        self.check_choices("arms", RECIPES, subset=True)
         if self.n_train < self.batch_size:
             raise ValueError(f"config.n_train must be ≥ batch_size = {self.batch_size}, got {self.n_train}")
         if not self.static_scale > 0:
             raise ValueError(f"config.static_scale must be > 0, got {self.static_scale!r}")
 
+
+#: The name PROFILES below use for :data:`~mpt_lab.experiments._precision.RECIPES` (to be replaced by RECIPES
+#: where the profiles are next edited).
+ARMS = RECIPES
 
 PROFILES = {
     "quick": {"steps": 120, "n_train": 3840, "n_test": 100, "hist_every": 4, "threads": 1},
@@ -103,12 +108,16 @@ PROFILES = {
 class SSDTable2Result(ExperimentResult):
     """Per arm in ``arms``: ``losses`` [steps] (SSD eq. (1), unshifted, unscaled), ``map50`` [[step, mAP@0.5]],
     ``skipped`` steps, ``evals`` [{step, zero_share, fp16_underflow, nonfinite, median_log2}] of the activation
-    gradients per quarter of training; ``labels``, ``real_fp16``, ``train_seconds`` as in the bigLSTM result."""
+    gradients per quarter of training; ``labels``, ``real_fp16``, ``train_seconds`` as in the bigLSTM result;
+    ``map_evaluator``: what computed the mAP (:data:`~mpt_lab.models.detection_eval.MAP_EVALUATOR`; a result
+    saved without it was made by the old hand-written evaluator, :data:`~mpt_lab.models.detection_eval.
+    LEGACY_MAP_EVALUATOR`)."""
 
     arms: dict = field(default_factory=dict)
     labels: dict = field(default_factory=dict)
     real_fp16: bool = False
     train_seconds: dict = field(default_factory=dict)
+    map_evaluator: str = LEGACY_MAP_EVALUATOR
 
     def final_map(self, arm: str) -> float:
         """mAP@0.5 of ``arm`` at the end of training (0 to 1)."""
@@ -133,7 +142,8 @@ class SSDTable2Result(ExperimentResult):
     def describe(self) -> str:
         parts = [f"{a}: mAP@0.5 {self.final_map(a):.3f}, loss {self.final_loss(a):.3f}" for a in self.arms]
         return (f"ssd_table2 ({self.profile} profile, grad_shift {self.config['grad_shift']}, "
-                f"{'real' if self.real_fp16 else 'simulated'} FP16, {self.device}): " + "; ".join(parts))
+                f"{'real' if self.real_fp16 else 'simulated'} FP16, {self.device}, mAP by {self.map_evaluator}): "
+                + "; ".join(parts))
 
 
 def _train_arm(arm_name: str, config: Config, train, test, init_state: dict, run: Run) -> dict:
@@ -144,7 +154,7 @@ def _train_arm(arm_name: str, config: Config, train, test, init_state: dict, run
     loss_fn = MultiBoxLoss(model.priors, num_classes=model.num_classes).to(device)
     opt, sched = make_optimizer(model, config.steps, lr=config.lr, warmup_steps=config.warmup_steps)
     shift_eps(opt, config.grad_shift)
-    arm = PrecisionArm(arm_name, device, static_scale=config.static_scale, init_scale=config.init_scale,
+    arm = RecipeRun(arm_name, device, static_scale=config.static_scale, init_scale=config.init_scale,
                        growth_interval=config.growth_interval, grad_shift=config.grad_shift)
     batches = shuffled_batches(len(train), config.batch_size, seed=config.seed)
     losses, skipped, evals, map50 = [], [], [], []
@@ -186,7 +196,8 @@ def measure(config: Config, run: Run) -> dict:
     test = detection_split("test", config.n_test, config.image_size, seed=config.seed)
     torch.manual_seed(config.seed)
     init_state = {k: v.clone() for k, v in build_ssd(config.model, image_size=config.image_size).state_dict().items()}
-    return collect_arms({a: _train_arm(a, config, train, test, init_state, run) for a in config.arms})
+    out = collect_arms({a: _train_arm(a, config, train, test, init_state, run) for a in config.arms})
+    return {**out, "map_evaluator": MAP_EVALUATOR}
 
 
 EXPERIMENT = Experiment(NAME, Config, PROFILES, measure, SSDTable2Result, __doc__)

@@ -15,7 +15,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from ._base import PRECISION_STYLE, mib, new_figure, running_mean, table_html
+from ._base import mib, new_figure, recipe_style, running_mean, table_html
 
 __all__ = ["plot_recipe_losses", "plot_memory_per_rank", "plot_reduction_error", "plot_flag_agreement",
            "memory_table", "reduction_table"]
@@ -32,7 +32,7 @@ def _check(result) -> None:
 
 def _recipe_color(name: str) -> str:
     key = "fp16" if "fp16" in name else "bf16" if "bf16" in name else "fp32"
-    return PRECISION_STYLE[key][1]
+    return recipe_style(key)[1]
 
 
 def plot_recipe_losses(result, *, smooth: int = 5, title: str | None = None) -> Figure:
@@ -152,7 +152,7 @@ def plot_reduction_error(result, *, title: str | None = None) -> Figure:
     fig = new_figure((12.5, 4.8))
     ax, bx = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
     for fmt in sweep["ring"]:
-        label, color, _ = PRECISION_STYLE[_FORMAT_KEY[fmt]]
+        label, color, _ = recipe_style(_FORMAT_KEY[fmt])
         ax.plot(ns, sweep["ring"][fmt], "-o", ms=3, color=color, label=f"{fmt} ring")
         ax.plot(ns, sweep["tree"][fmt], "--", color=color, label=f"{fmt} tree")
         ax.plot([measured["n"]], [max(measured[fmt]["rel_error"], 1e-12)], "o", ms=10, mfc="none", mew=2,

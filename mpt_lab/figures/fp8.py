@@ -3,8 +3,8 @@ the activations, weights and gradients of every layer, delayed scaling's amax hi
 scaling against block size.
 
 Most functions take a :class:`mpt_lab.experiments.fp8_recipes.FP8RecipesResult`;
-:func:`plot_block_size_error` also takes the output of :func:`mpt_lab.quantized_training.block_size_sweep`, and
-:func:`one_scale_table` that of :func:`mpt_lab.quantized_training.one_scale_vs_per_tensor`.  Sources:
+:func:`plot_block_size_error` also takes the output of :func:`mpt_lab.microscaling.block_size_sweep`, and
+:func:`one_scale_table` that of :func:`mpt_lab.microscaling.one_scale_vs_per_tensor`.  Sources:
 Micikevicius et al. (2022) for FP8; OCP MX v1.0 and Rouhani et al. (2023) for MX; Transformer Engine's
 documentation for delayed scaling.
 """
@@ -18,22 +18,13 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from .. import formats as F
-from ..quantized_training import mean_over_layers
-from ._base import FORMAT_COLORS, new_figure, pct, power_text, running_mean, table_html
+from ..microscaling import mean_over_layers
+from ._base import FORMAT_COLORS, new_figure, pct, power_text, recipe_style, running_mean, table_html
 
-__all__ = ["RECIPE_STYLE", "plot_fp8_training", "fp8_results_table", "plot_layer_quantization",
+__all__ = ["plot_fp8_training", "fp8_results_table", "plot_layer_quantization",
            "plot_recipe_snr", "plot_amax_history", "plot_block_size_error", "block_scale_table",
            "one_scale_table", "hardware_table"]
 
-#: Colour and line style per training recipe: FP32 blue, BF16 green, FP16 red (as in every chapter); FP8 per
-#: tensor purple; MX and NVFP4 brown to orange; BF16 weights green, dashed.
-RECIPE_STYLE = {
-    "fp32": ("#1f77b4", "-"), "bf16": ("#2ca02c", "-"), "fp16": ("#d62728", "-"),
-    "fp8_unscaled": ("#7f7f7f", "-"), "fp8_current": ("#9467bd", "-"), "fp8_delayed": ("#c5b0d5", "--"),
-    "mxfp8": ("#8c564b", "-"), "mxfp6": ("#e377c2", "-"), "mxfp4": ("#ff7f0e", "-"), "nvfp4": ("#bcbd22", "-"),
-    "bf16_sr": ("#98df8a", "--"), "bf16_rne": ("#17becf", ":"),
-    "fp8_current_hw": ("#9467bd", ":"), "fp8_delayed_hw": ("#c5b0d5", ":"),
-}
 _ROLE_LABELS = {"x": "activations (inputs)", "w": "weights", "g": "output gradients"}
 _SCALING_WORDS = {"none": "none", "current": "per tensor, current amax", "delayed": "per tensor, amax history",
                   "mx": "E8M0 per {n} values", "nvfp4": "E4M3 per {n} values, FP32 per tensor"}
@@ -53,7 +44,8 @@ def _model(result, model: str) -> dict:
 
 
 def _style(name: str) -> tuple:
-    return RECIPE_STYLE.get(name, ("#333333", "-"))
+    """(colour, line style) of a recipe: the book's style table (:data:`mpt_lab.figures._base.RECIPE_STYLE`)."""
+    return recipe_style(name)[1:]
 
 
 def _signed(v: float, digits: int = 3) -> str:
@@ -332,7 +324,7 @@ def plot_block_size_error(result_or_sweep, *, title: str | None = None) -> Figur
     Parameters
     ----------
     result_or_sweep : FP8RecipesResult, or a dict role → (the output of
-        :func:`mpt_lab.quantized_training.block_size_sweep`: layer → format → {block size: SNR, "tensor": SNR})
+        :func:`mpt_lab.microscaling.block_size_sweep`: layer → format → {block size: SNR, "tensor": SNR})
 
     Returns
     -------
@@ -383,9 +375,9 @@ def block_scale_table(result):
 def one_scale_table(comparison: dict, *, limit: int | None = None):
     """Per tensor: the binade of its amax, its own power-of-two scale, and the share of its non-zero values that
     underflow with one scale for all tensors against its own (an HTML table), from
-    :func:`mpt_lab.quantized_training.one_scale_vs_per_tensor`."""
+    :func:`mpt_lab.microscaling.one_scale_vs_per_tensor`."""
     if not isinstance(comparison, dict) or "tensors" not in comparison:
-        raise TypeError("comparison must be the dict of mpt_lab.quantized_training.one_scale_vs_per_tensor")
+        raise TypeError("comparison must be the dict of mpt_lab.microscaling.one_scale_vs_per_tensor")
     rows = []
     items = list(comparison["tensors"].items())[:limit]
     one = comparison.get("one_scale")

@@ -235,7 +235,8 @@ def plot_training(result, *, title: str | None = None, smooth: int = 25) -> Figu
     if result.map50:
         ax2 = ax.twinx()
         s, m = zip(*result.map50)
-        ax2.plot(s, m, "o-", color="#d62728", label="mAP@0.5 (test split)")
+        by = result.map_evaluator.split(" (")[0]          # "pycocotools 2.0.11 COCOeval", or the old evaluator
+        ax2.plot(s, m, "o-", color="#d62728", label=f"mAP@0.5 (test split; {by})")
         ax2.set_ylabel("mAP@0.5 (0–1)")
         ax2.set_ylim(0, 1)
         h2, l2 = ax2.get_legend_handles_labels()

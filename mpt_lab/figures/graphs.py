@@ -9,7 +9,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from .. import formats as F
-from ._base import FORMAT_COLORS, PRECISION_STYLE, mib, new_figure, table_html
+from ._base import FORMAT_COLORS, mib, new_figure, recipe_style, table_html
 
 __all__ = ["plot_gat_training", "plot_gat_memory", "plot_attention_overflow", "plot_gat_memory_fit",
            "gat_memory_table", "gat_budget_table", "message_passing_table", "code_table"]
@@ -36,7 +36,7 @@ def plot_gat_training(result, *, title: str | None = None) -> Figure:
     axes = fig.subplots(1, len(runs), sharey=True, squeeze=False)[0]
     for ax, (hk, by_p) in zip(axes, runs.items()):
         for p, r in by_p.items():
-            label, color, ls = PRECISION_STYLE.get(p, (p, None, "-"))
+            label, color, ls = recipe_style(p)
             if r.get("oom"):
                 ax.plot([], [], color=color, ls=ls, label=f"{label}: out of memory")
                 continue
@@ -69,7 +69,7 @@ def plot_gat_memory(result, *, title: str | None = None) -> Figure:
     precs = [p for p in ("fp32", "fp16", "bf16") if any(p in runs[h] for h in heads)]
     width = 0.8 / len(precs)
     for i, p in enumerate(precs):
-        label, color, _ = PRECISION_STYLE.get(p, (p, None, "-"))
+        label, color, _ = recipe_style(p)
         xs, sizes, ratio = [], [], []
         for j, h in enumerate(heads):
             r, base = runs[h].get(p), runs[h].get("fp32")

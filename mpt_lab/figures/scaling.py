@@ -165,7 +165,9 @@ def divergence_table(result, paper: dict | None = None):
               "mAP@0.5, ours (%)" if detector else "validation perplexity"]
     if paper is not None:
         header.append("paper (%)")
-    return table_html(header + ["activation gradients = 0", "lost in FP16 (|x| ≤ 2⁻²⁵)", "skipped steps"], rows)
+    caption = f"mAP@0.5 by {result.map_evaluator}" if detector else ""
+    return table_html(header + ["activation gradients = 0", "lost in FP16 (|x| ≤ 2⁻²⁵)", "skipped steps"], rows,
+                      caption)
 
 
 # ------------------------------------------------------------------- the language model's gradient scale

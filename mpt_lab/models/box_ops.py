@@ -20,13 +20,18 @@ from typing import Sequence
 import torch
 
 __all__ = ["box_area", "box_iou", "xyxy_to_cxcywh", "cxcywh_to_xyxy", "encode", "decode", "nms",
-           "nms_sorted_mask", "batched_nms", "DEFAULT_VARIANCES"]
+           "nms_sorted_mask", "batched_nms", "DEFAULT_VARIANCES", "check_boxes", "check_variances"]
 
 #: The "variances" that scale SSD's box offsets: 0.1 for the centre, 0.2 for the log size (SSD's Caffe code).
 DEFAULT_VARIANCES = (0.1, 0.2)
 
 
-def _check_boxes(x, name: str, *, ndim: int | None = None) -> torch.Tensor:
+def check_boxes(x, name: str, *, ndim: int | None = None) -> torch.Tensor:
+    """``x`` itself if it is a floating tensor of boxes, shape [..., 4] (exactly ``ndim`` dimensions when
+    given); the functions here and :mod:`mpt_lab.models.ssd` check their box arguments with it.
+
+    Raises TypeError (not a floating tensor) or ValueError (wrong shape), naming the argument ``name``.
+    """
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor of boxes [..., 4], got {type(x).__name__}")
     if not x.is_floating_point():
@@ -38,7 +43,11 @@ def _check_boxes(x, name: str, *, ndim: int | None = None) -> torch.Tensor:
     return x
 
 
-def _check_variances(variances) -> tuple[float, float]:
+def check_variances(variances) -> tuple[float, float]:
+    """SSD's ``variances`` (centre, size) as a pair of positive floats (see :data:`DEFAULT_VARIANCES`).
+
+    Raises TypeError (not a pair) or ValueError (not positive), naming ``variances``.
+    """
     if not isinstance(variances, Sequence) or len(variances) != 2:
         raise TypeError(f"variances must be a pair of floats (centre, size), got {variances!r}")
     v = (float(variances[0]), float(variances[1]))
@@ -63,7 +72,7 @@ def box_area(boxes: torch.Tensor) -> torch.Tensor:
     TypeError, ValueError
         ``boxes`` is not a floating tensor with last dimension 4.
     """
-    _check_boxes(boxes, "boxes")
+    check_boxes(boxes, "boxes")
     w = (boxes[..., 2] - boxes[..., 0]).clamp(min=0)
     h = (boxes[..., 3] - boxes[..., 1]).clamp(min=0)
     return w * h
@@ -89,8 +98,8 @@ def box_iou(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     ValueError
         ``a`` or ``b`` is not of shape ``[K, 4]``.
     """
-    _check_boxes(a, "a", ndim=2)
-    _check_boxes(b, "b", ndim=2)
+    check_boxes(a, "a", ndim=2)
+    check_boxes(b, "b", ndim=2)
     area_a = box_area(a)
     area_b = box_area(b)
     lt = torch.maximum(a[:, None, :2], b[None, :, :2])
@@ -106,7 +115,7 @@ def xyxy_to_cxcywh(boxes: torch.Tensor) -> torch.Tensor:
 
     Raises TypeError/ValueError when ``boxes`` is not a floating tensor with last dimension 4.
     """
-    _check_boxes(boxes, "boxes")
+    check_boxes(boxes, "boxes")
     return torch.cat([(boxes[..., :2] + boxes[..., 2:]) / 2, boxes[..., 2:] - boxes[..., :2]], dim=-1)
 
 
@@ -115,7 +124,7 @@ def cxcywh_to_xyxy(boxes: torch.Tensor) -> torch.Tensor:
 
     Raises TypeError/ValueError when ``boxes`` is not a floating tensor with last dimension 4.
     """
-    _check_boxes(boxes, "boxes")
+    check_boxes(boxes, "boxes")
     return torch.cat([boxes[..., :2] - boxes[..., 2:] / 2, boxes[..., :2] + boxes[..., 2:] / 2], dim=-1)
 
 
@@ -141,9 +150,9 @@ def encode(boxes: torch.Tensor, priors: torch.Tensor, variances=DEFAULT_VARIANCE
     TypeError, ValueError
         Bad ``boxes``, ``priors`` or ``variances``.
     """
-    _check_boxes(boxes, "boxes")
-    _check_boxes(priors, "priors")
-    v0, v1 = _check_variances(variances)
+    check_boxes(boxes, "boxes")
+    check_boxes(priors, "priors")
+    v0, v1 = check_variances(variances)
     g = xyxy_to_cxcywh(boxes)
     tiny = torch.finfo(g.dtype).tiny
     dxy = (g[..., :2] - priors[..., :2]) / (v0 * priors[..., 2:])
@@ -169,9 +178,9 @@ def decode(offsets: torch.Tensor, priors: torch.Tensor, variances=DEFAULT_VARIAN
     TypeError, ValueError
         Bad ``offsets``, ``priors`` or ``variances``.
     """
-    _check_boxes(offsets, "offsets")
-    _check_boxes(priors, "priors")
-    v0, v1 = _check_variances(variances)
+    check_boxes(offsets, "offsets")
+    check_boxes(priors, "priors")
+    v0, v1 = check_variances(variances)
     cxcy = priors[..., :2] + offsets[..., :2] * v0 * priors[..., 2:]
     wh = priors[..., 2:] * torch.exp(offsets[..., 2:] * v1)
     return torch.cat([cxcy - wh / 2, cxcy + wh / 2], dim=-1)
@@ -210,7 +219,7 @@ def nms(boxes: torch.Tensor, scores: torch.Tensor, iou_threshold: float = 0.45) 
     TypeError, ValueError
         Bad ``boxes``, ``scores`` or ``iou_threshold``.
     """
-    _check_boxes(boxes, "boxes", ndim=2)
+    check_boxes(boxes, "boxes", ndim=2)
     _check_scores(scores, boxes.shape[0])
     if not isinstance(iou_threshold, (int, float)) or isinstance(iou_threshold, bool):
         raise TypeError(f"iou_threshold must be a float, got {type(iou_threshold).__name__}")
@@ -246,7 +255,7 @@ def nms_sorted_mask(boxes: torch.Tensor, valid: torch.Tensor, iou_threshold: flo
     TypeError, ValueError
         Malformed arguments.
     """
-    _check_boxes(boxes, "boxes", ndim=3)
+    check_boxes(boxes, "boxes", ndim=3)
     if not isinstance(valid, torch.Tensor) or valid.dtype != torch.bool:
         raise TypeError("valid must be a bool torch.Tensor [S, K]")
     if valid.shape != boxes.shape[:2]:
@@ -298,7 +307,7 @@ def batched_nms(boxes: torch.Tensor, scores: torch.Tensor, classes: torch.Tensor
     TypeError, ValueError
         Bad arguments (see :func:`nms`), or ``classes`` not an integer tensor of shape ``[N]``.
     """
-    _check_boxes(boxes, "boxes", ndim=2)
+    check_boxes(boxes, "boxes", ndim=2)
     _check_scores(classes, boxes.shape[0], "classes")
     if classes.is_floating_point() or classes.dtype == torch.bool:
         raise TypeError(f"classes must be an integer tensor, got dtype {classes.dtype}")

@@ -1,55 +1,43 @@
-"""Detection evaluation: Pascal VOC-style average precision and its mean over classes (mAP).
+"""Detection evaluation: mean average precision (mAP) at one IoU threshold, by pycocotools' ``COCOeval``.
 
-The metric of SSD's Pascal VOC results (Liu et al., ECCV 2016, §3.2; Everingham et al., IJCV 2010) and of the
-detection rows of Micikevicius et al., ICLR 2018, Table 2.
+The metric of SSD's results (Liu et al., ECCV 2016, §3) and of the detection rows of Micikevicius et al.,
+ICLR 2018, Table 2 is the mean over classes of the average precision at IoU 0.5.  It is computed by the COCO
+project's own evaluator (``pycocotools.cocoeval.COCOeval``, bounding boxes), not by code of this package:
+:func:`mean_average_precision` only converts the boxes into COCO's format, runs ``COCOeval`` at the one IoU
+threshold asked for, over all box sizes, and reads its precision table.
+
+What COCOeval computes (pycocotools ``cocoeval.py``, ``evaluateImg`` and ``accumulate``): per image and class
+the detections, best score first, are matched greedily to the ground truth of that class with the highest IoU
+≥ the threshold among those not matched yet (a second detection of a found object is a false positive); per
+class, over all images, precision is made monotone (the running maximum from the right) and sampled at the 101
+recall points 0, 0.01, …, 1 (a point beyond the largest recall reached counts 0); AP is the mean of the 101
+samples, and mAP the mean over the classes that have ground truth.  This 101-point interpolation differs a
+little from Pascal VOC's all-point area (VOC 2010 onwards); results saved before this package used
+pycocotools were made with its own VOC all-point code and say so (:data:`LEGACY_MAP_EVALUATOR`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import math
+from importlib.metadata import PackageNotFoundError, version
 
+import numpy as np
 import torch
 
-from .box_ops import box_iou
+__all__ = ["mean_average_precision", "evaluate_detector", "MAP_EVALUATOR", "LEGACY_MAP_EVALUATOR"]
 
-__all__ = ["mean_average_precision", "average_precision", "evaluate_detector", "box_iou"]
+try:
+    _PYCOCOTOOLS = version("pycocotools")
+except PackageNotFoundError:        # importing mpt_lab.models must not need it; computing an mAP does
+    _PYCOCOTOOLS = "(not installed)"
 
-
-def average_precision(recall: torch.Tensor, precision: torch.Tensor) -> float:
-    """Area under the all-point interpolated precision-recall curve (VOC 2010 onwards).
-
-    The precision envelope ``p_interp(r) = max_{r' >= r} p(r')`` integrated over recall:
-    ``AP = sum_i (r_i - r_{i-1}) p_interp(r_i)`` with ``r_0 = 0``.
-
-    Parameters
-    ----------
-    recall, precision : torch.Tensor, float, ``[K]``: recall and precision after each of the ``K`` ranked
-        detections (recall non-decreasing).
-
-    Returns
-    -------
-    float in ``[0, 1]``; 0 for ``K = 0``.
-
-    Raises
-    ------
-    TypeError, ValueError
-        Not 1-D float tensors of equal length.
-    """
-    for name, v in (("recall", recall), ("precision", precision)):
-        if not isinstance(v, torch.Tensor) or not v.is_floating_point():
-            raise TypeError(f"{name} must be a float torch.Tensor [K]")
-        if v.ndim != 1:
-            raise ValueError(f"{name} must be 1-D, got shape {tuple(v.shape)}")
-    if recall.shape != precision.shape:
-        raise ValueError(f"recall and precision must have equal shapes, got {tuple(recall.shape)} and "
-                         f"{tuple(precision.shape)}")
-    if recall.numel() == 0:
-        return 0.0
-    r = torch.cat([recall.new_zeros(1), recall.double()])
-    p = torch.cat([precision.double(), precision.new_zeros(1).double()])
-    # envelope: running max from the right
-    p_env = torch.flip(torch.cummax(torch.flip(p, [0]), dim=0).values, [0])[:-1]
-    return float(((r[1:] - r[:-1]) * p_env).sum())
+#: The evaluator of every mAP this package computes: recorded in each result that reports mAP.
+MAP_EVALUATOR = f"pycocotools {_PYCOCOTOOLS} COCOeval (AP at one IoU, 101 recall points, all areas)"
+#: The evaluator of results saved before the switch to pycocotools: a result that carries no evaluator field
+#: (``map_evaluator``) was made by it, and says so.
+LEGACY_MAP_EVALUATOR = "mpt_lab's own VOC all-point AP (hand-written; before pycocotools)"
 
 
 def _check_list(x, name: str, keys: tuple[str, ...]):
@@ -69,19 +57,44 @@ def _check_list(x, name: str, keys: tuple[str, ...]):
                                  f"{', '.join(kk for kk in keys if kk != 'boxes')} [n]")
         if d["labels"].is_floating_point():
             raise TypeError(f"{name}: 'labels' must be an integer tensor")
+        if not bool((d["boxes"][:, 2:] >= d["boxes"][:, :2]).all()):      # COCOeval would ignore such boxes
+            raise ValueError(f"{name}: 'boxes' must be xyxy with x2 ≥ x1 and y2 ≥ y1 (no inverted boxes)")
+
+
+def _coco(images: list, categories: list, annotations: list):
+    """A pycocotools ``COCO`` object made from lists in memory (no file)."""
+    from pycocotools.coco import COCO
+
+    c = COCO()
+    c.dataset = {"images": images, "categories": categories, "annotations": annotations}
+    with contextlib.redirect_stdout(io.StringIO()):       # createIndex prints progress
+        c.createIndex()
+    return c
+
+
+def _annotations(items: list, with_scores: bool) -> list:
+    """COCO annotations (xywh boxes, ids from 1) of the per-image dicts ``items``."""
+    out = []
+    for image_id, d in enumerate(items, start=1):
+        boxes = d["boxes"].detach().double().cpu()
+        xywh = torch.cat([boxes[:, :2], boxes[:, 2:] - boxes[:, :2]], 1).tolist()
+        scores = d["scores"].detach().double().cpu().tolist() if with_scores else [None] * len(xywh)
+        for box, label, score in zip(xywh, d["labels"].cpu().tolist(), scores):
+            a = {"id": len(out) + 1, "image_id": image_id, "category_id": int(label), "bbox": box,
+                 "area": box[2] * box[3], "iscrowd": 0}
+            if with_scores:
+                a["score"] = score
+            out.append(a)
+    return out
 
 
 def mean_average_precision(detections, ground_truths, iou_threshold: float = 0.5,
-                           num_classes: int | None = None) -> dict:
-    """VOC-style mAP@``iou_threshold`` of a detector's output on a data set.
+                           num_classes: int | None = None, *, max_detections: int = 100) -> dict:
+    """mAP at ``iou_threshold`` of a detector's output on a data set, by pycocotools' ``COCOeval``.
 
-    Per class: all detections of that class over all images, by descending score (ties: image order, then
-    order within the image); each is a true positive when its best-overlapping ground truth of the same class
-    in the same image has IoU ``>= iou_threshold`` and was not matched by a higher-scored detection, and a
-    false positive otherwise (so duplicates of a found object are false positives, as in the VOC devkit).
-    AP is the area under the all-point interpolated precision envelope (:func:`average_precision`); mAP is
-    the mean over the classes that have at least one ground-truth box (classes without ground truth are left
-    out, as are their detections).
+    ``COCOeval`` (bounding boxes) with ``iouThrs = [iou_threshold]``, one area range holding every box, and
+    ``maxDets = [max_detections]`` (COCO's 100); see the module docstring for what it computes.  Classes
+    without ground truth are left out of the mean (COCOeval gives them no precision), as are their detections.
 
     Parameters
     ----------
@@ -89,20 +102,29 @@ def mean_average_precision(detections, ground_truths, iou_threshold: float = 0.5
         ``[K]``, ``"labels"`` int ``[K]`` (the output of :func:`mpt_lab.models.ssd.detect`).
     ground_truths : list of ``N`` dicts: ``"boxes"`` float ``[G, 4]`` xyxy in the same unit, ``"labels"`` int
         ``[G]``.
-    iou_threshold : float in ``(0, 1]``, 0.5 for VOC.
+    iou_threshold : float in ``(0, 1]``, 0.5 for Pascal VOC and the paper's Table 2.
     num_classes : int or None: the number of classes *including* background 0, as for the detector (11 for the
         digits); labels must lie in ``1 .. num_classes - 1``.  None: no range check.
+    max_detections : int ≥ 1, the best-scored detections per image that count (COCO's ``maxDets``).
 
     Returns
     -------
-    dict with ``"mAP"`` (float; NaN when no class has ground truth), ``"ap"`` ({label: AP} for every label with
-    ground truth), ``"num_ground_truth"`` ({label: count}) and ``"iou_threshold"``.
+    dict with ``"mAP"`` (float in [0, 1]; NaN when no class has ground truth), ``"ap"`` ({label: AP} for every
+    label with ground truth), ``"num_ground_truth"`` ({label: count}), ``"iou_threshold"`` and
+    ``"evaluator"`` (:data:`MAP_EVALUATOR`).
 
     Raises
     ------
     TypeError, ValueError
-        Malformed lists (the message names the argument), different lengths, labels out of range.
+        Malformed lists (the message names the argument), different lengths, labels out of range, inverted
+        boxes (x2 < x1 or y2 < y1), a bad ``iou_threshold`` or ``max_detections``.
     """
+    try:
+        from pycocotools.cocoeval import COCOeval
+    except ImportError as err:
+        raise ImportError("mean_average_precision needs pycocotools (requirements.txt pins it: "
+                          "pip install pycocotools==2.0.11)") from err
+
     _check_list(detections, "detections", ("boxes", "scores", "labels"))
     _check_list(ground_truths, "ground_truths", ("boxes", "labels"))
     if len(detections) != len(ground_truths):
@@ -112,6 +134,8 @@ def mean_average_precision(detections, ground_truths, iou_threshold: float = 0.5
         raise TypeError(f"iou_threshold must be a float, got {type(iou_threshold).__name__}")
     if not 0 < iou_threshold <= 1:
         raise ValueError(f"iou_threshold must lie in (0, 1], got {iou_threshold}")
+    if isinstance(max_detections, bool) or not isinstance(max_detections, int) or max_detections < 1:
+        raise ValueError(f"max_detections must be an int ≥ 1, got {max_detections!r}")
     if num_classes is not None:
         if isinstance(num_classes, bool) or not isinstance(num_classes, int):
             raise TypeError(f"num_classes must be an int or None, got {type(num_classes).__name__}")
@@ -127,64 +151,31 @@ def mean_average_precision(detections, ground_truths, iou_threshold: float = 0.5
     for g in ground_truths:
         for c in g["labels"].tolist():
             gt_counts[c] = gt_counts.get(c, 0) + 1
-
-    # For every detection: the IoU with, and the (data-set-wide) id of, its best ground truth of the same
-    # class in the same image.  Greedy matching then only needs the global score order: a detection is a true
-    # positive iff its best IoU >= threshold and it is the first such detection of that ground truth.
-    det_scores, det_labels, det_best_iou, det_best_gt = [], [], [], []
-    gt_offset = 0
-    for d, g in zip(detections, ground_truths):
-        k, n = d["boxes"].shape[0], g["boxes"].shape[0]
-        if k:
-            labels = d["labels"].cpu().long()
-            if n:
-                iou = box_iou(d["boxes"].double().cpu(), g["boxes"].double().cpu())  # [k, n]
-                same = labels[:, None] == g["labels"].cpu().long()[None, :]
-                iou = torch.where(same, iou, torch.full_like(iou, -1.0))
-                best_iou, best = iou.max(dim=1)
-            else:
-                best_iou, best = torch.full((k,), -1.0, dtype=torch.float64), torch.zeros(k, dtype=torch.int64)
-            det_scores.append(d["scores"].double().cpu())
-            det_labels.append(labels)
-            det_best_iou.append(best_iou)
-            det_best_gt.append(best + gt_offset)
-        gt_offset += n
-    if det_scores:
-        scores_t, labels_t = torch.cat(det_scores), torch.cat(det_labels)
-        best_iou_t, best_gt_t = torch.cat(det_best_iou), torch.cat(det_best_gt)
-    else:
-        scores_t = best_iou_t = torch.zeros(0, dtype=torch.float64)
-        labels_t = best_gt_t = torch.zeros(0, dtype=torch.int64)
-
-    aps: dict[int, float] = {}
-    for c in sorted(gt_counts):
-        m = labels_t == c
-        if not m.any():
-            aps[c] = 0.0
-            continue
-        order = torch.sort(scores_t[m], descending=True, stable=True).indices  # ties: image order, then index
-        hit = (best_iou_t[m][order] >= iou_threshold)
-        gt_id = torch.where(hit, best_gt_t[m][order], torch.full_like(order, -1))
-        tp = torch.zeros(order.numel(), dtype=torch.float64)
-        if hit.any():
-            ids = gt_id[hit]
-            pos = torch.nonzero(hit).flatten()
-            # first occurrence (in score order) of each ground-truth id among the hits
-            uniq, inverse = torch.unique(ids, return_inverse=True)
-            first = torch.full((uniq.numel(),), ids.numel(), dtype=torch.int64)
-            first.scatter_reduce_(0, inverse, torch.arange(ids.numel()), reduce="amin")
-            tp[pos[first]] = 1.0
-        ctp = torch.cumsum(tp, 0)
-        recall = ctp / gt_counts[c]
-        precision = ctp / torch.arange(1, order.numel() + 1, dtype=torch.float64)
-        aps[c] = average_precision(recall, precision)
-    m_ap = sum(aps.values()) / len(aps) if aps else math.nan
-    return {"mAP": m_ap, "ap": aps, "num_ground_truth": dict(sorted(gt_counts.items())),
-            "iou_threshold": float(iou_threshold)}
+    result = {"mAP": math.nan, "ap": {}, "num_ground_truth": dict(sorted(gt_counts.items())),
+              "iou_threshold": float(iou_threshold), "evaluator": MAP_EVALUATOR}
+    if not gt_counts:
+        return result
+    classes = sorted(gt_counts)
+    images = [{"id": i} for i in range(1, len(ground_truths) + 1)]
+    categories = [{"id": c} for c in classes]
+    dets = [a for a in _annotations(detections, True) if a["category_id"] in gt_counts]
+    ev = COCOeval(_coco(images, categories, _annotations(ground_truths, False)),
+                  _coco(images, categories, dets), iouType="bbox")
+    ev.params.iouThrs = np.array([float(iou_threshold)])
+    ev.params.areaRng, ev.params.areaRngLbl = [[0.0, math.inf]], ["all"]
+    ev.params.maxDets = [max_detections]
+    with contextlib.redirect_stdout(io.StringIO()):       # evaluate and accumulate print progress
+        ev.evaluate()
+        ev.accumulate()
+    precision = ev.eval["precision"][0, :, :, 0, 0]          # [recall points, classes]
+    aps = {c: float(precision[:, k].mean()) for k, c in enumerate(ev.params.catIds)}
+    result["ap"] = aps
+    result["mAP"] = sum(aps.values()) / len(aps)
+    return result
 
 
 def evaluate_detector(model, data, *, batch_size: int = 100, device=None, iou_threshold: float = 0.5) -> float:
-    """mAP@``iou_threshold`` (0 to 1) of a detector on a whole data set, in batches.
+    """mAP at ``iou_threshold`` (0 to 1) of a detector on a whole data set, in batches (by :data:`MAP_EVALUATOR`).
 
     Parameters
     ----------

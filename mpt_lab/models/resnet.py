@@ -23,6 +23,9 @@ from torch.utils.checkpoint import checkpoint as _checkpoint
 
 __all__ = ["BasicBlock", "ResNet", "build_resnet"]
 
+#: The batch normalisation layers whose running statistics a recomputed stage must not update twice.
+_BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
+
 
 class BasicBlock(nn.Module):
     """Two 3×3 conv + BatchNorm layers with a residual shortcut (a 1×1 conv + BN when shape changes).
@@ -51,7 +54,7 @@ class BasicBlock(nn.Module):
 def _keep_bn_buffers(module: nn.Module):
     """Save the BatchNorm running statistics of ``module`` and put them back on exit (used around the
     recomputation of a checkpointed stage, which would otherwise count the batch twice)."""
-    saved = [(b, b.detach().clone()) for m in module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)
+    saved = [(b, b.detach().clone()) for m in module.modules() if isinstance(m, _BATCH_NORMS)
              for b in m.buffers()]
     try:
         yield

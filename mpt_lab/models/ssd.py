@@ -516,7 +516,7 @@ def match(boxes: torch.Tensor, labels: torch.Tensor, priors: torch.Tensor, iou_t
     TypeError, ValueError
         Malformed arguments.
     """
-    box_ops._check_boxes(boxes, "boxes", ndim=2)
+    box_ops.check_boxes(boxes, "boxes", ndim=2)
     if not isinstance(labels, torch.Tensor) or labels.is_floating_point():
         raise TypeError("labels must be an integer torch.Tensor [G]")
     if labels.shape != (boxes.shape[0],):
@@ -544,7 +544,7 @@ def match_batch(boxes: Sequence[torch.Tensor], labels: Sequence[torch.Tensor], p
     TypeError, ValueError
         Malformed arguments.
     """
-    box_ops._check_boxes(priors, "priors", ndim=2)
+    box_ops.check_boxes(priors, "priors", ndim=2)
     if not isinstance(boxes, Sequence) or not isinstance(labels, Sequence) or len(boxes) != len(labels):
         raise TypeError("boxes and labels must be sequences of tensors of equal length (one per image)")
     if isinstance(iou_threshold, bool) or not isinstance(iou_threshold, (int, float)) or not 0 < iou_threshold <= 1:
@@ -637,7 +637,7 @@ class MultiBoxLoss(nn.Module):
         if normalize not in NORMALIZATIONS:
             raise ValueError(f"normalize must be one of {NORMALIZATIONS}, got {normalize!r}")
         self.normalize = normalize
-        box_ops._check_boxes(priors, "priors", ndim=2)
+        box_ops.check_boxes(priors, "priors", ndim=2)
         if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
             raise ValueError(f"num_classes must be an int >= 2, got {num_classes!r}")
         if isinstance(neg_pos_ratio, bool) or not isinstance(neg_pos_ratio, int) or neg_pos_ratio < 0:
@@ -649,7 +649,7 @@ class MultiBoxLoss(nn.Module):
         self.iou_threshold = iou_threshold
         self.neg_pos_ratio = neg_pos_ratio
         self.alpha = float(alpha)
-        self.variances = box_ops._check_variances(variances)
+        self.variances = box_ops.check_variances(variances)
 
     def targets(self, targets) -> tuple[torch.Tensor, torch.Tensor]:
         """Matched targets for a batch: ``(loc_t float [B, D, 4], cls_t int64 [B, D])`` (see :func:`match`)."""
@@ -729,7 +729,7 @@ def detect(loc: torch.Tensor, conf: torch.Tensor, priors: torch.Tensor, score_th
     """
     if not isinstance(loc, torch.Tensor) or not isinstance(conf, torch.Tensor):
         raise TypeError("loc and conf must be torch tensors")
-    box_ops._check_boxes(priors, "priors", ndim=2)
+    box_ops.check_boxes(priors, "priors", ndim=2)
     if loc.ndim != 3 or loc.shape[1:] != (priors.shape[0], 4):
         raise ValueError(f"loc must have shape [B, {priors.shape[0]}, 4], got {tuple(loc.shape)}")
     if conf.ndim != 3 or conf.shape[:2] != loc.shape[:2] or conf.shape[2] < 2:

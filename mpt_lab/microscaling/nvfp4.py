@@ -1,0 +1,161 @@
+"""NVFP4: FP4 E2M1 elements in blocks of 16 with FP8 E4M3 scales, and one FP32 scale per tensor.
+
+:func:`quantize_nvfp4` is exact and returns codes (:class:`NVFP4Tensor`); :func:`fake_quantize_nvfp4`, its
+fast twin, returns the same values as ``quantize_nvfp4(...).dequantize()``, bit for bit, without forming
+codes.  Both take the tensor scale and the block scales from the same functions (:func:`_tensor_scale`,
+:func:`_block_scales`); they differ in how the elements are rounded.  Source: NVIDIA's two-level scaling for
+NVFP4, as its kernels and torchao's reference (``nvfp4_quantize``) compute it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .. import formats as F
+from ..formats import FP4_E2M1, FP8_E4M3, exact_arithmetic
+from ._core import (BlockScaledTensor, abs_max, as_float32, block_amax, check_axis, check_tensor, encode_into,
+                    from_blocks, scale_rows_and_encode, to_blocks)
+
+__all__ = ["NVFP4Tensor", "quantize_nvfp4", "fake_quantize_nvfp4", "NVFP4_BLOCK_SIZE"]
+
+#: NVFP4's block length: 16 FP4 values share one E4M3 scale.
+NVFP4_BLOCK_SIZE = 16
+_E4M3_NAN = 0x7F
+_NVFP4_SCALE_MIN = FP8_E4M3.smallest_normal      # 2⁻⁶: NVFP4 block scales are clamped to [2⁻⁶, 448]
+
+
+@dataclass(frozen=True, eq=False)
+class NVFP4Tensor(BlockScaledTensor):
+    """An NVFP4 tensor: FP4 E2M1 elements; blocks of 16 along ``axis`` share an FP8 E4M3 scale; one FP32 scale
+    for the whole tensor (NVIDIA's two-level scaling).
+
+    Attributes as :class:`MXTensor`, except that ``scale_codes`` holds FP8 E4M3 codes (0x7F: NaN) and
+    ``tensor_scale`` is a 0-d float32 tensor (a decode scale: torchao's ``per_tensor_scale``).  The value of an
+    element is element × block scale × tensor scale.
+    """
+
+    tensor_scale: torch.Tensor | None = None
+
+    def block_scales(self) -> torch.Tensor:
+        """The E4M3 block scales as float64 (NaN for code 0x7F), shaped like ``scale_codes``."""
+        return F.decode(self.scale_codes, FP8_E4M3)
+
+    def scales(self) -> torch.Tensor:
+        """Block scale × tensor scale per block, float64 (exact: 4 + 24 significant bits)."""
+        return self.block_scales() * self.tensor_scale.to(self.device, torch.float64)
+
+    def _scaled(self, x: torch.Tensor) -> torch.Tensor:
+        # what quantize_nvfp4 rounded: fl32(x · fl32(fl32(1 / s_t) / s_b))
+        r = (1.0 / self.tensor_scale.to(self.device)) / self.block_scales().to(torch.float32)
+        return (x.to(torch.float32) * self._per_value(r)).to(torch.float64)
+
+    def __repr__(self) -> str:
+        return (f"NVFP4Tensor(shape={tuple(self.shape)}, block_size={self.block_size}, axis={self.axis}, "
+                f"tensor_scale={float(self.tensor_scale)!r}, dtype={self.dtype})")
+
+
+def _tensor_scale(x: torch.Tensor, tensor_scale) -> torch.Tensor:
+    """The FP32 tensor (decode) scale: ``tensor_scale``, or fl32(amax / (448·6)) from the finite values of x."""
+    if tensor_scale is not None:
+        s = as_float32(tensor_scale, "tensor_scale", x.device)
+        if s.dim() != 0:
+            raise ValueError(f"tensor_scale must be a single value (0-d), got shape {tuple(s.shape)}")
+        if not bool(torch.isfinite(s) & (s > 0) & torch.isfinite(1.0 / s)):
+            raise ValueError(f"tensor_scale must be positive with a finite float32 reciprocal, got {float(s)}")
+        return s
+    amax = abs_max(x).to(torch.float32)
+    if not bool(torch.isfinite(amax)):
+        amax = abs_max(torch.where(torch.isfinite(x), x, torch.zeros_like(x))).to(torch.float32)
+    s = amax / (FP8_E4M3.max * FP4_E2M1.max)
+    return torch.where(torch.isfinite(s) & (s > 0) & torch.isfinite(1.0 / s), s, torch.ones_like(s))
+
+
+def _block_scales(xb: torch.Tensor, st: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(s, nan) per block of 16 (rows of xb): s = fl32(fl32(amax_b / 6) / s_t) clamped to [2⁻⁶, 448], float32,
+    before its rounding to E4M3 (1 in blocks holding inf or NaN), and where the block holds inf or NaN."""
+    amax = block_amax(xb, torch.float32)
+    nan = ~torch.isfinite(amax)
+    return (amax / FP4_E2M1.max / st).clamp_(_NVFP4_SCALE_MIN, FP8_E4M3.max).masked_fill_(nan, 1.0), nan
+
+
+@exact_arithmetic
+def quantize_nvfp4(x, *, tensor_scale=None, axis: int = -1) -> NVFP4Tensor:
+    """Quantise x to NVFP4: FP4 E2M1 elements, blocks of 16 along ``axis`` with FP8 E4M3 scales, and one FP32
+    tensor scale.
+
+    NVIDIA's algorithm, in float32 as its kernels and torchao's reference (``nvfp4_quantize``) compute it,
+    every step a correctly rounded float32 operation:
+
+    1. tensor scale s_t = fl32(amax / (448 · 6)) over the finite values of x (1 when that is zero, not finite,
+       or has no finite float32 reciprocal), or ``tensor_scale`` if given (torchao's ``per_tensor_scale``;
+       ``tensor_scale=1.0`` is single-level scaling, torchao's ``per_tensor_scale=None``);
+    2. per block: fl32(fl32(amax_b / 6) / s_t), clamped to [2⁻⁶, 448], rounded to nearest-even in E4M3: the
+       block scale s_b;
+    3. elements: fl32(v · fl32(fl32(1 / s_t) / s_b)), rounded to nearest-even in FP4 E2M1, saturating at ±6.
+
+    The value stored is element × s_b × s_t.  Blocks holding inf or NaN get the NaN block scale (E4M3 code 0x7F)
+    and element codes 0.  float64 input is rounded to float32 first (the algorithm is defined in float32).  A
+    partial last block (axis length not a multiple of 16) has its own scale.
+
+    Parameters
+    ----------
+    x : float16, bfloat16, float32 or float64 tensor, at least 1-d
+    tensor_scale : None, float or 0-d floating tensor
+    axis : int
+
+    Returns
+    -------
+    NVFP4Tensor
+
+    Raises
+    ------
+    TypeError
+        x is not such a tensor; axis not an int; tensor_scale of a wrong type.
+    ValueError
+        axis out of range; tensor_scale not a positive single value with a finite reciprocal; meta tensor.
+    """
+    x = check_tensor(x)
+    axis = check_axis(axis, x.dim())
+    st = _tensor_scale(x, tensor_scale)
+    xb, layout = to_blocks(x, NVFP4_BLOCK_SIZE, axis)
+    s, nan = _block_scales(xb, st)
+    sc = torch.empty(s.shape, dtype=torch.uint8, device=x.device)
+    encode_into(sc, s, FP8_E4M3)
+    r = (1.0 / st) / F.decode(sc, FP8_E4M3).to(torch.float32)                     # fl32(fl32(1 / s_t) / s_b)
+    codes = scale_rows_and_encode(xb, r, nan, FP4_E2M1, torch.float32)
+    scale_codes = torch.where(nan, _E4M3_NAN, sc)
+    return NVFP4Tensor(from_blocks(codes, layout, axis, False), from_blocks(scale_codes, layout, axis, True),
+                       FP4_E2M1, NVFP4_BLOCK_SIZE, axis, x.dtype, st)
+
+
+@exact_arithmetic
+def fake_quantize_nvfp4(x, *, axis: int = -1) -> torch.Tensor:
+    """``quantize_nvfp4(x, axis=axis).dequantize()`` for float32 (or narrower) x, without codes: the same
+    values bit for bit, faster.
+
+    NVIDIA's two-level scaling in float32, as :func:`quantize_nvfp4` (the same tensor and block scales):
+    elements round_to(fl32(v · fl32(fl32(1 / s_t) / s_b)), FP4_E2M1, saturate=True); value = element × s_b ×
+    s_t, rounded once to x's dtype.  Blocks holding inf or NaN become NaN.
+
+    Raises TypeError / ValueError for a bad x or axis.
+    """
+    x = check_tensor(x)
+    if x.dtype == torch.float64:
+        raise TypeError("x must be float16, bfloat16 or float32 (use mpt_lab.microscaling.quantize_nvfp4 for float64)")
+    axis = check_axis(axis, x.dim())
+    x32 = x.to(torch.float32)
+    st = _tensor_scale(x32, None)
+    xb, layout = to_blocks(x32, NVFP4_BLOCK_SIZE, axis)
+    s, nan = _block_scales(xb, st)
+    sb = F.round_to(s, FP8_E4M3)
+    any_nan = bool(nan.any())
+    if any_nan:                                                            # FP4 has no NaN: zero them first
+        xb = xb.masked_fill(nan[:, None], 0.0)
+    elem = F.round_to(xb * ((1.0 / st) / sb)[:, None], FP4_E2M1, saturate=True)
+    y = (elem * sb[:, None]) * st          # element × s_b is exact; × s_t rounds once, as float64 then float32
+    if any_nan:
+        y[nan] = math.nan
+    return from_blocks(y, layout, axis, False).to(x.dtype)
