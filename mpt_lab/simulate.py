@@ -303,8 +303,10 @@ def _plan(func, mode: str):
         kind = _BN
     else:
         kind = _PROMOTE
+    tags = getattr(func, "tags", ())
     native = (name not in LOWER_PRECISION_OPS and name not in _MOVES_VALUES
-              and torch.Tag.nondeterministic_seeded not in getattr(func, "tags", ()))
+              and torch.Tag.nondeterministic_seeded not in tags   # random: the float32 stream
+              and torch.Tag.inplace_view not in tags)              # squeeze_, t_, resize_: metadata of self
     return kind, written, input_index, native
 
 

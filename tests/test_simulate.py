@@ -735,6 +735,18 @@ def test_in_place_ops_views_and_integers():
     assert v.data_ptr() == y.data_ptr()  # views stay views
 
 
+def test_in_place_view_ops_change_the_tensor_itself():
+    """squeeze_, t_, resize_ change a tensor's metadata: they run on it, not on a float16 copy."""
+    x = torch.randn(1, 3, 4)
+    with simulate("FP16", mode="all"):
+        y = x * 1.0
+        y.squeeze_(0)
+        y.t_()
+        y.add_(0.1)
+    assert y.shape == (4, 3) and _is_in(y, FP16)
+    assert torch.equal(y, (x.half().squeeze(0).t() + 0.1).float())
+
+
 def test_round_parameters_():
     model = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8))
     model[1].running_mean.add_(0.1)
