@@ -1027,6 +1027,9 @@ class StaticLossScaler(_LossScaler):
         S; positive, finite and nonzero in float32 (a power of two keeps the scaling exact).
         S = 1 checks for overflow without scaling.
 
+    There is no ``device`` argument (PyTorch has no static scaler whose call this would have to match): S
+    lives on the device of the first loss given to :meth:`scale`, as with :class:`GradScaler`.
+
     Raises
     ------
     TypeError
