@@ -1,6 +1,6 @@
-"""Log2-magnitude histograms of tensors, and the gradient recorder behind the paper's Figure 2.
+"""Log2-magnitude histograms of tensors, and the gradient recorder behind the paper's SSD histogram.
 
-Micikevicius et al. (ICLR 2018, §3.2, Figure 2) recorded the activation gradients of Multibox SSD while it
+Micikevicius et al. (ICLR 2018, §3.2, "Loss scaling") recorded the activation gradients of Multibox SSD while it
 trained in FP32 and plotted the share of values per power of two: most lie below FP16's smallest subnormal
 2⁻²⁴ and become zero when cast to FP16; multiplying the loss by a scale S shifts them all by log2 S.
 
@@ -11,7 +11,9 @@ trained in FP32 and plotted the share of values per power of two: most lie below
   numbers, flush to zero (underflow) or overflow, after multiplying by a loss scale S — exactly as
   :func:`mpt_lab.formats.round_to` with round-to-nearest-even would (see the method for the one exception).
 * :class:`GradientHistogram` collects the gradients with respect to every module's output ("activation"
-  gradients, as in the paper) or every parameter ("weight" gradients) while a model trains.
+  gradients, as in the paper) or every parameter ("weight" gradients) while a model trains;
+  :meth:`GradientHistogram.underflow_share` is the share of them that a format and a loss scale would flush
+  to zero (record a float32 run for it: an FP16 run's gradients are already flushed, see the class).
 
 To be exact at the edges of a format's range, each binade is further split by the number of leading ones of
 the fraction (the bits after the leading 1): whether a value rounds up into the next binade depends only on
@@ -432,6 +434,13 @@ def log2_histogram(tensors) -> Log2Histogram:
     return h if h is not None else Log2Histogram()
 
 
+def _list_names(named: dict, limit: int = 30) -> str:
+    """The module names of ``model.named_modules()`` for an error message ('' is the model itself)."""
+    names = [repr(n) if n else "'' (the model itself)" for n in named]
+    more = f", … ({len(names)} in all)" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more
+
+
 def _grad_tensors(output):
     """The floating tensors that require grad in a module's output: a tensor, or (nested) tuples, lists and
     dict values of them (e.g. an LSTM's ``(out, (h, c))``)."""
@@ -454,19 +463,35 @@ class GradientHistogram:
     model : torch.nn.Module
     kind : {"activation", "weight"}
         "activation": gradients of the loss with respect to the outputs of the recorded modules (the
-        paper's Figure 2); "weight": gradients with respect to their parameters.
-    modules : None, iterable of str, or callable(name, module) -> bool
+        paper's SSD histogram); "weight": gradients with respect to their parameters.
+    modules : None, str, iterable of str, or callable(name, module) -> bool
         Which modules to record: by default every leaf module (one without children) for "activation" and
-        every parameter for "weight"; names are those of ``model.named_modules()``.
+        every parameter for "weight"; names are those of ``model.named_modules()`` (one name as a str:
+        ``modules="fc1"``).
     per_module : bool
         Also keep one histogram per module name in :attr:`by_module`.
 
     Usage::
 
-        with GradientHistogram(model, "activation") as gh:
+        with GradientHistogram(model, "activation") as gh:      # recording happens inside the block only
             for batch in data:
                 loss = ...; loss.backward(); opt.step()
         gh.histogram.fractions("FP16")
+
+    What the histogram holds is the gradients *as the run computed them*.  In a float32 run they are FP32
+    gradients, and ``gh.underflow_share("FP16", scale=S)`` (= ``gh.histogram.fractions("FP16", scale=S)
+    ["underflow"]``) is the share of them that a loss scale S and rounding to FP16 would flush to zero: the
+    measurement behind the paper's loss scaling (Micikevicius et al. 2018, §3.2: a histogram of activation
+    gradients recorded in FP32 training), exact value by value.  Recorded during an FP16 run instead (``torch.autocast(dtype=float16)``
+    with a GradScaler, a ``.half()`` model), the activation gradients are float16 tensors: already rounded to
+    FP16, values that FP16 flushed are zeros among the true zeros (a ReLU's), and they are S times the true
+    gradients.  Their ``fractions("FP16")`` then reports an "underflow" of 0.0 (an FP16 value cannot
+    underflow FP16 again) and counts the lost values under "zero"; the weight gradients of FP32 master
+    weights are float32 but computed from those FP16 activation gradients, and S times too large.  To
+    measure what FP16 loses, record the same model in a float32 run (no autocast, no scaler) and ask
+    :meth:`underflow_share` for the format and the scale; it raises ``ValueError`` on float16/bfloat16
+    gradients (:attr:`dtypes`).  A run emulated with :mod:`mpt_lab.simulate` holds FP16 values in float32
+    tensors: the same caution applies, and the dtype cannot show it.
 
     What is recorded: "activation" records the gradient of every floating tensor that requires grad in a
     module's output, also inside nested tuples, lists and dict values (an LSTM's ``(out, (h, c))``: out, h and
@@ -477,12 +502,21 @@ class GradientHistogram:
     counts.  Recording ends on exit (or :meth:`close`): parameter hooks are removed, and the gradient hooks
     that a forward inside the block put on output tensors stay on those tensors but record nothing once the
     block has exited, also when the block is entered again.  Counting runs on the gradients' device without
-    host synchronisation.
+    host synchronisation.  For "activation", the forward pass must run inside the block (the hooks are put
+    on the outputs it makes).
+
+    Attributes: :attr:`histogram` (all recorded gradients), :attr:`by_module` (with ``per_module``),
+    :attr:`calls` (gradient tensors recorded), :attr:`dtypes` (their dtypes, as recorded).  Reading
+    :attr:`histogram` or :attr:`by_module` of a recorder that was never started (no ``with``), or whose
+    block recorded nothing, warns (``UserWarning``): it holds no value.
 
     Raises
     ------
-    TypeError, ValueError
-        ``model`` is not a Module; unknown ``kind``; module names that do not exist; nothing to record.
+    TypeError
+        ``model`` is not a Module; ``modules`` is not a str, an iterable of str or a callable.
+    ValueError
+        Unknown ``kind``; module names that do not exist (the message lists the model's modules); nothing to
+        record.
     """
 
     KINDS = ("activation", "weight")
@@ -500,10 +534,19 @@ class GradientHistogram:
         elif callable(modules):
             chosen = [n for n, m in named.items() if modules(n, m)]
         else:
+            if isinstance(modules, str):       # one name, not its characters
+                modules = [modules]
+            if not isinstance(modules, Iterable):
+                raise TypeError("modules must be None, a module name (str), an iterable of names or a callable "
+                                f"(name, module) -> bool, got {type(modules).__name__}")
             chosen = list(modules)
+            bad = [n for n in chosen if not isinstance(n, str)]
+            if bad:
+                raise TypeError(f"modules must hold module names (str), got {type(bad[0]).__name__} {bad[0]!r}")
             unknown = [n for n in chosen if n not in named]
             if unknown:
-                raise ValueError(f"modules: no module named {unknown[:3]} in the model")
+                raise ValueError(f"modules: no module named {', '.join(map(repr, unknown))} in the model; "
+                                 f"its modules are {_list_names(named)}")
         self.module_names = chosen
         self._named = named
         self._handles: list = []
@@ -515,9 +558,71 @@ class GradientHistogram:
     # --- state ---------------------------------------------------------------------------------------------
     def reset(self) -> None:
         """Forget everything recorded so far."""
-        self.histogram = Log2Histogram()
-        self.by_module: dict = {}
+        self._histogram = Log2Histogram()
+        self._by_module: dict = {}
         self.calls = 0
+        self.dtypes: set = set()
+
+    @property
+    def histogram(self) -> Log2Histogram:
+        """The :class:`Log2Histogram` of every gradient recorded (since the last :meth:`reset`).  Warns when
+        the recorder was never started or its block recorded nothing (see the class docstring)."""
+        self._warn_if_unused()
+        return self._histogram
+
+    @property
+    def by_module(self) -> dict:
+        """{module or parameter name: :class:`Log2Histogram`} with ``per_module=True`` (else empty)."""
+        self._warn_if_unused()
+        return self._by_module
+
+    def _warn_if_unused(self) -> None:
+        if self._session == 0:
+            warnings.warn(f"this GradientHistogram({self.kind!r}) was never started, so it holds nothing: it "
+                          "records only while active, inside `with GradientHistogram(model, ...) as gh:` (run "
+                          "the forward and backward passes inside the block)", UserWarning, stacklevel=3)
+        elif self._live is None and self.calls == 0:
+            warnings.warn(f"this GradientHistogram({self.kind!r}) recorded no gradient: run the forward and "
+                          "backward passes inside its `with` block (and not while it is paused)",
+                          UserWarning, stacklevel=3)
+
+    def underflow_share(self, fmt="FP16", scale: float = 1.0) -> float:
+        """Share of the recorded gradient values (of all of them, zeros included) that multiplying by the loss
+        scale ``scale`` and rounding to ``fmt`` flushes to zero: non-zero values that become 0.
+
+        Exactly ``self.histogram.fractions(fmt, scale)["underflow"]``: the same as counting, value by value,
+        ``g != 0 and round_to(g * scale, fmt) == 0`` over the recorded gradients ``g`` (round-to-nearest-even).
+        Meaningful for gradients recorded in a float32 (or float64) run, as the paper's (§3.2) were;
+        see the class docstring for what a recording of an FP16 run holds.
+
+        Parameters
+        ----------
+        fmt : FloatFormat or str, default "FP16"
+            A format with a zero (not E8M0).
+        scale : float, default 1.0
+            A positive power of two: the loss scale S.
+
+        Returns
+        -------
+        float in [0, 1]; NaN when nothing was recorded (with the warning of :attr:`histogram`).
+
+        Raises
+        ------
+        ValueError
+            Some recorded gradients were float16 or bfloat16 tensors (recorded during an FP16/BF16 run: values
+            that format flushed are zeros already and cannot be told from true zeros); an unknown format or a
+            format without zero; a scale that is not a positive power of two.
+        TypeError
+            ``fmt`` or ``scale`` of the wrong type.
+        """
+        low = sorted(str(d).replace("torch.", "") for d in self.dtypes
+                     if d not in (torch.float32, torch.float64))
+        if low:
+            raise ValueError(f"the recorded gradients include {', '.join(low)} tensors, recorded during a low "
+                             "precision run: values that format flushed to zero are zeros already and cannot be "
+                             "told from true zeros, so their underflow share reads 0.  Record the same model in a "
+                             "float32 run (no autocast, no scaler) and ask underflow_share(fmt, scale=S)")
+        return self.histogram.fractions(fmt, scale)["underflow"]
 
     def pause(self) -> None:
         self.enabled = False
@@ -528,10 +633,11 @@ class GradientHistogram:
     def _record(self, name: str, grad: torch.Tensor, session: int) -> None:
         if session != self._live or not self.enabled or grad is None:
             return
-        self.histogram.add_(grad)
+        self._histogram.add_(grad)
         self.calls += 1
+        self.dtypes.add(grad.dtype)
         if self.per_module:
-            self.by_module.setdefault(name, Log2Histogram(device=grad.device)).add_(grad)
+            self._by_module.setdefault(name, Log2Histogram(device=grad.device)).add_(grad)
 
     # --- hooks -----------------------------------------------------------------------------------------------
     def _forward_hook(self, name, session: int):

@@ -36,9 +36,10 @@ replaces the device tensors only when S changes.  When the host never sees found
 skips on the device, e.g. ``Adam(fused=True)``; ``unscale_`` without ``step``; ``update`` given a tensor)
 the same rules run as tensor operations, without a synchronisation, as in torch.
 
-Differences from torch: the deprecated protocol in which ``optimizer.step`` takes a ``grad_scaler=``
-keyword is not supported (``NotImplementedError``); arguments are checked more strictly (see the
-constructors); the errors that torch raises as ``AssertionError`` (no ``scale()`` before ``step`` /
+Differences from torch: without a ``device`` argument, ``GradScaler()`` scales the loss on whatever device
+it is on (torch's default device "cuda" disables its scaler on a machine without CUDA); the deprecated
+protocol in which ``optimizer.step`` takes a ``grad_scaler=`` keyword is not supported
+(``NotImplementedError``); arguments are checked more strictly (see the constructors); the errors that torch raises as ``AssertionError`` (no ``scale()`` before ``step`` /
 ``update``, no inf checks) are ``RuntimeError`` here, with torch's messages; :meth:`get_scale` and
 ``state_dict`` read no device value when the host knows S.
 """
@@ -51,6 +52,7 @@ import math
 import numbers
 import struct
 import sys
+import warnings
 from collections import abc, defaultdict
 from typing import Any
 
@@ -105,6 +107,54 @@ def _backoff_factor(value: Any) -> float:
     if not 0.0 < v < 1.0:
         raise ValueError(f"backoff_factor must be in (0, 1), got {value!r}")
     return v
+
+
+def _device_type(value: Any) -> str | None:
+    """The device type named by GradScaler's ``device`` argument ('cuda', 'cpu', ...), or None when not given."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        got = "a torch.device (pass its .type, e.g. 'cuda')" if isinstance(value, torch.device) \
+            else type(value).__name__
+        raise TypeError(f"device must be a str naming a device type, such as 'cuda' or 'cpu', as "
+                        f"torch.amp.GradScaler takes it; got {got}")
+    try:
+        parsed = torch.device(value)
+    except RuntimeError as err:
+        raise ValueError(f"device must name a device type, such as 'cuda' or 'cpu'; got {value!r} ({err})") from None
+    if parsed.index is not None:
+        raise ValueError(f"device must be a device type without an index, such as 'cuda' (S lives on the device "
+                         f"of the loss, as with torch.amp.GradScaler); got {value!r}")
+    return parsed.type
+
+
+#: GradScaler's arguments in torch.amp.GradScaler's order (PyTorch ≥ 2.3: ``device`` first) and defaults.
+_GRAD_SCALER_DEFAULTS = {"device": None, "init_scale": 2.0**16, "growth_factor": 2.0, "backoff_factor": 0.5,
+                         "growth_interval": 2000, "enabled": True}
+
+
+def _grad_scaler_arguments(args: tuple, kwargs: dict) -> dict[str, Any]:
+    """GradScaler's arguments by name, from either call form (see :class:`GradScaler`, "Call forms").
+
+    torch's form: ``(device, init_scale, growth_factor, backoff_factor, growth_interval, enabled)``.  A real
+    number in first place is ``init_scale`` (the form of ``torch.cuda.amp.GradScaler`` and of this class
+    before PyTorch 2.3's order): the positional arguments then start at ``init_scale``.
+    """
+    names = list(_GRAD_SCALER_DEFAULTS)
+    if args and isinstance(args[0], numbers.Real) and not isinstance(args[0], bool):
+        names = names[1:]
+    if len(args) > len(names):
+        raise TypeError(f"GradScaler takes at most {len(names)} positional arguments ({', '.join(names)}), "
+                        f"got {len(args)}")
+    bound = dict(zip(names, args))
+    for name, value in kwargs.items():
+        if name not in _GRAD_SCALER_DEFAULTS:
+            raise TypeError(f"GradScaler got an unexpected keyword argument {name!r}; its arguments are "
+                            f"{', '.join(_GRAD_SCALER_DEFAULTS)}")
+        if name in bound:
+            raise TypeError(f"GradScaler got multiple values for argument {name!r}")
+        bound[name] = value
+    return {**_GRAD_SCALER_DEFAULTS, **bound}
 
 
 def _growth_interval(value: Any) -> int:
@@ -725,6 +775,14 @@ class GradScaler(_LossScaler):
 
     Parameters
     ----------
+    device : str or None, default None
+        The device type, as ``torch.amp.GradScaler``'s first argument (PyTorch ≥ 2.3): ``"cuda"``, ``"cpu"``,
+        ... (a ``torch.device``'s ``.type``; no index).  Recorded, and used as torch uses it: ``"cuda"`` on a
+        machine without CUDA disables the scaler with a ``UserWarning`` (torch's rule; S would otherwise
+        never scale a CUDA loss), and a tensor given to ``update(new_scale=...)`` must be on this device type.
+        S itself lives on the device of the first loss given to :meth:`scale` (a 0-dim float32 tensor), as in
+        torch.  None (not given): no check; torch's default is ``"cuda"``, which on a CPU-only machine
+        disables torch's scaler, while ``GradScaler()`` here scales on whatever device the loss is.
     init_scale : float, default 2¹⁶
         Initial S; positive, finite and nonzero in float32 (it is stored rounded to float32).
     growth_factor : float, default 2.0
@@ -737,17 +795,31 @@ class GradScaler(_LossScaler):
         False: every method is a pass-through (``scale`` returns its input, ``step`` just calls
         ``optimizer.step``, ``update`` does nothing, ``get_scale`` is 1.0, ``state_dict`` is ``{}``).
 
-    Unlike ``torch.amp.GradScaler`` there is no ``device`` argument: S lives on the device of the first
-    loss given to :meth:`scale` (a 0-dim float32 tensor).  The growth tracker (consecutive clean steps)
-    is a Python int while the host knows it, an int32 tensor beside S otherwise.
+    Call forms.  Every call ``torch.amp.GradScaler`` accepts (PyTorch 2.3 to 2.13), positional or keyword,
+    with ``device`` first: ``GradScaler("cuda")``, ``GradScaler("cpu", 2.0**10, growth_interval=100)``,
+    ``GradScaler(device="cuda", init_scale=1024.0)``; keyword calls without a device:
+    ``GradScaler(init_scale=1024.0)``.  A real number in first place is ``init_scale``, the form of
+    ``torch.cuda.amp.GradScaler(init_scale, growth_factor, ...)`` (deprecated in torch): ``GradScaler(2.0**10,
+    growth_interval=100)``.
+
+    The growth tracker (consecutive clean steps) is a Python int while the host knows it, an int32 tensor
+    beside S otherwise.  The state dict has no device (as torch's): it moves between devices.
 
     Raises
     ------
     TypeError
-        An argument has the wrong type (``growth_interval`` not an int, ``enabled`` not a bool, ...).
+        An argument has the wrong type (``device`` not a str, ``growth_interval`` not an int, ``enabled``
+        not a bool, ...), an unknown keyword, too many positional arguments, or one argument given twice.
     ValueError
-        ``init_scale`` ≤ 0 or not finite, ``growth_factor`` ≤ 1, ``backoff_factor`` outside (0, 1),
-        ``growth_interval`` ≤ 0.  (torch checks only the two factors, with ``AssertionError``.)
+        ``device`` names no device type or has an index ("cuda:0"); ``init_scale`` ≤ 0 or not finite,
+        ``growth_factor`` ≤ 1, ``backoff_factor`` outside (0, 1), ``growth_interval`` ≤ 0.  (torch checks
+        only the two factors, with ``AssertionError``, and none when disabled.)
+
+    Warns
+    -----
+    UserWarning
+        ``device="cuda"``, ``enabled=True`` and CUDA is not available: the scaler is disabled, as
+        ``torch.amp.GradScaler`` does.
 
     Examples
     --------
@@ -756,14 +828,22 @@ class GradScaler(_LossScaler):
     ``torch.amp.GradScaler`` in both directions.
     """
 
-    def __init__(self, init_scale: float = 2.0**16, growth_factor: float = 2.0, backoff_factor: float = 0.5,
-                 growth_interval: int = 2000, enabled: bool = True) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        a = _grad_scaler_arguments(args, kwargs)
+        device, enabled = _device_type(a["device"]), a["enabled"]
         if not isinstance(enabled, bool):
             raise TypeError(f"enabled must be a bool, got {type(enabled).__name__}")
-        super().__init__(_positive_scale("init_scale", init_scale), enabled)
-        self._growth_factor = _growth_factor(growth_factor)
-        self._backoff_factor = _backoff_factor(backoff_factor)
-        self._growth_interval = _growth_interval(growth_interval)
+        init_scale = _positive_scale("init_scale", a["init_scale"])
+        self._growth_factor = _growth_factor(a["growth_factor"])
+        self._backoff_factor = _backoff_factor(a["backoff_factor"])
+        self._growth_interval = _growth_interval(a["growth_interval"])
+        if device == "cuda" and enabled and not torch.cuda.is_available():   # torch.amp.GradScaler's rule
+            warnings.warn("GradScaler('cuda') is enabled, but CUDA is not available: disabling it, as "
+                          "torch.amp.GradScaler does.  Use GradScaler('cpu') or GradScaler() to scale a loss "
+                          "on the CPU.", UserWarning, stacklevel=2)
+            enabled = False
+        super().__init__(init_scale, enabled)
+        self._device = device  # the device type as given (torch's attribute name), None when not given
         self._init_growth_tracker = 0
         self._host_tracker: int | None = None              # while the host knows S (and the tracker)
         self._growth_tracker: torch.Tensor | None = None   # 0-dim int32, once only the device knows them
@@ -827,10 +907,10 @@ class GradScaler(_LossScaler):
 
     def _take_new_scale(self, new_scale, scale: torch.Tensor) -> None:
         if isinstance(new_scale, torch.Tensor):
-            if (new_scale.device.type != scale.device.type or new_scale.numel() != 1
-                    or new_scale.requires_grad):
-                raise ValueError("new_scale should be a float or a 1-element FloatTensor on the scale's "
-                                 f"device type ({scale.device.type}) with requires_grad=False.")
+            device_type = self._device or scale.device.type  # torch checks against its device argument
+            if new_scale.device.type != device_type or new_scale.numel() != 1 or new_scale.requires_grad:
+                raise ValueError("new_scale should be a float or a 1-element FloatTensor on the scaler's "
+                                 f"device type ({device_type}) with requires_grad=False.")
             self._leave_host()  # its value is on the device
             self._scale = new_scale.detach().reshape(()).to(device=scale.device, dtype=torch.float32, copy=True)
             return
@@ -922,11 +1002,22 @@ class GradScaler(_LossScaler):
             state["_growth_tracker"] = state["_host_tracker"] = None
         return state
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__({"_device": None, **state})  # pickles from before the device argument
+
     def __repr__(self) -> str:
+        device = "" if self._device is None else f"{self._device!r}, "
         if not self._enabled:
-            return "GradScaler(enabled=False)"
-        return (f"GradScaler(init_scale={self._init_scale!r}, growth_factor={self._growth_factor!r}, "
+            return f"GradScaler({device}enabled=False)"
+        return (f"GradScaler({device}init_scale={self._init_scale!r}, growth_factor={self._growth_factor!r}, "
                 f"backoff_factor={self._backoff_factor!r}, growth_interval={self._growth_interval!r})")
+
+
+# help() and inspect.signature show torch.amp.GradScaler's signature (the numeric first form is an alias).
+GradScaler.__init__.__signature__ = inspect.Signature(
+    [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    + [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default)
+       for name, default in _GRAD_SCALER_DEFAULTS.items()])
 
 
 class StaticLossScaler(_LossScaler):
@@ -943,6 +1034,9 @@ class StaticLossScaler(_LossScaler):
     scale : float
         S; positive, finite and nonzero in float32 (a power of two keeps the scaling exact).
         S = 1 checks for overflow without scaling.
+
+    There is no ``device`` argument (PyTorch has no static scaler whose call this would have to match): S
+    lives on the device of the first loss given to :meth:`scale`, as with :class:`GradScaler`.
 
     Raises
     ------

@@ -25,13 +25,21 @@ How it works
 ------------
 :class:`simulate` is a ``TorchDispatchMode`` (see :mod:`mpt_lab._torch_internals`): it sees every ATen op below
 autograd, so it sees the forward ops *and* the ops autograd's backward pass runs (``mm``, ``threshold_backward``,
-``convolution_backward``, …).  It calls the op in float32 and rounds the op's floating outputs (fresh outputs,
-and the tensors an in-place or ``out=`` op writes).  What gets rounded:
+``convolution_backward``, …).  It decides which ops compute in ``fmt`` (below) and gives each of them ``fmt``
+results: the result of the real kernel of ``fmt``'s dtype where PyTorch has one, else the op computed in float32
+and rounded (fresh outputs, and the tensors an in-place or ``out=`` op writes; see "Which kernel computes an
+op").  Which ops compute in ``fmt``:
 
 ``mode="all"`` (a pure ``model.half()`` run):
     every op's floating tensor inputs are rounded to ``fmt`` (inputs that the mode itself produced are known
     to be rounded already and are not rounded again) and its floating outputs are rounded.  View ops
-    (``view``, ``t``, ``expand``, ``detach``, …) move no values and are left alone.
+    (``view``, ``t``, ``expand``, ``detach``, …) move no values and are left alone.  Tensors that stay float32
+    beside a ``.half()`` model stay float32 here too: a 0-dim tensor from outside the block that is no
+    ``nn.Parameter`` (an optimizer's step count, a GradScaler's scale, ``torch.tensor(0.1)``), and a float32
+    output of a real kernel (layer norm's saved mean and 1/std); an op whose floating inputs are all such
+    tensors runs in float32, unrounded (e.g. Adam's ``step += 1``, which in FP16 would stop at 2048 and in
+    BF16 at 256).  In backward every 0-dim input is taken as ``fmt`` (autograd casts each gradient to the
+    dtype of its tensor).
 ``mode="autocast"`` (a ``torch.autocast(device, dtype=fmt)`` run, lists mirrored from PyTorch's CUDA float16
 autocast op reference, https://pytorch.org/docs/stable/amp.html#cuda-ops-that-can-autocast-to-float16):
     * *lower-precision ops* (:data:`LOWER_PRECISION_OPS`: ``mm``, ``addmm``, ``bmm``, ``baddbmm``, ``addbmm``,
@@ -55,6 +63,37 @@ autocast op reference, https://pytorch.org/docs/stable/amp.html#cuda-ops-that-ca
     the tensor enters an op).  E.g. in ``x16 / norm32`` the gradients of the norm stay float32 and only the
     gradient of ``x16`` is rounded, as with autocast.
 
+Which kernel computes an op
+---------------------------
+For FP16 and BF16 with round-to-nearest-even (the default), an op that computes in ``fmt`` runs on PyTorch's own
+float16 (bfloat16) kernel on the tensors' device: its ``fmt`` inputs are converted to that dtype (exact for
+values already in ``fmt``, round-to-nearest-even for the others; strides kept), the kernel runs, what it writes
+is copied back and its float16 outputs come back as float32 tensors (outputs the kernel returns in another
+dtype keep it).  So simulate returns, bit for bit, what the real kernel returns, on whatever path the kernel
+takes (vectorised, or element by element at the tail of a loop; one thread or several), including what the
+kernels do with Python scalars.  On this project's CPUs (torch 2.13, float16): ``x + s``, ``x - s`` and
+``s - x`` round ``s`` to FP16 first (type promotion makes the scalar an FP16 tensor); ``torch.add(x, y,
+alpha=a)``, and so SGD's ``p.add_(grad, alpha=-lr)``, rounds ``a`` to FP16 and computes ``x + a·y`` in float32
+on the vectorised path but rounds ``a·y`` to FP16 before the addition on the tail; ``x.pow(1.7)`` rounds the
+exponent; a comparison ``x > 0.1`` compares with FP16(0.1); Adam's ``denom.add_(eps)`` adds FP16(1e-8) = 0, so
+in a ``.half()`` Adam a weight whose squared gradient underflows gets an infinite update at the first step;
+``mul``, ``div``, ``addcmul``, ``addcdiv`` and ``lerp`` use their scalar at float32 precision ("opmath").  The
+element-wise float16 kernels run at about float32 speed on these CPUs, so the conversions cost about what
+rounding a float32 result costs.  ``tests/test_simulate.py`` checks element-wise ops, reductions, an SGD and an
+Adam run against real float16 and bfloat16 runs.
+
+Not computed by the real kernel (float32, rounded once): the lower-precision ops of
+:data:`LOWER_PRECISION_OPS` (matrix products, convolutions, fused RNN cells, attention), whose float16 CPU
+kernels are slow (≈ 1 GFLOP/s; see "What the emulation does NOT model"); ops that draw random numbers
+(``bernoulli_``, ``normal_``, …: the random stream stays the float32 one); ops that only move, select or fill
+values (copies, concatenation, indexing, padding, ``relu``, max pooling, sorting), where rounding the float32
+result is already bit for bit the real result; and an op that has no kernel of the dtype on the device (one
+that raises): its name is recorded in ``sim.no_native_kernel``.  For the other formats (TF32, FP8, FP6, FP4:
+PyTorch has no arithmetic for them) and the other roundings every op is computed in float32 (Python scalars at
+float32 precision, as PyTorch's CPU kernels use them in "opmath") and rounded once.
+
+Rounding
+--------
 Rounding is exact round-to-nearest-even (``rounding="nearest_even"``, the default) or, on request, any rounding
 of :func:`mpt_lab.formats.round_to` (stochastic rounding draws from torch's default generator).  It takes
 round_to's own paths, with less per-call overhead: torch's dtype conversions where they are exactly the rounding
@@ -79,15 +118,28 @@ precision op reference (``torch.amp``).
 
 What the emulation does NOT model
 ---------------------------------
-* Accumulation inside an op: a simulated FP16 matmul, convolution or reduction is computed in float32 and
-  rounded *once* at the end.  Real kernels accumulate in FP32 too (tensor cores, oneDNN, cuBLAS with FP32
-  compute) but in their own summation order and sometimes with FP16 partial results (split-K, some CPU
-  kernels), so results can differ by an ulp of the format now and then.
-* Overflow inside an op: a float32 accumulator cannot overflow at 65504; only the op's *result* overflows.
-  Intermediate values inside fused ops (softmax, layer norm, losses, LSTM cells decomposed into several ops
-  are *not* fused here) are float32.
-* Python scalars (``x * 0.1``) are used at float32/float64 precision, as torch's float16 CPU kernels do
-  (they compute in float32 "opmath"); the float16 value of the scalar is not used.
+* Accumulation inside a lower-precision op: a simulated matmul or convolution (:data:`LOWER_PRECISION_OPS`)
+  is computed in float32 and rounded *once* at the end.  Real kernels accumulate in FP32 too (tensor cores,
+  oneDNN, cuBLAS with FP32 compute) but in their own summation order and sometimes with FP16 partial results
+  (split-K, some CPU kernels), so results can differ by an ulp of the format now and then: measured on this
+  project's CPU (torch 2.13, float16 ``F.linear``, one thread), none of the values with 8 or 20 products per
+  dot product, about 1.5 in 10³ with 100 to 784, by at most one ulp of the largest output (a few ulps of a
+  small result of cancellation; ``tests/test_simulate.py`` checks it).  So a simulated pure-FP16 training run
+  leaves a real ``.half()`` run once such a flip happens.  With FP16/BF16 and
+  round-to-nearest-even, reductions (``sum``, ``mean``, norms, softmax, losses) run on the real kernel and
+  are exact; with other formats they are computed in float32 and rounded once.
+* Overflow inside a lower-precision op: a float32 accumulator cannot overflow at 65504; only the op's
+  *result* overflows.  (Ops on the real kernel overflow where the kernel does.)
+* ``nn.LSTM`` / ``nn.GRU`` on a CPU in mode "all": the float32 model runs oneDNN's fused layer
+  (``mkldnn_rnn_layer``, rounded at its outputs) while a ``.half()`` model runs the cell as separate ops, each
+  rounded (``mm``, ``add``, ``sigmoid``, ``tanh``, ``mul``).  Inside ``with
+  torch.backends.mkldnn.flags(enabled=False):`` the float32 model takes the same decomposition, and a small
+  LSTM then matches a ``.half()`` one bit for bit (``tests/test_simulate.py``).
+* In mode "all", a 0-dim float32 tensor from outside the block counts as float32 unless it is an
+  ``nn.Parameter`` (see above): a 0-dim *buffer* that ``.half()`` converts is float32 here; the difference
+  shows only where its dtype decides the result dtype (an op whose other inputs are 0-dim too).  In backward
+  a 0-dim float32 tensor saved by forward (e.g. a GradScaler's scale S in ``loss * S``) is taken as ``fmt``:
+  exact when S is a power of two.
 * Tensors that enter the block from outside (inputs, parameters) are rounded when an op uses them, in mode
   "all" and for lower-precision ops, but they are not changed: use :func:`round_parameters_` to store the
   weights in ``fmt`` (the FP16 copy of the master weights) and round the batch yourself if it must be stored
@@ -99,8 +151,11 @@ What the emulation does NOT model
   copy itself, as the backward of autocast's cast does.  Gradients of FP32 leaves (master weights) are the
   float32 accumulation of rounded contributions, as with autocast.
 * Integer ops, random number generation and dtype conversions inside the block are not changed; ``fmt``
-  values are stored in float32 (or the dtype the op returns), never in a real 16/8-bit dtype, so memory use
-  and speed are those of float32.
+  values are stored in float32 (or the dtype the op returns) between ops, never in a real 16/8-bit dtype, so
+  memory use and speed are those of float32.
+* The real kernels are those of the machine the block runs on: a CPU with AVX-512 vectorises over 32 float16
+  values, one with AVX2 over 16, so the elements that take a kernel's tail path differ between machines, as
+  they do for real float16 runs.
 * Backward passes run outside the block (``loss.backward()`` after the ``with``) are not rounded; nor is
   anything run in another thread.
 """
@@ -158,8 +213,25 @@ _BATCH_NORM_OPS = frozenset({
     "cudnn_batch_norm", "miopen_batch_norm",
 })
 
+#: Ops that only move, select or fill values: rounding their float32 result is exactly what a real kernel
+#: returns, so they take the float32 path even where a real kernel exists (no conversions).
+_MOVES_VALUES = frozenset({
+    "clone", "copy_", "_to_copy", "cat", "stack", "index_select", "gather", "index", "embedding", "flip", "roll",
+    "repeat", "constant_pad_nd", "where", "masked_fill", "masked_fill_", "fill_", "zero_", "zeros_like",
+    "ones_like", "empty_like", "full_like", "new_zeros", "new_ones", "new_empty", "new_full", "lift_fresh",
+    "lift_fresh_copy", "_local_scalar_dense", "relu", "relu_", "threshold_backward", "sort", "topk", "amax",
+    "amin", "max_pool2d_with_indices", "max_pool3d_with_indices", "slice_scatter", "select_scatter",
+})
+
+#: Formats whose values a torch dtype holds exactly, with real kernels for it (the kernels simulate calls).
+_NATIVE_DTYPES = {get_format("FP16"): torch.float16, get_format("BF16"): torch.bfloat16}
+
+#: (op, dtype, device type) whose real kernel failed where the float32 path worked: no such kernel there.
+_NO_NATIVE_KERNEL: set = set()
+
 # plan kinds
 _VIEW, _LOW, _FP32, _PROMOTE, _BN, _ALL = range(6)
+_NO_KERNEL, _KERNEL_FAILED = object(), object()  # results of simulate._native_call that are no result
 
 _active = threading.local()  # .mode: the simulate instance active in this thread (nesting is refused)
 
@@ -212,7 +284,8 @@ def rounder(fmt, rounding: str = "nearest_even"):
 # The mode
 # ----------------------------------------------------------------------------------------------------------
 def _plan(func, mode: str):
-    """(kind, names of written arguments, index of 'input' for batch norm) for an op, computed once."""
+    """(kind, indices of written arguments, index of 'input' for batch norm, whether a real kernel of the
+    format's dtype computes it: see "Which kernel computes an op") for an op, computed once."""
     schema = func._schema
     written = tuple(i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write)
     view = any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
@@ -230,7 +303,11 @@ def _plan(func, mode: str):
         kind = _BN
     else:
         kind = _PROMOTE
-    return kind, written, input_index
+    tags = getattr(func, "tags", ())
+    native = (name not in LOWER_PRECISION_OPS and name not in _MOVES_VALUES
+              and torch.Tag.nondeterministic_seeded not in tags   # random: the float32 stream
+              and torch.Tag.inplace_view not in tags)              # squeeze_, t_, resize_: metadata of self
+    return kind, written, input_index, native
 
 
 def _floating(x) -> bool:
@@ -265,7 +342,9 @@ class simulate(TorchDispatchMode):
     values.
 
     Attributes: ``fmt`` (FloatFormat), ``mode``, ``backward``, ``rounding``, ``ops_rounded`` (number of op
-    calls whose results were rounded in the last block, a cheap sanity check).
+    calls whose results were rounded or computed by a real kernel in the last block, a cheap sanity check),
+    ``no_native_kernel`` (set of names of ops that had no float16/bfloat16 kernel on the device in the last
+    block and were computed in float32 and rounded once instead; see the module docstring).
 
     Raises
     ------
@@ -300,6 +379,10 @@ class simulate(TorchDispatchMode):
         self._round = self._round_ = None
         self._plans: dict = {}
         self._tags: dict = {}  # see _entry
+        self._float32: dict = {}  # id -> (weakref, version): float32 outputs of real kernels (see _stays_float32)
+        # the dtype whose real kernels compute the ops (FP16, BF16 with round-to-nearest-even), else None
+        self._native = _NATIVE_DTYPES.get(self.fmt) if rounding == "nearest_even" else None
+        self.no_native_kernel: set = set()  # names of ops that had no real kernel here (float32, rounded once)
         self._hooked: dict = {}  # id -> (weakref,) of the fmt tensors whose gradient is rounded (_cast_gradients_of)
 
     def __repr__(self) -> str:
@@ -312,8 +395,10 @@ class simulate(TorchDispatchMode):
         # round_to's paths (a native conversion is checked against the bit path on its first use)
         self._round, self._round_ = _rounder_pair(self.fmt, self.rounding)
         self._tags.clear()
+        self._float32.clear()
         self._hooked.clear()
         self.ops_rounded = 0
+        self.no_native_kernel = set()
         _active.mode = self
         try:
             return super().__enter__()
@@ -327,6 +412,7 @@ class simulate(TorchDispatchMode):
         finally:
             _active.mode = None
             self._tags.clear()
+            self._float32.clear()
 
     @contextlib.contextmanager
     def paused(self):
@@ -397,6 +483,84 @@ class simulate(TorchDispatchMode):
             return rb.as_strided(x.size(), x.stride(), x.storage_offset() - base.storage_offset())
         return self._round(x)
 
+    # --- float32 tensors beside fmt ones --------------------------------------------------------------
+    def _stays_float32(self, t, in_backward: bool) -> bool:
+        """Whether floating ``t`` is a float32 tensor of the real run in mode "all" (neither rounded nor
+        converted): a float32 output of a real kernel (e.g. layer norm's saved statistics), or, outside
+        backward, a 0-dim tensor (not a view of a larger one) that did not come out of an fmt op and is no
+        ``nn.Parameter`` (an optimizer's
+        step count, a GradScaler's scale, ``torch.tensor(0.1)``: ``.half()`` leaves them float32).  In backward
+        a 0-dim input is a gradient, which autograd casts to its tensor's dtype: fmt."""
+        if not t.is_floating_point():
+            return False
+        e = self._float32.get(id(t))
+        if e is not None and e[0]() is t and e[1] == _version(t):
+            return True
+        if in_backward or t.dim() != 0:
+            return False
+        if t._base is not None:  # a 0-dim view (y[0, 0]) is a view of what its base is
+            t = t._base
+        return t.dim() == 0 and not self._tagged(t) and not isinstance(t, torch.nn.Parameter)
+
+    def _native_call(self, func, args, kwargs, flat, written, convert):
+        """Run ``func`` on the real kernel of the format's dtype (float16 for FP16, bfloat16 for BF16): the
+        floating inputs for which ``convert(t)`` holds are converted to that dtype (which rounds them), the
+        others are passed as they are (float32), the kernel runs, what it wrote is copied back into the
+        written tensors and its outputs of that dtype come back as float32 tensors holding fmt values.
+
+        Returns the op's result, or ``_NO_KERNEL`` (nothing to convert, or an input of another floating dtype:
+        the float32 path decides) or ``_KERNEL_FAILED`` (the real kernel raised; nothing was changed).
+        """
+        dtype = self._native
+        device = _device_of(flat)
+        if device is None or (func, dtype, device.type) in _NO_NATIVE_KERNEL:
+            return _NO_KERNEL
+        natives: dict = {}
+        for t in flat:
+            if not t.is_floating_point() or id(t) in natives:
+                continue
+            if t.dtype != torch.float32 or (t.device != device and not (t.dim() == 0 and t.device.type == "cpu")):
+                return _NO_KERNEL
+            if convert(t):
+                natives[id(t)] = _native_copy(t, dtype)
+        if not natives:
+            return _NO_KERNEL
+        nargs, nkwargs = _map_tensors(lambda t: natives.get(id(t), t), args, kwargs)
+        try:
+            out = func(*nargs, **nkwargs)
+        except (RuntimeError, NotImplementedError):  # e.g. "not implemented for 'Half'": see the caller
+            return _KERNEL_FAILED
+        for t in written:
+            n = natives.get(id(t))
+            if n is not None:
+                if n.shape != t.shape:  # an out= argument the kernel resized
+                    t.resize_(n.shape)
+                t.copy_(n)
+                self._tag(t, bump=1)  # the op's in-place version bump happens after this hook returns
+        back = {id(natives[id(t)]): t for t in written if id(t) in natives}
+
+        def result(o):
+            if not isinstance(o, torch.Tensor):
+                return o
+            if id(o) in back:
+                return back[id(o)]
+            if o.dtype == dtype:
+                o = o.to(torch.float32)
+                self._tag(o)
+            elif o.is_floating_point():  # a float32 result of the real kernel: it stays float32
+                _remember(self._float32, o, _version(o))
+            return o
+
+        self.ops_rounded += 1
+        if isinstance(out, (tuple, list)):
+            return type(out)(result(o) for o in out)
+        return result(out)
+
+    def _no_native_kernel(self, func, flat) -> None:
+        """Remember that ``func`` has no real kernel of the format's dtype on this device type."""
+        _NO_NATIVE_KERNEL.add((func, self._native, _device_of(flat).type))
+        self.no_native_kernel.add(func.overloadpacket.__name__ if hasattr(func, "overloadpacket") else str(func))
+
     # --- the gradient of an fmt tensor is an fmt tensor --------------------------------------------------
     # Autograd casts every gradient to the dtype of the tensor it belongs to (the engine's validate_outputs),
     # so under autocast the gradient of a float16 activation is float16 however it was computed (e.g. in
@@ -430,18 +594,19 @@ class simulate(TorchDispatchMode):
                 self._tag(t, bump=1)  # the op's in-place version bump happens after this hook returns
         if not fresh:
             return out
+
+        def rounded(o):
+            if isinstance(o, torch.Tensor) and o.is_floating_point() and not any(o is t for t in written_args):
+                # a fresh output: rounded in place when strided, so that it keeps the layout the op gave it
+                # (the path of the next real kernel depends on it)
+                o = r(o) if o.is_contiguous() else r_(o)
+                self._tag(o)
+            return o
+
         if isinstance(out, torch.Tensor):
-            if out.is_floating_point() and not any(out is t for t in written_args):
-                out = r(out)
-                self._tag(out)
-            return out
+            return rounded(out)
         if isinstance(out, (tuple, list)):
-            res = []
-            for o in out:
-                if isinstance(o, torch.Tensor) and o.is_floating_point() and not any(o is t for t in written_args):
-                    o = r(o)
-                    self._tag(o)
-                res.append(o)
+            res = [rounded(o) for o in out]
             return type(out)(res) if isinstance(out, tuple) else res
         return out
 
@@ -453,7 +618,7 @@ class simulate(TorchDispatchMode):
         plan = self._plans.get(func)
         if plan is None:
             plan = self._plans[func] = _plan(func, self.mode)
-        kind, written_idx, input_index = plan
+        kind, written_idx, input_index, native = plan
         in_backward = current_autograd_node() is not None
         if in_backward and not self.backward:
             return func(*args, **kwargs)
@@ -473,16 +638,30 @@ class simulate(TorchDispatchMode):
             written = [t for w in written for t in (w if isinstance(w, (list, tuple)) else (w,))
                        if isinstance(t, torch.Tensor) and t.is_floating_point()]
         if kind == _ALL or kind == _LOW:
-            # inputs: tensors the op writes in place are rounded in place (their old value is read, then
-            # overwritten), the others replaced by rounded copies
+            # tensors that are float32 beside a .half() model (see _stays_float32) are neither rounded nor
+            # converted; an op that has only such floating inputs is a float32 op of the real run
+            keep = [t for t in flat if self._stays_float32(t, in_backward)] if self.mode == "all" else []
+            if keep and len(keep) == sum(1 for t in flat if t.is_floating_point()):
+                return func(*args, **kwargs)
+            if kind == _ALL and native and self._native is not None:
+                out = self._native_call(func, args, kwargs, flat, written, lambda t: not _is_in(t, keep))
+                if out is not _NO_KERNEL and out is not _KERNEL_FAILED:
+                    return out
+            else:
+                out = None
+            # float32, rounded.  Inputs: tensors the op writes in place are rounded in place (their old value
+            # is read, then overwritten), the others replaced by rounded copies
+            written = [t for t in written if not _is_in(t, keep)]
             for t in written:
                 if not self._tagged(t):
                     self._round_(t)
-            if any(t.is_floating_point() and not self._tagged(t) for t in flat):
-                args, kwargs = _map_tensors(self._rounded_input, args, kwargs, skip=written)
-            out = func(*args, **kwargs)
+            if any(t.is_floating_point() and not self._tagged(t) and not _is_in(t, keep) for t in flat):
+                args, kwargs = _map_tensors(self._rounded_input, args, kwargs, skip=[*written, *keep])
+            result = func(*args, **kwargs)
+            if out is _KERNEL_FAILED:  # the real kernel failed where float32 works: there is none here
+                self._no_native_kernel(func, flat)
             self.ops_rounded += 1
-            return self._finish(out, written)
+            return self._finish(result, written)
         if kind == _FP32 and not in_backward:
             return func(*args, **kwargs)
         if kind == _BN and not in_backward:  # output follows `input`; running statistics stay float32
@@ -504,7 +683,17 @@ class simulate(TorchDispatchMode):
             dims = [t for t in fl if t.dim() > 0] or fl
             tags = [self._tagged(t) for t in dims]
             rounded = bool(tags) and all(tags)
+        if rounded and native and self._native is not None:
+            # the ops autocast runs in fmt, on the real kernel: fmt inputs converted, float32 ones as they are
+            out = self._native_call(func, args, kwargs, flat, written, self._tagged)
+            if out is not _NO_KERNEL and out is not _KERNEL_FAILED:
+                return out
+            failed = out is _KERNEL_FAILED
+        else:
+            failed = False
         out = func(*args, **kwargs)
+        if failed:
+            self._no_native_kernel(func, flat)
         if rounded:
             self.ops_rounded += 1
             return self._finish(out, written)
@@ -568,6 +757,38 @@ def to_float32(t: torch.Tensor) -> torch.Tensor:
     if not t.requires_grad:
         return t
     return _ToFloat32.apply(t)
+
+
+def _device_of(tensors):
+    """The device an op runs on: that of its first tensor with dimensions (0-dim CPU tensors may join
+    tensors on another device), else of its first tensor; None without tensors."""
+    return next((t.device for t in tensors if t.dim() > 0), next((t.device for t in tensors), None))
+
+
+def _is_in(t, tensors) -> bool:
+    """Whether ``t`` is one of ``tensors`` (by identity)."""
+    return any(t is u for u in tensors)
+
+
+def _version(t) -> int | None:
+    try:
+        return t._version
+    except RuntimeError:  # inference tensors have no version counter
+        return None
+
+
+def _native_copy(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``t`` converted to ``dtype`` (round-to-nearest-even) with ``t``'s strides where it has no overlapping
+    elements, so that the real kernel takes the path (vectorised or element by element) it takes in a real
+    run on a tensor of that layout."""
+    if t.is_contiguous():
+        return t.to(dtype)
+    try:
+        n = torch.empty_strided(t.size(), t.stride(), dtype=dtype, device=t.device)
+        n.copy_(t)
+        return n
+    except RuntimeError:  # overlapping elements (an expanded tensor): a dense copy
+        return t.to(dtype, memory_format=torch.contiguous_format)
 
 
 def _remember(table: dict, t: torch.Tensor, *fields) -> None:

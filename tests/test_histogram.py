@@ -274,7 +274,8 @@ def test_nothing_is_recorded_after_exit():
     with GradientHistogram(model, "activation") as gh:
         loss = torch.nn.functional.cross_entropy(model(x), y)   # hooks go on the outputs of this forward
     loss.backward()                                             # after exit: nothing recorded
-    assert gh.calls == 0 and gh.histogram.total == 0
+    with pytest.warns(UserWarning, match="recorded no gradient"):
+        assert gh.calls == 0 and gh.histogram.total == 0
     with gh:                                                    # a new block: its own forward records ...
         loss_old = torch.nn.functional.cross_entropy(model(x), y)
         loss_new = torch.nn.functional.cross_entropy(model(x), y)
@@ -318,3 +319,112 @@ def test_nested_module_outputs_are_recorded():
         (out["a"].sum() + out["b"][0].sum() * 2 + out["b"][1][0].sum() * 3).backward()
     assert gd.calls == 3 and gd.histogram.total == 12
     assert gd.histogram == log2_histogram([torch.ones(4), torch.full((4,), 2.0), torch.full((4,), 3.0)])
+
+
+# ------------------------------------------------------------------------------------------------------
+# Issue 26, item 23: one module by name, the list of modules, warnings, and what FP16 loses
+# ------------------------------------------------------------------------------------------------------
+def _named_model():
+    from collections import OrderedDict
+    torch.manual_seed(0)
+    return torch.nn.Sequential(OrderedDict(fc1=torch.nn.Linear(8, 16), act=torch.nn.ReLU(),
+                                           fc2=torch.nn.Linear(16, 3)))
+
+
+def test_a_single_name_is_one_module():
+    model = _named_model()
+    x, y = torch.randn(5, 8), torch.tensor([0, 1, 2, 0, 1])
+    with GradientHistogram(model, "activation", modules="fc1", per_module=True) as ga, \
+            GradientHistogram(model, "weight", modules="fc2", per_module=True) as gw:
+        h = model.fc1(x)
+        h.retain_grad()
+        torch.nn.functional.cross_entropy(model.fc2(model.act(h)), y).backward()
+    assert ga.module_names == ["fc1"] and set(ga.by_module) == {"fc1"} and ga.calls == 1
+    assert ga.histogram == log2_histogram(h.grad)
+    assert set(gw.by_module) == {"fc2.weight", "fc2.bias"}
+    assert gw.histogram == log2_histogram([model.fc2.weight.grad, model.fc2.bias.grad])
+
+
+def test_unknown_modules_are_listed_and_bad_selections_refused():
+    model = _named_model()
+    with pytest.raises(ValueError, match="no module named 'fc3', 'f' in the model; its modules are "
+                                         "'' \\(the model itself\\), 'fc1', 'act', 'fc2'"):
+        GradientHistogram(model, modules=["fc1", "fc3", "f"])
+    with pytest.raises(ValueError, match="'fc1'"):
+        GradientHistogram(model, "weight", modules="fc")
+    with pytest.raises(TypeError, match="modules must be None, a module name"):
+        GradientHistogram(model, modules=3)
+    with pytest.raises(TypeError, match="module names \\(str\\), got int"):
+        GradientHistogram(model, modules=["fc1", 2])
+    big = torch.nn.Sequential(*[torch.nn.ReLU() for _ in range(40)])
+    with pytest.raises(ValueError, match="… \\(41 in all\\)"):
+        GradientHistogram(big, modules="x")
+
+
+def test_warns_when_never_started_or_nothing_was_recorded():
+    import warnings
+    model = _named_model()
+    x, y = torch.randn(5, 8), torch.tensor([0, 1, 2, 0, 1])
+    gh = GradientHistogram(model, "activation", per_module=True)
+    torch.nn.functional.cross_entropy(model(x), y).backward()        # no `with`: nothing can be recorded
+    with pytest.warns(UserWarning, match="never started.*inside `with GradientHistogram"):
+        assert gh.histogram.total == 0
+    with pytest.warns(UserWarning, match="never started"):
+        assert gh.by_module == {}
+    with pytest.warns(UserWarning, match="never started"):
+        assert math.isnan(gh.underflow_share("FP16"))
+    with gh:                                                          # forward before the block: no hooks
+        pass
+    with pytest.warns(UserWarning, match="recorded no gradient"):
+        gh.histogram
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                                # used as documented: no warning
+        with gh:
+            before = gh.histogram.copy()                              # inside the block, before anything
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+        assert (gh.histogram - before).total == gh.histogram.total > 0
+
+
+@pytest.mark.parametrize("fmt, log2_scale", [("FP16", 0), ("FP16", 10), ("FP16", 20), ("BF16", 0), ("FP8_E5M2", 8)])
+def test_underflow_share_counts_what_the_format_flushes(fmt, log2_scale):
+    """underflow_share(fmt, S) of an FP32 recording = the share of recorded values g with g != 0 and
+    round_to(g * S, fmt) == 0, value by value."""
+    model = _named_model()
+    x, y = torch.randn(64, 8), torch.randint(0, 3, (64,))
+    scale = 2.0 ** log2_scale
+    with GradientHistogram(model, "weight") as gw:
+        (torch.nn.functional.cross_entropy(model(x), y) * 2.0 ** -24).backward()   # tiny gradients
+    grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    flushed = (grads != 0) & (F.round_to(grads * scale, fmt) == 0)
+    assert gw.dtypes == {torch.float32}
+    assert gw.underflow_share(fmt, scale) == flushed.sum().item() / grads.numel()
+    if fmt == "FP16" and log2_scale <= 10:                                             # the case is not empty
+        assert gw.underflow_share(fmt, scale) > (0.05 if log2_scale == 0 else 0.0)
+
+
+def test_recording_an_fp16_autocast_run_sees_no_underflow_and_says_so():
+    """The pitfall of the class docstring: during FP16 autocast + a GradScaler, activation gradients are
+    float16 and already flushed: 'underflow' reads 0.0 and the lost values count as zeros.  underflow_share
+    refuses them; a float32 recording of the same step measures what FP16 loses at that scale."""
+    from mpt_lab.scaling import GradScaler
+    x, y = torch.randn(64, 8), torch.randint(0, 3, (64,))
+    tiny, S = 2.0 ** -30, 2.0 ** 8             # a loss scale too small for these gradients
+
+    model = _named_model()
+    scaler = GradScaler("cpu", init_scale=S)
+    with GradientHistogram(model, "activation", modules=["fc1", "act"]) as g16:
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = torch.nn.functional.cross_entropy(model(x), y) * tiny
+        scaler.scale(loss).backward()
+    assert g16.dtypes == {torch.float16}
+    assert g16.histogram.fractions("FP16")["underflow"] == 0.0          # an FP16 value cannot underflow FP16
+    with pytest.raises(ValueError, match="float16 tensors, recorded during a low precision run"):
+        g16.underflow_share("FP16", scale=S)
+
+    model = _named_model()
+    with GradientHistogram(model, "activation", modules=["fc1", "act"]) as g32:
+        (torch.nn.functional.cross_entropy(model(x), y) * tiny).backward()
+    lost = g32.underflow_share("FP16", scale=S)
+    assert lost > 0.1                                                    # what the FP16 run really lost ...
+    zeros16, zeros32 = g16.histogram.fraction_zero(), g32.histogram.fraction_zero()
+    assert zeros16 > zeros32 + 0.1                                       # ... shows there as extra zeros

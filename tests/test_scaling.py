@@ -920,6 +920,140 @@ def test_update_new_scale_arguments():
             scaler.update(new_scale=bad)
 
 
+# ------------------------------------------------------------------------------------------------------
+# Called as torch.amp.GradScaler is (PyTorch ≥ 2.3: device first), and the older numeric-first form
+# ------------------------------------------------------------------------------------------------------
+def test_signature_is_torchs():
+    """Same parameter names, order and kinds as torch.amp.GradScaler; same defaults except device."""
+    import inspect
+    ours = inspect.signature(GradScaler).parameters
+    theirs = inspect.signature(torch.amp.GradScaler).parameters
+    assert list(ours) == list(theirs) == ["device", "init_scale", "growth_factor", "backoff_factor",
+                                          "growth_interval", "enabled"]
+    for name in ours:
+        assert ours[name].kind == theirs[name].kind, name
+        if name != "device":
+            assert ours[name].default == theirs[name].default, name
+    assert theirs["device"].default == "cuda" and ours["device"].default is None
+
+
+# (args, kwargs) as torch.amp.GradScaler takes them; device "cpu" so that torch's scaler is enabled here
+TORCH_CALLS = [
+    (("cpu",), {}),
+    (("cpu", 2.0**10), {}),
+    (("cpu", 1000.0, 3.0, 0.25, 7), {}),
+    (("cpu", 2.0**12, 2.0, 0.5, 9, True), {}),
+    (("cpu",), {"init_scale": 2.0**8, "growth_interval": 5}),
+    ((), {"device": "cpu", "init_scale": 512.0, "backoff_factor": 0.125}),
+    (("cpu", 64.0), {"enabled": False}),
+    (("cpu",), {"enabled": False}),
+]
+
+
+@pytest.mark.parametrize("args, kwargs", TORCH_CALLS)
+def test_called_as_torch_is(args, kwargs):
+    """Every call form gives the scaler torch's gives: the same state dict and the same trajectory, bit for bit."""
+    theirs = torch.amp.GradScaler(*args, **kwargs)
+    ours = GradScaler(*args, **kwargs)
+    assert ours.is_enabled() == theirs.is_enabled()
+    assert ours.state_dict() == theirs.state_dict()
+    assert ours._device == theirs._device == "cpu"
+    X, Y = make_data(40, seed=4)
+    model, o1, o2 = make_setup(seed=5)
+    ref = _run(model, o1, o2, theirs, X, Y, range(40))
+    model, o1, o2 = make_setup(seed=5)
+    got = _run(model, o1, o2, ours, X, Y, range(40))
+    for i, ((s_ref, p_ref), (s_got, p_got)) in enumerate(zip(ref, got)):
+        assert s_ref == s_got, i
+        assert all(same_bits(a, b) for a, b in zip(p_ref, p_got)), i
+    assert ours.state_dict() == theirs.state_dict()
+
+
+@pytest.mark.parametrize("args, kwargs", [
+    ((2.0**10,), {}), ((1000.0, 3.0, 0.25, 7), {}), ((2.0**12, 2.0, 0.5, 9, True), {}),
+    ((np.float32(256.0),), {"growth_interval": 3}), ((64,), {"device": "cpu"})])
+def test_numeric_first_argument_is_init_scale(args, kwargs):
+    """The older form (torch.cuda.amp.GradScaler's, and this class's before device came first)."""
+    ours = GradScaler(*args, **kwargs)
+    theirs = torch.amp.GradScaler(kwargs.pop("device", "cpu"), *args, **kwargs)
+    assert ours.state_dict() == theirs.state_dict()
+
+
+def test_keyword_calls_without_device_keep_working():
+    ours = GradScaler(init_scale=2.0**10, growth_interval=50)
+    assert ours._device is None and ours.is_enabled()
+    assert ours.state_dict() == torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=50).state_dict()
+    assert repr(ours).startswith("GradScaler(init_scale=1024.0")
+    assert repr(GradScaler("cpu", 8.0)).startswith("GradScaler('cpu', init_scale=8.0")
+
+
+def test_cuda_without_cuda_is_disabled_with_a_warning_like_torch():
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available: nothing is disabled")
+    with pytest.warns(UserWarning, match="CUDA is not available") as theirs_warned:
+        theirs = torch.amp.GradScaler("cuda", init_scale=8.0)
+    with pytest.warns(UserWarning, match=r"GradScaler\('cuda'\) is enabled, but CUDA is not available") as w:
+        ours = GradScaler("cuda", init_scale=8.0)
+    assert len(w) == len(theirs_warned) == 1 and w[0].filename == __file__  # points at the caller
+    assert ours.is_enabled() is theirs.is_enabled() is False
+    assert ours.state_dict() == theirs.state_dict() == {} and ours.get_scale() == theirs.get_scale() == 1.0
+    assert repr(ours) == "GradScaler('cuda', enabled=False)"
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")          # explicitly disabled, or another device: no warning
+        assert not GradScaler("cuda", enabled=False).is_enabled()
+        assert GradScaler("cpu").is_enabled() and GradScaler().is_enabled()
+
+
+@pytest.mark.parametrize("args, kwargs", [
+    (("cpu", 1.0, 2.0, 0.5, 10, True, 3), {}),        # too many positional arguments
+    (("cpu",), {"device": "cpu"}),                      # device twice
+    (("cpu", 8.0), {"init_scale": 8.0}),                # init_scale twice
+    ((), {"scale": 8.0}),                               # unknown keyword
+])
+def test_bad_calls_are_type_errors_like_torch(args, kwargs):
+    with pytest.raises(TypeError):
+        torch.amp.GradScaler(*args, **kwargs)
+    with pytest.raises(TypeError, match="GradScaler"):
+        GradScaler(*args, **kwargs)
+    with pytest.raises(TypeError, match="at most 5 positional"):  # the numeric-first form has one fewer
+        GradScaler(1.0, 2.0, 0.5, 10, True, 3)
+
+
+@pytest.mark.parametrize("device, error", [
+    ("cuda:0", ValueError), ("cpu:1", ValueError), ("CUDA", ValueError), ("gpu", ValueError), ("", ValueError),
+    (torch.device("cpu"), TypeError), (True, TypeError), (b"cpu", TypeError), ([], TypeError)])
+def test_bad_device(device, error):
+    with pytest.raises(error, match="device"):
+        GradScaler(device)
+    with pytest.raises(error, match="device"):
+        GradScaler(device=device, init_scale=8.0)
+
+
+def test_device_checks_new_scale_like_torch():
+    """torch checks a tensor new_scale against its device argument, not against where S lives."""
+    for make in (lambda: torch.amp.GradScaler("meta", init_scale=4.0), lambda: GradScaler("meta", init_scale=4.0)):
+        scaler = make()
+        p, opt = _one_param_problem()
+        _scaled_backward(scaler, p)          # S lives on the CPU, the loss's device
+        scaler.step(opt)
+        with pytest.raises((AssertionError, ValueError), match="new_scale"):
+            scaler.update(new_scale=torch.tensor(2.0))
+    scaler = GradScaler("cpu", init_scale=4.0)
+    p, opt = _one_param_problem()
+    _scaled_backward(scaler, p)
+    scaler.step(opt)
+    scaler.update(new_scale=torch.tensor(2.0))
+    assert scaler.get_scale() == 2.0
+
+
+def test_device_survives_pickling_and_state_dict_has_none():
+    scaler = GradScaler("cpu", init_scale=32.0)
+    assert "device" not in scaler.state_dict()
+    clone = pickle.loads(pickle.dumps(scaler))
+    assert clone._device == "cpu" and clone.state_dict() == scaler.state_dict()
+
+
 def test_pickle_between_iterations_only():
     scaler = GradScaler(init_scale=32.0, growth_interval=2)
     _clean_iterations(scaler, 3)

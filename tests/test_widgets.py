@@ -125,3 +125,141 @@ def test_format_table_counts_nan_codes():
             n = int(np.isnan(F.decode(np.arange(1 << f.bits), f)).sum())
             assert text == "none" if n == 0 else text.startswith(f"{n:,} "), (f.name, text, n)
     assert widgets._nan_codes(F.FP8_E4M3).startswith("2 ")
+
+
+# ------------------------------------------------------------------------------------------------------
+# Issue 26, item 24: the live explorer shows what the JavaScript one shows (neighbours, ulp, roundings)
+# ------------------------------------------------------------------------------------------------------
+import json
+import shutil
+import subprocess
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+
+SCRIPT = Path(__file__).resolve().parents[1] / "book" / "_static" / "bit_explorer.js"
+TYPED = ["-314.625", "1/3", "-7/3", "2/3", "0.1", "1e-7", "6e-8", "3e-8", "2.9802322387695312e-8", "1e-9",
+         "0.75", "2.5", "6.5", "7", "448", "464", "465", "480", "500", "57344", "61440", "65504", "65519.99",
+         "65520", "-65536", "1e5", "0x1.8p3", "-0x1p-24", "0x1.ffcp15", "0", "-0", "inf", "-inf", "nan",
+         "1e-40", "1.401298464324817e-45", "1e-46", "3.4e38", "3.4028235677973366e38", "1e39", "1e300",
+         "-1e-310", "5e-324", "2e-324", "1e400", "1/1024"]
+
+
+def _js_explorer(requests):
+    """Run bit_explorer.js's public API (window.MPTBitExplorer) in Node on requests [fmt, typed text]:
+    what the rendered book's explorer shows for them (its neighbours, ulp and rounding rows)."""
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("Node.js is not installed (it runs the book's JavaScript explorer here)")
+    program = """
+const fs = require("fs");
+globalThis.window = globalThis;
+globalThis.document = {readyState: "complete", currentScript: null, getElementsByTagName: () => [],
+                       querySelectorAll: () => [], head: {appendChild() {}}};
+eval(fs.readFileSync(process.argv[1], "utf8"));
+const E = window.MPTBitExplorer;
+const out = JSON.parse(fs.readFileSync(0, "utf8")).map(([fmt, text]) => {
+  try {
+    const code = E.round(fmt, text, "nearest_even", false);
+    const stored = E.decode(fmt, code);
+    return {code, neighbours: E.neighbours(fmt, code),
+            ulp: stored.kind === "nan" || stored.kind === "infinity" ? null : E.ulp(fmt, stored.exact),
+            rows: [["nearest_even", false], ["toward_zero", false], ["nearest_even", true]].map(
+              ([mode, sat]) => E.roundDetail(fmt, text, mode, sat))};
+  } catch (err) { return {error: err.message}; }
+});
+console.log(JSON.stringify(out));
+"""
+    res = subprocess.run([node, "-e", program, str(SCRIPT)], input=json.dumps(requests), capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+def _hex(fmt, code):
+    return widgets._code_hex(F.get_format(fmt), code)
+
+
+def test_live_explorer_shows_what_the_javascript_explorer_shows():
+    requests = [[name, t] for name in F.FORMATS for t in TYPED]
+    js = _js_explorer(requests)
+    explorers = {name: widgets.BitExplorer(name, value=1.0) for name in F.FORMATS}
+    compared = 0
+    for (name, text), want in zip(requests, js):
+        ex = explorers[name]
+        if "error" in want:                       # e.g. NaN into FP6/FP4: the JS explorer refuses it too
+            ex.value_box.value = text
+            assert "not a number" in ex.out.value or text.endswith("nan"), (name, text, want)
+            continue
+        ex.value_box.value = text
+        assert "not a number" not in ex.out.value, (name, text, ex.out.value)
+        assert _hex(name, ex.code) == want["code"], (name, text)
+        below, above = ex.neighbours
+        for got, w in ((below, want["neighbours"]["down"]), (above, want["neighbours"]["up"])):
+            if w is None:
+                assert got is None, (name, text)
+            else:
+                assert _hex(name, got) == w["code"], (name, text)
+                assert widgets._exact_str(float(F.decode(got, name))) == w["exact"], (name, text)
+        assert (None if ex.ulp is None else widgets._exact_str(ex.ulp)) == want["ulp"], (name, text)
+        rows = ex.roundings
+        for row, w in zip(rows[:3], want["rows"]):
+            assert _hex(name, row["code"]) == w["code"], (name, text, row["label"])
+            assert widgets._exact_str(row["value"]) == w["exact"], (name, text, row["label"])
+            assert (None if row["error"] is None else widgets._exact_str(row["error"])) == w["error"]
+            assert (None if row["relative"] is None else widgets._exact_str(row["relative"])) == w["relative"]
+            # and the widget shows them
+            assert f"<code>{w['code']}</code>" in ex.rounding.value
+        compared += 1
+    assert compared > 400
+
+
+def test_explorer_shows_neighbours_ulp_and_four_roundings():
+    ex = widgets.BitExplorer("FP16", value=-314.625)
+    assert ex.neighbours == (0xDCEB, 0xDCE9) and ex.ulp == Fraction(1, 4)
+    assert "below: <code class=\"mpt-be-exact\">-314.75</code> (<code>0xDCEB</code>)" in ex.details.value
+    assert "above: <code class=\"mpt-be-exact\">-314.25</code> (<code>0xDCE9</code>)" in ex.details.value
+    assert "ulp: <code class=\"mpt-be-exact\">0.25</code>" in ex.details.value
+    labels = [r["label"] for r in ex.roundings]
+    assert labels == ["round to nearest, ties to even", "round toward zero", "nearest even, saturating", "stochastic"]
+    for label in labels:
+        assert label in ex.rounding.value
+    assert "x = <code class=\"mpt-be-exact\">-314.625</code> rounded to FP16" in ex.rounding.value
+    # a tie: nearest even goes to the even mantissa, toward zero to the smaller magnitude, stochastic 50/50
+    near, tz, sat, sr = ex.roundings
+    assert near["value"] == tz["value"] == -314.5 and near["error"] == Fraction(1, 8)
+    assert (sr["down"], sr["up"], sr["p_up"]) == (0xDCEA, 0xDCEB, Fraction(1, 2))
+    ex.value_box.value = "65520"              # beyond max: inf, max, max; neighbours of inf: none
+    assert [r["value"] for r in ex.roundings[:3]] == [math.inf, 65504.0, 65504.0]
+    assert ex.neighbours == (None, None) and ex.ulp is None and "neighbours: –" in ex.details.value
+    ex.value_box.value = "65504"              # the largest value: above it +∞
+    assert ex.neighbours == (0x7BFE, None) and "above: +∞ (overflow)" in ex.details.value
+    ex.format_box.value = "FP4_E2M1"          # no infinity: the largest value has no neighbour above
+    assert ex.value == 6.0 and "above: none: this is the largest value" in ex.details.value
+    ex.value_box.value = "1/3"                # typed fractions are exact, as in the JavaScript explorer
+    assert ex.typed_exact == Fraction(1, 3) and ex.roundings[0]["error"] == Fraction(1, 2) - Fraction(1, 3)
+    assert "1/6" in ex.rounding.value
+    ex.set_code(0)                            # +0: its neighbours are ∓ the smallest subnormal
+    assert ex.neighbours == (0b1001, 0b0001)
+
+
+@pytest.mark.parametrize("fmt, x", [("FP16", Fraction(1, 3)), ("FP16", -314.625), ("FP16", 65520.0),
+                                    ("FP16", 70000.0), ("FP16", 1e-9), ("FP16", 2.0 ** -25), ("BF16", 0.1),
+                                    ("FP8_E4M3", 460.0), ("FP8_E4M3", -0.3), ("FP8_E5M2", 1e-6),
+                                    ("FP6_E2M3", 7.9), ("FP4_E2M1", 6.5), ("FP4_E2M1", -0.3),
+                                    ("E8M0", 3.0), ("E8M0", 2.0 ** -130), ("E8M0", -1.0), ("FP32", 0.1),
+                                    ("FP16", 2.0), ("FP16", 0.0)])
+def test_stochastic_row_is_what_round_to_draws(fmt, x):
+    """The two outcomes and the probability the explorer shows, against 40,000 draws of round_to."""
+    row = widgets.rounding_table(x, fmt)[3]
+    f = F.get_format(fmt)
+    down, up = float(F.decode(row["down"], f)), float(F.decode(row["up"], f))
+    draws = F.round_to(np.full(40_000, float(x)), f, rounding="stochastic", generator=1)
+    is_up = (draws == up) | (np.isnan(draws) & np.isnan(up)) if row["p_up"] > 0 else np.zeros(draws.size, bool)
+    is_down = (draws == down) | (np.isnan(draws) & np.isnan(down))
+    assert bool((is_up | is_down).all()), (fmt, x, np.unique(draws))
+    p = float(row["p_up"])
+    if down != up and not (math.isnan(down) and math.isnan(up)):
+        share = is_up.mean()
+        assert abs(share - p) <= 5 * math.sqrt(max(p * (1 - p), 1e-12) / draws.size) + 1e-9, (fmt, x, share, p)
