@@ -113,8 +113,13 @@ PROFILES = {
     # chapter 2's cpu profile: the factors a reader can act on, short enough to add about a minute to the chapter
     "cpu": {"variants": _CHEAP, "steps": 24, "warmup_steps": 8, "n_train": 800, "threads": 0},
     "long": {"variants": tuple(v for v in VARIANTS if v != "vgg16w4_300"), "steps": 100, "warmup_steps": 20, "n_train": 1600, "threads": 1},
-    "full": {"variants": tuple(VARIANTS), "steps": 1000, "warmup_steps": 50, "n_train": 8000},
+    # one H100 (mpt_lab.experiments.budget): the SSD300-shape series with the quarter-width VGG-16 at 300 px that
+    # the long profile leaves out (each step records every module's gradient: its operator launches dominate)
+    "full": {"variants": ("ours", "vgg16_300", "vgg16w4_300"), "steps": 100, "warmup_steps": 20, "n_train": 800},
 }
+
+#: ``--smoke``: two steps of each variant on its own batch size.
+SMOKE = {"steps": 2, "warmup_steps": 1, "n_train": 2}
 
 
 def quantile_binade(h: Log2Histogram, q: float) -> int | None:
@@ -245,7 +250,7 @@ def measure(config: Config, run: Run) -> dict:
     return {"variants": {vid: _train_variant(vid, config, run) for vid in config.variants}}
 
 
-EXPERIMENT = Experiment(NAME, Config, PROFILES, measure, GradientFactorsResult, __doc__)
+EXPERIMENT = Experiment(NAME, Config, PROFILES, measure, GradientFactorsResult, __doc__, smoke=SMOKE)
 run, config_for, main = EXPERIMENT.run, EXPERIMENT.config_for, EXPERIMENT.main
 
 if __name__ == "__main__":
