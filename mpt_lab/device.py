@@ -239,18 +239,14 @@ def _check_peak_memory(device) -> str:
 
 def _autocast_step(model, batch, target, device, dtype, scaler=None) -> torch.dtype:
     """One training step of ``model`` under autocast to ``dtype``: the dtype its output had."""
+    from .training import autocast_to, backward_step
+
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    with torch.autocast(device.type, dtype=dtype):
+    with autocast_to(device.type, dtype):
         out = model(batch)
         out = out[0] if isinstance(out, tuple) else out
         loss = torch.nn.functional.mse_loss(out.float(), target)
-    if scaler is not None:
-        scaler.scale(loss).backward()
-        scaler.step(opt)
-        scaler.update()
-    else:
-        loss.backward()
-        opt.step()
+    backward_step(loss, opt, scaler)
     if not torch.isfinite(loss):
         raise RuntimeError(f"non-finite loss {float(loss)}")
     return out.dtype
@@ -340,13 +336,14 @@ def _check_gat(device) -> str:
     x = torch.randn(50, 16, device=device)
     ei = torch.randint(0, 50, (2, 300), device=device)
     ei = torch.cat([ei, torch.arange(50, device=device).repeat(2, 1)], 1)
+    from .training import autocast_to, backward_step
+
     dtype = torch.float16 if device.type == "cuda" else torch.bfloat16
     scaler = torch.amp.GradScaler(device.type) if dtype == torch.float16 else None
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    with torch.autocast(device.type, dtype=dtype):
+    with autocast_to(device.type, dtype):
         loss = torch.nn.functional.cross_entropy(model(x, ei), torch.randint(0, 4, (50,), device=device))
-    (scaler.scale(loss) if scaler else loss).backward()
-    scaler.step(opt) if scaler else opt.step()
+    backward_step(loss, opt, scaler)
     loss = float(loss.detach())
     if not math.isfinite(loss):
         raise RuntimeError(f"non-finite loss {loss}")

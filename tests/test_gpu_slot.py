@@ -322,21 +322,19 @@ def test_unpack_refuses_what_is_not_a_full_result(case, slot_dir, tmp_path):
     assert experiments_main(["--unpack", str(archive), "--into", str(into)]) == 2
 
 
+def _one_member_tar(path: Path, name: str, data: bytes) -> Path:
+    with tarfile.open(path, "w:gz") as tar:
+        info = tarfile.TarInfo(name)
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    return path
+
+
 def test_unpack_refuses_unsafe_members_and_foreign_archives(tmp_path):
-    evil = tmp_path / "evil.tar.gz"
-    with tarfile.open(evil, "w:gz") as tar:
-        info = tarfile.TarInfo("../escape.json")
-        info.size = 2
-        tar.addfile(info, io.BytesIO(b"{}"))
     with pytest.raises(ValueError, match="unsafe"):
-        slot.check_archive(evil)
-    bare = tmp_path / "bare.tar.gz"
-    with tarfile.open(bare, "w:gz") as tar:
-        info = tarfile.TarInfo("notes.txt")
-        info.size = 2
-        tar.addfile(info, io.BytesIO(b"hi"))
+        slot.check_archive(_one_member_tar(tmp_path / "evil.tar.gz", "../escape.json", b"{}"))
     with pytest.raises(ValueError, match="manifest"):
-        slot.check_archive(bare)
+        slot.check_archive(_one_member_tar(tmp_path / "bare.tar.gz", "notes.txt", b"hi"))
     (tmp_path / "plain.txt").write_text("not a tar")
     with pytest.raises(ValueError, match="not a tar"):
         slot.check_archive(tmp_path / "plain.txt")

@@ -98,16 +98,9 @@ def main(argv=None) -> int:
             print(f"{name:<{width}}  profiles: {', '.join(e.profiles):<24} {e.title}")
         return 0
     if args.unpack:
-        from .slot import unpack
+        from .slot import main as slot_main
 
-        try:
-            written = unpack(args.unpack, args.into or results_dir())
-        except (ValueError, FileNotFoundError) as err:
-            print(f"--unpack refused {args.unpack}: {err}", file=sys.stderr)
-            return 2
-        for path in written:
-            print(f"wrote {path}")
-        return 0
+        return slot_main(["unpack", str(args.unpack), "--into", str(args.into or results_dir())])
     if not args.profile or (not args.out and not args.dry_run):
         p.error("--all needs --profile and --out (or --dry-run)")
     if args.smoke and args.profile != "full":
