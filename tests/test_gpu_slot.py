@@ -360,3 +360,33 @@ def test_slot_script_on_a_cpu_packs_its_log_and_says_there_is_no_cuda(tmp_path):
     assert "torch" in log and "commit " in log
     assert len(list((tmp_path / "out").iterdir())) <= 8                # the device tool brings back 8 files
     assert slot.unpack(archive, tmp_path / "none") == []              # no results: nothing to unpack
+
+
+def test_slot_script_runs_its_whole_path_on_a_cpu_and_its_archive_unpacks(tmp_path):
+    """The GPU path of the script, on this CPU (MPT_LAB_SLOT_ALLOW_CPU) with a budget of 20 s: versions, the
+    preflight, --all --profile full --budget (message_passing done, ssd_histogram skipped), packing; then
+    --unpack."""
+    script = ROOT / "benchmarks" / "gpu_slot.sh"
+    env = {**os.environ, "TMPDIR": str(tmp_path), "MPT_LAB_SLOT_ALLOW_CPU": "1", "MPT_LAB_COMMIT": "abc123",
+           "MPT_LAB_SLOT_ONLY": "message_passing,ssd_histogram", "MPT_LAB_SLOT_BUDGET": "20"}
+    proc = subprocess.run(["bash", str(script), str(tmp_path / "out")], capture_output=True, text=True,
+                          timeout=600, env=env)
+    out = proc.stdout
+    assert proc.returncode == 1, out[-3000:] + proc.stderr[-3000:]                    # one experiment skipped
+    assert "commit abc123" in out and "no CUDA device: nothing to check" in out          # the preflight on a CPU
+    assert re.search(r"--budget 20(\.0)? \(hard limit \d+ s", out)
+    assert "+ message_passing: done in" in out and re.search(r"- ssd_histogram: skipped: expected \d+ s > ", out)
+    archive = tmp_path / "out" / "mpt_lab_gpu_slot.tar.gz"
+    with tarfile.open(archive) as tar:
+        names = set(tar.getnames())
+        info = json.load(tar.extractfile("slot_info.json"))
+        summary = json.load(tar.extractfile("summary.json"))
+    assert {"results/message_passing_full.json", "summary.json", "preflight.log", "slot.log", "slot_info.json",
+            slot.MANIFEST} <= names and "results/ssd_histogram_full.json" not in names
+    assert info["commit"] == "abc123" and info["budget_seconds"] == 20
+    assert [r["status"] for r in summary["experiments"]] == ["skipped", "done"]        # priority 7 before 11
+    written = slot.unpack(archive, tmp_path / "book_results")
+    assert [p.name for p in written] == ["message_passing_full.json"]
+    r = experiments.get("message_passing").Result.load(written[0])
+    assert r.profile == "full" and r.provenance["command"].startswith(
+        "python -m mpt_lab.experiments.message_passing --profile full")
