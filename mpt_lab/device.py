@@ -1,16 +1,33 @@
-"""Device choice and description, for running experiments and recording where results came from."""
+"""Device choice and description, for running experiments and recording where results came from; and the
+preflight of a GPU machine.
+
+``python -m mpt_lab.device`` prints this machine's device and library versions; ``python -m mpt_lab.device
+--preflight`` runs, once each and in a few seconds, every CUDA code path the experiments use
+(:data:`PREFLIGHT_CHECKS`: CUDA-event timing, the caching allocator's peak after a reset, float16 and bfloat16
+autocast on an LSTM with projections and on a conv net, ``torch.amp.GradScaler("cuda")`` skipping a step with an
+inf, FP8 tensor-core products through ``torch._scaled_mm`` where the compute capability is ≥ 8.9, PyG's GATConv
+under autocast, an NCCL process group of one rank, gloo for the distributed experiment's ranks) and prints one
+line per path: ``ok`` with what it saw, ``skipped`` with why, or ``FAILED`` with the error.  Exit status: 0 when
+nothing failed (also on a machine without CUDA, where it says so and checks nothing), 1 when a check failed.
+"""
 
 from __future__ import annotations
 
+import argparse
 import datetime as _dt
+import math
 import os
 import platform
 import sys
-from typing import Any
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 
-__all__ = ["default_device", "resolve", "synchronize", "describe", "cpu_flags", "versions", "provenance"]
+__all__ = ["default_device", "resolve", "synchronize", "describe", "cpu_flags", "versions", "provenance",
+           "PREFLIGHT_CHECKS", "Check", "run_checks", "preflight", "main"]
 
 #: CPU instruction-set extensions that decide how fast FP16/BF16 run on a CPU (Linux names in /proc/cpuinfo).
 CPU_FEATURES = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_fp16", "f16c")
@@ -124,6 +141,10 @@ def versions() -> dict:
 
     out = {"python": sys.version.split()[0], "torch": torch.__version__, "numpy": numpy.__version__,
            "platform": platform.platform()}
+    if torch.version.cuda:
+        out["cuda"] = torch.version.cuda
+    if torch.cuda.is_available() and torch.backends.cudnn.is_available():
+        out["cudnn"] = str(torch.backends.cudnn.version())
     try:
         import ml_dtypes
 
@@ -171,3 +192,273 @@ def _profile_or_none():
         return profile()
     except ValueError:
         return None
+
+
+# ============================================================================================ the preflight
+@dataclass(frozen=True)
+class Check:
+    """One code path of the experiments, exercised once.
+
+    name : what it checks (one line of the preflight); fn : ``fn(device) -> str`` (what it saw; raises on a
+    failure; returns a string starting with "skipped:" when the path does not exist on this device); where :
+    the experiments that take this path.
+    """
+
+    name: str
+    fn: Callable
+    where: str
+
+
+def _check_timing(device) -> str:
+    from .bench import time_call
+
+    a = torch.randn(512, 512, device=device)
+    t = time_call(lambda: a @ a, repeat=3, warmup=1, device=device, timer="auto")
+    want = "cuda_event" if device.type == "cuda" else "wall"
+    if t.method != want or not t.min > 0:
+        raise RuntimeError(f"time_call used {t.method!r} ({t.min!r} s), expected {want!r} and a positive time")
+    return f"{t.method}, {t.min * 1e6:.0f} µs for a 512² product"
+
+
+def _check_peak_memory(device) -> str:
+    from .bench import peak_memory
+
+    a = torch.randn(1024, 1024, device=device)
+    peak = peak_memory(lambda: a @ a, device)
+    if peak < a.numel() * 4:
+        raise RuntimeError(f"peak {peak} bytes, expected at least the 4 MiB product")
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        block = torch.empty(2 ** 20, device=device)
+        top = torch.cuda.max_memory_allocated(device)
+        if top < block.numel() * 4:
+            raise RuntimeError(f"max_memory_allocated after reset_peak_memory_stats is {top} bytes, less than the "
+                               f"{block.numel() * 4} just allocated")
+    return f"{peak / 2 ** 20:.1f} MiB for a 1024² product"
+
+
+def _autocast_step(model, batch, target, device, dtype, scaler=None) -> torch.dtype:
+    """One training step of ``model`` under autocast to ``dtype``: the dtype its output had."""
+    from .training import autocast_to, backward_step
+
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    with autocast_to(device.type, dtype):
+        out = model(batch)
+        out = out[0] if isinstance(out, tuple) else out
+        loss = torch.nn.functional.mse_loss(out.float(), target)
+    backward_step(loss, opt, scaler)
+    if not torch.isfinite(loss):
+        raise RuntimeError(f"non-finite loss {float(loss)}")
+    return out.dtype
+
+
+def _lstm_check(dtype):
+    def check(device) -> str:
+        if device.type == "cpu" and dtype == torch.float16:
+            return "skipped: nn.LSTM under float16 autocast fails inside oneDNN on a CPU (the experiments emulate it)"
+        torch.manual_seed(0)
+        lstm = torch.nn.LSTM(64, 256, num_layers=2, proj_size=64).to(device)   # as mpt_lab.models.lstm
+        x, y = torch.randn(16, 8, 64, device=device), torch.randn(16, 8, 64, device=device)
+        scaler = torch.amp.GradScaler(device.type) if dtype == torch.float16 else None
+        with warnings.catch_warnings():     # a CPU's oneDNN has no LSTM with projections (a notice, not an error)
+            warnings.filterwarnings("ignore", message="LSTM with projections is not supported with oneDNN")
+            got = _autocast_step(lstm, x, y, device, dtype, scaler)
+        if got != dtype:
+            raise RuntimeError(f"LSTM output is {got} under {dtype} autocast")
+        return f"LSTM with projections, output {str(got).replace('torch.', '')}"
+    return check
+
+
+def _conv_check(dtype):
+    def check(device) -> str:
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Conv2d(3, 32, 3, padding=1), torch.nn.BatchNorm2d(32), torch.nn.ReLU(),
+                                  torch.nn.Conv2d(32, 8, 3, padding=1)).to(device, memory_format=torch.channels_last)
+        x = torch.randn(4, 3, 32, 32, device=device).to(memory_format=torch.channels_last)
+        scaler = torch.amp.GradScaler(device.type) if dtype == torch.float16 else None
+        got = _autocast_step(net, x, torch.randn(4, 8, 32, 32, device=device), device, dtype, scaler)
+        if got != dtype:
+            raise RuntimeError(f"conv output is {got} under {dtype} autocast")
+        return f"conv net (channels last), output {str(got).replace('torch.', '')}"
+    return check
+
+
+def _check_grad_scaler(device) -> str:
+    w = torch.nn.Parameter(torch.ones(4, device=device))
+    opt = torch.optim.SGD([w], lr=0.1)
+    scaler = torch.amp.GradScaler(device.type, init_scale=2.0 ** 16)
+    scaler.scale(w.sum() * float("inf")).backward()     # an overflow: the step is skipped, the scale halves
+    scaler.step(opt)
+    scaler.update()
+    if scaler.get_scale() != 2.0 ** 15 or not torch.equal(w.detach(), torch.ones(4, device=device)):
+        raise RuntimeError(f"after an inf gradient: scale {scaler.get_scale()}, weights {w.detach().tolist()}")
+    opt.zero_grad()
+    scaler.scale(w.sum()).backward()
+    scaler.step(opt)
+    scaler.update()
+    if not torch.allclose(w.detach(), torch.full((4,), 0.9, device=device)):
+        raise RuntimeError(f"after a finite gradient the weights are {w.detach().tolist()}, expected 0.9")
+    return f"torch.amp.GradScaler({device.type!r}): skipped the inf step, scale 2^16 → 2^15, then stepped"
+
+
+def _check_fp8(device) -> str:
+    from .formats import FP8_E4M3, FP8_E5M2
+    from .microscaling import ScaledTensor, quantize_per_tensor
+    from .quantized_training import Quantizer, hardware_fp8_available
+
+    if device.type != "cuda":
+        return "skipped: FP8 tensor cores need a CUDA GPU"
+    if not hardware_fp8_available(device):
+        cap = torch.cuda.get_device_capability(device)
+        return f"skipped: compute capability {cap[0]}.{cap[1]} < 8.9 (or no torch._scaled_mm): emulation only"
+    torch.manual_seed(0)
+    worst = 0.0
+    for fa, fb in ((FP8_E4M3, FP8_E4M3), (FP8_E5M2, FP8_E4M3)):      # forward, and the backward's gradient
+        a, b = torch.randn(64, 128, device=device), torch.randn(32, 128, device=device)
+        sa = ScaledTensor(*quantize_per_tensor(a, fa), fa, torch.float32)
+        sb = ScaledTensor(*quantize_per_tensor(b, fb), fb, torch.float32)
+        q = Quantizer("fp8_current", hardware=True)
+        hw = q.matmul(sa.dequantize(), sb.dequantize(), sa, sb, tb=True)
+        ref = sa.dequantize().double() @ sb.dequantize().double().t()
+        if q.gemms["hardware"] != 1:
+            raise RuntimeError(f"the product did not run on the tensor cores ({q.gemms})")
+        worst = max(worst, float((hw.double() - ref).abs().max() / ref.abs().max()))
+    if worst > 1e-5:
+        raise RuntimeError(f"torch._scaled_mm differs from the exact product of the FP8 operands by {worst:.2g}")
+    return f"torch._scaled_mm E4M3×E4M3 and E5M2×E4M3 equal the exact product to {worst:.1g} (relative)"
+
+
+def _check_gat(device) -> str:
+    from .models.gat import GAT
+
+    torch.manual_seed(0)
+    model = GAT(16, 8, 4, (2, 2, 2)).to(device)
+    x = torch.randn(50, 16, device=device)
+    ei = torch.randint(0, 50, (2, 300), device=device)
+    ei = torch.cat([ei, torch.arange(50, device=device).repeat(2, 1)], 1)
+    from .training import autocast_to, backward_step
+
+    dtype = torch.float16 if device.type == "cuda" else torch.bfloat16
+    scaler = torch.amp.GradScaler(device.type) if dtype == torch.float16 else None
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    with autocast_to(device.type, dtype):
+        loss = torch.nn.functional.cross_entropy(model(x, ei), torch.randint(0, 4, (50,), device=device))
+    backward_step(loss, opt, scaler)
+    loss = float(loss.detach())
+    if not math.isfinite(loss):
+        raise RuntimeError(f"non-finite loss {loss}")
+    return f"PyG GATConv, {str(dtype).replace('torch.', '')} autocast, loss {loss:.3f}"
+
+
+def _process_group(backend: str, device) -> str:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return "skipped: a process group is already initialised in this process"
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        t = torch.ones(8, device=device)
+        dist.all_reduce(t)
+        if not torch.equal(t, torch.ones(8, device=device)):
+            raise RuntimeError(f"all_reduce over one rank changed the tensor: {t.tolist()}")
+    finally:
+        dist.destroy_process_group()
+    return f"{backend}, one rank, all_reduce on {device.type}"
+
+
+def _check_nccl(device) -> str:
+    import torch.distributed as dist
+
+    if device.type != "cuda":
+        return "skipped: NCCL needs CUDA"
+    if not dist.is_nccl_available():
+        raise RuntimeError("this torch has no NCCL")
+    out = _process_group("nccl", device)
+    return f"{out}; NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}"
+
+
+def _check_gloo(device) -> str:
+    import torch.distributed as dist
+
+    if not dist.is_gloo_available():
+        raise RuntimeError("this torch has no gloo")
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    where = ("NCCL, one rank per GPU" if gpus >= 2 else
+             "gloo, two ranks on the CPU (NCCL takes one rank per GPU)" if gpus == 1 else "gloo on the CPU")
+    return f"{_process_group('gloo', torch.device('cpu'))}; the distributed experiment will use {where}"
+
+
+#: The preflight's checks, in order (see the module docstring).
+PREFLIGHT_CHECKS = (
+    Check("CUDA-event timing", _check_timing, "amp_recipe, memory_tradeoffs (mpt_lab.bench.time_call)"),
+    Check("allocator peak after reset", _check_peak_memory, "amp_recipe, memory_tradeoffs, gat_amp"),
+    Check("float16 autocast, LSTM + GradScaler", _lstm_check(torch.float16), "biglstm, lm_gradient_scale"),
+    Check("bfloat16 autocast, LSTM", _lstm_check(torch.bfloat16), "biglstm"),
+    Check("float16 autocast, conv net + GradScaler", _conv_check(torch.float16), "ssd_table2, memory_tradeoffs"),
+    Check("bfloat16 autocast, conv net", _conv_check(torch.bfloat16), "memory_tradeoffs"),
+    Check("GradScaler skips an inf step", _check_grad_scaler, "loss_scaling, every FP16 arm"),
+    Check("FP8 tensor cores (torch._scaled_mm)", _check_fp8, "fp8_recipes (hardware runs)"),
+    Check("PyG GATConv under autocast", _check_gat, "gat_amp"),
+    Check("NCCL process group, one rank", _check_nccl, "distributed (two or more GPUs)"),
+    Check("gloo process group", _check_gloo, "distributed (one GPU or none)"),
+)
+
+
+def run_checks(device=None, checks=PREFLIGHT_CHECKS, echo=print) -> list:
+    """Run ``checks`` on ``device`` (default :func:`default_device`), echoing one line each.
+
+    Returns a list of dicts {name, status ("ok", "skipped", "FAILED"), detail, seconds}.  A check that raises
+    is FAILED with its error; the others still run.
+    """
+    device = resolve(device)
+    rows = []
+    width = max(len(c.name) for c in checks)
+    for c in checks:
+        t0 = time.perf_counter()
+        try:
+            detail = str(c.fn(device))
+            status = "skipped" if detail.startswith("skipped") else "ok"
+            if status == "skipped":
+                detail = detail.split(":", 1)[1].strip()
+        except Exception as err:  # the point: report every failing path, not only the first
+            status, detail = "FAILED", f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+        synchronize(device)
+        rows.append({"name": c.name, "status": status, "detail": detail, "seconds": time.perf_counter() - t0})
+        echo(f"{c.name:<{width}}  {status:<7} {detail}  ({rows[-1]['seconds']:.2f} s)")
+    return rows
+
+
+def preflight(echo=print) -> int:
+    """The preflight of a GPU machine: :func:`run_checks` on the CUDA device; the exit status (0: nothing failed,
+    also without CUDA, where it checks nothing and says so; 1: a check failed)."""
+    echo(f"torch {torch.__version__}, CUDA {torch.version.cuda or 'none (a CPU build)'}, Python "
+         f"{sys.version.split()[0]}")
+    if not torch.cuda.is_available():
+        echo("no CUDA device: nothing to check here (the preflight exercises the experiments' CUDA paths; "
+             "on a CPU the tests cover them)")
+        return 0
+    echo(f"device: {describe('cuda')}, {torch.cuda.device_count()} GPU(s)")
+    t0 = time.perf_counter()
+    rows = run_checks(torch.device("cuda"), echo=echo)
+    failed = [r["name"] for r in rows if r["status"] == "FAILED"]
+    echo(f"preflight: {len(rows) - len(failed)} of {len(rows)} paths ok or skipped, {len(failed)} failed "
+         f"({time.perf_counter() - t0:.1f} s)" + (f": {', '.join(failed)}" if failed else ""))
+    return 1 if failed else 0
+
+
+def main(argv=None) -> int:
+    """``python -m mpt_lab.device [--preflight]``: the device and versions, or the preflight."""
+    import json
+
+    p = argparse.ArgumentParser(prog="python -m mpt_lab.device", description=__doc__.splitlines()[0])
+    p.add_argument("--preflight", action="store_true", help="run every CUDA code path of the experiments once")
+    args = p.parse_args(argv)
+    if args.preflight:
+        return preflight()
+    print(describe())
+    print(json.dumps(versions(), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -70,3 +70,26 @@ def test_default_profile_is_full_on_cuda(monkeypatch):
 
     monkeypatch.delenv("MPT_LAB_PROFILE", raising=False)
     assert mpt_lab.profile() == "full" and mpt_lab.device.default_device().type == "cuda"
+
+
+def test_preflight_every_cuda_path_passes():
+    from mpt_lab import device
+
+    rows = device.run_checks("cuda", echo=lambda line: None)
+    failed = [(r["name"], r["detail"]) for r in rows if r["status"] == "FAILED"]
+    assert not failed, failed
+    assert {r["name"]: r["status"] for r in rows}["CUDA-event timing"] == "ok"
+    assert device.preflight(echo=lambda line: None) == 0
+
+
+def test_every_full_configuration_runs_as_a_smoke_run_on_cuda(tmp_path, capsys):
+    """The smoke runs on the GPU: every full configuration's CUDA path (real autocast, tensor cores, NCCL or
+    gloo placement), a couple of steps each."""
+    from mpt_lab import experiments
+    from mpt_lab.experiments.__main__ import main
+
+    assert main(["--all", "--profile", "full", "--smoke", "--out", str(tmp_path)]) == 0, capsys.readouterr().out
+    for name in experiments.NAMES:
+        if "full" in experiments.get(name).profiles:
+            r = experiments.get(name).Result.load(tmp_path / f"{name}_smoke.json")
+            assert "CUDA" in r.provenance["device"] or name == "distributed"

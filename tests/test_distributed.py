@@ -266,7 +266,8 @@ def test_result_provenance_json_and_figures(quick, tmp_path):
     prov = r.provenance
     assert prov["command"] == "python -m mpt_lab.experiments.distributed --profile quick"
     assert prov["launcher"].startswith("torchrun --standalone --nproc_per_node 2 -m mpt_lab.experiments.distributed")
-    assert prov["distributed"] == {"world_size": 2, "nnodes": 1, "backend": "gloo"} and "torch" in prov["versions"]
+    assert prov["distributed"] == {"world_size": 2, "nnodes": 1, "backend": "gloo", "ranks_device": "cpu"}
+    assert "torch" in prov["versions"] and r.ranks_device == "cpu"
     back = D.DistributedResult.load(r.save(tmp_path / "d.json"))
     assert back.recipes == r.recipes and back.describe() == r.describe()
     assert json.loads((tmp_path / "d.json").read_text())["experiment"] == "distributed"

@@ -144,14 +144,17 @@ def test_list_and_all(tmp_path, capsys):
     assert all(name in listing for name in experiments.NAMES) and "quick, cpu" in listing
     assert experiments_main(["--all", "--profile", "full", "--out", str(tmp_path), "--dry-run"]) == 0
     dry = capsys.readouterr().out
-    assert dry.count("+ python -m mpt_lab.experiments.") == len(experiments.NAMES) and not list(tmp_path.iterdir())
+    full = [n for n in experiments.NAMES if "full" in experiments.get(n).profiles]
+    assert dry.count(": python -m mpt_lab.experiments.") == len(full) and not list(tmp_path.iterdir())
+    assert "sum" in dry and all(f"--out {tmp_path / (n + '_full.json')}" in dry for n in full)
     # a real --all run of one experiment, then a second call skips what is saved
     assert experiments_main(["--all", "--profile", "quick", "--out", str(tmp_path), "--only", "message_passing"]) == 0
     saved = tmp_path / "message_passing_quick.json"
     assert saved.exists() and experiments.get("message_passing").Result.load(saved).all_low_precision()
-    capsys.readouterr()
+    assert "+ message_passing: done in" in capsys.readouterr().out
     assert experiments_main(["--all", "--profile", "quick", "--out", str(tmp_path), "--only", "message_passing"]) == 0
-    assert "exists, skipped" in capsys.readouterr().out
+    again = capsys.readouterr().out
+    assert f"- message_passing: skipped: {saved} exists" in again
     with pytest.raises(SystemExit):
         experiments_main(["--all", "--profile", "quick"])
     with pytest.raises(SystemExit):

@@ -4,8 +4,15 @@ Each module ``mpt_lab.experiments.NAME`` has ``Config``, its profiles as data (`
 dataclass, ``run(config) -> Result``, ``config_for(profile)`` and a CLI::
 
     python -m mpt_lab.experiments.NAME --profile full --out book/results/NAME_full.json [--set key=value]
+    python -m mpt_lab.experiments.NAME --smoke --out /tmp/NAME_smoke.json     # the full profile, cut short
     python -m mpt_lab.experiments --list
-    python -m mpt_lab.experiments --all --profile full --out book/results/
+    python -m mpt_lab.experiments --all --profile full --budget 480 --out DIR   # priority order, 8 minutes
+    python -m mpt_lab.experiments --unpack mpt_lab_gpu_slot.tar.gz            # a GPU slot's results
+
+The full profile of every experiment fits, all together, one GPU slot of 8 minutes on one H100:
+:mod:`mpt_lab.experiments.budget` holds the priority table (what each full result is for, its expected
+seconds and how they were estimated), ``benchmarks/gpu_slot.sh`` runs the slot and :mod:`mpt_lab.experiments.slot`
+packs and unpacks its results.
 
 * ``ssd_histogram``: the paper's Figure 2, activation and weight gradients of an SSD-style detector in FP32.
 * ``gradient_factors``: what moves the detector's activation gradients toward SSD's, one factor at a time.

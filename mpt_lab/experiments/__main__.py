@@ -1,75 +1,217 @@
-"""``python -m mpt_lab.experiments --list`` and ``--all``: every experiment, one command.
+"""``python -m mpt_lab.experiments``: every experiment, one command.
 
     python -m mpt_lab.experiments --list
-    python -m mpt_lab.experiments --all --profile full --out book/results/         # on a CUDA machine
+    python -m mpt_lab.experiments --all --profile full --budget 480 --out DIR       # a GPU slot
+    python -m mpt_lab.experiments --all --profile full --dry-run                    # the priority table
+    python -m mpt_lab.experiments --all --profile full --smoke --out /tmp/smoke     # every full config, cut short
     python -m mpt_lab.experiments --all --profile quick --out /tmp/r --only loss_scaling,message_passing
+    python -m mpt_lab.experiments --unpack mpt_lab_gpu_slot.tar.gz                  # GPU results → book/results/
 
-``--all`` runs, one after the other, every experiment that defines the profile, writing
-``OUT/NAME_PROFILE.json``; results already saved there are skipped unless ``--force``.  ``--dry-run`` prints
-the commands without running them.
+``--all`` runs every experiment that defines the profile in one process, writing ``OUT/NAME_PROFILE.json`` the
+moment each finishes (``OUT/NAME_smoke.json`` with ``--smoke``), and prints one line per experiment: ``done``,
+``skipped`` and why, or ``FAILED`` with the error; results already saved in OUT are skipped unless ``--force``.
+With ``--profile full`` the order is the priority order of :mod:`mpt_lab.experiments.budget` (what the book
+lacks most first), and ``--budget SECONDS`` skips an experiment whose expected seconds on one H100 exceed what
+is left of the budget, counted from the start of the command.  ``--summary F`` also writes every line's status,
+expected and measured seconds as JSON.  ``--dry-run`` prints the plan (each experiment's expected seconds and
+command, and their sum) and runs nothing.  ``--smoke`` runs each experiment's full configuration cut to a couple
+of steps (:meth:`~mpt_lab.experiments.runner.Experiment.smoke_config`); it refuses to write under
+``book/results/``.  ``--unpack ARCHIVE`` checks and copies the results of a GPU slot's archive into
+``book/results/`` (:mod:`mpt_lab.experiments.slot`).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 import time
 from pathlib import Path
 
 from . import NAMES, PROFILES, get
+from .runner import SMOKE, results_dir, save_json
+
+
+def _line(symbol: str, name: str, text: str) -> None:
+    print(f"{symbol} {name}: {text}", flush=True)
+
+
+def _free_device_memory() -> None:
+    """Between experiments: drop what the last one left (an out-of-memory error must not spill into the next)."""
+    gc.collect()
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    except Exception:  # pragma: no cover - nothing to free
+        pass
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _warm_up(device_note: list) -> None:
+    """Compile the gradient-histogram kernel once for the device before the clock of the first experiment runs
+    (torch.compile: tens of seconds on a first call; the preflight compiles it into the on-disk cache)."""
+    import torch
+
+    from ..device import default_device
+    from ..histogram import log2_histogram
+
+    t0 = time.perf_counter()
+    log2_histogram(torch.ones(4, device=default_device()))
+    device_note.append(f"histogram kernel ready in {time.perf_counter() - t0:.1f} s")
 
 
 def main(argv=None) -> int:
+    from . import budget
+
     p = argparse.ArgumentParser(prog="python -m mpt_lab.experiments", description=__doc__.splitlines()[0])
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--list", action="store_true", help="list the experiments and their profiles")
     what.add_argument("--all", action="store_true", help="run every experiment that has --profile")
+    what.add_argument("--unpack", type=Path, metavar="ARCHIVE",
+                      help="check a GPU slot's archive and copy its NAME_full.json results into book/results/")
     p.add_argument("--profile", choices=PROFILES, help="with --all: which profile to run")
     p.add_argument("--out", type=Path, help="with --all: folder for NAME_PROFILE.json (e.g. book/results/)")
     p.add_argument("--only", default="", help="with --all: comma-separated names to run (default: all)")
     p.add_argument("--force", action="store_true", help="with --all: rerun results that are already saved")
-    p.add_argument("--dry-run", action="store_true", help="with --all: print the commands, run nothing")
+    p.add_argument("--dry-run", action="store_true", help="with --all: print the plan, run nothing")
+    p.add_argument("--smoke", action="store_true",
+                   help="with --all --profile full: each full configuration cut to a couple of steps")
+    p.add_argument("--budget", type=float, metavar="SECONDS",
+                   help="with --all --profile full: skip experiments whose expected seconds (one H100) exceed "
+                        "what is left")
+    p.add_argument("--summary", type=Path, metavar="FILE", help="with --all: also write the run's lines as JSON")
+    p.add_argument("--into", type=Path, default=None, help="with --unpack: the folder (default book/results/)")
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = p.parse_args(argv)
+    args.argv = argv
     if args.list:
         width = max(map(len, NAMES))
         for name in NAMES:
             e = get(name)
             print(f"{name:<{width}}  profiles: {', '.join(e.profiles):<24} {e.title}")
         return 0
-    if not args.profile or not args.out:
-        p.error("--all needs --profile and --out")
+    if args.unpack:
+        from .slot import main as slot_main
+
+        return slot_main(["unpack", str(args.unpack), "--into", str(args.into or results_dir())])
+    if not args.profile or (not args.out and not args.dry_run):
+        p.error("--all needs --profile and --out (or --dry-run)")
+    if args.smoke and args.profile != "full":
+        p.error("--smoke cuts the full profile: use --profile full")
+    if args.budget is not None and (args.profile != "full" or args.smoke):
+        p.error("--budget needs --profile full (the expected seconds are those of the full profile on one H100) "
+                "and no --smoke")
+    if args.budget is not None and args.budget <= 0:
+        p.error(f"--budget must be a positive number of seconds, got {args.budget}")
+    if args.smoke and args.out and results_dir().resolve() in [args.out.resolve(), *args.out.resolve().parents]:
+        p.error(f"--smoke: smoke results must not be written under {results_dir()}")
     only = [n.strip() for n in args.only.split(",") if n.strip()]
     unknown = [n for n in only if n not in NAMES]
     if unknown:
         p.error(f"--only: unknown experiments {unknown}; they are {', '.join(NAMES)}")
-    failed = []
-    for name in only or NAMES:
-        e = get(name)
-        if args.profile not in e.profiles:
-            print(f"- {name}: no {args.profile} profile, skipped")
-            continue
-        out = args.out / f"{name}_{args.profile}.json"
-        cmd = e.command(e.config_for(args.profile), out)
-        if out.exists() and not args.force:
-            print(f"- {name}: {out} exists, skipped (--force reruns it)")
-            continue
-        print(f"+ {cmd}", flush=True)
-        if args.dry_run:
-            continue
-        t0 = time.perf_counter()
+    chosen = only or list(NAMES)
+    names = budget.plan(chosen) if args.profile == "full" else chosen
+    if args.profile == "full":
+        missing = [n for n in names if "full" in get(n).profiles and n not in budget.ESTIMATES]
+        if missing:
+            p.error(f"{', '.join(missing)}: a full profile but no row in mpt_lab.experiments.budget.ESTIMATES")
+    tag = SMOKE if args.smoke else args.profile
+    start = time.monotonic()
+    rows, failed = [], []
+    if args.dry_run:
+        print(budget.table([n for n in names if "full" in get(n).profiles]) if args.profile == "full" else
+              f"--all --profile {args.profile}: {len(names)} experiments in the book's order")
+    elif args.profile == "full" and not args.smoke and _cuda():
+        notes: list = []
         try:
-            result = e.run(e.config_for(args.profile), command=cmd)
+            _warm_up(notes)
+        except Exception as err:  # the experiments fall back to the eager kernel themselves
+            notes.append(f"histogram kernel warm-up failed: {type(err).__name__}: {err}")
+        print(f"= {'; '.join(notes)} ({time.monotonic() - start:.0f} s since the start)", flush=True)
+    for name in names:
+        e = get(name)
+        row = {"experiment": name, "profile": tag}
+        rows.append(row)
+        if args.profile not in e.profiles:
+            row["status"] = "skipped"
+            _line("-", name, f"skipped: no {args.profile} profile")
+            continue
+        config = e.smoke_config() if args.smoke else e.config_for(args.profile)
+        out = args.out / f"{name}_{tag}.json" if args.out else None
+        cmd = e.command(config, out)
+        expected = budget.ESTIMATES[name].seconds if args.profile == "full" else None
+        row.update(command=cmd, expected_seconds=expected)
+        if args.dry_run:
+            row["status"] = "planned"
+            print(f"  {name}: {cmd}" + (f"   # expected {expected:.0f} s" if expected is not None else ""))
+            continue
+        if out.exists() and not args.force:
+            row["status"] = "skipped"
+            _line("-", name, f"skipped: {out} exists (--force reruns it)")
+            continue
+        left = None if args.budget is None else args.budget - (time.monotonic() - start)
+        if left is not None and expected > left:
+            row["status"] = "skipped"
+            row["reason"] = f"expected {expected:.0f} s > {left:.0f} s left of the budget"
+            _line("-", name, f"skipped: {row['reason']}")
+            continue
+        print(f"  {name}: running {cmd}" + (f" (expected {expected:.0f} s" + (f", {left:.0f} s left)" if left
+                                                                            is not None else ")")
+                                          if expected is not None and not args.smoke else ""), flush=True)
+        t0, c0 = time.perf_counter(), time.process_time()
+        try:
+            result = e.run(config, command=cmd, progress=False)
+            result.save(out)
+        except KeyboardInterrupt:  # a hard time limit (the slot script's timeout sends SIGINT): keep what finished
+            row.update(status="interrupted", seconds=time.perf_counter() - t0)
+            _line("!", name, f"INTERRUPTED after {row['seconds']:.0f} s; the results that finished are saved")
+            failed.append(name)
+            break
         except Exception as err:  # one failing experiment must not lose the others' results
             failed.append(name)
-            print(f"! {name} failed after {time.perf_counter() - t0:.0f} s: {type(err).__name__}: {err}",
-                  file=sys.stderr, flush=True)
-            continue
-        result.save(out)
-        print(f"  {name}: {time.perf_counter() - t0:.0f} s → {out}", flush=True)
+            row.update(status="failed", seconds=time.perf_counter() - t0, error=f"{type(err).__name__}: {err}")
+            _line("!", name, f"FAILED after {row['seconds']:.0f} s: {row['error']}")
+        else:
+            row.update(status="done", seconds=time.perf_counter() - t0, path=str(out))
+            _line("+", name, f"done in {row['seconds']:.0f} s"
+                  + (f" (expected {expected:.0f} s)" if expected is not None and not args.smoke else "")
+                  + f" → {out}")
+        finally:
+            row["cpu_seconds"] = time.process_time() - c0       # this process's CPU time (not torchrun's ranks)
+            _free_device_memory()
+        if args.summary:
+            _write_summary(args.summary, rows, start, args)
+    if args.dry_run:
+        return 0
+    total = time.monotonic() - start
+    counts = {s: sum(r.get("status") == s for r in rows) for s in ("done", "skipped", "failed", "interrupted")}
+    print(f"= {counts['done']} done, {counts['skipped']} skipped, {counts['failed'] + counts['interrupted']} failed "
+          f"in {total:.0f} s"
+          + (f" (budget {args.budget:.0f} s)" if args.budget is not None else ""), flush=True)
+    if args.summary:
+        _write_summary(args.summary, rows, start, args)
     if failed:
         print(f"failed: {', '.join(failed)}", file=sys.stderr)
         return 1
     return 0
+
+
+def _write_summary(path: Path, rows: list, start: float, args) -> None:
+    from ..device import provenance
+
+    import shlex
+
+    command = shlex.join(["python", "-m", "mpt_lab.experiments", *args.argv])
+    save_json({"command": command, "profile": args.profile, "smoke": bool(args.smoke), "budget": args.budget,
+               "seconds": time.monotonic() - start, "experiments": rows,
+               "provenance": provenance(command=command)}, path)
 
 
 if __name__ == "__main__":

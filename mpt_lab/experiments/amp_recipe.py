@@ -84,6 +84,12 @@ PROFILES = {
     "full": {"peak_n": 8192},
 }
 
+#: ``--smoke`` (:meth:`~mpt_lab.experiments.runner.Experiment.smoke_config`): the recipe's network, one timed
+#: epoch of one batch (no warm-up) and the memory epoch, one batch size of 3 rows (the code is the same for every
+#: batch size, and a float16 step of 512 rows at width 4096 takes minutes on a CPU without FP16 instructions:
+#: ≈ 1 GFLOP/s), and a small matrix for the peak.
+SMOKE = {"num_batches": 1, "epochs": 1, "warmup_epochs": 0, "batch_sizes": (3,), "peak_n": 256}
+
 
 def flops_per_step(batch: int, width: int, num_layers: int) -> int:
     """FLOPs of one training step by the stated convention: ``6 · batch · width²`` per Linear (forward 2, input
@@ -200,7 +206,7 @@ def measure(config: Config, run: Run) -> dict:
     return {"rows": rows, "speedup": speedup, "matmul_tflops": peaks, "note": note}
 
 
-EXPERIMENT = Experiment(NAME, Config, PROFILES, measure, AmpRecipeResult, __doc__)
+EXPERIMENT = Experiment(NAME, Config, PROFILES, measure, AmpRecipeResult, __doc__, smoke=SMOKE)
 run, config_for, main = EXPERIMENT.run, EXPERIMENT.config_for, EXPERIMENT.main
 
 if __name__ == "__main__":

@@ -60,7 +60,7 @@ from .runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_mai
 from ._torchrun import LaunchError, in_torchrun, run_torchrun, tail, write_pid
 
 __all__ = ["NAME", "Config", "PROFILES", "Recipe", "RECIPES", "DistributedResult", "AGREEMENT", "LaunchError",
-           "launch", "in_torchrun", "run", "config_for", "main"]
+           "placement", "launch", "in_torchrun", "run", "config_for", "main"]
 
 NAME = "distributed"
 
@@ -154,9 +154,16 @@ PROFILES = {
     "quick": {"steps": 60, "flag_steps": 16, "inject_steps": (3, 9), "sweep_elements": 1024, "threads": 1},
     "cpu": {"steps": 200, "hidden": 256, "flag_steps": 40, "inject_steps": (5, 20), "growth_interval": 10,
             "sweep_elements": 4096, "threads": 1},
-    "full": {"nproc": 0, "steps": 3000, "hidden": 1024, "layers": 4, "batch_size": 512, "flag_steps": 200,
-             "inject_steps": (20, 80, 140), "growth_interval": 200, "sweep_elements": 16384},
+    # one rank per GPU with NCCL where there are two GPUs or more; on a machine with one GPU two gloo ranks on its
+    # CPU (placement()), where float16 products have no fast kernels: so the cpu profile's network at twice its
+    # batch, for half its steps (mpt_lab.experiments.budget)
+    "full": {"nproc": 0, "steps": 100, "hidden": 256, "batch_size": 128, "flag_steps": 30, "inject_steps": (5, 15),
+             "growth_interval": 10, "sweep_elements": 4096},
 }
+
+#: ``--smoke``: two steps of every recipe and of the overflow study (an inf injected at the second), the reduction
+#: sweep up to 8 ranks on 256 elements.
+SMOKE = {"steps": 2, "flag_steps": 2, "inject_steps": (1,), "sweep_max": 8, "sweep_elements": 256}
 
 
 # ======================================================================================================= result
@@ -165,7 +172,8 @@ class DistributedResult(ExperimentResult):
     """What rank 0 wrote.
 
     world_size, nnodes : processes and machines; backend : "gloo" or "nccl"; comm_versions : {"nccl": …} where
-        known (also copied into ``provenance``).
+        known (also copied into ``provenance``); ranks_device : "cuda" or "cpu", where the ranks computed (on a
+        machine with one GPU, two gloo ranks on the CPU: :func:`placement`).
     recipes : name → {"label", "wrapper", "comm", "losses" (the global batch's loss per step, the ranks' mean),
         "test_accuracy", "final_loss" (mean of the last tenth of the steps), "param_diff" (‖θ − θ_ref‖₂/‖θ_ref‖₂
         at the end, θ_ref = DDP FP32's parameters), "identical_to_reference" (bit for bit), "parameters" (count),
@@ -194,10 +202,12 @@ class DistributedResult(ExperimentResult):
     recipes: dict
     reduction: dict
     flag_agreement: dict
+    ranks_device: str = ""
 
     def __post_init__(self):
         self.provenance.setdefault("distributed", {"world_size": self.world_size, "nnodes": self.nnodes,
-                                                   "backend": self.backend, **self.comm_versions})
+                                                   "backend": self.backend, "ranks_device": self.ranks_device,
+                                                   **self.comm_versions})
 
     # --- what the chapter and the tests ask ---------------------------------------------------------------
     def agreement(self, recipe: str, reference: str = "ddp_fp32") -> dict:
@@ -242,9 +252,33 @@ class DistributedResult(ExperimentResult):
 
 # ===================================================================================================== launcher
 def _nproc(config: Config) -> int:
+    """``config.nproc``, or for 0: one rank per GPU where there are two or more, else two ranks (on the CPU, with
+    gloo: NCCL takes one GPU per rank, so one GPU cannot hold two NCCL ranks)."""
     if config.nproc:
         return config.nproc
-    return torch.cuda.device_count() if torch.cuda.is_available() else 2
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return gpus if gpus >= 2 else 2
+
+
+def placement(config: Config, local_world: int) -> tuple:
+    """Where the ranks of one machine run: ``(backend, device type, why)``.
+
+    NCCL ranks run one per GPU (NCCL refuses two ranks on one device); gloo ranks run on the CPU (gloo has no GPU
+    ``all_gather`` or ``reduce_scatter``, which FSDP2 needs: the backend table of ``torch.distributed``'s
+    documentation).  ``backend="auto"``: NCCL when this machine has a GPU for every one of its ``local_world``
+    ranks, else gloo on the CPU (one GPU, or none).
+
+    Raises ValueError for ``backend="nccl"`` without a GPU per rank.
+    """
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if config.backend == "nccl" or (config.backend == "auto" and gpus >= local_world):
+        if gpus < local_world:
+            raise ValueError(f"config.backend 'nccl' needs a GPU per rank: {local_world} ranks, {gpus} GPU(s)")
+        return "nccl", "cuda", f"NCCL, one rank per GPU ({local_world} of {gpus})"
+    why = ("gloo on the CPU: " + ("this machine has one GPU and NCCL takes one GPU per rank" if gpus == 1 else
+                                  f"{gpus} GPUs for {local_world} ranks" if gpus else "no GPU")
+           if config.backend == "auto" else "gloo on the CPU, as configured")
+    return "gloo", "cpu", why
 
 
 def launch(config=None, *, nproc: int | None = None, timeout: float = 900.0, progress: bool | None = None,
@@ -315,6 +349,11 @@ def launch(config=None, *, nproc: int | None = None, timeout: float = 900.0, pro
                               f"{tail(errors)}")
         result = DistributedResult.load(out)
     result.provenance["command"] = command or EXPERIMENT.command(config)
+    if result.ranks_device == "cpu" and torch.cuda.is_available():      # one GPU: the ranks ran on the CPU, with gloo
+        from ..device import describe
+
+        result.provenance["device"] = f"{describe('cpu')}; ranks on the CPU with gloo (GPU present: {describe('cuda')})"
+        result.provenance["placement"] = placement(config, n)[2]
     result.provenance["launcher"] = shlex.join(["torchrun", "--standalone", "--nproc_per_node", str(n), *module[:-2]])
     return result
 
@@ -369,11 +408,13 @@ def _setup(config: Config, run: Run) -> _Ranks:
     if config.flag_steps and not 0 <= config.inject_rank < world:
         raise ValueError(f"config.inject_rank must be a rank in [0, {world}), got {config.inject_rank}")
     write_pid(rank)
-    device = run.device
+    backend, kind, _ = placement(config, local_world) if run.device.type == "cuda" else \
+        ("gloo" if config.backend in ("auto", "gloo") else config.backend, "cpu", "")
+    if backend == "nccl" and kind != "cuda":
+        raise ValueError("config.backend 'nccl' needs CUDA GPUs")
+    device = torch.device("cuda", local_rank) if kind == "cuda" else torch.device("cpu")
     if device.type == "cuda":
-        device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
-    backend = config.backend if config.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
     dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
     _inject_fault(rank)
     per_rank = config.batch_size // world
@@ -752,10 +793,12 @@ def measure(config: Config, run: Run):
     if ctx.rank != 0:
         return None
     return {"world_size": ctx.world, "nnodes": ctx.nnodes, "backend": ctx.backend, "comm_versions": versions,
+            "ranks_device": ctx.device.type,
             "recipes": recipes, "reduction": reduction, "flag_agreement": flag}
 
 
-EXPERIMENT = Experiment(NAME, Config, PROFILES, measure, DistributedResult, __doc__, launcher=_launcher)
+EXPERIMENT = Experiment(NAME, Config, PROFILES, measure, DistributedResult, __doc__, launcher=_launcher,
+                        smoke=SMOKE)
 run, config_for, main = EXPERIMENT.run, EXPERIMENT.config_for, EXPERIMENT.main
 
 if __name__ == "__main__":

@@ -33,15 +33,16 @@ classes, its split fractions, class-dependent features and homophilous edges; Re
 downloaded here.  Sizes per profile (:func:`config_for`):
 
 * quick / cpu: a few hundred / thousand nodes (FP16 matrix products are slow on a CPU);
-* full: Reddit's 232,965 nodes and an average degree of 20 (≈ 4.9 million edges with self loops, about 1/23
+* full: Reddit's 232,965 nodes and an average degree of 8 (≈ 2.1 million edges with self loops, about 1/55
   of Reddit's 114.8 million).  PyG's ``GATConv`` materialises per-edge tensors of shape [E, heads, 256]
   (the gathered source features and the messages; 4 bytes each in FP32), where DGL uses fused sparse kernels:
   at Reddit's 114.8 million edges one such FP32 tensor for heads 1 is 118 GB, more than an 80 GB H100 holds.
-  At 4.9 million edges one such tensor is 10 GB for the largest run (heads 2, FP32); a training step keeps
+  At 2.1 million edges one such tensor is 4.3 GB for the largest run (heads 2, FP32); a training step keeps
   about five of them alive at its peak (measured on a CPU with :func:`mpt_lab.bench.peak_memory`: 5.0 × E ×
-  heads × 256 × 4 bytes per step for graphs of 61k and 121k edges), ≈ 51 GB, and 6 runs × 100 epochs fit in
-  the 8-minute budget of one H100.  A run that still runs out of memory is recorded as such
-  (``oom: True``), not retried.
+  heads × 256 × 4 bytes per step for graphs of 61k and 121k edges), ≈ 21 GB.  A step reads and writes about
+  eleven such tensors per layer, so the 6 runs × 100 epochs move ≈ 40 TB: most of the experiment's minute on
+  one H100, its share of the whole full profile's 8 minutes (:mod:`mpt_lab.experiments.budget`).  A run that still runs
+  out of memory is recorded as such (``oom: True``), not retried.
 
 Why the guide's heads [2, 2, 2] fitted its V100 only in FP16 and ours never does: ``fit_degrees`` measures the
 FP32 step peak on graphs of several sizes and fits it as a·E·H + b·N·H + c (``memory_fit``).  PyG keeps a
@@ -137,9 +138,14 @@ PROFILES = {
     "quick": {"num_nodes": 400, "avg_degree": 10.0, "epochs": 15, "threads": 1, "fit_nodes": 200,
               "fit_degrees": (4, 8)},
     "cpu": {"num_nodes": 1000, "avg_degree": 12.0, "epochs": 14, "fit_degrees": (4, 8), "threads": 1},
-    "full": {"num_nodes": REDDIT["num_nodes"], "avg_degree": 20.0, "epochs": 100, "fit_nodes": 20000,
+    "full": {"num_nodes": REDDIT["num_nodes"], "avg_degree": 8.0, "epochs": 100, "fit_nodes": 20000,
              "fit_degrees": (8, 16, 32, 64)},
 }
+
+#: ``--smoke``: three epochs (two warm-up, one measured) of every run on a graph of 400 nodes (Reddit's 232,965
+#: nodes with PyG's per-edge tensors need ≈ 50 GB: far more than a CPU test has), and a memory fit on two small
+#: graphs.
+SMOKE = {"num_nodes": 400, "epochs": 3, "fit_nodes": 100, "fit_degrees": (8, 16)}
 
 
 @dataclass
@@ -341,7 +347,7 @@ def attention_overflow(logits, device="cpu") -> dict:
             "limit": FP16_EXP_LIMIT}
 
 
-EXPERIMENT = Experiment(NAME, Config, PROFILES, measure, GatAmpResult, __doc__)
+EXPERIMENT = Experiment(NAME, Config, PROFILES, measure, GatAmpResult, __doc__, smoke=SMOKE)
 run, config_for, main = EXPERIMENT.run, EXPERIMENT.config_for, EXPERIMENT.main
 
 if __name__ == "__main__":

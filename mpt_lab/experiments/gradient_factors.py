@@ -91,10 +91,12 @@ class Config(ExperimentConfig):
     n_train: int = 4000               # at most this many generated images per variant (fewer when steps × batch is)
     lr: float = 3e-3                  # Adam, warm-up and cosine decay (models.ssd.make_optimizer)
     warmup_steps: int = 20
+    max_batch: int = 0                # at most this many images per batch in every variant (0: each its own)
 
     def validate(self) -> None:
         super().validate()
         self.check_positive("steps", "n_train", "warmup_steps")
+        self.check_positive("max_batch", minimum=0)
         self.check_choices("variants", VARIANTS, subset=True)
         if self.variants[0] != "ours":
             raise ValueError(f"config.variants must start with 'ours' (the reference of every shift), got "
@@ -113,8 +115,14 @@ PROFILES = {
     # chapter 2's cpu profile: the factors a reader can act on, short enough to add about a minute to the chapter
     "cpu": {"variants": _CHEAP, "steps": 24, "warmup_steps": 8, "n_train": 800, "threads": 0},
     "long": {"variants": tuple(v for v in VARIANTS if v != "vgg16w4_300"), "steps": 100, "warmup_steps": 20, "n_train": 1600, "threads": 1},
-    "full": {"variants": tuple(VARIANTS), "steps": 1000, "warmup_steps": 50, "n_train": 8000},
+    # one H100 (mpt_lab.experiments.budget): the SSD300-shape series with the quarter-width VGG-16 at 300 px that
+    # the long profile leaves out (each step records every module's gradient: its operator launches dominate)
+    "full": {"variants": ("ours", "vgg16_300", "vgg16w4_300"), "steps": 100, "warmup_steps": 20, "n_train": 800},
 }
+
+#: ``--smoke``: two steps of each variant, on batches of at most 2 images (a step of the quarter-width VGG-16 on 32
+#: images of 300 px takes tens of seconds on a CPU).
+SMOKE = {"steps": 2, "warmup_steps": 1, "n_train": 4, "max_batch": 2}
 
 
 def quantile_binade(h: Log2Histogram, q: float) -> int | None:
@@ -206,6 +214,8 @@ def _train_variant(vid: str, config: Config, run: Run) -> dict:
     """Train variant ``vid`` in FP32 for ``config.steps`` steps, recording every activation gradient."""
     factor, label, over = VARIANTS[vid]
     s = {**BASE, **over}
+    if config.max_batch:                 # a smoke run's cut; the settings record the batch that ran
+        s["batch_size"] = min(s["batch_size"], config.max_batch)
     device = run.device
     batch = s["batch_size"]
     n_train = max(batch, min(config.n_train, config.steps * batch))
@@ -245,7 +255,7 @@ def measure(config: Config, run: Run) -> dict:
     return {"variants": {vid: _train_variant(vid, config, run) for vid in config.variants}}
 
 
-EXPERIMENT = Experiment(NAME, Config, PROFILES, measure, GradientFactorsResult, __doc__)
+EXPERIMENT = Experiment(NAME, Config, PROFILES, measure, GradientFactorsResult, __doc__, smoke=SMOKE)
 run, config_for, main = EXPERIMENT.run, EXPERIMENT.config_for, EXPERIMENT.main
 
 if __name__ == "__main__":

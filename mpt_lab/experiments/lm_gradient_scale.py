@@ -87,9 +87,13 @@ PROFILES = {
             "threads": 0},
     "long": {"vocabs": (1024, 2048, 4096, 8192, 0), "batch_sizes": (16, 64, 256), "bptt": 16, "steps": 200,
              "record_steps": 50, "threads": 1},
-    "full": {"vocabs": (1024, 2048, 4096, 8192, 0), "batch_sizes": (16, 32, 64, 128, 256, 512), "bptt": 20,
-             "steps": 1000, "record_steps": 100},
+    # one H100 (mpt_lab.experiments.budget): vocabularies 2^3 and batches 2^6 apart, up to 2^14 tokens per batch
+    "full": {"vocabs": (1024, 8192), "batch_sizes": (16, 1024), "bptt": 16, "steps": 100, "record_steps": 25},
 }
+
+#: ``--smoke``: two steps per point, batches 16 times smaller (the full grid's largest logits, 16,384 tokens ×
+#: 8,192 words, take 0.5 GB in FP32).
+SMOKE = {"steps": 2, "record_steps": 1, "batch_sizes": (1, 64)}
 
 
 def median_log2(h: Log2Histogram) -> float | None:
@@ -259,7 +263,7 @@ def measure(config: Config, run: Run) -> dict:
     return {"points": points, "shift_check": check}
 
 
-EXPERIMENT = Experiment(NAME, Config, PROFILES, measure, LMGradientScaleResult, __doc__)
+EXPERIMENT = Experiment(NAME, Config, PROFILES, measure, LMGradientScaleResult, __doc__, smoke=SMOKE)
 run, config_for, main = EXPERIMENT.run, EXPERIMENT.config_for, EXPERIMENT.main
 
 if __name__ == "__main__":

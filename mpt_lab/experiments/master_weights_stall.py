@@ -81,8 +81,13 @@ class Config(ExperimentConfig):
 PROFILES = {
     "quick": {"steps": 3000, "threads": 1},
     "cpu": {"steps": 7000, "threads": 1},
-    "full": {"steps": 50000},
+    # one H100 (mpt_lab.experiments.budget): three small models and the swamped share per step cost their
+    # operator launches, not FLOPs
+    "full": {"steps": 2000},
 }
+
+#: ``--smoke``: two steps.
+SMOKE = {"steps": 2}
 
 
 @dataclass
@@ -142,7 +147,7 @@ def measure(config: Config, run: Run) -> dict:
     return {"losses": losses, "swamped": swamped, "test_accuracy": acc}
 
 
-EXPERIMENT = Experiment(NAME, Config, PROFILES, measure, StallResult, __doc__)
+EXPERIMENT = Experiment(NAME, Config, PROFILES, measure, StallResult, __doc__, smoke=SMOKE)
 run, config_for, main = EXPERIMENT.run, EXPERIMENT.config_for, EXPERIMENT.main
 
 if __name__ == "__main__":

@@ -249,6 +249,9 @@ class Config(ExperimentConfig):
 
 PROFILES = {"quick": {"threads": 1}, "cpu": {"threads": 1}, "full": {}}
 
+#: ``--smoke``: the full profile as it is (it takes milliseconds).
+SMOKE: dict = {}
+
 
 @dataclass
 class MessagePassingResult(ExperimentResult):
@@ -293,7 +296,7 @@ def measure(config: Config, run: Run) -> dict:
     return {"reference": note, "rows": rows}
 
 
-EXPERIMENT = Experiment(NAME, Config, PROFILES, measure, MessagePassingResult, __doc__)
+EXPERIMENT = Experiment(NAME, Config, PROFILES, measure, MessagePassingResult, __doc__, smoke=SMOKE)
 run, config_for, main = EXPERIMENT.run, EXPERIMENT.config_for, EXPERIMENT.main
 
 if __name__ == "__main__":

@@ -28,7 +28,13 @@ and the runner does the rest the same way for every experiment:
   experiment does not define is a ValueError naming the ones it does.  :data:`PROFILES` are "quick" (CI, each
   notebook ≤ 90 s on 2 CPU cores), "cpu" (a laptop, each notebook ≤ 4 minutes), "long" (paper-like sizes
   that run in ≤ 60 minutes on 2 CPU cores, run once and saved as ``book/results/NAME_long.json``) and
-  "full" (one GPU, ≤ 8 minutes, saved as ``NAME_full.json``).  :func:`mpt_lab.profile` never picks "long".
+  "full" (one GPU: all experiments together ≤ 8 minutes on one H100, :mod:`mpt_lab.experiments.budget`; saved
+  as ``NAME_full.json``).  :func:`mpt_lab.profile` never picks "long".
+* **smoke runs**: ``smoke_config()`` is the full profile cut to a couple of steps and one evaluation by the
+  experiment's ``smoke`` overrides (fields of *work* only: steps, epochs, batches, repeats, data-set sizes; never
+  a width, a layer count, an image size or a switch that picks a code path), with ``profile="smoke"``.  It proves
+  on any device, in seconds, that the full configuration runs end to end.  A smoke result says so in its
+  profile and provenance, and :meth:`ExperimentResult.save` refuses to write one under ``book/results/``.
 * **seeding, threads, device**: ``torch.manual_seed(config.seed)``; ``torch.set_num_threads(config.threads)``
   when it is non-zero (restored afterwards); ``config.device`` "auto" is CUDA when present.
 * **timing and provenance**: the wall time of the run and where it came from (the command that regenerates it
@@ -37,7 +43,7 @@ and the runner does the rest the same way for every experiment:
 * **JSON**: results save to and load from JSON; a result is normalised through its JSON form when it is made,
   so a loaded result equals the one that was saved (tuples are lists, dict keys are strings, histograms are
   :class:`~mpt_lab.histogram.Log2Histogram`, non-finite floats are written "inf", "-inf", "nan").
-* **the CLI**: ``python -m mpt_lab.experiments.NAME --profile P --out F --set key=value``;
+* **the CLI**: ``python -m mpt_lab.experiments.NAME --profile P --out F --set key=value [--smoke]``;
   ``python -m mpt_lab.experiments --list`` and ``--all`` (see :mod:`mpt_lab.experiments.__main__`).
 * **progress**: tqdm bars (``run.bar``) unless ``progress=False`` or the environment variable
   ``MPT_LAB_PROGRESS`` is "0" (the book build sets it: a rendered page shows one line of timing instead).
@@ -61,11 +67,14 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterable
 
-__all__ = ["PROFILES", "ExperimentConfig", "ExperimentResult", "Experiment", "Run", "REGISTRY", "save_json",
-           "load_json", "results_dir", "result_path", "progress_enabled"]
+__all__ = ["PROFILES", "SMOKE", "ExperimentConfig", "ExperimentResult", "Experiment", "Run", "REGISTRY", "save_json",
+           "load_json", "results_dir", "result_path", "progress_enabled", "is_smoke"]
 
 #: Every profile an experiment may define, from the smallest to the largest.
 PROFILES = ("quick", "cpu", "long", "full")
+
+#: The ``profile`` of a smoke run's configuration: the full profile cut short (:meth:`Experiment.smoke_config`).
+SMOKE = "smoke"
 
 #: name → :class:`Experiment`, filled as experiment modules are imported (see ``mpt_lab.experiments.get``).
 REGISTRY: dict[str, "Experiment"] = {}
@@ -155,6 +164,27 @@ def result_path(name: str, profile: str) -> Path:
     return results_dir() / f"{name}_{profile}.json"
 
 
+def is_smoke(data) -> bool:
+    """Whether a result (an :class:`ExperimentResult` or its dict) comes from a smoke run: its configuration's
+    profile is :data:`SMOKE` or its provenance says ``"smoke"``.  Smoke results prove that code runs; their
+    numbers mean nothing."""
+    if isinstance(data, ExperimentResult):
+        config, prov = data.config, data.provenance
+    elif isinstance(data, dict):
+        config, prov = data.get("config") or {}, data.get("provenance") or {}
+    else:
+        raise TypeError(f"data must be an ExperimentResult or a dict, got {type(data).__name__}")
+    return config.get("profile") == SMOKE or prov.get("profile") == SMOKE or bool(prov.get("smoke"))
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    try:
+        path.resolve().relative_to(folder.resolve())
+        return True
+    except ValueError:
+        return False
+
+
 def progress_enabled(progress: bool | None = None) -> bool:
     """Whether to show progress bars: ``progress`` when given, else not when ``MPT_LAB_PROGRESS`` is
     "0", "false", "no" or "off" (the book build sets it), else yes."""
@@ -168,7 +198,7 @@ def progress_enabled(progress: bool | None = None) -> bool:
 class ExperimentConfig:
     """Fields every experiment's configuration has.
 
-    profile : the profile these sizes come from ("quick", "cpu", "long", "full", or "custom")
+    profile : the profile these sizes come from ("quick", "cpu", "long", "full", "smoke" or "custom")
     seed : torch's seed at the start of the run; data and initial weights derive from it
     device : "auto" (CUDA when present), "cpu", "cuda" or "cuda:N"
     threads : torch CPU threads for the run (0: leave torch's setting)
@@ -266,7 +296,14 @@ class ExperimentResult:
         return cls(**{f.name: _decode(d[f.name]) for f in fields(cls) if f.name in d})
 
     def save(self, path) -> Path:
-        """Write the result as JSON (with its provenance) to ``path``."""
+        """Write the result as JSON (with its provenance) to ``path``.
+
+        Raises ValueError for a smoke result (:func:`is_smoke`) and a path under ``book/results/``: a smoke run's
+        numbers must never be mistaken for a measurement.
+        """
+        if is_smoke(self) and _inside(Path(path), results_dir()):
+            raise ValueError(f"a smoke result must not be saved under {results_dir()} (got {path}): its numbers are "
+                             "not a measurement")
         return save_json(self.to_dict(), path)
 
     @classmethod
@@ -356,10 +393,13 @@ class Experiment:
         waits for them and returns the result they wrote; in a process it started it returns None, and
         :meth:`run` measures there.  ``measure`` returns None in a process that does not report (a rank other
         than 0): :meth:`run` then returns None and :meth:`main` prints and writes nothing.
+    smoke : None, or a dict of Config fields that cut the "full" profile to a smoke run (see
+        :meth:`smoke_config`): only fields of work (steps, epochs, batches, repeats, data-set sizes), so that the
+        model's shape and every code path stay those of the full profile.  Required with a "full" profile.
     """
 
     def __init__(self, name: str, config: type, profiles: dict, measure: Callable, result: type, title: str = "",
-                 launcher: Callable | None = None):
+                 launcher: Callable | None = None, smoke: dict | None = None):
         if not (isinstance(config, type) and issubclass(config, ExperimentConfig)):
             raise TypeError("config must be a dataclass subclassing ExperimentConfig")
         if not (isinstance(result, type) and issubclass(result, ExperimentResult)):
@@ -372,6 +412,14 @@ class Experiment:
             bad = [k for k in over if k not in names or k == "profile"]
             if bad:
                 raise ValueError(f"profile {p!r} of {name} sets unknown fields {bad}")
+        if smoke is not None:
+            if not isinstance(smoke, dict) or "full" not in profiles:
+                raise ValueError(f"smoke of {name} must be a dict of Config fields, for an experiment with a full "
+                                 "profile")
+            bad = [k for k in smoke if k not in names or k == "profile"]
+            if bad:
+                raise ValueError(f"smoke of {name} sets unknown fields {bad}")
+        self.smoke = None if smoke is None else dict(smoke)
         self.name, self.Config, self.Result, self.measure = name, config, result, measure
         self.launcher = launcher
         self.profiles = {p: dict(profiles[p]) for p in PROFILES if p in profiles}
@@ -396,6 +444,22 @@ class Experiment:
                              f"{', '.join(self.profiles)}")
         return self.Config(profile=profile, **self.profiles[profile])
 
+    def smoke_config(self):
+        """The "full" profile cut to a smoke run: ``Config(profile="smoke", **(PROFILES["full"] | {"threads": 1} |
+        smoke))``.
+
+        The same model shapes and code paths as the full profile, with only the work cut (a couple of steps, one
+        evaluation, small batches where a CPU needs them), so that ``--all --profile full --smoke`` proves on
+        any device, CPU included, that no full configuration dies on an error.  One CPU thread unless the
+        overrides say otherwise (on a shared 2-core machine two threads can be many times slower than one).
+
+        Raises ValueError for an experiment without a full profile or without smoke overrides.
+        """
+        if "full" not in self.profiles or self.smoke is None:
+            raise ValueError(f"the {self.name} experiment has no smoke run: it needs a 'full' profile and "
+                             "smoke overrides (Experiment(..., smoke={...}))")
+        return self.Config(profile=SMOKE, **{**self.profiles["full"], "threads": 1, **self.smoke})
+
     def _resolve(self, config):
         from .. import profile as current_profile
 
@@ -411,9 +475,13 @@ class Experiment:
         """The command line that runs ``config``: a profile plus ``--set`` for each field that differs from it
         (a custom config is expressed against the experiment's first profile)."""
         config = self.config_for(self._default_profile()) if config is None else config
-        profile = config.profile if config.profile in self.profiles else next(iter(self.profiles))
-        base = self.config_for(profile)
-        parts = ["python", "-m", f"mpt_lab.experiments.{self.name}", "--profile", profile]
+        if config.profile == SMOKE and self.smoke is not None:
+            base = self.smoke_config()
+            parts = ["python", "-m", f"mpt_lab.experiments.{self.name}", "--profile", "full", "--smoke"]
+        else:
+            profile = config.profile if config.profile in self.profiles else next(iter(self.profiles))
+            base = self.config_for(profile)
+            parts = ["python", "-m", f"mpt_lab.experiments.{self.name}", "--profile", profile]
         for f in fields(config):
             v = getattr(config, f.name)
             if f.name == "profile" or getattr(base, f.name) == v:
@@ -472,6 +540,9 @@ class Experiment:
         cfg = _decode(_encode(dataclasses.asdict(config)))
         prov = provenance(command=command or self.command(config), config=cfg, device=device)
         prov.update(experiment=self.name, profile=config.profile, seconds=seconds)
+        if config.profile == SMOKE:
+            prov["smoke"] = {"of": "full", "overrides": _decode(_encode(self.smoke or {})),
+                             "note": "a smoke run: the full profile cut short; its numbers are not a measurement"}
         if device.type == "cpu":
             prov["cpu_flags"] = cpu_flags()
         result = self.Result(config=cfg, provenance=prov, **_decode(_encode(own)))
@@ -495,8 +566,16 @@ class Experiment:
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="override a configuration field (repeatable; tuples comma-separated)")
         p.add_argument("--no-progress", action="store_true", help="no progress bars")
+        if self.smoke is not None:
+            p.add_argument("--smoke", action="store_true",
+                           help="the full profile cut to a smoke run (a couple of steps; its numbers mean nothing)")
         args = p.parse_args(argv)
-        cfg = self.config_for(args.profile or self._default_profile())
+        if getattr(args, "smoke", False):
+            if args.profile not in (None, "full"):
+                p.error("--smoke cuts the full profile: use it with --profile full (or no --profile)")
+            cfg = self.smoke_config()
+        else:
+            cfg = self.config_for(args.profile or self._default_profile())
         for item in args.set:
             key, sep, value = item.partition("=")
             if not sep or key not in {f.name for f in fields(cfg)} or key == "profile":
@@ -506,6 +585,8 @@ class Experiment:
                 setattr(cfg, key, _parse_like(getattr(cfg, key), value))
             except ValueError as err:
                 p.error(f"--set {key}: {err}")
+        if cfg.profile == SMOKE and args.out and _inside(args.out, results_dir()):
+            p.error(f"--smoke: a smoke result must not be written under {results_dir()}")
         try:
             result = self.run(cfg, progress=False if args.no_progress else None,
                               command=self.command(cfg, args.out))

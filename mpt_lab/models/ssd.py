@@ -55,6 +55,8 @@ CONFIGS: dict[str, dict] = {
     # SSD300's layout on a VGG-16-shaped backbone (VGGSSD) at a quarter and an eighth of VGG-16's width
     "vgg16": dict(arch="vgg16", width=0.25, image_size=300),         # 1.9M parameters
     "vgg16_narrow": dict(arch="vgg16", width=0.125, image_size=300),  # 0.61M parameters
+    # SSD300 itself: VGG-16's full width (24.9M parameters for one grey channel and 11 classes): for a GPU
+    "vgg16_full": dict(arch="vgg16", width=1.0, image_size=300),
 }
 
 

@@ -1,0 +1,217 @@
+"""A GPU slot's results in one archive, and back into ``book/results/``.
+
+The lent GPU machines bring back at most 8 files from a command's output folder, so ``benchmarks/gpu_slot.sh``
+packs everything a slot produced into one ``.tar.gz`` (:func:`pack`): the results ``results/NAME_full.json``,
+the run's log and summary, and ``manifest.json`` with the provenance of the slot (device, versions, date,
+commands) and the SHA-256 of every file.  :func:`unpack` (``python -m mpt_lab.experiments --unpack ARCHIVE``)
+checks the archive and copies its results into ``book/results/``, byte for byte, so that each keeps the
+provenance it was written with.  It refuses, before writing anything:
+
+* a member with an absolute path, a ``..``, a link or anything but a regular file;
+* a file under ``results/`` that is not named ``NAME_full.json`` for an experiment of
+  :data:`mpt_lab.experiments.NAMES`;
+* a result whose content disagrees with its name (another experiment, another profile), a smoke result
+  (:func:`~mpt_lab.experiments.runner.is_smoke`), one without provenance (command, device, versions, date), one
+  that its experiment's Result class cannot load, or one whose SHA-256 differs from the manifest's.
+
+Command line (what the slot script calls)::
+
+    python -m mpt_lab.experiments.slot pack WORKDIR ARCHIVE      # WORKDIR/results/*.json, WORKDIR/*.log, *.json
+    python -m mpt_lab.experiments.slot unpack ARCHIVE [--into book/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import re
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+from .runner import is_smoke, results_dir
+
+__all__ = ["pack", "unpack", "check_archive", "MANIFEST", "RESULT_NAME"]
+
+#: The manifest's name inside the archive.
+MANIFEST = "manifest.json"
+
+#: What a result's file name must look like: ``NAME_full.json``.
+RESULT_NAME = re.compile(r"^(?P<name>[a-z0-9_]+)_full\.json$")
+
+#: What every result's provenance must hold.
+_PROVENANCE = ("command", "device", "versions", "date")
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def pack(workdir, archive, *, extra: dict | None = None) -> Path:
+    """Pack a slot's ``workdir`` into the gzipped tar ``archive``: ``workdir/results/*.json`` as ``results/…``,
+    the other files directly in ``workdir`` (logs, the run's summary) at the top, and :data:`MANIFEST`.
+
+    Parameters
+    ----------
+    workdir : folder with ``results/`` (may be missing or empty: a slot that produced nothing still packs its
+        log)
+    archive : path of the ``.tar.gz`` to write (its folder is created)
+    extra : more entries for the manifest (e.g. the slot's commands)
+
+    Returns the archive's path.  Raises FileNotFoundError when ``workdir`` does not exist.
+    """
+    from ..device import provenance
+
+    workdir, archive = Path(workdir), Path(archive)
+    if not workdir.is_dir():
+        raise FileNotFoundError(f"no slot folder at {workdir}")
+    files = sorted(p for p in workdir.iterdir() if p.is_file() and p.resolve() != archive.resolve())
+    files += sorted(p for p in (workdir / "results").glob("*") if p.is_file()) if (workdir / "results").is_dir() \
+        else []
+    entries, results = {}, []
+    for p in files:
+        arc = p.relative_to(workdir).as_posix()
+        data = p.read_bytes()
+        entries[arc] = {"bytes": len(data), "sha256": _sha256(data)}
+        if arc.startswith("results/") and arc.endswith(".json"):
+            try:
+                d = json.loads(data)
+                prov = d.get("provenance", {})
+                results.append({"file": arc, "experiment": d.get("experiment"), "profile": prov.get("profile"),
+                                "device": prov.get("device"), "seconds": prov.get("seconds"),
+                                "date": prov.get("date")})
+            except (ValueError, AttributeError):
+                results.append({"file": arc, "error": "not a result (JSON with provenance)"})
+    try:
+        prov = provenance(command="benchmarks/gpu_slot.sh")
+    except Exception as err:  # pragma: no cover - packing must not fail for want of a description
+        prov = {"error": f"{type(err).__name__}: {err}"}
+    manifest = {"what": "mpt_lab GPU slot: full-profile results with provenance", "created": prov.get("date"),
+                "provenance": prov, "results": results, "files": entries, **(extra or {})}
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(archive, "w:gz") as tar:
+        for p in files:
+            tar.add(p, arcname=p.relative_to(workdir).as_posix(), recursive=False)
+        blob = (json.dumps(manifest, indent=1, ensure_ascii=False) + "\n").encode()
+        info = tarfile.TarInfo(MANIFEST)
+        info.size, info.mtime = len(blob), int(time.time())
+        tar.addfile(info, io.BytesIO(blob))
+    return archive
+
+
+def check_archive(archive) -> tuple:
+    """Read and check a slot's archive (see the module docstring) without writing anything.
+
+    Returns ``(manifest, results)``: the manifest dict and a dict file name (``NAME_full.json``) → its bytes.
+
+    Raises
+    ------
+    FileNotFoundError
+        No file at ``archive``.
+    ValueError
+        Not a tar archive, no manifest, an unsafe member, a file under ``results/`` that is not a valid,
+        non-smoke ``NAME_full.json`` with provenance, or a checksum that differs from the manifest's (the
+        message names the file and why).
+    """
+    from . import NAMES, get
+
+    archive = Path(archive)
+    if not archive.is_file():
+        raise FileNotFoundError(f"no archive at {archive}")
+    try:
+        tar = tarfile.open(archive, "r:*")
+    except tarfile.TarError as err:
+        raise ValueError(f"{archive} is not a tar archive ({err})") from None
+    results, manifest = {}, None
+    with tar:
+        for m in tar.getmembers():
+            parts = Path(m.name).parts
+            if m.name.startswith("/") or ".." in parts or not parts:
+                raise ValueError(f"unsafe member {m.name!r} (absolute or with '..')")
+            if m.isdir():
+                continue
+            if not m.isfile():
+                raise ValueError(f"member {m.name!r} is not a regular file (a link or a device)")
+            data = tar.extractfile(m).read()
+            if m.name == MANIFEST:
+                manifest = json.loads(data)
+            elif parts[0] == "results":
+                match = RESULT_NAME.match(parts[-1]) if len(parts) == 2 else None
+                if match is None or match["name"] not in NAMES:
+                    raise ValueError(f"{m.name}: only results named NAME_full.json, NAME an experiment of "
+                                     f"mpt_lab.experiments.NAMES, go to book/results/")
+                results[parts[-1]] = data
+    if manifest is None:
+        raise ValueError(f"{archive} has no {MANIFEST}: not a slot archive made by mpt_lab.experiments.slot.pack")
+    for fname, data in results.items():
+        name = RESULT_NAME.match(fname)["name"]
+        listed = manifest.get("files", {}).get(f"results/{fname}")
+        if listed is None or listed.get("sha256") != _sha256(data):
+            raise ValueError(f"results/{fname}: its SHA-256 differs from the manifest's (or it is not listed)")
+        try:
+            d = json.loads(data)
+        except ValueError:
+            raise ValueError(f"results/{fname} is not JSON") from None
+        if not isinstance(d, dict) or d.get("experiment") != name:
+            raise ValueError(f"results/{fname} holds a result of {d.get('experiment') if isinstance(d, dict) else d!r}, "
+                             f"not of {name}")
+        if is_smoke(d):
+            raise ValueError(f"results/{fname} is a smoke result (the full profile cut short): not a measurement")
+        prov = d.get("provenance") or {}
+        if d.get("config", {}).get("profile") != "full" or prov.get("profile") not in ("full", None):
+            raise ValueError(f"results/{fname} is a {d.get('config', {}).get('profile')!r} result, not a full one")
+        missing = [k for k in _PROVENANCE if not prov.get(k)]
+        if missing:
+            raise ValueError(f"results/{fname} lacks the provenance {missing}")
+        try:
+            get(name).Result.from_dict(d)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"results/{fname} does not load as a {name} result: {err}") from None
+    return manifest, results
+
+
+def unpack(archive, into=None) -> list:
+    """Check ``archive`` (:func:`check_archive`) and copy its results, byte for byte, into ``into`` (default
+    ``book/results/``); returns the paths written.  Nothing is written when any check fails."""
+    _, results = check_archive(archive)
+    into = results_dir() if into is None else Path(into)
+    into.mkdir(parents=True, exist_ok=True)
+    written = []
+    for fname, data in sorted(results.items()):
+        path = into / fname
+        path.write_bytes(data)
+        written.append(path)
+    return written
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m mpt_lab.experiments.slot", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="verb", required=True)
+    pk = sub.add_parser("pack", help="pack a slot folder into one archive")
+    pk.add_argument("workdir", type=Path)
+    pk.add_argument("archive", type=Path)
+    up = sub.add_parser("unpack", help="check an archive and copy its results into book/results/")
+    up.add_argument("archive", type=Path)
+    up.add_argument("--into", type=Path, default=None)
+    args = p.parse_args(argv)
+    if args.verb == "pack":
+        path = pack(args.workdir, args.archive)
+        with tarfile.open(path) as tar:
+            names = tar.getnames()
+        print(f"packed {len(names)} files into {path} ({path.stat().st_size / 1e6:.2f} MB): {', '.join(names)}")
+        return 0
+    try:
+        written = unpack(args.archive, args.into)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"refused {args.archive}: {err}", file=sys.stderr)
+        return 2
+    for path in written:
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
