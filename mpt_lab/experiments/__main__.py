@@ -156,6 +156,11 @@ def main(argv=None) -> int:
             row["status"] = "skipped"
             _line("-", name, f"skipped: {out} exists (--force reruns it)")
             continue
+        if args.profile == "full" and not args.smoke and name not in only and not budget.ESTIMATES[name].gpu:
+            row["status"] = "skipped"
+            row["reason"] = "computes on the CPU (its full profile is its cpu profile): not in a GPU slot; --only runs it"
+            _line("-", name, f"skipped: {row['reason']}")
+            continue
         left = None if args.budget is None else args.budget - (time.monotonic() - start)
         if left is not None and expected > left:
             row["status"] = "skipped"

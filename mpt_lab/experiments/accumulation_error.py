@@ -241,7 +241,10 @@ def measure(config: Config, run: Run) -> dict:
             "autocast": _autocast()}
 
 
-EXPERIMENT = Experiment(NAME, Config, PROFILES, measure, AccumulationErrorResult, __doc__)
+#: ``--smoke``: the full profile cut to a few trials or steps (shapes unchanged).
+SMOKE = {"trials": 2, "rows": 1, "tc_outputs": 4, "threads": 1}
+
+EXPERIMENT = Experiment(NAME, Config, PROFILES, measure, AccumulationErrorResult, __doc__, smoke=SMOKE)
 run, config_for, main = EXPERIMENT.run, EXPERIMENT.config_for, EXPERIMENT.main
 
 if __name__ == "__main__":

@@ -241,7 +241,10 @@ def measure(config: Config, run: Run) -> dict:
     return {"accumulator": _accumulator_runs(config, run), "weights": _weight_runs(config, run)}
 
 
-EXPERIMENT = Experiment(NAME, Config, PROFILES, measure, AccumulationTrainingResult, __doc__)
+#: ``--smoke``: the full profile cut to a few trials or steps (shapes unchanged).
+SMOKE = {"steps": 2, "weight_steps": 2, "threads": 1}
+
+EXPERIMENT = Experiment(NAME, Config, PROFILES, measure, AccumulationTrainingResult, __doc__, smoke=SMOKE)
 run, config_for, main = EXPERIMENT.run, EXPERIMENT.config_for, EXPERIMENT.main
 
 if __name__ == "__main__":

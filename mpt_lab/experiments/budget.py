@@ -84,6 +84,9 @@ class Estimate:
     kops : thousands of kernel-launching operators
     cpu_seconds : host work that does not shrink on a GPU (data generation, process starts)
     basis : how the numbers were obtained (shapes, counts, measurements)
+    gpu : False for an experiment whose full profile computes on the CPU whatever the device (it equals its cpu
+        profile, which the chapter runs live): a GPU slot leaves it out (``--all --profile full`` skips it unless
+        ``--only`` names it) and :func:`total_seconds` does not count it
     """
 
     priority: int
@@ -93,6 +96,7 @@ class Estimate:
     kops: float = 0.0
     cpu_seconds: float = 0.0
     basis: str = ""
+    gpu: bool = True
 
     def __post_init__(self):
         if not isinstance(self.priority, int) or isinstance(self.priority, bool) or self.priority < 1:
@@ -122,42 +126,42 @@ class Estimate:
 
 ESTIMATES: dict[str, Estimate] = {
     "amp_recipe": Estimate(
-        1, "ch. 5: FP16 and BF16 speed-ups on tensor cores and the fraction of peak (no GPU number yet)",
+        1, "ch. 6: FP16 and BF16 speed-ups on tensor cores and the fraction of peak (no GPU number yet)",
         tflop={"fp32": 137, "fp16": 1040}, gbytes=3600, kops=300, cpu_seconds=3,
         basis="3 x Linear(4096) steps, 6*B*4096^2*3 FLOPs, 250 steps (1 + 3 epochs + the memory epoch of 50 "
               "batches) per precision and batch (128, 256, 512, 513): 106 TFLOP per precision; the matmul peaks at "
               "8192^2 (2 layouts x ~8 timed batches of >= 50 ms): 31 TFLOP FP32, 828 FP16/BF16; ~1.2 GB of weight "
               "traffic per step (SGD, casts, gradients); 100 operators per step (counted)"),
     "fp8_recipes": Estimate(
-        2, "ch. 10: FP8 tensor cores (torch._scaled_mm) beside the emulation, the wider language model",
+        2, "ch. 11: FP8 tensor cores (torch._scaled_mm) beside the emulation, the wider language model",
         tflop={"fp32": 71}, gbytes=8000, kops=1610, cpu_seconds=3,
         basis="9 runs (7 recipes + 2 on tensor cores) x 100 steps of the 4-layer dim-256 transformer on 4,096 "
               "characters (79 GFLOP a step); counted on a CPU: ~2,000 operators a step of a quantised recipe "
               "(17 Linear layers x x/w/g quantisers), ~1,000 for BF16, ~500 for FP32: 1,550 k; evaluations and the "
               "block-size sweep 60 k; ~2,000 elementwise passes of ~8 MB a step; the text's characters on the host"),
     "gat_amp": Estimate(
-        3, "ch. 8: the caching allocator's peak memory of the DGL guide's GAT at Reddit's 232,965 nodes",
+        3, "ch. 9: the caching allocator's peak memory of the DGL guide's GAT at Reddit's 232,965 nodes",
         tflop={"fp32": 118, "fp16": 236}, gbytes=38500, kops=200, cpu_seconds=6,
         basis="6 runs (heads 1, 2 x FP32, FP16, BF16) x 100 full-batch epochs on 2.1 M edges: PyG's GATConv reads "
               "and writes ~11 [E, heads, C] tensors per layer and step (C = 256, 256, 41), 4 bytes in FP32, ~3 "
               "under autocast: 38 TB; the projections 0.32 TFLOP (heads 1) and 0.86 (heads 2) per epoch; 313 "
               "operators a step (counted); the synthetic graph and the memory fit's graphs on the host"),
     "memory_tradeoffs": Estimate(
-        4, "ch. 6: allocator peak memory and time of checkpointing against FP16 on a ResNet",
+        4, "ch. 7: allocator peak memory and time of checkpointing against FP16 on a ResNet",
         tflop={"tf32": 320, "fp16": 320}, gbytes=3500, kops=90, cpu_seconds=3,
         basis="ResNet (width 64, 4 stages x 2 blocks, 64 px): 4.4 GFLOP forward per image (FlopCounterMode), "
               "3.4 TFLOP per step of 256 images; ~180 steps (the four ways x 14, exactness, breakdown, 2 x 10 "
               "epochs of 6 batches) and their checkpoint recomputation: 640 TFLOP, half in FP16; ~20 GB of "
               "activations a step; 377 operators a step (counted)"),
     "biglstm": Estimate(
-        5, "ch. 7: Figure 1 with real FP16 autocast on the LSTM at 65,536 tokens per batch, no shift",
+        5, "ch. 8: Figure 1 with real FP16 autocast on the LSTM at 65,536 tokens per batch, no shift",
         tflop={"fp32": 176, "fp16": 528}, gbytes=19200, kops=320, cpu_seconds=4,
         basis="4 arms x 200 steps of the 'small' LSTM (2 x 512 cells, projection 128) on 2048 x 32 tokens over "
               "8,192 words: 13.4 MFLOP per token, 0.88 TFLOP a step (the FP32 arm without TF32); the logits, "
               "537 M values, pass ~10 times through memory a step with their cast, softmax and gradient: 24 GB; "
               "~400 operators a step (cuDNN's LSTM is one call; the CPU count unrolls it); the corpus"),
     "ssd_table2": Estimate(
-        6, "ch. 7: Table 2 with real FP16 autocast on SSD300 (VGG-16 at full width, 300 px), no shift",
+        6, "ch. 8: Table 2 with real FP16 autocast on SSD300 (VGG-16 at full width, 300 px), no shift",
         tflop={"tf32": 940, "fp16": 1770}, gbytes=10260, kops=360, cpu_seconds=11,
         basis="3 arms x 150 steps of SSD300 (61.5 GFLOP forward per 300 px image, FlopCounterMode) on batches of "
               "32: 5.9 TFLOP a step, FP32 convolutions in TF32 (cuDNN's default); evaluations 3 x 300 images; "
@@ -176,7 +180,7 @@ ESTIMATES: dict[str, Estimate] = {
         basis="2,000 steps of two MLPs (64-1024-1024-10, batch 256: 1.7 GFLOP each) and a bit-for-bit comparison: "
               "150 operators a step (counted); launch-bound"),
     "distributed": Estimate(
-        9, "ch. 9: DDP and FSDP2 with NCCL (two GPUs or more; one GPU: two gloo ranks on its CPU)",
+        9, "ch. 10: DDP and FSDP2 with NCCL (two GPUs or more; one GPU: two gloo ranks on its CPU)",
         cpu_seconds=25,
         basis="on the lent single-GPU machine the ranks compute on the CPU (placement()): torchrun's start (~8 s) "
               "and the cpu profile's network for half its steps at twice its batch (chapter 9 with the cpu "
@@ -188,11 +192,11 @@ ESTIMATES: dict[str, Estimate] = {
               "per 300 px image); every step histograms every module's gradient: ~1,300 operators a step with the "
               "compiled kernel (2,349 counted with the eager one); 1,600 images of 300 px generated"),
     "message_passing": Estimate(
-        11, "ch. 8 (not shown yet): the DGL guide's FP16 message passing on CUDA kernels",
+        11, "ch. 9 (not shown yet): the DGL guide's FP16 message passing on CUDA kernels",
         kops=2, cpu_seconds=1,
         basis="four examples on 30 nodes and 100 edges: milliseconds; PyG is imported by gat_amp before"),
     "lm_gradient_scale": Estimate(
-        12, "ch. 7 (not shown yet): vocabulary and batch against the gradient scale, up to 16,384 tokens",
+        12, "ch. 8 (not shown yet): vocabulary and batch against the gradient scale, up to 16,384 tokens",
         gbytes=1000, kops=150, cpu_seconds=6,
         basis="5 points (V 1024, 8192 x N 16 x 16, 1024 x 16, and the shift check) x 100 FP32 steps of the tiny "
               "LSTM: ~300 operators a step with the compiled histogram kernel (the CPU count unrolls the LSTM); "
@@ -201,6 +205,21 @@ ESTIMATES: dict[str, Estimate] = {
         13, "ch. 4 (not shown yet): pure FP16 stalling, with CUDA's FP16 arithmetic",
         kops=250, cpu_seconds=1,
         basis="2,000 steps of three small MLPs and the swamped share: 125 operators a step (counted)"),
+    "tensor_core_accumulation": Estimate(
+        14, "ch. 5: FP16 and FP8 tensor-core products against the accumulation module's exact predictions",
+        kops=5, cpu_seconds=11,
+        basis="measured: 17.6 s on an H100 80GB HBM3 (15.6 s on an H200), almost all of it the exact FP16- and "
+              "14-bit-accumulator predictions of 64 x 64 outputs on the host (sum of K about 32 k steps); the "
+              "device's matrix products take milliseconds"),
+    "accumulation_error": Estimate(
+        15, "ch. 5: error against K (its full profile is its cpu profile: nothing here runs on a GPU)",
+        cpu_seconds=2, gpu=False,
+        basis="measured: 3.0 s on an H100 machine's host CPU (10 s with the process start)"),
+    "accumulation_training": Estimate(
+        16, "ch. 5: training with FP16-accumulated products (its full profile is its cpu profile)",
+        cpu_seconds=14, gpu=False,
+        basis="estimated from 35.5 s measured on an H100 machine's host with a larger MLP; the arithmetic of "
+              "mpt_lab.accumulation runs on the CPU"),
 }
 
 
@@ -216,8 +235,10 @@ def expected_seconds(name: str) -> float:
 
 
 def total_seconds(names=None) -> float:
-    """:data:`STARTUP_SECONDS` plus the expected seconds of ``names`` (default: every row)."""
-    return STARTUP_SECONDS + sum(expected_seconds(n) for n in (ESTIMATES if names is None else names))
+    """:data:`STARTUP_SECONDS` plus the expected seconds of the GPU rows among ``names`` (default: every row): what
+    a GPU slot runs.  Rows with ``gpu=False`` are left out (see :class:`Estimate`)."""
+    names = ESTIMATES if names is None else names
+    return STARTUP_SECONDS + sum(expected_seconds(n) for n in names if ESTIMATES[n].gpu)
 
 
 def plan(names) -> list:
@@ -239,9 +260,10 @@ def table(names=None) -> str:
             continue
         e = ESTIMATES[n]
         t = e.terms
-        total += e.seconds
+        total += e.seconds if e.gpu else 0.0
         rows.append(f"{e.priority:>2}  {n:<22}{e.seconds:>11.0f}  {t['compute']:>8.1f}{t['memory']:>8.1f}"
-                    f"{t['overhead']:>9.1f}{t['host']:>7.1f}  {e.needs}")
+                    f"{t['overhead']:>9.1f}{t['host']:>7.1f}  {e.needs}"
+                    + ("" if e.gpu else " [CPU work: not in a GPU slot, not in the sum]"))
     rows.append(f"    {'startup':<22}{STARTUP_SECONDS:>11.0f}  CUDA context, handles, the histogram kernel's compilation")
     rows.append(f"    {'sum':<22}{total + STARTUP_SECONDS:>11.0f}  (slot: {SLOT_SECONDS:.0f} s on one H100; the terms are "
                 f"before the safety factor {SAFETY})")

@@ -187,7 +187,10 @@ def measure(config: Config, run: Run) -> dict:
             "agreement": agree, "device_name": describe(device).split(" (")[0]}
 
 
-EXPERIMENT = Experiment(NAME, Config, PROFILES, measure, TensorCoreResult, __doc__)
+#: ``--smoke``: the full profile cut to a few trials or steps (shapes unchanged).
+SMOKE = {"ks": (256,), "threads": 1}
+
+EXPERIMENT = Experiment(NAME, Config, PROFILES, measure, TensorCoreResult, __doc__, smoke=SMOKE)
 run, config_for, main = EXPERIMENT.run, EXPERIMENT.config_for, EXPERIMENT.main
 
 if __name__ == "__main__":
