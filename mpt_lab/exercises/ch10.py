@@ -49,9 +49,9 @@ def _ex101_worked() -> str:
     small = EX101_VALUES[1]
     return f"""BF16 keeps {bf16.mantissa_bits + 1} significant bits, so just above 1 its values are 2^-{bf16.mantissa_bits} = {F.ulp(1.0, bf16)} apart: 1 and 1 + 2^-{bf16.mantissa_bits} are neighbours, and 1 + 2^-{bf16.mantissa_bits + 1} lies exactly halfway between them. Both small values are 2^-8 = {small}, half that spacing.
 
-**Ring.** Chunk 0 is summed in the order ring_order(3, 0) = {order}: the partial sum starts at rank {order[0]}, rank {order[1]} adds its value, and rank {order[2]} adds the last one. So the two small values meet first: 2^-8 + 2^-8 = 2^-7, exact. Then 1 + 2^-7 is a BF16 value, so nothing is lost, and every rank receives 1 + 2^-7.
+Ring: Chunk 0 is summed in the order ring_order(3, 0) = {order}: the partial sum starts at rank {order[0]}, rank {order[1]} adds its value, and rank {order[2]} adds the last one. So the two small values meet first: 2^-8 + 2^-8 = 2^-7, exact. Then 1 + 2^-7 is a BF16 value, so nothing is lost, and every rank receives 1 + 2^-7.
 
-**Tree.** Rank 0's children are {children}; it adds rank {children[0]}'s value first: 1 + 2^-8 is a tie between 1 and 1 + 2^-7, and round-to-nearest-even picks the neighbour whose last mantissa bit is 0, which is 1. Adding rank {children[1]}'s 2^-8 is the same tie again, and again gives 1. Both small values are lost.
+Tree: Rank 0's children are {children}; it adds rank {children[0]}'s value first: 1 + 2^-8 is a tie between 1 and 1 + 2^-7, and round-to-nearest-even picks the neighbour whose last mantissa bit is 0, which is 1. Adding rank {children[1]}'s 2^-8 is the same tie again, and again gives 1. Both small values are lost.
 
 The answer (ring, tree): {{answer}}. The same three numbers in the same format give two sums: which values meet first decides what survives. In FP32 both orders give 1 + 2^-7, because FP32 spaces its values near 1 far closer than 2^-8."""
 
@@ -181,9 +181,9 @@ register(Exercise(
     "to FP16 first, then add it N times, rounding each partial sum (the spacing of FP16 values doubles at every "
     "power of two).",
     _ex103_truth,
-    f"""**(a) Sum first.** Every partial sum of a ring is rounded to FP16. The gradient {EX103_GRADIENT:g} is an FP16 value, and so are its first few multiples, but FP16 spaces its values 2, 4, 8, 16 and finally 32 apart as the sums pass 2048, 4096, 8192, 16384 and 32768, so some partial sums round (ties to even). FP16's largest finite value is 65504; a sum at or above 65520, halfway to the next step, rounds to inf. Adding one copy at a time and rounding after each addition finds the first N whose sum overflows. Dividing by N afterwards cannot help: inf / N is inf.
+    f"""(a) Sum first. Every partial sum of a ring is rounded to FP16. The gradient {EX103_GRADIENT:g} is an FP16 value, and so are its first few multiples, but FP16 spaces its values 2, 4, 8, 16 and finally 32 apart as the sums pass 2048, 4096, 8192, 16384 and 32768, so some partial sums round (ties to even). FP16's largest finite value is 65504; a sum at or above 65520, halfway to the next step, rounds to inf. Adding one copy at a time and rounding after each addition finds the first N whose sum overflows. Dividing by N afterwards cannot help: inf / N is inf.
 
-**(b) Divide first.** fp16_compress_hook divides each rank's value by N before the all-reduce (`buffer.to(float16).div_(world_size)`). The quotient {EX103_GRADIENT:g}/N is rounded to FP16, and then N copies of it are added with a rounding after each addition. The sum stays near {EX103_GRADIENT:g}, far from overflow, but it is not {EX103_GRADIENT:g}: the quotient and several partial sums were rounded.
+(b) Divide first. fp16_compress_hook divides each rank's value by N before the all-reduce (`buffer.to(float16).div_(world_size)`). The quotient {EX103_GRADIENT:g}/N is rounded to FP16, and then N copies of it are added with a rounding after each addition. The sum stays near {EX103_GRADIENT:g}, far from overflow, but it is not {EX103_GRADIENT:g}: the quotient and several partial sums were rounded.
 
 Both parts, with NumPy's float16 (IEEE binary16; each operation rounds to nearest-even):
 

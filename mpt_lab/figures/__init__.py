@@ -53,6 +53,12 @@ __all__ = ["show_saved", "BookFigure", "HTML", "table_html", "running_mean", "FO
            "plot_fp8_training", "fp8_results_table", "plot_layer_quantization", "plot_recipe_snr",
            "plot_amax_history", "plot_block_size_error", "block_scale_table", "one_scale_table", "hardware_table"]
 
+# Chapters 10 and 11's diagrams and the FP8 recipe table (issue 26, items 17 and 18), kept on their own lines.
+from .distributed import plot_reduction_orders  # noqa: E402
+from .fp8 import fp8_recipe_table, plot_mx_block  # noqa: E402
+
+__all__ += ["plot_reduction_orders", "plot_mx_block", "fp8_recipe_table"]
+
 #: What each saved profile is, in the words a reader needs.
 _PROFILE_WORDS = {"full": ("GPU", "On a machine with a CUDA GPU"),
                   "long": ("long CPU", "On a CPU (up to an hour on 2 cores)")}
