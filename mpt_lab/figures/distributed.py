@@ -227,7 +227,7 @@ def reduction_table(result, *more):
         for fmt in ("FP32", "BF16", "FP16"):
             rows.append([f"{m['n']} ({r.backend})", fmt, f"{m[fmt]['rel_error']:.3g}", yes(m[fmt]["matches_ring"]),
                          f"{100 * m[fmt]['differs_from_tree']:.1f}%", yes(hook_of[fmt])])
-    elements = ", ".join(f"{r.reduction['measured']['elements']:,}" for r in results)
+    elements = " and ".join(dict.fromkeys(f"{r.reduction['measured']['elements']:,}" for r in results))
     return table_html(["ranks", "format", "relative error", "= ring_allreduce, bit for bit",
                        "elements a tree's order changes", "DDP's hook = ring_allreduce"], rows,
                       caption=f"The ranks' gradients ({elements} elements), each divided by the number of ranks, "
