@@ -250,7 +250,7 @@ def plot_reduction_orders(n_ranks: int = 6, *, chunk: int = 0, title: str | None
         raise ValueError(f"n_ranks must be an int ≥ 2, got {n_ranks!r}")
     order = ring_order(n_ranks, chunk)
     children = tree_children(n_ranks)
-    fig = new_figure((12.5, 5.0))
+    fig = new_figure((9.6, 4.6))
     ax, bx = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
     node = dict(boxstyle="circle,pad=0.35", facecolor="#dbe9f6", edgecolor="#1f77b4", lw=1.5)
     start = dict(node, facecolor="#fde0c5", edgecolor="#ff7f0e")
@@ -267,16 +267,15 @@ def plot_reduction_orders(n_ranks: int = 6, *, chunk: int = 0, title: str | None
                     arrowprops=dict(arrowstyle="-|>", color="#333333", lw=1.6, shrinkA=17, shrinkB=17,
                                     connectionstyle="arc3,rad=-0.25"))
         mid = (np.add(pos[a], pos[b])) / 2
-        ax.text(*(mid * 1.28), f"hop {hop}", ha="center", va="center", fontsize="small", color="#333333")
+        ax.text(*(mid * 1.3), f"hop {hop}", ha="center", va="center", fontsize="medium", color="#333333")
     ring_sum = f"x{order[0]}"
     for r in order[1:]:
         ring_sum = f"({ring_sum} + x{r})" if r != order[-1] else f"{ring_sum} + x{r}"
-    ax.text(0, -1.62, f"chunk {chunk}: {ring_sum}", ha="center", va="center", fontsize="medium", family="monospace")
-    ax.text(0, -1.9, "every '+' rounds to the buffer's format; "
-                     f"chunk c starts at rank c − 1 and ends at rank c ({n_ranks} chunks, {n_ranks - 1} hops each)",
-            ha="center", va="center", fontsize="x-small", color="#555555")
-    ax.set_xlim(-1.75, 1.75)
-    ax.set_ylim(-2.05, 1.45)
+    ax.text(0, -1.55, f"chunk {chunk}: {ring_sum}", ha="center", va="center", fontsize="medium", family="monospace")
+    ax.text(0, -1.9, f"every + rounds to the buffer's format;\n{n_ranks} chunks, each a chain of {n_ranks - 1} hops",
+            ha="center", va="center", fontsize="small", color="#555555")
+    ax.set_xlim(-1.6, 1.6)
+    ax.set_ylim(-2.15, 1.35)
     ax.set_aspect("equal")
     ax.axis("off")
     ax.set_title(f"Ring (gloo): ring_order({n_ranks}, {chunk}) = {order}", fontsize="medium")
@@ -294,8 +293,8 @@ def plot_reduction_orders(n_ranks: int = 6, *, chunk: int = 0, title: str | None
             bx.annotate("", xy=tpos[r], xytext=tpos[c], zorder=2,
                         arrowprops=dict(arrowstyle="-|>", color="#333333", lw=1.6, shrinkA=17, shrinkB=17))
             mid = np.add(tpos[r], tpos[c]) / 2
-            bx.text(mid[0] + (0.09 if c % 2 == 0 else -0.09), mid[1], f"{i}", ha="center", va="center",
-                    fontsize="small", color="#333333")
+            bx.text(mid[0] + (0.1 if c % 2 == 0 else -0.1), mid[1], f"{i}", ha="center", va="center",
+                    fontsize="medium", color="#333333")
     for r in range(n_ranks):
         style = end if r == 0 else start if not children[r] else node
         bx.text(*tpos[r], f"{r}", ha="center", va="center", fontsize=13, bbox=style, zorder=3)
@@ -307,15 +306,14 @@ def plot_reduction_orders(n_ranks: int = 6, *, chunk: int = 0, title: str | None
             out = f"({out} + {sub})" if c != children[r][-1] or r != 0 else f"{out} + {sub}"
         return out
 
-    bx.text(0, -1.62, f"root: {expr(0)}", ha="center", va="center", fontsize="medium", family="monospace")
-    bx.text(0, -1.9, f"each rank adds its children's partial sums in turn (1, then 2): {levels} levels, "
-                     f"against a chain of {n_ranks - 1} hops on the ring", ha="center", va="center",
-            fontsize="x-small", color="#555555")
+    bx.text(0, -1.55, f"root: {expr(0)}", ha="center", va="center", fontsize="medium", family="monospace")
+    bx.text(0, -1.9, f"each rank adds its children's partial sums\nin turn (1, then 2): {levels} levels", ha="center",
+            va="center", fontsize="small", color="#555555")
     bx.set_xlim(-1.25, 1.25)
-    bx.set_ylim(-2.05, 1.45)
+    bx.set_ylim(-2.15, 1.35)
     bx.axis("off")
     bx.set_title(f"Binary tree: tree_children({n_ranks}) = {children}", fontsize="medium")
-    fig.suptitle(title or f"In which order {n_ranks} ranks' values are added (orange: where a sum starts, "
+    fig.suptitle(title or f"In which order {n_ranks} ranks' values are added\n(orange: where a sum starts, "
                           "green: where it ends)")
     return fig
 
