@@ -152,7 +152,8 @@ def fp8_recipe_table(result):
         d = result.recipes.get(name, {})
         rows.append([html.escape(result.label(name)), f"{d.get('forward', '–')} / {d.get('backward', '–')}",
                      html.escape(_scaling_words(d)), f"{d.get('bits', math.nan):g}"])
-    return table_html(["recipe", "forward / backward", "scaling", "bits per value"], rows)
+    return table_html(["recipe", "forward / backward", "scaling", "bits per value"], rows,
+                      align=["left", "left", "left", "right"])
 
 
 def fp8_results_table(result, *, tolerance: float | None = None, reference: str = "bf16"):
@@ -481,15 +482,15 @@ def plot_mx_block(values, formats=("FP8_E4M3", "FP4_E2M1"), *, title: str | None
     fmts = as_formats(formats, "formats")
     qs = [quantize_mx(x, f, block_size=x.numel()) for f in fmts]
     n = x.numel()
-    fig = new_figure((12.5, 2.2 + 2.8 * len(fmts)))
-    grid = fig.add_gridspec(1 + len(fmts), 2, height_ratios=[1.0] + [1.6] * len(fmts), width_ratios=[1, 4.2])
+    fig = new_figure((9.6, 2.0 + 2.7 * len(fmts)))
+    grid = fig.add_gridspec(1 + len(fmts), 2, height_ratios=[1.0] + [1.7] * len(fmts), width_ratios=[1.25, 4])
     q0, f0 = qs[0], fmts[0]
     code = int(q0.scale_codes.reshape(-1)[0])
     k = code - 127
     box = fig.add_subplot(grid[0, 0])
     box.add_patch(Rectangle((0.05, 0.05), 0.9, 0.9, facecolor="#f0f0f0", edgecolor="#7f7f7f", lw=1.5))
     box.text(0.5, 0.5, f"E8M0 scale\ncode {code}\n= 0b{code:08b}\nX = 2^({code} − 127)\n= 2^{k}", ha="center",
-             va="center", fontsize="small")
+             va="center", fontsize="medium")
     box.set_xlim(0, 1)
     box.set_ylim(0, 1)
     box.axis("off")
@@ -503,16 +504,15 @@ def plot_mx_block(values, formats=("FP8_E4M3", "FP4_E2M1"), *, title: str | None
         top.add_patch(Rectangle((i, 0), 1, 1, facecolor="#fde0c5" if zero else "white", hatch="//" if zero else None,
                                 edgecolor="#d62728" if i == biggest else FORMAT_COLORS.get(f0.name, "#333333"),
                                 lw=2.2 if i == biggest else 0.8))
-        top.text(i + 0.5, 0.5, f"{c:0{width}X}", ha="center", va="center", fontsize=7, rotation=90,
+        top.text(i + 0.5, 0.5, f"{c:0{width}X}", ha="center", va="center", fontsize=8.5, rotation=90,
                  family="monospace")
     top.set_xlim(-0.2, n + 0.2)
     top.set_ylim(-0.1, 1.1)
     top.set_yticks([])
     top.set_xticks([i + 0.5 for i in range(0, n, 4)], [str(i) for i in range(0, n, 4)])
-    top.set_xlabel("element codes (hex); red outline: the block's largest value; hatched: stored as 0")
-    top.set_title(f"What MX{f0.name.replace('FP8_', 'FP8 ').replace('_', ' ')} stores: one E8M0 byte and {n} "
-                  f"{f0.bits}-bit elements = {8 + f0.bits * n} bits, {(f0.bits * n + 8) / n:g} bits per value",
-                  fontsize="medium")
+    top.set_xlabel("element codes (hex); red: the largest value; hatched: stored as 0", fontsize="small")
+    top.set_title(f"MX{f0.name.replace('FP8_', 'FP8 ').replace('_', ' ')}: one E8M0 byte + {n} × {f0.bits} bits "
+                  f"= {8 + f0.bits * n} bits, {(f0.bits * n + 8) / n:g} bits per value", fontsize="medium")
     for side in ("top", "right", "left"):
         top.spines[side].set_visible(False)
 
@@ -527,14 +527,14 @@ def plot_mx_block(values, formats=("FP8_E4M3", "FP4_E2M1"), *, title: str | None
         stored = q.dequantize(torch.float64).abs().numpy()
         bottom = min(math.log2(f.smallest_subnormal) + kk - 1.5, float(np.nanmin(finite)) - 1)
         ax.axhspan(f.emax + kk, f.emax + kk + 1, color=FORMAT_COLORS.get(f.name, "#999999"), alpha=0.15,
-                   label=f"top binade [2^{f.emax + kk}, 2^{f.emax + kk + 1})")
-        ax.axhline(math.log2(f.max) + kk, color="#d62728", ls="--", lw=1, label=f"max · X = {f.max:g} · 2^{kk}")
+                   label=f"top binade 2^{f.emax + kk}…2^{f.emax + kk + 1}")
+        ax.axhline(math.log2(f.max) + kk, color="#d62728", ls="--", lw=1, label=f"max·X = {f.max:g}·2^{kk}")
         ax.axhline(math.log2(f.smallest_normal) + kk, color="0.4", ls=":", lw=1,
-                   label=f"smallest normal · X = 2^{f.emin + kk}")
+                   label=f"smallest normal·X = 2^{f.emin + kk}")
         if f.subnormals and f.smallest_subnormal < f.smallest_normal:
             ax.axhline(math.log2(f.smallest_subnormal) + kk, color="0.4", ls="-.", lw=1,
-                       label=f"smallest subnormal · X = 2^{round(math.log2(f.smallest_subnormal)) + kk}")
-        ax.plot(pos, mags, "o", color="#1f77b4", ms=5, label="|value| (float64)")
+                       label=f"smallest subnormal·X = 2^{round(math.log2(f.smallest_subnormal)) + kk}")
+        ax.plot(pos, mags, "o", color="#1f77b4", ms=5, label="|value|")
         kept = stored > 0
         ax.plot(pos[kept], np.log2(stored[kept]), "x", color="#d62728", ms=7, mew=1.5, label="|stored value|")
         lost = (~kept) & np.isfinite(mags)
@@ -545,11 +545,12 @@ def plot_mx_block(values, formats=("FP8_E4M3", "FP4_E2M1"), *, title: str | None
         ax.set_ylabel("log₂ |value|")
         ax.set_title(f"{f.name}: X = 2^(⌊log₂ amax⌋ − emax) = 2^({int(math.floor(np.nanmax(finite)))} − {f.emax}) "
                      f"= 2^{kk}", fontsize="medium")
+        ax.set_xlabel("position in the block", fontsize="small")
         ax.grid(alpha=0.3)
         ax.tick_params(labelbottom=True)
         leg = fig.add_subplot(grid[1 + j, 0])
         leg.axis("off")
-        leg.legend(*ax.get_legend_handles_labels(), fontsize="x-small", loc="center")
-    axes[-1].set_xlabel("position in the block")
+        leg.legend(*ax.get_legend_handles_labels(), fontsize="small", loc="center", borderaxespad=0,
+                   handlelength=1.5)
     fig.suptitle(title or f"One MX block of {n} values and its shared E8M0 scale")
     return fig
