@@ -143,8 +143,4 @@ def safe_softmax(e):
     return w / w.sum()     # the sum is >= 1: no overflow, no 0/0
 ```
 
-Everything stays float16: torch.exp, the sum (PyTorch's CPU kernel accumulates it in a wider format and rounds once) and the division. This is what PyTorch Geometric's `softmax` does per node, with the maximum taken over the edges entering each node, and the reference answer calls it:
-
-```
-{{answer}}
-```"""))
+Everything stays float16: torch.exp, the sum (PyTorch's CPU kernel accumulates it in a wider format and rounds once) and the division. This is what PyTorch Geometric's `softmax` does per node, with the maximum taken over the edges entering each node (the book's reference answer calls it, through `mpt_lab.experiments.gat_amp.attention_overflow`)."""))

@@ -134,11 +134,7 @@ def ring_sum(values, fmt):
 
 Why the addition may be done in float64 before round_to: two BF16, FP16 or FP32 values have at most 24 significant bits each, and float64's 53 bits hold their sum exactly unless the exponents differ by more than about 29, in which case the smaller one is below half an ulp of the larger and the sum rounds to the larger value either way. So round_to sees the exact sum, or one that rounds to the same value, and rounds it once, as the libraries' kernels do.
 
-The edge cases follow by themselves: with one rank the loop does not run and the value is returned as it is (rounded to fmt); a partial sum past the largest finite value becomes inf in round_to and stays inf (inf + x = inf), and +inf met by −inf gives NaN. The reference answer computes the same sum for a whole buffer with `ring_allreduce`:
-
-```
-{answer}
-```"""))
+The edge cases follow by themselves: with one rank the loop does not run and the value is returned as it is (rounded to fmt); a partial sum past the largest finite value becomes inf in round_to and stays inf (inf + x = inf), and +inf met by −inf gives NaN. The book's reference answer computes the same sum for a whole buffer with `mpt_lab.collectives.ring_allreduce`, which the chapter checks against gloo's real all-reduce."""))
 
 
 def _ex103_truth() -> tuple:
