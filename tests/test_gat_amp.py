@@ -154,3 +154,23 @@ def test_profiles():
     assert f.epochs == 100 and f.hidden == 256 and f.lr == 1e-3 and f.weight_decay == 5e-4
     with pytest.raises(ValueError, match="profile"):
         ga.config_for("huge")
+
+
+def test_an_int_fit_nodes_measures_two_graph_sizes():
+    """fit_nodes = n (the full profile's form) measures graphs of n // 2 and n nodes, so that every profile
+    tests that the per-edge slope does not depend on the graph size; bad sizes are refused."""
+    import dataclasses
+
+    class CpuRun:
+        device = torch.device("cpu")
+
+        def bar(self, items, **kw):
+            return items
+
+    cfg = ga.Config(profile="custom", hidden=8, fit_nodes=100, fit_degrees=(16, 32), fit_heads=(1, 2))
+    cfg.validate()
+    fit = ga._memory_fit(cfg, CpuRun())
+    assert fit["graph_sizes"] == [50, 100] and fit["node_spread"] is not None
+    for bad in (60, (30, 100), "x", True):
+        with pytest.raises(ValueError, match="fit_nodes"):
+            dataclasses.replace(cfg, fit_nodes=bad).validate()

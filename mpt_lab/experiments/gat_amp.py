@@ -44,7 +44,7 @@ downloaded here.  Sizes per profile (:func:`config_for`):
   (``oom: True``), not retried.
 
 Why the guide's heads [2, 2, 2] fitted its V100 only in FP16 and ours never does: ``memory_fit`` measures the
-FP32 step peak on graphs of ``fit_nodes`` nodes with ``fit_degrees`` edges per node, for ``fit_heads`` heads, and
+FP32 step peak on graphs of ``fit_nodes`` nodes (two sizes) with ``fit_degrees`` edges per node, for ``fit_heads`` heads, and
 tests a model of it: for every graph size N and head count H the peak is a straight line in the edges E, and the
 slope of that line (the bytes a step adds per edge) is the same for every N and grows linearly with H,
 slope(H) = per_edge_head·H + per_edge.  PyG keeps per edge and head several [E, heads, hidden] float32 vectors
@@ -114,7 +114,7 @@ class Config(ExperimentConfig):
     epochs: int = 30
     lr: float = 1e-3
     weight_decay: float = 5e-4
-    fit_nodes: int | tuple = 300    # the memory fit: FP32 step peaks on graphs of this many nodes (one or several) ...
+    fit_nodes: int | tuple = 300    # the memory fit: FP32 step peaks on graphs of these sizes (an int n: n // 2 and n) ...
     fit_degrees: tuple = (4, 8, 16)  # ... with these average degrees (empty: no fit) ...
     fit_heads: tuple = (1, 2, 3)     # ... and these head counts
 
@@ -125,10 +125,15 @@ class Config(ExperimentConfig):
         if not self.heads or any(not isinstance(h, int) or isinstance(h, bool) or h < 1 for h in self.heads):
             raise ValueError(f"config.heads must be a non-empty tuple of positive ints, got {self.heads!r}")
         self.check_choices("precisions", PRECISIONS, subset=True)
-        nodes = self.fit_nodes if isinstance(self.fit_nodes, (tuple, list)) else (self.fit_nodes,)
+        if isinstance(self.fit_nodes, (tuple, list)):
+            nodes = tuple(self.fit_nodes)
+        elif isinstance(self.fit_nodes, int) and not isinstance(self.fit_nodes, bool):
+            nodes = (self.fit_nodes // 2, self.fit_nodes)
+        else:
+            nodes = (self.fit_nodes,)         # not a size: refused below
         if not nodes or any(not isinstance(n, int) or isinstance(n, bool) or n < self.num_classes for n in nodes):
-            raise ValueError(f"config.fit_nodes must be an int ≥ {self.num_classes} (num_classes) or a non-empty "
-                             f"tuple of them, got {self.fit_nodes!r}")
+            raise ValueError(f"config.fit_nodes must be a tuple of graph sizes ≥ {self.num_classes} (num_classes), "
+                             f"or an int n with n // 2 ≥ {self.num_classes}, got {self.fit_nodes!r}")
         if self.fit_degrees and (len(self.fit_degrees) < 2 or any(not isinstance(d, (int, float)) or d <= 0
                                                                    for d in self.fit_degrees)):
             raise ValueError(f"config.fit_degrees must be empty or ≥ 2 positive degrees, got {self.fit_degrees!r}")
@@ -286,11 +291,12 @@ def measure(config: Config, run: Run) -> dict:
 
 
 def _memory_fit(config: Config, run: Run) -> dict:
-    """FP32 step peaks of the GAT on graphs of ``fit_nodes`` nodes and ``fit_degrees`` edges per node, for each of
-    ``fit_heads``, and the model they test (:func:`memory_model`)."""
+    """FP32 step peaks of the GAT on graphs of ``fit_nodes`` nodes (a tuple of sizes; an int n: n // 2 and n) and
+    ``fit_degrees`` edges per node, for each of ``fit_heads``, and the model they test (:func:`memory_model`)."""
     from ..models.gat import GAT
 
-    nodes = config.fit_nodes if isinstance(config.fit_nodes, (tuple, list)) else (config.fit_nodes,)
+    nodes = tuple(config.fit_nodes) if isinstance(config.fit_nodes, (tuple, list)) \
+        else (config.fit_nodes // 2, config.fit_nodes)
     points = []
     for n, d in run.bar([(n, d) for n in nodes for d in config.fit_degrees], desc="memory fit"):
         g = synthetic_reddit(n, float(d), num_features=config.num_features, num_classes=config.num_classes,
