@@ -277,20 +277,52 @@ def test_result_provenance_json_and_figures(quick, tmp_path):
         for ax in fig.axes:
             assert ax.get_title() and ax.get_xlabel() and ax.get_ylabel()
             assert ax.get_legend() is not None or fig.legends
+            if ax.get_legend() is not None:                 # the legend lists only what is drawn
+                drawn = {line.get_label() for line in ax.lines if len(line.get_xdata())}
+                drawn |= {c.get_label() for c in ax.containers} | {c.get_label() for c in ax.collections}
+                assert {t.get_text() for t in ax.get_legend().get_texts()} <= drawn, fn.__name__
     assert "DDP, FP32 all-reduce" in figures.memory_table(r) and "bit for bit" in figures.reduction_table(r)
     with pytest.raises(TypeError):
         figures.plot_reduction_error(object())
 
 
-def test_gloo_ring_order_on_three_ranks():
+def test_gloo_ring_order_on_three_ranks(quick):
     """On 3 processes the order of a sum shows: gloo's all-reduce equals ring_allreduce bit for bit, and a
-    tree's order would give other values for some elements."""
-    r = D.launch(_tiny(batch_size=48), nproc=3, timeout=TIMEOUT, progress=False, echo=lambda line: None)
+    tree's order would give other values for some elements.  reduction_config runs that check alone, as the
+    chapter does beside its 2-rank run, and the table shows both."""
+    cfg = D.reduction_config("quick", nproc=3)
+    assert cfg.recipes == () and cfg.sweep_max == 0 and cfg.flag_steps == 0 and cfg.batch_size % 3 == 0
+    assert cfg.backend == "gloo" and cfg.device == "cpu" and cfg.nproc == 3
+    cfg.validate()
+    r = D.launch(cfg, nproc=3, timeout=TIMEOUT, progress=False, echo=lambda line: None)
     m = r.reduction["measured"]
-    assert m["n"] == 3 and r.world_size == 3
+    assert m["n"] == 3 and r.world_size == 3 and r.recipes == {} and r.flag_agreement == {}
+    assert "sweep" not in r.reduction and "fp16" not in r.reduction
     assert all(m[f]["matches_ring"] for f in ("FP32", "BF16", "FP16")), m
     assert m["BF16"]["differs_from_tree"] > 0
     assert r.reduction["hooks"] == {"bf16": None, "fp16": None}
+    assert "N = 3" in r.describe()
+    two, _ = quick
+    assert all(two.reduction["measured"][f]["differs_from_tree"] == 0 for f in ("FP32", "BF16", "FP16"))  # one order
+    table = figures.reduction_table(two, r)
+    assert table.count("<tr>") == 1 + 2 * 3 and "3 (gloo)" in table and "2 (gloo)" in table
+    with pytest.raises(ValueError, match="nproc"):
+        D.reduction_config("quick", nproc=1)
+    with pytest.raises(TypeError, match="config"):
+        D.reduction_config(3)
+
+
+def test_reduction_orders_diagram_comes_from_collectives():
+    fig = figures.plot_reduction_orders(6)
+    ring, tree = fig.axes
+    assert str(C.ring_order(6, 0)) in ring.get_title() and str(C.tree_children(6)) in tree.get_title()
+    texts = [t.get_text() for t in ring.texts]
+    assert "chunk 0: ((((x5 + x4) + x3) + x2) + x1) + x0" in texts       # the chain ring_order(6, 0) gives
+    assert sum(t.startswith("hop ") for t in texts) == 5
+    assert "root: (x0 + ((x1 + x3) + x4)) + (x2 + x5)" in [t.get_text() for t in tree.texts]
+    assert fig.get_suptitle()
+    with pytest.raises(ValueError, match="n_ranks"):
+        figures.plot_reduction_orders(1)
 
 
 @pytest.mark.parametrize("fault,shown", [("kill:1", "Signal 9 (SIGKILL)"), ("raise:1", "fault injected on rank 1")])

@@ -555,3 +555,54 @@ def test_every_chapter_module_registers_only_its_own_chapter():
         ids = [k for k, ex in E.EXERCISES.items() if ex.checker.__module__ == mod.__name__
                or getattr(ex.checker, "__module__", "") == mod.__name__]
         assert ids and all(k.split(".")[0] == str(chapter) for k in ids), name
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Chapters 9-11: the code in each worked solution runs and is right
+# ----------------------------------------------------------------------------------------------------------
+def _fenced_python(exercise_id):
+    """The ```python blocks of an exercise's worked solution, joined."""
+    import re
+
+    worked = E.get_exercise(exercise_id).worked
+    blocks = re.findall(r"```python\n(.*?)\n```", worked, re.S)
+    assert blocks, f"the worked solution of {exercise_id} has no python block"
+    return "\n\n".join(blocks)
+
+
+@pytest.mark.parametrize("ex_id, name", [("9.2", "safe_softmax"), ("10.2", "ring_sum")])
+def test_worked_solution_code_passes_the_check(ex_id, name):
+    """A function exercise's worked solution holds a short implementation a student could write (no call into
+    the reference); run it as written, and it passes the exercise's check."""
+    code = _fenced_python(ex_id)
+    assert "_reference" not in code and "ring_allreduce" not in code and "attention_overflow" not in code
+    namespace = {}
+    exec(compile(code, f"<worked solution {ex_id}>", "exec"), namespace)
+    fb = E.check(ex_id, namespace[name])
+    assert fb and fb.answered, fb.message
+
+
+@pytest.mark.parametrize("ex_id", ["10.3", "11.2"])
+def test_worked_solution_code_computes_the_answer(ex_id):
+    """A value exercise's worked solution that shows its computation computes the reference answer."""
+    import warnings
+
+    namespace = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")          # the code a student copies runs without warnings
+        exec(compile(_fenced_python(ex_id), f"<worked solution {ex_id}>", "exec"), namespace)
+    assert namespace["answer"] == E.solution(ex_id) and E.check(ex_id, namespace["answer"])
+
+
+@pytest.mark.parametrize("ex_id", ["9.1", "9.2", "10.1", "10.2", "10.3", "11.1", "11.2"])
+def test_worked_solutions_of_chapters_9_to_11_explain_and_show_the_answer(ex_id):
+    """Each worked solution is a written explanation (not only the reference answer) and shows the reference
+    answer, inserted at display time."""
+    ex = E.get_exercise(ex_id)
+    text = E.solution_dropdown(ex_id).text
+    assert ex.worked and len(ex.worked.split()) > 80
+    answer = E.solution(ex_id)
+    if not callable(answer):            # a value: shown, inserted at display time, never typed
+        assert "{answer}" in ex.worked and (repr(answer) in text or str(answer) in text)
+    else:                               # a function: the worked code, not the package's reference, is shown
+        assert "```python" in ex.worked and "_reference" not in text

@@ -99,6 +99,45 @@ def test_figures_and_tables(tiny):
         figures.plot_layer_quantization(tiny, "fp32")
 
 
+def test_results_and_recipe_tables_fit_the_page(tiny):
+    """The results table has one loss column per model (the gap to BF16 beside the loss) and the recipe table the
+    formats and scaling, so neither is wider than the page column; together they say what the old table said."""
+    import re
+
+    from mpt_lab import figures
+
+    results = figures.fp8_results_table(tiny, tolerance=0.05)
+    header = re.findall(r"<th style[^>]*>(.*?)</th>", results)
+    assert len(header) == 1 + 2 * len(tiny.runs) + ("mlp" in tiny.runs) and "MLP: accuracy" in header
+    recipes = figures.fp8_recipe_table(tiny)
+    assert re.findall(r"<th style[^>]*>(.*?)</th>", recipes) == ["recipe", "forward / backward", "scaling", "bits per value"]
+    assert "E8M0 per 32 values" in recipes and recipes.count("<tr>") == results.count("<tr>")
+
+
+def test_mx_block_diagram_shows_the_real_scale_and_codes():
+    from mpt_lab import figures
+    from mpt_lab.microscaling import quantize_mx
+
+    g = torch.Generator().manual_seed(10)
+    block = torch.randn(32, generator=g, dtype=torch.float64) * 2.0 ** -12
+    block[5] = 2.0 ** -6 * 1.3
+    fig = figures.plot_mx_block(block)
+    q8, q4 = (quantize_mx(block, f, block_size=32) for f in ("FP8_E4M3", "FP4_E2M1"))
+    code = int(q8.scale_codes[0])
+    texts = [t.get_text() for ax in fig.axes for t in ax.texts]
+    assert any(f"code {code}" in t and f"2^{code - 127}" in t for t in texts)           # the real E8M0 byte
+    assert [t for t in texts if len(t) == 2] == [f"{c:02X}" for c in q8.element_codes.tolist()]  # the real codes
+    titles = " ".join(ax.get_title() for ax in fig.axes)
+    assert f"2^{int(q4.scale_codes[0]) - 127}" in titles and "8.25 bits per value" in titles
+    lost = int(((q4.dequantize(torch.float64) == 0) & (block != 0)).sum())
+    assert any(f"stored as 0 ({lost} of 32)" in t.get_text() for ax in fig.axes if ax.get_legend()
+               for t in ax.get_legend().get_texts())
+    with pytest.raises(ValueError, match="1-D"):
+        figures.plot_mx_block(torch.zeros(32))
+    with pytest.raises(ValueError):
+        figures.plot_mx_block(block, "FP16")
+
+
 @pytest.mark.parametrize("field,value", [("recipes", ("fp7",)), ("recipes", ()), ("models", ("cnn",)),
                                          ("lm_dim", 31), ("lm_steps", 0), ("margin", -1), ("lm_lr", 0.0),
                                          ("block_sizes", (0,)), ("scale_rounding", "up"), ("hardware", "yes"),

@@ -15,8 +15,8 @@ from mpt_lab.experiments import gat_amp as ga
 def tiny():
     old = torch.get_num_threads()
     torch.set_num_threads(1)
-    cfg = ga.Config(profile="quick", num_nodes=150, avg_degree=6.0, hidden=16, epochs=5, threads=1, fit_nodes=100,
-                    fit_degrees=(4, 8))
+    cfg = ga.Config(profile="quick", num_nodes=150, avg_degree=6.0, hidden=16, epochs=5, threads=1,
+                    fit_nodes=(50, 100), fit_degrees=(16, 32, 64), fit_heads=(1, 2, 3))
     res = ga.run(cfg, progress=False)
     torch.set_num_threads(old)
     return res
@@ -71,13 +71,41 @@ def test_result_roundtrip_tables_and_budget(tiny, tmp_path):
 
 def test_memory_fit_finds_pygs_per_edge_messages(tiny):
     fit = tiny.memory_fit
-    assert len(fit["points"]) == 2 * len(tiny.config["fit_degrees"]) and fit["max_relative_residual"] < 0.02
+    assert len(fit["points"]) == 2 * 3 * 3 and len(fit["lines"]) == 2 * 3 and fit["points_per_line"] == 3
+    # on a CPU the counted bytes are exact: every (N, H) is a straight line in E, with one slope for every N,
+    # and the slope is linear in H
+    assert fit["max_relative_residual"] < 1e-9 and fit["node_spread"] < 1e-9 and fit["slope_residual"] < 1e-9
     # PyG keeps per edge and head more than one float32 vector of the hidden size (gathered features, messages)
     assert fit["per_edge_head"] > tiny.config["hidden"] * 4
     fig = figures.plot_gat_memory_fit(tiny)
-    (ax,) = fig.axes
-    assert ax.get_title() and ax.get_xlabel() and ax.get_ylabel() and ax.get_legend() is not None
+    assert len(fig.axes) == 2 and fig.get_suptitle()
+    for ax in fig.axes:
+        assert ax.get_title() and ax.get_xlabel() and ax.get_ylabel() and ax.get_legend() is not None
     assert tiny.head_model("fp32")["per_head"] > 0
+
+
+def test_memory_model_finds_a_planted_model_and_rejects_what_it_cannot_test():
+    # bytes = (100·H + 8)·E + 3000·N·H + 5000: slope 100 per edge and head, 8 per edge, whatever N
+    pts = [[n, e, h, (100 * h + 8) * e + 3000 * n * h + 5000] for n in (50, 80) for e in (200, 400, 900)
+           for h in (1, 2, 4)]
+    m = ga.memory_model(pts)
+    assert m["per_edge_head"] == pytest.approx(100) and m["per_edge"] == pytest.approx(8)
+    assert m["max_relative_residual"] < 1e-12 and m["slope_residual"] < 1e-12 and m["node_spread"] < 1e-12
+    assert m["graph_sizes"] == [50, 80] and m["head_counts"] == [1, 2, 4] and m["points_per_line"] == 3
+    # a curved line, a slope that depends on N, a slope not linear in H: each test sees its own fault
+    bent = [p[:3] + [p[3] + (p[1] ** 2 if p[2] == 2 else 0)] for p in pts]
+    assert ga.memory_model(bent)["max_relative_residual"] > 1e-3
+    by_n = [p[:3] + [p[3] + 20 * p[1] * (p[0] == 80)] for p in pts]
+    assert ga.memory_model(by_n)["node_spread"] > 0.01
+    squared = [[n, e, h, (100 * h * h + 8) * e + 5000] for n, e, h, _ in pts]
+    assert ga.memory_model(squared)["slope_residual"] > 0.01
+    assert ga.memory_model([p for p in pts if p[0] == 50])["node_spread"] is None
+    with pytest.raises(ValueError, match="2 degrees"):
+        ga.memory_model([p for p in pts if p[1] == 200])
+    with pytest.raises(ValueError, match="head counts"):
+        ga.memory_model([p for p in pts if p[2] == 1])
+    with pytest.raises(ValueError, match="fit_heads"):
+        ga.run(ga.Config(profile="quick", fit_heads=(2,)), progress=False)
 
 
 def test_the_guides_numbers_are_cited():
@@ -126,3 +154,23 @@ def test_profiles():
     assert f.epochs == 100 and f.hidden == 256 and f.lr == 1e-3 and f.weight_decay == 5e-4
     with pytest.raises(ValueError, match="profile"):
         ga.config_for("huge")
+
+
+def test_an_int_fit_nodes_measures_two_graph_sizes():
+    """fit_nodes = n (the full profile's form) measures graphs of n // 2 and n nodes, so that every profile
+    tests that the per-edge slope does not depend on the graph size; bad sizes are refused."""
+    import dataclasses
+
+    class CpuRun:
+        device = torch.device("cpu")
+
+        def bar(self, items, **kw):
+            return items
+
+    cfg = ga.Config(profile="custom", hidden=8, fit_nodes=100, fit_degrees=(16, 32), fit_heads=(1, 2))
+    cfg.validate()
+    fit = ga._memory_fit(cfg, CpuRun())
+    assert fit["graph_sizes"] == [50, 100] and fit["node_spread"] is not None
+    for bad in (60, (30, 100), "x", True):
+        with pytest.raises(ValueError, match="fit_nodes"):
+            dataclasses.replace(cfg, fit_nodes=bad).validate()

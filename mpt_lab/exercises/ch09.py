@@ -44,6 +44,25 @@ def _ex91_check(a):
                      if under else ""))
 
 
+def _ex91_worked() -> str:
+    """Exercise 9.1's worked solution; every number in it computed here (NumPy's float16 is IEEE binary16)."""
+    limit = math.log(F.FP16.max)
+    tie = F.FP16.max + F.ulp(F.FP16.max, F.FP16) / 2          # 65520: where round-to-nearest goes to inf
+    near = [e for e in EX91_LOGITS if 10 < e < 12]
+    stored = {e: float(np.float16(e)) for e in near}
+    rows = "\n".join(f"  logit {e:g} → stored as {stored[e]!r} → exact exp {math.exp(stored[e]):,.0f}"
+                      f" → {'inf' if math.exp(stored[e]) >= tie else 'finite'}" for e in near)
+    return f"""FP16's largest finite value is {F.FP16.max:g}, so exp overflows for every logit above ln({F.FP16.max:g}) = {limit:.4f}. Two details decide the logits close to that line.
+
+First, the logit is a float16 value before exp sees it: between 8 and 16, FP16 values are 2^-7 = {2 ** -7} apart, so a logit such as 11.08 is stored as the nearest multiple of 2^-7. Second, exp's exact result is rounded to FP16 with round-to-nearest-even: a result below {tie:g}, halfway between {F.FP16.max:g} and {2 * tie - F.FP16.max:g} (the next value FP16 would have with one more exponent), still rounds to {F.FP16.max:g}; at or above {tie:g} it becomes inf.
+
+```
+{rows}
+```
+
+Far from the line nothing is subtle: exp(0) = 1 and exp(5.5) ≈ {math.exp(5.5):.0f} are finite, exp(12) and exp(16) overflow, and exp(-20) ≈ {math.exp(-20):.2g} is below FP16's smallest subnormal {F.FP16.smallest_subnormal:.3g}, so it underflows to 0, which does a softmax no harm. The answer, in the order of the logits: {{answer}}."""
+
+
 register(Exercise(
     "9.1", "Which attention logits overflow?",
     f"These attention logits are stored in float16 and exponentiated in float16 (torch.exp on a float16 tensor): "
@@ -52,7 +71,8 @@ register(Exercise(
     _ex91_check,
     "FP16's largest finite value is 65504; which x has exp(x) = 65504? A logit is rounded to float16 first "
     "(between 8 and 16, FP16 values are 2^-7 apart), and exp's result is rounded to nearest too.",
-    _ex91_truth))
+    _ex91_truth,
+    _ex91_worked()))
 
 
 def _ex92_reference(e):
@@ -109,4 +129,18 @@ register(Exercise(
     _ex92_check,
     "softmax(e) = softmax(e − c) for any constant c, because the factor exp(−c) cancels between numerator and "
     "denominator. Choose c so that no exponent is positive.",
-    lambda: _ex92_reference))
+    lambda: _ex92_reference,
+    f"""exp overflows FP16 above ln({F.FP16.max:g}) ≈ {math.log(F.FP16.max):.2f}, and a logit of 1000 overflows even FP32, so exp must never see the logits as they are. The softmax does not change when every logit is shifted by the same constant c: exp(e_i − c) / Σ_j exp(e_j − c) = exp(−c)·exp(e_i) / (exp(−c)·Σ_j exp(e_j)), and the factor exp(−c) cancels.
+
+Choose c = max(e). Then every exponent e_i − c is ≤ 0, so every exp lies in (0, 1] and cannot overflow; the largest is exactly exp(0) = 1, so the denominator is at least 1 and the division cannot produce inf or NaN. The subtraction itself rounds to float16, by at most half an ulp of e_i − c: that changes exp(e_i − c) by a relative error of about |e_i − c|·2^-11, small where the weight is large (e_i near the maximum, where e_i − c is exact or nearly so) and harmless where |e_i − c| is large, because the weight is then tiny or 0.
+
+```python
+import torch
+
+def safe_softmax(e):
+    z = e - e.max()        # every exponent <= 0; the largest is exactly 0
+    w = torch.exp(z)       # in (0, 1], float16; the largest is 1
+    return w / w.sum()     # the sum is >= 1: no overflow, no 0/0
+```
+
+Everything stays float16: torch.exp, the sum (PyTorch's CPU kernel accumulates it in a wider format and rounds once) and the division. This is what PyTorch Geometric's `softmax` does per node, with the maximum taken over the edges entering each node (the book's reference answer calls it, through `mpt_lab.experiments.gat_amp.attention_overflow`)."""))

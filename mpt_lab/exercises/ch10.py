@@ -39,6 +39,23 @@ def _ex101_check(a):
                   "Same numbers, same format, another order: another sum.")
 
 
+def _ex101_worked() -> str:
+    """Exercise 10.1's worked solution; the orders come from :mod:`mpt_lab.collectives`, the spacing from formats."""
+    from .. import formats as F
+    from ..collectives import ring_order, tree_children
+
+    order, children = ring_order(3, 0), tree_children(3)[0]
+    bf16 = F.get_format("BF16")
+    small = EX101_VALUES[1]
+    return f"""BF16 keeps {bf16.mantissa_bits + 1} significant bits, so just above 1 its values are 2^-{bf16.mantissa_bits} = {F.ulp(1.0, bf16)} apart: 1 and 1 + 2^-{bf16.mantissa_bits} are neighbours, and 1 + 2^-{bf16.mantissa_bits + 1} lies exactly halfway between them. Both small values are 2^-8 = {small}, half that spacing.
+
+Ring: Chunk 0 is summed in the order ring_order(3, 0) = {order}: the partial sum starts at rank {order[0]}, rank {order[1]} adds its value, and rank {order[2]} adds the last one. So the two small values meet first: 2^-8 + 2^-8 = 2^-7, exact. Then 1 + 2^-7 is a BF16 value, so nothing is lost, and every rank receives 1 + 2^-7.
+
+Tree: Rank 0's children are {children}; it adds rank {children[0]}'s value first: 1 + 2^-8 is a tie between 1 and 1 + 2^-7, and round-to-nearest-even picks the neighbour whose last mantissa bit is 0, which is 1. Adding rank {children[1]}'s 2^-8 is the same tie again, and again gives 1. Both small values are lost.
+
+The answer (ring, tree): {{answer}}. The same three numbers in the same format give two sums: which values meet first decides what survives. In FP32 both orders give 1 + 2^-7, because FP32 spaces its values near 1 far closer than 2^-8."""
+
+
 register(Exercise(
     "10.1", "The order of a sum",
     f"Three ranks hold the BF16 gradients {EX101_VALUES[0]:g}, 2^-8 and 2^-8 (ranks 0, 1 and 2) of one element that "
@@ -48,7 +65,8 @@ register(Exercise(
     _ex101_check,
     "BF16 keeps 8 significant bits, so the spacing of its values just above 1 is 2^-7. Write down which two values "
     "meet first in each order; a sum exactly halfway between two BF16 values goes to the one with an even last bit.",
-    _ex101_truth))
+    _ex101_truth,
+    _ex101_worked()))
 
 
 def _ex102_reference(values, fmt) -> float:
@@ -98,7 +116,25 @@ register(Exercise(
     "Keep the running sum as a float and call round_to after each addition; adding two values of these formats in "
     "float64 is exact or rounds innocuously, so only round_to's rounding counts. Check a single rank, and a sum "
     "that passes the largest finite value.",
-    lambda: _ex102_reference))
+    lambda: _ex102_reference,
+    """A ring all-reduce sums each chunk as a chain: the partial sum travels from rank to rank, and each rank adds its own value to what it received and rounds the result to the buffer's format before passing it on. So the function has three steps: put every rank's value into the format (the buffer holds fmt values, not the float64 you were given), look up the order in which chunk 0 visits the ranks, and walk that order with one rounding per addition.
+
+```python
+from mpt_lab.collectives import ring_order
+from mpt_lab.formats import round_to
+
+def ring_sum(values, fmt):
+    x = [round_to(float(v), fmt) for v in values]   # each rank's value, in the buffer's format
+    order = ring_order(len(x), 0)                    # the ranks in the order chunk 0 visits them
+    total = x[order[0]]
+    for r in order[1:]:
+        total = round_to(total + x[r], fmt)          # one rounding per hop
+    return float(total)
+```
+
+Why the addition may be done in float64 before round_to: two BF16, FP16 or FP32 values have at most 24 significant bits each, and float64's 53 bits hold their sum exactly unless the exponents differ by more than about 29, in which case the smaller one is below half an ulp of the larger and the sum rounds to the larger value either way. So round_to sees the exact sum, or one that rounds to the same value, and rounds it once, as the libraries' kernels do.
+
+The edge cases follow by themselves: with one rank the loop does not run and the value is returned as it is (rounded to fmt); a partial sum past the largest finite value becomes inf in round_to and stays inf (inf + x = inf), and +inf met by −inf gives NaN. The book's reference answer computes the same sum for a whole buffer with `mpt_lab.collectives.ring_allreduce`, which the chapter checks against gloo's real all-reduce."""))
 
 
 def _ex103_truth() -> tuple:
@@ -140,4 +176,27 @@ register(Exercise(
     "are 32 apart there, so under round-to-nearest a sum becomes inf once it reaches 65520. (b) Round the quotient "
     "to FP16 first, then add it N times, rounding each partial sum (the spacing of FP16 values doubles at every "
     "power of two).",
-    _ex103_truth))
+    _ex103_truth,
+    f"""(a) Sum first. Every partial sum of a ring is rounded to FP16. The gradient {EX103_GRADIENT:g} is an FP16 value, and so are its first few multiples, but FP16 spaces its values 2, 4, 8, 16 and finally 32 apart as the sums pass 2048, 4096, 8192, 16384 and 32768, so some partial sums round (ties to even). FP16's largest finite value is 65504; a sum at or above 65520, halfway to the next step, rounds to inf. Adding one copy at a time and rounding after each addition finds the first N whose sum overflows. Dividing by N afterwards cannot help: inf / N is inf.
+
+(b) Divide first. fp16_compress_hook divides each rank's value by N before the all-reduce (`buffer.to(float16).div_(world_size)`). The quotient {EX103_GRADIENT:g}/N is rounded to FP16, and then N copies of it are added with a rounding after each addition. The sum stays near {EX103_GRADIENT:g}, far from overflow, but it is not {EX103_GRADIENT:g}: the quotient and several partial sums were rounded.
+
+Both parts, with NumPy's float16 (IEEE binary16; each operation rounds to nearest-even):
+
+```python
+import numpy as np
+
+g = np.float16({EX103_GRADIENT:g})
+n, total = 1, g
+with np.errstate(over="ignore"):    # the overflow is what we look for
+    while np.isfinite(total + g):   # the sum of n + 1 copies, rounded hop by hop
+        total, n = total + g, n + 1
+n += 1                              # the first N whose sum overflows
+q = np.float16(g / np.float16(n))   # each rank divides first, in FP16
+mean = q
+for _ in range(n - 1):
+    mean = mean + q                 # float16 + float16: rounded to float16
+answer = (n, float(mean))
+```
+
+The answer (n, mean): {{answer}}. Dividing first trades the overflow for rounding error, and for small gradients, underflow: a quotient below FP16's smallest subnormal becomes 0 on every rank."""))

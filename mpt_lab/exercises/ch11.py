@@ -52,6 +52,24 @@ def _ex111_check(a):
                   f"nearest E2M1 value: {stored!r}, an error of {err:.0%}.")
 
 
+def _ex111_worked() -> str:
+    """Exercise 11.1's worked solution; every number in it computed from :mod:`mpt_lab.formats`."""
+    import math
+
+    amax = max(abs(v) for v in EX111_BLOCK)
+    e = math.floor(math.log2(amax))
+    e4m3, e2m1 = F.FP8_E4M3, F.FP4_E2M1
+    grid = [float(v) for v in F.values(e2m1) if v >= 0]
+    x4 = EX111_VALUE / 2 ** (e - e2m1.emax)
+    nearest = min(grid, key=lambda v: abs(v - abs(x4)))
+    stored8 = float(F.round_to(EX111_VALUE / 2 ** (e - e4m3.emax), e4m3)) * 2 ** (e - e4m3.emax)
+    return f"""The shared exponent. The block's largest magnitude is amax = {amax:g}, which lies in [2^{e}, 2^{e + 1}), so floor(log2(amax)) = {e}. OCP MX subtracts the element format's largest exponent emax, so that amax / X lands in the element format's top binade: E4M3's largest value is {e4m3.max:g} = {e4m3.max / 2 ** e4m3.emax:g} · 2^{e4m3.emax}, so emax = {e4m3.emax} and k = {e} − {e4m3.emax} = {e - e4m3.emax} for MXFP8; E2M1's largest value is {e2m1.max:g} = {e2m1.max / 2 ** e2m1.emax:g} · 2^{e2m1.emax}, so emax = {e2m1.emax} and k = {e} − {e2m1.emax} = {e - e2m1.emax} for MXFP4. (Check: {amax:g} / 2^{e - e4m3.emax} = {amax / 2 ** (e - e4m3.emax):g} lies in E4M3's top binade [2^{e4m3.emax}, 2^{e4m3.emax + 1}), below its largest value {e4m3.max:g}; {amax:g} / 2^{e - e2m1.emax} = {amax / 2 ** (e - e2m1.emax):g} lies in E2M1's top binade, below {e2m1.max:g}.)
+
+The stored value. MXFP4 stores {EX111_VALUE} / 2^{e - e2m1.emax} = {EX111_VALUE / 2 ** (e - e2m1.emax):g}, rounded to the nearest E2M1 value. The non-negative E2M1 values are {grid}; the nearest to {abs(x4):g} is {nearest:g}, so the element is {-nearest if EX111_VALUE < 0 else nearest:g} (the sign kept) and the block stores it times 2^{e - e2m1.emax}.
+
+The answer (k_mxfp8, k_mxfp4, stored): {{answer}}. Four bits keep only a few values per binade: that is an error of {abs(nearest - abs(x4)) / abs(x4):.1%} on the block's second-largest value. MXFP8 stores the same value as {stored8:g}, an error of {abs(stored8 - EX111_VALUE) / abs(EX111_VALUE):.1%}: E4M3's three mantissa bits keep every normal value within half an ulp, 2^-{e4m3.mantissa_bits + 1} of it."""
+
+
 register(Exercise(
     "11.1", "An MX block's shared exponent, by hand",
     f"A block of MX values (here {len(EX111_BLOCK)}, to keep it short) holds {list(EX111_BLOCK)}. OCP MX gives "
@@ -62,7 +80,8 @@ register(Exercise(
     _ex111_check,
     "amax is the largest magnitude in the block. Each FloatFormat of mpt_lab.formats has an emax attribute "
     "(FP8_E4M3.emax, FP4_E2M1.emax), and values(FP4_E2M1) lists every E2M1 value: divide by X, pick the nearest.",
-    _ex111_truth))
+    _ex111_truth,
+    _ex111_worked()))
 
 
 def _ex112_truth() -> int:
@@ -112,4 +131,15 @@ register(Exercise(
     _ex112_check,
     "The spike is amax_next / max(history) times larger than anything the scale was made for, and each unit of "
     "margin halves the scale. Check the product amax_next × scale against 448 for m = 0, 1, 2, …",
-    _ex112_truth))
+    _ex112_truth,
+    f"""The scale was made for the largest amax in the history, max(history) = {max(EX112_HISTORY):g}: with margin m it maps {max(EX112_HISTORY):g} onto 448 / 2^m. The next step's amax, {EX112_NEXT:g}, is {EX112_NEXT / max(EX112_HISTORY):.3g} times larger, so it lands at 448 · {EX112_NEXT / max(EX112_HISTORY):.3g} / 2^m. Nothing saturates when that is at most 448, that is when 2^m ≥ {EX112_NEXT / max(EX112_HISTORY):.3g}: each unit of margin halves the scale, and the smallest m is the first power of two at or above the ratio.
+
+```python
+history, spike = {list(EX112_HISTORY)}, {EX112_NEXT:g}
+m = 0
+while spike * (448 / max(history)) / 2 ** m > 448:   # the spike's scaled value still beyond E4M3's max
+    m += 1
+answer = m
+```
+
+The answer: {{answer}}. The price of the margin is paid on every step, not only on the spike's: the typical values, around {max(EX112_HISTORY):g}, now sit that many binades below the top of E4M3, that many binades closer to its subnormals, where fewer mantissa bits remain. Transformer Engine's DelayedScaling recipe has a margin of 0 by default; current scaling, which measures this step's amax before it casts, needs no margin for a spike at all."""))

@@ -60,7 +60,7 @@ from .runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_mai
 from ._torchrun import LaunchError, in_torchrun, run_torchrun, tail, write_pid
 
 __all__ = ["NAME", "Config", "PROFILES", "Recipe", "RECIPES", "DistributedResult", "AGREEMENT", "LaunchError",
-           "placement", "launch", "in_torchrun", "run", "config_for", "main"]
+           "placement", "launch", "in_torchrun", "reduction_config", "run", "config_for", "main"]
 
 NAME = "distributed"
 
@@ -110,10 +110,10 @@ AGREEMENT = {"final_loss": 0.05, "test_accuracy": 0.03}
 class Config(ExperimentConfig):
     """nproc : processes per machine that :func:`launch` starts (0: one per GPU); under a torchrun started by
     hand it must match ``--nproc_per_node``.  backend : "auto" (NCCL on CUDA, gloo on a CPU), "gloo" or "nccl".
-    recipes : which of :data:`RECIPES` to train.  steps, batch_size (global, split evenly over the ranks),
+    recipes : which of :data:`RECIPES` to train (empty: none; :func:`reduction_config`).  steps, batch_size (global, split evenly over the ranks),
     hidden, layers, lr (Adam), init_scale, growth_interval (the scalers) : the training runs.  sweep_max :
-    the reduction error is computed for N = 2, 4, …, sweep_max ranks, on sweep_elements gradient elements of
-    micro-batches of sweep_batch samples per rank.  flag_steps : steps of the overflow-agreement study (0
+    the reduction error is computed for N = 2, 4, …, sweep_max ranks (0: not at all), on sweep_elements gradient
+    elements of micro-batches of sweep_batch samples per rank.  flag_steps : steps of the overflow-agreement study (0
     skips it); inject_steps : the steps at which rank inject_rank's gradient shard gets an inf."""
 
     nproc: int = 2
@@ -137,10 +137,12 @@ class Config(ExperimentConfig):
         super().validate()
         self.check_positive("steps", "batch_size", "hidden", "layers", "growth_interval", "sweep_elements",
                             "sweep_batch")
-        self.check_positive("sweep_max", minimum=2)
-        self.check_positive("nproc", "flag_steps", "inject_rank", minimum=0)
+        self.check_positive("nproc", "flag_steps", "inject_rank", "sweep_max", minimum=0)
+        if self.sweep_max == 1:
+            raise ValueError("config.sweep_max must be 0 (no sweep) or an int ≥ 2, got 1")
         self.check_choices("backend", ("auto", "gloo", "nccl"))
-        self.check_choices("recipes", tuple(RECIPES), subset=True)
+        if self.recipes != ():
+            self.check_choices("recipes", tuple(RECIPES), subset=True)
         if not (isinstance(self.lr, (int, float)) and 0 < self.lr < math.inf):
             raise ValueError(f"config.lr must be a positive number, got {self.lr!r}")
         if not (isinstance(self.init_scale, (int, float)) and 0 < self.init_scale < math.inf):
@@ -188,7 +190,8 @@ class DistributedResult(ExperimentResult):
         for N > 2, where DDP's buckets move the chunk boundaries), "sweep": {"n", "elements", "ring"/"tree":
         {format: [relative error of the averaged gradient per N]}}, "fp16": {"scale", "n", and per division
         ("sum_then_divide", "predivide", "fsdp_split") "rel_error", "overflow_share", "underflow_share" lists,
-        "first_overflow_n"}}.
+        "first_overflow_n"}}; "sweep" and "fp16" are absent when ``sweep_max`` is 0 (:func:`reduction_config`),
+        and ``recipes`` is {} when none was trained.
     flag_agreement : {"steps", "inject_steps", "inject_rank", "variants": {"torch"/"mpt_lab"/"unsynchronised":
         {"scales" (per rank, per step), "skipped" (per rank, the skipped steps), "losses"}}, "identical_to_torch"
         (ours and torch's: the same scale on every rank and bit-identical parameter shards after every step),
@@ -238,11 +241,13 @@ class DistributedResult(ExperimentResult):
                 if name in self.recipes:
                     parts.append(f"{name} vs ddp_fp32: final loss gap {self.agreement(name)['final_loss']:.3g}")
         m = self.reduction["measured"]
-        parts.append("all-reduce error at N = {}: {}".format(
-            m["n"], ", ".join(f"{f} {m[f]['rel_error']:.2g}" for f in COMM_FORMATS)))
-        fp16 = self.reduction["fp16"]
-        parts.append(f"FP16 sum without pre-division first overflows at N = {fp16['first_overflow_n']}"
-                     if fp16["first_overflow_n"] else f"FP16 sums do not overflow up to N = {fp16['n'][-1]}")
+        parts.append("all-reduce error at N = {}: {}; equal to the simulated ring: {}".format(
+            m["n"], ", ".join(f"{f} {m[f]['rel_error']:.2g}" for f in COMM_FORMATS),
+            all(m[f]["matches_ring"] for f in COMM_FORMATS)))
+        fp16 = self.reduction.get("fp16")
+        if fp16:
+            parts.append(f"FP16 sum without pre-division first overflows at N = {fp16['first_overflow_n']}"
+                         if fp16["first_overflow_n"] else f"FP16 sums do not overflow up to N = {fp16['n'][-1]}")
         if self.flag_agreement:
             fa = self.flag_agreement
             parts.append(f"ours identical to torch under FSDP2: {fa['identical_to_torch']}; unsynchronised "
@@ -356,6 +361,36 @@ def launch(config=None, *, nproc: int | None = None, timeout: float = 900.0, pro
         result.provenance["placement"] = placement(config, n)[2]
     result.provenance["launcher"] = shlex.join(["torchrun", "--standalone", "--nproc_per_node", str(n), *module[:-2]])
     return result
+
+
+def reduction_config(config=None, nproc: int = 3) -> Config:
+    """``config`` cut down to the real all-reduce of the ranks' gradients alone, for ``nproc`` ranks on gloo.
+
+    No recipe is trained, no sweep simulated, no overflow study run: what is left is part 2's check that gloo's
+    all-reduce equals :func:`mpt_lab.collectives.ring_allreduce` bit for bit.  On 2 ranks every element is a sum
+    of two values, which has one order, so only 3 or more ranks test the order itself; this configuration makes
+    that test cheap enough for a notebook (``launch(reduction_config("quick"), nproc=3)``).  The global batch is
+    the largest multiple of ``nproc`` not above ``config.batch_size``; the device is the CPU (gloo), so it runs
+    on a machine with any number of GPUs.
+
+    Parameters
+    ----------
+    config : a :class:`Config`, a profile name, or None for :func:`mpt_lab.profile`
+    nproc : the number of ranks (≥ 2)
+
+    Raises TypeError for a config that is not a Config or a profile name, ValueError for ``nproc`` < 2.
+    """
+    from .. import profile as current_profile
+
+    if config is None or isinstance(config, str):
+        config = config_for(config or current_profile())
+    if not isinstance(config, Config):
+        raise TypeError(f"config must be a {__name__}.Config or a profile name, got {type(config).__name__}")
+    if not isinstance(nproc, int) or isinstance(nproc, bool) or nproc < 2:
+        raise ValueError(f"nproc must be an int ≥ 2, got {nproc!r}")
+    batch = max(nproc, config.batch_size - config.batch_size % nproc)
+    return dataclasses.replace(config, nproc=nproc, backend="gloo", device="cpu", recipes=(), steps=1,
+                               batch_size=batch, sweep_max=0, flag_steps=0, inject_steps=())
 
 
 def _launcher(config: Config, *, progress, command):
@@ -776,13 +811,14 @@ def measure(config: Config, run: Run):
     data = digits_data(config.seed, ctx.device)
     order = shuffled_batches(len(data[0]), config.batch_size, seed=config.seed)
     batches = [next(order).to(ctx.device) for _ in range(max(config.steps, config.flag_steps))]
-    recipes = _recipes(config, ctx, data, batches)
+    recipes = _recipes(config, ctx, data, batches) if config.recipes else {}
     reduction = _reduction_measured(config, ctx, data, batches)
     ctx.say("all-reduce of the ranks' gradients, N = {}: relative error {}".format(
         ctx.world, ", ".join(f"{f} {reduction['measured'][f]['rel_error']:.2g}" for f in COMM_FORMATS)))
-    t0 = time.perf_counter()
-    reduction.update(_reduction_sweep(config, ctx, data))
-    ctx.say(f"reduction error simulated for N = 2 … {config.sweep_max} in {time.perf_counter() - t0:.1f} s")
+    if config.sweep_max:
+        t0 = time.perf_counter()
+        reduction.update(_reduction_sweep(config, ctx, data))
+        ctx.say(f"reduction error simulated for N = 2 … {config.sweep_max} in {time.perf_counter() - t0:.1f} s")
     t0 = time.perf_counter()
     flag = _flag_agreement(config, ctx, data, batches) if config.flag_steps else {}
     if flag:

@@ -44,11 +44,13 @@ downloaded here.  Sizes per profile (:func:`config_for`):
   one H100, its share of the whole full profile's 8 minutes (:mod:`mpt_lab.experiments.budget`).  A run that still runs
   out of memory is recorded as such (``oom: True``), not retried.
 
-Why the guide's heads [2, 2, 2] fitted its V100 only in FP16 and ours never does: ``fit_degrees`` measures the
-FP32 step peak on graphs of several sizes and fits it as a·E·H + b·N·H + c (``memory_fit``).  PyG keeps a
-per-edge, per-head slope a of several [E, heads, hidden] float32 vectors (gathered features and messages), so
-doubling the heads doubles the memory in every precision; DGL's fused kernels keep a few scalars per edge, and
-most of the guide's memory does not depend on the heads.
+Why the guide's heads [2, 2, 2] fitted its V100 only in FP16 and ours never does: ``memory_fit`` measures the
+FP32 step peak on graphs of ``fit_nodes`` nodes (two sizes) with ``fit_degrees`` edges per node, for ``fit_heads`` heads, and
+tests a model of it: for every graph size N and head count H the peak is a straight line in the edges E, and the
+slope of that line (the bytes a step adds per edge) is the same for every N and grows linearly with H,
+slope(H) = per_edge_head·H + per_edge.  PyG keeps per edge and head several [E, heads, hidden] float32 vectors
+(gathered features and messages), so doubling the heads doubles the memory in every precision; DGL's fused
+kernels keep a few scalars per edge, and most of the guide's memory does not depend on the heads.
 
     python -m mpt_lab.experiments.gat_amp --profile full --out book/results/gat_amp_full.json
 """
@@ -71,7 +73,7 @@ from ..training import autocast_to, backward_step
 from .runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
 
 __all__ = ["Config", "GatAmpResult", "PROFILES", "RECIPES", "DGL_GUIDE", "FP16_EXP_LIMIT", "config_for", "run",
-           "main", "attention_overflow", "NAME"]
+           "main", "attention_overflow", "memory_model", "NAME"]
 
 NAME = "gat_amp"
 #: The recipes: FP32; FP16 autocast + GradScaler (the guide's); BF16 autocast (``config.precisions`` names which run).
@@ -114,8 +116,9 @@ class Config(ExperimentConfig):
     epochs: int = 30
     lr: float = 1e-3
     weight_decay: float = 5e-4
-    fit_nodes: int = 300            # the memory fit: FP32 step peaks on graphs of this many nodes ...
-    fit_degrees: tuple = (4, 8, 16)  # ... with these average degrees, heads 1 and 2 (empty: no fit)
+    fit_nodes: int | tuple = 300    # the memory fit: FP32 step peaks on graphs of these sizes (an int n: n // 2 and n) ...
+    fit_degrees: tuple = (4, 8, 16)  # ... with these average degrees (empty: no fit) ...
+    fit_heads: tuple = (1, 2, 3)     # ... and these head counts
 
     def validate(self) -> None:
         super().validate()
@@ -124,10 +127,21 @@ class Config(ExperimentConfig):
         if not self.heads or any(not isinstance(h, int) or isinstance(h, bool) or h < 1 for h in self.heads):
             raise ValueError(f"config.heads must be a non-empty tuple of positive ints, got {self.heads!r}")
         self.check_choices("precisions", RECIPES, subset=True)
-        self.check_positive("fit_nodes", minimum=self.num_classes)
+        if isinstance(self.fit_nodes, (tuple, list)):
+            nodes = tuple(self.fit_nodes)
+        elif isinstance(self.fit_nodes, int) and not isinstance(self.fit_nodes, bool):
+            nodes = (self.fit_nodes // 2, self.fit_nodes)
+        else:
+            nodes = (self.fit_nodes,)         # not a size: refused below
+        if not nodes or any(not isinstance(n, int) or isinstance(n, bool) or n < self.num_classes for n in nodes):
+            raise ValueError(f"config.fit_nodes must be a tuple of graph sizes ≥ {self.num_classes} (num_classes), "
+                             f"or an int n with n // 2 ≥ {self.num_classes}, got {self.fit_nodes!r}")
         if self.fit_degrees and (len(self.fit_degrees) < 2 or any(not isinstance(d, (int, float)) or d <= 0
                                                                    for d in self.fit_degrees)):
             raise ValueError(f"config.fit_degrees must be empty or ≥ 2 positive degrees, got {self.fit_degrees!r}")
+        if not self.fit_heads or any(not isinstance(h, int) or isinstance(h, bool) or h < 1 for h in self.fit_heads) \
+                or (self.fit_degrees and len(set(self.fit_heads)) < 2):
+            raise ValueError(f"config.fit_heads must hold ≥ 2 different positive ints, got {self.fit_heads!r}")
         for name in ("lr", "avg_degree"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
@@ -135,9 +149,10 @@ class Config(ExperimentConfig):
 
 
 PROFILES = {
-    "quick": {"num_nodes": 400, "avg_degree": 10.0, "epochs": 15, "threads": 1, "fit_nodes": 200,
-              "fit_degrees": (4, 8)},
-    "cpu": {"num_nodes": 1000, "avg_degree": 12.0, "epochs": 14, "fit_degrees": (4, 8), "threads": 1},
+    "quick": {"num_nodes": 400, "avg_degree": 10.0, "epochs": 15, "threads": 1, "fit_nodes": (200, 400),
+              "fit_degrees": (4, 8, 16)},
+    "cpu": {"num_nodes": 1000, "avg_degree": 12.0, "epochs": 14, "fit_nodes": (300, 600), "fit_degrees": (4, 8, 16),
+            "threads": 1},
     "full": {"num_nodes": REDDIT["num_nodes"], "avg_degree": 8.0, "epochs": 100, "fit_nodes": 20000,
              "fit_degrees": (8, 16, 32, 64)},
 }
@@ -154,9 +169,7 @@ class GatAmpResult(ExperimentResult):
     ``memory_method``, ``timing_method``: how they were measured; ``runs``: "[h, h, h]" → precision →
     {losses, accuracy {train, val, test}, epoch_seconds, epoch_times, peak_bytes, static_bytes, total_bytes,
     skipped_steps, final_scale, oom, error}; ``memory_fit``: FP32 step peaks of the GAT on graphs of several
-    sizes fitted as bytes ≈ per_edge_head·E·H + per_node_head·N·H + constant (least squares): {per_edge_head,
-    per_node_head, constant (bytes), max_relative_residual, points [[N, E, H, bytes]]}, empty without
-    ``fit_degrees``."""
+    sizes and head counts, and the model they test (see :func:`memory_model`), empty without ``fit_degrees``."""
 
     graph: dict
     memory_method: str
@@ -285,16 +298,17 @@ def measure(config: Config, run: Run) -> dict:
 
 
 def _memory_fit(config: Config, run: Run) -> dict:
-    """FP32 step peaks of the GAT (heads 1 and 2) on graphs of ``fit_nodes`` nodes and ``fit_degrees``, fitted as
-    bytes ≈ a·E·H + b·N·H + c: how much a step keeps per edge and head (PyG materialises per-edge messages
-    [E, heads, hidden]; DGL's fused kernels do not) against per node and head."""
+    """FP32 step peaks of the GAT on graphs of ``fit_nodes`` nodes (a tuple of sizes; an int n: n // 2 and n) and
+    ``fit_degrees`` edges per node, for each of ``fit_heads``, and the model they test (:func:`memory_model`)."""
     from ..models.gat import GAT
 
+    nodes = tuple(config.fit_nodes) if isinstance(config.fit_nodes, (tuple, list)) \
+        else (config.fit_nodes // 2, config.fit_nodes)
     points = []
-    for d in run.bar(config.fit_degrees, desc="memory fit"):
-        g = synthetic_reddit(config.fit_nodes, float(d), num_features=config.num_features,
-                             num_classes=config.num_classes, seed=config.seed, device=run.device)
-        for h in (1, 2):
+    for n, d in run.bar([(n, d) for n in nodes for d in config.fit_degrees], desc="memory fit"):
+        g = synthetic_reddit(n, float(d), num_features=config.num_features, num_classes=config.num_classes,
+                             seed=config.seed, device=run.device)
+        for h in config.fit_heads:
             torch.manual_seed(config.seed)
             model = GAT(config.num_features, config.hidden, config.num_classes, (h, h, h)).to(run.device)
             opt = torch.optim.Adam(model.parameters(), lr=config.lr)
@@ -306,12 +320,57 @@ def _memory_fit(config: Config, run: Run) -> dict:
 
             step()                     # Adam's state exists before the measured step, as in training
             points.append([g.num_nodes, g.num_edges, h, int(peak_memory(step, run.device))])
-    a = torch.tensor([[e * h, n * h, 1.0] for n, e, h, _ in points], dtype=torch.float64)
-    b = torch.tensor([p for *_, p in points], dtype=torch.float64)
-    coef = torch.linalg.lstsq(a, b).solution
-    residual = float(((a @ coef - b).abs() / b).max())
-    return {"per_edge_head": float(coef[0]), "per_node_head": float(coef[1]), "constant": float(coef[2]),
-            "max_relative_residual": residual, "points": points}
+    return memory_model(points)
+
+
+def memory_model(points) -> dict:
+    """Test a linear model of a GAT step's peak memory on measured points.
+
+    ``points``: [[N, E, H, bytes], ...], the peak bytes of one step on a graph of N nodes and E edges with H heads
+    per layer.  The model: for each (N, H) the peak is a straight line in E, bytes ≈ slope·E + intercept (least
+    squares over that graph size's degrees), and the slope, the bytes a step adds per edge, does not depend on N
+    and grows linearly with H: slope ≈ per_edge_head·H + per_edge (least squares over the lines).  Returns
+
+    * ``points`` as given; ``lines``: [{"nodes", "heads", "slope" (bytes per edge), "intercept" (bytes),
+      "max_relative_residual" (of that line's points; 0 by construction with two degrees)}];
+    * ``per_edge_head``, ``per_edge`` (bytes): the slope model;
+    * ``max_relative_residual``: the largest |line − point| / point over every line (tests straightness when
+      each line has ≥ 3 points); ``slope_residual``: the largest |model − slope| / slope over the lines (tests
+      the linearity in H with ≥ 3 head counts); ``node_spread``: the largest relative difference between the
+      slopes of one head count on different graph sizes (None with one graph size);
+    * ``points_per_line``, ``head_counts``, ``graph_sizes``: how much each test can tell.
+
+    Raises ValueError when a line has fewer than 2 points or fewer than 2 head counts were measured.
+    """
+    pts = torch.tensor([[float(v) for v in p] for p in points], dtype=torch.float64)
+    if pts.dim() != 2 or pts.shape[1] != 4:
+        raise ValueError(f"points must be [[N, E, H, bytes], ...], got shape {tuple(pts.shape)}")
+    lines = []
+    for n, h in sorted({(float(a), float(c)) for a, _, c, _ in pts.tolist()}):
+        sel = pts[(pts[:, 0] == n) & (pts[:, 2] == h)]
+        if len(sel) < 2:
+            raise ValueError(f"the line of N = {n:g}, H = {h:g} has {len(sel)} point; each needs ≥ 2 degrees")
+        a = torch.stack([sel[:, 1], torch.ones_like(sel[:, 1])], 1)
+        coef = torch.linalg.lstsq(a, sel[:, 3:]).solution[:, 0]
+        res = float(((a @ coef - sel[:, 3]).abs() / sel[:, 3]).max())
+        lines.append({"nodes": int(n), "heads": int(h), "slope": float(coef[0]), "intercept": float(coef[1]),
+                      "max_relative_residual": res, "points": len(sel)})
+    heads = sorted({line["heads"] for line in lines})
+    if len(heads) < 2:
+        raise ValueError(f"points must cover ≥ 2 head counts to separate per-head from per-edge memory, got {heads}")
+    h = torch.tensor([[float(line["heads"]), 1.0] for line in lines], dtype=torch.float64)
+    s = torch.tensor([[line["slope"]] for line in lines], dtype=torch.float64)
+    per_head, per_edge = (float(v) for v in torch.linalg.lstsq(h, s).solution[:, 0])
+    slope_residual = max(abs(per_head * line["heads"] + per_edge - line["slope"]) / line["slope"] for line in lines)
+    sizes = sorted({line["nodes"] for line in lines})
+    spread = None
+    if len(sizes) > 1:
+        spread = max((max(sl) - min(sl)) / min(sl) for sl in
+                     ([line["slope"] for line in lines if line["heads"] == hh] for hh in heads) if len(sl) > 1)
+    return {"points": [list(p) for p in points], "lines": lines, "per_edge_head": per_head, "per_edge": per_edge,
+            "max_relative_residual": max(line["max_relative_residual"] for line in lines),
+            "slope_residual": float(slope_residual), "node_spread": spread,
+            "points_per_line": min(line["points"] for line in lines), "head_counts": heads, "graph_sizes": sizes}
 
 
 # ------------------------------------------------------------------------------------- attention in FP16

@@ -59,6 +59,12 @@ __all__ = ["show_saved", "BookFigure", "HTML", "table_html", "running_mean", "FO
            "plot_error_vs_k", "plot_running_sum", "plot_tensor_core_model", "reductions_table", "weights_table",
            "plot_gpu_accumulation"]
 
+# Chapters 10 and 11's diagrams and the FP8 recipe table (issue 26, items 17 and 18), kept on their own lines.
+from .distributed import plot_reduction_orders  # noqa: E402
+from .fp8 import fp8_recipe_table, plot_mx_block  # noqa: E402
+
+__all__ += ["plot_reduction_orders", "plot_mx_block", "fp8_recipe_table"]
+
 #: What each saved profile is, in the words a reader needs.
 _PROFILE_WORDS = {"full": ("GPU", "On a machine with a CUDA GPU"),
                   "long": ("long CPU", "On a CPU (up to an hour on 2 cores)")}

@@ -18,7 +18,7 @@ from matplotlib.ticker import MaxNLocator
 from ._base import mib, new_figure, recipe_style, running_mean, table_html
 
 __all__ = ["plot_recipe_losses", "plot_memory_per_rank", "plot_reduction_error", "plot_flag_agreement",
-           "memory_table", "reduction_table"]
+           "plot_reduction_orders", "memory_table", "reduction_table"]
 
 #: Colour of the dtype that does the work in each recipe: its gradients' sum (DDP hooks, FSDP2's reduce_dtype)
 #: or its compute (autocast, FSDP2's param_dtype): FP32 blue, BF16 green, FP16 red, as in every chapter.
@@ -173,11 +173,15 @@ def plot_reduction_error(result, *, title: str | None = None) -> Figure:
              np.add(fp16["fsdp_split"]["overflow_share"], fp16["fsdp_split"]["underflow_share"]), "#8c564b", ":"),
             ("÷ N first, unscaled gradients (FP32 training + hook): 0", sweep["underflow"]["ring"]["FP16"],
              "#ff7f0e", "-.")]
+    none_lost = []
     for label, share, color, ls in lost:
         share = 100 * np.asarray(share, dtype=float)
         shown = share > 0
-        bx.plot(ns[shown], share[shown], ls, marker="o", ms=4, color=color,
-                label=label if shown.any() else f"{label}: none lost")
+        if shown.any():                  # a series with no share above 0 has nothing to draw on a log axis ...
+            bx.plot(ns[shown], share[shown], ls, marker="o", ms=4, color=color, label=label)
+        else:                            # ... and is named in a note instead of the legend
+            none_lost.append(label.rsplit(":", 1)[0])
+
     over = fp16["first_overflow_n"]
     if over is not None:
         bx.axvline(over, color="#d62728", lw=0.8, alpha=0.5)
@@ -188,28 +192,130 @@ def plot_reduction_error(result, *, title: str | None = None) -> Figure:
     bx.set_ylabel("gradient elements lost (%, log scale)\n(inf, or 0 where the exact mean is not)")
     bx.set_title("FP16 sums: overflow without pre-division, underflow with it")
     bx.grid(alpha=0.3, which="both")
-    bx.legend(fontsize="x-small", loc="upper left")
+    note = ("no element lost at any N:\n" + "\n".join(none_lost)) if none_lost else None
+    legend = bx.legend(fontsize="x-small", loc="upper left", title=note, title_fontsize="x-small")
+    if note:
+        legend.get_title().set_ha("left")
     fig.suptitle(title or f"The reduction error as the cluster grows ({sweep['elements']:,} gradient elements, "
                           f"{result.profile} profile)")
     return fig
 
 
-def reduction_table(result):
-    """HTML table: the real all-reduce of the run's ranks in each format, its error, and whether it equals the
-    ring simulation (and DDP's compression hooks) bit for bit."""
-    _check(result)
-    m, hooks = result.reduction["measured"], result.reduction["hooks"]
-    hook_of = {"BF16": hooks.get("bf16"), "FP16": hooks.get("fp16"), "FP32": None}
+def reduction_table(result, *more):
+    """HTML table: the real all-reduce of each run's ranks in each format, its error, whether it equals the ring
+    simulation bit for bit, how many elements another order (a binary tree's) would have changed, and whether
+    DDP's compression hooks equal the simulation (measured on 2 ranks only).
+
+    ``result`` and ``more``: :class:`~mpt_lab.experiments.distributed.DistributedResult` s, one row group each
+    (e.g. the chapter's 2-rank run and a 3-rank :func:`~mpt_lab.experiments.distributed.reduction_config` run).
+    On 2 ranks every element is a sum of two values, which has one order: there the "bit for bit" column tests
+    the dtype and the division, and only runs on 3 or more ranks test the order.
+
+    Raises TypeError for anything that is not a DistributedResult.
+    """
+    results = (result, *more)
+    for r in results:
+        _check(r)
 
     def yes(v):
         return "–" if v is None else ("yes" if v else "no")
 
-    rows = [[fmt, f"{m[fmt]['rel_error']:.3g}", yes(m[fmt]["matches_ring"]), yes(hook_of[fmt])]
-            for fmt in ("FP32", "BF16", "FP16")]
-    return table_html(["format", "relative error", "= ring_allreduce, bit for bit",
-                       "DDP's compression hook = ring_allreduce"], rows,
-                      caption=f"The ranks' gradients ({m['elements']:,} elements) ÷ {m['n']}, all-reduced by "
-                              f"{result.backend} on {m['n']} processes")
+    rows = []
+    for r in results:
+        m, hooks = r.reduction["measured"], r.reduction["hooks"]
+        hook_of = {"BF16": hooks.get("bf16"), "FP16": hooks.get("fp16"), "FP32": None}
+        for fmt in ("FP32", "BF16", "FP16"):
+            rows.append([f"{m['n']} ({r.backend})", fmt, f"{m[fmt]['rel_error']:.3g}", yes(m[fmt]["matches_ring"]),
+                         f"{100 * m[fmt]['differs_from_tree']:.1f}%", yes(hook_of[fmt])])
+    elements = " and ".join(dict.fromkeys(f"{r.reduction['measured']['elements']:,}" for r in results))
+    return table_html(["ranks", "format", "relative error", "= ring_allreduce, bit for bit",
+                       "elements a tree's order changes", "DDP's hook = ring_allreduce"], rows,
+                      caption=f"The ranks' gradients ({elements} elements), each divided by the number of ranks, "
+                              "all-reduced by the process group and compared with the simulation")
+
+
+def plot_reduction_orders(n_ranks: int = 6, *, chunk: int = 0, title: str | None = None) -> Figure:
+    """The order in which a ring and a binary tree add N ranks' values, from :mod:`mpt_lab.collectives`.
+
+    Left: the ranks on a ring; the arrows follow :func:`~mpt_lab.collectives.ring_order` (N, ``chunk``), gloo's
+    order for the elements of one chunk, numbered by hop, each hop one addition rounded to the buffer's format;
+    below, the sum as it is formed.  Right: the binary tree of :func:`~mpt_lab.collectives.tree_children`, each
+    arrow a partial sum passed to the parent (numbered in the order the parent adds them), and the root's sum.
+
+    Returns a Figure (a diagram: no data axes).  Raises ValueError for ``n_ranks`` < 2 or a bad ``chunk``.
+    """
+    from ..collectives import ring_order, tree_children
+
+    if not isinstance(n_ranks, int) or isinstance(n_ranks, bool) or n_ranks < 2:
+        raise ValueError(f"n_ranks must be an int ≥ 2, got {n_ranks!r}")
+    order = ring_order(n_ranks, chunk)
+    children = tree_children(n_ranks)
+    fig = new_figure((9.6, 4.6))
+    ax, bx = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    node = dict(boxstyle="circle,pad=0.35", facecolor="#dbe9f6", edgecolor="#1f77b4", lw=1.5)
+    start = dict(node, facecolor="#fde0c5", edgecolor="#ff7f0e")
+    end = dict(node, facecolor="#d5f0d5", edgecolor="#2ca02c")
+
+    # the ring: rank r at angle 90° − 360°·r/N (rank 0 on top, clockwise)
+    angle = {r: np.pi / 2 - 2 * np.pi * r / n_ranks for r in range(n_ranks)}
+    pos = {r: (np.cos(a), np.sin(a)) for r, a in angle.items()}
+    for r in range(n_ranks):
+        style = start if r == order[0] else end if r == order[-1] else node
+        ax.text(*pos[r], f"{r}", ha="center", va="center", fontsize=13, bbox=style, zorder=3)
+    for hop, (a, b) in enumerate(zip(order[:-1], order[1:]), 1):
+        ax.annotate("", xy=pos[b], xytext=pos[a], zorder=2,
+                    arrowprops=dict(arrowstyle="-|>", color="#333333", lw=1.6, shrinkA=17, shrinkB=17,
+                                    connectionstyle="arc3,rad=-0.25"))
+        mid = (np.add(pos[a], pos[b])) / 2
+        ax.text(*(mid * 1.3), f"hop {hop}", ha="center", va="center", fontsize="medium", color="#333333")
+    ring_sum = f"x{order[0]}"
+    for r in order[1:]:
+        ring_sum = f"({ring_sum} + x{r})" if r != order[-1] else f"{ring_sum} + x{r}"
+    ax.text(0, -1.55, f"chunk {chunk}: {ring_sum}", ha="center", va="center", fontsize="medium", family="monospace")
+    ax.text(0, -1.9, f"every + rounds to the buffer's format;\n{n_ranks} chunks, each a chain of {n_ranks - 1} hops",
+            ha="center", va="center", fontsize="small", color="#555555")
+    ax.set_xlim(-1.6, 1.6)
+    ax.set_ylim(-2.15, 1.35)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    ax.set_title(f"Ring (gloo): ring_order({n_ranks}, {chunk}) = {order}", fontsize="medium")
+
+    # the tree: level of rank r is floor(log2(r + 1)); ranks of one level spread evenly
+    depth = {r: int(np.floor(np.log2(r + 1))) for r in range(n_ranks)}
+    levels = max(depth.values()) + 1
+    tpos = {}
+    for r in range(n_ranks):
+        first = 2 ** depth[r] - 1
+        slots = 2 ** depth[r]
+        tpos[r] = ((r - first + 0.5) / slots * 2 - 1, 1.1 - depth[r] * (2.2 / max(1, levels - 1)) * 0.8)
+    for r, kids in enumerate(children):
+        for i, c in enumerate(kids, 1):
+            bx.annotate("", xy=tpos[r], xytext=tpos[c], zorder=2,
+                        arrowprops=dict(arrowstyle="-|>", color="#333333", lw=1.6, shrinkA=17, shrinkB=17))
+            mid = np.add(tpos[r], tpos[c]) / 2
+            bx.text(mid[0] + (0.1 if c % 2 == 0 else -0.1), mid[1], f"{i}", ha="center", va="center",
+                    fontsize="medium", color="#333333")
+    for r in range(n_ranks):
+        style = end if r == 0 else start if not children[r] else node
+        bx.text(*tpos[r], f"{r}", ha="center", va="center", fontsize=13, bbox=style, zorder=3)
+
+    def expr(r):
+        out = f"x{r}"
+        for c in children[r]:
+            sub = expr(c)
+            out = f"({out} + {sub})" if c != children[r][-1] or r != 0 else f"{out} + {sub}"
+        return out
+
+    bx.text(0, -1.55, f"root: {expr(0)}", ha="center", va="center", fontsize="medium", family="monospace")
+    bx.text(0, -1.9, f"each rank adds its children's partial sums\nin turn (1, then 2): {levels} levels", ha="center",
+            va="center", fontsize="small", color="#555555")
+    bx.set_xlim(-1.25, 1.25)
+    bx.set_ylim(-2.15, 1.35)
+    bx.axis("off")
+    bx.set_title(f"Binary tree: tree_children({n_ranks}) = {children}", fontsize="medium")
+    fig.suptitle(title or f"In which order {n_ranks} ranks' values are added\n(orange: where a sum starts, "
+                          "green: where it ends)")
+    return fig
 
 
 def plot_flag_agreement(result, *, title: str | None = None) -> Figure:

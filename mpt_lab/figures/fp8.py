@@ -16,6 +16,7 @@ import math
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
 
 from .. import formats as F
 from ..microscaling import mean_over_layers
@@ -23,7 +24,7 @@ from ._base import FORMAT_COLORS, new_figure, pct, power_text, recipe_style, run
 
 __all__ = ["plot_fp8_training", "fp8_results_table", "plot_layer_quantization",
            "plot_recipe_snr", "plot_amax_history", "plot_block_size_error", "block_scale_table",
-           "one_scale_table", "hardware_table"]
+           "one_scale_table", "hardware_table", "fp8_recipe_table", "plot_mx_block"]
 
 _ROLE_LABELS = {"x": "activations (inputs)", "w": "weights", "g": "output gradients"}
 _SCALING_WORDS = {"none": "none", "current": "per tensor, current amax", "delayed": "per tensor, amax history",
@@ -120,33 +121,52 @@ def plot_fp8_training(result, model: str = "lm", *, smooth: int = 10, tolerance:
     return fig
 
 
+def _scaling_words(d: dict) -> str:
+    """How a recipe scales, in words, from its description in ``result.recipes``."""
+    scaling = "–" if d.get("forward") == "FP32" else _SCALING_WORDS.get(d.get("scaling"), d.get("scaling", "–"))
+    if d.get("block_size"):
+        scaling = scaling.format(n=d["block_size"])
+    if d.get("loss_scaling") == "dynamic":
+        scaling += "; dynamic loss scale"
+    return scaling + _WEIGHT_WORDS.get(d.get("weights"), "")
+
+
+def _recipe_names(result) -> list:
+    return list(dict.fromkeys(n for m in result.runs for n in result.runs[m]))
+
+
+def fp8_recipe_table(result):
+    """Per recipe: the formats of the forward and backward operands, how they are scaled, and the bits stored per
+    value (scales included) (an HTML table, four columns)."""
+    _check(result)
+    rows = []
+    for name in _recipe_names(result):
+        d = result.recipes.get(name, {})
+        rows.append([html.escape(result.label(name)), f"{d.get('forward', '–')} / {d.get('backward', '–')}",
+                     html.escape(_scaling_words(d)), f"{d.get('bits', math.nan):g}"])
+    return table_html(["recipe", "forward / backward", "scaling", "bits per value"], rows,
+                      align=["left", "left", "left", "right"])
+
+
 def fp8_results_table(result, *, tolerance: float | None = None, reference: str = "bf16"):
-    """Per recipe: formats, scaling, bits per value, and per model the final validation loss, its gap to
-    ``reference`` (✓ within ``tolerance``), the share of output-gradient values lost to underflow and the
-    steps FP16's scaler skipped (an HTML table)."""
+    """Per recipe and model: the final validation loss and its gap to ``reference`` in one column (✓ within
+    ``tolerance``), the share of output-gradient values lost to underflow (and the steps FP16's scaler skipped),
+    and the MLP's test accuracy (an HTML table narrow enough for the page; :func:`fp8_recipe_table` describes the
+    recipes)."""
     _check(result)
     models = list(result.runs)
-    header = ["recipe", "forward / backward", "scaling", "bits per value"]
+    header = ["recipe"]
     for m in models:
         short = "LM" if m == "lm" else "MLP"
-        header += [f"{short}: validation loss", f"{short}: − {result.label(reference)}", f"{short}: gradients lost"]
+        header += [f"{short}: validation loss (− {result.label(reference)})", f"{short}: gradients lost"]
     if "mlp" in models:
         header.append("MLP: accuracy")
     rows = []
-    names = list(dict.fromkeys(n for m in models for n in result.runs[m]))
-    for name in names:
-        d = result.recipes.get(name, {})
-        scaling = "–" if d.get("forward") == "FP32" else _SCALING_WORDS.get(d.get("scaling"), d.get("scaling", "–"))
-        if d.get("block_size"):
-            scaling = scaling.format(n=d["block_size"])
-        if d.get("loss_scaling") == "dynamic":
-            scaling += "; dynamic loss scale"
-        scaling += _WEIGHT_WORDS.get(d.get("weights"), "")
-        row = [html.escape(result.label(name)), f"{d.get('forward', '–')} / {d.get('backward', '–')}",
-               html.escape(scaling), f"{d.get('bits', math.nan):g}"]
+    for name in _recipe_names(result):
+        row = [html.escape(result.label(name))]
         for m in models:
             if name not in result.runs[m]:
-                row += ["–", "–", "–"]
+                row += ["–", "–"]
                 continue
             loss, gap = result.final(m, name), result.gap(m, name, reference) if reference in result.runs[m] \
                 else math.nan
@@ -154,8 +174,8 @@ def fp8_results_table(result, *, tolerance: float | None = None, reference: str 
             stats = result.runs[m][name]["stats"]
             lost = result.underflow(m, name, "g") if stats else None
             skipped = len(result.runs[m][name]["skipped"])
-            row += [f"{loss:.3f}" + (" (diverged)" if result.runs[m][name]["diverged"] else ""),
-                    f"{_signed(gap)}{ok}" if math.isfinite(gap) else "–",
+            row += [f"{loss:.3f}" + (" (diverged)" if result.runs[m][name]["diverged"] else "")
+                    + (f" ({_signed(gap)}){ok}" if math.isfinite(gap) else ""),
                     pct(lost, 3) + (f"; {skipped} steps skipped" if skipped else "")]
         if "mlp" in models:
             ev = result.runs["mlp"].get(name, {}).get("evals", [{}])
@@ -166,7 +186,6 @@ def fp8_results_table(result, *, tolerance: float | None = None, reference: str 
     return table_html(header, rows, cap)
 
 
-# --------------------------------------------------------------------------------------- per layer, per role
 def plot_layer_quantization(result, recipe: str = "fp8_unscaled", model: str = "lm", *,
                             title: str | None = None) -> Figure:
     """What one recipe did to each Linear layer: the share of non-zero values that became zero (left) and the
@@ -422,3 +441,108 @@ def hardware_table(result):
                f" both ways: largest difference {chk.get('max_rel_diff', math.nan):.2e} of the largest |result|")
     return table_html(["run", "emulated: validation loss", "tensor cores: validation loss", "difference",
                        "products on tensor cores"], rows, cap)
+
+
+# ----------------------------------------------------------------------------------------------- one block
+def plot_mx_block(values, formats=("FP8_E4M3", "FP4_E2M1"), *, title: str | None = None) -> Figure:
+    """One OCP MX block quantised by :func:`mpt_lab.microscaling.quantize_mx`: what is stored, and what it keeps.
+
+    Top: the stored block for the first format, its E8M0 scale byte (code c, bits, X = 2^(c − 127)) and one code
+    per element (hex), elements stored as 0 hatched, the largest element outlined; the bits per value.  Below, one
+    panel per format: log₂ |v| of every value of the block (dots) and of what the block stores for it (crosses;
+    values stored as 0 drawn at the bottom edge, as triangles), with the range the shared scale gives the block:
+    the top binade [2^(k+emax), 2^(k+emax+1)), the largest value max·X, and the smallest normal and subnormal
+    values times X.
+
+    Parameters
+    ----------
+    values : 1-D float tensor or sequence, one block (e.g. 32 values, the MX block size)
+    formats : MX element formats (names or FloatFormats), at least one
+
+    Returns a Figure; x = position in the block, y = log₂ |value|.
+    Raises TypeError/ValueError as :func:`~mpt_lab.microscaling.quantize_mx` does, and ValueError for values
+    that are not 1-D or hold no non-zero finite value.
+    """
+    import torch
+
+    from ..microscaling import quantize_mx
+    from ._base import as_formats
+
+    x = torch.as_tensor(values, dtype=torch.float64)
+    if x.dim() != 1 or not bool((torch.isfinite(x) & (x != 0)).any()):
+        raise ValueError("values must be one 1-D block with at least one non-zero finite value")
+    fmts = as_formats(formats, "formats")
+    qs = [quantize_mx(x, f, block_size=x.numel()) for f in fmts]
+    n = x.numel()
+    fig = new_figure((9.6, 2.0 + 2.7 * len(fmts)))
+    grid = fig.add_gridspec(1 + len(fmts), 2, height_ratios=[1.0] + [1.7] * len(fmts), width_ratios=[1.25, 4])
+    q0, f0 = qs[0], fmts[0]
+    code = int(q0.scale_codes.reshape(-1)[0])
+    k = code - 127
+    box = fig.add_subplot(grid[0, 0])
+    box.add_patch(Rectangle((0.05, 0.05), 0.9, 0.9, facecolor="#f0f0f0", edgecolor="#7f7f7f", lw=1.5))
+    box.text(0.5, 0.5, f"E8M0 scale\ncode {code}\n= 0b{code:08b}\nX = 2^({code} − 127)\n= 2^{k}", ha="center",
+             va="center", fontsize="medium")
+    box.set_xlim(0, 1)
+    box.set_ylim(0, 1)
+    box.axis("off")
+    top = fig.add_subplot(grid[0, 1])
+    codes = q0.element_codes.reshape(-1).tolist()
+    stored0 = q0.dequantize(torch.float64)
+    biggest = int(x.abs().argmax())
+    width = max(1, len(f"{(1 << f0.bits) - 1:X}"))
+    for i, c in enumerate(codes):
+        zero = bool(stored0[i] == 0) and bool(x[i] != 0)
+        top.add_patch(Rectangle((i, 0), 1, 1, facecolor="#fde0c5" if zero else "white", hatch="//" if zero else None,
+                                edgecolor="#d62728" if i == biggest else FORMAT_COLORS.get(f0.name, "#333333"),
+                                lw=2.2 if i == biggest else 0.8))
+        top.text(i + 0.5, 0.5, f"{c:0{width}X}", ha="center", va="center", fontsize=8.5, rotation=90,
+                 family="monospace")
+    top.set_xlim(-0.2, n + 0.2)
+    top.set_ylim(-0.1, 1.1)
+    top.set_yticks([])
+    top.set_xticks([i + 0.5 for i in range(0, n, 4)], [str(i) for i in range(0, n, 4)])
+    top.set_xlabel("element codes (hex); red: the largest value; hatched: stored as 0", fontsize="small")
+    top.set_title(f"MX{f0.name.replace('FP8_', 'FP8 ').replace('_', ' ')}: one E8M0 byte + {n} × {f0.bits} bits "
+                  f"= {8 + f0.bits * n} bits, {(f0.bits * n + 8) / n:g} bits per value", fontsize="medium")
+    for side in ("top", "right", "left"):
+        top.spines[side].set_visible(False)
+
+    mags = np.log2(np.where(x.abs().numpy() > 0, x.abs().numpy(), np.nan))
+    finite = mags[np.isfinite(mags)]
+    pos = np.arange(n) + 0.5
+    axes = []
+    for j, (f, q) in enumerate(zip(fmts, qs)):
+        ax = fig.add_subplot(grid[1 + j, 1], sharex=top)
+        axes.append(ax)
+        kk = int(q.scale_codes.reshape(-1)[0]) - 127
+        stored = q.dequantize(torch.float64).abs().numpy()
+        bottom = min(math.log2(f.smallest_subnormal) + kk - 1.5, float(np.nanmin(finite)) - 1)
+        ax.axhspan(f.emax + kk, f.emax + kk + 1, color=FORMAT_COLORS.get(f.name, "#999999"), alpha=0.15,
+                   label=f"top binade 2^{f.emax + kk}…2^{f.emax + kk + 1}")
+        ax.axhline(math.log2(f.max) + kk, color="#d62728", ls="--", lw=1, label=f"max·X = {f.max:g}·2^{kk}")
+        ax.axhline(math.log2(f.smallest_normal) + kk, color="0.4", ls=":", lw=1,
+                   label=f"smallest normal·X = 2^{f.emin + kk}")
+        if f.subnormals and f.smallest_subnormal < f.smallest_normal:
+            ax.axhline(math.log2(f.smallest_subnormal) + kk, color="0.4", ls="-.", lw=1,
+                       label=f"smallest subnormal·X = 2^{round(math.log2(f.smallest_subnormal)) + kk}")
+        ax.plot(pos, mags, "o", color="#1f77b4", ms=5, label="|value|")
+        kept = stored > 0
+        ax.plot(pos[kept], np.log2(stored[kept]), "x", color="#d62728", ms=7, mew=1.5, label="|stored value|")
+        lost = (~kept) & np.isfinite(mags)
+        if lost.any():
+            ax.plot(pos[lost], np.full(int(lost.sum()), bottom + 0.4), "v", color="#ff7f0e", ms=7,
+                    label=f"stored as 0 ({int(lost.sum())} of {n})")
+        ax.set_ylim(bottom, math.log2(f.max) + kk + 1.5)
+        ax.set_ylabel("log₂ |value|")
+        ax.set_title(f"{f.name}: X = 2^(⌊log₂ amax⌋ − emax) = 2^({int(math.floor(np.nanmax(finite)))} − {f.emax}) "
+                     f"= 2^{kk}", fontsize="medium")
+        ax.set_xlabel("position in the block", fontsize="small")
+        ax.grid(alpha=0.3)
+        ax.tick_params(labelbottom=True)
+        leg = fig.add_subplot(grid[1 + j, 0])
+        leg.axis("off")
+        leg.legend(*ax.get_legend_handles_labels(), fontsize="small", loc="center", borderaxespad=0,
+                   handlelength=1.5)
+    fig.suptitle(title or f"One MX block of {n} values and its shared E8M0 scale")
+    return fig

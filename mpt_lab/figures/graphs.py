@@ -221,8 +221,12 @@ def code_table(example: str, codes: dict):
 
 
 def plot_gat_memory_fit(result, *, title: str | None = None) -> Figure:
-    """The GAT's FP32 step peak against edges × heads, measured on graphs of several sizes, with the fitted line
-    bytes ≈ a·E·H + b·N·H + c: the slope a is what PyG keeps per edge and head.
+    """The GAT's FP32 step peak measured on graphs of several sizes and head counts, and the model it tests
+    (:func:`mpt_lab.experiments.gat_amp.memory_model`).
+
+    Left: peak memory of one step against the number of edges E, one straight line (least squares) per graph size
+    N and head count H, points as measured.  Right: the slope of each line, the bytes a step adds per edge, against
+    H, one marker per graph size, with the model per_edge_head·H + per_edge.
 
     Parameters
     ----------
@@ -230,28 +234,57 @@ def plot_gat_memory_fit(result, *, title: str | None = None) -> Figure:
 
     Raises
     ------
+    TypeError
+        ``result`` is not a GatAmpResult.
     ValueError
-        The result has no memory fit (its config had no ``fit_degrees``).
+        The result has no memory fit (its config had no ``fit_degrees``), or one of the older form.
     """
     _check_gat(result)
     fit = result.memory_fit
     if not fit:
         raise ValueError("result has no memory_fit (config.fit_degrees was empty)")
+    if "lines" not in fit:
+        raise ValueError("result has a memory_fit of an older form (no lines); rerun the experiment")
     pts = np.asarray(fit["points"], dtype=float)       # N, E, H, bytes
-    fig = new_figure((8, 4.4))
-    ax = fig.add_subplot()
-    for h, marker in ((1, "o"), (2, "s")):
-        sel = pts[:, 2] == h
-        ax.plot(pts[sel, 1] * h, pts[sel, 3] / 2**20, marker, ms=7, label=f"measured, heads [{h}, {h}, {h}]")
-        eh = np.linspace(0, (pts[sel, 1] * h).max() * 1.05, 50)
-        n = pts[sel, 0][0]
-        ax.plot(eh, (fit["per_edge_head"] * eh + fit["per_node_head"] * n * h + fit["constant"]) / 2**20, "--",
-                color="0.4", lw=1)
-    ax.plot([], [], "--", color="0.4", label=f"fit: {fit['per_edge_head']:,.0f} bytes per edge and head "
-                                             f"+ {fit['per_node_head']:,.0f} per node and head")
-    ax.set_xlabel("edges × heads (E·H)")
+    heads = fit["head_counts"]
+    sizes = fit["graph_sizes"]
+    colors = {h: c for h, c in zip(heads, ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2"))}
+    markers = dict(zip(sizes, ("o", "s", "^", "D", "v")))
+    fig = new_figure((12, 4.6))
+    ax, bx = fig.subplots(1, 2)
+    for line in fit["lines"]:
+        n, h = line["nodes"], line["heads"]
+        sel = (pts[:, 0] == n) & (pts[:, 2] == h)
+        e = pts[sel, 1]
+        ax.plot(e, pts[sel, 3] / 2**20, markers[n], color=colors[h], ms=6, mfc="none" if n != sizes[0] else None)
+        ee = np.linspace(0, e.max() * 1.05, 20)
+        ax.plot(ee, (line["slope"] * ee + line["intercept"]) / 2**20, "-", color=colors[h], lw=1, alpha=0.7)
+    for h in heads:
+        ax.plot([], [], "-", color=colors[h], label=f"heads [{h}, {h}, {h}]")
+    for n in sizes:
+        ax.plot([], [], markers[n], color="0.3", mfc="none" if n != sizes[0] else None, label=f"{n:,} nodes")
+    ax.set_xlabel("edges E (with self loops)")
     ax.set_ylabel("peak memory of one FP32 step (MiB)")
-    ax.set_title(title or "What PyG's GAT keeps per edge: the step's memory grows with edges × heads")
+    ax.set_title("One straight line per graph size and head count")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize="small", loc="upper left")
+    ax.legend(fontsize="small", loc="upper left", ncol=2)
+    for line in fit["lines"]:
+        n = line["nodes"]
+        bx.plot(line["heads"], line["slope"], markers[n], color=colors[line["heads"]],
+                ms=7 if n == sizes[0] else 14, mfc="none" if n != sizes[0] else None, mew=1.5)
+    hh = np.linspace(0, max(heads) + 0.3, 20)
+    bx.plot(hh, fit["per_edge_head"] * hh + fit["per_edge"], "--", color="0.3", lw=1,
+            label=f"{fit['per_edge_head']:,.0f} · H + {fit['per_edge']:,.0f} bytes")
+    for n in sizes:
+        bx.plot([], [], markers[n], color="0.3", mfc="none" if n != sizes[0] else None, label=f"slope, {n:,} nodes")
+    bx.set_xlabel("heads per layer H")
+    bx.set_ylabel("slope of the line: bytes per edge")
+    bx.set_xticks(heads)
+    bx.set_xlim(0, max(heads) + 0.3)
+    bx.set_ylim(0, None)
+    bx.set_title("The slope grows by the same bytes with every head")
+    bx.grid(alpha=0.3)
+    bx.legend(fontsize="small", loc="upper left")
+    fig.suptitle(title or f"What PyG's GAT keeps per edge during a step (hidden size {result.config['hidden']}, "
+                          f"{result.device}, {result.profile} profile)")
     return fig
