@@ -180,3 +180,43 @@ def test_histogram_table_cites_each_source_and_scales_over_every_gradient():
     assert f"2<sup>{k}</sup>" in s_row and "activation and weight" in s_row
     rule_row = next(v for k_, v in rows.items() if k_.startswith("max-gradient rule"))
     assert f"2<sup>{int(np.log2(max_gradient_scale(every.amax, 'FP16')))}</sup>" in rule_row
+
+
+def test_losses_reference_panel_and_master_weight_loop():
+    """plot_losses(reference=...) adds a difference panel; the master-weight loop diagram colours each box by the
+    dtype a real train_step recorded (issue 26, items 16 and 18)."""
+    from matplotlib.patches import FancyBboxPatch
+    from matplotlib.colors import to_hex
+
+    from mpt_lab.figures._base import FORMAT_COLORS
+    from mpt_lab.master_weights import MasterWeightTrainer
+    from mpt_lab.scaling import GradScaler
+
+    losses = {"FP32": np.linspace(2, 1, 50), "pure FP16": np.linspace(2, 1.5, 50), "masters": np.linspace(2, 1, 50)}
+    top, diff = figures.plot_losses(losses, smooth=5, reference="FP32").axes
+    assert top.get_title() and top.get_ylabel() and top.get_legend() is not None and len(top.get_lines()) == 3
+    assert diff.get_title() and diff.get_xlabel() == "step" and "nats" in diff.get_ylabel()   # the shared x axis
+    gaps = [line.get_ydata() for line in diff.get_lines() if len(line.get_ydata()) > 2]
+    assert len(gaps) == 2 and np.allclose(gaps[1], 0) and gaps[0][-1] > 0.4     # masters on 0, pure FP16 above
+    with pytest.raises(ValueError, match="reference"):
+        figures.plot_losses(losses, reference="FP64")
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    for naive in (False, True):
+        t = MasterWeightTrainer(model if not naive else torch.nn.Sequential(torch.nn.Linear(8, 4)),
+                                lambda p: torch.optim.SGD(p, lr=0.1), torch.nn.functional.cross_entropy,
+                                scaler=GradScaler(2.0 ** 8), trace=True, cast_scaled_loss=naive)
+        t.train_step(torch.randn(4, 8), torch.randint(0, 4, (4,)))
+        fig = figures.plot_master_weight_loop(t.last_trace)
+        (ax,) = _check_axes(fig)
+        boxes = [p for p in ax.patches if isinstance(p, FancyBboxPatch)]
+        assert len(boxes) == 9
+        red = sum(to_hex(b.get_edgecolor()) == FORMAT_COLORS["FP16"] for b in boxes)
+        assert red == (4 if naive else 3)          # copy, prediction, gradients × S (+ the naive cast)
+        texts = " ".join(x.get_text() for x in ax.texts)
+        assert ("naive" in texts) == naive and "float16" in texts and "float32" in texts
+    with pytest.raises(TypeError, match="last_trace"):
+        figures.plot_master_weight_loop(None)
+    with pytest.raises(ValueError, match="steps"):
+        figures.plot_master_weight_loop([r for r in t.last_trace if r["step"] != 7])
