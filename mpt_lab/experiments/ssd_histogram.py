@@ -156,10 +156,11 @@ class SSDHistogramResult(ExperimentResult):
 
     def describe(self) -> str:
         s = self.summary()
+        every = (self.activation + self.weight).max_scale("FP16")     # a loss scale multiplies every gradient
         return (f"SSD histogram ({self.profile} profile, {self.device}): {self.config['steps']} steps in "
                 f"{self.seconds:.0f} s, mAP@0.5 {self.map50[0][1]:.3f} → {self.final_map50:.3f}; activation "
                 f"gradients: {100 * s.zeros:.1f}% zeros, {100 * s.lost:.2f}% lost in FP16, {100 * s.lost_at_8:.2f}% "
-                f"with S = 8; largest S without overflow 2^{_log2(s.max_scale)}")
+                f"with S = 8; largest S without overflow of any gradient (activation or weight) 2^{_log2(every)}")
 
 
 def _log2(v: float) -> int | str:

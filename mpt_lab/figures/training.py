@@ -88,9 +88,9 @@ _LOOP_BOXES = [
     (2, 0, "prediction", 2.0, 1.0),
     (3, 0, "prediction", 3.0, 1.0),
     (4, 0, "loss × S", 4.0, 1.0),
-    (6, 0, "weight gradients × S", 2.0, 0.0),
-    (7, 0, "weight gradients ÷ S", 1.0, 0.0),
-    (8, 0, "master weights, updated", 0.0, 0.0),
+    (6, 0, "gradients × S", 2.0, 0.0),
+    (7, 0, "gradients ÷ S", 1.0, 0.0),
+    (8, 0, "masters, updated", 0.0, 0.0),
 ]
 #: The arrows between them: (from box, to box, operation).
 _LOOP_ARROWS = [
@@ -98,7 +98,7 @@ _LOOP_ARROWS = [
     (1, 2, "(2) forward"),
     (2, 3, "(3) cast"),
     (3, 4, "(4) loss, × S"),
-    (4, 5, "(5), (6) backward from the\nscaled loss; enters {half}\nat the cast of (3)"),
+    (4, 5, "(5), (6) backward from the\nscaled loss; it enters {half}\nat the cast of (3)"),
     (5, 6, "(7) cast, ÷ S,\ninf/NaN check"),
     (6, 7, "(8) optimizer step\n(skipped on inf/NaN)"),
     (7, 0, "next\niteration"),
@@ -141,27 +141,27 @@ def plot_master_weight_loop(trace, *, title: str | None = None) -> Figure:
     colors = {"float32": FORMAT_COLORS["FP32"], "float16": FORMAT_COLORS["FP16"], "bfloat16": FORMAT_COLORS["BF16"]}
     step5 = by_step[5][0]
 
-    fig = new_figure((11, 4.8))
+    fig = new_figure((9, 4.9))
     ax = fig.add_subplot()
-    w, h = 0.9, 0.42
+    w, h = 0.9, 0.46
     centers = []
     for step, idx, label, x, y in _LOOP_BOXES:
         r = by_step[step][idx]
         c = colors.get(r["dtype"], "0.5")
         ax.add_patch(FancyBboxPatch((x - w / 2, y - h / 2), w, h, boxstyle="round,pad=0.02,rounding_size=0.05",
                                     facecolor=c, alpha=0.22, edgecolor=c, lw=2))
-        ax.text(x, y + 0.07, label, ha="center", va="center", fontsize=9, weight="bold")
-        ax.text(x, y - 0.1, f"{r['dtype']}  {tuple(r['shape']) if r.get('shape') is not None else ''}",
-                ha="center", va="center", fontsize=8.5, family="monospace")
+        ax.text(x, y + 0.09, label, ha="center", va="center", fontsize=10, weight="bold")
+        ax.text(x, y - 0.11, r["dtype"], ha="center", va="center", fontsize=10, family="monospace")
         centers.append((x, y))
     # step (5): the scaled loss as the trace recorded it, beside the loss box
     c5 = colors.get(step5["dtype"], "0.5")
     naive = step5["dtype"] != "float32"
     ax.add_patch(FancyBboxPatch((4.0 - w / 2, 0.0 - h / 2), w, h, boxstyle="round,pad=0.02,rounding_size=0.05",
                                 facecolor=c5, alpha=0.22, edgecolor=c5, lw=2, ls="--" if naive else "-"))
-    ax.text(4.0, 0.07, "scaled loss, cast (naive)" if naive else "scaled loss", ha="center",
-            va="center", fontsize=9, weight="bold")
-    ax.text(4.0, -0.1, f"{step5['dtype']}  (step 5)", ha="center", va="center", fontsize=8.5, family="monospace")
+    ax.text(4.0, 0.09, "scaled loss, cast" if naive else "scaled loss", ha="center",
+            va="center", fontsize=10, weight="bold")
+    ax.text(4.0, -0.11, step5["dtype"] + (" (naive)" if naive else ""), ha="center", va="center", fontsize=10,
+            family="monospace")
     arrows = [(a, b, t.format(half=half_name)) for a, b, t in _LOOP_ARROWS]
     for a, b, text in arrows:
         (x0, y0), (x1, y1) = centers[a], centers[b]
@@ -170,31 +170,32 @@ def plot_master_weight_loop(trace, *, title: str | None = None) -> Figure:
                                          lw=1.4, color="0.2"))
             ax.add_patch(FancyArrowPatch((4.0 - w / 2, 0.0), (x1 + w / 2, y1), arrowstyle="-|>", mutation_scale=14,
                                          lw=1.4, color="0.2"))
-            ax.text(3.0, 0.13, text, ha="center", va="bottom", fontsize=8)
+            ax.text(3.0, 0.06, text, ha="center", va="bottom", fontsize=9)
             continue
         if y0 == y1:
             start, end = (x0 + np.sign(x1 - x0) * w / 2, y0), (x1 - np.sign(x1 - x0) * w / 2, y1)
             ax.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=14, lw=1.4, color="0.2"))
-            ax.text((x0 + x1) / 2, y0 + 0.24, text, ha="center", va="bottom", fontsize=8)
+            ax.text((x0 + x1) / 2, y0 + (0.26 if y0 > 0.5 else -0.26), text, ha="center",
+                    va="bottom" if y0 > 0.5 else "top", fontsize=9)
         else:                       # the vertical arrow back to the masters
             ax.add_patch(FancyArrowPatch((x0, y0 + h / 2), (x1, y1 - h / 2), arrowstyle="-|>", mutation_scale=14,
                                          lw=1.4, color="0.2", ls="--"))
-            ax.text(x0 - w / 2 - 0.05, 0.5, text, ha="right", va="center", fontsize=8)
-    ax.set_xlim(-1.0, 4.6)
-    ax.set_ylim(-0.45, 1.6)
+            ax.text(x0 + 0.06, 0.5, text, ha="left", va="center", fontsize=9)
+    ax.set_xlim(-0.5, 4.5)
+    ax.set_ylim(-0.62, 1.62)
     ax.set_xticks([])
     ax.set_yticks([])
     for side in ax.spines.values():
         side.set_visible(False)
-    ax.text(-0.9, 1.42, "forward →", fontsize=9, style="italic", color="0.35")
-    ax.text(-0.9, -0.4, "← backward and update", fontsize=9, style="italic", color="0.35")
-    ax.set_xlabel("box colour: the dtype of the tensor, as recorded in one train_step; (n): step n of the loop")
+    ax.text(-0.45, 1.5, "forward →", fontsize=9, style="italic", color="0.35")
+    ax.text(-0.45, -0.56, "← backward and update", fontsize=9, style="italic", color="0.35")
+    ax.set_xlabel("box colour: the tensor's dtype, as one train_step recorded it; (n): step n of the loop")
     article = "an" if half_name == "FP16" else "a"
-    ax.set_title(title or f"One iteration with FP32 master weights and {article} {half_name} copy: the dtype of "
-                          "every tensor")
+    ax.set_title(title or f"One iteration with FP32 master weights and {article} {half_name} copy:\n"
+                          "the dtype of every tensor")
     handles = [Patch(facecolor=colors[d], alpha=0.35, edgecolor=colors[d], label=d)
                for d in ("float32", half) if d in colors]
-    ax.legend(handles=handles, loc="upper right", fontsize="small", title="dtype")
+    ax.legend(handles=handles, loc="upper right", fontsize="small", title="dtype", ncol=2)
     return fig
 
 
