@@ -6,7 +6,7 @@ Everything the book shows is computed here.  Modules (one job each):
 * :mod:`mpt_lab.histogram`: log2 histograms of tensors and the gradient recorder (the paper's Figure 2).
 * :mod:`mpt_lab.scaling`: loss scalers, ``GradScaler`` (torch.amp's contract) and ``StaticLossScaler``.
 * :mod:`mpt_lab.models`, :mod:`mpt_lab.data`: the small real models and their data.
-* :mod:`mpt_lab.master_weights`: the paper's 8-step FP32-master-weight loop, each step visible.
+* :mod:`mpt_lab.master_weights`: the FP32-master-weight loop (the paper's Figure 1, NVIDIA's guide), eight visible steps.
 * :mod:`mpt_lab.accumulation`: dot products and matrix products with every product and addition rounded to a
   chosen accumulator (sequential, pairwise, blocked; Kahan), exact: the paper's third technique.
 * :mod:`mpt_lab.simulate`: FP16/BF16/FP8 numerics at FP32 speed, for CPUs without fast FP16 kernels.

@@ -1,16 +1,23 @@
-"""FP32 master weights: the 8-step mixed precision training loop, each step visible.
+"""FP32 master weights: the mixed precision training loop with loss scaling, each step visible.
 
-Source: Micikevicius et al., "Mixed Precision Training", ICLR 2018, §3.1 "FP32 master copy of weights"
-and §3.2 "Loss scaling"; the book writes the loop as 8 steps:
+Sources: Micikevicius et al., "Mixed Precision Training", ICLR 2018, §3.1 "FP32 master copy of weights" (its
+Figure 1 draws one layer's iteration: FP16 forward and backward from an FP16 copy of the FP32 master weights,
+the update applied to the masters) and §3.2 "Loss scaling"; NVIDIA's "Training with Mixed Precision" guide lists
+the iteration as steps (make an FP16 copy of the weights; forward; multiply the loss by S; backward; multiply the
+weight gradients by 1/S; complete the update).  Neither numbers eight steps: that is this book's writing of the
+same loop, with the dtype of every tensor made explicit:
 
 1. keep FP32 master weights and make an FP16 copy;
 2. forward with the FP16 copy;
 3. cast the FP16 prediction to FP32;
 4. compute the FP32 loss and multiply it by the loss scale S;
-5. cast the scaled loss to FP16 (as the loop is usually written; PyTorch's GradScaler and NVIDIA's guide keep
-   the scaled loss in FP32 instead, and FP16 begins where the gradient crosses back into the FP16 part of the
-   graph, at step 3's cast: ``cast_scaled_loss=False``.  The two give bit-identical gradients, because the
-   derivative of a cast is 1 whatever the value, even when loss·S overflows FP16 to inf);
+5. keep the scaled loss in FP32 and start the backward pass from it: the gradient enters FP16 where it crosses
+   back into the FP16 part of the graph, at step 3's cast.  This is what NVIDIA's guide and
+   ``torch.amp.GradScaler`` do, and the default (``cast_scaled_loss=False``).  The naive variant,
+   ``cast_scaled_loss=True``, casts the scaled loss to FP16 first, as study notes of the paper write the loop:
+   it overflows to inf whenever loss·S > 65504 (at S = 2¹⁶, whenever the loss exceeds 65504/65536 ≈ 0.9995),
+   and no framework does it.  It is kept as a lesson: the gradients are still bit-identical, because the
+   derivative of a cast is 1 whatever the value, but the scaled loss it holds is inf;
 6. backward in FP16 to get FP16 gradients;
 7. cast the FP16 gradients to FP32 and divide by S (skip the update if any is inf/NaN);
 8. update the FP32 master weights with the FP32 gradients (and refresh the FP16 copy from them).
@@ -29,9 +36,11 @@ Design (the one :class:`MasterWeightTrainer` uses, as NVIDIA apex's "O2" did):
   inf/NaN and skips the optimizer step on overflow.  (Both scalers refuse FP16 gradients: the optimizer must
   update FP32 weights, §3.1.)
 
-Why masters (§3.1): an update ``lr·g`` smaller than half an ulp of an FP16 weight rounds away
-("swamping": for weights in [1, 2) the FP16 ulp is 2⁻¹⁰ ≈ 9.8e-4), and gradients below 2⁻²⁴ become zero in
-FP16.  FP32 masters accumulate the small updates; the loss scale S keeps small gradients in FP16's range.
+Why masters (§3.1): an update ``lr·g`` smaller than half the gap to the neighbouring FP16 value rounds away
+("swamping": relative to the weight that is between 2⁻¹² and 2⁻¹¹, depending on where the weight sits in its
+binade and on the update's sign; for weights in [1, 2) the FP16 ulp is 2⁻¹⁰ ≈ 9.8e-4), and gradients at or below
+2⁻²⁵ become zero in FP16.  FP32 masters accumulate the small updates; the loss scale S keeps small gradients in
+FP16's range.
 
 Memory (bytes per trained parameter, see :meth:`MasterWeightTrainer.memory_per_parameter`): FP32 master 4,
 FP16 copy 2, FP16 gradient 2, FP32 gradient 4, plus the optimizer state (Adam: 8, SGD with momentum: 4).
@@ -55,13 +64,14 @@ _HALF_DTYPES = {torch.float16: "FP16", torch.bfloat16: "BF16"}
 #: The public scaler methods the loop calls (torch.amp.GradScaler's names).
 _SCALER_METHODS = ("scale", "unscale_", "step", "update", "get_scale", "is_enabled")
 
-#: The name of each traced step (``{half}`` is FP16 or BF16), steps (1)–(8) of the module docstring.
+#: The name of each traced step (``{half}`` is FP16 or BF16), steps (1)–(8) of the module docstring; step 5 has
+#: two: the naive cast (``cast_scaled_loss=True``) and what frameworks do (the default).
 STEP_NAMES = {
     1: ("FP32 master weights", "{half} copy of the weights"),
     2: ("{half} forward: prediction",),
     3: ("prediction cast to FP32",),
     4: ("FP32 loss × S",),
-    5: ("scaled loss cast to {half}", "scaled loss kept in FP32 (as frameworks do)"),
+    5: ("scaled loss cast to {half} (naive)", "scaled loss kept in FP32 (as frameworks do)"),
     6: ("{half} gradients (× S)",),
     7: ("FP32 gradients ÷ S",),
     8: ("FP32 master weights, updated", "{half} copy refreshed from the masters"),
@@ -116,10 +126,11 @@ def _tensor_bytes(t: torch.Tensor | None) -> int:
 
 
 class MasterWeightTrainer:
-    """Train ``model`` with FP32 master weights, an FP16 copy and loss scaling: the paper's 8-step loop.
+    """Train ``model`` with FP32 master weights, an FP16 copy and loss scaling, the loop in eight visible steps.
 
-    Source: Micikevicius et al., ICLR 2018, §3.1 (FP32 master copy of weights) and §3.2 (loss scaling);
-    steps (1)–(8) of the module docstring.  Each step is a separate, commented block in :meth:`train_step`.
+    Source: Micikevicius et al., ICLR 2018, §3.1 (FP32 master copy of weights, Figure 1) and §3.2 (loss
+    scaling); NVIDIA's "Training with Mixed Precision" guide (its list of steps); steps (1)–(8) of the module
+    docstring, the book's writing of that loop.  Each step is a separate, commented block in :meth:`train_step`.
 
     Parameters
     ----------
@@ -148,11 +159,12 @@ class MasterWeightTrainer:
         Record, at every :meth:`train_step`, what each of the 8 steps produced (see :attr:`last_trace`).
     max_grad_norm : float or None, default None
         If given, clip the FP32 gradients (after dividing by S) to this total 2-norm before step 8.
-    cast_scaled_loss : bool, default True
-        Step 5 as the paper's loop is written: backward starts from the scaled loss cast to FP16 (which is inf
-        when loss·S > 65504; harmless, the gradient of the cast is 1).  False: backward starts from the FP32
-        scaled loss, as ``torch.amp.GradScaler`` and NVIDIA's "Training with Mixed Precision" guide do; the
-        gradients are the same bit for bit.
+    cast_scaled_loss : bool, default False
+        False (step 5 as frameworks run it): backward starts from the FP32 scaled loss, as
+        ``torch.amp.GradScaler`` and NVIDIA's "Training with Mixed Precision" guide do.  True: the naive variant,
+        backward starts from the scaled loss cast to FP16, which is inf whenever loss·S > 65504 (no framework
+        does this; the gradients are the same bit for bit, since the derivative of a cast is 1, but the scaled
+        loss value is lost).
 
     Attributes
     ----------
@@ -195,7 +207,7 @@ class MasterWeightTrainer:
     def __init__(self, model: nn.Module, optimizer, loss_fn: Callable, *,
                  scaler: GradScaler | StaticLossScaler | torch.amp.GradScaler | None = None,
                  half_dtype: torch.dtype = torch.float16,
-                 trace: bool = False, max_grad_norm: float | None = None, cast_scaled_loss: bool = True) -> None:
+                 trace: bool = False, max_grad_norm: float | None = None, cast_scaled_loss: bool = False) -> None:
         # ---- argument checks (before changing the model) ------------------------------------------
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -302,7 +314,7 @@ class MasterWeightTrainer:
         })
 
     def train_step(self, inputs, targets) -> dict[str, Any]:
-        """One iteration of the 8-step loop on one batch.
+        """One iteration of the loop, steps (1)–(8), on one batch.
 
         Parameters
         ----------
@@ -361,9 +373,9 @@ class MasterWeightTrainer:
         scale_used = scaler.get_scale() if scaler is not None else 1.0
         self._record(trace, 4, 0, scaled_loss)
 
-        # ---- (5) cast the scaled loss to FP16 ----------------------------------------------------------
-        # (loss·S above 65504 is inf here; its gradient, 1, is still exact: the check is on the gradients.)
-        # Frameworks skip this cast: backward starts from the FP32 scaled loss (cast_scaled_loss=False).
+        # ---- (5) backward starts from the FP32 scaled loss, as frameworks do (the default) ------------
+        # The naive variant (cast_scaled_loss=True) casts it to FP16 first: loss·S above 65504 is inf there; its
+        # gradient, 1, is still exact, so the gradients do not change, but the scaled loss value is inf.
         if self.cast_scaled_loss:
             backward_from = scaled_loss.to(half)
             self._record(trace, 5, 0, backward_from)

@@ -44,8 +44,8 @@ def test_unknown_exercise():
     assert E.show("1.3").startswith("Exercise 1.3")
     assert E.list_exercises(1) == ["1.1", "1.2", "1.3", "1.4", "1.5"]
     assert E.list_exercises(2) == ["2.1", "2.2"]
-    assert E.list_exercises(3) == ["3.1"]
-    assert E.list_exercises(4) == ["4.1"]
+    assert E.list_exercises(3) == ["3.1", "3.2"]
+    assert E.list_exercises(4) == ["4.1", "4.2"]
     for chapter in (6, 7, 8, 9):
         assert E.list_exercises(chapter) == [f"{chapter}.1", f"{chapter}.2"]
 
@@ -66,7 +66,77 @@ def test_chapter3_wrong_scaler_fails():
         return (scale * g, 0) if tracker == n else (scale, tracker)
 
     fb = E.check("3.1", never_resets)
-    assert not fb and "expected" in fb.message
+    assert not fb and "expected" not in fb.hint and "restart the count of clean steps at 0" in fb.message
+    assert "found_inf=True" in fb.message and "torch's GradScaler gives" in fb.message
+
+    def no_float32_ceiling(scale, tracker, found_inf, g, b, n):   # follows the prompt's rules in Python floats
+        if found_inf:
+            return scale * b, 0
+        tracker += 1
+        return (scale * g, 0) if tracker == n else (scale, tracker)
+
+    fb = E.check("3.1", no_float32_ceiling)
+    assert not fb and "float32 maximum" in fb.message and "keeps S as it is" in fb.message
+    ex = E.EXERCISES["3.1"]
+    assert "float32" in ex.prompt and "FLOAT32_MAX" in ex.prompt and "FLOAT32_MAX" in ex.hint   # the rule is stated
+
+    def grows_late(scale, tracker, found_inf, g, b, n):          # compares before counting the current step
+        if found_inf:
+            return scale * b, 0
+        return (scale * g, 0) if tracker == n else (scale, tracker + 1)
+
+    fb = E.check("3.1", grows_late)
+    assert not fb and "not one step later" in fb.message
+    # torch's own rule at the float32 maximum, in the installed torch: a growth to infinity keeps the scale
+    import torch
+
+    scale, tracker = torch.tensor([2.0 ** 127]), torch.tensor([0], dtype=torch.int32)
+    torch._amp_update_scale_(scale, tracker, torch.tensor([0.0]), 2.0, 0.5, 1)
+    assert scale.item() == 2.0 ** 127 == E.solution("3.1")(2.0 ** 127, 0, False, 2.0, 0.5, 1)[0]
+    assert E.ch03.FLOAT32_MAX == float(torch.finfo(torch.float32).max)
+
+
+def test_3_2_loss_scale_window():
+    from mpt_lab import formats as F
+
+    k_min, k_max = E.solution("3.2")
+    g = E.ch03.EX32_GRADIENTS
+    assert all(F.round_to(v * 2.0 ** k_min, F.FP16) != 0 for v in g)
+    assert any(F.round_to(v * 2.0 ** (k_min - 1), F.FP16) == 0 for v in g)
+    assert all(np.isfinite(F.round_to(v * 2.0 ** k_max, F.FP16)) for v in g)
+    assert any(np.isinf(F.round_to(v * 2.0 ** (k_max + 1), F.FP16)) for v in g)
+    assert E.check("3.2", (np.int64(k_min), k_max)) and E.check("3.2", [k_min, k_max])
+    # the thresholds 2^-24 and 65504 instead of rounding: one binade off at each end
+    fb = E.check("3.2", (k_min + 1, k_max - 1))
+    assert not fb and "rounds up to the smallest subnormal" in fb.message and "not to infinity" in fb.message
+    fb = E.check("3.2", (k_min - 1, k_max + 1))
+    assert not fb and "it is lost" in fb.message and "it overflows" in fb.message
+    for bad in ((float(k_min), k_max), (k_min,), "5, 6", (True, k_max)):
+        fb = E.check("3.2", bad)
+        assert not fb and "tuple of two ints" in fb.message
+    assert E.ch03.EX32_TEXT in E.EXERCISES["3.2"].prompt
+    assert all(f"{v:g}" in E.ch03.EX32_TEXT for v in g[1:]) and "1.5 × 2⁻³⁰" in E.ch03.EX32_TEXT
+    assert g[0] == 1.5 * 2.0 ** -30
+    text = E.solution_dropdown("3.2").text
+    assert f"({k_min}, {k_max})" in text and f"k = {k_min + 1}" in text and f"k = {k_max - 1}" in text
+
+
+def test_4_2_pure_fp16_weight_stalls():
+    from mpt_lab import formats as F
+
+    c = E.ch04.EX42
+    w = E.solution("4.2")
+    assert w == 0.25 == float(F.round_to(0.25, F.FP16))                     # stuck at a power of two
+    traj = F.accumulate(c["start"], c["update"], c["steps"], F.FP16)
+    assert F.ulp(0.25, F.FP16) / 2 > c["update"] > F.ulp(0.2, F.FP16) / 2    # the binade decides
+    assert (traj[-200:] == w).all() and traj[1] - traj[0] == F.ulp(0.2, F.FP16)   # climbs an ulp per step, stops
+    assert E.check("4.2", np.float64(w))
+    fb = E.check("4.2", c["start"] + c["update"] * c["steps"])
+    assert not fb and "exact (or FP32)" in fb.message
+    fb = E.check("4.2", c["start"])
+    assert not fb and "the first updates do move the weight" in fb.message
+    assert not E.check("4.2", "0.25") and not E.check("4.2", 0.26)
+    assert f"{c['update']:g}" in E.EXERCISES["4.2"].prompt and "1,000" in E.EXERCISES["4.2"].prompt
 
 
 def test_chapter4_naive_threshold_fails_on_ties():
@@ -188,7 +258,7 @@ ODD_ANSWERS = [0, 3, -1.5, math.nan, math.inf, True, "x", "", b"\x00", [], [None
 def test_every_chapter_has_two_exercises_with_prompt_hint_and_title():
     from conftest import NOTEBOOKS
 
-    one_so_far = {3, 4}            # issue 26, item 28: these chapters still have one exercise each
+    one_so_far = set()             # issue 26, item 28: chapters 3 and 4 have their second exercise now
     for chapter in sorted(int(p.name[:2]) for p in NOTEBOOKS):
         assert len(E.list_exercises(chapter)) >= (1 if chapter in one_so_far else 2), chapter
     for k in NEW:
@@ -606,3 +676,79 @@ def test_worked_solutions_of_chapters_9_to_11_explain_and_show_the_answer(ex_id)
         assert "{answer}" in ex.worked and (repr(answer) in text or str(answer) in text)
     else:                               # a function: the worked code, not the package's reference, is shown
         assert "```python" in ex.worked and "_reference" not in text
+# Worked solutions (issue 26, item 19): chapters 1-4 have one for every exercise; code in them runs and passes
+# ----------------------------------------------------------------------------------------------------------
+def _fenced_function(ex_id):
+    """The last top-level function defined in the worked solution's fenced ```python block, executed."""
+    import ast
+    import re
+
+    blocks = re.findall(r"```python\n(.*?)\n```", E.EXERCISES[ex_id].worked, re.S)
+    if not blocks:
+        return None
+    code = "\n\n".join(blocks)
+    names = [n.name for n in ast.parse(code).body if isinstance(n, ast.FunctionDef)]
+    namespace = {}
+    exec(compile(code, f"<worked solution {ex_id}>", "exec"), namespace)
+    return namespace[names[-1]]
+
+
+FIRST_CHAPTERS = [k for k in E.list_exercises() if int(k.split(".")[0]) <= 4]
+
+
+@pytest.mark.parametrize("ex_id", FIRST_CHAPTERS)
+def test_chapters_1_to_4_have_worked_solutions(ex_id):
+    import re
+
+    ex = E.EXERCISES[ex_id]
+    assert len(ex.worked) > 300, ex_id                         # reasoning, not just the answer
+    text = E.solution_dropdown(ex_id).text
+    assert "{answer}" not in text and "mpt_lab.exercises" not in text
+    sol = E.solution(ex_id)
+    if callable(sol):                                          # a function exercise: a student's implementation
+        assert "```python" in ex.worked and "{answer}" not in ex.worked
+        code = "\n".join(re.findall(r"```python\n(.*?)\n```", ex.worked, re.S))
+        assert "mpt_lab" not in code                           # written from the rules, not a call into the package
+    else:                                                      # a value exercise: the answer inserted, never typed
+        assert "{answer}" in ex.worked
+        assert (repr(sol) if isinstance(sol, float) else str(sol)) in text
+
+
+@pytest.mark.parametrize("ex_id", [k for k in E.list_exercises() if "```python" in E.EXERCISES[k].worked])
+def test_worked_solution_code_passes_its_check(ex_id):
+    fn = _fenced_function(ex_id)
+    fb = E.check(ex_id, fn)
+    assert fb.passed, (ex_id, str(fb))
+
+
+def test_worked_solution_examples_hold():
+    """Numbers the worked solutions of chapters 1-4 state in their reasoning."""
+    choose_scale = _fenced_function("2.1")
+    assert choose_scale(3.0, 448.0) == 128.0 and choose_scale(65504.0 / 8) == 8.0
+    survives = _fenced_function("4.1")
+    assert survives(1.0, 2.0 ** -11 * 1.001) and not survives(1.0, 2.0 ** -11)          # upward: 2^-11
+    assert not survives(1.0, -2.0 ** -12) and survives(1.0, -2.0 ** -12 * 1.001)        # downward: 2^-12
+    assert E.solution("1.5") == 0.5 and not E.check("1.5", 0.25)
+    from mpt_lab import formats as F
+
+    assert F.round_to(1024.0 - 0.25, F.FP16) == 1024.0 != F.round_to(1024.0 - 0.2501, F.FP16)   # 1.5's downward note
+    update_scale = _fenced_function("3.1")
+    assert update_scale(2.0 ** 127, 0, False, 2.0, 0.5, 1) == (2.0 ** 127, 0)
+    assert update_scale(2.0 ** 126, 0, False, 2.0, 0.5, 1) == (2.0 ** 127, 0)
+
+
+def test_help_shows_no_answer():
+    """help(mpt_lab.exercises) and help() of the chapter modules print no reference answer (issue 26, item 21)."""
+    import pydoc
+
+    texts = [pydoc.render_doc(E, renderer=pydoc.plaintext)]
+    texts += [pydoc.render_doc(getattr(E, m), renderer=pydoc.plaintext) for m in ("ch01", "ch02", "ch03", "ch04")]
+    for k in FIRST_CHAPTERS:
+        sol = E.solution(k)
+        if callable(sol):
+            continue
+        answer = repr(sol) if isinstance(sol, (float, str)) else str(sol)
+        for t in texts:
+            assert answer not in t, (k, answer)
+    assert 'check("1.1", my_answer)' in texts[0] and "129" not in texts[0]
+

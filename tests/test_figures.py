@@ -117,6 +117,15 @@ def test_losses_and_scale_history_from_results():
 def test_one_table_builder():
     t = figures.table_html(["a", "<b>"], [[1, "x"], [2, "y"]], caption="c & d")
     assert t.count("<tr>") == 3 and "&lt;b&gt;" in t and "c &amp; d" in t and "overflow-x:auto" in t
+    # wide tables get a smaller font in the book, so that they fit the text column (issue 26, item 17)
+    from pathlib import Path
+
+    from mpt_lab.figures._base import WIDE_TABLE_COLUMNS
+    assert 'class="mpt-table"' in t and "mpt-table-wide" not in t
+    wide = figures.table_html([f"c{i}" for i in range(WIDE_TABLE_COLUMNS)], [list(range(WIDE_TABLE_COLUMNS))])
+    assert 'class="mpt-table mpt-table-wide"' in wide
+    css = (Path(__file__).resolve().parents[1] / "book" / "_static" / "book.css").read_text(encoding="utf-8")
+    assert "table.mpt-table.mpt-table-wide" in css and "table.mpt-table {" in css
     assert t._repr_html_() == str(t)
     assert t.count("text-align:left") == 3 and t.count("text-align:right") == 3     # names left, numbers right
     t = figures.table_html(["a", "b"], [[1, "x"]], align=("left", "left"))
@@ -146,3 +155,68 @@ def test_show_saved_shows_a_result_or_the_command(tmp_path, monkeypatch, capsys)
     assert "Saved GPU result" in str(shown[0]) and isinstance(shown[1], Figure)
     with pytest.raises(ValueError):
         figures.show_saved("nonsense")
+
+
+def test_histogram_table_cites_each_source_and_scales_over_every_gradient():
+    """Issue 26, items 1 and 6: the blog post's and the paper's captions in their own columns; the largest S
+    without overflow over activation *and* weight gradients (a weight gradient larger than every activation
+    gradient lowers it)."""
+    from mpt_lab.experiments.ssd_histogram import PAPER, SSDHistogramResult
+    from mpt_lab.scaling import max_gradient_scale
+
+    act = _histogram(seed=1, center=-26.0)                               # largest |g| far below 16
+    wgt = log2_histogram(torch.tensor([20.0, 1e-3, 0.0]))            # one weight gradient in [16, 32)
+    r = SSDHistogramResult(config={"profile": "quick", "steps": 1}, provenance={"device": "CPU"}, steps=[1],
+                           losses=[1.0], map50=[[1, 0.5]], activation=act, weight=wgt)
+    every = act + wgt
+    assert every.max_scale("FP16") < act.max_scale("FP16")            # the weight gradient sets the limit
+    t = figures.histogram_table({"this run": r})
+    assert "NVIDIA blog post, Fig. 2" in t and "the paper, Fig. 3" in t
+    assert ">66.8%<" in t and ">67%<" in t and ">4%<" in t and ">2%<" in t
+    assert PAPER["paper_zeros"] == 0.67 and PAPER["paper_share_2^-34_to_2^-32"] == 0.02
+    rows = {row.split("</td>")[0].split(">")[-1]: row for row in t.split("<tr>")[2:]}
+    s_row = next(v for k, v in rows.items() if k.startswith("largest power-of-two S"))
+    k = int(np.log2(every.max_scale("FP16")))
+    assert f"2<sup>{k}</sup>" in s_row and "activation and weight" in s_row
+    rule_row = next(v for k_, v in rows.items() if k_.startswith("max-gradient rule"))
+    assert f"2<sup>{int(np.log2(max_gradient_scale(every.amax, 'FP16')))}</sup>" in rule_row
+
+
+def test_losses_reference_panel_and_master_weight_loop():
+    """plot_losses(reference=...) adds a difference panel; the master-weight loop diagram colours each box by the
+    dtype a real train_step recorded (issue 26, items 16 and 18)."""
+    from matplotlib.patches import FancyBboxPatch
+    from matplotlib.colors import to_hex
+
+    from mpt_lab.figures._base import FORMAT_COLORS
+    from mpt_lab.master_weights import MasterWeightTrainer
+    from mpt_lab.scaling import GradScaler
+
+    losses = {"FP32": np.linspace(2, 1, 50), "pure FP16": np.linspace(2, 1.5, 50), "masters": np.linspace(2, 1, 50)}
+    top, diff = figures.plot_losses(losses, smooth=5, reference="FP32").axes
+    assert top.get_title() and top.get_ylabel() and top.get_legend() is not None and len(top.get_lines()) == 3
+    assert diff.get_title() and diff.get_xlabel() == "step" and "nats" in diff.get_ylabel()   # the shared x axis
+    gaps = [line.get_ydata() for line in diff.get_lines() if len(line.get_ydata()) > 2]
+    assert len(gaps) == 2 and np.allclose(gaps[1], 0) and gaps[0][-1] > 0.4     # masters on 0, pure FP16 above
+    with pytest.raises(ValueError, match="reference"):
+        figures.plot_losses(losses, reference="FP64")
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    for naive in (False, True):
+        t = MasterWeightTrainer(model if not naive else torch.nn.Sequential(torch.nn.Linear(8, 4)),
+                                lambda p: torch.optim.SGD(p, lr=0.1), torch.nn.functional.cross_entropy,
+                                scaler=GradScaler(2.0 ** 8), trace=True, cast_scaled_loss=naive)
+        t.train_step(torch.randn(4, 8), torch.randint(0, 4, (4,)))
+        fig = figures.plot_master_weight_loop(t.last_trace)
+        (ax,) = _check_axes(fig)
+        boxes = [p for p in ax.patches if isinstance(p, FancyBboxPatch)]
+        assert len(boxes) == 9
+        red = sum(to_hex(b.get_edgecolor()) == FORMAT_COLORS["FP16"] for b in boxes)
+        assert red == (4 if naive else 3)          # copy, prediction, gradients × S (+ the naive cast)
+        texts = " ".join(x.get_text() for x in ax.texts)
+        assert ("naive" in texts) == naive and "float16" in texts and "float32" in texts
+    with pytest.raises(TypeError, match="last_trace"):
+        figures.plot_master_weight_loop(None)
+    with pytest.raises(ValueError, match="steps"):
+        figures.plot_master_weight_loop([r for r in t.last_trace if r["step"] != 7])

@@ -79,9 +79,13 @@ def test_figure_and_table(tiny):
     ax = fig.axes[0]
     assert ax.get_title() and "log₂" in ax.get_xlabel() and ax.get_ylabel()
     labels = [t.get_text() for t in fig.legends[0].get_texts()]
-    assert "median binade" in labels and any("paper" in t for t in labels)
+    assert "median binade" in labels
+    # the last row marks the bins the two sources quote, each attributed to its own work (issue 26, item 1)
+    assert any("(paper, Fig. 3)" in t and "2⁻³⁴" in t for t in labels)
+    assert any("(NVIDIA blog, Fig. 2)" in t and "2⁻³⁰" in t for t in labels)
     ticks = [t.get_text() for t in ax.get_yticklabels()]
-    assert len(ticks) == len(tiny.variants) + 1 and ticks[-1].startswith("paper")
+    assert len(ticks) == len(tiny.variants) + 1 and ticks[-1].startswith("Multibox SSD")
+    assert "\n" in ax.get_title()                      # two lines: the title fits the figure's width
     table = figures.gradient_factors_table(tiny)
     assert table.count("<tr>") == len(tiny.variants) + 1 and "below 2⁻²⁴" in table
     with pytest.raises(TypeError, match="GradientFactorsResult"):

@@ -1,4 +1,5 @@
-"""mpt_lab.master_weights: the paper's 8-step loop (Micikevicius et al. 2018, §3.1–3.2).
+"""mpt_lab.master_weights: the FP32-master-weight loop in eight visible steps (Micikevicius et al. 2018,
+§3.1–3.2 and Figure 1; NVIDIA's guide).
 
 CPU only, one thread, small models (FP16 matrix products have no fast CPU kernel).  The oracle for
 training is ``torch.autocast("cpu", dtype=torch.float16)`` + ``torch.amp.GradScaler("cpu")``.
@@ -50,7 +51,7 @@ def test_trace_shows_the_dtypes_of_the_8_steps():
                 ("FP16 forward: prediction", "float16", (16, 4)),
                 ("prediction cast to FP32", "float32", (16, 4)),
                 ("FP32 loss × S", "float32", ()),
-                ("scaled loss cast to FP16", "float16", ()),
+                ("scaled loss kept in FP32 (as frameworks do)", "float32", ()),   # the default: no naive cast
                 ("FP16 gradients (× S)", "float16", (16, 8)),
                 ("FP32 gradients ÷ S", "float32", (16, 8)),
                 ("FP32 master weights, updated", "float32", (16, 8)),
@@ -70,9 +71,14 @@ def test_trace_bfloat16_copy():
     trainer = MasterWeightTrainer(mlp(), sgd(), F.cross_entropy, half_dtype=torch.bfloat16, trace=True)
     trainer.train_step(*batch())
     dtypes = [r["dtype"] for r in trainer.last_trace]
-    assert dtypes == ["float32", "bfloat16", "bfloat16", "float32", "float32", "bfloat16", "bfloat16",
+    assert dtypes == ["float32", "bfloat16", "bfloat16", "float32", "float32", "float32", "bfloat16",
                       "float32", "float32", "bfloat16"]
     assert trainer.last_trace[1]["name"] == "BF16 copy of the weights"
+    naive = MasterWeightTrainer(mlp(), sgd(), F.cross_entropy, half_dtype=torch.bfloat16, trace=True,
+                                cast_scaled_loss=True)
+    naive.train_step(*batch())
+    assert (naive.last_trace[5]["name"], naive.last_trace[5]["dtype"]) == ("scaled loss cast to BF16 (naive)",
+                                                                            "bfloat16")
 
 
 def test_model_holds_the_fp16_copy_and_original_fp32_parameters_become_masters():
@@ -492,8 +498,8 @@ def test_half_model_gets_fp32_masters_and_frozen_parameters_are_only_cast():
 
 
 def test_casting_the_scaled_loss_to_fp16_changes_no_gradient():
-    """Step 5 as the paper's loop is written (scaled loss cast to FP16, inf when loss·S > 65504) and as
-    frameworks do it (kept in FP32) give bit-identical gradients and updates: the derivative of a cast is 1."""
+    """Step 5 in its naive variant (scaled loss cast to FP16, inf when loss·S > 65504) and as frameworks do it
+    (kept in FP32, the default) give bit-identical gradients and updates: the derivative of a cast is 1."""
     torch.manual_seed(0)
     base = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
     x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))           # loss ≈ 1.4: loss × 2^16 overflows FP16
@@ -510,6 +516,12 @@ def test_casting_the_scaled_loss_to_fp16_changes_no_gradient():
     assert all(torch.equal(a, b) for a, b in zip(w_paper, w_fw))
     step5 = {r["step"]: r for r in tr_paper}[5], {r["step"]: r for r in tr_fw}[5]
     assert (step5[0]["dtype"], step5[1]["dtype"]) == ("float16", "float32")
+    assert "naive" in step5[0]["name"] and "as frameworks do" in step5[1]["name"]
+    # the default is what frameworks do
+    default = MasterWeightTrainer(copy.deepcopy(base), lambda p: torch.optim.SGD(p, lr=0.01),
+                                  nn.functional.cross_entropy, scaler=GradScaler(init_scale=2.0 ** 16), trace=True)
+    assert default.cast_scaled_loss is False
+    assert default.train_step(x, y) == out_fw and {r["step"]: r for r in default.last_trace}[5]["dtype"] == "float32"
     with pytest.raises(TypeError, match="cast_scaled_loss"):
         MasterWeightTrainer(copy.deepcopy(base), lambda p: torch.optim.SGD(p, lr=0.01), nn.functional.cross_entropy,
                             cast_scaled_loss="yes")

@@ -48,7 +48,33 @@ register(Exercise(
     _ex21_check,
     "S = 2^k with k = ⌊log2(fmt_max / amax)⌋; beware of floating-point log2 at exact powers of two: check "
     "amax × 2^k ≤ fmt_max and amax × 2^(k+1) > fmt_max (multiplying by a power of two is exact).",
-    lambda: _ex21_reference))
+    lambda: _ex21_reference,
+    worked="""The rule (Micikevicius et al. 2018, §3.2): the largest power of two S with amax × S ≤ fmt_max, so \
+that the largest gradient still fits after scaling.
+
+On paper S = 2^k with k = ⌊log₂(fmt_max / amax)⌋. In floating point that formula can be off by one: the division \
+and the logarithm both round, and when fmt_max / amax is an exact power of two (or within a rounding error of \
+one) `math.log2` may land just below or above the integer. For example amax = 65504 / 8 must give S = 8 exactly, \
+and amax = 3 with fmt_max = 448 must give 128 (3 × 128 = 384 ≤ 448 < 768).
+
+The cure is to use the formula only as a first guess and then check the definition itself, which is exact: \
+multiplying by a power of two only changes the exponent, so amax × S and amax × 2S are computed without rounding \
+(far from overflow and underflow, as here).
+
+```python
+import math
+
+def choose_scale(amax, fmt_max=65504.0):
+    s = 2.0 ** math.floor(math.log2(fmt_max / amax))   # a first guess, possibly one binade off
+    while amax * s > fmt_max:                         # too large: halve
+        s /= 2
+    while amax * (2 * s) <= fmt_max:                  # 2S still fits: double
+        s *= 2
+    return s
+```
+
+`mpt_lab.scaling.max_gradient_scale(amax, fmt)` computes the same from the binary exponents of amax and \
+fmt_max, without a logarithm."""))
 
 
 def _ex22_reference(exponents, counts, zeros: int, total: int, threshold_log2: int) -> float:
@@ -83,4 +109,21 @@ register(Exercise(
     "with |x| < 2^threshold_log2, zeros included. Bin k of counts holds 2^k ≤ |x| < 2^(k+1).",
     _ex22_check,
     "A bin lies entirely below 2^t exactly when its k < t; add the zeros and divide by the total.",
-    lambda: _ex22_reference))
+    lambda: _ex22_reference,
+    worked="""Bin k of a log2 histogram holds the values with 2ᵏ ≤ |x| < 2ᵏ⁺¹. The threshold 2ᵗ is a power of \
+two, so it never cuts a bin in two: bin k lies entirely below 2ᵗ when its upper edge 2ᵏ⁺¹ is at most 2ᵗ, i.e. \
+when k < t, and entirely at or above 2ᵗ when k ≥ t. (Bin t itself starts at 2ᵗ, which is not below 2ᵗ.)
+
+The zeros have no binade (log₂ 0 = −∞); they are counted apart, and they are below any threshold, so they are \
+added. The share is relative to all values, zeros included, so the denominator is the total.
+
+```python
+import numpy as np
+
+def share_below(exponents, counts, zeros, total, threshold_log2):
+    exponents, counts = np.asarray(exponents), np.asarray(counts)
+    return (counts[exponents < threshold_log2].sum() + zeros) / total
+```
+
+Two classic mistakes: `exponents <= threshold_log2` (counts bin t, one binade too many) and forgetting the \
+zeros, which for activation gradients are most of the values."""))

@@ -1,10 +1,11 @@
 """What sets the scale of a detector's activation gradients: one factor at a time, from our detector toward SSD's.
 
-Micikevicius et al. (ICLR 2018, §3.2, Figure 2) recorded the activation gradients of Multibox SSD (Liu et al.,
+Micikevicius et al. (ICLR 2018, §3.2, Figure 3) recorded the activation gradients of Multibox SSD (Liu et al.,
 ECCV 2016: VGG-16 on 300x300 images, batch 32, loss divided by the number of matched default boxes) in FP32:
-66.8% were zero and most of the rest lay below FP16's smallest subnormal 2⁻²⁴.  Our detector (chapter 2:
-:data:`mpt_lab.models.ssd.CONFIGS` "small", 64x64 images) has about the paper's share of zeros but its median
-non-zero value is some 12 binades higher.  This experiment measures which differences move the histogram and
+67% were zero (66.8% in Figure 2 of NVIDIA's 2017 blog post) and many of the rest lay below FP16's smallest
+subnormal 2⁻²⁴ (2% in [2⁻³⁴, 2⁻³²), the paper's caption; 4% in [2⁻³², 2⁻³⁰), the blog post's).  Our detector
+(chapter 2: :data:`mpt_lab.models.ssd.CONFIGS` "small", 64x64 images) has about the sources' share of zeros but
+its median non-zero value lies some 12 binades above 2⁻²⁴.  This experiment measures which differences move the histogram and
 by how much: each variant of :data:`VARIANTS` changes one thing of our detector toward SSD's (or combines
 several), trains briefly in FP32 from scratch (the recipe of :func:`mpt_lab.models.ssd.make_optimizer`) and
 records the log2 histogram of every module's output gradient (:class:`~mpt_lab.histogram.GradientHistogram`)

@@ -1,8 +1,9 @@
-"""The paper's Figure 2: activation gradients of an SSD detector trained in FP32, by magnitude.
+"""The SSD histogram: activation gradients of an SSD detector trained in FP32, by magnitude.
 
-Micikevicius et al. (ICLR 2018, §3.2) recorded the activation gradients of Multibox SSD while it trained in
-FP32: 66.8% of the values were zero and most of the rest lay below FP16's smallest subnormal 2⁻²⁴, so a plain
-cast to FP16 flushes them to zero; multiplying the loss by S = 8 was enough to train in mixed precision.
+Micikevicius et al. (ICLR 2018, §3.2 and Figure 3) recorded the activation gradients of Multibox SSD while it
+trained in FP32: 67% of the values were zero (the figure of NVIDIA's 2017 blog post on the paper, its Figure 2,
+says 66.8%), and many of the rest lay below FP16's smallest subnormal 2⁻²⁴, so a plain cast to FP16 flushes them to
+zero; multiplying the loss by S = 8 was enough to train in mixed precision.
 This experiment trains the SSD-style detector of :mod:`mpt_lab.models.ssd` on :class:`mpt_lab.data.DigitsDetection`
 in FP32 and records, over the whole run, the log2 histogram of the gradients with respect to every module's
 output (activation gradients) and with respect to every parameter (weight gradients); then, for ``sweep``,
@@ -42,13 +43,17 @@ __all__ = ["Config", "SSDHistogramResult", "HistogramSummary", "PROFILES", "PAPE
 
 NAME = "ssd_histogram"
 
-#: What the paper and NVIDIA's guide report for Multibox SSD (cited, not computed): Micikevicius et al. 2018,
-#: §3.2 and Figure 2; NVIDIA, "Training with Mixed Precision" user guide.
+#: What the sources report for Multibox SSD (cited, not computed).  Two works show the same histogram with
+#: different captions: NVIDIA's 2017 developer-blog post "Mixed-Precision Training of Deep Neural Networks"
+#: (Micikevicius et al.; its Figure 2, also in NVIDIA's "Training with Mixed Precision" guide) and the paper,
+#: Micikevicius et al., ICLR 2018 (its Figure 3 and §3.2).
 PAPER = {
-    "zeros": 0.668,                 # Figure 2 caption: 66.8% of values were zero
-    "share_2^-32_to_2^-30": 0.04,   # Figure 2 caption: 4% of values in [2^-32, 2^-30)
-    "sufficient_scale": 8,          # §3.2: scaling by 8 was enough to match FP32 accuracy
-    "irrelevant_below": 2.0 ** -27,  # §3.2: values below 2^-27 were irrelevant to training
+    "zeros": 0.668,                 # blog post, Figure 2 caption (and the guide): 66.8% of values were zero
+    "share_2^-32_to_2^-30": 0.04,   # blog post, Figure 2 caption: 4% of values between 2^-32 and 2^-30
+    "paper_zeros": 0.67,            # paper, Figure 3 caption: 67% of values are zero
+    "paper_share_2^-34_to_2^-32": 0.02,  # paper, Figure 3 caption: 2% of values in [2^-34, 2^-32)
+    "sufficient_scale": 8,          # paper §3.2: scaling by 8 was enough to match FP32 accuracy
+    "irrelevant_below": 2.0 ** -27,  # paper §3.2: values below 2^-27 were irrelevant to training
     "lost_after_2^15": 0.001,       # NVIDIA guide: multiplying by 2^15 recovers all but 0.1% of lost values
 }
 
@@ -118,7 +123,7 @@ class HistogramSummary:
     below_smallest_subnormal: float  # non-zero with |x| < fmt's smallest subnormal (2^-24 for FP16)
     lost: float                     # non-zero, rounds to zero in fmt (S = 1)
     lost_that_matters: float        # lost and ≥ 2^-27 (the paper: smaller values were irrelevant)
-    share_2_32_to_2_30: float       # in [2^-32, 2^-30), the paper's 4%
+    share_2_32_to_2_30: float       # in [2^-32, 2^-30), the blog post's 4%
     lost_at_8: float                # rounds to zero after × 8
     lost_at_2_15: float             # rounds to zero after × 2^15
     recovered_by_8: float           # of the values lost at S = 1, the share kept at S = 8 (NaN: none lost)
@@ -161,11 +166,12 @@ class SSDHistogramResult(ExperimentResult):
 
     def describe(self) -> str:
         s = self.summary()
+        every = (self.activation + self.weight).max_scale("FP16")     # a loss scale multiplies every gradient
         return (f"SSD histogram ({self.profile} profile, {self.device}): {self.config['steps']} steps in "
                 f"{self.seconds:.0f} s, mAP@0.5 {self.map50[0][1]:.3f} → {self.final_map50:.3f} (by "
                 f"{self.map_evaluator}); activation "
                 f"gradients: {100 * s.zeros:.1f}% zeros, {100 * s.lost:.2f}% lost in FP16, {100 * s.lost_at_8:.2f}% "
-                f"with S = 8; largest S without overflow 2^{_log2(s.max_scale)}")
+                f"with S = 8; largest S without overflow of any gradient (activation or weight) 2^{_log2(every)}")
 
 
 def _log2(v: float) -> int | str:

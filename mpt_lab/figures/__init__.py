@@ -1,9 +1,11 @@
 """The book's figures and tables, one module per topic; every function takes result objects.
 
 * :mod:`~mpt_lab.figures.formats`: where each format's values lie, ulp, fixed against floating point (ch. 1);
-* :mod:`~mpt_lab.figures.gradients`: gradient histograms (the paper's Figure 2), the detector (ch. 2);
+* :mod:`~mpt_lab.figures.gradients`: gradient histograms (the SSD histogram: NVIDIA's blog post, Fig. 2; the
+  paper, Fig. 3), the detector (ch. 2);
 * :mod:`~mpt_lab.figures.scaling`: the loss scale over a run, FP16 with and without loss scaling (ch. 3, 8);
-* :mod:`~mpt_lab.figures.training`: master weights, the AMP recipe's speed, autocast's policy (ch. 4, 6);
+* :mod:`~mpt_lab.figures.training`: master weights (the loop diagram, the loss curves), the AMP recipe's speed,
+  autocast's policy (ch. 4, 6);
 * :mod:`~mpt_lab.figures.accumulation`: error against K, swamping in a dot product, the tensor-core accumulator,
   reductions, Kahan-compensated weights, a GPU's products against the models (ch. 5);
 * :mod:`~mpt_lab.figures.memory`: recomputation against lower precision (ch. 7);
@@ -39,7 +41,7 @@ from .graphs import (code_table, gat_budget_table, gat_memory_table, message_pas
 from .memory import breakdown_table, plot_tradeoffs, tradeoff_table, training_table
 from .scaling import (divergence_table, gradient_scale_table, plot_divergence, plot_gradient_scale,
                       plot_scale_history, plot_shift_sweep)
-from .training import autocast_table, plot_losses, speedup_table
+from .training import autocast_table, plot_losses, plot_master_weight_loop, speedup_table
 
 __all__ = ["show_saved", "BookFigure", "HTML", "table_html", "running_mean", "FORMAT_COLORS",
            "plot_format_ranges", "plot_ulp", "plot_fixed_vs_float", "plot_accumulation", "round_to_speed_table",
@@ -47,7 +49,7 @@ __all__ = ["show_saved", "BookFigure", "HTML", "table_html", "running_mean", "FO
            "histogram_table", "phases_table", "sweep_table", "plot_gradient_factors", "gradient_factors_table",
            "plot_scale_history", "plot_divergence", "plot_shift_sweep", "divergence_table",
            "plot_gradient_scale", "gradient_scale_table",
-           "plot_losses", "speedup_table", "autocast_table",
+           "plot_losses", "plot_master_weight_loop", "speedup_table", "autocast_table",
            "plot_tradeoffs", "tradeoff_table", "training_table", "breakdown_table",
            "plot_gat_training", "plot_gat_memory", "plot_attention_overflow", "plot_gat_memory_fit",
            "gat_memory_table", "gat_budget_table",

@@ -95,6 +95,10 @@ def running_mean(values, window: int) -> tuple[np.ndarray, np.ndarray]:
     return np.arange(w, v.size + 1), mean
 
 
+#: Tables with at least this many columns are set in a smaller font in the book (class ``mpt-table-wide``).
+WIDE_TABLE_COLUMNS = 9
+
+
 class HTML(str):
     """An HTML string that Jupyter displays as HTML (and prints as its source)."""
 
@@ -109,8 +113,10 @@ def table_html(header: Sequence[str], rows: Sequence[Sequence], caption: str = "
     ``header``: column titles (escaped); ``rows``: cells inserted as given (numbers, or text that is already
     HTML: escape your own strings with ``html.escape``); ``caption``: escaped; ``align``: "left" or "right" per
     column, header and cells alike (default: the first column, which names the row, left; the others, which hold
-    numbers, right).  The table scrolls inside its own box on narrow screens, so a wide table never makes the
-    page scroll sideways.
+    numbers, right).  Cells wrap; a table of :data:`WIDE_TABLE_COLUMNS` or more columns gets the class
+    ``mpt-table-wide``, which the book's stylesheet (``book/_static/book.css``) sets in a smaller font, so that at
+    1280 px every table fits the text column.  On narrower screens the table scrolls inside its own box, so a wide
+    table never makes the page scroll sideways.
 
     Raises ValueError if ``align`` does not give "left" or "right" for each column of ``header``.
     """
@@ -120,12 +126,13 @@ def table_html(header: Sequence[str], rows: Sequence[Sequence], caption: str = "
         raise ValueError(f"align must give 'left' or 'right' for each of the {len(header)} columns, got {align!r}")
 
     def cell(tag, i, c):
-        return f'<{tag} style="text-align:{align[i]};padding:2px 8px">{c}</{tag}>'
+        return f'<{tag} style="text-align:{align[i]};padding:2px 5px">{c}</{tag}>'
 
     th = "".join(cell("th", i, html.escape(str(h))) for i, h in enumerate(header))
     body = "".join("<tr>" + "".join(cell("td", i, c) for i, c in enumerate(r)) + "</tr>" for r in rows)
     cap = f"<caption>{html.escape(caption)}</caption>" if caption else ""
-    return HTML(f'<div style="overflow-x:auto;max-width:100%"><table class="mpt-table">{cap}<thead><tr>{th}</tr>'
+    classes = "mpt-table mpt-table-wide" if len(header) >= WIDE_TABLE_COLUMNS else "mpt-table"
+    return HTML(f'<div style="overflow-x:auto;max-width:100%"><table class="{classes}">{cap}<thead><tr>{th}</tr>'
                 f'</thead><tbody>{body}</tbody></table></div>')
 
 

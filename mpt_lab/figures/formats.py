@@ -135,7 +135,7 @@ def plot_fixed_vs_float(int_bits: int = 7, frac_bits: int = 8, fmt="FP16", *, lo
 
     Returns
     -------
-    Figure; x = |x| (log2 axis), y = relative error |round(x) − x| / |x| (log10 axis).
+    Figure; x = |x| (log2 axis), y = relative error |round(x) − x| / |x| (log10 axis); the legend below the axes.
     """
     fmt = F.get_format(fmt)
     x = np.exp2(np.linspace(lo_log2, hi_log2, n))
@@ -157,7 +157,8 @@ def plot_fixed_vs_float(int_bits: int = 7, frac_bits: int = 8, fmt="FP16", *, lo
     ax.set_xlabel("|x|   (log₂ scale)")
     ax.set_ylabel("relative rounding error   (dimensionless)")
     ax.set_title(f"Fixed point keeps absolute error, floating point keeps relative error ({fmt.bits} bits each)")
-    ax.legend(fontsize="small", markerscale=6, loc="upper right")
+    # the legend sits below the axes: inside, it would cover the fixed-point saturation curve at the upper right
+    fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncol=3, fontsize="small", markerscale=6)
     ax.grid(alpha=0.3)
     return fig
 

@@ -1,7 +1,10 @@
-"""Figures and tables of gradient histograms (the paper's Figure 2) and of the detector they come from.
+"""Figures and tables of gradient histograms and of the detector they come from.
 
-Micikevicius et al. (ICLR 2018), Figure 2: the share of activation-gradient values per power of two, with a
-bin for zeros, and FP16's representable range; §3.2: a loss scale S shifts every value by log2 S binades.
+The histogram is the one of Multibox SSD's activation gradients that NVIDIA's 2017 blog post "Mixed-Precision
+Training of Deep Neural Networks" shows as its Figure 2 (66.8% zeros, 4% in [2⁻³², 2⁻³⁰)) and the paper,
+Micikevicius et al. (ICLR 2018), as its Figure 3 (67% zeros, 2% in [2⁻³⁴, 2⁻³²)): the share of values per power
+of two, with a bin for zeros, and FP16's representable range; §3.2 of the paper: a loss scale S shifts every
+value by log2 S binades.
 """
 
 from __future__ import annotations
@@ -37,7 +40,8 @@ def _shade_format(ax, fmt: F.FloatFormat, lo: float) -> None:
 
 def plot_gradient_histogram(hists, fmt="FP16", *, scale: float | None = None, extra_formats: Sequence = (),
                             title: str | None = None, xlim: tuple | None = None) -> Figure:
-    """Percentage of values (log scale) per binade of |g|, with a zero bin: the paper's Figure 2.
+    """Percentage of values (log scale) per binade of |g|, with a zero bin: the SSD histogram of NVIDIA's blog post
+    (its Figure 2) and of the paper (its Figure 3), for any histogram.
 
     Parameters
     ----------
@@ -246,7 +250,13 @@ def plot_training(result, *, title: str | None = None, smooth: int = 25) -> Figu
 
 
 def histogram_table(results: dict, fmt="FP16"):
-    """The paper's numbers beside each result's, for the activation gradients in ``fmt`` (an HTML table).
+    """The sources' numbers beside each result's, for the activation gradients in ``fmt`` (an HTML table).
+
+    Two source columns, each holding only what that source says: NVIDIA's 2017 blog post (Figure 2: 66.8% zeros,
+    4% in [2⁻³², 2⁻³⁰)) with NVIDIA's "Training with Mixed Precision" guide (a scale of 2¹⁵ recovers all but 0.1%
+    of the values lost to zero), and the paper (Micikevicius et al. 2018: Figure 3, 67% zeros and 2% in
+    [2⁻³⁴, 2⁻³²); §3.2).  The last two rows take every gradient of the run into account, activation *and* weight
+    gradients: a loss scale multiplies both, so the largest S without overflow is set by the largest of either.
 
     Parameters
     ----------
@@ -259,30 +269,43 @@ def histogram_table(results: dict, fmt="FP16"):
         ``results`` is not a non-empty dict of such results.
     """
     from ..experiments.ssd_histogram import PAPER, SSDHistogramResult
+    from ..scaling import max_gradient_scale
 
     if not isinstance(results, dict) or not results or \
             not all(isinstance(r, SSDHistogramResult) for r in results.values()):
         raise TypeError("results must be a non-empty dict of label → SSDHistogramResult")
+    fmt = F.get_format(fmt)
     sums = {k: r.summary(fmt) for k, r in results.items()}
-    spec = [
-        ("exactly zero", pct(PAPER["zeros"]), "zeros", pct),
-        ("non-zero, below the smallest subnormal 2⁻²⁴", "most of the non-zero values", "below_smallest_subnormal",
-         pct),
-        ("lost in FP16 (rounds to 0: 0 < |x| ≤ 2⁻²⁵)", "–", "lost", pct),
-        ("… of which ≥ 2⁻²⁷ (the paper: these matter for training)", "important to preserve", "lost_that_matters",
-         pct),
-        ("in [2⁻³², 2⁻³⁰)", pct(PAPER["share_2^-32_to_2^-30"]), "share_2_32_to_2_30", pct),
-        ("lost with S = 8", "S = 8 was enough to train", "lost_at_8", pct),
-        ("of the values lost at S = 1, kept by S = 8", "–", "recovered_by_8", pct),
-        ("of the values lost at S = 1, kept by S = 2¹⁵", f"all but {pct(PAPER['lost_after_2^15'])}",
-         "recovered_by_2_15", pct),
-        ("median binade of the non-zero values", "below 2⁻²⁴", "median_binade", binade),
-        ("largest power-of-two S with no overflow", "–", "max_scale", pow2),
-        ("max-gradient rule: largest 2ᵏ with amax·2ᵏ ≤ 65504", "–", "max_gradient_rule", pow2),
+    every = {k: r.activation + r.weight for k, r in results.items()}
+
+    def ours(fn):
+        return [fn(k) for k in results]
+
+    rows = [
+        ["exactly zero", pct(PAPER["zeros"]), pct(PAPER["paper_zeros"]), *ours(lambda k: pct(sums[k].zeros))],
+        ["in [2⁻³², 2⁻³⁰)", pct(PAPER["share_2^-32_to_2^-30"]), "–",
+         *ours(lambda k: pct(sums[k].share_2_32_to_2_30))],
+        ["in [2⁻³⁴, 2⁻³²)", "–", pct(PAPER["paper_share_2^-34_to_2^-32"]),
+         *ours(lambda k: pct(results[k].activation.fraction_between(2.0 ** -34, 2.0 ** -32)))],
+        ["non-zero, below the smallest subnormal 2⁻²⁴", "–", "“many values” (§3.2)",
+         *ours(lambda k: pct(sums[k].below_smallest_subnormal))],
+        ["lost in FP16 (rounds to 0: 0 < |x| ≤ 2⁻²⁵)", "–", "–", *ours(lambda k: pct(sums[k].lost))],
+        ["… of which ≥ 2⁻²⁷", "–", "these matter for training (§3.2)",
+         *ours(lambda k: pct(sums[k].lost_that_matters))],
+        ["lost with S = 8", "–", f"S = {PAPER['sufficient_scale']} was enough to match FP32 (§3.2)",
+         *ours(lambda k: pct(sums[k].lost_at_8))],
+        ["of the values lost at S = 1, kept by S = 8", "–", "–", *ours(lambda k: pct(sums[k].recovered_by_8))],
+        ["of the values lost at S = 1, kept by S = 2¹⁵", f"all but {pct(PAPER['lost_after_2^15'])} (guide)", "–",
+         *ours(lambda k: pct(sums[k].recovered_by_2_15))],
+        ["median binade of the non-zero values", "–", "–", *ours(lambda k: binade(sums[k].median_binade))],
+        ["largest power-of-two S with no overflow, over every gradient (activation and weight)", "–", "–",
+         *ours(lambda k: pow2(every[k].max_scale(fmt)))],
+        ["max-gradient rule over every gradient: largest 2ᵏ with amax·2ᵏ ≤ 65504", "–", "–",
+         *ours(lambda k: pow2(max_gradient_scale(every[k].amax, fmt) if every[k].amax > 0 else math.inf))],
     ]
-    header = ["activation gradients", "paper (Multibox SSD, VGG-16, 300×300)"] + [
+    header = ["activation gradients of Multibox SSD (VGG-16, 300×300) and of ours",
+              "NVIDIA blog post, Fig. 2, and guide", "the paper, Fig. 3 and §3.2"] + [
         f"{k} ({r.device}, {r.profile} profile)" for k, r in results.items()]
-    rows = [[label, paper] + [fn(getattr(sums[k], key)) for k in results] for label, paper, key, fn in spec]
     return table_html(header, rows)
 
 
@@ -313,8 +336,9 @@ def plot_gradient_factors(result, fmt="FP16", *, title: str | None = None) -> Fi
 
     One row per variant (top: our detector): a dot at the median binade of the non-zero activation gradients, a
     thick bar over the middle half (25th to 75th percentile) and a thin line over the 10th to 90th percentile;
-    shaded: what ``fmt`` keeps (normal, subnormal) and the zone it rounds to zero.  The last row is the paper's
-    Multibox SSD, of which Figure 2 of Micikevicius et al. (2018) says that most non-zero values lie below 2⁻²⁴.
+    shaded: what ``fmt`` keeps (normal, subnormal) and the zone it rounds to zero.  The last row marks the two bins
+    the sources quote for Multibox SSD: 2% of all values in [2⁻³⁴, 2⁻³²) (the paper's Figure 3 caption) and 4% in
+    [2⁻³², 2⁻³⁰) (Figure 2 caption of NVIDIA's 2017 blog post); neither source gives a median.
 
     Parameters
     ----------
@@ -361,16 +385,18 @@ def plot_gradient_factors(result, fmt="FP16", *, title: str | None = None) -> Fi
                 label="25th–75th percentile" if v == vids[0] else None)
         ax.plot([k50 + 0.5], [y], "o", color="#d62728", ms=7, label="median binade" if v == vids[0] else None)
     ax.axvline(q[vids[0]][2] + 0.5, color="#d62728", lw=0.8, ls=":", label="median of our detector")
-    ax.barh(ys[-1], -24 - lo, left=lo, height=0.5, color="none", edgecolor="0.2", hatch="///",
-            label="paper: median below 2⁻²⁴ (Figure 2)")
+    ax.barh(ys[-1], 2, left=-34, height=0.5, color="none", edgecolor="0.2", hatch="///",
+            label="Multibox SSD: 2% of all values in [2⁻³⁴, 2⁻³²) (paper, Fig. 3)")
+    ax.barh(ys[-1], 2, left=-32, height=0.5, color="0.6", edgecolor="0.2", hatch="..",
+            label="Multibox SSD: 4% of all values in [2⁻³², 2⁻³⁰) (NVIDIA blog, Fig. 2)")
     ax.set_yticks(ys, [f"{result.variants[v]['factor']}: {result.variants[v]['label']}" for v in vids]
-                  + ["paper: Multibox SSD, VGG-16, 300 px"], fontsize="small")
+                  + ["Multibox SSD, VGG-16, 300 px: the sources' bins"], fontsize="small")
     ax.set_ylim(-0.7, rows - 0.3)
     ax.set_xlim(lo, hi)
     ax.set_xlabel("log₂ |activation gradient|   (binade k holds 2ᵏ ≤ |g| < 2ᵏ⁺¹)")
     ax.set_ylabel("variant (one factor changed)")
-    ax.set_title(title or f"What moves the activation gradients: {result.config['steps']} FP32 steps per variant "
-                          f"({result.profile} profile)")
+    ax.set_title(title or f"What moves the activation gradients\n{result.config['steps']} FP32 steps per variant, "
+                          f"{result.profile} profile")
     ax.grid(axis="x", alpha=0.3)
     fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncol=2, fontsize="small")
     return fig
@@ -394,10 +420,10 @@ def gradient_factors_table(result):
     for vid, d in result.variants.items():
         sh = result.shares(vid)
         shift, law = result.shift(vid), result.divisor_shift(vid)
-        rows.append([html.escape(d["factor"]), html.escape(d["label"]), binade(result.median(vid)), signed(shift),
-                     signed(law, 1), signed(None if shift is None else shift - law, 1), f"{d['matched']:,.0f}",
-                     pct(sh["zeros"]), pct(sh["below"]), pct(sh["lost"])])
-    return table_html(["factor", "variant", "median non-zero |g|", "shift from ours (binades)",
+        rows.append([f"{html.escape(d['factor'])}: {html.escape(d['label'])}", binade(result.median(vid)),
+                     signed(shift), signed(law, 1), signed(None if shift is None else shift - law, 1),
+                     f"{d['matched']:,.0f}", pct(sh["zeros"]), pct(sh["below"]), pct(sh["lost"])])
+    return table_html(["factor: variant", "median non-zero |g|", "shift from ours (binades)",
                        "of which the loss's divisor: 1/N, 2⁻ᵏ (binades)", "the rest: the network (binades)",
                        "matched boxes N per batch", "zeros (of all values)", "below 2⁻²⁴ (of non-zero)",
                        "lost in FP16: 0 < |g| ≤ 2⁻²⁵ (of non-zero)"], rows,

@@ -9,37 +9,193 @@ from __future__ import annotations
 
 import html
 
+import numpy as np
 from matplotlib.figure import Figure
 
-from ._base import mib, new_figure, running_mean, table_html
+from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Patch
 
-__all__ = ["plot_losses", "speedup_table", "autocast_table"]
+from ._base import FORMAT_COLORS, mib, new_figure, running_mean, table_html
+
+__all__ = ["plot_losses", "plot_master_weight_loop", "speedup_table", "autocast_table"]
 
 _STYLES = ["-", "--", ":", "-."]
 
 
-def plot_losses(result, *, smooth: int = 50, title: str | None = None) -> Figure:
+def plot_losses(result, *, smooth: int = 50, title: str | None = None, reference: str | None = None) -> Figure:
     """Running means of the loss curves of a run with several arms, against step (one line per arm).
+
+    The first arm is drawn as a wide, pale band and the others as thinner lines on top of it (dotted ones with
+    markers), so a curve that coincides with the first one stays visible.
 
     Parameters
     ----------
     result : a result with ``losses``: dict label → per-step losses (e.g.
         :class:`~mpt_lab.experiments.master_weights_stall.StallResult`), or such a dict itself
     smooth : window of the running mean (steps)
+    reference : optional label of one arm: a second panel below shows every other arm's running mean minus the
+        reference's (nats), where curves that overlap above separate
+
+    Raises
+    ------
+    TypeError
+        ``result`` has no non-empty dict of losses.
+    ValueError
+        ``reference`` is not one of its labels.
     """
     losses = result if isinstance(result, dict) else getattr(result, "losses", None)
     if not isinstance(losses, dict) or not losses:
         raise TypeError("result must have a non-empty dict of label → per-step losses")
-    fig = new_figure((9, 4))
-    ax = fig.add_subplot()
-    for i, (label, v) in enumerate(losses.items()):
-        x, mean = running_mean(v, smooth)
-        ax.plot(x, mean, ls=_STYLES[i % 4], lw=2.2 if i == 0 else 1.6, label=label)
-    ax.set_xlabel("step")
+    if reference is not None and reference not in losses:
+        raise ValueError(f"reference must be one of {list(losses)}, got {reference!r}")
+    fig = new_figure((9, 6.2) if reference is not None else (9, 4))
+    if reference is not None:
+        ax, dx = fig.subplots(2, 1, sharex=True, height_ratios=[2.2, 1])
+    else:
+        ax, dx = fig.add_subplot(), None
+    curves = {label: running_mean(v, smooth) for label, v in losses.items()}
+    for i, (label, (x, mean)) in enumerate(curves.items()):
+        style = dict(ls=_STYLES[i % 4], color=f"C{i}", label=label)
+        if i == 0:
+            style.update(lw=5, alpha=0.35, solid_capstyle="butt")
+        else:
+            style.update(lw=1.8, zorder=3 + i)
+            if _STYLES[i % 4] == ":":
+                style.update(lw=2.2, marker="o", ms=3.5, markevery=max(1, len(x) // 25))
+        ax.plot(x, mean, **style)
+        if dx is not None and label != reference:
+            xr, ref = curves[reference]
+            n = min(len(ref), len(mean))
+            dx.plot(x[:n], mean[:n] - ref[:n], **{k: v for k, v in style.items() if k != "label"})
+    if dx is not None:
+        dx.axhline(0, color=f"C{list(curves).index(reference)}", lw=5, alpha=0.35)
+        dx.set_xlabel("step")
+        dx.set_ylabel(f"minus {reference} (nats)")
+        dx.set_title(f"Difference from {reference}", fontsize="medium")
+        dx.grid(alpha=0.3)
+        ax.tick_params(axis="x", labelbottom=False)
+    ax.set_xlabel("" if dx is not None else "step")
     ax.set_ylabel(f"training loss, nats (running mean of {smooth} steps)")
     ax.set_title(title or "Training loss")
     ax.legend(fontsize="small")
     ax.grid(alpha=0.3)
+    return fig
+
+
+#: The boxes of the master-weight loop: (trace step, index of the record within the step, label, x, y).
+_LOOP_BOXES = [
+    (1, 0, "master weights", 0.0, 1.0),
+    (1, 1, "weight copy", 1.0, 1.0),
+    (2, 0, "prediction", 2.0, 1.0),
+    (3, 0, "prediction", 3.0, 1.0),
+    (4, 0, "loss × S", 4.0, 1.0),
+    (6, 0, "gradients × S", 2.0, 0.0),
+    (7, 0, "gradients ÷ S", 1.0, 0.0),
+    (8, 0, "masters, updated", 0.0, 0.0),
+]
+#: The arrows between them: (from box, to box, operation).
+_LOOP_ARROWS = [
+    (0, 1, "(1) round to\nnearest even"),
+    (1, 2, "(2) forward"),
+    (2, 3, "(3) cast"),
+    (3, 4, "(4) loss, × S"),
+    (4, 5, "(5), (6) backward from the\nscaled loss; it enters {half}\nat the cast of (3)"),
+    (5, 6, "(7) cast, ÷ S,\ninf/NaN check"),
+    (6, 7, "(8) optimizer step\n(skipped on inf/NaN)"),
+    (7, 0, "next\niteration"),
+]
+
+
+def plot_master_weight_loop(trace, *, title: str | None = None) -> Figure:
+    """The master-weight loop as a diagram: each tensor of one iteration as a box coloured by its dtype.
+
+    The dtypes are read from a recorded iteration, not typed: ``trace`` is
+    :attr:`mpt_lab.master_weights.MasterWeightTrainer.last_trace` of a trainer made with ``trace=True`` (a list
+    of records ``{"step", "name", "dtype", ...}``, steps (1)–(8) of :mod:`mpt_lab.master_weights`).  The top row
+    is the forward pass (left to right), the bottom row the backward pass and the update (right to left); step
+    (5) is drawn as the trace recorded it: the scaled loss kept in FP32 (as frameworks run it) or cast to the
+    half dtype (the naive variant, marked in the box).
+
+    Returns
+    -------
+    Figure; the axes carry no data coordinates (a diagram): the x label names what the colours mean.
+
+    Raises
+    ------
+    TypeError
+        ``trace`` is not a list of trace records.
+    ValueError
+        A step of the loop is missing from ``trace``.
+    """
+    if not isinstance(trace, (list, tuple)) or not all(isinstance(r, dict) and "step" in r and "dtype" in r
+                                                        for r in trace):
+        raise TypeError("trace must be MasterWeightTrainer.last_trace: a list of records with 'step' and 'dtype' "
+                        "(make the trainer with trace=True and call train_step once)")
+    by_step: dict = {}
+    for r in trace:
+        by_step.setdefault(r["step"], []).append(r)
+    missing = sorted({1, 2, 3, 4, 5, 6, 7, 8} - set(by_step))
+    if missing:
+        raise ValueError(f"trace lacks steps {missing} of the loop")
+    half = next(r["dtype"] for r in by_step[1][1:2])
+    half_name = {"float16": "FP16", "bfloat16": "BF16"}.get(half, half)
+    colors = {"float32": FORMAT_COLORS["FP32"], "float16": FORMAT_COLORS["FP16"], "bfloat16": FORMAT_COLORS["BF16"]}
+    step5 = by_step[5][0]
+
+    fig = new_figure((9, 4.9))
+    ax = fig.add_subplot()
+    w, h = 0.9, 0.46
+    centers = []
+    for step, idx, label, x, y in _LOOP_BOXES:
+        r = by_step[step][idx]
+        c = colors.get(r["dtype"], "0.5")
+        ax.add_patch(FancyBboxPatch((x - w / 2, y - h / 2), w, h, boxstyle="round,pad=0.02,rounding_size=0.05",
+                                    facecolor=c, alpha=0.22, edgecolor=c, lw=2))
+        ax.text(x, y + 0.09, label, ha="center", va="center", fontsize=10, weight="bold")
+        ax.text(x, y - 0.11, r["dtype"], ha="center", va="center", fontsize=10, family="monospace")
+        centers.append((x, y))
+    # step (5): the scaled loss as the trace recorded it, beside the loss box
+    c5 = colors.get(step5["dtype"], "0.5")
+    naive = step5["dtype"] != "float32"
+    ax.add_patch(FancyBboxPatch((4.0 - w / 2, 0.0 - h / 2), w, h, boxstyle="round,pad=0.02,rounding_size=0.05",
+                                facecolor=c5, alpha=0.22, edgecolor=c5, lw=2, ls="--" if naive else "-"))
+    ax.text(4.0, 0.09, "scaled loss, cast" if naive else "scaled loss", ha="center",
+            va="center", fontsize=10, weight="bold")
+    ax.text(4.0, -0.11, step5["dtype"] + (" (naive)" if naive else ""), ha="center", va="center", fontsize=10,
+            family="monospace")
+    arrows = [(a, b, t.format(half=half_name)) for a, b, t in _LOOP_ARROWS]
+    for a, b, text in arrows:
+        (x0, y0), (x1, y1) = centers[a], centers[b]
+        if a == 4 and b == 5:       # down from the loss to step 5, then left to the half-precision gradients
+            ax.add_patch(FancyArrowPatch((4.0, 1.0 - h / 2), (4.0, h / 2), arrowstyle="-|>", mutation_scale=14,
+                                         lw=1.4, color="0.2"))
+            ax.add_patch(FancyArrowPatch((4.0 - w / 2, 0.0), (x1 + w / 2, y1), arrowstyle="-|>", mutation_scale=14,
+                                         lw=1.4, color="0.2"))
+            ax.text(3.0, 0.06, text, ha="center", va="bottom", fontsize=9)
+            continue
+        if y0 == y1:
+            start, end = (x0 + np.sign(x1 - x0) * w / 2, y0), (x1 - np.sign(x1 - x0) * w / 2, y1)
+            ax.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=14, lw=1.4, color="0.2"))
+            ax.text((x0 + x1) / 2, y0 + (0.26 if y0 > 0.5 else -0.26), text, ha="center",
+                    va="bottom" if y0 > 0.5 else "top", fontsize=9)
+        else:                       # the vertical arrow back to the masters
+            ax.add_patch(FancyArrowPatch((x0, y0 + h / 2), (x1, y1 - h / 2), arrowstyle="-|>", mutation_scale=14,
+                                         lw=1.4, color="0.2", ls="--"))
+            ax.text(x0 + 0.06, 0.5, text, ha="left", va="center", fontsize=9)
+    ax.set_xlim(-0.5, 4.5)
+    ax.set_ylim(-0.62, 1.62)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    for side in ax.spines.values():
+        side.set_visible(False)
+    ax.text(-0.45, 1.5, "forward →", fontsize=9, style="italic", color="0.35")
+    ax.text(-0.45, -0.56, "← backward and update", fontsize=9, style="italic", color="0.35")
+    ax.set_xlabel("box colour: the tensor's dtype, as one train_step recorded it; (n): step n of the loop")
+    article = "an" if half_name == "FP16" else "a"
+    ax.set_title(title or f"One iteration with FP32 master weights and {article} {half_name} copy:\n"
+                          "the dtype of every tensor")
+    handles = [Patch(facecolor=colors[d], alpha=0.35, edgecolor=colors[d], label=d)
+               for d in ("float32", half) if d in colors]
+    ax.legend(handles=handles, loc="upper right", fontsize="small", title="dtype", ncol=2)
     return fig
 
 
