@@ -1,7 +1,7 @@
 """What actually happens on this machine when DGL is installed beside the book's PyTorch and used in float16.
 
 The Deep Graph Library's own mixed-precision chapter (DGL User Guide, chapter 8) runs its examples
-on a GPU.  Chapter 8 of the book reproduces them with PyTorch Geometric and plain PyTorch, because DGL does
+on a GPU.  Chapter 9 of the book reproduces them with PyTorch Geometric and plain PyTorch, because DGL does
 not run with the PyTorch this book pins.  This script records that fact instead of asserting it: for each DGL
 version it
 

@@ -502,7 +502,7 @@ class _LossScaler:
 
         One all-reduce (MAX) of the flag per process group, on the device (no host synchronisation), as
         ``torch.amp.GradScaler`` does for DTensor gradients.  Without it, a rank whose shard is clean would
-        step while another skips, and their loss scales would part (chapter 9 measures it).  Every rank must
+        step while another skips, and their loss scales would part (chapter 10 measures it).  Every rank must
         call this the same number of times, in the same order: it does, because every rank holds a shard of
         every parameter (an empty one included) and walks the optimizer's parameters in the same order.
         """

@@ -88,9 +88,9 @@ def test_readme_quotes_the_saved_book_build():
     """The README's build time is the one ``benchmarks/book_times.py`` saved, not a number typed in by hand."""
     d = load_json(ROOT / "book" / "results" / "book_build_cpu.json")
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert d["returncode"] == 0 and d["provenance"]["config"]["profile"] == "cpu" and len(d["notebook_seconds"]) == 10
+    assert d["returncode"] == 0 and d["provenance"]["config"]["profile"] == "cpu" and len(d["notebook_seconds"]) >= 10
     assert f"builds in {round(d['build_seconds'])} s" in readme
     verdict = "within" if d["within_budget"]["book"] else "over"
     assert f"{verdict} its {d['budget_seconds']['book']} s budget" in readme
     slowest = max(d["notebook_seconds"], key=d["notebook_seconds"].get)
-    assert f"chapter {int(slowest[:2])} takes {round(d['notebook_seconds'][slowest])} s" in readme
+    assert f"`{slowest}` takes {round(d['notebook_seconds'][slowest])} s" in readme     # by name: chapters renumber

@@ -1,4 +1,4 @@
-"""Chapter 7's pieces: the King James Bible corpus, the LSTM language model, simulate.to_float32, the precision
+"""Chapter 8's pieces: the King James Bible corpus, the LSTM language model, simulate.to_float32, the precision
 arms (FP32 invariance to the gradient shift), and the bigLSTM and SSD Table 2 experiments in the quick profile
 with the orderings the chapter claims."""
 
@@ -173,7 +173,7 @@ def test_biglstm_quick_reproduces_figure_1(lstm_quick, tmp_path):
     assert set(r.arms) == {"fp32", "fp16", "fp16_static"} and not r.real_fp16
     assert r.config["grad_shift"] == -1 and r.grad_shift == biglstm.equivalent_shift(r.vocab_size, 16 * 16)
     fp32, fp16, static = (r.final(a) for a in ("fp32", "fp16", "fp16_static"))
-    # what chapter 7 claims for the quick profile: without loss scaling the loss falls behind (and rises),
+    # what chapter 8 claims for the quick profile: without loss scaling the loss falls behind (and rises),
     # with a loss scale of 128 it matches FP32
     assert fp16 > fp32 + 1.0
     assert abs(static - fp32) < 0.05
@@ -216,7 +216,7 @@ def test_biglstm_config_errors():
 def test_ssd_table2_quick_reproduces_table_2(tmp_path):
     torch.set_num_threads(1)
     r = ssd_table2.run(ssd_table2.config_for("quick"), progress=False)
-    # the ordering chapter 7 claims for the quick profile: without loss scaling the detector falls behind
+    # the ordering chapter 8 claims for the quick profile: without loss scaling the detector falls behind
     # (its loss ends above FP32's and its mAP below); with the paper's loss scale of 8 it stays with FP32
     assert r.diverged("fp16") or r.final_loss("fp16") > r.final_loss("fp32") + 1.0
     assert r.final_map("fp16") < r.final_map("fp32") - 0.1
@@ -264,7 +264,7 @@ def test_the_long_profile_runs_without_a_shift():
     cmd = biglstm.EXPERIMENT.command(cfg, "book/results/biglstm_long.json")
     assert cmd == ("python -m mpt_lab.experiments.biglstm --profile long "
                    "--out book/results/biglstm_long.json")
-    # the profiles chapter 7 runs live keep their shift and sizes
+    # the profiles chapter 8 runs live keep their shift and sizes
     assert biglstm.config_for("cpu").grad_shift == -1 and biglstm.config_for("cpu").max_vocab == 4000
 
 

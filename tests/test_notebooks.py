@@ -73,3 +73,23 @@ def test_first_cell_installs_mpt_lab_from_the_configured_repository(path: Path):
     first = next(c for c in nb.cells if c.cell_type == "code")
     assert f"mpt_lab @ git+{url}" in first.source and 'find_spec("mpt_lab") is None' in first.source
     assert "remove-cell" in first.metadata.get("tags", [])
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_each_exercise_is_checked_with_its_worked_solution_collapsed_under_it(path: Path):
+    """Every exercise of chapter N is checked in notebook N, and the next cell shows its worked solution collapsed
+    (``exercises.solution_dropdown``, input removed from the rendered book); no cell prints solutions in plain view."""
+    from mpt_lab import exercises
+
+    nb = nbformat.read(path, as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    chapter = int(path.name[:2])
+    for k in exercises.list_exercises(chapter):
+        i = next((i for i, c in enumerate(code) if f'exercises.check("{k}"' in c.source), None)
+        assert i is not None, f"{path.name} does not check exercise {k}"
+        nxt = code[i + 1] if i + 1 < len(code) else None
+        assert nxt is not None and f'exercises.solution_dropdown("{k}")' in nxt.source, \
+            f"{path.name}: the cell after exercise {k}'s check must show its collapsed solution"
+        assert "remove-input" in nxt.metadata.get("tags", []), path.name
+    for c in code:
+        assert "exercises.solution(" not in c.source, f"{path.name} prints a solution in plain view"

@@ -19,7 +19,7 @@ and the rest:
   smaller; a loss that is not divided by N has gradients N times larger.
 * A gradient shift k (the loss times 2⁻ᵏ, Adam's eps times 2⁻ᵏ: :mod:`mpt_lab.experiments._precision`) moves
   every value by exactly k binades and changes nothing else in FP32: the variant "shift12" shows that the shift
-  the book applies to the small detector in chapter 7 is the same kind of change as these natural factors.
+  the book applies to the small detector in chapter 8 is the same kind of change as these natural factors.
 
 More pixels per image, or another backbone, also change N (a 128 px image has four times the default boxes of a
 64 px one, and about four times the matched ones); what remains after the 1/N part is what the network itself
@@ -76,7 +76,7 @@ VARIANTS: dict[str, tuple[str, str, dict]] = {
     "gain1.4": ("initial weight scale", "weights 1.4 × He", {"init_gain": 1.4}),
     "bn": ("BatchNorm", "BatchNorm after every conv", {"batch_norm": True}),
     "pixels255": ("input range", "pixels 0–255 (SSD's Caffe input)", {"input_scale": 255.0}),
-    "shift12": ("gradient shift (chapter 7)", "ours, loss × 2⁻¹²", {"grad_shift": 12}),
+    "shift12": ("gradient shift (chapter 8)", "ours, loss × 2⁻¹²", {"grad_shift": 12}),
     "vgg16_300": ("SSD300 shape", "VGG-16 shape, ⅛ width, 300 px", {"model": "vgg16_narrow", "image_size": 300}),
     "vgg16w4_300": ("SSD300 shape", "VGG-16 shape, ¼ width, 300 px", {"model": "vgg16", "image_size": 300}),
     "vgg16_300_255": ("SSD300 shape", "VGG-16 shape, ⅛ width, 300 px, pixels 0–255",

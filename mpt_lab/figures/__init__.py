@@ -2,14 +2,14 @@
 
 * :mod:`~mpt_lab.figures.formats`: where each format's values lie, ulp, fixed against floating point (ch. 1);
 * :mod:`~mpt_lab.figures.gradients`: gradient histograms (the paper's Figure 2), the detector (ch. 2);
-* :mod:`~mpt_lab.figures.scaling`: the loss scale over a run, FP16 with and without loss scaling (ch. 3, 7);
-* :mod:`~mpt_lab.figures.training`: master weights, the AMP recipe's speed, autocast's policy (ch. 4, 5);
-* :mod:`~mpt_lab.figures.memory`: recomputation against lower precision (ch. 6);
-* :mod:`~mpt_lab.figures.graphs`: float16 message passing and the GAT (ch. 8);
+* :mod:`~mpt_lab.figures.scaling`: the loss scale over a run, FP16 with and without loss scaling (ch. 3, 8);
+* :mod:`~mpt_lab.figures.training`: master weights, the AMP recipe's speed, autocast's policy (ch. 4, 6);
+* :mod:`~mpt_lab.figures.memory`: recomputation against lower precision (ch. 7);
+* :mod:`~mpt_lab.figures.graphs`: float16 message passing and the GAT (ch. 9);
 * :mod:`~mpt_lab.figures.distributed`: DDP and FSDP2 recipes, memory per rank, reduction error, overflow
-  agreement across ranks (ch. 9);
+  agreement across ranks (ch. 10);
 * :mod:`~mpt_lab.figures.fp8`: training in FP8, MX and NVFP4 recipes, per-layer underflow and SNR, delayed
-  scaling's amax history, error against block size (ch. 10);
+  scaling's amax history, error against block size (ch. 11);
 * :mod:`~mpt_lab.figures.report`: a precision report's modules × magnitude heat maps with each format's window
   (ch. 12);
 * :func:`show_saved`: a saved GPU ("full") or long CPU result of an experiment, or the command that makes it.

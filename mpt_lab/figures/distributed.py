@@ -1,4 +1,4 @@
-"""Figures and tables of mixed precision across processes (chapter 9): the loss of each DDP and FSDP2 recipe,
+"""Figures and tables of mixed precision across processes (chapter 10): the loss of each DDP and FSDP2 recipe,
 the memory each rank holds, the error of an all-reduce in FP32, BF16 and FP16 as the number of ranks grows,
 and what happens to the loss scale when the ranks do not agree on overflow.
 

@@ -1,4 +1,4 @@
-"""Figures and tables of FP8 and block scaling (chapter 10): training in every recipe, what each recipe does to
+"""Figures and tables of FP8 and block scaling (chapter 11): training in every recipe, what each recipe does to
 the activations, weights and gradients of every layer, delayed scaling's amax history, and the error of block
 scaling against block size.
 

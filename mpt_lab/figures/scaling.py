@@ -1,6 +1,6 @@
 """Figures and tables of loss scaling: the dynamic scale over a run, and FP32 against FP16 mixed precision
 without and with loss scaling (the paper's Figure 1 and Table 2), and where a language model's activation
-gradients lie against its vocabulary and batch (why chapter 7 shifts them).
+gradients lie against its vocabulary and batch (why chapter 8 shifts them).
 
 Micikevicius et al. (ICLR 2018), §3.2 (loss scaling, dynamic scaling), §4.2 (Table 2), §4.4 (Figure 1).
 """
