@@ -164,7 +164,7 @@ class _Recorder:
     """Forward hooks on every module, gradient hooks on every module output, for one step.
 
     ``measure(t)`` turns a tensor (a forward output, or the gradient of one) into a record: a Log2Histogram
-    for the FP32 step, a 0-d amax tensor for a format's step.  The same tensor (same object, same version) output
+    for the FP32 step, whether all its values are finite for a format's step.  The same tensor (same object, same version) output
     by several modules (a container returning its last child's output) is measured once; its gradient too.
 
     Gradients are read by a pre-hook on the autograd node that produced the output (``grad_fn``): those run
@@ -667,11 +667,14 @@ class PrecisionReport:
             when rounded to ``fmt``: effect "vanishes" (non-zero, rounds to 0: Adam's ``eps=1e-8`` in FP16,
             PyTorch issue 147437), "overflows", or "changes" (another value, e.g. BF16's 0.999 → 1.0);
         "updates": the step's update Δw of every parameter (the optimizer's own ``step`` run on a copy of it
-            and of the parameters, with the FP32 step's gradients), and how many non-zero updates are smaller
-            than half an ulp of their weight stored in ``fmt`` (|Δw| < ½·ulp(round_to(w, fmt))): updates that
-            weights kept only in ``fmt``, without FP32 master weights, would lose (Micikevicius et al. 2018
-            §3.1): dict with "nonzero", "lost", "share_lost"; or {"error": text} when the optimizer could not
-            be stepped on a copy.
+            and of the parameters widened to float64, so that adding Δw to the weight loses none of it, with the
+            FP32 step's gradients), and how many non-zero updates a weight
+            stored in ``fmt`` would lose: round_to(w_f + Δw, fmt) == w_f with w_f = round_to(w, fmt) and the
+            sum formed in float64, i.e. |Δw| at most half an ulp of w_f (ties to even) — the updates that
+            weights kept only in ``fmt``, without FP32 master weights, lose (Micikevicius et al. 2018 §3.1;
+            the same count as chapter 4's :func:`mpt_lab.experiments.master_weights_stall.swamped_fraction`):
+            dict with "nonzero", "lost", "share_lost"; or {"error": text} when the optimizer could not be
+            stepped on a copy.
 
         Raises ValueError when ``fmt`` was not analysed by this report.
         """
@@ -689,6 +692,17 @@ class PrecisionReport:
         updates = {"error": info["error"]} if "error" in info else dict(info["updates"][f.name])
         return {"optimizer": info["type"], "constants": constants, "updates": updates}
 
+    #: The verdicts of :meth:`verdict`, in the order the rules of :meth:`recommendation` test them.
+    VERDICTS = ("needs per-tensor or block scaling", "keep modules in FP32", "trains as is", "needs a loss scale")
+
+    def verdict(self, fmt, keep: float = 0.999) -> str:
+        """The rule of :meth:`recommendation` that applies to ``fmt``, in a few words: one of :attr:`VERDICTS`
+        ("needs per-tensor or block scaling", "keep modules in FP32", "trains as is", "needs a loss scale").
+
+        Raises ValueError when ``fmt`` was not analysed by this report.
+        """
+        return self._advice(fmt, keep)[0]
+
     def recommendation(self, fmt, keep: float = 0.999) -> str:
         """One sentence: what the step needs to train in ``fmt``, derived from the numbers of this report.
 
@@ -700,16 +714,21 @@ class PrecisionReport:
            gradients);
         2. otherwise *keep these modules in FP32* when some modules overflow in forward
            (:meth:`forward_overflows`, plus the module of :meth:`first_nonfinite` when it is a forward output),
-           with the loss scale the gradients need (rule 3 or 4);
-        3. *trains as is* when loss scale 1 lies in the window (low ≤ 1 ≤ high);
+           with the loss scale the gradients need when 1 is not in the window;
+        3. *trains as is* when loss scale 1 lies in the window (low ≤ 1 ≤ high), or the step has no non-zero
+           gradient;
         4. *needs a loss scale in [low, high]* otherwise.
 
         When an optimizer was given: "; keep the optimizer's arithmetic in FP32" if one of its constants
         vanishes in ``fmt``, and "; keep FP32 master weights" if more than 1 − ``keep`` of the step's updates
-        would be lost by weights stored in ``fmt``.
+        would be lost by weights stored in ``fmt``.  :meth:`verdict` names the rule that applied.
 
         Raises ValueError when ``fmt`` was not analysed by this report.
         """
+        return self._advice(fmt, keep)[1]
+
+    def _advice(self, fmt, keep: float) -> tuple:
+        """(verdict, recommendation) of ``fmt``: see :meth:`recommendation`."""
         f = self._fmt(fmt)
         low, high = self.loss_scale_window(f.name, keep)
         over = self.forward_overflows(f.name)
@@ -720,37 +739,38 @@ class PrecisionReport:
         act_kept = self._kept(self.activations, f)
         w_kept = self._kept(self.weights, f)
         k = f"{100 * keep:g}%"
+        per_tensor = None
         if w_over:
-            text = (f"needs per-tensor or block scaling: {len(w_over)} weight tensor(s) overflow {f.name} "
-                    f"(e.g. {w_over[0]})")
+            per_tensor = f"{len(w_over)} weight tensor(s) overflow {f.name} (e.g. {w_over[0]})"
         elif math.isfinite(act_kept) and act_kept < keep:
-            text = (f"needs per-tensor or block scaling: only {100 * act_kept:.3g}% of the non-zero activations "
-                    f"stay non-zero in {f.name} (fewer than {k})")
+            per_tensor = (f"only {100 * act_kept:.3g}% of the non-zero activations stay non-zero in {f.name} "
+                          f"(fewer than {k})")
         elif math.isfinite(w_kept) and w_kept < keep:
-            text = (f"needs per-tensor or block scaling: only {100 * w_kept:.3g}% of the non-zero weights stay "
-                    f"non-zero in {f.name} (fewer than {k})")
+            per_tensor = f"only {100 * w_kept:.3g}% of the non-zero weights stay non-zero in {f.name} (fewer than {k})"
         elif high is not None and low is None:
-            text = f"needs per-tensor or block scaling: no loss scale keeps {k} of the non-zero gradients"
+            per_tensor = f"no loss scale keeps {k} of the non-zero gradients"
         elif low is not None and low > high:
-            text = (f"needs per-tensor or block scaling: keeping {k} of the non-zero gradients needs a loss scale "
-                    f"≥ {_pow2_text(low)}, but the largest gradient overflows above {_pow2_text(high)}")
+            per_tensor = (f"keeping {k} of the non-zero gradients needs a loss scale ≥ {_pow2_text(low)}, but the "
+                          f"largest gradient overflows above {_pow2_text(high)}")
+        scale_ok = low is None or low <= 1.0 <= high
+        window = f"[{_pow2_text(low)}, {_pow2_text(high)}]"
+        if per_tensor is not None:
+            verdict, text = self.VERDICTS[0], f"needs per-tensor or block scaling: {per_tensor}"
+        elif over:
+            names = ", ".join(n or "(model)" for n in over[:4]) + (f" and {len(over) - 4} more" if len(over) > 4
+                                                                   else "")
+            amax = self._by_name[over[0]].activation.amax
+            first_words = "its outputs reach" if len(over) == 1 else f"the first, {over[0] or '(model)'}, reaches"
+            verdict = self.VERDICTS[1]
+            text = (f"keep {names} in FP32 ({first_words} {amax:.5g} > {f.name}'s max {f.max:g})"
+                    + ("" if scale_ok else f", and use a loss scale in {window}"))
+        elif scale_ok:
+            verdict = self.VERDICTS[2]
+            text = ("trains as is: no output overflows and "
+                    + ("the step has no non-zero gradient to scale" if low is None else
+                       f"at loss scale 1 at least {k} of the non-zero gradients stay non-zero and none overflows"))
         else:
-            if low is None:
-                grad = "no gradient to scale"
-            elif low <= 1.0 <= high:
-                grad = f"at loss scale 1 at least {k} of the non-zero gradients stay non-zero and none overflows"
-            else:
-                grad = f"needs a loss scale in [{_pow2_text(low)}, {_pow2_text(high)}]"
-            if over:
-                names = ", ".join(n or "(model)" for n in over[:4]) + (f" and {len(over) - 4} more" if len(over) > 4
-                                                                       else "")
-                amax = max(self._by_name[n].activation.amax for n in over if n in self._by_name)
-                text = (f"keep {names} in FP32 (outputs up to {amax:.5g} > {f.name}'s max {f.max:g})"
-                        + ("" if low is not None and low <= 1.0 <= high else f", and {grad}"))
-            elif low is not None and low <= 1.0 <= high:
-                text = f"trains as is: no output overflows and {grad}"
-            else:
-                text = grad
+            verdict, text = self.VERDICTS[3], f"needs a loss scale in {window}"
         opt = self.optimizer_checks(f.name)
         if opt is not None:
             vanish = [c["name"] for c in opt["constants"] if c["effect"] == "vanishes"]
@@ -758,14 +778,14 @@ class PrecisionReport:
                 text += f"; keep the optimizer's arithmetic in FP32 ({', '.join(vanish)} rounds to 0)"
             u = opt["updates"]
             if "share_lost" in u and math.isfinite(u["share_lost"]) and u["share_lost"] > 1 - keep:
-                text += (f"; keep FP32 master weights ({100 * u['share_lost']:.3g}% of the step's updates are "
-                         f"below half an ulp of {f.name} weights)")
-        return text + "."
+                text += (f"; keep FP32 master weights ({100 * u['share_lost']:.3g}% of the step's updates round "
+                         f"away on {f.name} weights)")
+        return verdict, text + "."
 
     # --- presentation -----------------------------------------------------------------------------------------
     def summary(self, fmt, keep: float = 0.999) -> dict:
         """The per-format answers as one dict: max, loss, forward_overflows, first_nonfinite,
-        loss_scale_window, dynamic_scaler, optimizer, recommendation (JSON-ready)."""
+        loss_scale_window, dynamic_scaler, optimizer, verdict, recommendation (JSON-ready)."""
         f = self._fmt(fmt)
         low, high = self.loss_scale_window(f.name, keep)
         first = self.first_nonfinite(f.name)
@@ -776,7 +796,7 @@ class PrecisionReport:
                 "dynamic_scaler": self.dynamic_scaler(f.name, keep=keep),
                 "nonfinite_parameter_gradients": list(self.runs[f.name].nonfinite_parameter_gradients),
                 "optimizer": self.optimizer_checks(f.name),
-                "recommendation": self.recommendation(f.name, keep)}
+                "verdict": self.verdict(f.name, keep), "recommendation": self.recommendation(f.name, keep)}
 
     def _summary_rows(self):
         rows = []
@@ -1052,11 +1072,38 @@ def precision_report(model: torch.nn.Module, loss_fn, batch, *, formats=DEFAULT_
         state.restore()
 
 
+def _step_twin(optimizer: torch.optim.Optimizer, dtype) -> list:
+    """[(w, Δw)] in float64 for every parameter with a gradient: the update of one step of a deep copy of
+    ``optimizer`` (its state and its parameters copied; with ``dtype`` float64 the copies are widened, so that the
+    sum w + Δw loses nothing of Δw), stepped through the class's own ``step``."""
+    twin = copy.deepcopy(optimizer)
+    pairs = []
+    for g, g2 in zip(optimizer.param_groups, twin.param_groups):
+        for p, p2 in zip(g["params"], g2["params"]):
+            if dtype is not None:
+                with torch.no_grad():
+                    p2.data = p.detach().to(dtype)
+                state = twin.state.get(p2, {})
+                for k, v in list(state.items()):
+                    if isinstance(v, torch.Tensor) and v.is_floating_point() and k != "step":
+                        state[k] = v.to(dtype)
+            p2.grad = None if p.grad is None else p.grad.detach().to(p2.dtype)
+            pairs.append((p, p2))
+    type(twin).step(twin)
+    out = []
+    with torch.no_grad():
+        for p, p2 in pairs:
+            if p.grad is not None:
+                w = p.detach().to(torch.float64)
+                out.append((w, p2.detach().to(torch.float64) - w))
+    return out
+
+
 def _optimizer_info(optimizer: torch.optim.Optimizer, fmts) -> dict:
     """The optimizer's numeric constants, and per format the updates of its step (from the current gradients)
     that weights stored in that format would lose.  The step runs on a deep copy of the optimizer and of its
-    parameters, through the class's own ``step`` (never an instance attribute, which a learning-rate scheduler
-    may have patched to call the original optimizer)."""
+    parameters (widened to float64), through the class's own ``step`` (never an instance attribute, which a
+    learning-rate scheduler may have patched to call the original optimizer)."""
     constants = []
     for gi, group in enumerate(optimizer.param_groups):
         for key, v in group.items():
@@ -1071,33 +1118,25 @@ def _optimizer_info(optimizer: torch.optim.Optimizer, fmts) -> dict:
                 constants.append((gi, n, float(x)))
     info = {"type": type(optimizer).__name__, "constants": constants}
     try:
-        twin = copy.deepcopy(optimizer)
-        pairs = []
-        for g, g2 in zip(optimizer.param_groups, twin.param_groups):
-            for p, p2 in zip(g["params"], g2["params"]):
-                p2.grad = None if p.grad is None else p.grad.detach().clone()
-                pairs.append((p, p2))
-        type(twin).step(twin)
-    except Exception as err:  # an optimizer that cannot be copied or stepped alone (e.g. one that needs a closure)
-        info["error"] = f"{type(err).__name__}: {err}"
-        return info
+        pairs = _step_twin(optimizer, torch.float64)
+    except Exception:  # an optimizer without float64 support: step in the parameters' own dtype
+        try:
+            pairs = _step_twin(optimizer, None)
+        except Exception as err:  # one that cannot be copied or stepped alone (e.g. one that needs a closure)
+            info["error"] = f"{type(err).__name__}: {err}"
+            return info
     counts = {name: {"nonzero": 0, "lost": 0} for name in fmts}
     with torch.no_grad():
-        for p, p2 in pairs:
-            if p.grad is None:
-                continue
-            w = p.detach()
-            d = p2.detach() - w
+        for w, d in pairs:
             nzm = d != 0
             n = int(nzm.sum())
             if n == 0:
                 continue
-            ad = d.abs().to(torch.float64)
             for name in fmts:
-                half_ulp = F.ulp(F.round_to(w, name), name) / 2
+                wf = F.round_to(w, name)                       # the weight stored in the format
                 counts[name]["nonzero"] += n
-                counts[name]["lost"] += int((nzm & (ad < half_ulp)).sum())
-        del pairs, twin
+                counts[name]["lost"] += int((nzm & (F.round_to(wf + d, name) == wf)).sum())
+    del pairs
     for c in counts.values():
         c["share_lost"] = c["lost"] / c["nonzero"] if c["nonzero"] else float("nan")
     info["updates"] = counts

@@ -120,6 +120,7 @@ def test_first_overflowing_module_matches_float16_casts():
     assert r.forward_overflows("FP16") == expected
     assert r.forward_overflows("BF16") == []
     assert r.recommendation("FP16").startswith("keep 3, 4, (model) in FP32")
+    assert r.verdict("FP16") == "keep modules in FP32" and r.verdict("BF16") == "trains as is"
 
 
 def test_first_nonfinite_forward_matches_real_autocast():
@@ -194,6 +195,7 @@ def test_loss_scale_window_against_own_gradients(loss_factor):
     if loss_factor < 1:
         assert low > 1.0 and low <= high                          # a loss scale is needed, and one exists
         assert r.recommendation("FP16").startswith(f"needs a loss scale in [2^{int(math.log2(low))}, ")
+        assert r.verdict("FP16") == "needs a loss scale"
         sc = r.dynamic_scaler("FP16")
         assert sc["skipped"] == max(0, 16 - int(math.log2(high)))
     assert r.first_nonfinite("FP16") is None
@@ -434,7 +436,7 @@ def test_optimizer_eps_vanishes_and_updates_lost():
     assert "eps" in r.recommendation("FP16") and "eps" not in r.recommendation("BF16")
     assert not adam.state                                            # the optimizer never stepped
 
-    # SGD with a tiny learning rate: the share of updates below half an FP16 ulp, by float16 neighbours
+    # SGD with a tiny learning rate: the share of updates that round away on FP16 weights, by NumPy's float16
     lr = 1e-4
     sgd = torch.optim.SGD(model.parameters(), lr=lr)
     r = precision_report(model, ce, batch, formats=("FP16",), optimizer=sgd)
@@ -443,12 +445,10 @@ def test_optimizer_eps_vanishes_and_updates_lost():
     lost = nonzero = 0
     for p in twin.parameters():
         w = p.detach()
-        d = (w - lr * p.grad) - w                                      # the update SGD applies, in float32
-        a16 = w.half().abs()
-        half_ulp = (torch.nextafter(a16, torch.tensor(float("inf"), dtype=torch.float16)).double()
-                    - a16.double()) / 2
+        d = (-lr * p.grad.double()).numpy()                             # the update SGD asks for
+        w16 = w.numpy().astype(np.float16)
         nonzero += int((d != 0).sum())
-        lost += int(((d != 0) & (d.double().abs() < half_ulp)).sum())
+        lost += int(((d != 0) & ((w16.astype(np.float64) + d).astype(np.float16) == w16)).sum())
     u = r.optimizer_checks("FP16")["updates"]
     assert (u["nonzero"], u["lost"]) == (nonzero, lost) and 0 < lost < nonzero
     assert ("keep FP32 master weights" in r.recommendation("FP16")) == (lost / nonzero > 0.001)
@@ -468,6 +468,10 @@ def test_presentation():
     assert {"command", "device", "versions", "date"} <= set(d["provenance"])
     assert d["formats"]["FP16"]["forward_overflows"] == ["3", "4", ""]
     assert d["formats"]["FP16"]["first_nonfinite"] == ["3", "forward"]
+    from mpt_lab.figures import report_table
+
+    table = report_table({"planted": r})
+    assert "<table" in table and "keep modules in FP32" in table and "<code>3</code> (forward)" in table
     fig = r.plot()
     axes = [a for a in fig.axes if a.get_xlabel()]
     assert fig._suptitle is not None and len(axes) >= 2

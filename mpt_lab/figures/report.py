@@ -10,15 +10,16 @@ solid line overflow (beyond its max).  A loss scale S shifts the gradient map by
 
 from __future__ import annotations
 
+import html
 import math
 
 import numpy as np
 from matplotlib.figure import Figure
 
 from .. import formats as F
-from ._base import format_color, new_figure
+from ._base import format_color, new_figure, pow2, table_html
 
-__all__ = ["plot_precision_report", "format_window"]
+__all__ = ["plot_precision_report", "format_window", "report_table"]
 
 #: Formats whose window reaches beyond this many binades from 2⁰ (BF16, FP32) are listed, not drawn: the map
 #: would otherwise stretch to ±130 binades.
@@ -119,7 +120,7 @@ def plot_precision_report(report, formats=None, *, loss_scale: float = 1.0, max_
             ax.axvline(lost, color=format_color(f), ls="--", lw=1.4)
             ax.axvline(over, color=format_color(f), ls="-", lw=1.4)
         ax.set_title(what, fontsize="medium")
-        ticks = [t for t in range(int(math.ceil(lo / 8) * 8), hi + 1, 8)]
+        ticks = [t for t in range(int(math.ceil((lo + 2) / 8) * 8), hi + 1, 8)]   # clear of the zeros' label
         ax.set_xticks([lo - 3] + ticks, ["zeros"] + [str(t) for t in ticks])
         ax.set_xlim(lo - 3.5, hi + 1)
         ax.set_xlabel("log₂ |value|   (column k holds 2ᵏ ≤ |x| < 2ᵏ⁺¹)")
@@ -144,3 +145,45 @@ def plot_precision_report(report, formats=None, *, loss_scale: float = 1.0, max_
     fig.legend(handles=handles, loc="outside lower center", ncol=2, fontsize="small")
     fig.suptitle(f"{report.model_type}: where each module's values lie, and each format's window")
     return fig
+
+
+def report_table(reports: dict, formats=None):
+    """One row per model: its size and, per format, the verdict, the loss-scale window and the first inf/NaN.
+
+    Parameters
+    ----------
+    reports : dict label → :class:`~mpt_lab.report.PrecisionReport`
+    formats : format names (default: the first report's formats)
+
+    Returns
+    -------
+    HTML table (:func:`~mpt_lab.figures._base.table_html`): model, parameters, modules, then per format the
+    report's verdict (:meth:`~mpt_lab.report.PrecisionReport.verdict`), its loss-scale window [low, high] (powers
+    of two) and the first module whose output or gradient turns inf/NaN in the format's step ("–": none).  The
+    full sentences are each report's :meth:`~mpt_lab.report.PrecisionReport.recommendation`.
+
+    Raises
+    ------
+    TypeError
+        ``reports`` is not a non-empty dict of PrecisionReports.
+    """
+    from ..report import PrecisionReport
+
+    if not isinstance(reports, dict) or not reports or not all(isinstance(r, PrecisionReport)
+                                                               for r in reports.values()):
+        raise TypeError("reports must be a non-empty dict of label → PrecisionReport")
+    fmts = list(formats) if formats is not None else next(iter(reports.values())).formats
+    head = ["model", "parameters", "modules"]
+    for f in fmts:
+        head += [f"{f}: verdict", f"{f}: window", f"{f}: first inf/NaN"]
+    rows = []
+    for label, r in reports.items():
+        row = [html.escape(label), f"{r.n_parameters:,}", str(len(r.modules))]
+        for f in fmts:
+            low, high = r.loss_scale_window(f)
+            first = r.first_nonfinite(f)
+            row += [html.escape(r.verdict(f)), f"[{pow2(low)}, {pow2(high)}]",
+                    "–" if first is None else f"<code>{html.escape(first[0] or '(model)')}</code> ({first[1]})"]
+        rows.append(row)
+    align = ["left", "right", "right"] + ["left"] * (len(head) - 3)
+    return table_html(head, rows, align=align)
