@@ -15,6 +15,8 @@ Everything the book shows is computed here.  Modules (one job each):
   or NVFP4 (emulated, or FP8 tensor cores where present), and BF16 weights with stochastic rounding.
 * :mod:`mpt_lab.autocast`: which dtype each op runs in under ``torch.autocast``, probed on CPU and CUDA.
 * :mod:`mpt_lab.training`: the loop pieces every experiment shares (shuffled batches, a scaled step, accuracy).
+* :mod:`mpt_lab.report`: ``precision_report(model, loss_fn, batch)``: what one training step of any PyTorch model
+  would do in FP16, BF16 or FP8 (overflowing modules, first inf/NaN, loss-scale window, optimizer checks).
 * :mod:`mpt_lab.experiments`: one module per reproduced result, ``run(config) -> result``, one runner and CLI.
 * :mod:`mpt_lab.figures`: the book's figures and tables by topic, and ``show_saved`` for GPU/long results.
 * :mod:`mpt_lab.device`: which device to run on and a one-line description for result provenance.
@@ -63,7 +65,7 @@ def profile() -> str:
 #: Submodules reachable as attributes without an explicit import (``mpt_lab.device.describe()``), imported on
 #: first use so that ``import mpt_lab`` stays light (and ``mpt_lab.formats`` works without torch).
 SUBMODULES = ("formats", "histogram", "scaling", "master_weights", "simulate", "microscaling", "quantized_training",
-              "collectives", "autocast", "training", "experiments", "figures", "device", "bench", "widgets",
+              "collectives", "autocast", "training", "report", "experiments", "figures", "device", "bench", "widgets",
               "exercises", "models", "data")
 
 

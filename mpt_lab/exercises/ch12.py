@@ -1,0 +1,168 @@
+"""Exercises of chapter 12: your model in low precision.  The reader points :func:`mpt_lab.report.precision_report`
+at a model of their choosing; the checks run the report on it."""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+from ._core import Exercise, register
+
+
+def _setup(fn, n: int, what: str):
+    """Call the reader's function once and check that it returned an n-tuple (model, loss_fn, batch, ...)."""
+    import torch
+
+    if not callable(fn):
+        return None, f"expected a function that returns {what}, got {type(fn).__name__}"
+    out = fn()
+    if not isinstance(out, tuple) or len(out) != n:
+        return None, f"expected your function to return a tuple {what}, got {type(out).__name__}"
+    if not isinstance(out[0], torch.nn.Module):
+        return None, f"expected a torch.nn.Module as the first entry (the model), got {type(out[0]).__name__}"
+    if not callable(out[1]):
+        return None, f"expected a function loss_fn(model, batch) as the second entry, got {type(out[1]).__name__}"
+    return out, ""
+
+
+def _report(model, loss_fn, batch, formats):
+    from ..report import precision_report
+
+    try:
+        return precision_report(model, loss_fn, batch, formats=formats), ""
+    except Exception as err:  # the reader's model, loss or batch: say what went wrong
+        return None, f"precision_report could not run your setup: {type(err).__name__}: {err}"
+
+
+# ---------------------------------------------------------------------------------------------------- 12.1
+def planted_overflow():
+    """Reference for exercise 12.1: a classifier whose last layer's outputs pass FP16's 65,504."""
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    with torch.no_grad():
+        model[2].weight.mul_(1e5)                   # outputs of order 1e5: beyond FP16, easily inside BF16
+    x, y = torch.randn(64, 8), torch.randint(0, 4, (64,))
+
+    def loss_fn(m, b):
+        return torch.nn.functional.cross_entropy(m(b[0]), b[1])
+
+    return model, loss_fn, (x, y), "2"
+
+
+def _ex121_check(fn):
+    out, msg = _setup(fn, 4, "(model, loss_fn, batch, module_name)")
+    if out is None:
+        return False, msg
+    model, loss_fn, batch, name = out
+    names = dict(model.named_modules())
+    if not isinstance(name, str) or name not in names:
+        return False, (f"expected the name of one of your model's modules (as model.named_modules() gives it), got "
+                       f"{name!r}")
+    r, msg = _report(model, loss_fn, batch, ("FP16", "BF16"))
+    if r is None:
+        return False, msg
+    over = r.forward_overflows("FP16")
+    if not over:
+        amax = max(m.activation.amax for m in r.modules)
+        return False, (f"nothing overflows FP16 yet: the largest output of the step is {amax:.4g}, below 65,504.")
+    if over[0] != name:
+        return False, f"the first module to overflow FP16 is {over[0] or '(model)'!r}, not {name!r}."
+    if r.first_nonfinite("FP16") != (name, "forward"):
+        return False, (f"{name!r} overflows when its FP32 output is cast, but in the FP16 step the first inf/NaN is "
+                       f"{r.first_nonfinite('FP16')}.")
+    if r.forward_overflows("BF16"):
+        return False, f"BF16 overflows too (at {r.forward_overflows('BF16')[0]!r}): plant a fault that BF16 holds."
+    amax = next(m.activation.amax for m in r.modules if m.name == name)
+    return True, (f"{name!r} is the first module whose outputs overflow FP16 (up to {amax:.4g} > 65,504) and the FP16 "
+                  f"step turns inf there first; BF16 holds them. The report says: {r.recommendation('FP16')}")
+
+
+register(Exercise(
+    "12.1", "Plant an FP16 overflow where you choose",
+    "Write planted() that returns (model, loss_fn, batch, module_name): a model of your choosing (your own, or a "
+    "transformers model built from its configuration), a loss_fn(model, batch) that returns the scalar loss, a "
+    "batch, and the name of one of its modules (as model.named_modules() gives it). The check runs "
+    "precision_report on it and passes when module_name is the first module whose outputs overflow FP16, the FP16 "
+    "step first turns inf or NaN in that module's output, and nothing overflows BF16.",
+    _ex121_check,
+    "Make one layer's outputs larger than 65,504 and keep every layer before it below: multiply its weights by a "
+    "large factor inside torch.no_grad(). A container that returns the layer's output overflows too, but after the "
+    "layer; BF16's largest value is about 3.4e38.",
+    lambda: planted_overflow,
+    worked=("Take any small model and scale up the weights of the layer that should overflow, so that its outputs "
+            "land between FP16's largest value (65,504) and BF16's (about 3.4e38). The layers before it are "
+            "untouched, so it is the first; the `Sequential` that returns its output overflows too, but it finishes "
+            "later, so the report lists it second.\n\n```python\n{answer}\n```\n\n"
+            "Under autocast the layer's FP16 output is inf, the FP32 loss computed from it is NaN, and no loss "
+            "scale can help (the dynamic scaler would skip every step): keep that layer in FP32, as transformers "
+            "does for T5's `wo`, or train in BF16.")))
+
+
+# ---------------------------------------------------------------------------------------------------- 12.2
+def needs_a_loss_scale():
+    """Reference for exercise 12.2: a tiny loss (divided by 2^20) whose FP16 gradients underflow, and the
+    max-gradient rule's scale read from the report."""
+    import torch
+
+    from mpt_lab.report import precision_report
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+    x, y = torch.randn(256, 64), torch.randint(0, 10, (256,))
+
+    def loss_fn(m, b):
+        return torch.nn.functional.cross_entropy(m(b[0]), b[1]) * 2.0 ** -20
+
+    low, high = precision_report(model, loss_fn, (x, y), formats=("FP16",)).loss_scale_window("FP16")
+    return model, loss_fn, (x, y), high
+
+
+def _ex122_check(fn):
+    out, msg = _setup(fn, 4, "(model, loss_fn, batch, scale)")
+    if out is None:
+        return False, msg
+    model, loss_fn, batch, scale = out
+    if not isinstance(scale, numbers.Real) or isinstance(scale, bool) or not (0 < float(scale) < math.inf) \
+            or math.frexp(float(scale))[0] != 0.5:
+        return False, f"expected a power of two as the loss scale (e.g. 2.0 ** 10), got {scale!r}"
+    r, msg = _report(model, loss_fn, batch, ("FP16",))
+    if r is None:
+        return False, msg
+    low, high = r.loss_scale_window("FP16")
+    if low is None:
+        return False, "the report finds no non-zero gradient in your step: nothing to scale."
+    k = int(math.log2(float(scale)))
+    if low <= 1.0:
+        return False, (f"your model does not need a loss scale: at scale 1 FP16 already keeps 99.9% of its non-zero "
+                       f"gradients (the window starts at 2^{int(math.log2(low))}). Make its gradients smaller.")
+    if low > high:
+        return False, (f"no single loss scale suits your model in FP16 (the window [2^{int(math.log2(low))}, "
+                       f"2^{int(math.log2(high))}] is empty): its gradients span too many binades.")
+    if not low <= scale <= high:
+        return False, (f"2^{k} lies outside the window [2^{int(math.log2(low))}, 2^{int(math.log2(high))}]: "
+                       + ("too small, FP16 still loses more than 0.1% of the non-zero gradients" if scale < low else
+                          "too large, the largest gradient overflows"))
+    return True, (f"your step needs a loss scale in FP16: the window is [2^{int(math.log2(low))}, "
+                  f"2^{int(math.log2(high))}], and 2^{k} lies inside it (keeps at least 99.9% of the non-zero gradients "
+                  "and overflows none).")
+
+
+register(Exercise(
+    "12.2", "A loss scale for a model that needs one",
+    "Write needs_scale() that returns (model, loss_fn, batch, scale): a model of your choosing whose FP16 gradients "
+    "need a loss scale (at scale 1, FP16 would round more than 0.1% of its non-zero gradients to zero), and a "
+    "power-of-two loss scale that keeps at least 99.9% of them without overflowing the largest. The check runs "
+    "precision_report on your setup and compares your scale with its loss-scale window.",
+    _ex122_check,
+    "Gradients shrink with the loss: a mean over many values, or a loss multiplied by a tiny factor, puts most of "
+    "them below 2^-24. Then point precision_report at your setup: loss_scale_window('FP16') gives the range of "
+    "scales that work (the max-gradient rule is its upper end).",
+    lambda: needs_a_loss_scale,
+    worked=("A loss multiplied by 2^-20 (as if averaged over a million values) scales every gradient by 2^-20, which "
+            "pushes most of them below FP16's smallest subnormal. The report's window then starts above 1, and its "
+            "upper end is the max-gradient rule of chapters 2 and 3: any power of two in between works.\n\n"
+            "```python\n{answer}\n```\n\n"
+            "A dynamic scaler starting at 2^16 finds such a scale by itself (`report.dynamic_scaler('FP16')` says "
+            "after how many skipped steps); a static one must be chosen from numbers like these.")))
