@@ -80,9 +80,37 @@ def test_bad_types_and_profiles():
 
 def test_speedup_table(result):
     html = figures.speedup_table({"tiny": result})
-    assert html.count("<tr>") == 1 + len(result.rows)
+    assert html.count("<tr>") == 1 + len(result.rows) and html.count("<table") == 1
+    assert "<caption>tiny: CPU" in html and "2 × Linear(32, 32)" in html        # the run, named above its table
+    two = figures.speedup_table({"a": result, "b": result})
+    assert two.count("<table") == 2 and two.count("<tr>") == 2 * (1 + len(result.rows))
+    assert "<caption>saved run" in figures.speedup_table(result)                 # as show_saved passes it
+    assert html.count("</th>") == 7                                              # narrow enough for the column
     with pytest.raises(TypeError):
         figures.speedup_table({"x": 1})
+    with pytest.raises(TypeError):
+        figures.speedup_table({})
+
+
+def test_bf16_needs_no_scaler():
+    """The recipe pairs a GradScaler with FP16 only: BF16 has FP32's exponent range (chapter 3's rule)."""
+    assert ar.needs_scaler(torch.float16) and not ar.needs_scaler(torch.bfloat16)
+    assert not ar.needs_scaler(torch.float32)
+    with pytest.raises(TypeError, match="dtype"):
+        ar.needs_scaler("float16")
+    scalers = {}
+    real = ar._make
+
+    def spy(config, precision, device):
+        out = real(config, precision, device)
+        scalers[precision] = out[2]
+        return out
+
+    import unittest.mock
+
+    with unittest.mock.patch.object(ar, "_make", spy):
+        ar.run(tiny(batch_sizes=(8,), measure_memory=False), progress=False)
+    assert scalers["fp32"] is None and scalers["bf16"] is None and scalers["fp16"] is not None
 
 
 def test_autocast_probe():

@@ -388,32 +388,35 @@ def test_6_2_checkpoint_size():
 
 
 def test_7_prompts_follow_biglstm_and_answers_come_from_formats():
+    """8.1 and 8.2 follow bigLSTM's sampled softmax (8,193 classes) and its loss divided by 128 sequences
+    (issue 26, item 7): the typical logit gradient 1/(8,193 · 128) lies just below 2⁻²⁰, and FP16 keeps it."""
     from mpt_lab import formats as F
     from mpt_lab.experiments.biglstm import BIGLSTM
 
-    for k in ("8.1", "8.2"):
-        assert k == "8.2" or f"V = {BIGLSTM['vocab_size']:,}" in E.EXERCISES[k].prompt
-    assert f"N = 128 × 20 = {BIGLSTM['tokens_per_batch']:,}" in E.EXERCISES["8.1"].prompt
-    g = 1 / (BIGLSTM["vocab_size"] * BIGLSTM["tokens_per_batch"])
+    prompt = E.EXERCISES["8.1"].prompt
+    assert f"V = {BIGLSTM['vocab_size']:,}" in prompt and f"C = {BIGLSTM['softmax_classes']:,}" in prompt
+    assert f"B = {BIGLSTM['loss_divisor']:,}" in prompt and f"{BIGLSTM['sampled_classes']:,} sampled" in prompt
+    g = 1 / (BIGLSTM["softmax_classes"] * BIGLSTM["loss_divisor"])
     k, lost = E.solution("8.1")
     assert 2.0**k <= g < 2.0 ** (k + 1) and lost == (F.round_to(g, F.FP16) == 0)
-    assert lost and g <= F.FP16.smallest_subnormal / 2
+    assert k == -21 and not lost and F.round_to(g, F.FP16) == 2.0**-20         # kept, as a subnormal
     assert E.check("8.1", [k, np.bool_(lost)])
-    fb = E.check("8.1", (k + 1, lost))
+    fb = E.check("8.1", (k + 1, lost))                     # -20: misses that 8,193 is a hair above 2^13
     assert not fb and "smaller" in fb.message
     fb = E.check("8.1", (k, not lost))
     assert not fb and "binade is right" in fb.message
     assert not E.check("8.1", (float(k), lost)) and not E.check("8.1", (k, 1))
     s = E.solution("8.2")
     assert F.round_to(s * g, F.FP16) >= F.FP16.smallest_normal > F.round_to(s / 2 * g, F.FP16)
+    assert s == 64.0 and s * g < F.FP16.smallest_normal       # rounding helps by one binade, at the boundary
     assert E.check("8.2", int(s))
-    fb = E.check("8.2", 128.0)                               # the paper's S: enough to train, but subnormal
-    assert not fb and "too small" in fb.message
-    fb = E.check("8.2", 2 * s)
+    fb = E.check("8.2", 128.0)                               # the paper's S: normal with a binade to spare
     assert not fb and "not the smallest" in fb.message
+    fb = E.check("8.2", s / 2)
+    assert not fb and "too small" in fb.message
     fb = E.check("8.2", s * 1.5)
     assert not fb and "power of two" in fb.message
-    assert "128·g" in E.check("8.2", s).message
+    assert "128·g" in E.check("8.2", s).message and "1 binade above" in E.check("8.2", s).message
 
 
 def test_8_1_exp_overflow():
@@ -479,6 +482,91 @@ def test_new_reference_solutions_call_the_package(monkeypatch):
         expected = {"6.1": "probe_autocast", "7.1": "memory_per_parameter", "7.2": "checkpoint_bytes",
                     "9.2": "attention_overflow"}[k]
         assert expected in calls, (k, calls)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Worked solutions of chapters 6-8 (issue 26, item 19): every exercise has one; its code runs and passes the check,
+# and what its reasoning states holds
+# ------------------------------------------------------------------------------------------------------------
+CHAPTERS_6_TO_8 = [k for k in E.list_exercises() if k.split(".")[0] in ("6", "7", "8")]
+
+
+def _worked_code(ex_id):
+    """The fenced code blocks of the worked solution (```python for a function exercise, plain ``` for a value
+    exercise), run: their namespace."""
+    import re
+
+    blocks = re.findall(r"```(?:python)?\n(.*?)\n```", E.EXERCISES[ex_id].worked, re.S)
+    namespace = {}
+    exec(compile("\n\n".join(blocks), f"<worked solution {ex_id}>", "exec"), namespace)
+    return namespace
+
+
+@pytest.mark.parametrize("ex_id", CHAPTERS_6_TO_8)
+def test_chapters_6_to_8_have_worked_solutions(ex_id):
+    import re
+
+    ex = E.EXERCISES[ex_id]
+    assert len(ex.worked) > 300, ex_id                         # reasoning, not just the answer
+    text = E.solution_dropdown(ex_id).text
+    assert "{answer}" not in text and "mpt_lab.exercises" not in text
+    sol = E.solution(ex_id)
+    namespace = _worked_code(ex_id) if "```" in ex.worked else {}
+    if callable(sol):                                          # a function exercise: a student's implementation
+        code = "\n".join(re.findall(r"```python\n(.*?)\n```", ex.worked, re.S))
+        assert code and "mpt_lab" not in code and "{answer}" not in ex.worked
+        fns = [v for v in namespace.values()
+               if getattr(getattr(v, "__code__", None), "co_filename", "") == f"<worked solution {ex_id}>"]
+        assert fns and E.check(ex_id, fns[-1]).passed, ex_id
+    else:                                                      # a value exercise: the answer inserted, never typed
+        assert "{answer}" in ex.worked and "```python" not in ex.worked
+        assert (repr(sol) if isinstance(sol, float) else str(sol)) in text
+        if "answer" in namespace:                              # a computation shown in the solution: it agrees
+            assert E.check(ex_id, namespace["answer"]).passed, ex_id
+
+
+def test_worked_solutions_of_chapters_6_to_8_state_what_holds():
+    """The numbers and verdicts the reasoning of 6.1-8.2 states, checked against the package and the answers."""
+    import re
+
+    import torch
+
+    from mpt_lab import formats as F
+    from mpt_lab.autocast import RECIPE_OPS
+    from mpt_lab.experiments.biglstm import BIGLSTM
+
+    # 6.1: each op's verdict in the reasoning is the probed dtype; the two ops missing from the chapter's table
+    truth = E.solution("6.1")
+    worked = E.EXERCISES["6.1"].worked
+    for expr, ops in (("`x @ w`", ["matmul (@)"]), ("`relu`, `x + x`", ["relu", "add (x + x)"]),
+                      ("`exp`, `softmax`", ["exp", "softmax"]), ("`relu(linear(x, w))`", ["linear → relu"]),
+                      ("`softmax(linear(x, w))`", ["linear → softmax"]), ("`elu`", ["elu"]),
+                      ("`(x * x).sum(-1)`", ["mul + sum (a·Wh)"])):
+        verdict = re.search(re.escape(expr) + r":[^→]*→ (float16|float32)", worked).group(1)
+        assert all(truth[op] == verdict for op in ops), (expr, verdict)
+    missing = [op for op in E.ch06.EX61_OPS if op not in RECIPE_OPS]
+    assert missing == ["elu", "mul + sum (a·Wh)"] and "seven of these ops" in E.EXERCISES["6.1"].prompt
+    assert len(E.ch06.EX61_OPS) - len(missing) == 7 and "not in it" in E.EXERCISES["6.1"].prompt
+    # 6.2: the iterations the reasoning walks through
+    c, trace = E.ch06.EX62, E.solution("6.2")
+    assert c["growth_interval"] == 3 and c["overflows"] == (5, 6, 11) and c["iterations"] == 12
+    assert trace[0] == trace[1] == trace[2] == c["init_scale"] and trace[3] == 2 * trace[2]    # grows from 4 on
+    assert trace[5] == trace[4] / 2 and trace[6] == trace[5] / 2                              # 5 and 6 overflow
+    assert trace[9] == 2 * trace[8] and trace[11] == trace[10] / 2
+    # 7.1: the element sizes the reasoning adds up
+    assert torch.empty((), dtype=torch.float32).element_size() == 4 == 2 * torch.empty((), dtype=torch.float16).element_size()
+    # 8.1 and 8.2: the arithmetic of the reasoning
+    C, B = BIGLSTM["softmax_classes"], BIGLSTM["loss_divisor"]
+    assert C == 2**13 + 1 and B == 2**7 and C * B == 2**20 + 2**7 and BIGLSTM["sampled_classes"] == 2**13
+    g = 1 / (C * B)
+    assert F.round_to(g, F.FP16) == 2.0**-20 == 16 * F.FP16.smallest_subnormal
+    assert abs(F.round_to(g, F.FP16) / g - 1 - 2.0**-13) < 2.0**-24
+    naive = 1 / (BIGLSTM["vocab_size"] * BIGLSTM["tokens_per_batch"])
+    assert round(math.log2(naive)) == -31 and "2⁻³¹" in E.EXERCISES["8.1"].worked
+    assert 2.0**-14 - 64 * g < 2.0**-25 and 64 * g < 2.0**-14 <= 128 * g     # j = 6 rounds up to 2^-14
+    assert 32 * g < 2.0**-15 * (1 + 2.0**-12)
+    code = _worked_code("8.2")
+    assert "8193 * 128" in E.EXERCISES["8.2"].worked and code["answer"] == E.solution("8.2")
 
 
 # ------------------------------------------------------------------------------------------------------------

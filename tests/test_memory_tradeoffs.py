@@ -56,6 +56,20 @@ def test_resnet_shapes_and_bad_args():
         ResNet(depth=1.5)
 
 
+def test_step_flops_counts_the_recomputed_forward():
+    m = build_resnet(4, 2, 1, seed=0)
+    x, y = torch.randn(8, 1, 8, 8), torch.randint(0, 10, (8,))
+    step, fwd = mt.step_flops(m, x, y)
+    c = copy.deepcopy(m)
+    c.checkpoint = True
+    step_c, fwd_c = mt.step_flops(c, x, y)
+    assert fwd_c == fwd and fwd < step < step_c <= step + fwd       # backward ≈ 2 forwards; + the recomputation
+    assert all(p.grad is None for p in m.parameters())               # leaves no gradients behind
+    assert mt.step_flops(m, x, y, torch.bfloat16) == (step, fwd)     # autocast changes the dtype, not the work
+    with pytest.raises(TypeError, match="model"):
+        mt.step_flops("resnet", x, y)
+
+
 def test_checkpoint_fp16_is_about_half():
     m = build_resnet(16, 3, 1, seed=0)
     b32, b16 = mt.checkpoint_bytes(m), mt.checkpoint_bytes(m, torch.float16)
@@ -81,8 +95,16 @@ def test_tiny_run_all_ways_and_json_roundtrip(tmp_path):
     p = r.save(tmp_path / "r.json")
     back = mt.MemoryTradeoffsResult.load(p)
     assert back == r and "memory trade-offs" in back.describe()
+    # the work of a step, counted: recomputation adds about one forward pass, lower precision adds none
+    w = r.ways
+    extra = (w["checkpoint"]["step_flops"] - w["fp32"]["step_flops"]) / w["fp32"]["forward_flops"]
+    assert 0.9 <= extra <= 1.0 and w["mixed"]["step_flops"] == w["fp32"]["step_flops"]
+    assert w["mixed+checkpoint"]["step_flops"] == w["checkpoint"]["step_flops"]
+    assert all(v["forward_flops"] == w["fp32"]["forward_flops"] for v in w.values())
     # the tables and the figure, from the result object
-    assert figures.tradeoff_table(r).count("<tr>") == 1 + 4
+    table = figures.tradeoff_table(r)
+    assert table.count("<tr>") == 1 + 4 and table.count("</th>") == 7 and "1.00×" in table
+    assert "<caption>The usual verdict: recomputation is lossless" in table
     t = figures.training_table(r)
     assert "MiB" in t and "90 MB as reported" in t and "85.8" in t      # MB quoted and converted: 90e6 / 2**20
     b = r.breakdown

@@ -71,12 +71,42 @@ register(Exercise(
     "Under torch.autocast(\"cuda\", dtype=torch.float16), with float16 inputs x [8, 16] and w [16, 16], which "
     "dtype does each of these ops return? " + "; ".join(f"{k!r}: {v}" for k, v in EX61_OPS.items())
     + ". Answer with a dict {op name: \"float16\" or \"float32\"} with exactly these keys (the names of "
-    "mpt_lab.autocast.OPS). Predict first, then compare with the chapter's table.",
+    "mpt_lab.autocast.OPS). Predict first. The chapter's table shows seven of these ops; elu and mul + sum are "
+    "not in it: reason them out from autocast's rules (the hint), then check your whole answer here.",
     _ex61_check,
     "Autocast sorts ops into three groups on CUDA: ops it casts to float16 (matrix products, convolutions), "
     "ops it runs in float32 whatever their input (exponentials, reductions, normalisations, losses), and ops "
     "it leaves alone, which return their input's dtype. For a chain, the last op decides.",
-    _ex61_truth))
+    _ex61_truth,
+    worked="""Autocast on CUDA sorts ops into three groups (the `torch.amp` autocast op reference): ops it casts \
+to float16 before running them (matrix products, convolutions), ops it runs in float32 whatever the dtype of \
+their inputs (exponentials, logs, reductions such as sums, softmax, normalisations, losses), and every other op, \
+which autocast leaves alone and which returns the dtype of its inputs. With float16 inputs, the third group \
+returns float16.
+
+Op by op:
+
+`x @ w`: a matrix product, cast to float16 → float16.
+
+`relu`, `x + x`: not on either list, run in their inputs' dtype → float16.
+
+`exp`, `softmax`: on the float32 list → float32, even from float16 inputs.
+
+`relu(linear(x, w))`: linear gives float16, relu keeps it → float16. In a chain the last op decides.
+
+`softmax(linear(x, w))`: linear gives float16, softmax runs in float32 → float32.
+
+`elu`: an element-wise activation like relu, on neither list → float16 (it is not in the chapter's table: this \
+is the rule applied to an op you have not seen).
+
+`(x * x).sum(-1)`: the product is element-wise and stays float16, then the sum, a reduction, runs in float32 \
+→ float32. This is the attention score a·Wh of a graph attention layer (chapter 9).
+
+The reference answer, probed from PyTorch's own dispatcher (`mpt_lab.autocast.probe_autocast` on fake CUDA \
+tensors, so no GPU is needed): {answer}
+
+Note that on a CPU the float32 list is shorter (the chapter's table): there softmax of float16 inputs stays \
+float16. Probe the ops of your own model on the device you train on."""))
 
 
 #: Exercise 6.2's GradScaler and overflow pattern (iterations counted from 1).
@@ -121,6 +151,41 @@ def _ex62_check(a):
                   f"{', '.join(map(str, EX62['overflows']))} are skipped.")
 
 
+#: The worked solution of exercise 6.2 (the numbers of :data:`EX62` filled in when the module loads).
+_EX62_WORKED = """The loss of iteration i is multiplied by the scale S the scaler holds when the iteration starts; \
+`update()` at the end of the iteration decides the S of the next one. Its rule (`torch.amp.GradScaler`, the same \
+as NVIDIA's guide): after an iteration whose gradients hold inf or NaN, `step()` skips the optimizer step and \
+`update()` multiplies S by `backoff_factor` and empties the count of clean iterations; after a clean \
+iteration it adds one to the count, and when the count reaches `growth_interval` it multiplies S by \
+`growth_factor` and empties the count.
+
+So go through the iterations keeping two numbers, S and the count. With `growth_interval` = {growth_interval}, iterations 1–3 \
+are clean and run with `init_scale`; the third completes the interval, so S doubles from iteration 4 on (not in \
+iteration 3: the update comes after the iteration). Iteration 5 overflows: S halves from iteration 6, and the \
+count restarts. Iteration 6 overflows again: S halves once more. Then three clean iterations (7, 8, 9) double S \
+from iteration 10, and the overflow of iteration 11 halves it for iteration 12.
+
+The same in a few lines of Python, the rule written out:
+
+```
+scale, clean, trace = {init_scale!r}, 0, []   # init_scale; no clean iterations yet
+for i in range(1, {iterations} + 1):
+    trace.append(scale)        # the loss of iteration i is multiplied by this S
+    if i in {overflows}:
+        # inf in the gradients: step() skips the step, update() backs off
+        scale, clean = scale * {backoff_factor!r}, 0
+    else:
+        clean += 1
+        if clean == {growth_interval}:
+            # growth_interval clean iterations in a row: grow
+            scale, clean = scale * {growth_factor!r}, 0
+answer = trace
+```
+
+The loss scales of iterations 1 to {iterations}: {answer}. Two classic mistakes: doubling S in the iteration that \
+completes the interval instead of the next one, and keeping the count of clean iterations across an overflow."""
+
+
 register(Exercise(
     "6.2", "Follow a GradScaler",
     f"A GradScaler(init_scale={EX62['init_scale']}, growth_factor={EX62['growth_factor']}, "
@@ -132,4 +197,5 @@ register(Exercise(
     _ex62_check,
     "S changes only in update(), at the end of an iteration, and the new S is used from the next iteration "
     "on. Keep a count of clean iterations since the start or the last overflow; an overflow empties it.",
-    _ex62_truth))
+    _ex62_truth,
+    worked=_EX62_WORKED.format(**EX62, answer="{answer}")))

@@ -68,7 +68,29 @@ register(Exercise(
     _ex71_check,
     "Add up element sizes: an FP32 value takes 4 bytes, an FP16 value 2. Adam keeps two running averages per "
     "parameter (exp_avg and exp_avg_sq); ask yourself in which dtype, given which weights it updates.",
-    _ex71_truth))
+    _ex71_truth,
+    worked="""Count the tensors one parameter has, and the bytes of each: an FP32 value takes 4 bytes, an FP16 \
+value 2 (`torch.empty((), dtype=...).element_size()`).
+
+FP32 training keeps the weight (4), its gradient (4) and Adam's two running averages, `exp_avg` and \
+`exp_avg_sq`, in the dtype of the weights they update (4 + 4).
+
+Mixed precision as the paper's loop runs it keeps the FP32 master weight (4), the FP16 copy the forward and \
+backward passes use (2), the FP16 gradient that backward produces (2), that gradient cast to FP32 for the update \
+(4), and Adam's two averages, which update the FP32 masters and so are FP32 too (4 + 4).
+
+```
+import torch
+
+fp32, fp16 = (torch.empty((), dtype=d).element_size() for d in (torch.float32, torch.float16))
+answer = {"fp32": fp32 + fp32 + 2 * fp32,                      # weight, gradient, Adam's two averages
+          "mixed": fp32 + fp16 + fp16 + fp32 + 2 * fp32}       # master, FP16 copy and gradient, FP32 gradient, Adam
+```
+
+Measured on a real model after one Adam step (Adam's one step counter per tensor adds the last digits): \
+{answer}. So the FP32 masters cost memory: per parameter, mixed precision keeps more than FP32 training. What \
+it saves is elsewhere: the activations the backward pass keeps are stored in 16 bits, and for most models they \
+take far more memory than the parameters (the chapter's breakdown table)."""))
 
 
 def _ex72_models() -> dict:
@@ -128,4 +150,25 @@ register(Exercise(
     "The file is almost only tensor data: for each entry of the state_dict, its number of elements times the "
     "bytes of one element of the dtype it is saved in (torch.empty((), dtype=dtype).element_size()). Buffers "
     "such as BatchNorm's running statistics are in the state_dict too.",
-    lambda: _ex72_reference))
+    lambda: _ex72_reference,
+    worked="""A checkpoint written by `torch.save` is almost only the bytes of its tensors: a few kilobytes of \
+names, shapes and pickle headers come on top, which is why the check allows 5 % and uses models of more than \
+100,000 parameters.
+
+So walk through `model.state_dict()`: it holds the parameters and the buffers (BatchNorm's running mean and \
+variance, and its `num_batches_tracked` counter, an int64). A floating-point tensor is saved in `dtype`, so it \
+takes `numel() × element_size of dtype` bytes: 4 for float32, 2 for float16 and bfloat16. An integer tensor is \
+kept as it is, with its own element size.
+
+```python
+import torch
+
+def checkpoint_size(model, dtype):
+    size = torch.empty((), dtype=dtype).element_size()       # bytes of one element of dtype
+    return sum(t.numel() * (size if t.is_floating_point() else t.element_size())
+               for t in model.state_dict().values())
+```
+
+Two classic mistakes: summing over `model.parameters()` only (BatchNorm's buffers are missing, a few percent \
+for a CNN), and counting elements instead of bytes. Halving the element size halves the file: an FP16 checkpoint \
+is half an FP32 one, as the chapter measures."""))

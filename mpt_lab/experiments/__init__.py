@@ -21,7 +21,7 @@ packs and unpacks its results.
 * ``amp_recipe``: the PyTorch AMP recipe timed in FP32, FP16 and BF16.
 * ``memory_tradeoffs``: activation checkpointing against lower precision, measured.
 * ``lm_gradient_scale``: where a language model's activation gradients lie against its vocabulary and batch.
-* ``biglstm``: the paper's Figure 1, a bigLSTM-shaped language model in FP32 and FP16 mixed precision.
+* ``biglstm``: the paper's bigLSTM result, a bigLSTM-shaped language model in FP32 and FP16 mixed precision.
 * ``ssd_table2``: the paper's Table 2 for SSD, the same comparison on the detector.
 * ``message_passing``: the DGL User Guide's float16 message-passing examples in PyG and PyTorch.
 * ``gat_amp``: the DGL User Guide's GAT in FP32, FP16 autocast + GradScaler, and BF16.

@@ -38,7 +38,7 @@ from ..training import autocast_to, backward_step
 from .runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
 
 __all__ = ["Config", "AmpRecipeResult", "PROFILES", "RECIPES", "RECIPE_CLAIM", "config_for", "run", "main",
-           "make_model", "flops_per_step", "NAME"]
+           "make_model", "flops_per_step", "needs_scaler", "NAME"]
 
 NAME = "amp_recipe"
 #: The recipes: FP32; FP16 autocast + GradScaler; BF16 autocast (``config.precisions`` names which run).
@@ -95,6 +95,19 @@ def flops_per_step(batch: int, width: int, num_layers: int) -> int:
     """FLOPs of one training step by the stated convention: ``6 · batch · width²`` per Linear (forward 2, input
     gradient 2, weight gradient 2), times ``num_layers``."""
     return 6 * batch * width * width * num_layers
+
+
+def needs_scaler(dtype: torch.dtype) -> bool:
+    """Whether autocast to ``dtype`` needs a loss scaler: True for ``torch.float16`` (its smallest subnormal is
+    2⁻²⁴, so small gradients underflow: Micikevicius et al. 2018, §3.2), False for ``torch.bfloat16`` (FP32's
+    8-bit exponent, the same range) and ``torch.float32``.  The recipe creates its GradScaler with
+    ``enabled=needs_scaler(dtype)``.
+
+    Raises TypeError for anything but one of those three dtypes.
+    """
+    if dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise TypeError(f"dtype must be torch.float16, torch.bfloat16 or torch.float32, got {dtype!r}")
+    return dtype == torch.float16
 
 
 def make_model(width: int, num_layers: int, device="cpu") -> torch.nn.Sequential:
@@ -166,7 +179,7 @@ def _make(config: Config, precision: str, device: torch.device):
     torch.manual_seed(config.seed)
     model = make_model(config.width, config.num_layers, device)
     opt = torch.optim.SGD(model.parameters(), lr=config.lr)
-    scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
+    scaler = torch.amp.GradScaler(device.type) if needs_scaler(_DTYPE[precision]) else None
     return model, opt, scaler
 
 

@@ -1,36 +1,43 @@
-"""The paper's Figure 1: a bigLSTM-shaped language model trained in FP32 and in FP16 mixed precision without and
-with loss scaling.
+"""bigLSTM's result in the paper: a bigLSTM-shaped language model trained in FP32 and in FP16 mixed precision
+without and with loss scaling.
 
-Micikevicius et al. (ICLR 2018), §4.4 and Figure 1: bigLSTM (Jozefowicz et al. 2016) trained on the One Billion
-Word benchmark with Adagrad; mixed precision *without* loss scaling diverges after a while, with a loss scale
-of 128 it matches FP32.  Here the same model, data order and seed (:mod:`mpt_lab.models.lstm`, word-level, on
-the King James Bible of :mod:`mpt_lab.data.text`) are trained in each arm of
-:data:`~mpt_lab.experiments._precision.RECIPES` (FP32; mixed FP16 without scaling; with the static scale
-``static_scale``; with the dynamic :class:`~mpt_lab.scaling.GradScaler`): real FP16 autocast on CUDA, the
-:mod:`mpt_lab.simulate` emulation on a CPU.  The run records, over training: the training loss of every step
-(nats per token), the validation perplexity, the loss scale, and from histograms of the activation gradients
-(:class:`~mpt_lab.histogram.GradientHistogram`) the share of values that are zero in the run's own arithmetic
-and the share that FP16 would flush to zero (non-zero values with |x| ≤ 2⁻²⁵ after scaling).
+Micikevicius et al. (ICLR 2018): bigLSTM (Jozefowicz et al. 2016) trained on the One Billion Word benchmark with
+Adagrad; mixed precision *without* loss scaling diverges after a while, with a loss scale of 128 it matches FP32
+(NVIDIA's blog post on the paper, Micikevicius et al. 2017, draws the training-loss curves as its Figure 1).
+Here the same model, data order and seed (:mod:`mpt_lab.models.lstm`, word-level, on the King James Bible of
+:mod:`mpt_lab.data.text`) are trained in each arm of :data:`~mpt_lab.experiments._precision.RECIPES` (FP32; mixed
+FP16 without scaling; with the static scale ``static_scale``; with the dynamic :class:`~mpt_lab.scaling.GradScaler`):
+real FP16 autocast on CUDA, the :mod:`mpt_lab.simulate` emulation on a CPU.  The run records, over training: the
+training loss of every step (nats per token), the validation perplexity, the loss scale, and from histograms of
+the activation gradients (:class:`~mpt_lab.histogram.GradientHistogram`) the share of values that are zero in
+the run's own arithmetic and the share that FP16 would flush to zero (non-zero values with |x| ≤ 2⁻²⁵ after
+scaling).
+
+How far below ours were bigLSTM's gradients?  Most activation-gradient values of a language model are the softmax
+gradients (p − y)/D per logit, p a word's probability and D the divisor of the loss.  Our models take a full
+softmax over their V words (p ~ 1/V) and the mean over the N tokens of a batch (D = N).  bigLSTM did neither
+(:data:`BIGLSTM`, from Jozefowicz et al.'s released code): its sampled softmax normalises over the correct word
+and 8,192 sampled words (p ~ 1/8,193, not 1/793,471), and its loss is the mean over the 128 sequences of a batch
+of the sum over 20 time steps (D = 128, not 2,560).  So its typical logit gradient 1/(8,193 · 128) ≈ 2⁻²⁰ is where
+ours already are (:func:`equivalent_shift` gives 0 for the book's runs): the softmax alone does not explain
+why bigLSTM needed a loss scale.  An estimate with p ~ 1/V and D = 2,560 tokens (an earlier version of this
+book) put it 11 binades lower.
 
 ``grad_shift = k`` (see :mod:`mpt_lab.experiments._precision`) multiplies the loss by 2⁻ᵏ and Adagrad's eps
 and initial accumulator by 2⁻ᵏ and 4⁻ᵏ: the FP32 run is bit-identical for every k, while the FP16 runs see
-gradients k binades smaller.  Why shift at all: most activation-gradient values of a language model are the
-softmax gradients of the mean cross-entropy, (p − y)/N for N tokens per batch, and a word's probability p is
-of the order of 1/V for a vocabulary of V words, so these values scale like 1/(V·N).  bigLSTM had V = 793,471
-and N = 128 × 20 tokens per batch (:data:`BIGLSTM`); our small runs have far fewer of both, so their gradients
-sit log₂(V_big·N_big / (V·N)) binades higher.  ``grad_shift = -1`` ("auto", the default) uses that number,
-rounded (:func:`equivalent_shift`); ``sweep_shifts`` reruns FP16 without loss scaling at other shifts, so the
-chapter can show where that run starts to fall behind.
+gradients k binades smaller.  A shift k and a batch 2ᵏ times larger give the same histogram, value for value (the
+mean over N tokens divides every logit gradient by N; :mod:`~mpt_lab.experiments.lm_gradient_scale` measures it,
+and that 2ᵏ times the vocabulary moves the median by about k binades too).  The default ``grad_shift = 11`` is
+large enough for FP16 without loss scaling to fall behind plainly within the quick and cpu profiles' 120 steps;
+``sweep_shifts`` reruns FP16 without loss scaling at smaller shifts, so the chapter can show how the run falls
+behind as k grows.  ``grad_shift = -1`` ("auto") uses :func:`equivalent_shift`, which is 0 for our models.
 
-Without a shift (the "long" profile): a shift k and a batch 2ᵏ times larger give the same histogram, value for
-value (the mean over N tokens divides every logit gradient by N; :mod:`~mpt_lab.experiments.lm_gradient_scale`
-measures it, and that 2ᵏ times the vocabulary moves the median by about k binades too).  What decides whether
-FP16 without scaling fails is not how many values it loses (most of them, already at k = 0 in the cpu profile,
-without harm) but how much of the update: a word's gradient p/N is lost when p < N · 2⁻²⁵, so the lost share of
-the gradient *mass* (:func:`lost_mass`) grows with N, and hardly with V (the unlikely words of a larger
-vocabulary carry little probability).  Our shift sweeps fall behind from N · 2ᵏ ≈ 2¹⁵ tokens on; the long
-profile trains 4096 × 16 = 2¹⁶ tokens per batch with k = 0, on a vocabulary of 2048 words and the "lean" model
-so that a step of all four arms stays near 20 CPU seconds::
+Without a shift (the "long" profile): what decides whether FP16 without scaling fails is not how many values it
+loses (nine in ten at k = 6 in the cpu profile, without harm) but how much of the update: a word's
+gradient p/N is lost when p < N · 2⁻²⁵, so the lost share of the gradient *mass* (:func:`lost_mass`) grows with N,
+and hardly with V (the unlikely words of a larger vocabulary carry little probability).  The long profile trains
+4096 × 16 = 2¹⁶ tokens per batch with k = 0, on a vocabulary of 2048 words and the "lean" model so that a step of
+all four arms stays near 20 CPU seconds::
 
     python -m mpt_lab.experiments.biglstm --profile long --out book/results/biglstm_long.json
     python -m mpt_lab.experiments.biglstm --profile full --out book/results/biglstm_full.json
@@ -58,7 +65,7 @@ __all__ = ["Config", "BigLSTMResult", "PROFILES", "PAPER", "BIGLSTM", "config_fo
 
 NAME = "biglstm"
 
-#: What the paper reports (Micikevicius et al. 2018, §4.4, Figure 1), cited, not computed.
+#: What the paper reports (Micikevicius et al. 2018), cited, not computed.
 PAPER = {
     "model": "bigLSTM (Jozefowicz et al. 2016): 2 LSTM layers of 8192 cells projected to 1024, 793k-word vocabulary, "
              "sampled softmax, Adagrad; One Billion Word benchmark",
@@ -68,20 +75,28 @@ PAPER = {
 }
 
 
-#: bigLSTM's vocabulary and tokens per batch (Jozefowicz et al. 2016, §4–5: One Billion Word vocabulary of
-#: 793,471 words; batches of 128 sequences unrolled over 20 time steps).
-BIGLSTM = {"vocab_size": 793471, "tokens_per_batch": 128 * 20}
+#: bigLSTM as Jozefowicz et al. (2016) trained it: the One Billion Word vocabulary of 793,471 words; from
+#: their released code (github.com/rafaljozefowicz/lm, ``language_model.py``, also in the fork
+#: github.com/okuchaiev/f-lm): ``num_sampled = 8192`` words per step for the sampled softmax (so it normalises over
+#: the correct word and 8,192 sampled ones), ``batch_size = 128`` sequences unrolled over ``num_steps = 20`` time
+#: steps, and the loss ``reduce_mean(per-token loss) * num_steps``: the mean over the 128 sequences of the sum over
+#: the 20 steps, so each logit gradient is divided by ``loss_divisor`` = 128, not by the 2,560 tokens.
+BIGLSTM = {"vocab_size": 793471, "sampled_classes": 8192, "softmax_classes": 8192 + 1, "sequences": 128,
+           "bptt": 20, "tokens_per_batch": 128 * 20, "loss_divisor": 128}
 
 
 def equivalent_shift(vocab_size: int, tokens_per_batch: int) -> int:
-    """round(log₂(793471 · 2560 / (vocab_size · tokens_per_batch))), at least 0: how many binades bigLSTM's
-    softmax gradients (p − y)/N, p ~ 1/V, sit below those of a model with this vocabulary and batch.
+    """round(log₂(8193 · 128 / (vocab_size · tokens_per_batch))), at least 0: how many binades bigLSTM's typical
+    softmax gradient (p − y)/128, p ~ 1/8,193 (a sampled softmax over the correct word and 8,192 sampled ones;
+    the loss divided by its 128 sequences, :data:`BIGLSTM`), sat below that of a model with a full softmax over
+    ``vocab_size`` words and the mean over ``tokens_per_batch`` tokens (p ~ 1/V, divided by N).
 
-    Raises ValueError for non-positive sizes.
+    It is 0 for every model of the book (bigLSTM's 2⁻²⁰ is where ours already are).  Raises ValueError for
+    non-positive sizes.
     """
     if vocab_size < 1 or tokens_per_batch < 1:
         raise ValueError(f"vocab_size and tokens_per_batch must be ≥ 1, got {vocab_size}, {tokens_per_batch}")
-    big = BIGLSTM["vocab_size"] * BIGLSTM["tokens_per_batch"]
+    big = BIGLSTM["softmax_classes"] * BIGLSTM["loss_divisor"]
     return max(0, round(math.log2(big / (vocab_size * tokens_per_batch))))
 
 
@@ -97,8 +112,8 @@ class Config(ExperimentConfig):
     static_scale: float = 128.0        # the paper's S for bigLSTM
     init_scale: float = 2.0 ** 16      # GradScaler (torch's defaults)
     growth_interval: int = 2000
-    grad_shift: int = -1               # loss × 2^-grad_shift (FP32 unchanged); -1: equivalent_shift (auto)
-    arms: tuple = RECIPES                # the recipes to run, one arm each
+    grad_shift: int = 11               # loss × 2^-grad_shift (FP32 unchanged); -1: equivalent_shift (auto, 0 here)
+    arms: tuple = RECIPES            # the recipes to run, one arm each
     eval_every: int = 200              # validation perplexity and histogram shares every N steps
     hist_every: int = 1                # record gradient histograms on every N-th step
     valid_tokens: int = 20000          # validation tokens evaluated (0: all)
@@ -119,11 +134,13 @@ class Config(ExperimentConfig):
 
 
 PROFILES = {
+    # the default shift of 11 binades: the failure is plain within the 120 steps a CPU affords (the sweep shows
+    # smaller shifts)
     "quick": {"max_vocab": 4000, "batch_size": 16, "bptt": 16, "steps": 120, "arms": ("fp32", "fp16", "fp16_static"),
               "eval_every": 30, "hist_every": 4, "valid_tokens": 4000, "threads": 1, "sweep_shifts": (0, 6)},
     "cpu": {"max_vocab": 4000, "batch_size": 16, "bptt": 16, "steps": 120, "growth_interval": 40, "eval_every": 40,
-            "hist_every": 4, "valid_tokens": 6000, "threads": 0, "sweep_shifts": (0, 7)},
-    # Figure 1 with no shift at all: 4096 × 16 = 65,536 tokens per batch, 2^8 times the cpu profile's, so that the
+            "hist_every": 4, "valid_tokens": 6000, "threads": 0, "sweep_shifts": (0, 6, 8)},
+    # bigLSTM's result with no shift at all: 4096 × 16 = 65,536 tokens per batch, 2^8 times the cpu profile's, so the
     # softmax gradients p/N of words with p < 2^-9 fall below FP16's 2^-25 by themselves; the vocabulary (2048
     # words) and the "lean" model keep a step cheap (≈ 20 CPU seconds for the four arms, 150 steps ≤ 60 minutes)
     "long": {"model": "lean", "max_vocab": 2048, "batch_size": 4096, "bptt": 16, "steps": 150, "grad_shift": 0,

@@ -10,7 +10,10 @@ scikit-learn's digits upsampled to ``image_size``² pixels (:func:`mpt_lab.data.
 
 1. for each of the four ways (:data:`WAYS`), the peak memory of one training step above what was live before
    it (activations, gradients, temporaries; bytes), the step time (median of repeats after warm-up; seconds),
-   memory saved and compute overhead against FP32, and whether the gradients are bit-identical to FP32's;
+   memory saved and compute overhead against FP32, whether the gradients are bit-identical to FP32's, and the
+   work of a step counted in FLOPs (``torch.utils.flop_counter.FlopCounterMode``: matrix products and
+   convolutions, forward and backward, recomputation included), beside the FLOPs of one forward pass: what
+   "about one extra forward pass" means, counted instead of timed;
 2. where the memory of a step goes, for FP32 and for mixed precision: weights, gradients, optimizer state (each
    counted from the tensors) and the tensors autograd saves for the backward pass (counted with
    ``torch.autograd.graph.saved_tensors_hooks``: activations, and under autocast the low-precision copies of
@@ -48,7 +51,7 @@ from ..training import accuracy, autocast_to, backward_step
 from .runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
 
 __all__ = ["Config", "MemoryTradeoffsResult", "PROFILES", "WAYS", "CIFAR10_RESNET50", "RECOMPUTE_VS_PRECISION",
-           "config_for", "run", "main", "checkpoint_bytes", "NAME"]
+           "config_for", "run", "main", "checkpoint_bytes", "step_flops", "NAME"]
 
 NAME = "memory_tradeoffs"
 
@@ -131,7 +134,8 @@ class MemoryTradeoffsResult(ExperimentResult):
     """``mixed_dtype``: "float16" (with GradScaler) or "bfloat16" (no scaler), with ``mixed_note`` saying why;
     ``memory_method``: how peak memory was measured; ``param_bytes``: bytes of the FP32 weights; ``ways``: per
     way of :data:`WAYS` {peak_bytes, step_seconds, step_times, memory_saved, overhead (fractions), bit_identical,
-    grad_rel_diff (‖g − g₃₂‖/‖g₃₂‖), grad_cosine (cosine of the angle between g and g₃₂), loss, loss_diff};
+    grad_rel_diff (‖g − g₃₂‖/‖g₃₂‖), grad_cosine (cosine of the angle between g and g₃₂), loss, loss_diff,
+    step_flops (FLOPs of one training step, :func:`step_flops`), forward_flops (of its forward pass alone)};
     ``breakdown``: {"fp32", "mixed"} each {weights, gradients, optimizer_state, saved_for_backward} in bytes
     for one step on the measured batch; ``storage``: {fp32_bytes, fp16_bytes, ratio} of the checkpoint on disk;
     ``training``: {"fp32", "mixed"} each {accuracy (evaluated in the training precision), accuracy_fp32_eval,
@@ -161,6 +165,30 @@ def _make_step(model, opt, scaler, x, y, device, dtype):
         backward_step(loss, opt, scaler)
         return loss
     return step
+
+
+def step_flops(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, dtype=None) -> tuple:
+    """FLOPs of one training step of ``model`` on the batch ``x`` (images) with labels ``y`` (cross-entropy,
+    backward; no optimizer step), and of its forward pass alone, as counted by PyTorch's
+    ``torch.utils.flop_counter.FlopCounterMode`` (matrix products and convolutions; a recomputed forward of
+    activation checkpointing is counted where the backward pass runs it).  ``dtype``: the autocast dtype (None:
+    FP32).  Returns ``(step, forward)``, ints; the model's gradients are left as that step computes them.
+
+    Raises TypeError for a model that is not a torch.nn.Module.
+    """
+    from torch.utils.flop_counter import FlopCounterMode
+
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    device = x.device
+    model.zero_grad(set_to_none=True)
+    with FlopCounterMode(display=False) as fwd:
+        with autocast_to(device.type, dtype):
+            loss = F.cross_entropy(model(x), y)
+    with FlopCounterMode(display=False) as bwd:
+        loss.backward()
+    model.zero_grad(set_to_none=True)
+    return int(fwd.get_total_flops() + bwd.get_total_flops()), int(fwd.get_total_flops())
 
 
 def _grads(model, x, y, device, dtype):
@@ -271,8 +299,9 @@ def measure(config: Config, run: Run) -> dict:
         step = _make_step(m, opt, scaler, xb, yb, device, dtype if mixed else None)
         timing = time_call(step, repeat=config.repeat, warmup=max(config.warmup, 1), device=device)
         opt.zero_grad(set_to_none=True)
+        flops, fwd_flops = step_flops(m, xb, yb, dtype if mixed else None)
         ways[way] = {"peak_bytes": int(peak_memory(step, device)), "step_seconds": timing.median,
-                     "step_times": list(timing.times), **exact[way]}
+                     "step_times": list(timing.times), "step_flops": flops, "forward_flops": fwd_flops, **exact[way]}
     for w in ways.values():
         w["memory_saved"] = 1.0 - w["peak_bytes"] / ways["fp32"]["peak_bytes"]
         w["overhead"] = w["step_seconds"] / ways["fp32"]["step_seconds"] - 1.0

@@ -13,7 +13,8 @@ with the share of activation-gradient values that are zero or below FP16's 2⁻�
 the FP32 run is bit-identical for every k.  Our detector's activation gradients sit about 12 binades above
 the paper's (chapter 2: median non-zero 2⁻¹² on 64 px images, against "most values below FP16's range" for
 VGG-16 on 300 px).  The default shift 12 moves our median non-zero activation gradient from about 2⁻¹² to
-about 2⁻²⁴, FP16's smallest subnormal, so that, as in the paper's Figure 2, most non-zero values lie below
+about 2⁻²⁴, FP16's smallest subnormal, so that, as in the paper's SSD histogram (its Figure 3; the blog post's
+Figure 2), most non-zero values lie below
 FP16's normal range; the chapter measures where the median lands (``median_log2`` in ``evals``).
 
 The "long" profile has no shift (``grad_shift = 0``) and all four arms: it asks whether a larger detector's
@@ -94,7 +95,7 @@ ARMS = RECIPES
 
 PROFILES = {
     "quick": {"steps": 120, "n_train": 3840, "n_test": 100, "hist_every": 4, "threads": 1},
-    "cpu": {"steps": 120, "n_train": 4000, "n_test": 200, "eval_every": 60, "threads": 0},
+    "cpu": {"steps": 120, "n_train": 4000, "n_test": 200, "hist_every": 4, "threads": 0},
     # no gradient shift: the gradients as the detector makes them, on 128 px images (FP16 emulated on a CPU costs
     # ~2.3x an FP32 step here; SSD300's VGG-16 shape at 300 px costs ~5x and would allow ~60 steps per arm)
     "long": {"steps": 800, "n_train": 6000, "n_test": 300, "image_size": 128, "grad_shift": 0, "arms": ARMS,

@@ -47,8 +47,9 @@ def plot_tradeoffs(result, *, title: str | None = None) -> Figure:
 
 
 def tradeoff_table(result):
-    """Per way: peak memory, step time, memory saved, compute overhead, and whether the gradients are
-    bit-identical to FP32's (else their relative difference), beside the usual qualitative verdict."""
+    """Per way: peak memory, memory saved, step time and its overhead, the work of a step in FLOPs against
+    FP32's (where the result has it), and whether the gradients are bit-identical to FP32's (else their relative
+    difference and cosine); the usual qualitative verdict (:data:`RECOMPUTE_VS_PRECISION`) in the caption."""
     from ..experiments.memory_tradeoffs import RECOMPUTE_VS_PRECISION, MemoryTradeoffsResult
 
     if not isinstance(result, MemoryTradeoffsResult):
@@ -57,17 +58,19 @@ def tradeoff_table(result):
     def say(d):
         return ("lossless" if d["lossless"] else "lossy") + ", overhead " + d["overhead"]
 
-    verdict = {"fp32": "baseline", "mixed": "lower precision: " + say(RECOMPUTE_VS_PRECISION["lower precision"]),
-               "checkpoint": "recomputation: " + say(RECOMPUTE_VS_PRECISION["recomputation"]),
-               "mixed+checkpoint": "both"}
+    base = result.ways["fp32"]
     rows = []
     for way, w in result.ways.items():
         same = "yes" if w["bit_identical"] else \
-            f"no: relative difference {w['grad_rel_diff']:.2g}, cosine {w.get('grad_cosine', float('nan')):.3f}"
-        rows.append([way, mib(w["peak_bytes"]), f"{1e3 * w['step_seconds']:.1f}", f"{100 * w['memory_saved']:.0f}%",
-                     f"{100 * w['overhead']:+.0f}%", same, verdict.get(way, "")])
-    return table_html(["way", "peak MiB (one step)", "ms / step", "memory saved", "compute overhead",
-                       "gradients identical to FP32?", "the usual verdict"], rows)
+            f"no: rel. diff. {w['grad_rel_diff']:.2g}, cos {w.get('grad_cosine', float('nan')):.3f}"
+        flops = (f"{w['step_flops'] / base['step_flops']:.2f}×" if w.get("step_flops") and base.get("step_flops")
+                 else "–")
+        rows.append([way, mib(w["peak_bytes"]), f"{100 * w['memory_saved']:.0f}%", f"{1e3 * w['step_seconds']:.1f}",
+                     f"{100 * w['overhead']:+.0f}%", flops, same])
+    caption = ("The usual verdict: recomputation is " + say(RECOMPUTE_VS_PRECISION["recomputation"])
+               + "; lower precision is " + say(RECOMPUTE_VS_PRECISION["lower precision"]) + ".")
+    return table_html(["way", "peak MiB", "memory saved", "ms / step", "time overhead", "FLOPs / step vs FP32",
+                       "gradients = FP32's?"], rows, caption=caption)
 
 
 def training_table(result):

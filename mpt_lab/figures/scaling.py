@@ -1,8 +1,9 @@
 """Figures and tables of loss scaling: the dynamic scale over a run, and FP32 against FP16 mixed precision
-without and with loss scaling (the paper's Figure 1 and Table 2), and where a language model's activation
+without and with loss scaling (bigLSTM's result and Table 2's SSD row), and where a language model's activation
 gradients lie against its vocabulary and batch (why chapter 8 shifts them).
 
-Micikevicius et al. (ICLR 2018), §3.2 (loss scaling, dynamic scaling), §4.2 (Table 2), §4.4 (Figure 1).
+Micikevicius et al. (ICLR 2018), §3.2 (loss scaling, dynamic scaling), §4.2 (Table 2), and its bigLSTM result (NVIDIA's
+blog post on the paper, Micikevicius et al. 2017, draws its training-loss curves as its Figure 1).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from matplotlib.figure import Figure
 from ._base import FORMAT_COLORS, binade, new_figure, pct, power_text, running_mean, table_html
 
 __all__ = ["plot_scale_history", "plot_divergence", "plot_shift_sweep", "divergence_table", "plot_gradient_scale",
-           "gradient_scale_table"]
+           "gradient_scale_table", "plot_gradient_shift"]
 
 _STYLES = ["-", "--", ":", "-."]
 
@@ -58,7 +59,7 @@ def plot_scale_history(result, *, title: str | None = None) -> Figure:
 def plot_divergence(result, *, smooth: int = 20, title: str | None = None, ylabel: str | None = None) -> Figure:
     """Training loss per arm beside the share of activation-gradient values that are zero, over training.
 
-    The paper's Figure 1 (left) and its explanation (right): a run whose gradients underflow in FP16 loses them
+    bigLSTM's training-loss curves (left) and their explanation (right): a run whose gradients underflow in FP16 loses them
     (they become zeros) and its loss falls behind.
 
     Parameters
@@ -129,7 +130,8 @@ def plot_shift_sweep(result, *, title: str | None = None) -> Figure:
     ax.plot(ks, loss, "o-", color="#d62728", lw=2, label="mixed FP16, no loss scaling: final loss")
     ax.axhline(float(sweep["fp32"]), color="#1f77b4", lw=2, label="FP32 (identical for every k)")
     if sweep.get("equivalent_shift") is not None:
-        ax.axvline(sweep["equivalent_shift"], color="0.4", ls=":", label="bigLSTM-equivalent shift")
+        ax.axvline(sweep["equivalent_shift"], color="0.4", ls=":",
+                   label=f"bigLSTM's softmax gradients (sampled softmax): k = {sweep['equivalent_shift']}")
     ax.set_xlabel("gradient shift k (every gradient × 2⁻ᵏ)")
     ax.set_ylabel("final training loss (nats per token)")
     ax.grid(alpha=0.3)
@@ -145,29 +147,46 @@ def plot_shift_sweep(result, *, title: str | None = None) -> Figure:
 
 
 def divergence_table(result, paper: dict | None = None):
-    """Per arm: the final training loss, the quality measure (validation perplexity for the language model,
-    mAP@0.5 for the detector, beside ``paper``'s row when given), the share of activation-gradient values
-    that are zero and that FP16 loses, and the skipped steps (an HTML table)."""
+    """Per arm: the final training loss and its difference from FP32's, the quality measure (validation
+    perplexity for the language model, mAP@0.5 for the detector, beside ``paper``'s row when given), the share of
+    activation-gradient values that are zero in the run, the share of FP32's values that FP16 would round to zero,
+    and the skipped steps (an HTML table); the caption gives the gradient shift of the runs and what each share is.
+
+    Parameters
+    ----------
+    result : :class:`~mpt_lab.experiments.biglstm.BigLSTMResult` or
+        :class:`~mpt_lab.experiments.ssd_table2.SSDTable2Result`
+    paper : the source's row, arm → its number or word (e.g. ``ssd_table2.PAPER["Multibox SSD"]``), or None
+    """
+    arms = getattr(result, "arms", None)
+    if not isinstance(arms, dict) or not arms or "fp32" not in arms:
+        raise TypeError("result must be a BigLSTMResult or SSDTable2Result with an FP32 arm")
     rows = []
     detector = hasattr(result, "final_map")
-    for arm, d in result.arms.items():
+    loss = result.final_loss if detector else result.final
+    base = loss("fp32")
+    for arm, d in arms.items():
         e = d["evals"][-1] if d["evals"] else {}
         if detector:
             quality = f"{100 * result.final_map(arm):.1f}" + (" (diverged)" if result.diverged(arm) else "")
-            loss = result.final_loss(arm)
         else:
-            quality, loss = f"{result.final(arm, 'ppl'):.1f}", result.final(arm)
-        row = [result.labels.get(arm, arm), f"{loss:.3f}", quality]
+            quality = f"{result.final(arm, 'ppl'):.1f}"
+        row = [result.labels.get(arm, arm), f"{loss(arm):.3f}", "–" if arm == "fp32" else f"{loss(arm) - base:+.3f}",
+               quality]
         if paper is not None:
             row.append(str(paper.get(arm, "—")))
-        rows.append(row + [pct(e.get("zero_share"), 3), pct(e.get("fp16_underflow"), 3), str(len(d["skipped"]))])
-    header = ["run", "final training loss (last 50 steps)",
-              "mAP@0.5, ours (%)" if detector else "validation perplexity"]
+        flush = pct(e.get("fp16_underflow"), 3) if arm == "fp32" else "– (its values are FP16)"
+        rows.append(row + [pct(e.get("zero_share"), 3), flush, str(len(d["skipped"]))])
+    header = ["run", "final loss", "vs FP32", "mAP@0.5 (%)" if detector else "validation perplexity"]
     if paper is not None:
-        header.append("paper (%)")
-    caption = f"mAP@0.5 by {result.map_evaluator}" if detector else ""
-    return table_html(header + ["activation gradients = 0", "lost in FP16 (|x| ≤ 2⁻²⁵)", "skipped steps"], rows,
-                      caption)
+        header.append("the paper's run (%)")
+    shift = getattr(result, "grad_shift", None)
+    shift = result.config.get("grad_shift") if shift is None else shift
+    caption = ((f"mAP@0.5 by {result.map_evaluator}. " if detector else "") + f"Gradient shift k = {shift}{' (none)' if shift == 0 else ''}. Final loss: mean of the last 50 "
+               "steps. = 0: activation-gradient values exactly zero in the run's own arithmetic (in the FP16 runs, "
+               "what FP16 lost). FP16 would flush: the share of the FP32 run's values that FP16 would round to zero "
+               "(|x| ≤ 2⁻²⁵)." + (" Paper: Micikevicius et al. 2018, Table 2, its own runs." if paper else ""))
+    return table_html(header + ["= 0", "FP16 would flush", "skipped steps"], rows, caption=caption)
 
 
 # ------------------------------------------------------------------- the language model's gradient scale
@@ -273,6 +292,11 @@ def _plot_lost_against_shift(ax, result, which: str, vocabs: list, shifts: int =
     ax.legend(fontsize="x-small", loc="upper left")
 
 
+def _share(v: float) -> str:
+    """A share (0 to 1) as a percentage for a figure title: three significant digits, "< 0.01%" below that."""
+    return "< 0.01%" if 0 < v < 1e-4 else pct(v, 3)
+
+
 def _sup(k: int) -> str:
     return power_text(k)[1:]
 
@@ -297,3 +321,81 @@ def gradient_scale_table(result, *, which: str = "trained"):
     shifts = table_html(["larger by", "V × N → V × N", "log₂ median, shifted", "log₂ median, measured",
                          "lost in FP16, shifted", "lost in FP16, measured"], comps)
     return type(points)(points + shifts)
+
+
+# ------------------------------------------------------------------------------- the gradient shift, drawn
+def plot_gradient_shift(hist, k: int, scale: float = 128.0, *, label: str = "", title: str | None = None) -> Figure:
+    """A diagram of the gradient shift drawn from a measured histogram: the activation gradients as the model
+    computes them (FP32), after the gradient shift 2⁻ᵏ, and after the loss scale S on top of it, each against
+    FP16's ranges (normal, subnormal, rounded to zero).
+
+    Parameters
+    ----------
+    hist : :class:`~mpt_lab.histogram.Log2Histogram` of FP32 activation gradients (e.g. a point of
+        :class:`~mpt_lab.experiments.lm_gradient_scale.LMGradientScaleResult`)
+    k : int ≥ 0, the gradient shift (every gradient × 2⁻ᵏ)
+    scale : the loss scale S, a power of two ≥ 1 (every gradient × S, log₂ S binades up)
+    label : what the histogram is (shown in the first panel's title)
+
+    Returns
+    -------
+    Figure with three panels sharing x = log₂|activation gradient| (bin e: 2ᵉ ≤ |g| < 2ᵉ⁺¹) and y = share of the
+    values (%); the bars FP16 rounds to zero (|x| ≤ 2⁻²⁵, Micikevicius et al. 2018 §3.2) are red, and each
+    panel's title gives the share of the values and of their sum |g| that FP16 would lose
+    (:func:`~mpt_lab.experiments.lm_gradient_scale.lost_share`, :func:`~mpt_lab.experiments.biglstm.lost_mass`).
+
+    Raises TypeError for a non-histogram, ValueError for a negative or non-int ``k`` or a ``scale`` that is not a
+    power of two ≥ 1.
+    """
+    from matplotlib.patches import Patch
+
+    from ..experiments.biglstm import lost_mass
+    from ..experiments.lm_gradient_scale import lost_share
+    from ..histogram import Log2Histogram
+
+    if not isinstance(hist, Log2Histogram):
+        raise TypeError(f"hist must be a Log2Histogram, got {type(hist).__name__}")
+    if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 0:
+        raise ValueError(f"k must be an int ≥ 0, got {k!r}")
+    if not (isinstance(scale, (int, float)) and scale >= 1 and np.frexp(float(scale))[0] == 0.5):
+        raise ValueError(f"scale must be a power of two ≥ 1, got {scale!r}")
+    up = int(round(np.log2(scale)))
+    share = 100.0 * hist.counts / max(hist.total, 1)
+    keep = share > 0
+    if not keep.any():
+        raise ValueError("hist has no non-zero finite values to draw")
+    e = hist.exponents[keep]
+    share = share[keep]
+    stages = [(0, f"1. FP32: the gradients as the model computes them{' (' + label + ')' if label else ''}"),
+              (-k, f"2. × 2⁻ᵏ, k = {k}: the gradient shift, every value k binades lower "
+                   "(in FP32 Adagrad cancels it exactly)"),
+              (up - k, f"3. then × S = {scale:g} = {power_text(up)}: the loss scale, {up} binades back up "
+                       "(the FP32 update divides by S again)")]
+    lo, hi = min(e.min() - k, -27) - 1, max(e.max() + up, -12) + 2
+    fig = new_figure((11, 7.6))
+    axes = fig.subplots(3, 1, sharex=True)
+    fp16 = FORMAT_COLORS["FP16"]
+    for ax, (move, head) in zip(axes, stages):
+        ax.axvspan(lo, -25, color=fp16, alpha=0.10, lw=0)
+        ax.axvspan(-25, -14, color="#ffbf00", alpha=0.12, lw=0)
+        ax.axvspan(-14, hi, color="#2ca02c", alpha=0.07, lw=0)
+        x = e + move
+        lost = x <= -26                                   # bins with |x| < 2⁻²⁵: rounded to zero
+        ax.bar(x[~lost], share[~lost], width=1.0, align="edge", color="#1f77b4", edgecolor="white", lw=0.3)
+        ax.bar(x[lost], share[lost], width=1.0, align="edge", color=fp16, edgecolor="white", lw=0.3)
+        ax.set_yscale("log")
+        ax.set_ylim(max(share.min() / 3, 1e-4), share.max() * 4)
+        ax.set_ylabel("share of\nvalues (%)")
+        ax.grid(axis="y", alpha=0.3)
+        shift = -move
+        ax.set_title(f"{head}\nFP16 would round to zero {_share(lost_share(hist, shift))} of the values, "
+                     f"{_share(lost_mass(hist, shift))} of their sum |g|", fontsize="medium", loc="left")
+    axes[-1].set_xlim(lo, hi)
+    axes[-1].set_xlabel("log₂|activation gradient|   (bin e: 2ᵉ ≤ |g| < 2ᵉ⁺¹)")
+    handles = [Patch(color="#1f77b4", label="kept by FP16"), Patch(color=fp16, label="rounded to zero by FP16"),
+               Patch(color=fp16, alpha=0.10, label="FP16: |x| ≤ 2⁻²⁵ → 0"),
+               Patch(color="#ffbf00", alpha=0.25, label="FP16 subnormal: 2⁻²⁵ < |x| < 2⁻¹⁴"),
+               Patch(color="#2ca02c", alpha=0.15, label="FP16 normal: ≥ 2⁻¹⁴")]
+    fig.legend(handles=handles, loc="outside lower center", ncol=5, fontsize="small")
+    fig.suptitle(title or "The gradient shift and the loss scale move the whole histogram: what FP16 keeps")
+    return fig

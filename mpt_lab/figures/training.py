@@ -199,33 +199,41 @@ def plot_master_weight_loop(trace, *, title: str | None = None) -> Figure:
     return fig
 
 
-def speedup_table(results: dict):
-    """Seconds per epoch and speed-up over FP32 per precision and batch size, one block per result.
+def speedup_table(results):
+    """Seconds per epoch and speed-up over FP32 per precision and batch size: one table per result, its caption
+    naming the run (label, device, profile).
 
     Parameters
     ----------
-    results : dict label → :class:`~mpt_lab.experiments.amp_recipe.AmpRecipeResult`
+    results : dict label → :class:`~mpt_lab.experiments.amp_recipe.AmpRecipeResult`, or one such result
+        (labelled "saved run", as :func:`mpt_lab.figures.show_saved` passes it)
 
     Raises
     ------
     TypeError
-        ``results`` is not a non-empty dict of such results.
+        ``results`` is neither such a result nor a non-empty dict of them.
     """
     from ..experiments.amp_recipe import AmpRecipeResult
 
+    if isinstance(results, AmpRecipeResult):
+        results = {"saved run": results}
     if not isinstance(results, dict) or not results or \
             not all(isinstance(r, AmpRecipeResult) for r in results.values()):
-        raise TypeError("results must be a non-empty dict of label → AmpRecipeResult")
-    rows = []
+        raise TypeError("results must be an AmpRecipeResult or a non-empty dict of label → AmpRecipeResult")
+    tables = []
     for label, r in results.items():
-        for i, row in enumerate(r.rows):
+        rows = []
+        for row in r.rows:
             sp = r.speedup.get(row["precision"], {}).get(str(row["batch"]), 1.0)
-            run = html.escape(f"{label} ({r.device}, {r.profile} profile)") if i == 0 else ""
-            rows.append([run, row["precision"], row["batch"], f"{row['epoch_seconds']:.4g}", f"{sp:.2f}×",
+            rows.append([row["precision"], row["batch"], f"{row['epoch_seconds']:.4g}", f"{sp:.2f}×",
                          f"{row['tflops'] * 1e3:.3g}", f"{100 * row['fraction_of_peak']:.0f}%",
                          mib(row["peak_bytes"], 1)])
-    return table_html(["run", "precision", "batch", "s / epoch", "speed-up vs FP32", "GFLOP/s",
-                       "of measured matmul peak", "peak MiB"], rows)
+        c = r.config
+        caption = (f"{label}: {r.device}, {r.profile} profile, {c['num_layers']} × Linear({c['width']}, "
+                   f"{c['width']})")
+        tables.append(table_html(["precision", "batch", "s / epoch", "speed-up vs FP32", "GFLOP/s",
+                                  "of matmul peak", "peak MiB"], rows, caption=caption))
+    return type(tables[0])("".join(tables))
 
 
 def autocast_table(probes: dict):
