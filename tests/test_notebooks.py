@@ -25,6 +25,16 @@ def test_committed_without_outputs(path: Path):
     assert asserts >= 3, "a chapter checks its key claims with visible asserts"
 
 
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_every_cell_has_a_unique_id(path: Path):
+    """nbformat 4.5 cell ids: without them nbformat warns on every read (and will refuse such notebooks)."""
+    import json
+
+    cells = json.loads(path.read_text())["cells"]
+    ids = [c.get("id") for c in cells]
+    assert all(ids) and len(set(ids)) == len(ids), f"{path.name}: cells without an id or with a repeated one"
+
+
 def _bibliography_labels() -> set:
     """"Surname, year" of the first author of every entry of book/references.bib (as the chapters cite them)."""
     import codecs
