@@ -3,7 +3,7 @@
 Everything the book shows is computed here.  Modules (one job each):
 
 * :mod:`mpt_lab.formats`: floating-point formats (FP64 … FP4, E8M0), exact rounding, bits.
-* :mod:`mpt_lab.histogram`: log2 histograms of tensors and the gradient recorder (the paper's Figure 2).
+* :mod:`mpt_lab.histogram`: log2 histograms of tensors and the gradient recorder (the SSD histogram: the paper's Figure 3, NVIDIA's blog post's Figure 2).
 * :mod:`mpt_lab.scaling`: loss scalers, ``GradScaler`` (torch.amp's contract) and ``StaticLossScaler``.
 * :mod:`mpt_lab.models`, :mod:`mpt_lab.data`: the small real models and their data.
 * :mod:`mpt_lab.master_weights`: the FP32-master-weight loop (the paper's Figure 1, NVIDIA's guide), eight visible steps.

@@ -7,7 +7,7 @@ positions with limited overlap, over a background cut from scikit-learn's two sa
 overlaid with Gaussian noise.  Photographic texture gives the detector edges and blobs that are not digits,
 so it must learn to tell them apart: a real (if small) detection task in the spirit of Pascal VOC, used to
 train the SSD-style detector of :mod:`mpt_lab.models.ssd` (Liu et al., ECCV 2016) whose activation gradients
-the book histograms (Micikevicius et al., ICLR 2018, Figure 2).
+the book histograms (Micikevicius et al., ICLR 2018, Figure 3; NVIDIA's 2017 blog post, Figure 2).
 
 Conventions
 -----------

@@ -14,7 +14,7 @@ The full profile of every experiment fits, all together, one GPU slot of 8 minut
 seconds and how they were estimated), ``benchmarks/gpu_slot.sh`` runs the slot and :mod:`mpt_lab.experiments.slot`
 packs and unpacks its results.
 
-* ``ssd_histogram``: the paper's Figure 2, activation and weight gradients of an SSD-style detector in FP32.
+* ``ssd_histogram``: the SSD histogram (the paper's Figure 3, NVIDIA's blog post's Figure 2), activation and weight gradients of an SSD-style detector in FP32.
 * ``gradient_factors``: what moves the detector's activation gradients toward SSD's, one factor at a time.
 * ``loss_scaling``: dynamic loss scaling on a real FP16 run, ours beside torch's.
 * ``master_weights_stall``: pure FP16 weights against FP32 master weights (the paper's §3.1).

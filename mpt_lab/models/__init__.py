@@ -1,7 +1,7 @@
 """The book's small real models.
 
 * :mod:`mpt_lab.models.ssd`: an SSD-style detector (Liu et al., ECCV 2016) with :class:`MultiBoxLoss`,
-  :func:`detect` and :func:`train_step`: the model of the paper's Figure 2.
+  :func:`detect` and :func:`train_step`: the model of the SSD activation-gradient histogram (the paper's Figure 3, the blog post's Figure 2).
 * :mod:`mpt_lab.models.box_ops`: IoU, box conversions, SSD box encoding, NMS, in plain torch.
 * :mod:`mpt_lab.models.detection_eval`: mAP by pycocotools' ``COCOeval``, :func:`evaluate_detector`.
 * :mod:`mpt_lab.models.mlp`: :func:`digits_mlp`, the digit classifier of the small experiments.
