@@ -8,39 +8,42 @@ float32 matrix product of the same shape, on one CPU thread.  Each row times, in
   :data:`CONFIGS` (the first, FP16 products accumulated sequentially in FP16, is the goal's).
 
 The inputs are FP16 values (standard normal numbers rounded to FP16), as a tensor-core FP16 GEMM has them;
-the two calls are interleaved (float32, simulated, float32, simulated, ...) after one untimed call of each,
-so that background load affects both alike; a row reports the median of ``repeat`` times of each and their
-ratio.  The machine's load average is recorded at the start and the end: on a shared machine the ratio is
-noisy.
+the two calls are interleaved (float32, simulated, float32, simulated, ...) after one untimed call of each
+(:func:`mpt_lab.bench.interleaved`), so that background load affects both alike; a row reports the median of
+``repeat`` times of each and their ratio.  The machine's load average is recorded at the start and the end: on
+a shared machine the ratio is noisy.
 
 mptorch (a PyTorch library for simulating low-precision arithmetic, mptorch on GitHub) would be the other
 simulator to time beside it; ``pip install mptorch`` finds no distribution on the package registry used
 here, so it is not measured (``mptorch`` in the result says so).
 
-    python benchmarks/accumulation_speed.py                 # prints the table
-    python benchmarks/accumulation_speed.py --out book/results/accumulation_speed_cpu.json
+    python benchmarks/accumulation_speed.py --profile cpu              # prints the table
+    python benchmarks/accumulation_speed.py --profile cpu --out book/results/accumulation_speed_cpu.json
 
-The JSON (written with :func:`mpt_lab.experiments.save_json`) holds ``provenance`` (command, device, versions,
-date, config; :func:`mpt_lab.device.provenance`), ``load_average`` (1-minute load at the start and the end),
-``rows`` (one dict per configuration: name, keywords, float32_s, simulated_s, ratio — medians of wall-clock
-times — float32_cpu_s, simulated_cpu_s, cpu_ratio — the same in CPU time — and every wall-clock time),
-``goal`` (the first row's ratios against the issue's 30×, judged on wall-clock time) and ``mptorch``.
+Profiles: "quick" (an (8×64)@(64×8) product, two repeats: seconds, for the tests) and "cpu" (the goal's shape,
+(256×1024)@(1024×256), five repeats, one thread).  The arithmetic runs on the CPU (``device`` is "cpu").
+
+Run by the experiment runner (:mod:`mpt_lab.experiments.benchmark`): the JSON holds ``config`` (``shape`` [M, K,
+N], ``repeat``, ``seed``, ``threads``, ...), ``provenance`` (command, device, versions, date, config),
+``load_average`` (1-minute load at the start and the end), ``rows`` (one dict per configuration: name, keywords,
+float32_s, simulated_s, ratio — medians of wall-clock times — float32_cpu_s, simulated_cpu_s, cpu_ratio — the
+same in CPU time — and every wall-clock time), ``summary`` (the goal row's ratio by wall clock and by CPU time),
+``goal`` (the first row's ratios against the issue's 30×, judged on wall-clock time), ``inputs`` (what A and B
+hold) and ``mptorch``.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
-import sys
-import time
-from pathlib import Path
+from dataclasses import dataclass, field
 
 import torch
 
 from mpt_lab import accumulation
-from mpt_lab.device import provenance
-from mpt_lab.experiments import save_json
+from mpt_lab.bench import interleaved
+from mpt_lab.experiments.benchmark import Benchmark, TimingTable
+from mpt_lab.experiments.runner import ExperimentConfig, Run, run_main
 from mpt_lab.formats import FloatFormat
 
 GOAL = 30.0
@@ -57,92 +60,88 @@ CONFIGS = {
         "accumulator": NARROW, "products": "FP32", "order": "blocked", "block_size": 128,
         "rounding": "toward_zero"},
 }
+GOAL_ROW = next(iter(CONFIGS))
+INPUTS = "standard normal values rounded to FP16 (torch.float16)"
 MPTORCH = {"measured": False,
            "why": "pip install mptorch: no matching distribution on the package registry (checked 2026-11-26)"}
-
-
-def interleaved(fns: list, repeat: int) -> tuple:
-    """Wall-clock and CPU times (seconds) of each callable: one untimed call of each, then ``repeat`` rounds
-    calling each once.  CPU time (``time.process_time``) leaves out the time other processes held the core."""
-    for f in fns:
-        f()
-    wall = [[] for _ in fns]
-    cpu = [[] for _ in fns]
-    for _ in range(repeat):
-        for f, w, c in zip(fns, wall, cpu):
-            t0, c0 = time.perf_counter(), time.process_time()
-            f()
-            w.append(time.perf_counter() - t0)
-            c.append(time.process_time() - c0)
-    return wall, cpu
 
 
 def _jsonable(kw: dict) -> dict:
     return {k: (v.name if isinstance(v, FloatFormat) else v) for k, v in kw.items()}
 
 
-def run(m: int = 256, k: int = 1024, n: int = 256, repeat: int = 5, seed: int = 0, threads: int = 1,
-        configs: dict | None = None, progress=None) -> dict:
-    """Measure every row; returns the result dict (see the module docstring)."""
-    configs = CONFIGS if configs is None else configs
-    torch.set_num_threads(threads)
+@dataclass
+class Config(ExperimentConfig):
+    device: str = "cpu"                         # the arithmetic is timed on the CPU
+    shape: tuple = (256, 1024, 256)             # (M, K, N): (M×K)@(K×N)
+    repeat: int = 5                             # timed calls of each (the median is kept)
+
+    def validate(self) -> None:
+        super().validate()
+        self.check_positive("repeat")
+        self.check_choices("device", ("cpu",))
+        s = self.shape
+        if not (isinstance(s, (tuple, list)) and len(s) == 3
+                and all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in s)):
+            raise ValueError(f"config.shape must be three ints ≥ 1 (M, K, N), got {s!r}")
+
+
+PROFILES = {"quick": {"shape": (8, 64, 8), "repeat": 2, "threads": 1}, "cpu": {"threads": 1}}
+
+
+@dataclass
+class AccumulationSpeedResult(TimingTable):
+    """``load_average`` (1-minute load at the start and the end), ``rows`` (one dict per configuration, see the
+    module docstring), ``summary`` (the goal row's ratio by wall clock and by CPU time), ``goal`` (row, ratio,
+    cpu_ratio, goal, met: the first row against the issue's 30×, on wall-clock time), ``inputs`` and
+    ``mptorch`` (measured: False, and why)."""
+
+    SUMMARY = GOAL_ROW + ", {key}: {ratio:.1f}× a float32 matmul"
+
+    goal: dict = field(default_factory=dict)
+    inputs: str = INPUTS
+    mptorch: dict = field(default_factory=lambda: dict(MPTORCH))
+
+    def row_text(self, r: dict) -> str:
+        return (f"{r['name']:60s} float32 {r['float32_s'] * 1e3:8.2f} ms  simulated {r['simulated_s'] * 1e3:9.1f} ms"
+                f"  ratio {r['ratio']:7.1f} (CPU time: {r['cpu_ratio']:7.1f})")
+
+    def describe(self) -> str:
+        g = self.goal
+        return "\n".join([super().describe(),
+                          f"goal ≤ {g['goal']:.0f}× by wall clock: {'met' if g['met'] else 'not met'}",
+                          f"mptorch: not measured ({self.mptorch['why']})"])
+
+
+def measure(config: Config, run: Run) -> dict:
+    """Measure every row of :data:`CONFIGS` (see the module docstring)."""
     load_start = os.getloadavg()[0]
-    g = torch.Generator().manual_seed(seed)
+    m, k, n = config.shape
+    g = torch.Generator().manual_seed(config.seed)
     A = torch.randn(m, k, generator=g).half()
     B = torch.randn(k, n, generator=g).half()
     A32, B32 = A.float(), B.float()
     rows = []
-    for name, kw in configs.items():
-        (t32, tsim), (c32, csim) = interleaved([lambda: A32 @ B32, lambda: accumulation.matmul(A, B, **kw)],
-                                               repeat)
+    for name, kw in run.bar(CONFIGS.items(), desc="accumulation.matmul against float32", total=len(CONFIGS)):
+        times = interleaved({"float32": lambda: A32 @ B32,
+                             "simulated": lambda kw=kw: accumulation.matmul(A, B, **kw)}, config.repeat)
+        (t32, c32), (tsim, csim) = times["float32"], times["simulated"]
         row = {"name": name, "keywords": _jsonable(kw), "float32_s": statistics.median(t32),
                "simulated_s": statistics.median(tsim), "float32_cpu_s": statistics.median(c32),
                "simulated_cpu_s": statistics.median(csim), "float32_times_s": t32, "simulated_times_s": tsim}
         row["ratio"] = row["simulated_s"] / row["float32_s"]
         row["cpu_ratio"] = row["simulated_cpu_s"] / row["float32_cpu_s"]
         rows.append(row)
-        if progress:
-            progress(row)
-    config = {"shape": [m, k, n], "repeat": repeat, "seed": seed, "torch_threads": threads,
-              "inputs": "standard normal values rounded to FP16 (torch.float16)", "goal_ratio": GOAL}
     first = rows[0]
-    return {"provenance": provenance(config=config, device="cpu"),
-            "load_average": {"start": load_start, "end": os.getloadavg()[0]},
-            "rows": rows,
+    return {"load_average": {"start": load_start, "end": os.getloadavg()[0]}, "rows": rows,
+            "summary": {"wall clock": first["ratio"], "CPU time": first["cpu_ratio"]},
             "goal": {"row": first["name"], "ratio": first["ratio"], "cpu_ratio": first["cpu_ratio"], "goal": GOAL,
                      "met": first["ratio"] <= GOAL},
-            "mptorch": MPTORCH}
+            "inputs": INPUTS, "mptorch": dict(MPTORCH)}
 
 
-def _print_row(r: dict) -> None:
-    print(f"{r['name']:60s} float32 {r['float32_s'] * 1e3:8.2f} ms  simulated {r['simulated_s'] * 1e3:9.1f} ms"
-          f"  ratio {r['ratio']:7.1f} (CPU time: {r['cpu_ratio']:7.1f})", flush=True)
-
-
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--shape", type=int, nargs=3, default=(256, 1024, 256), metavar=("M", "K", "N"),
-                   help="(M, K) @ (K, N) (default 256 1024 256)")
-    p.add_argument("--repeat", type=int, default=5, help="timed calls of each (default 5; the median is kept)")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
-    p.add_argument("--out", type=Path, help="write the result as JSON here")
-    args = p.parse_args(argv)
-    if args.repeat < 1 or min(args.shape) < 1:
-        p.error("--shape and --repeat must be at least 1")
-    print(f"load average (1 min) at the start: {os.getloadavg()[0]:.2f}", flush=True)
-    res = run(*args.shape, repeat=args.repeat, threads=args.threads, progress=_print_row)
-    argv_used = sys.argv[1:] if argv is None else list(argv)
-    res["provenance"]["command"] = " ".join(["python benchmarks/accumulation_speed.py", *argv_used])
-    goal = res["goal"]
-    print(f"goal: {goal['row']}: {goal['ratio']:.1f}× a float32 matmul, {goal['cpu_ratio']:.1f}× in CPU time "
-          f"(goal ≤ {GOAL:.0f}×: {'met' if goal['met'] else 'not met'})")
-    print(f"mptorch: not measured ({MPTORCH['why']})")
-    print(f"load average (1 min): start {res['load_average']['start']:.2f}, end {res['load_average']['end']:.2f}")
-    if args.out:
-        save_json(res, args.out)
-        print(f"wrote {args.out}")
-    return 0
-
+BENCHMARK = Benchmark("accumulation_speed", Config, PROFILES, measure, AccumulationSpeedResult, __doc__)
+main = BENCHMARK.main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(BENCHMARK)

@@ -52,9 +52,10 @@ sums, ties, signed zeros, NaN and infinity).  The fast paths rest on proofs, eac
   with PyTorch's own CPU kernels, which compute float16 and bfloat16 additions in float32 and round once.
 
 Speed: the loop is over the K products, each step one vectorised rounded addition over all outputs.  A
-(256×1024)@(1024×256) matmul with an FP16 accumulator took about 15 (wall-clock) to 18 (CPU time) times a
-float32 matmul of the same shape on one CPU thread of a shared, loaded 2-core machine
-(``benchmarks/accumulation_speed.py``; its result is ``book/results/accumulation_speed_cpu.json``).  Formats
+(256×1024)@(1024×256) matmul with an FP16 accumulator took about 21 times (wall-clock and CPU time alike) a
+float32 matmul of the same shape on one CPU thread of a shared 2-core machine (1-minute load average about 2)
+(``python benchmarks/accumulation_speed.py --profile cpu``; its result is
+``book/results/accumulation_speed_cpu.json``).  Formats
 without a native path (narrow accumulators, rounding toward zero, products wider than the accumulator) take
 the general path, one to two orders of magnitude slower.
 The arithmetic runs on the CPU; torch inputs on another device get their result back on that device.
