@@ -2,7 +2,8 @@
 
 The model is Hugging Face transformers' GPT-2 built from its configuration with random weights (12 layers,
 width 768, 12 heads, vocabulary 50,257; nothing downloaded), the batch 4 sequences of 128 tokens.  Timed, each
-``--repeat`` times, interleaved so that a change of the machine's load hits every variant alike:
+``repeat`` times, interleaved (:func:`mpt_lab.bench.interleaved`, after one untimed call of each) so that a change
+of the machine's load hits every variant alike:
 
 * a plain FP32 training step: ``zero_grad``, forward, loss, backward, ``AdamW.step``;
 * ``precision_report(..., formats=("FP32",))``: the FP32 step with every module's outputs, their gradients,
@@ -14,28 +15,39 @@ The issue's goal (issue 24): the recording costs at most 1.5 plain steps and eac
 Per-format cost = (report with four formats − recording) / 4, from the medians.  Both wall-clock times and
 the process's CPU times (``time.process_time``, all its threads) are saved: on a machine whose two cores other
 processes share, the CPU times are the steadier measure of the work done; the machine's 1-minute load average
-after each call is saved with them.
+after each timed call is saved with them.
 
-    python benchmarks/report_overhead.py --out book/results/report_overhead_cpu.json
-    python benchmarks/report_overhead.py --layers 2 --repeat 2       # a quick look
+    python benchmarks/report_overhead.py --profile cpu --out book/results/report_overhead_cpu.json
+    python benchmarks/report_overhead.py --profile quick       # a one-layer, 32-wide model: seconds
+
+Profiles: "quick" (one layer, width 32, 2 heads, vocabulary 64, 2 sequences of 8 tokens, one repeat, one thread:
+for the tests) and "cpu" (GPT-2 small as above, three repeats, two threads).  The model runs on the CPU
+(``device`` is "cpu").
+
+Run by the experiment runner (:mod:`mpt_lab.experiments.benchmark`): the JSON holds ``config``, ``provenance``
+(command, device, versions, date, config), ``load_average`` (1-minute load at the start and the end), ``rows``
+(one dict per variant: variant, median_s, cpu_median_s, times_s, cpu_times_s, load_average_1min_after_each),
+``summary`` (the recording and each format, in plain steps, by wall clock and by CPU time), ``goal`` (1.5 plain
+steps for each), ``formats`` and ``parameters`` (the model's parameter count).
 """
 
 from __future__ import annotations
 
-import argparse
 import os
-import sys
-import time
+import statistics
 import warnings
-from pathlib import Path
+from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
-from mpt_lab.device import provenance
-from mpt_lab.experiments.runner import save_json
+from mpt_lab.bench import interleaved
+from mpt_lab.experiments.benchmark import Benchmark, TimingTable
+from mpt_lab.experiments.runner import ExperimentConfig, Run, run_main
 from mpt_lab.histogram import log2_histogram
 from mpt_lab.report import DEFAULT_FORMATS, precision_report
+
+GOAL = 1.5
+PLAIN, RECORDING, FORMATS = "plain FP32 step", "report: FP32 recording", "report: recording + 4 formats"
 
 
 def gpt2(layers: int, width: int, heads: int, vocab: int, positions: int):
@@ -50,92 +62,101 @@ def gpt2(layers: int, width: int, heads: int, vocab: int, positions: int):
     return model
 
 
-def run(layers: int = 12, width: int = 768, heads: int = 12, vocab: int = 50257, batch: int = 4,
-        tokens: int = 128, repeat: int = 3, threads: int = 2) -> dict:
-    torch.set_num_threads(threads)
-    torch.manual_seed(0)
-    model = gpt2(layers, width, heads, vocab, max(tokens, 128))
-    ids = torch.randint(0, vocab, (batch, tokens), generator=torch.Generator().manual_seed(1))
-    data = {"input_ids": ids, "labels": ids}
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+@dataclass
+class Config(ExperimentConfig):
+    device: str = "cpu"          # the model runs on the CPU
+    layers: int = 12
+    width: int = 768
+    heads: int = 12
+    vocab: int = 50257
+    batch: int = 4               # sequences
+    tokens: int = 128            # tokens per sequence
+    repeat: int = 3              # timed calls per variant (the median is kept)
 
-    def loss_fn(m, b):
-        return m(**b).loss
-
-    def plain():
-        opt.zero_grad(set_to_none=True)
-        loss_fn(model, data).backward()
-        opt.step()
-
-    variants = {
-        "plain FP32 step": plain,
-        "report: FP32 recording": lambda: precision_report(model, loss_fn, data, formats=("FP32",)),
-        "report: recording + 4 formats": lambda: precision_report(model, loss_fn, data, formats=DEFAULT_FORMATS),
-    }
-    log2_histogram(torch.ones(4))              # compile the histogram kernel once, before timing
-    for fn in variants.values():               # warm-up: first-use probes of the rounding paths, allocator
-        fn()
-    times = {k: [] for k in variants}
-    cpu = {k: [] for k in variants}
-    loads = {k: [] for k in variants}
-    for _ in range(repeat):
-        for k, fn in variants.items():
-            c0, t0 = time.process_time(), time.perf_counter()
-            fn()
-            times[k].append(time.perf_counter() - t0)
-            cpu[k].append(time.process_time() - c0)
-            loads[k].append(round(os.getloadavg()[0], 2))
-
-    def ratios(t):
-        med = {k: float(np.median(v)) for k, v in t.items()}
-        step = med["plain FP32 step"]
-        rec = med["report: FP32 recording"] / step
-        per = (med["report: recording + 4 formats"] - med["report: FP32 recording"]) / len(DEFAULT_FORMATS) / step
-        return med, rec, per
-
-    med, recording, per_format = ratios(times)
-    cpu_med, cpu_recording, cpu_per_format = ratios(cpu)
-    cfg = {"model": "transformers GPT2LMHeadModel from GPT2Config, random weights", "layers": layers,
-           "width": width, "heads": heads, "vocab": vocab, "batch": batch, "tokens": tokens, "repeat": repeat,
-           "torch_threads": threads, "optimizer": "AdamW (plain step only)", "formats": list(DEFAULT_FORMATS),
-           "parameters": sum(p.numel() for p in model.parameters())}
-    return {"provenance": provenance(config=cfg, device="cpu"),
-            "times_s": times, "cpu_times_s": cpu, "load_average_1min_after_each": loads, "median_s": med,
-            "cpu_median_s": cpu_med, "recording_in_steps": recording, "per_format_in_steps": per_format,
-            "cpu_time_ratios": {"recording_in_steps": cpu_recording, "per_format_in_steps": cpu_per_format},
-            "goal": {"recording_in_steps": 1.5, "per_format_in_steps": 1.5}}
+    def validate(self) -> None:
+        super().validate()
+        self.check_positive("layers", "width", "heads", "vocab", "batch", "tokens", "repeat")
+        self.check_choices("device", ("cpu",))
+        if self.width % self.heads:
+            raise ValueError(f"config.width must be a multiple of config.heads, got {self.width} and {self.heads}")
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--layers", type=int, default=12)
-    p.add_argument("--width", type=int, default=768)
-    p.add_argument("--heads", type=int, default=12)
-    p.add_argument("--vocab", type=int, default=50257)
-    p.add_argument("--batch", type=int, default=4)
-    p.add_argument("--tokens", type=int, default=128)
-    p.add_argument("--repeat", type=int, default=3)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--out", type=Path)
-    args = p.parse_args(argv)
+PROFILES = {"quick": {"layers": 1, "width": 32, "heads": 2, "vocab": 64, "batch": 2, "tokens": 8, "repeat": 1,
+                      "threads": 1},
+            "cpu": {"threads": 2}}
+
+
+@dataclass
+class ReportOverheadResult(TimingTable):
+    """``load_average`` (1-minute load at the start and the end), ``rows`` (one dict per variant, see the module
+    docstring), ``summary`` ("FP32 recording, wall clock" and "each format, wall clock", and the same by CPU
+    time: costs in plain FP32 steps), ``goal`` (at most 1.5 plain steps each), ``formats`` and ``parameters``."""
+
+    SUMMARY = "{key}: {ratio:.2f} plain steps (goal ≤ " + f"{GOAL})"
+
+    goal: dict = field(default_factory=dict)
+    formats: list = field(default_factory=list)
+    parameters: int = 0
+
+    def row_text(self, r: dict) -> str:
+        return (f"{r['variant']:32s} median {r['median_s']:8.2f} s (CPU time {r['cpu_median_s']:8.2f} s)   "
+                f"all: {', '.join(f'{t:.2f}' for t in r['times_s'])}; load {r['load_average_1min_after_each']}")
+
+
+def measure(config: Config, run: Run) -> dict:
+    """Time the three variants, interleaved (see the module docstring)."""
+    load_start = os.getloadavg()[0]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
-        res = run(args.layers, args.width, args.heads, args.vocab, args.batch, args.tokens, repeat=args.repeat,
-                  threads=args.threads)
-    res["provenance"]["command"] = "python benchmarks/report_overhead.py " + " ".join(argv or sys.argv[1:])
-    for k, v in res["median_s"].items():
-        print(f"{k:32s} median {v:8.2f} s   (all: {', '.join(f'{t:.2f}' for t in res['times_s'][k])}; "
-              f"load {res['load_average_1min_after_each'][k]})")
-    c = res["cpu_time_ratios"]
-    print(f"FP32 recording: {res['recording_in_steps']:.2f} plain steps by wall clock, {c['recording_in_steps']:.2f} "
-          "by CPU time (goal ≤ 1.5)")
-    print(f"each format:    {res['per_format_in_steps']:.2f} plain steps by wall clock, {c['per_format_in_steps']:.2f} "
-          "by CPU time (goal ≤ 1.5)")
-    if args.out:
-        save_json(res, args.out)
-        print(f"wrote {args.out}")
-    return 0
+        model = gpt2(config.layers, config.width, config.heads, config.vocab, max(config.tokens, 128))
+        ids = torch.randint(0, config.vocab, (config.batch, config.tokens),
+                            generator=torch.Generator().manual_seed(config.seed + 1))
+        data = {"input_ids": ids, "labels": ids}
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
+        def loss_fn(m, b):
+            return m(**b).loss
+
+        def plain():
+            opt.zero_grad(set_to_none=True)
+            loss_fn(model, data).backward()
+            opt.step()
+
+        variants = {
+            PLAIN: plain,
+            RECORDING: lambda: precision_report(model, loss_fn, data, formats=("FP32",)),
+            FORMATS: lambda: precision_report(model, loss_fn, data, formats=DEFAULT_FORMATS),
+        }
+        loads = {k: [] for k in variants}
+        bar = run.bar(total=len(variants) * (config.repeat + 1), desc="precision report against plain steps")
+
+        def with_load(name, fn):
+            def call():
+                fn()
+                loads[name].append(round(os.getloadavg()[0], 2))
+                bar.update()
+            return call
+
+        log2_histogram(torch.ones(4))       # compile the histogram kernel once, before timing
+        times = interleaved({k: with_load(k, fn) for k, fn in variants.items()}, config.repeat)
+        bar.close()
+    rows = []
+    for k, (wall, cpu) in times.items():
+        rows.append({"variant": k, "median_s": statistics.median(wall), "cpu_median_s": statistics.median(cpu),
+                     "times_s": wall, "cpu_times_s": cpu,
+                     "load_average_1min_after_each": loads[k][1:]})   # [0]: the untimed warm-up call
+    summary = {}
+    for clock, key in (("wall clock", "median_s"), ("CPU time", "cpu_median_s")):
+        med = {r["variant"]: r[key] for r in rows}
+        summary[f"FP32 recording, {clock}"] = med[RECORDING] / med[PLAIN]
+        summary[f"each format, {clock}"] = (med[FORMATS] - med[RECORDING]) / len(DEFAULT_FORMATS) / med[PLAIN]
+    return {"load_average": {"start": load_start, "end": os.getloadavg()[0]}, "rows": rows, "summary": summary,
+            "goal": {"recording_in_steps": GOAL, "per_format_in_steps": GOAL}, "formats": list(DEFAULT_FORMATS),
+            "parameters": sum(p.numel() for p in model.parameters())}
+
+
+BENCHMARK = Benchmark("report_overhead", Config, PROFILES, measure, ReportOverheadResult, __doc__)
+main = BENCHMARK.main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(BENCHMARK)

@@ -2,7 +2,6 @@
 autocast, their own hooks), side-effect freedom, awkward models, bad input."""
 
 import copy
-import importlib.util
 import json
 import math
 import random
@@ -520,19 +519,34 @@ def test_import_needs_no_transformers():
 
 def test_overhead_benchmark_runs(tmp_path):
     pytest.importorskip("transformers")
-    from conftest import ROOT
+    import shlex
+
+    from conftest import load_benchmark
     from mpt_lab.experiments.runner import load_json
 
-    spec = importlib.util.spec_from_file_location("report_overhead", ROOT / "benchmarks" / "report_overhead.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_benchmark("report_overhead")
     out = tmp_path / "overhead.json"
-    args = ["--layers", "1", "--width", "32", "--heads", "2", "--vocab", "64", "--tokens", "8", "--batch", "2",
-            "--repeat", "1", "--threads", "1", "--out", str(out)]
-    assert mod.main(args) == 0
+    assert mod.main(["--profile", "quick", "--no-progress", "--out", str(out)]) == 0
     res = load_json(out)
+    assert res["experiment"] == "report_overhead" and res["config"] == res["provenance"]["config"]
     assert {"command", "device", "versions", "date", "load_average"} <= set(res["provenance"])
-    assert res["provenance"]["config"]["layers"] == 1
-    med = res["median_s"]
-    assert res["recording_in_steps"] == pytest.approx(med["report: FP32 recording"] / med["plain FP32 step"])
-    assert all(len(v) == 1 and v[0] > 0 for v in res["times_s"].values())
+    assert res["provenance"]["command"] == ("python benchmarks/report_overhead.py --profile quick "
+                                            f"--out {shlex.quote(str(out))}")
+    assert res["config"]["layers"] == 1 and res["config"]["repeat"] == 1 and res["config"]["device"] == "cpu"
+    rows = {r["variant"]: r for r in res["rows"]}
+    assert list(rows) == ["plain FP32 step", "report: FP32 recording", "report: recording + 4 formats"]
+    for r in rows.values():
+        assert len(r["times_s"]) == len(r["cpu_times_s"]) == len(r["load_average_1min_after_each"]) == 1
+        assert r["times_s"][0] > 0 and r["median_s"] == r["times_s"][0] and r["cpu_median_s"] == r["cpu_times_s"][0]
+    plain, rec, four = (rows[k]["median_s"] for k in rows)
+    summary = res["summary"]
+    assert summary["FP32 recording, wall clock"] == pytest.approx(rec / plain)
+    assert summary["each format, wall clock"] == pytest.approx((four - rec) / 4 / plain)
+    cpu = [rows[k]["cpu_median_s"] for k in rows]
+    assert summary["FP32 recording, CPU time"] == pytest.approx(cpu[1] / cpu[0])
+    assert summary["each format, CPU time"] == pytest.approx((cpu[2] - cpu[1]) / 4 / cpu[0])
+    assert res["goal"] == {"recording_in_steps": 1.5, "per_format_in_steps": 1.5}
+    assert res["formats"] == ["FP16", "BF16", "FP8_E4M3", "FP8_E5M2"] and res["parameters"] > 0
+    assert set(res["load_average"]) == {"start", "end"}
+    with pytest.raises(ValueError, match="config.width"):
+        mod.Config(width=30, heads=4).validate()
