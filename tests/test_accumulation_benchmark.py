@@ -39,7 +39,8 @@ def test_quick_profile_writes_every_row(tmp_path):
     assert res["experiment"] == "accumulation_speed" and res["config"] == res["provenance"]["config"]
     assert res["config"]["shape"] == [8, 64, 8] and res["config"]["repeat"] == 2
     assert res["config"]["threads"] == 1 and res["config"]["device"] == "cpu"
-    assert res["provenance"]["command"] == f"python benchmarks/accumulation_speed.py --profile quick --out {shlex.quote(str(out))}"
+    assert res["provenance"]["command"] == ("python benchmarks/accumulation_speed.py --profile quick "
+                                            f"--out {shlex.quote(str(out))}")
     assert {"device", "versions", "date", "load_average"} <= set(res["provenance"])
     _check_rows(res, mod.CONFIGS, 2)
     assert mod.BENCHMARK.Result.from_dict(res).describe().endswith(res["mptorch"]["why"] + ")")
