@@ -100,6 +100,8 @@ def test_chapter_pages_show_their_results(book):
     assert len(IMG.findall(ch10)) >= 3 and "FSDP2" in ch10 and "torchrun" in ch10
     ch11 = book.page("notebooks/11_fp8_and_block_scaling.html")
     assert len(IMG.findall(ch11)) >= 5 and "MXFP4" in ch11 and _shows_gpu_section(ch11, "fp8_recipes")
+    ch12 = book.page("notebooks/12_your_model.html")
+    assert len(IMG.findall(ch12)) >= 1 and "need a loss scale in FP16:" in ch12 and "precision_report" in ch12
     bib = book.page("book/bibliography.html")
     assert "Micikevicius" in bib
 
