@@ -18,6 +18,8 @@
 # Unpack where the repository lives: python -m mpt_lab.experiments --unpack mpt_lab_gpu_slot.tar.gz
 # Exit status: 0 when every experiment finished, 1 when something failed or was skipped, 3 without CUDA.
 # For the tests: MPT_LAB_SLOT_ALLOW_CPU=1 runs the experiments without CUDA too, MPT_LAB_SLOT_ONLY=a,b picks some.
+# By default a slot runs only the experiments that have no book/results/NAME_full.json yet (one slot rarely brings
+# back everything: the next one goes on where it stopped); MPT_LAB_SLOT_ALL=1 reruns every experiment.
 set -u
 cd "$(dirname "$0")/.."
 OUTDIR=${1:-${OUT:-gpu_slot_out}}
@@ -60,6 +62,14 @@ if [ -z "${MPT_LAB_SLOT_ALLOW_CPU:-}" ] && ! python3 -c "import torch, sys; sys.
   say "no CUDA device: this script is for a GPU machine (the full profile on a CPU takes hours); nothing run"
   status=3
 else
+  if [ -z "${MPT_LAB_SLOT_ONLY:-}" ] && [ -z "${MPT_LAB_SLOT_ALL:-}" ]; then
+    MPT_LAB_SLOT_ONLY=$(python3 -c "
+from mpt_lab.experiments import NAMES, budget, get, result_path
+print(','.join(n for n in NAMES if 'full' in get(n).profiles and budget.ESTIMATES[n].gpu
+               and not result_path(n, 'full').exists()))" 2>/dev/null)
+    say "experiments without a saved full result: ${MPT_LAB_SLOT_ONLY:-none}"
+    [ -n "$MPT_LAB_SLOT_ONLY" ] || MPT_LAB_SLOT_ALL=1
+  fi
   say "preflight"
   timeout -k 5 "$PREFLIGHT_LIMIT" python3 -m mpt_lab.device --preflight 2>&1 | tee -a "$LOG" "$WORK/preflight.log"
   # what is left before the deadline, less 15 s for SIGINT to end the run; the budget no larger than that

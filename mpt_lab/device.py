@@ -323,9 +323,14 @@ def _check_fp8(device) -> str:
         if q.gemms["hardware"] != 1:
             raise RuntimeError(f"the product did not run on the tensor cores ({q.gemms})")
         worst = max(worst, float((hw.double() - ref).abs().max() / ref.abs().max()))
-    if worst > 1e-5:
-        raise RuntimeError(f"torch._scaled_mm differs from the exact product of the FP8 operands by {worst:.2g}")
-    return f"torch._scaled_mm E4M3×E4M3 and E5M2×E4M3 equal the exact product to {worst:.1g} (relative)"
+    # Not bit-exact: Hopper's FP8 tensor cores keep about 14 bits while they accumulate (DeepSeek-V3, §3.3.2; chapter
+    # 5 measures it), and the first lent H200 gave 2.8e-4 of the largest output here (K = 128).  A wrong scale or a
+    # transposed operand is off by far more than 1e-3.
+    if worst > 1e-3:
+        raise RuntimeError(f"torch._scaled_mm differs from the exact product of the FP8 operands by {worst:.2g} "
+                           "of the largest output (more than the tensor cores' narrow accumulation explains)")
+    return (f"torch._scaled_mm E4M3×E4M3 and E5M2×E4M3 within {worst:.1g} of the exact product (relative to the "
+            "largest output; the tensor cores accumulate in about 14 bits)")
 
 
 def _check_gat(device) -> str:

@@ -52,7 +52,10 @@ def test_estimate_arithmetic_and_bad_rows():
     assert e.terms == pytest.approx({"compute": 1.0, "memory": 1.0, "overhead": 50e3 * budget.SECONDS_PER_OP,
                                      "host": 2.0})
     assert e.seconds == pytest.approx(budget.SAFETY * sum(e.terms.values()))
-    for bad in (dict(priority=0), dict(tflop={"int8": 1.0}), dict(kops=-1), dict(tflop={"fp32": -2})):
+    timed = dataclasses.replace(e, measured=10.0)        # a slot's own time replaces the model, with its margin
+    assert timed.seconds == pytest.approx(budget.MEASURED_SAFETY * 10.0) and timed.terms == e.terms
+    for bad in (dict(priority=0), dict(tflop={"int8": 1.0}), dict(kops=-1), dict(tflop={"fp32": -2}),
+                dict(measured=-1.0)):
         with pytest.raises(ValueError):
             budget.Estimate(**{"priority": 1, "needs": "x", **bad})
     assert budget.plan(["master_weights_stall", "nonsense", "amp_recipe"]) == \
@@ -78,10 +81,10 @@ def test_dry_run_prints_the_table_the_sum_and_the_order(capsys, tmp_path):
 def test_budget_skips_what_does_not_fit_and_reports_each_experiment(tmp_path, capsys, monkeypatch):
     rows = dict(budget.ESTIMATES)
     rows["message_passing"] = dataclasses.replace(rows["message_passing"], priority=1, tflop={}, gbytes=0, kops=0,
-                                                  cpu_seconds=0.01)
-    rows["loss_scaling"] = dataclasses.replace(rows["loss_scaling"], priority=2, cpu_seconds=10_000.0)
+                                                  cpu_seconds=0.01, measured=0.0)
+    rows["loss_scaling"] = dataclasses.replace(rows["loss_scaling"], priority=2, cpu_seconds=10_000.0, measured=0.0)
     rows["master_weights_stall"] = dataclasses.replace(rows["master_weights_stall"], priority=3, tflop={},
-                                                       gbytes=0, kops=0, cpu_seconds=0.01)
+                                                       gbytes=0, kops=0, cpu_seconds=0.01, measured=0.0)
     monkeypatch.setattr(budget, "ESTIMATES", rows)
     stall = experiments.get("master_weights_stall")
     monkeypatch.setattr(stall, "run", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("planted failure")))

@@ -149,7 +149,7 @@ PROFILES = {
     # tokens per batch as the long profile (where FP16 without loss scaling falls behind by itself), 8,192 words
     # (the logits of 65,536 tokens over all 12,548 words would move 50 % more bytes), the "small" model (two LSTM
     # layers of 512 cells)
-    "full": {"model": "small", "max_vocab": 8192, "batch_size": 2048, "bptt": 32, "steps": 200, "grad_shift": 0,
+    "full": {"model": "small", "max_vocab": 8192, "batch_size": 2048, "bptt": 32, "steps": 100, "grad_shift": 0,
              "growth_interval": 100, "eval_every": 50, "hist_every": 10, "valid_tokens": 0},
 }
 

@@ -65,12 +65,15 @@ SECONDS_PER_OP = 20e-6
 #: compilation, a busier host).
 SAFETY = 1.5
 
+#: Multiplies a measured time (a slot's own run of the same configuration, on an H100 or H200): run-to-run spread.
+MEASURED_SAFETY = 1.1
+
 #: The slot's time for ``--all --profile full``: 8 minutes on one H100, in one process.
 SLOT_SECONDS = 480.0
 
 #: Seconds of the slot before the first experiment: the CUDA context, cuBLAS and cuDNN handles, and the
 #: compilation of the gradient-histogram kernel for CUDA (torch.compile: tens of seconds on a first call).
-STARTUP_SECONDS = 30.0
+STARTUP_SECONDS = 75.0    # measured in the first slot (an H200, 2026-11-26): the histogram kernel's warm-up took 75 s
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,8 @@ class Estimate:
     kops : thousands of kernel-launching operators
     cpu_seconds : host work that does not shrink on a GPU (data generation, process starts)
     basis : how the numbers were obtained (shapes, counts, measurements)
+    measured : seconds the full run took in a GPU slot (0: not measured yet); when given, :attr:`seconds` is
+        :data:`MEASURED_SAFETY` × measured instead of the model above, and ``basis`` says where it was measured
     gpu : False for an experiment whose full profile computes on the CPU whatever the device (it equals its cpu
         profile, which the chapter runs live): a GPU slot leaves it out (``--all --profile full`` skips it unless
         ``--only`` names it) and :func:`total_seconds` does not count it
@@ -96,6 +101,7 @@ class Estimate:
     kops: float = 0.0
     cpu_seconds: float = 0.0
     basis: str = ""
+    measured: float = 0.0
     gpu: bool = True
 
     def __post_init__(self):
@@ -104,7 +110,7 @@ class Estimate:
         bad = [k for k in self.tflop if k not in ("fp32", "tf32", "fp16", "fp8")]
         if bad:
             raise ValueError(f"tflop keys must be among fp32, tf32, fp16, fp8, got {bad}")
-        for name in ("gbytes", "kops", "cpu_seconds"):
+        for name in ("gbytes", "kops", "cpu_seconds", "measured"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or v < 0:
                 raise ValueError(f"{name} must be a number ≥ 0, got {v!r}")
@@ -120,14 +126,18 @@ class Estimate:
 
     @property
     def seconds(self) -> float:
-        """Expected seconds of the full run on one H100: :data:`SAFETY` × the sum of :attr:`terms`."""
+        """Expected seconds of the full run on one H100: :data:`MEASURED_SAFETY` × :attr:`measured` where a slot
+        measured it, else :data:`SAFETY` × the sum of :attr:`terms`."""
+        if self.measured:
+            return MEASURED_SAFETY * self.measured
         return SAFETY * sum(self.terms.values())
 
 
 ESTIMATES: dict[str, Estimate] = {
     "amp_recipe": Estimate(
-        1, "ch. 6: FP16 and BF16 speed-ups on tensor cores and the fraction of peak (no GPU number yet)",
+        1, "ch. 6: FP16 and BF16 speed-ups on tensor cores and the fraction of peak",
         tflop={"fp32": 137, "fp16": 1040}, gbytes=3600, kops=300, cpu_seconds=3,
+        measured=18.8,  # the first slot (NVIDIA H200, torch 2.11, 2026-11-26)
         basis="3 x Linear(4096) steps, 6*B*4096^2*3 FLOPs, 250 steps (1 + 3 epochs + the memory epoch of 50 "
               "batches) per precision and batch (128, 256, 512, 513): 106 TFLOP per precision; the matmul peaks at "
               "8192^2 (2 layouts x ~8 timed batches of >= 50 ms): 31 TFLOP FP32, 828 FP16/BF16; ~1.2 GB of weight "
@@ -135,6 +145,7 @@ ESTIMATES: dict[str, Estimate] = {
     "fp8_recipes": Estimate(
         2, "ch. 11: FP8 tensor cores (torch._scaled_mm) beside the emulation, the wider language model",
         tflop={"fp32": 71}, gbytes=8000, kops=1610, cpu_seconds=3,
+        measured=64.3,  # the first slot (NVIDIA H200, torch 2.11, 2026-11-26)
         basis="9 runs (7 recipes + 2 on tensor cores) x 100 steps of the 4-layer dim-256 transformer on 4,096 "
               "characters (79 GFLOP a step); counted on a CPU: ~2,000 operators a step of a quantised recipe "
               "(17 Linear layers x x/w/g quantisers), ~1,000 for BF16, ~500 for FP32: 1,550 k; evaluations and the "
@@ -142,6 +153,7 @@ ESTIMATES: dict[str, Estimate] = {
     "gat_amp": Estimate(
         3, "ch. 9: the caching allocator's peak memory of the DGL guide's GAT at Reddit's 232,965 nodes",
         tflop={"fp32": 118, "fp16": 236}, gbytes=38500, kops=200, cpu_seconds=6,
+        measured=42.3,  # the first slot (NVIDIA H200, torch 2.11, 2026-11-26)
         basis="6 runs (heads 1, 2 x FP32, FP16, BF16) x 100 full-batch epochs on 2.1 M edges: PyG's GATConv reads "
               "and writes ~11 [E, heads, C] tensors per layer and step (C = 256, 256, 41), 4 bytes in FP32, ~3 "
               "under autocast: 38 TB; the projections 0.32 TFLOP (heads 1) and 0.86 (heads 2) per epoch; 313 "
@@ -149,6 +161,7 @@ ESTIMATES: dict[str, Estimate] = {
     "memory_tradeoffs": Estimate(
         4, "ch. 7: allocator peak memory and time of checkpointing against FP16 on a ResNet",
         tflop={"tf32": 320, "fp16": 320}, gbytes=3500, kops=90, cpu_seconds=3,
+        measured=9.5,  # the first slot (NVIDIA H200, torch 2.11, 2026-11-26)
         basis="ResNet (width 64, 4 stages x 2 blocks, 64 px): 4.4 GFLOP forward per image (FlopCounterMode), "
               "3.4 TFLOP per step of 256 images; ~180 steps (the four ways x 14, exactness, breakdown, 2 x 10 "
               "epochs of 6 batches) and their checkpoint recomputation: 640 TFLOP, half in FP16; ~20 GB of "
@@ -156,7 +169,8 @@ ESTIMATES: dict[str, Estimate] = {
     "biglstm": Estimate(
         5, "ch. 8: Figure 1 with real FP16 autocast on the LSTM at 65,536 tokens per batch, no shift",
         tflop={"fp32": 176, "fp16": 528}, gbytes=19200, kops=320, cpu_seconds=4,
-        basis="4 arms x 200 steps of the 'small' LSTM (2 x 512 cells, projection 128) on 2048 x 32 tokens over "
+        measured=37.0,  # a lower bound: the first slot (NVIDIA H200, torch 2.11, 2026-11-26) stopped the 200-step run after 74 s; 100 steps now
+        basis="4 arms x 100 steps of the 'small' LSTM (2 x 512 cells, projection 128) on 2048 x 32 tokens over "
               "8,192 words: 13.4 MFLOP per token, 0.88 TFLOP a step (the FP32 arm without TF32); the logits, "
               "537 M values, pass ~10 times through memory a step with their cast, softmax and gradient: 24 GB; "
               "~400 operators a step (cuDNN's LSTM is one call; the CPU count unrolls it); the corpus"),
@@ -177,11 +191,12 @@ ESTIMATES: dict[str, Estimate] = {
     "loss_scaling": Estimate(
         8, "ch. 3: the loss scale's history with real FP16 on CUDA, ours beside torch's",
         tflop={"fp16": 7}, kops=300, cpu_seconds=1.5,
+        measured=14.6,  # the first slot (NVIDIA H200, torch 2.11, 2026-11-26), run on its own
         basis="2,000 steps of two MLPs (64-1024-1024-10, batch 256: 1.7 GFLOP each) and a bit-for-bit comparison: "
               "150 operators a step (counted); launch-bound"),
     "distributed": Estimate(
-        9, "ch. 10: DDP and FSDP2 with NCCL (two GPUs or more; one GPU: two gloo ranks on its CPU)",
-        cpu_seconds=25,
+        9, "ch. 10: DDP and FSDP2 with NCCL on two GPUs or more (the lent machines have one: its ranks would run on the CPU, so a slot leaves it out)",
+        cpu_seconds=25, gpu=False,
         basis="on the lent single-GPU machine the ranks compute on the CPU (placement()): torchrun's start (~8 s) "
               "and the cpu profile's network for half its steps at twice its batch (chapter 9 with the cpu "
               "profile: 54 s on 2 CPU cores, figures included)"),
@@ -194,6 +209,7 @@ ESTIMATES: dict[str, Estimate] = {
     "message_passing": Estimate(
         11, "ch. 9 (not shown yet): the DGL guide's FP16 message passing on CUDA kernels",
         kops=2, cpu_seconds=1,
+        measured=6.6,  # the first slot (NVIDIA H200, torch 2.11, 2026-11-26), run on its own
         basis="four examples on 30 nodes and 100 edges: milliseconds; PyG is imported by gat_amp before"),
     "lm_gradient_scale": Estimate(
         12, "ch. 8 (not shown yet): vocabulary and batch against the gradient scale, up to 16,384 tokens",
@@ -204,10 +220,12 @@ ESTIMATES: dict[str, Estimate] = {
     "master_weights_stall": Estimate(
         13, "ch. 4 (not shown yet): pure FP16 stalling, with CUDA's FP16 arithmetic",
         kops=250, cpu_seconds=1,
+        measured=15.6,  # the first slot (NVIDIA H200, torch 2.11, 2026-11-26), run on its own
         basis="2,000 steps of three small MLPs and the swamped share: 125 operators a step (counted)"),
     "tensor_core_accumulation": Estimate(
         14, "ch. 5: FP16 and FP8 tensor-core products against the accumulation module's exact predictions",
         kops=5, cpu_seconds=11,
+        measured=17.6,  # an H100 80GB HBM3 (15.6 s on an H200), 2026-11-25
         basis="measured: 17.6 s on an H100 80GB HBM3 (15.6 s on an H200), almost all of it the exact FP16- and "
               "14-bit-accumulator predictions of 64 x 64 outputs on the host (sum of K about 32 k steps); the "
               "device's matrix products take milliseconds"),
