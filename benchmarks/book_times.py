@@ -81,6 +81,7 @@ def measure(config: Config, run: Run) -> dict:
                                 check=True).stdout.strip()
         env = dict(os.environ, MPT_LAB_PROFILE=profile, PYTHONHASHSEED="0")
         env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+        env["PYTHONPATH"] = str(clone)      # the clone's mpt_lab, whatever this environment has installed
         load_before = os.getloadavg()
         t0 = time.perf_counter()
         res = subprocess.run([str(jb), "build", str(clone), "-W", "-n", "--keep-going"], capture_output=True,
