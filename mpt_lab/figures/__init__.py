@@ -26,6 +26,7 @@ a title, labelled axes with units and a legend; tables are HTML built by one fun
 from __future__ import annotations
 
 import html
+import re
 from typing import Callable, Sequence
 
 from ._base import FORMAT_COLORS, HTML, BookFigure, running_mean, table_html
@@ -124,7 +125,9 @@ def show_saved(name: str, profiles: Sequence[str] = ("full", "long"), *,
                           f'{where} it is made by <code>{html.escape(cmd)}</code>.</p>'))
             continue
         found[p] = result
-        _display(HTML(f'<p class="mpt-saved"><b>Saved {what} result</b> ({html.escape(result.source())}):<br>'
+        # the file lives in book/results/ (a GPU slot wrote it elsewhere and --unpack moved it): name that place
+        source = re.sub(r"--out \S+", f"--out book/results/{result_path(name, p).name}", result.source())
+        _display(HTML(f'<p class="mpt-saved"><b>Saved {what} result</b> ({html.escape(source)}):<br>'
                       f'{html.escape(result.describe())}</p>'))
         for fn in shows:
             _display(fn(result))
