@@ -842,3 +842,10 @@ def test_help_shows_no_answer():
             assert answer not in t, (k, answer)
     assert 'check("1.1", my_answer)' in texts[0] and "129" not in texts[0]
 
+
+
+@pytest.mark.parametrize("ex_id", E.list_exercises())
+def test_worked_solutions_name_functions_as_their_prompts_do(ex_id):
+    """A worked solution shows the function the prompt asks for (kahan_sum), never the package's private
+    reference name (_ex52_reference)."""
+    assert "_reference" not in E.solution_dropdown(ex_id).text

@@ -239,7 +239,11 @@ class SolutionDropdown:
     def __init__(self, ex: Exercise):
         self.exercise = ex
         answer = ex.solution()
-        worked = ex.worked.replace("{answer}", _answer_text(answer)) if ex.worked else ""
+        shown = _answer_text(answer)
+        asked = re.search(r"\bWrite (\w+)\(", ex.prompt)          # the name the prompt asks the reader to write
+        if callable(answer) and asked and getattr(answer, "__name__", "").startswith("_"):
+            shown = re.sub(rf"\b{re.escape(answer.__name__)}\b", asked.group(1), shown)
+        worked = ex.worked.replace("{answer}", shown) if ex.worked else ""
         self.text = worked or f"The reference answer:\n\n```python\n{_answer_text(answer)}\n```"
 
     def __repr__(self) -> str:
