@@ -106,7 +106,7 @@ def test_tiny_run_all_ways_and_json_roundtrip(tmp_path):
     assert table.count("<tr>") == 1 + 4 and table.count("</th>") == 7 and "1.00×" in table
     assert "<caption>The usual verdict: recomputation is lossless" in table
     t = figures.training_table(r)
-    assert "MiB" in t and "90 MB as reported" in t and "85.8" in t      # MB quoted and converted: 90e6 / 2**20
+    assert "MiB" in t and "90 MB as reported" in t and "85.8" not in t  # the source's MB quoted, not converted
     b = r.breakdown
     n_params = sum(p.numel() for p in build_resnet(4, 2, 1, seed=0).parameters())
     assert b["fp32"]["weights"] == b["mixed"]["weights"] == 4 * n_params == b["fp32"]["gradients"]
