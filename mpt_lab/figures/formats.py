@@ -209,7 +209,7 @@ def _cast_name(code: str) -> str:
 def round_to_speed_table(result: dict, data: str = "normal"):
     """The round_to benchmark as a table: per input library and format, the native nearest-even cast and
     :func:`mpt_lab.formats.round_to` with round-to-nearest-even and with stochastic rounding, in milliseconds
-    for the benchmark's ``n`` float32 values, with round_to's time as a multiple of the cast's.
+    for the benchmark's ``n`` float32 values, with round_to's time as a multiple of the cast time the row shows.
 
     ``result``: the dict that ``benchmarks/round_to_speed.py`` writes (``book/results/round_to_speed_cpu.json``,
     loaded with :func:`mpt_lab.experiments.load_json`); ``data``: "normal" or "wide".  A nearest-even cell
@@ -232,7 +232,8 @@ def round_to_speed_table(result: dict, data: str = "normal"):
         out.append([f"{inp} · {fmt}", f"<code>{html.escape(_cast_name(r['native']))}</code>",
                     f"{1e3 * r['native_s']:.1f}",
                     f"{1e3 * r['round_to_s']:.1f} ({r['ratio']:.2f}×){mark}",
-                    "–" if s is None else f"{1e3 * s['round_to_s']:.1f} ({s['ratio']:.2f}×)"])
+                    # against the cast time this row shows (the stochastic row timed its own cast beside it)
+                    "–" if s is None else f"{1e3 * s['round_to_s']:.1f} ({s['round_to_s'] / r['native_s']:.2f}×)"])
     n = result.get("provenance", {}).get("config", {}).get("n")
     caption = f"{n:,} float32 values ({data} data), one thread, median times" if n else f"{data} data"
     return table_html(["input · format", "cast through", "cast (ms)", "round_to nearest-even (ms)",
