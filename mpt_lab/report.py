@@ -810,7 +810,8 @@ class PrecisionReport:
                          "overflows": (f"{len(over)}: {over[0] or '(model)'}" + (" …" if len(over) > 1 else ""))
                          if over else "0",
                          "first": f"{first[0] or '(model)'} ({first[1]})" if first else "none",
-                         "window": f"[{_pow2_text(low)}, {_pow2_text(high)}]",
+                         "window": f"[{_pow2_text(low)}, {_pow2_text(high)}]" if low is None or high is None or low <= high else
+                         f"empty ({_pow2_text(low)} > {_pow2_text(high)})",
                          "scaler": "never clean" if sc["skipped"] is None else
                          f"{sc['skipped']} skipped → {_pow2_text(sc['scale'])}",
                          "recommendation": self.recommendation(name)})

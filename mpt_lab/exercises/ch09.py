@@ -123,7 +123,7 @@ register(Exercise(
     "9.2", "A softmax that does not overflow",
     "Write safe_softmax(e) -> Tensor: the softmax over the edges entering one node, where e is a 1-D float16 "
     "tensor of attention logits (one per edge, at least one). Compute it in float16 so that it stays finite for "
-    "any float16 logits, and return a float16 tensor of e's shape. The check compares it with the FP32 softmax "
+    "any finite float16 logits, and return a float16 tensor of e's shape. The check compares it with the FP32 softmax "
     f"on {len(ex92_cases())} sets of logits, some as large as 1000 (exp overflows FP16, and FP32 too): every "
     "entry must be within 2·10⁻³.",
     _ex92_check,
