@@ -170,5 +170,5 @@ def checkpoint_size(model, dtype):
 ```
 
 Two classic mistakes: summing over `model.parameters()` only (BatchNorm's buffers are missing, a few percent \
-for a CNN), and counting elements instead of bytes. Halving the element size halves the file: an FP16 checkpoint \
-is half an FP32 one, as the chapter measures."""))
+for a CNN), and counting elements instead of bytes. Halving the element size halves the tensors' bytes; the \
+file nearly halves (the chapter prints the ratio): names, headers and integer buffers do not shrink."""))

@@ -199,4 +199,4 @@ for _ in range(n - 1):
 answer = (n, float(mean))
 ```
 
-The answer (n, mean): {{answer}}. Dividing first trades the overflow for rounding error, and for small gradients, underflow: a quotient below FP16's smallest subnormal becomes 0 on every rank."""))
+The answer (n, mean): {{answer}}. Dividing first trades the overflow for rounding error, and for small gradients, underflow: a quotient at or below half of FP16's smallest subnormal (2⁻²⁵) becomes 0 on every rank."""))

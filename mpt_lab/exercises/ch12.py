@@ -164,5 +164,7 @@ register(Exercise(
             "pushes most of them below FP16's smallest subnormal. The report's window then starts above 1, and its "
             "upper end is the max-gradient rule of chapters 2 and 3: any power of two in between works.\n\n"
             "```python\n{answer}\n```\n\n"
-            "A dynamic scaler starting at 2^16 finds such a scale by itself (`report.dynamic_scaler('FP16')` says "
-            "after how many skipped steps); a static one must be chosen from numbers like these.")))
+            "A dynamic scaler finds such a scale by itself only from above: it halves on every overflow, so started "
+            "above the window it comes down into it (`report.dynamic_scaler('FP16')` says after how many skipped "
+            "steps); started below, as torch's default 2^16 is here, it overflows nothing and climbs only by one "
+            "doubling per growth interval. A static scale must be chosen from numbers like these.")))

@@ -68,8 +68,8 @@ def tradeoff_table(result):
         rows.append([way, mib(w["peak_bytes"]), f"{100 * w['memory_saved']:.0f}%", f"{1e3 * w['step_seconds']:.1f}",
                      f"{100 * w['overhead']:+.0f}%", flops, same])
     caption = ("The usual verdict: recomputation is " + say(RECOMPUTE_VS_PRECISION["recomputation"])
-               + "; lower precision is " + say(RECOMPUTE_VS_PRECISION["lower precision"]) + ", where 16-bit "
-               "arithmetic is fast. The time columns are measured on the machine that ran this table: without fast "
+               + "; lower precision is " + say(RECOMPUTE_VS_PRECISION["lower precision"]) + " (where 16-bit "
+               "arithmetic is fast it even saves time). The time columns are measured on the machine that ran this table: without fast "
                "16-bit kernels (most CPUs) lower precision costs time instead.")
     return table_html(["way", "peak MiB", "memory saved", "ms / step", "time overhead", "FLOPs / step vs FP32",
                        "gradients = FP32's?"], rows, caption=caption)

@@ -96,7 +96,7 @@ def plot_divergence(result, *, smooth: int = 20, title: str | None = None, ylabe
     bx.set_xlabel("step")
     bx.set_ylabel("activation-gradient values = 0 (%)")
     bx.set_ylim(-2, 102)
-    bx.set_title("Gradients lost to underflow show up as zeros")
+    bx.set_title("Zeros: FP32's own, plus underflow in the FP16 runs")
     bx.grid(alpha=0.3)
     fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncol=min(4, len(arms)),
                fontsize="small")
@@ -182,9 +182,11 @@ def divergence_table(result, paper: dict | None = None):
         header.append("the paper's run (%)")
     shift = getattr(result, "grad_shift", None)
     shift = result.config.get("grad_shift") if shift is None else shift
-    caption = ((f"mAP@0.5 by {result.map_evaluator}. " if detector else "") + f"Gradient shift k = {shift}{' (none)' if shift == 0 else ''}. Final loss: mean of the last 50 "
+    evaluator = f"mAP@0.5 by {result.map_evaluator}. " if detector else ""
+    caption = (evaluator + f"Gradient shift k = {shift}{' (none)' if shift == 0 else ''}. Final loss: mean of the last 50 "
                "steps. = 0: activation-gradient values exactly zero in the run's own arithmetic (in the FP16 runs, "
-               "what FP16 lost). FP16 would flush: the share of the FP32 run's values that FP16 would round to zero "
+               "the zeros the FP32 run has too, plus what FP16 lost: compare with the FP32 row). FP16 would flush: "
+               "the share of the FP32 run's values that FP16 would round to zero "
                "(|x| ≤ 2⁻²⁵)." + (" Paper: Micikevicius et al. 2018, Table 2, its own runs." if paper else ""))
     return table_html(header + ["= 0", "FP16 would flush", "skipped steps"], rows, caption=caption)
 
