@@ -132,7 +132,7 @@ register(Exercise(
     "The spike is amax_next / max(history) times larger than anything the scale was made for, and each unit of "
     "margin halves the scale. Check the product amax_next × scale against 448 for m = 0, 1, 2, …",
     _ex112_truth,
-    f"""The scale was made for the largest amax in the history, max(history) = {max(EX112_HISTORY):g}: with margin m it maps {max(EX112_HISTORY):g} onto 448 / 2^m. The next step's amax, {EX112_NEXT:g}, is {EX112_NEXT / max(EX112_HISTORY):.3g} times larger, so it lands at 448 · {EX112_NEXT / max(EX112_HISTORY):.3g} / 2^m. Nothing saturates when that is at most 448, that is when 2^m ≥ {EX112_NEXT / max(EX112_HISTORY):.3g}: each unit of margin halves the scale, and the smallest m is the first power of two at or above the ratio.
+    f"""The scale was made for the largest amax in the history, max(history) = {max(EX112_HISTORY):g}: with margin m it maps {max(EX112_HISTORY):g} onto 448 / 2^m. The next step's amax, {EX112_NEXT:g}, is {EX112_NEXT / max(EX112_HISTORY):.3g} times larger, so it lands at 448 · {EX112_NEXT / max(EX112_HISTORY):.3g} / 2^m. Nothing saturates when that is at most 448, that is when 2^m ≥ {EX112_NEXT / max(EX112_HISTORY):.3g}: each unit of margin halves the scale, and the smallest m is the exponent of the first power of two at or above the ratio.
 
 ```python
 history, spike = {list(EX112_HISTORY)}, {EX112_NEXT:g}
