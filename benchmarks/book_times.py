@@ -49,7 +49,7 @@ PROFILES = {"quick": {}, "cpu": {}}
 class BookTimesResult(ExperimentResult):
     """``commit`` built; ``returncode`` of ``jupyter-book build``; ``build_seconds`` (wall time); ``notebook_seconds``:
     notebook → seconds as the build's log reports them; ``budget_seconds`` and ``within_budget`` (notebooks, book);
-    ``load_average``: the machine's 1/5/15-minute load before and after; ``log_tail``: the log's end if it failed."""
+    ``load_average``: the machine's 1/5/15-minute load before and after; ``log_tail``: where a failed build's log first reports the failure (else its end)."""
 
     commit: str = ""
     returncode: int = 0
@@ -99,7 +99,13 @@ def measure(config: Config, run: Run) -> dict:
     return {"commit": commit, "returncode": res.returncode, "build_seconds": seconds, "notebook_seconds": notebooks,
             "budget_seconds": budget, "within_budget": within,
             "load_average": {"before": [round(v, 2) for v in load_before], "after": [round(v, 2) for v in load_after]},
-            "log_tail": log[-2000:] if res.returncode else ""}
+            "log_tail": _failure(log) if res.returncode else ""}
+
+
+def _failure(log: str) -> str:
+    """What a failed build's log says first about the failure (the cell that raised, with its error), else its end."""
+    first = min((i for i in (log.find("CellExecutionError"), log.find("Traceback")) if i >= 0), default=-1)
+    return log[max(0, first - 500):first + 3000] if first >= 0 else log[-2000:]
 
 
 BENCHMARK = Benchmark("book_times", Config, PROFILES, measure, BookTimesResult, __doc__)
