@@ -491,29 +491,44 @@ def test_new_reference_solutions_call_the_package(monkeypatch):
 CHAPTERS_6_TO_8 = [k for k in E.list_exercises() if k.split(".")[0] in ("6", "7", "8")]
 
 
-def _worked_code(ex_id):
-    """The fenced code blocks of the worked solution (```python for a function exercise, plain ``` for a value
-    exercise), run: their namespace."""
+def _fenced_code(ex_id, *, plain_fences=False):
+    """The ```python blocks of an exercise's worked solution (with ``plain_fences``, plain ``` blocks too),
+    joined; "" when it has none."""
     import re
 
-    blocks = re.findall(r"```(?:python)?\n(.*?)\n```", E.EXERCISES[ex_id].worked, re.S)
+    fence = r"```(?:python)?\n(.*?)\n```" if plain_fences else r"```python\n(.*?)\n```"
+    return "\n\n".join(re.findall(fence, E.EXERCISES[ex_id].worked, re.S))
+
+
+def _run_worked(code, ex_id):
+    """Run a worked solution's code as a student would paste it: its namespace."""
     namespace = {}
-    exec(compile("\n\n".join(blocks), f"<worked solution {ex_id}>", "exec"), namespace)
+    exec(compile(code, f"<worked solution {ex_id}>", "exec"), namespace)
     return namespace
 
 
-@pytest.mark.parametrize("ex_id", CHAPTERS_6_TO_8)
-def test_chapters_6_to_8_have_worked_solutions(ex_id):
-    import re
-
+def _explained_solution(ex_id):
+    """What every worked solution must be (reasoning, not just the answer; nothing left to fill in, no call into
+    the exercises package): returns (exercise, the text a reader sees, the reference answer)."""
     ex = E.EXERCISES[ex_id]
     assert len(ex.worked) > 300, ex_id                         # reasoning, not just the answer
     text = E.solution_dropdown(ex_id).text
     assert "{answer}" not in text and "mpt_lab.exercises" not in text
-    sol = E.solution(ex_id)
+    return ex, text, E.solution(ex_id)
+
+
+def _worked_code(ex_id):
+    """The fenced code blocks of the worked solution (```python for a function exercise, plain ``` for a value
+    exercise), run: their namespace."""
+    return _run_worked(_fenced_code(ex_id, plain_fences=True), ex_id)
+
+
+@pytest.mark.parametrize("ex_id", CHAPTERS_6_TO_8)
+def test_chapters_6_to_8_have_worked_solutions(ex_id):
+    ex, text, sol = _explained_solution(ex_id)
     namespace = _worked_code(ex_id) if "```" in ex.worked else {}
     if callable(sol):                                          # a function exercise: a student's implementation
-        code = "\n".join(re.findall(r"```python\n(.*?)\n```", ex.worked, re.S))
+        code = _fenced_code(ex_id)
         assert code and "mpt_lab" not in code and "{answer}" not in ex.worked
         fns = [v for v in namespace.values()
                if getattr(getattr(v, "__code__", None), "co_filename", "") == f"<worked solution {ex_id}>"]
@@ -719,13 +734,10 @@ def test_every_chapter_module_registers_only_its_own_chapter():
 # Chapters 9-11: the code in each worked solution runs and is right
 # ----------------------------------------------------------------------------------------------------------
 def _fenced_python(exercise_id):
-    """The ```python blocks of an exercise's worked solution, joined."""
-    import re
-
-    worked = E.get_exercise(exercise_id).worked
-    blocks = re.findall(r"```python\n(.*?)\n```", worked, re.S)
-    assert blocks, f"the worked solution of {exercise_id} has no python block"
-    return "\n\n".join(blocks)
+    """The ```python blocks of an exercise's worked solution, joined (it must have one)."""
+    code = _fenced_code(exercise_id)
+    assert code, f"the worked solution of {exercise_id} has no python block"
+    return code
 
 
 @pytest.mark.parametrize("ex_id, name", [("9.2", "safe_softmax"), ("10.2", "ring_sum")])
@@ -734,9 +746,7 @@ def test_worked_solution_code_passes_the_check(ex_id, name):
     the reference); run it as written, and it passes the exercise's check."""
     code = _fenced_python(ex_id)
     assert "_reference" not in code and "ring_allreduce" not in code and "attention_overflow" not in code
-    namespace = {}
-    exec(compile(code, f"<worked solution {ex_id}>", "exec"), namespace)
-    fb = E.check(ex_id, namespace[name])
+    fb = E.check(ex_id, _run_worked(code, ex_id)[name])
     assert fb and fb.answered, fb.message
 
 
@@ -745,10 +755,9 @@ def test_worked_solution_code_computes_the_answer(ex_id):
     """A value exercise's worked solution that shows its computation computes the reference answer."""
     import warnings
 
-    namespace = {}
     with warnings.catch_warnings():
         warnings.simplefilter("error")          # the code a student copies runs without warnings
-        exec(compile(_fenced_python(ex_id), f"<worked solution {ex_id}>", "exec"), namespace)
+        namespace = _run_worked(_fenced_python(ex_id), ex_id)
     assert namespace["answer"] == E.solution(ex_id) and E.check(ex_id, namespace["answer"])
 
 
@@ -769,16 +778,12 @@ def test_worked_solutions_of_chapters_9_to_11_explain_and_show_the_answer(ex_id)
 def _fenced_function(ex_id):
     """The last top-level function defined in the worked solution's fenced ```python block, executed."""
     import ast
-    import re
 
-    blocks = re.findall(r"```python\n(.*?)\n```", E.EXERCISES[ex_id].worked, re.S)
-    if not blocks:
+    code = _fenced_code(ex_id)
+    if not code:
         return None
-    code = "\n\n".join(blocks)
     names = [n.name for n in ast.parse(code).body if isinstance(n, ast.FunctionDef)]
-    namespace = {}
-    exec(compile(code, f"<worked solution {ex_id}>", "exec"), namespace)
-    return namespace[names[-1]]
+    return _run_worked(code, ex_id)[names[-1]]
 
 
 FIRST_CHAPTERS = [k for k in E.list_exercises() if int(k.split(".")[0]) <= 4]
@@ -786,16 +791,10 @@ FIRST_CHAPTERS = [k for k in E.list_exercises() if int(k.split(".")[0]) <= 4]
 
 @pytest.mark.parametrize("ex_id", FIRST_CHAPTERS)
 def test_chapters_1_to_4_have_worked_solutions(ex_id):
-    import re
-
-    ex = E.EXERCISES[ex_id]
-    assert len(ex.worked) > 300, ex_id                         # reasoning, not just the answer
-    text = E.solution_dropdown(ex_id).text
-    assert "{answer}" not in text and "mpt_lab.exercises" not in text
-    sol = E.solution(ex_id)
+    ex, text, sol = _explained_solution(ex_id)
     if callable(sol):                                          # a function exercise: a student's implementation
         assert "```python" in ex.worked and "{answer}" not in ex.worked
-        code = "\n".join(re.findall(r"```python\n(.*?)\n```", ex.worked, re.S))
+        code = _fenced_code(ex_id)
         assert "mpt_lab" not in code                           # written from the rules, not a call into the package
     else:                                                      # a value exercise: the answer inserted, never typed
         assert "{answer}" in ex.worked
