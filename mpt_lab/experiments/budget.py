@@ -167,7 +167,7 @@ ESTIMATES: dict[str, Estimate] = {
               "epochs of 6 batches) and their checkpoint recomputation: 640 TFLOP, half in FP16; ~20 GB of "
               "activations a step; 377 operators a step (counted)"),
     "biglstm": Estimate(
-        5, "ch. 8: Figure 1 with real FP16 autocast on the LSTM at 65,536 tokens per batch, no shift",
+        5, "ch. 8: the blog post's Figure 1 with real FP16 autocast on the LSTM at 65,536 tokens per batch, no shift",
         tflop={"fp32": 176, "fp16": 528}, gbytes=19200, kops=320, cpu_seconds=4,
         measured=37.0,  # a lower bound: the first slot (NVIDIA H200, torch 2.11, 2026-11-26) stopped the 200-step run after 74 s; 100 steps now
         basis="4 arms x 100 steps of the 'small' LSTM (2 x 512 cells, projection 128) on 2048 x 32 tokens over "
