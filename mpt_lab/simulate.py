@@ -119,15 +119,21 @@ precision op reference (``torch.amp``).
 What the emulation does NOT model
 ---------------------------------
 * Accumulation inside a lower-precision op: a simulated matmul or convolution (:data:`LOWER_PRECISION_OPS`)
-  is computed in float32 and rounded *once* at the end.  Real kernels accumulate in FP32 too (tensor cores,
-  oneDNN, cuBLAS with FP32 compute) but in their own summation order and sometimes with FP16 partial results
-  (split-K, some CPU kernels), so results can differ by an ulp of the format now and then: measured on this
-  project's CPU (torch 2.13, float16 ``F.linear``, one thread), none of the values with 8 or 20 products per
-  dot product, about 1.5 in 10³ with 100 to 784, by at most one ulp of the largest output (a few ulps of a
-  small result of cancellation; ``tests/test_simulate.py`` checks it).  So a simulated pure-FP16 training run
-  leaves a real ``.half()`` run once such a flip happens.  With FP16/BF16 and
-  round-to-nearest-even, reductions (``sum``, ``mean``, norms, softmax, losses) run on the real kernel and
-  are exact; with other formats they are computed in float32 and rounded once.
+  is computed in float32 and rounded *once* at the end, the paper's "FP16 products accumulated into FP32,
+  written to FP16" (§3.3).  Real kernels accumulate in FP32 too, but in their own summation order, so a result
+  can differ from simulate's where the exact sum lies within FP32's error bound γ_k·Σ|a_i b_i| of an FP16
+  rounding midpoint (an ulp now and then; more after cancellation); ``tests/test_simulate.py`` checks every
+  layer of a real ``.half()`` forward and backward against that derived bound.  Which kernels run depends on
+  the CPU (:func:`mpt_lab.device.cpu_kernels`; torch 2.13): on CPUs with AVX-512 FP16 or AMX, oneDNN's float16
+  matrix products and convolutions (one FP32 accumulation, one rounding per output); on CPUs without them (AVX2
+  ones, e.g. AMD EPYC, or any CPU with ``ONEDNN_MAX_CPU_ISA=AVX2``), ATen's own float16 GEMM (the same kind)
+  and ATen's fallback convolution ``thnn_conv2d``, which is NOT what simulate computes in backward: it adds
+  each image's weight gradient to a float16 accumulator (a rounding per image of the batch) and sums the
+  overlapping input-gradient contributions (``col2im``) in float16.  So on such CPUs a real ``.half()`` conv
+  net's gradients differ from the simulated ones in the last bits of most values (seen: 213 of the 216
+  first-layer weight gradients of a small net at loss scale 2⁻¹⁴, and 1 of its 8 bias gradients rounding to
+  zero in one run and not in the other), while on CPUs with oneDNN float16 they agree bit for bit at the sizes
+  tested.  A simulated pure-FP16 training run leaves a real ``.half()`` run once such a difference happens.
 * Overflow inside a lower-precision op: a float32 accumulator cannot overflow at 65504; only the op's
   *result* overflows.  (Ops on the real kernel overflow where the kernel does.)
 * ``nn.LSTM`` / ``nn.GRU`` on a CPU in mode "all": the float32 model runs oneDNN's fused layer
