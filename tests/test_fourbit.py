@@ -555,3 +555,20 @@ def test_per_gemm_recipes_refuse_bad_arguments():
         four_bit_recipe(hadamard=16)
     with pytest.raises(TypeError, match="seed"):
         Quantizer(four_bit_recipe(), seed=-1)
+
+
+def test_benchmark_script_runs_and_reports_every_case(tmp_path):
+    """The speed benchmark runs at a tiny size (no timing asserted: DESIGN.md) and records what it timed."""
+    import json
+
+    from conftest import load_benchmark
+
+    out = tmp_path / "fourbit.json"
+    assert load_benchmark("fourbit_speed").main(["--profile", "quick", "--no-progress", "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert [r["case"] for r in res["rows"]] == ["fp32", "nvfp4", "nvfp4_recipe"]
+    assert all(len(r["times_s"]) == res["config"]["repeat"] and r["step_s"] > 0 for r in res["rows"])
+    assert set(res["summary"]) == {"nvfp4 / fp32", "nvfp4 / fp32 (CPU time)", "nvfp4_recipe / fp32",
+                                   "nvfp4_recipe / fp32 (CPU time)"}
+    assert "RHT 16" in res["rows"][2]["recipe"] and res["model"]["linear_layers"] == 5
+    assert res["provenance"]["command"].startswith("python benchmarks/fourbit_speed.py --profile quick")
