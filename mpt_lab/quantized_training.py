@@ -382,7 +382,8 @@ def four_bit_recipe(fmt: str = "nvfp4", *, hadamard: bool = True, weights_2d: bo
         fmt not "nvfp4" or "mxfp4"; a flag not a bool; a bad hadamard_block, seed or scale rule.
     """
     fmt = _check_str(fmt, "fmt", ("nvfp4", "mxfp4"))
-    for argname, v in (("hadamard", hadamard), ("weights_2d", weights_2d), ("stochastic_gradients", stochastic_gradients)):
+    for argname, v in (("hadamard", hadamard), ("weights_2d", weights_2d),
+                       ("stochastic_gradients", stochastic_gradients)):
         if not isinstance(v, bool):
             raise TypeError(f"{argname} must be a bool, got {type(v).__name__}")
     block = 16 if fmt == "nvfp4" else 32

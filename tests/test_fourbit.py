@@ -316,17 +316,18 @@ def test_stochastic_rounding_to_e2m1_is_unbiased_within_its_bound(name):
 
 def test_stochastic_rounding_exact_and_fast_twins_draw_the_same_bits():
     x = outlier_matrix(48, 80, seed=2)
-    cases = [(lambda t, **kw: quantize_nvfp4(t, **kw).dequantize(), fake_quantize_nvfp4, {}),
+    cases = [(lambda t, **kw: quantize_nvfp4(t, **kw).dequantize(), fake_quantize_nvfp4),
              (lambda t, **kw: quantize_mx(t, "FP4_E2M1", **kw).dequantize(),
-              lambda t, **kw: fake_quantize_mx(t, "FP4_E2M1", **kw), {}),
+              lambda t, **kw: fake_quantize_mx(t, "FP4_E2M1", **kw)),
              (lambda t, **kw: quantize_mx(t, "FP8_E4M3", **kw).dequantize(),
-              lambda t, **kw: fake_quantize_mx(t, "FP8_E4M3", **kw), {})]
-    for exact, fast, _ in cases:
+              lambda t, **kw: fake_quantize_mx(t, "FP8_E4M3", **kw))]
+    for exact, fast in cases:
         for blocks in ("1d", "2d"):
             for axis in (-1, 0):
-                a = exact(x, axis=axis, blocks=blocks, rounding="stochastic", generator=torch.Generator().manual_seed(7))
-                b = fast(x, axis=axis, blocks=blocks, rounding="stochastic", generator=torch.Generator().manual_seed(7))
-                c = fast(x, axis=axis, blocks=blocks, rounding="stochastic", generator=torch.Generator().manual_seed(8))
+                kw = dict(axis=axis, blocks=blocks, rounding="stochastic")
+                a = exact(x, **kw, generator=torch.Generator().manual_seed(7))
+                b = fast(x, **kw, generator=torch.Generator().manual_seed(7))
+                c = fast(x, **kw, generator=torch.Generator().manual_seed(8))
                 assert torch.equal(a, b) and not torch.equal(b, c)
     # per-tensor FP8: unbiased too (y = fl32(x·scale) between two E4M3 values)
     n = 2048

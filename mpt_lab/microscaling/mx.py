@@ -111,7 +111,8 @@ def _element_format(fmt) -> FloatFormat:
     return f
 
 
-def _mx_arguments(x: torch.Tensor, fmt, block_size, axis, scale_rounding, blocks="1d", rounding="nearest_even") -> tuple:
+def _mx_arguments(x: torch.Tensor, fmt, block_size, axis, scale_rounding, blocks="1d",
+                  rounding="nearest_even") -> tuple:
     """(element format, block size, non-negative axis, scale rule, block layout, element rounding), checked as
     :func:`quantize_mx` documents."""
     return (_element_format(fmt), check_int(block_size, "block_size", 1), check_axis(axis, x.dim()),
@@ -203,7 +204,8 @@ def quantize_mx(x, fmt, block_size: int = 32, axis: int = -1, *, scale_rounding:
         x is not such a tensor; block_size or axis not an int; scale_rounding, blocks or rounding not a str;
         generator of a wrong type.
     ValueError
-        fmt is no MX element format or MX format name (the message lists them); block_size < 1; axis out of range; unknown scale_rounding, blocks or rounding; blocks="2d" for a tensor that is not 2-d; meta tensor.
+        fmt is no MX element format or MX format name (the message lists them); block_size < 1; axis out of range;
+        unknown scale_rounding, blocks or rounding; blocks="2d" for a tensor that is not 2-d; meta tensor.
     """
     x = check_tensor(x)
     fmt, block_size, axis, rule, blocks, rounding = _mx_arguments(x, fmt, block_size, axis, scale_rounding, blocks,
