@@ -212,7 +212,8 @@ class OperandQuant:
 
     Attributes
     ----------
-    format : one of :data:`OPERAND_FORMATS` (default "fp32": not quantised)
+    format : one of :data:`OPERAND_FORMATS` (default "fp32": not quantised; every other format saturates at
+        its ±max)
     blocks : "1d" or "2d" (:data:`~mpt_lab.microscaling.BLOCK_LAYOUTS`)
         Block formats only: "2d" scales square tiles of the matrix (16 × 16 for NVFP4, 32 × 32 for MX), so
         that the operand quantised along either dimension has the same values (NVIDIA, "Pretraining Large

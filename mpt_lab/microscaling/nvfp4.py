@@ -14,10 +14,10 @@ arXiv:2509.25149), both defaults off, so that the default quantisers are the one
   1 × 16 blocks, so the result is an ordinary :class:`NVFP4Tensor` along ``axis``, and quantising the
   transpose gives the transpose, value for value: the forward and the backward pass read the same weight.
 * ``rounding="stochastic"`` (§4.4, Appendix E.3: on the gradients): the elements are rounded to E2M1
-  stochastically (:func:`mpt_lab.formats.round_to`), so E[element] = v · fl32(fl32(1/s_t)/s_b) exactly
-  wherever that product does not exceed 6.  It can: the E4M3 block scale is rounded to nearest (Appendix
-  B.2), and where it rounds down the block maximum lands above 6 (at most 6·(1 + 2⁻⁴)) and saturates;
-  :meth:`NVFP4Tensor.saturated` says where.  The block scales are always rounded to nearest.
+  stochastically (:func:`mpt_lab.formats.round_to`), so E[element] = fl32(v · fl32(fl32(1/s_t)/s_b)), the
+  value rounded, exactly, wherever that value does not exceed 6.  It can: the E4M3 block scale is rounded to
+  nearest (Appendix B.2), and where it rounds down the block maximum lands above 6 (up to 6·(1 + 2⁻⁴), and
+  float32 rounding) and is clamped to 6.  The block scales are always rounded to nearest.
 
 Appendix B of the paper writes the scales as encode scales, s_enc = 6·448/amax and
 e4m3(amax_b/6 · s_enc); the functions here use the decode scales of torchao's reference, s_t = amax/(448·6)
