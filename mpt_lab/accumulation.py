@@ -649,9 +649,20 @@ _KEYWORDS = """
     rounding : {"nearest_even", "toward_zero"}, default "nearest_even"
         The rounding of the accumulator's additions (products and the FP32 total of "blocked" always round
         to nearest even)."""
+_KEYWORDS_MARK = "    (keywords: accumulator, products, order, block_size, compensated, rounding; see _KEYWORDS)"
+
+
+def _keywords_documented(fn):
+    """``fn`` with :data:`_KEYWORDS` in its docstring in place of the line :data:`_KEYWORDS_MARK` (a docstring must
+    be a literal for ``help()`` to show it: one built with ``+`` is no docstring)."""
+    if _KEYWORDS_MARK not in (fn.__doc__ or ""):
+        raise AssertionError(f"{fn.__name__}'s docstring lacks the keywords' line")
+    fn.__doc__ = fn.__doc__.replace(_KEYWORDS_MARK, _KEYWORDS.strip("\n"))
+    return fn
 
 
 @exact_arithmetic
+@_keywords_documented
 def dot(a, b, *, accumulator="FP32", products=None, order="sequential", block_size=None, compensated=False,
         rounding="nearest_even"):
     """Dot products over the last axis, ``Σ_k a[..., k]·b[..., k]``, with every product and addition rounded.
@@ -666,7 +677,7 @@ def dot(a, b, *, accumulator="FP32", products=None, order="sequential", block_si
     a, b : NumPy float arrays or torch floating tensors, shapes (..., K) whose leading axes broadcast
         Both NumPy or both torch.  Any float dtype (float16/32/64, bfloat16, ml_dtypes and torch float8);
         values are used exactly.
-    """ + _KEYWORDS + """
+    (keywords: accumulator, products, order, block_size, compensated, rounding; see _KEYWORDS)
 
     Returns
     -------
@@ -691,6 +702,7 @@ def dot(a, b, *, accumulator="FP32", products=None, order="sequential", block_si
 
 
 @exact_arithmetic
+@_keywords_documented
 def matmul(A, B, *, accumulator="FP32", products=None, order="sequential", block_size=None, compensated=False,
            rounding="nearest_even"):
     """Matrix product ``A @ B`` with each output element computed exactly as :func:`dot` computes it.
@@ -699,7 +711,7 @@ def matmul(A, B, *, accumulator="FP32", products=None, order="sequential", block
     ----------
     A : NumPy float array or torch floating tensor, shape (..., M, K)
     B : the same kind, shape (..., K, N); leading (batch) axes broadcast
-    """ + _KEYWORDS + """
+    (keywords: accumulator, products, order, block_size, compensated, rounding; see _KEYWORDS)
 
     Returns
     -------

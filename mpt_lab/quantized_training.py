@@ -133,6 +133,7 @@ class TrainingRecipe:
 
     @property
     def quantized(self) -> bool:
+        """Whether the recipe quantises the forward operands (False: a plain-precision recipe)."""
         return self.forward is not None
 
     @property
