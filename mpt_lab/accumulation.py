@@ -51,13 +51,18 @@ sums, ties, signed zeros, NaN and infinity).  The fast paths rest on proofs, eac
   SIGNUM Newsletter 30(3), 1995): so an FP16, BF16 or FP32 accumulator with products in its own format adds
   with PyTorch's own CPU kernels, which compute float16 and bfloat16 additions in float32 and round once.
 
-Speed: the loop is over the K products, each step one vectorised rounded addition over all outputs.  A
-(256×1024)@(1024×256) matmul with an FP16 accumulator took about 21 times (wall-clock and CPU time alike) a
-float32 matmul of the same shape on one CPU thread of a shared 2-core machine (1-minute load average about 2)
-(``python benchmarks/accumulation_speed.py --profile cpu``; its result is
-``book/results/accumulation_speed_cpu.json``).  Formats
-without a native path (narrow accumulators, rounding toward zero, products wider than the accumulator) take
-the general path, one to two orders of magnitude slower.
+Speed: the loop is over the K products, each step one vectorised rounded addition over all outputs.  What is
+fast: FP16, BF16 and FP32 accumulators rounding to nearest with products in a format they contain (FP16, BF16,
+FP32), on operands holding FP16 values (FP16, FP8, ...: PyTorch's own kernels, one rounding each) or float32
+values (FP32 products: one float32 multiplication; FP16 or BF16 products: one float32 multiplication, torch's
+conversion and a check of the few products that can sit on a midpoint, see ``_Via32``).  A (256×1024)@(1024×256)
+matmul with an FP16 accumulator took 27 ms of CPU time on FP16 values, 26 times a float32 matmul, and 71 ms on
+float32 values, 2.6 times the FP16-valued time (one thread of a 2-core Intel Xeon with AVX-512 FP16 and AMX,
+1-minute load average 8.6 to 9.5 from other work, so wall-clock ratios to the 1 ms float32 matmul were about
+three times the CPU-time ones; ``python benchmarks/accumulation_speed.py --profile cpu``, its result is
+``book/results/accumulation_speed_cpu.json``, with the other rows).  Everything else takes the general path
+(NumPy arithmetic on the bits: narrow accumulators, rounding toward zero, other product formats, float64
+values), one to two orders of magnitude slower than the fast paths.
 The arithmetic runs on the CPU; torch inputs on another device get their result back on that device.
 """
 
@@ -717,7 +722,9 @@ def matmul(A, B, *, accumulator="FP32", products=None, order="sequential", block
     -------
     Shape (..., M, N); dtype, type and device as :func:`dot`.  ``matmul(A, B, **kw)[i, j] ==
     dot(A[i, :], B[:, j], **kw)`` for every i, j.  The work is vectorised over the M×N outputs, K steps of
-    rounded additions.
+    rounded additions.  Fast (the module docstring's "Speed"): FP16, BF16 or FP32 accumulators rounding to
+    nearest, products in FP16, BF16 or FP32, on FP16-valued or float32-valued operands (float32 ones with FP16
+    products about 2.6 times the FP16-valued time); other formats and roundings take the general path.
 
     Raises
     ------
