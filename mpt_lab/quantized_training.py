@@ -157,6 +157,7 @@ class TrainingRecipe:
 
     @property
     def quantized(self) -> bool:
+        """Whether the recipe quantises any GEMM operand (False: a plain-precision recipe)."""
         return self.forward is not None or self.gemms is not None
 
     @property
