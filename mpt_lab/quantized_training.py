@@ -295,6 +295,7 @@ class GemmQuant:
             RandomHadamard(self.hadamard)                       # raises for a size that is no power of two
 
     def describe(self) -> str:
+        """One line: the two operands' quantisation and the random Hadamard transform's block size, if any."""
         h = f", RHT {self.hadamard}" if self.hadamard else ""
         return f"{self.a.describe()} × {self.b.describe()}{h}"
 
