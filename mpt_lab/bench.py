@@ -41,17 +41,21 @@ class Timing:
 
     @property
     def median(self) -> float:
+        """The median of :attr:`times` (seconds)."""
         return statistics.median(self.times)
 
     @property
     def min(self) -> float:
+        """The shortest of :attr:`times` (seconds)."""
         return min(self.times)
 
     @property
     def max(self) -> float:
+        """The longest of :attr:`times` (seconds)."""
         return max(self.times)
 
     def as_dict(self) -> dict:
+        """The fields and median, min and max as a JSON-ready dict (``times`` a list)."""
         d = asdict(self)
         d.update(median=self.median, min=self.min, max=self.max)
         d["times"] = list(self.times)

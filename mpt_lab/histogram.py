@@ -242,6 +242,7 @@ class Log2Histogram:
         return NotImplemented
 
     def copy(self) -> "Log2Histogram":
+        """An independent copy (its own count tensors)."""
         return Log2Histogram(self._fine.clone(), self._amax.clone())
 
     def __eq__(self, other) -> bool:
@@ -261,26 +262,32 @@ class Log2Histogram:
 
     @property
     def exponents(self) -> np.ndarray:
+        """The binades k of :attr:`counts`, int64 from KMIN to KMAX: bin k holds 2ᵏ ≤ |x| < 2ᵏ⁺¹."""
         return np.arange(KMIN, KMAX + 1, dtype=np.int64)
 
     @property
     def counts(self) -> np.ndarray:
+        """Values per binade (int64, aligned with :attr:`exponents`); zeros and inf/NaN are counted apart."""
         return self.fine.sum(axis=1)
 
     @property
     def zeros(self) -> int:
+        """Values that are exactly zero (±0)."""
         return int(self._fine[_ZERO])
 
     @property
     def nonfinite(self) -> int:
+        """Values that are ±inf or NaN."""
         return int(self._fine[_NONFINITE])
 
     @property
     def total(self) -> int:
+        """All values counted: binned, zeros and non-finite."""
         return int(self._fine.sum())
 
     @property
     def amax(self) -> float:
+        """The largest finite |x| counted (0.0 when there is none)."""
         return float(self._amax)
 
     def median_binade(self) -> int | None:
@@ -407,6 +414,8 @@ class Log2Histogram:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Log2Histogram":
+        """The histogram :meth:`to_dict` wrote.  Raises TypeError (not such a dict) or ValueError (another bin
+        layout)."""
         if not isinstance(d, dict) or "fine" not in d:
             raise TypeError("d must be a dict from Log2Histogram.to_dict()")
         if (d.get("kmin"), d.get("kmax"), d.get("nstates")) != (KMIN, KMAX, NSTATES):
@@ -637,9 +646,11 @@ class GradientHistogram:
         return self.histogram.fractions(fmt, scale)["underflow"]
 
     def pause(self) -> None:
+        """Stop recording gradients (the hooks stay in place) until :meth:`resume`."""
         self.enabled = False
 
     def resume(self) -> None:
+        """Record gradients again after :meth:`pause`."""
         self.enabled = True
 
     def _record(self, name: str, grad: torch.Tensor, session: int) -> None:

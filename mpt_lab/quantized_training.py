@@ -42,6 +42,20 @@ name              forward     backward    scaling, and what the weights are
 ``bf16_rne``      BF16        BF16        as ``bf16_sr`` with round-to-nearest-even updates
 ================  ==========  ==========  ===============================================================
 
+Four-bit recipes: a quantisation per GEMM operand
+-------------------------------------------------
+A recipe can instead say, for each of the three GEMMs (fprop, dgrad, wgrad) and each of its two operands,
+how that operand is quantised (:class:`GemmRecipe` of :class:`GemmQuant` of :class:`OperandQuant`: format
+BF16, FP8, MX or NVFP4; 1D blocks or 2D tiles; round-to-nearest-even or stochastic rounding), and whether the
+GEMM's operands are first rotated by a random Hadamard transform along its reduction dimension
+(:class:`~mpt_lab.microscaling.RandomHadamard`).  :func:`four_bit_recipe` builds NVIDIA's NVFP4 training recipe
+("Pretraining Large Language Models with NVFP4", arXiv:2509.25149, §4: 2D weights, stochastic rounding of the
+gradients, a 16-point random Hadamard transform on the weight-gradient GEMM) and the same recipe less any of
+its ingredients; ``TrainingRecipe(..., gemms=...)`` takes any other combination.  The products accumulate in
+FP32; stochastic rounding draws from the :class:`Quantizer`'s generator (seeded: reproducible).  Such recipes
+are not in :data:`TRAINING_RECIPES` (whose recipes chapter 11's experiment runs one by one): pass them to
+:func:`quantize_linears_` as objects.
+
 FP16 and BF16 take the same path as the FP8 recipes (their inputs, weights and output gradients are rounded
 with :func:`mpt_lab.formats.round_to`, through :func:`mpt_lab.microscaling.quantize_per_tensor` with the scale
 fixed at 1), not :mod:`mpt_lab.simulate`: then every recipe quantises exactly the same tensors, and the
@@ -78,7 +92,10 @@ from the same quantised operands; products whose sizes the hardware does not tak
 Sources: Micikevicius et al., "FP8 Formats for Deep Learning" (2022), §3–4 (E4M3 forward, E5M2 backward,
 per-tensor scaling); Transformer Engine documentation, "Using FP8 with Transformer Engine" (delayed scaling,
 amax history, margin); OCP Microscaling Formats (MX) Specification v1.0 and Rouhani et al., "Microscaling Data
-Formats for Deep Learning" (2023); NVIDIA's NVFP4 (two-level scaling).
+Formats for Deep Learning" (2023); NVIDIA's NVFP4 (two-level scaling); NVIDIA, "Pretraining Large Language
+Models with NVFP4" (arXiv:2509.25149, 2025), §4 and Appendix B–E (the four-bit recipe); Tseng et al., "Training
+LLMs with MXFP4" (arXiv:2502.20586) and Castro et al., "Quartet" (arXiv:2505.14669) (stochastic rounding and
+Hadamard transforms for MXFP4).
 """
 
 from __future__ import annotations
@@ -90,11 +107,13 @@ from torch import nn
 
 from . import formats as F
 from .formats import BF16, FP16, FP4_E2M1, FP6_E3M2, FP8_E4M3, FP8_E5M2, FloatFormat
-from .microscaling import (SCALE_ROUNDINGS, DelayedScaling, ScaledTensor, add_counts, fake_quantize_mx,
-                           fake_quantize_nvfp4, new_counts, quantize_mx, quantize_nvfp4, quantize_per_tensor)
+from .microscaling import (BLOCK_LAYOUTS, MX_FORMATS, ROUNDINGS, SCALE_ROUNDINGS, SCHEMES, DelayedScaling,
+                           RandomHadamard, ScaledTensor, add_counts, fake_quantize_mx, fake_quantize_nvfp4, new_counts,
+                           quantize_mx, quantize_nvfp4, quantize_per_tensor)
 
 __all__ = ["TrainingRecipe", "TRAINING_RECIPES", "SCALINGS", "WEIGHT_STORAGE", "get_recipe", "Quantizer",
-           "QuantLinear", "quantize_linears_", "quantized_layers", "round_weights_", "ROLES", "hardware_fp8_available"]
+           "QuantLinear", "quantize_linears_", "quantized_layers", "round_weights_", "ROLES", "hardware_fp8_available",
+           "OperandQuant", "GemmQuant", "GemmRecipe", "OPERAND_FORMATS", "GEMMS", "four_bit_recipe"]
 
 #: How a recipe scales a tensor before rounding it to its format.
 SCALINGS = ("none", "current", "delayed", "mx", "nvfp4")
@@ -119,6 +138,10 @@ class TrainingRecipe:
     saturate : bool, values beyond ±max clamp to ±max (True, as FP8 casts do) or overflow (FP16: to inf)
     loss_scaling : "none" or "dynamic" (:class:`~mpt_lab.scaling.GradScaler` on the loss)
     weights : one of :data:`WEIGHT_STORAGE`
+    gemms : :class:`GemmRecipe` or None
+        A quantisation of its own for each operand of each of the three GEMMs (the four-bit recipes of
+        :func:`four_bit_recipe`); when set it decides what is quantised, and ``forward``, ``backward``,
+        ``scaling`` and ``block_size`` only describe the recipe (:meth:`describe`, :meth:`bits_per_value`).
     """
 
     name: str
@@ -130,10 +153,12 @@ class TrainingRecipe:
     saturate: bool = True
     loss_scaling: str = "none"
     weights: str = "fp32"
+    gemms: GemmRecipe | None = None
 
     @property
     def quantized(self) -> bool:
-        return self.forward is not None
+        """Whether the recipe quantises any GEMM operand (False: a plain-precision recipe)."""
+        return self.forward is not None or self.gemms is not None
 
     @property
     def per_axis(self) -> bool:
@@ -142,10 +167,13 @@ class TrainingRecipe:
 
     def describe(self) -> dict:
         """The recipe as plain data (format names, scaling, block size, weights)."""
-        return {"label": self.label, "forward": self.forward.name if self.forward else "FP32",
-                "backward": self.backward.name if self.backward else "FP32", "scaling": self.scaling,
-                "block_size": self.block_size, "loss_scaling": self.loss_scaling, "weights": self.weights,
-                "bits": self.bits_per_value()}
+        d = {"label": self.label, "forward": self.forward.name if self.forward else "FP32",
+             "backward": self.backward.name if self.backward else "FP32", "scaling": self.scaling,
+             "block_size": self.block_size, "loss_scaling": self.loss_scaling, "weights": self.weights,
+             "bits": self.bits_per_value()}
+        if self.gemms is not None:
+            d["gemms"] = self.gemms.describe()
+        return d
 
     def bits_per_value(self) -> float:
         """Storage of a forward operand in bits per value, its scales included (32 for FP32)."""
@@ -156,6 +184,227 @@ class TrainingRecipe:
         if self.scaling == "nvfp4":
             return self.forward.bits + 8 / self.block_size     # the FP32 tensor scale is negligible
         return float(self.forward.bits)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# recipes with a quantisation for each operand of each GEMM (four-bit training)
+# ----------------------------------------------------------------------------------------------------------
+#: What one GEMM operand can be quantised to (:class:`OperandQuant`): "fp32" (left as it is), "bf16" (rounded
+#: to BF16), "fp8_e4m3" / "fp8_e5m2" (per-tensor current scaling, Transformer Engine's ``Float8CurrentScaling``),
+#: the OCP MX formats ("mxfp8_e4m3", ..., "mxfp4": blocks of 32 with E8M0 scales) and "nvfp4" (blocks of 16
+#: with E4M3 scales and an FP32 tensor scale): :data:`mpt_lab.microscaling.SCHEMES`.
+OPERAND_FORMATS = ("fp32", "bf16", *SCHEMES)
+#: The three GEMMs of a Linear layer, in the order a training step computes them (:class:`GemmRecipe`).
+GEMMS = ("fprop", "dgrad", "wgrad")
+_PER_TENSOR = {"bf16": BF16, "fp8_e4m3": FP8_E4M3, "fp8_e5m2": FP8_E5M2}
+
+
+def _check_str(v, argname: str, choices: tuple) -> str:
+    if not isinstance(v, str):
+        raise TypeError(f"{argname} must be a str, one of {choices}; got {type(v).__name__}")
+    if v not in choices:
+        raise ValueError(f"{argname} must be one of {choices}, got {v!r}")
+    return v
+
+
+@dataclass(frozen=True)
+class OperandQuant:
+    """How one operand of one GEMM is quantised (always along that GEMM's reduction dimension).
+
+    Attributes
+    ----------
+    format : one of :data:`OPERAND_FORMATS` (default "fp32": not quantised; every other format saturates at
+        its ±max)
+    blocks : "1d" or "2d" (:data:`~mpt_lab.microscaling.BLOCK_LAYOUTS`)
+        Block formats only: "2d" scales square tiles of the matrix (16 × 16 for NVFP4, 32 × 32 for MX), so
+        that the operand quantised along either dimension has the same values (NVIDIA, "Pretraining Large
+        Language Models with NVFP4", arXiv:2509.25149, §4.3: the weights).
+    rounding : "nearest_even" or "stochastic" (:data:`~mpt_lab.microscaling.ROUNDINGS`)
+        How the elements are rounded; stochastic rounding draws from the :class:`Quantizer`'s generator
+        (§4.4 of the same paper: the gradients).
+    scale_rounding : the MX shared-scale rule (:data:`~mpt_lab.microscaling.SCALE_ROUNDINGS`; MX formats only)
+
+    Raises
+    ------
+    TypeError / ValueError
+        A field of the wrong type or value (named), or ``blocks="2d"`` for a format without blocks.
+    """
+
+    format: str = "fp32"
+    blocks: str = "1d"
+    rounding: str = "nearest_even"
+    scale_rounding: str = "floor"
+
+    def __post_init__(self):
+        _check_str(self.format, "format", OPERAND_FORMATS)
+        _check_str(self.blocks, "blocks", BLOCK_LAYOUTS)
+        _check_str(self.rounding, "rounding", ROUNDINGS)
+        _check_str(self.scale_rounding, "scale_rounding", SCALE_ROUNDINGS)
+        if self.blocks == "2d" and not self.block_scaled:
+            raise ValueError(f"blocks='2d' needs a block format (MX or NVFP4), got format {self.format!r}")
+        if self.format == "fp32" and self.rounding != "nearest_even":
+            raise ValueError("format 'fp32' is not rounded: rounding must be 'nearest_even'")
+
+    @property
+    def block_scaled(self) -> bool:
+        """Whether the format scales blocks (MX, NVFP4) rather than the whole tensor."""
+        return self.format == "nvfp4" or self.format.upper() in MX_FORMATS
+
+    @property
+    def axis_free(self) -> bool:
+        """Whether the quantised values are the same along either dimension of a matrix (per-tensor formats and
+        2D blocks), so that one quantised copy serves both of its GEMMs."""
+        return not self.block_scaled or self.blocks == "2d"
+
+    def describe(self) -> str:
+        """A short label, e.g. "NVFP4 2D", "NVFP4 SR", "FP32"."""
+        if self.format == "fp32":
+            return "FP32"
+        parts = [self.format.upper()]
+        if self.blocks == "2d":
+            parts.append("2D")
+        if self.rounding == "stochastic":
+            parts.append("SR")
+        if self.format.upper() in MX_FORMATS and self.scale_rounding != "floor":
+            parts.append(self.scale_rounding)
+        return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class GemmQuant:
+    """One GEMM of a Linear layer, C = A · Bᵀ with the reduction over the last dimension of A and of B: how A
+    and B are quantised, and whether both are first rotated by a random Hadamard transform of blocks of
+    ``hadamard`` values along that dimension (0: not; NVIDIA's recipe: 16 on the weight-gradient GEMM only,
+    arXiv:2509.25149, §4.2; :class:`~mpt_lab.microscaling.RandomHadamard`).
+
+    Raises TypeError / ValueError for operands that are no :class:`OperandQuant`, or a ``hadamard`` that is
+    not 0 or a power of two.
+    """
+
+    a: OperandQuant = OperandQuant()
+    b: OperandQuant = OperandQuant()
+    hadamard: int = 0
+
+    def __post_init__(self):
+        for name in ("a", "b"):
+            if not isinstance(getattr(self, name), OperandQuant):
+                raise TypeError(f"{name} must be an OperandQuant, got {type(getattr(self, name)).__name__}")
+        if not isinstance(self.hadamard, int) or isinstance(self.hadamard, bool):
+            raise TypeError(f"hadamard must be an int (0: no transform), got {type(self.hadamard).__name__}")
+        if self.hadamard:
+            RandomHadamard(self.hadamard)                       # raises for a size that is no power of two
+
+    def describe(self) -> str:
+        """One line: the two operands' quantisation and the random Hadamard transform's block size, if any."""
+        h = f", RHT {self.hadamard}" if self.hadamard else ""
+        return f"{self.a.describe()} × {self.b.describe()}{h}"
+
+
+@dataclass(frozen=True)
+class GemmRecipe:
+    """The quantisation of the three GEMMs of every Linear layer (x: input (M, K), w: weight (N, K),
+    g = ∂loss/∂y: output gradient (M, N); M counts the tokens)::
+
+        fprop   y  = Q(x) · Q(w)ᵀ        A = x,  B = w,  reduction over K
+        dgrad   gx = Q(g) · Q(wᵀ)ᵀ       A = g,  B = wᵀ, reduction over N
+        wgrad   gw = Q(gᵀ) · Q(xᵀ)ᵀ      A = gᵀ, B = xᵀ, reduction over M
+
+    Each GEMM is a :class:`GemmQuant` (its A and B operands, and an optional random Hadamard transform of both);
+    the products accumulate in FP32.  ``hadamard_seed`` seeds the sign vector of every transform: one sign
+    vector for all layers and all steps, as NVIDIA's recipe (arXiv:2509.25149, §4.2).
+
+    Emulation: each operand is quantised exactly and dequantised to float32 (element × block scale × tensor
+    scale, rounded once to float32: exact for MX, and for NVFP4 whenever the tensor scale is a power of two),
+    and the product is a float32 matrix product.  A Blackwell GEMM instead applies the block scales to partial
+    dot products and the tensor scales to the result (Appendix B.3, Eq. 5); the two differ by float32 roundings
+    (relative 2⁻²⁴ per operand value), never by the quantisation itself.
+
+    Raises TypeError for GEMMs that are no :class:`GemmQuant` or a seed that is no int ≥ 0.
+    """
+
+    fprop: GemmQuant = GemmQuant()
+    dgrad: GemmQuant = GemmQuant()
+    wgrad: GemmQuant = GemmQuant()
+    hadamard_seed: int = 0
+
+    def __post_init__(self):
+        for name in GEMMS:
+            if not isinstance(getattr(self, name), GemmQuant):
+                raise TypeError(f"{name} must be a GemmQuant, got {type(getattr(self, name)).__name__}")
+        if not isinstance(self.hadamard_seed, int) or isinstance(self.hadamard_seed, bool) or self.hadamard_seed < 0:
+            raise TypeError(f"hadamard_seed must be an int ≥ 0, got {self.hadamard_seed!r}")
+
+    def describe(self) -> dict:
+        """GEMM name → a short label of its operands, e.g. {"fprop": "NVFP4 × NVFP4 2D", ...}."""
+        return {name: getattr(self, name).describe() for name in GEMMS}
+
+
+def four_bit_recipe(fmt: str = "nvfp4", *, hadamard: bool = True, weights_2d: bool = True,
+                    stochastic_gradients: bool = True, hadamard_block: int | None = None, hadamard_seed: int = 0,
+                    scale_rounding: str = "floor", sr_scale_rounding: str = "rceil", name: str | None = None,
+                    label: str | None = None) -> TrainingRecipe:
+    """NVIDIA's four-bit training recipe for every quantised Linear layer, or the recipe less some of its
+    ingredients (NVIDIA, "Pretraining Large Language Models with NVFP4", arXiv:2509.25149, §4)::
+
+        fprop   Q(x) 1×16, round to nearest    ·  Q(w) 16×16 (2D), round to nearest
+        dgrad   Q(g) 1×16, stochastic          ·  Q(wᵀ) 16×16 (2D), round to nearest
+        wgrad   Q(gᵀ) 1×16, stochastic         ·  Q(xᵀ) 1×16, round to nearest;  both after a random
+                                                   Hadamard transform of 16 values along the tokens
+
+    "Use two-dimensional (2D) scaling over 16×16 blocks for weights, and one-dimensional scaling over 1×16
+    blocks for activations and gradients"; "Use stochastic rounding for gradients and round-to-nearest-even
+    for weights and activations"; "Apply Random Hadamard transforms of size 16×16 to inputs of weight gradient
+    GEMMs" (§4).  The fourth ingredient, "a few sensitive linear layers in higher precision" (the last ones),
+    is a choice of layers: leave them out with ``quantize_linears_(model, recipe, skip=...)`` and give them a
+    BF16 recipe with a second ``quantize_linears_(model, "bf16")``.
+
+    Parameters
+    ----------
+    fmt : "nvfp4" or "mxfp4"
+        MXFP4 (blocks of 32, E8M0 scales) with the same methodology, the Hadamard size 32 (the paper's §5).
+    hadamard, weights_2d, stochastic_gradients : bool
+        Each ingredient on (the recipe) or off (an ablation): off means no transform, weights in 1 × 16 (1 × 32)
+        blocks like the other operands, gradients rounded to nearest.
+    hadamard_block : None (16 for NVFP4, 32 for MXFP4) or a power of two
+    hadamard_seed : int ≥ 0, the seed of the one sign vector (:class:`GemmRecipe`)
+    scale_rounding, sr_scale_rounding : MXFP4 only, the shared-scale rule of the operands rounded to nearest and
+        of those rounded stochastically.  OCP's "floor" lets a block's largest values reach 8 and saturate at 6,
+        which would bias stochastic rounding; "rceil" (the smallest power of two that saturates nothing; the
+        NVFP4 paper's Appendix B.4 on MXFP4) keeps it unbiased, as Tseng et al.'s multiplication by 3/4 does
+        (arXiv:2502.20586).
+    name, label : default from the ingredients, e.g. "nvfp4_recipe", "nvfp4_recipe-rht" (no Hadamard)
+
+    Returns
+    -------
+    TrainingRecipe with ``gemms`` set (forward and backward FP4 E2M1, scaling "nvfp4" or "mx", for its
+    description); pass it to :func:`quantize_linears_`.
+
+    Raises
+    ------
+    TypeError / ValueError
+        fmt not "nvfp4" or "mxfp4"; a flag not a bool; a bad hadamard_block, seed or scale rule.
+    """
+    fmt = _check_str(fmt, "fmt", ("nvfp4", "mxfp4"))
+    for argname, v in (("hadamard", hadamard), ("weights_2d", weights_2d),
+                       ("stochastic_gradients", stochastic_gradients)):
+        if not isinstance(v, bool):
+            raise TypeError(f"{argname} must be a bool, got {type(v).__name__}")
+    block = 16 if fmt == "nvfp4" else 32
+    d = (block if hadamard_block is None else hadamard_block) if hadamard else 0
+    grad_rounding = "stochastic" if stochastic_gradients else "nearest_even"
+
+    def op(blocks="1d", rounding="nearest_even"):
+        rule = sr_scale_rounding if rounding == "stochastic" else scale_rounding
+        return OperandQuant(fmt, blocks, rounding, rule if fmt == "mxfp4" else "floor")
+
+    w = op("2d" if weights_2d else "1d")
+    gemms = GemmRecipe(fprop=GemmQuant(op(), w), dgrad=GemmQuant(op(rounding=grad_rounding), w),
+                       wgrad=GemmQuant(op(rounding=grad_rounding), op(), hadamard=d), hadamard_seed=hadamard_seed)
+    missing = [tag for tag, on in (("rht", hadamard), ("2d", weights_2d), ("sr", stochastic_gradients)) if not on]
+    name = name if name is not None else f"{fmt}_recipe" + "".join(f"-{m}" for m in missing)
+    if label is None:
+        label = f"{fmt.upper()} recipe" + (f" without {', '.join(m.upper() for m in missing)}" if missing else "")
+    return TrainingRecipe(name, label, FP4_E2M1, FP4_E2M1, "nvfp4" if fmt == "nvfp4" else "mx", block, gemms=gemms)
 
 
 def _recipes() -> dict:
@@ -216,6 +465,7 @@ class Quantizer:
     scale_rounding : the MX shared-scale rule (``"floor"``: OCP MX v1.0)
     hardware : bool, compute FP8 per-tensor products with ``torch._scaled_mm`` on a GPU that has FP8 tensor
         cores (ignored elsewhere; :attr:`hardware` says whether it is in use)
+    seed : int ≥ 0, seeds :meth:`generator`, whose bits stochastic rounding draws (recipes with ``gemms``)
 
     Attributes
     ----------
@@ -225,15 +475,22 @@ class Quantizer:
         turns them into shares)
     delayed : the :class:`~mpt_lab.microscaling.DelayedScaling` of ``fp8_delayed`` (None otherwise)
     gemms : dict "hardware" / "emulated" → number of products computed each way
+    capture : bool, recipes with ``gemms`` only: keep the operands of every GEMM as its product read them
+    captured : dict (layer name, "fprop" | "dgrad" | "wgrad") → (A, B), the latest float32 operands of that GEMM
+        (after the Hadamard transform and quantisation; the product is ``A @ B.T``), filled while ``capture``
     """
 
     def __init__(self, recipe, *, history_len: int = 16, margin: int = 0, amax_compute_algo: str = "max",
-                 scale_rounding: str = "floor", hardware: bool = False):
+                 scale_rounding: str = "floor", hardware: bool = False, seed: int = 0):
         self.recipe = get_recipe(recipe)
         if scale_rounding not in SCALE_ROUNDINGS:
             raise ValueError(f"scale_rounding must be one of {SCALE_ROUNDINGS}, got {scale_rounding!r}")
         if not isinstance(hardware, bool):
             raise TypeError(f"hardware must be a bool, got {type(hardware).__name__}")
+        if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+            raise TypeError(f"seed must be an int ≥ 0, got {seed!r}")
+        self.seed = seed
+        self._generators: dict = {}
         self.scale_rounding = scale_rounding
         self.delayed = None
         if self.recipe.scaling == "delayed":
@@ -241,10 +498,13 @@ class Quantizer:
                                           amax_compute_algo=amax_compute_algo)
         self.enabled = True
         self.recording = False
+        self.capture = False
+        self.captured: dict = {}
         self.stats: dict = {}
         self.gemms = {"hardware": 0, "emulated": 0}
         fp8 = self.recipe.forward in (FP8_E4M3, FP8_E5M2) and self.recipe.backward in (FP8_E4M3, FP8_E5M2)
-        self.hardware = bool(hardware and fp8 and not self.recipe.per_axis and hardware_fp8_available())
+        self.hardware = bool(hardware and fp8 and not self.recipe.per_axis and self.recipe.gemms is None
+                             and hardware_fp8_available())
         self.layers: list[str] = []
 
     def __repr__(self) -> str:
@@ -296,6 +556,71 @@ class Quantizer:
         if record:
             self._record(layer, role, t, tq, st.saturated(t))
         return tq, st
+
+    # --- the recipes with a quantisation per GEMM operand (``recipe.gemms``) ------------------------------------
+    def generator(self, device) -> torch.Generator:
+        """The ``torch.Generator`` of ``device`` that stochastic rounding draws from, seeded with :attr:`seed`
+        when first used; every stochastically rounded operand moves it on (reproducible from the seed)."""
+        device = torch.device(device)
+        key = str(device)
+        if key not in self._generators:
+            self._generators[key] = torch.Generator(device).manual_seed(self.seed)
+        return self._generators[key]
+
+    def quantize_operand(self, t: torch.Tensor, op: OperandQuant, *, layer: str | None = None,
+                         role: str | None = None, record: bool = False) -> torch.Tensor:
+        """``t`` (a matrix, float32) quantised as ``op`` says along its last dimension and dequantised: float32, t's
+        shape, no autograd history.
+
+        The fast twins (:func:`~mpt_lab.microscaling.fake_quantize_nvfp4`, :func:`~mpt_lab.microscaling.
+        fake_quantize_mx`) give the values of the exact quantisers bit for bit; with ``record`` and
+        :attr:`recording` the exact quantisers are used instead and the statistics of (``layer``, ``role``)
+        accumulated (the same values, and the same draws of stochastic rounding).
+        """
+        if op.format == "fp32":
+            return t
+        t = t.detach()
+        gen = self.generator(t.device) if op.rounding == "stochastic" else None
+        record = record and self.recording
+        if op.format in _PER_TENSOR:
+            fmt = _PER_TENSOR[op.format]
+            amax = fmt.max if op.format == "bf16" else None                  # BF16: the scale is 1
+            q, scale = quantize_per_tensor(t, fmt, amax=amax, rounding=op.rounding, generator=gen)
+            st = ScaledTensor(q, scale, fmt, torch.float32)
+            tq = st.dequantize()
+            if record:
+                self._record(layer, role, t, tq, st.saturated(t))
+            return tq
+        options = {"blocks": op.blocks, "rounding": op.rounding, "generator": gen}
+        if op.format == "nvfp4":
+            if not record:
+                return fake_quantize_nvfp4(t, **options)
+            obj = quantize_nvfp4(t, **options)
+        else:
+            fmt = MX_FORMATS[op.format.upper()]
+            if not record:
+                return fake_quantize_mx(t, fmt, 32, scale_rounding=op.scale_rounding, **options)
+            obj = quantize_mx(t, fmt, 32, scale_rounding=op.scale_rounding, **options)
+        tq = obj.dequantize(torch.float32)
+        self._record(layer, role, t, tq, obj.saturated(t))
+        return tq
+
+    def gemm_operands(self, gemm: GemmQuant, a: torch.Tensor, b: torch.Tensor, *, layer: str | None = None,
+                      roles: tuple = (None, None)) -> tuple[torch.Tensor, torch.Tensor]:
+        """The two operands of ``gemm`` as its product reads them: A (P, L) and B (Q, L), float32, both along
+        their last dimension L (the reduction), first rotated by the random Hadamard transform of ``gemm.hadamard``
+        values with the recipe's ``hadamard_seed`` (both zero-padded to a multiple of it first; zeros add
+        nothing to a dot product), then quantised (:meth:`quantize_operand`: A first, then B).  The product is
+        ``A @ B.T``.  ``roles`` names the operands in the statistics (None: not recorded)."""
+        if gemm.hadamard:
+            pad = -a.shape[1] % gemm.hadamard
+            if pad:
+                a, b = torch.nn.functional.pad(a, (0, pad)), torch.nn.functional.pad(b, (0, pad))
+            rht = RandomHadamard(gemm.hadamard, self.recipe.gemms.hadamard_seed)
+            a, b = rht.apply(a.contiguous()), rht.apply(b.contiguous())
+        aq = self.quantize_operand(a.contiguous(), gemm.a, layer=layer, role=roles[0], record=roles[0] is not None)
+        bq = self.quantize_operand(b.contiguous(), gemm.b, layer=layer, role=roles[1], record=roles[1] is not None)
+        return aq, bq
 
     def _record(self, layer: str, role: str, t: torch.Tensor, tq: torch.Tensor, saturated: torch.Tensor) -> None:
         add_counts(self.stats.setdefault(layer, {}).setdefault(role, new_counts()), t, tq, saturated)
@@ -375,11 +700,75 @@ class _QuantLinearFn(torch.autograd.Function):
         return gx.reshape(ctx.shape), gw, gb, None
 
 
+def _reusable(first: GemmQuant, op1: OperandQuant, second: GemmQuant, op2: OperandQuant) -> bool:
+    """Whether an operand quantised for one GEMM is, value for value, what the other GEMM would quantise: the same
+    quantisation, deterministic, no Hadamard transform in either GEMM, and values that do not depend on the
+    dimension they are quantised along (per tensor, or 2D blocks)."""
+    return (op1 == op2 and op1.rounding == "nearest_even" and op1.axis_free and not first.hadamard
+            and not second.hadamard)
+
+
+class _GemmLinearFn(torch.autograd.Function):
+    """y = x wᵀ + b with the three GEMMs of a :class:`GemmRecipe` (see its docstring), FP32 accumulation.
+
+    Stochastic rounding draws from the quantizer's generator in this order: fprop A, fprop B, dgrad A, dgrad B,
+    wgrad A, wgrad B (only the operands that are rounded stochastically draw).  An operand that one GEMM can take
+    from another (:func:`_reusable`: a 2D-scaled weight, read by fprop and dgrad) is quantised once."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, layer):
+        q = layer.quantizer
+        spec = q.recipe.gemms
+        x2 = x.reshape(-1, x.shape[-1]).to(torch.float32)
+        w = weight.detach().to(torch.float32)
+        xq, wq = q.gemm_operands(spec.fprop, x2, w, layer=layer.name, roles=("x", "w"))
+        y = xq @ wq.t()
+        q.gemms["emulated"] += 1
+        if q.capture:
+            q.captured[(layer.name, "fprop")] = (xq, wq)
+        if bias is not None:
+            y = y + bias
+        ctx.layer, ctx.has_bias, ctx.shape, ctx.weight_dtype = layer, bias is not None, x.shape, weight.dtype
+        keep_w = _reusable(spec.fprop, spec.fprop.b, spec.dgrad, spec.dgrad.b)
+        keep_x = _reusable(spec.fprop, spec.fprop.a, spec.wgrad, spec.wgrad.b)
+        ctx.save_for_backward(x2, w, xq if keep_x else None, wq if keep_w else None)
+        return y.reshape(*x.shape[:-1], weight.shape[0])
+
+    @staticmethod
+    def backward(ctx, gy):
+        layer = ctx.layer
+        q = layer.quantizer
+        spec = q.recipe.gemms
+        x2, w, xq, wq = ctx.saved_tensors
+        g = gy.reshape(-1, gy.shape[-1]).to(torch.float32)
+        if wq is None:                                               # dgrad: A = g (M, N), B = wᵀ (K, N)
+            gq, wtq = q.gemm_operands(spec.dgrad, g, w.t(), layer=layer.name, roles=("g", None))
+        else:                                                        # the fprop's Q(w), transposed
+            gq = q.quantize_operand(g.contiguous(), spec.dgrad.a, layer=layer.name, role="g", record=True)
+            wtq = wq.t()
+        gx = gq @ wtq.t()
+        if xq is None:                                               # wgrad: A = gᵀ (N, M), B = xᵀ (K, M)
+            gtq, xtq = q.gemm_operands(spec.wgrad, g.t(), x2.t())
+        else:                                                        # the fprop's Q(x), transposed
+            gtq, xtq = q.quantize_operand(g.t().contiguous(), spec.wgrad.a), xq.t()
+        gw = gtq @ xtq.t()
+        q.gemms["emulated"] += 2
+        if q.capture:
+            q.captured[(layer.name, "dgrad")] = (gq, wtq)
+            q.captured[(layer.name, "wgrad")] = (gtq, xtq)
+        gb = g.sum(0) if ctx.has_bias else None
+        return gx.reshape(ctx.shape), gw.to(ctx.weight_dtype), gb, None
+
+
 def _quant_linear_eval(x, weight, bias, layer) -> torch.Tensor:
     """The forward of a :class:`QuantLinear` without autograd: quantised operands, no statistics, and the
     delayed-scaling histories left alone (evaluation)."""
     q = layer.quantizer
     x2 = x.reshape(-1, x.shape[-1]).to(torch.float32)
+    if q.recipe.gemms is not None:
+        xq, wq = q.gemm_operands(q.recipe.gemms.fprop, x2, weight.detach().to(torch.float32))
+        y = xq @ wq.t()
+        return (y if bias is None else y + bias).reshape(*x.shape[:-1], weight.shape[0])
     xq, xs = q.quantize(x2, layer.name, "x", record=False, update=False)
     wq, ws = q.quantize(weight, layer.name, "w", record=False, update=False)
     y = q.matmul(xq, wq, xs, ws, tb=True)
@@ -419,7 +808,8 @@ class QuantLinear(nn.Module):
         if not self.quantizer.enabled or not self.quantizer.recipe.quantized:
             return nn.functional.linear(x, self.weight, self.bias)
         if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
-            return _QuantLinearFn.apply(x, self.weight, self.bias, self)
+            fn = _QuantLinearFn if self.quantizer.recipe.gemms is None else _GemmLinearFn
+            return fn.apply(x, self.weight, self.bias, self)
         with torch.no_grad():
             return _quant_linear_eval(x, self.weight, self.bias, self)
 

@@ -68,6 +68,10 @@ def _warm_up(device_note: list) -> None:
 
 
 def main(argv=None) -> int:
+    """``python -m mpt_lab.experiments``: --list, --all (with --profile, --out, --budget, ...) or --unpack; the
+    module docstring describes each.  ``argv``: the arguments (None: ``sys.argv[1:]``).  Returns the exit status:
+    0 when everything asked for ran or was skipped with a reason, 1 when an experiment failed (``--unpack``: the
+    unpacker's status)."""
     from . import budget
 
     p = argparse.ArgumentParser(prog="python -m mpt_lab.experiments", description=__doc__.splitlines()[0])

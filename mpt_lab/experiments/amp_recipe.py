@@ -135,6 +135,7 @@ class AmpRecipeResult(ExperimentResult):
     flops_convention: str = "6 * batch * width**2 FLOPs per Linear per step (forward + backward)"
 
     def row(self, precision: str, batch: int) -> dict:
+        """The row measured at ``precision`` and ``batch``.  Raises KeyError when there is none."""
         for r in self.rows:
             if r["precision"] == precision and r["batch"] == batch:
                 return r

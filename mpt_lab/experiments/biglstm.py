@@ -102,6 +102,9 @@ def equivalent_shift(vocab_size: int, tokens_per_batch: int) -> int:
 
 @dataclass
 class Config(ExperimentConfig):
+    """The bigLSTM-shaped language model, its data, optimizer and loss scales, and the recipes (arms) to train
+    (each field's comment says what it is; :data:`PROFILES` holds each profile's values)."""
+
     model: str = "tiny"                # mpt_lab.models.lstm.CONFIGS
     max_vocab: int = 0                 # 0: every word of the training split
     batch_size: int = 20

@@ -87,6 +87,9 @@ VARIANTS: dict[str, tuple[str, str, dict]] = {
 
 @dataclass
 class Config(ExperimentConfig):
+    """The variants to train ("ours" first), their steps, data and learning rate (each field's comment says what
+    it is; :data:`PROFILES` holds each profile's values)."""
+
     variants: tuple = ("ours", "batch8", "sum", "shift12")   # ids of VARIANTS, "ours" first
     steps: int = 60                   # FP32 optimizer steps of each variant (all recorded)
     n_train: int = 4000               # at most this many generated images per variant (fewer when steps × batch is)

@@ -51,6 +51,9 @@ NAME = "lm_gradient_scale"
 
 @dataclass
 class Config(ExperimentConfig):
+    """The grid of vocabularies and batch sizes, the model and its FP32 training (each field's comment says what
+    it is; :data:`PROFILES` holds each profile's values)."""
+
     model: str = "tiny"                # mpt_lab.models.lstm.CONFIGS
     vocabs: tuple = (1024, 4096)       # max_vocab of each grid point (0: every word of the training split)
     batch_sizes: tuple = (16, 64)      # sequences per batch of each grid point

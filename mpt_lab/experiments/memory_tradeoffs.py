@@ -78,6 +78,9 @@ RECOMPUTE_VS_PRECISION = {
 
 @dataclass
 class Config(ExperimentConfig):
+    """The network, the measurement and the training of the four ways (each field's comment says what it is;
+    :data:`PROFILES` holds each profile's values)."""
+
     image_size: int = 32        # the 8×8 digits are upsampled (bilinear) to image_size × image_size
     width: int = 16
     stages: int = 3

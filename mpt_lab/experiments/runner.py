@@ -253,6 +253,7 @@ class ExperimentResult:
     # --- what every result can say about itself --------------------------------------------------------
     @property
     def profile(self) -> str:
+        """The profile the result was run in ("quick", "cpu", "long", "full", "smoke" or "custom")."""
         return str(self.config.get("profile", "custom"))
 
     @property
@@ -262,6 +263,7 @@ class ExperimentResult:
 
     @property
     def seconds(self) -> float:
+        """Wall-clock seconds the run took (from the provenance; NaN when it does not say)."""
         return float(self.provenance.get("seconds", math.nan))
 
     def source(self) -> str:

@@ -60,6 +60,9 @@ PAPER = {
 
 @dataclass
 class Config(ExperimentConfig):
+    """The detector, its training and what is recorded: phases, per-module histograms, evaluations, the size
+    sweep (each field's comment says what it is; :data:`PROFILES` holds each profile's values)."""
+
     steps: int = 2000                 # optimizer steps
     batch_size: int = 32
     n_train: int = 4000               # generated training images (cycled through in shuffled epochs)
@@ -156,6 +159,7 @@ class SSDHistogramResult(ExperimentResult):
 
     @property
     def final_map50(self) -> float:
+        """mAP@0.5 on the test images after the last step."""
         return float(self.map50[-1][1])
 
     def summary(self, fmt="FP16", which: str = "activation") -> HistogramSummary:

@@ -60,6 +60,9 @@ PAPER = {
 
 @dataclass
 class Config(ExperimentConfig):
+    """The detector, its training, the loss scales and the arms (recipes) to train (each field's comment says
+    what it is; :data:`PROFILES` holds each profile's values)."""
+
     steps: int = 1200
     batch_size: int = 32
     n_train: int = 6000

@@ -49,6 +49,9 @@ FP8_RUNS = ("device, use_fast_accum off", "device, use_fast_accum on", "model, F
 
 @dataclass
 class Config(ExperimentConfig):
+    """The lengths K (multiples of 128) and the output block m × n (multiples of 16, for FP8 tensor cores) of the
+    products measured (:data:`PROFILES` holds each profile's values)."""
+
     ks: tuple = (256, 1024, 4096, 16384)
     m: int = 64                        # output rows and columns (multiples of 16 for FP8 tensor cores)
     n: int = 64

@@ -19,8 +19,17 @@ NVFP4                 :func:`quantize_nvfp4` → :class:`NVFP4Tensor`, :func:`fa
                       (NVIDIA's two-level scaling)
 ====================  ==================================================================================
 
+Three ingredients of four-bit training (NVIDIA, "Pretraining Large Language Models with NVFP4",
+arXiv:2509.25149; Tseng et al., arXiv:2502.20586; Castro et al., "Quartet", arXiv:2505.14669), as options of
+the block quantisers and one transform: ``blocks="2d"`` (:data:`BLOCK_LAYOUTS`: one scale per 16 × 16 tile of a
+matrix, so that quantising the transpose gives the transpose), ``rounding="stochastic"`` (:data:`ROUNDINGS`:
+elements rounded stochastically, unbiased), on :func:`quantize_nvfp4`, :func:`quantize_mx`, their fast twins
+and :func:`quantize_per_tensor`; and :class:`RandomHadamard` (:mod:`~mpt_lab.microscaling.hadamard`), the
+random Hadamard transform of blocks of 16 values applied before quantising.
+
 The modules: :mod:`~mpt_lab.microscaling.per_tensor`, :mod:`~mpt_lab.microscaling.mx`,
-:mod:`~mpt_lab.microscaling.nvfp4`; :mod:`~mpt_lab.microscaling.analysis` (what quantisation loses:
+:mod:`~mpt_lab.microscaling.nvfp4`, :mod:`~mpt_lab.microscaling.hadamard`; :mod:`~mpt_lab.microscaling.analysis`
+(what quantisation loses:
 :func:`quantization_error`, the statistics of a training run, error against block size and scale format, one
 scale against one per tensor); :mod:`~mpt_lab.microscaling.schemes` (:func:`quantize` and
 :func:`fake_quantize` by name, :data:`SCHEMES`); the block helpers, argument checks and element rounding they
@@ -70,10 +79,12 @@ Every function takes torch tensors (CPU or CUDA; float16, bfloat16, float32 or f
 float16, bfloat16 or float32).
 """
 
+from ._core import BLOCK_LAYOUTS, ROUNDINGS
 from .analysis import (add_counts, block_scale_comparison, block_size_sweep, layer_stats, mean_over_layers,
                        new_counts, one_scale_vs_per_tensor, quantization_error, snr_db)
 from .mx import (E8M0_NAN, MX_ELEMENT_FORMATS, MX_FORMATS, SCALE_ROUNDINGS, MXTensor, fake_quantize_mx,
                  quantize_mx)
+from .hadamard import HADAMARD_BLOCK_SIZE, RandomHadamard, hadamard_matrix
 from .nvfp4 import NVFP4_BLOCK_SIZE, NVFP4Tensor, fake_quantize_nvfp4, quantize_nvfp4
 from .per_tensor import DelayedScaling, ScaledTensor, quantize_per_tensor, scale_from_amax
 from .schemes import SCHEMES, fake_quantize, quantize
@@ -85,4 +96,5 @@ __all__ = [
     "block_scale_comparison", "mean_over_layers", "one_scale_vs_per_tensor",
     "quantize", "fake_quantize", "SCHEMES",
     "MX_ELEMENT_FORMATS", "MX_FORMATS", "SCALE_ROUNDINGS", "E8M0_NAN", "NVFP4_BLOCK_SIZE",
+    "RandomHadamard", "hadamard_matrix", "HADAMARD_BLOCK_SIZE", "BLOCK_LAYOUTS", "ROUNDINGS",
 ]

@@ -28,6 +28,15 @@ INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 BITS = {torch.float32: (torch.int32, 23, 127, 0xFF), torch.float64: (torch.int64, 52, 1023, 0x7FF)}
 #: Values per chunk on the CPU: a chunk's temporaries (1 MiB) stay in the cache.
 CHUNK = 1 << 18
+#: How the elements are rounded to the element format (:func:`mpt_lab.formats.round_to`'s modes):
+#: round-to-nearest-even, or stochastically (up with probability equal to the discarded fraction of the
+#: spacing, so E[q] = v exactly wherever v does not saturate).
+ROUNDINGS = ("nearest_even", "stochastic")
+#: Block layouts of the block quantisers: "1d", blocks of ``block_size`` values along one axis; "2d", square
+#: tiles of ``block_size`` × ``block_size`` values of a matrix sharing one scale (NVIDIA, "Pretraining Large
+#: Language Models with NVFP4", arXiv:2509.25149, §4.3), so that the quantised matrix and the quantised
+#: transpose are each other's transpose.
+BLOCK_LAYOUTS = ("1d", "2d")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -80,6 +89,21 @@ def check_choice(v, argname: str, choices: tuple) -> str:
     if v not in choices:
         raise ValueError(f"{argname} must be one of {choices}, got {v!r}")
     return v
+
+
+def check_rounding(rounding) -> str:
+    """``rounding`` if it is one of :data:`ROUNDINGS`; TypeError/ValueError naming the argument."""
+    return check_choice(rounding, "rounding", ROUNDINGS)
+
+
+def check_blocks(blocks, x: torch.Tensor) -> str:
+    """``blocks`` if it is one of :data:`BLOCK_LAYOUTS` and x can be split that way ("2d" needs a matrix);
+    TypeError/ValueError naming the argument."""
+    blocks = check_choice(blocks, "blocks", BLOCK_LAYOUTS)
+    if blocks == "2d" and x.dim() != 2:
+        raise ValueError(f"blocks='2d' (square tiles of a matrix) needs a 2-d tensor, got {x.dim()}-d x "
+                         f"of shape {tuple(x.shape)}")
+    return blocks
 
 
 def check_dtype(dtype) -> torch.dtype:
@@ -136,9 +160,11 @@ def block_amax(xb: torch.Tensor, work: torch.dtype) -> torch.Tensor:
 
 
 def scale_rows_and_encode(xb: torch.Tensor, r: torch.Tensor, nan: torch.Tensor, fmt: FloatFormat,
-                           work: torch.dtype) -> torch.Tensor:
+                           work: torch.dtype, rounding: str = "nearest_even", generator=None) -> torch.Tensor:
     """Codes (uint8, xb's shape) of fl(v · r) rounded to fmt with saturation, r one multiplier per row (work
-    dtype); rows where ``nan`` is set get codes 0.  Chunk by chunk into a reused buffer (cache-resident)."""
+    dtype); rows where ``nan`` is set get codes 0.  Chunk by chunk into a reused buffer (cache-resident).
+    ``rounding="stochastic"`` draws from ``generator`` chunk after chunk, in the order of the values, which
+    is the order :func:`mpt_lab.formats.round_to` draws them in on the whole tensor (the same values)."""
     codes = torch.empty(xb.shape, dtype=torch.uint8, device=xb.device)
     any_nan = bool(nan.any())
     buf = None
@@ -148,7 +174,7 @@ def scale_rows_and_encode(xb: torch.Tensor, r: torch.Tensor, nan: torch.Tensor, 
         y = torch.mul(xb[a:b], r[a:b, None], out=buf[:b - a])
         if any_nan:
             y.masked_fill_(nan[a:b, None], 0.0)
-        encode_into(codes[a:b], y, fmt)
+        encode_into(codes[a:b], y, fmt, rounding, generator)
     return codes
 
 
@@ -217,12 +243,15 @@ def native_cast(fmt: FloatFormat, device: torch.device) -> str | None:
     return _NATIVE[key]
 
 
-def encode_into(out: torch.Tensor, y: torch.Tensor, fmt: FloatFormat) -> None:
-    """Write the codes of the finite values y (float32 or float64), rounded to nearest-even in fmt with
-    saturation, into the uint8 tensor ``out``; y may be clamped in place."""
-    native = native_cast(fmt, y.device) if fmt in FLOAT8 and y.dtype == torch.float32 else None
+def encode_into(out: torch.Tensor, y: torch.Tensor, fmt: FloatFormat, rounding: str = "nearest_even",
+                generator=None) -> None:
+    """Write the codes of the finite values y (float32 or float64), rounded to nearest-even (or
+    stochastically, from ``generator``) in fmt with saturation, into the uint8 tensor ``out``; y may be
+    clamped in place."""
+    native = (native_cast(fmt, y.device) if fmt in FLOAT8 and y.dtype == torch.float32
+              and rounding == "nearest_even" else None)
     if native is None:
-        out.copy_(F.encode(y, fmt, saturate=True))
+        out.copy_(F.encode(y, fmt, saturate=True, rounding=rounding, generator=generator))
         return
     if native == "in_range":
         y.clamp_(-fmt.max, fmt.max)
@@ -252,6 +281,26 @@ def from_blocks(t: torch.Tensor, layout: tuple, axis: int, per_block: bool) -> t
     return t.reshape(*lead, padded)[..., :n].movedim(-1, axis).contiguous()
 
 
+def tile_amax(amax: torch.Tensor, layout: tuple, block_size: int) -> torch.Tensor:
+    """2D block scaling: the amax of each ``block_size`` × ``block_size`` tile of a matrix, given to each of
+    the tile's 1 × block_size blocks.
+
+    ``amax`` holds one value per block of :func:`to_blocks` of a 2-d tensor (rows × blocks per row, flattened;
+    float32 or float64, NaN for a block holding NaN); the result has the same shape and holds, for each
+    block, the maximum over the ``block_size`` consecutive rows of its tile (a partial last tile of fewer rows
+    has its own).  NaN propagates (torch's ``amax``).  "2D block scales are replicated for each of the
+    1 × 16 blocks when being passed into Tensor Cores" (NVIDIA, arXiv:2509.25149, §4.3): every quantiser
+    downstream stays the 1D one.
+    """
+    (rows,), nblocks = layout[0], layout[1]
+    a = amax.view(rows, nblocks)
+    pad = -rows % block_size
+    if pad:
+        a = torch.nn.functional.pad(a, (0, 0, 0, pad))                 # zero rows do not change a maximum
+    a = a.view(-1, block_size, nblocks).amax(1)
+    return a.repeat_interleave(block_size, 0)[:rows].reshape(-1)
+
+
 def chunks(nrows: int, block_size: int, device: torch.device):
     """Row ranges of about CHUNK values each on the CPU; one range elsewhere (big kernels are cheaper there)."""
     step = max(1, CHUNK // block_size) if device.type == "cpu" else max(nrows, 1)
@@ -270,10 +319,12 @@ class QuantizedTensor:
 
     @property
     def shape(self) -> torch.Size:
+        """The shape of the quantised tensor (that of its element codes)."""
         return self._codes().shape
 
     @property
     def device(self) -> torch.device:
+        """The device its codes are on."""
         return self._codes().device
 
 
@@ -301,6 +352,7 @@ class BlockScaledTensor(QuantizedTensor):
         return F.decode(self.element_codes, self.fmt)
 
     def scales(self) -> torch.Tensor:  # pragma: no cover - every subclass defines it
+        """The scale of each block as float64 values (each format's subclass says how it decodes them)."""
         raise NotImplementedError
 
     def _per_value(self, per_block: torch.Tensor) -> torch.Tensor:

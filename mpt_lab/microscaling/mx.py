@@ -7,6 +7,16 @@ training step needs).  Both take the shared scale from the same function of each
 disagree on it; they differ in how the elements are rounded (codes, chunk by chunk, against
 :func:`mpt_lab.formats.round_to` on the whole tensor).  Source: OCP Microscaling Formats (MX) Specification
 v1.0, §5 (formats), §5.4.1 (E8M0), §6.3 (conversion).
+
+Two options for four-bit training, both off by default: ``blocks="2d"``, square tiles of block_size ×
+block_size values of a matrix sharing one scale (NVIDIA, "Pretraining Large Language Models with NVFP4",
+arXiv:2509.25149, §4.3, written there for NVFP4's 16 × 16), and ``rounding="stochastic"``, elements rounded
+stochastically (Tseng et al., "Training LLMs with MXFP4", arXiv:2502.20586; Castro et al., "Quartet",
+arXiv:2505.14669).  Stochastic rounding is unbiased only where v / X does not exceed the element format's
+max: OCP's floor scale leaves the block maximum up to 8 for FP4 (saturated to 6), so Tseng et al. multiply
+the block by 3/4 before rounding (and by 4/3 after), which is no MX tensor; ``scale_rounding="rceil"`` (the
+smallest power of two that saturates nothing, what the NVFP4 paper's Appendix B.4 describes for MXFP4) keeps
+the values on the MX grid and SR unbiased.
 """
 
 from __future__ import annotations
@@ -18,8 +28,9 @@ import torch
 
 from .. import formats as F
 from ..formats import E8M0, FP4_E2M1, FP6_E2M3, FP6_E3M2, FP8_E4M3, FP8_E5M2, FloatFormat, exact_arithmetic
-from ._core import (BITS, FLOAT8, BlockScaledTensor, block_amax, check_axis, check_choice, check_int, check_tensor,
-                    from_blocks, pow2, scale_rows_and_encode, to_blocks, work_dtype)
+from ._core import (BITS, FLOAT8, BlockScaledTensor, block_amax, check_axis, check_blocks, check_choice, check_int,
+                    check_rounding, check_tensor, from_blocks, pow2, scale_rows_and_encode, tile_amax, to_blocks,
+                    work_dtype)
 
 __all__ = ["MXTensor", "quantize_mx", "fake_quantize_mx", "MX_ELEMENT_FORMATS", "MX_FORMATS", "SCALE_ROUNDINGS",
            "E8M0_NAN"]
@@ -100,10 +111,19 @@ def _element_format(fmt) -> FloatFormat:
     return f
 
 
-def _mx_arguments(x: torch.Tensor, fmt, block_size, axis, scale_rounding) -> tuple:
-    """(element format, block size, non-negative axis, scale rule), checked as :func:`quantize_mx` documents."""
+def _mx_arguments(x: torch.Tensor, fmt, block_size, axis, scale_rounding, blocks="1d",
+                  rounding="nearest_even") -> tuple:
+    """(element format, block size, non-negative axis, scale rule, block layout, element rounding), checked as
+    :func:`quantize_mx` documents."""
     return (_element_format(fmt), check_int(block_size, "block_size", 1), check_axis(axis, x.dim()),
-            check_choice(scale_rounding, "scale_rounding", SCALE_ROUNDINGS))
+            check_choice(scale_rounding, "scale_rounding", SCALE_ROUNDINGS), check_blocks(blocks, x),
+            check_rounding(rounding))
+
+
+def _amax(xb: torch.Tensor, work: torch.dtype, layout: tuple, block_size: int, blocks: str) -> torch.Tensor:
+    """Each block's amax (work dtype), or with ``blocks="2d"`` its block_size × block_size tile's."""
+    amax = block_amax(xb, work)
+    return tile_amax(amax, layout, block_size) if blocks == "2d" else amax
 
 
 def _scale_codes_mx(amax: torch.Tensor, fmt: FloatFormat, rule: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -142,7 +162,8 @@ def _pow2_neg_scale(c: torch.Tensor, work: torch.dtype) -> torch.Tensor:
 
 
 @exact_arithmetic
-def quantize_mx(x, fmt, block_size: int = 32, axis: int = -1, *, scale_rounding: str = "floor") -> MXTensor:
+def quantize_mx(x, fmt, block_size: int = 32, axis: int = -1, *, scale_rounding: str = "floor", blocks: str = "1d",
+                rounding: str = "nearest_even", generator=None) -> MXTensor:
     """Quantise x to an OCP MX format: blocks of ``block_size`` values along ``axis`` share a power-of-two scale.
 
     Per block (OCP MX v1.0 §6.3): amax = max |v|; shared scale X = 2^(⌊log2 amax⌋ − emax), emax being the element
@@ -163,6 +184,14 @@ def quantize_mx(x, fmt, block_size: int = 32, axis: int = -1, *, scale_rounding:
     axis : int
         The axis the blocks run along (for a matrix product: the reduction axis).
     scale_rounding : {"floor", "ceil", "even", "rceil"}
+    blocks : {"1d", "2d"}
+        "2d" (x a matrix): the scale comes from the amax of the block's block_size × block_size tile (a
+        partial tile at an edge has its own) and is given to each of the tile's blocks, so the values of x.T
+        quantised are those of x quantised, transposed (module docstring).
+    rounding : {"nearest_even", "stochastic"}
+        How v / X is rounded to ``fmt`` (saturating at ±max either way); stochastic bits come from
+        ``generator`` (:func:`mpt_lab.formats.round_to`).
+    generator : None, int or torch.Generator
 
     Returns
     -------
@@ -172,26 +201,31 @@ def quantize_mx(x, fmt, block_size: int = 32, axis: int = -1, *, scale_rounding:
     Raises
     ------
     TypeError
-        x is not such a tensor; block_size or axis not an int; scale_rounding not a str.
+        x is not such a tensor; block_size or axis not an int; scale_rounding, blocks or rounding not a str;
+        generator of a wrong type.
     ValueError
-        fmt is no MX element format or MX format name (the message lists them); block_size < 1; axis out of range; unknown scale_rounding; meta tensor.
+        fmt is no MX element format or MX format name (the message lists them); block_size < 1; axis out of range;
+        unknown scale_rounding, blocks or rounding; blocks="2d" for a tensor that is not 2-d; meta tensor.
     """
     x = check_tensor(x)
-    fmt, block_size, axis, rule = _mx_arguments(x, fmt, block_size, axis, scale_rounding)
+    fmt, block_size, axis, rule, blocks, rounding = _mx_arguments(x, fmt, block_size, axis, scale_rounding, blocks,
+                                                                  rounding)
     xb, layout = to_blocks(x, block_size, axis)
     work = work_dtype(x.dtype)
-    c, nan = _scale_codes_mx(block_amax(xb, work), fmt, rule)
-    codes = scale_rows_and_encode(xb, _pow2_neg_scale(c, work), nan, fmt, work)   # v / X: exact
+    c, nan = _scale_codes_mx(_amax(xb, work, layout, block_size, blocks), fmt, rule)
+    codes = scale_rows_and_encode(xb, _pow2_neg_scale(c, work), nan, fmt, work, rounding, generator)   # v / X: exact
     scale_codes = c.masked_fill_(nan, E8M0_NAN).to(torch.uint8)
     return MXTensor(from_blocks(codes, layout, axis, False), from_blocks(scale_codes, layout, axis, True),
                     fmt, block_size, axis, x.dtype, rule)
 
 
 @exact_arithmetic
-def fake_quantize_mx(x, fmt, block_size: int = 32, axis: int = -1, *, scale_rounding: str = "floor") -> torch.Tensor:
-    """``quantize_mx(x, fmt, block_size, axis, scale_rounding=...).dequantize()`` for float32 (or narrower) x,
-    computed without codes: the same values bit for bit (the tests compare them on random, tied, subnormal,
-    zero, infinite and NaN blocks), four (E4M3) to ten (FP6, FP4) times faster on a CPU.
+def fake_quantize_mx(x, fmt, block_size: int = 32, axis: int = -1, *, scale_rounding: str = "floor",
+                     blocks: str = "1d", rounding: str = "nearest_even", generator=None) -> torch.Tensor:
+    """``quantize_mx(x, fmt, block_size, axis, scale_rounding=..., blocks=..., rounding=...,
+    generator=...).dequantize()`` for float32 (or narrower) x, computed without codes: the same values bit
+    for bit (the tests compare them on random, tied, subnormal, zero, infinite and NaN blocks, and with
+    stochastic rounding from the same generator state), four (E4M3) to ten (FP6, FP4) times faster on a CPU.
 
     Per block of ``block_size`` values along ``axis``: the E8M0 code c of the shared scale as in
     :func:`quantize_mx` (the same function of the block's amax), X = 2^(c − 127); each value becomes
@@ -201,7 +235,7 @@ def fake_quantize_mx(x, fmt, block_size: int = 32, axis: int = -1, *, scale_roun
     Parameters
     ----------
     x : float16, bfloat16 or float32 tensor, at least 1-d (float64 is refused: its MX scale uses float64 bits)
-    fmt, block_size, axis, scale_rounding : as :func:`quantize_mx`
+    fmt, block_size, axis, scale_rounding, blocks, rounding, generator : as :func:`quantize_mx`
 
     Returns
     -------
@@ -210,18 +244,20 @@ def fake_quantize_mx(x, fmt, block_size: int = 32, axis: int = -1, *, scale_roun
     Raises
     ------
     TypeError, ValueError
-        A bad x, fmt, block_size, axis or scale_rounding, each named.
+        A bad x, fmt, block_size, axis, scale_rounding, blocks, rounding or generator, each named.
     """
     x = check_tensor(x)
     if x.dtype == torch.float64:
         raise TypeError("x must be float16, bfloat16 or float32 (use mpt_lab.microscaling.quantize_mx for float64)")
-    fmt, block_size, axis, rule = _mx_arguments(x, fmt, block_size, axis, scale_rounding)
+    fmt, block_size, axis, rule, blocks, rounding = _mx_arguments(x, fmt, block_size, axis, scale_rounding, blocks,
+                                                                  rounding)
     xb, layout = to_blocks(x.to(torch.float32), block_size, axis)
-    c, nan = _scale_codes_mx(block_amax(xb, torch.float32), fmt, rule)
+    c, nan = _scale_codes_mx(_amax(xb, torch.float32, layout, block_size, blocks), fmt, rule)
     any_nan = bool(nan.any())
     if any_nan:                                                            # FP6/FP4 have no NaN: zero them first
         xb = xb.masked_fill(nan[:, None], 0.0)
-    elem = F.round_to(xb * _pow2_neg_scale(c, torch.float32)[:, None], fmt, saturate=True)   # v / X: exact
+    elem = F.round_to(xb * _pow2_neg_scale(c, torch.float32)[:, None], fmt, saturate=True, rounding=rounding,
+                      generator=generator)                                                  # v / X: exact
     y = elem * pow2(c - 127, torch.float32)[:, None]                                       # element × X: exact
     if any_nan:
         y[nan] = math.nan

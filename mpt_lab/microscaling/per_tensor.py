@@ -23,7 +23,7 @@ import torch
 from .. import formats as F
 from ..formats import FloatFormat, exact_arithmetic
 from ._core import (FP32_MAX, QuantizedTensor, abs_max, as_float32, beyond_range, check_bool, check_choice,
-                    check_dtype, check_int, check_tensor, pow2, scalar_format, work_dtype)
+                    check_dtype, check_int, check_rounding, check_tensor, pow2, scalar_format, work_dtype)
 
 __all__ = ["scale_from_amax", "ScaledTensor", "quantize_per_tensor", "DelayedScaling"]
 
@@ -117,17 +117,20 @@ class ScaledTensor(QuantizedTensor):
         return beyond_range(x.to(torch.float64) * self.scale.to(x.device, torch.float64), self.fmt)
 
 
-def _round_scaled(x: torch.Tensor, scale: torch.Tensor, fmt: FloatFormat, saturate: bool) -> torch.Tensor:
+def _round_scaled(x: torch.Tensor, scale: torch.Tensor, fmt: FloatFormat, saturate: bool,
+                  rounding: str = "nearest_even", generator=None) -> torch.Tensor:
     """round_to(fl32(x · scale), fmt) as float32: the product rounded to float32 (float64 for float64 x), then
     to fmt, as Transformer Engine's FP32 multiply-then-cast (module docstring).  Two roundings: near a
     midpoint of fmt this can differ from the exact product rounded once."""
     w = x.to(work_dtype(x.dtype))
-    return F.round_to(w * scale.to(w.dtype), fmt, saturate=saturate).to(torch.float32)
+    return F.round_to(w * scale.to(w.dtype), fmt, saturate=saturate, rounding=rounding,
+                      generator=generator).to(torch.float32)
 
 
 @exact_arithmetic
 def quantize_per_tensor(x, fmt, *, amax=None, margin: int = 0, power_of_two: bool = False,
-                        saturate: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+                        saturate: bool = True, rounding: str = "nearest_even",
+                        generator=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-tensor scaling as Transformer Engine: q = round_to(fl32(x·scale), ``fmt``), x ≈ q / scale.
 
     scale = (fmt.max / amax) / 2^margin (:func:`scale_from_amax`), with amax = max |x| (current scaling, TE's
@@ -148,6 +151,10 @@ def quantize_per_tensor(x, fmt, *, amax=None, margin: int = 0, power_of_two: boo
     power_of_two : bool
         Use the power-of-two floor of the scale (then q / scale is exact).
     saturate : bool
+    rounding : {"nearest_even", "stochastic"}
+        How fl32(x·scale) is rounded to fmt: to nearest-even (Transformer Engine's cast), or stochastically
+        from ``generator`` (:func:`mpt_lab.formats.round_to`; unbiased where nothing saturates).
+    generator : None, int or torch.Generator (stochastic rounding only)
 
     Returns
     -------
@@ -166,11 +173,12 @@ def quantize_per_tensor(x, fmt, *, amax=None, margin: int = 0, power_of_two: boo
     x = check_tensor(x)
     fmt = scalar_format(fmt, "fmt")
     check_bool(saturate, "saturate")
+    rounding = check_rounding(rounding)
     a = abs_max(x).to(torch.float32) if amax is None else as_float32(amax, "amax", x.device)
     if a.dim() != 0:
         raise ValueError(f"amax must be a single value (0-d), got shape {tuple(a.shape)}")
     scale = scale_from_amax(a, fmt, margin=margin, power_of_two=power_of_two)
-    return _round_scaled(x, scale, fmt, saturate), scale
+    return _round_scaled(x, scale, fmt, saturate, rounding, generator), scale
 
 
 # ----------------------------------------------------------------------------------------------------------
