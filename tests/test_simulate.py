@@ -22,9 +22,11 @@ import pytest
 import torch
 from torch import nn
 
+from mpt_lab.accumulation import any_order_bounds
 from mpt_lab.device import cpu_kernels
 from mpt_lab.formats import BF16, FP8_E4M3, FP8_E5M2, FP16, round_to
-from mpt_lab.simulate import LOWER_PRECISION_OPS, FLOAT32_OPS, paused, round_parameters_, rounder, simulate
+from mpt_lab.simulate import (LOWER_PRECISION_OPS, FLOAT32_OPS, fp16_convolution_probe, paused, round_parameters_,
+                              rounder, simulate)
 
 # Nearly every test here runs PyTorch's real float16/bfloat16 CPU kernels (simulate delegates to them, and the
 # references use them), whose paths differ by CPU: tests/test_cpu_kernels.py reruns this file under a second one.
@@ -290,15 +292,22 @@ def test_gradient_underflow_is_bit_identical_to_the_ieee_reference(kind, log2_sc
 
 def _assert_fp32_accumulation_rounded_once(got, exact, abs_sum, k, what):
     """``got`` (a float16 kernel's result, or simulate's) is an FP32 accumulation of k exact products (FP16 × FP16
-    is exact in FP32), in any order, rounded once to FP16.  Derived tolerance: any FP32 summation order is within
-    γ_k·Σ|a_i b_i| of the exact sum, γ_k = k·u/(1 − k·u), u = 2⁻²⁴ (Higham, "Accuracy and Stability of Numerical
-    Algorithms", 2002, §3.1; float64's own γ_k added for ``exact``), and rounding is monotone, so ``got`` lies
-    between the FP16 roundings of the two ends of that interval.  Most values are the exact sum rounded once; a
-    value differs where the interval holds an FP16 rounding midpoint (more often after cancellation)."""
-    exact, abs_sum, got = exact.double(), abs_sum.double(), got.double()
-    gamma = k * 2.0 ** -24 / (1 - k * 2.0 ** -24) + k * 2.0 ** -53 / (1 - k * 2.0 ** -53)
-    low, high = round_to(exact - gamma * abs_sum, FP16), round_to(exact + gamma * abs_sum, FP16)
+    is exact in FP32), in any order, rounded once to FP16: it lies in the interval of
+    :func:`mpt_lab.accumulation.any_order_bounds` (derived from FP32's error bound γ_k·Σ|a_i b_i|)."""
+    low, high = any_order_bounds(exact.double(), abs_sum.double(), k)
+    got = got.double()
     assert bool(((low <= got) & (got <= high)).all()), what
+
+
+def test_the_convolution_probe_tells_the_kernels_apart():
+    """What chapter 8 shows: oneDNN's float16 convolution stays within the FP32-accumulation bounds, ATen's
+    fallback (which rounds per image) does not."""
+    p = fp16_convolution_probe()
+    assert p["convolution"] == cpu_kernels().fp16_convolution and p["values"] == 288
+    assert (p["outside_fp32_bounds"] == 0) == (p["convolution"] == "onednn"), p
+    assert p["differ_from_simulate"] >= p["outside_fp32_bounds"]
+    with pytest.raises(ValueError, match="batch"):
+        fp16_convolution_probe(batch=1)
 
 
 def _conv_of(m):

@@ -69,8 +69,8 @@ def _longest_first(paths: list[Path], srcdir: Path) -> list[Path]:
 
 
 def _execute_in_parallel(app, env, docnames) -> None:
-    config = app.config
-    if getattr(config, "nb_execution_mode", None) != "cache":
+    config = getattr(env, "mystnb_config", None)       # myst-nb's settings, its cache path resolved
+    if config is None or config.execution_mode != "cache" or not config.execution_cache_path:
         return
     jobs = _jobs()
     if jobs < 2:
@@ -79,7 +79,7 @@ def _execute_in_parallel(app, env, docnames) -> None:
     from jupyter_cache import get_cache
     from jupyter_cache.base import CacheBundleIn
 
-    cache = get_cache(config.nb_execution_cache_path or ".jupyter_cache")
+    cache = get_cache(config.execution_cache_path)
     srcdir = Path(app.srcdir)
     todo = []
     for docname in docnames:
@@ -95,11 +95,11 @@ def _execute_in_parallel(app, env, docnames) -> None:
     todo = _longest_first(todo, srcdir)
     LOGGER.info(f"[mpt_book] executing {len(todo)} notebooks, {jobs} at a time")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    timeout = config.nb_execution_timeout
+    timeout = config.execution_timeout
     t0 = time.perf_counter()
     with ProcessPoolExecutor(max_workers=min(jobs, len(todo))) as pool:
-        futures = [pool.submit(_execute, str(p), timeout, bool(config.nb_execution_allow_errors),
-                               bool(config.nb_execution_in_temp)) for p in todo]
+        futures = [pool.submit(_execute, str(p), timeout, bool(config.execution_allow_errors),
+                               bool(config.execution_in_temp)) for p in todo]
         for future in as_completed(futures):
             path, text, seconds, error = future.result()
             rel = os.path.relpath(path, srcdir)
