@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 import torch
 
-__all__ = ["default_device", "resolve", "synchronize", "describe", "cpu_flags", "versions", "provenance",
+__all__ = ["default_device", "resolve", "synchronize", "describe", "cpu_flags", "versions", "backends", "provenance",
            "PREFLIGHT_CHECKS", "Check", "run_checks", "preflight", "main"]
 
 #: CPU instruction-set extensions that decide how fast FP16/BF16 run on a CPU (Linux names in /proc/cpuinfo).
@@ -157,9 +157,41 @@ def versions() -> dict:
     return out
 
 
+def backends() -> dict:
+    """The switches that decide which arithmetic float32 products and convolutions use on CUDA, as they are now:
+
+    ``cuda_matmul_allow_tf32`` (``torch.backends.cuda.matmul.allow_tf32``: float32 matrix products on TF32 tensor
+    cores; False by default), ``cudnn_allow_tf32`` (``torch.backends.cudnn.allow_tf32``: cuDNN's float32
+    convolutions in TF32; **True** by default, so a "FP32" convolution on an Ampere or later GPU computes in TF32),
+    ``float32_matmul_precision`` (``torch.get_float32_matmul_precision()``), ``cudnn_benchmark``,
+    ``cudnn_deterministic``, ``cuda_matmul_allow_fp16_reduced_precision_reduction`` and
+    ``…_bf16_…`` (reduced-precision reductions inside 16-bit GEMMs), and where this torch has them the
+    ``fp32_precision`` settings of the newer API (``torch.backends.cuda.matmul.fp32_precision``,
+    ``torch.backends.cudnn.conv.fp32_precision``).  Recorded in every result's provenance (the runner), so a
+    saved "FP32" time says whether TF32 was allowed.  The values are the same on a CPU build (they then decide
+    nothing)."""
+    m = torch.backends.cuda.matmul
+    out = {"cuda_matmul_allow_tf32": bool(m.allow_tf32), "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
+           "float32_matmul_precision": torch.get_float32_matmul_precision(),
+           "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
+           "cudnn_deterministic": bool(torch.backends.cudnn.deterministic),
+           "cuda_matmul_allow_fp16_reduced_precision_reduction": bool(m.allow_fp16_reduced_precision_reduction),
+           "cuda_matmul_allow_bf16_reduced_precision_reduction": bool(m.allow_bf16_reduced_precision_reduction)}
+    for name, obj in (("cuda_matmul_fp32_precision", m), ("cudnn_conv_fp32_precision",
+                                                          getattr(torch.backends.cudnn, "conv", None))):
+        try:
+            value = getattr(obj, "fp32_precision", None) if obj is not None else None
+        except Exception:  # pragma: no cover - an older torch without the setting
+            value = None
+        if isinstance(value, str):
+            out[name] = value
+    return out
+
+
 def provenance(command: str | None = None, config: dict | None = None, device: Any = None) -> dict:
-    """Where a measured result came from: command, device, versions, UTC date, configuration and the machine's
-    load average (so a time measured while other work ran can be read as such).
+    """Where a measured result came from: command, device, versions, UTC date, configuration, the TF32 and cuDNN
+    switches (:func:`backends`) and the machine's load average (so a time measured while other work ran can be read
+    as such).
 
     Parameters
     ----------
@@ -173,7 +205,8 @@ def provenance(command: str | None = None, config: dict | None = None, device: A
         command = " ".join([os.path.basename(sys.executable)] + sys.argv)
     return {"command": command, "device": describe(device), "versions": versions(),
             "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "profile": _profile_or_none(), "config": dict(config or {}), "load_average": _load_average()}
+            "profile": _profile_or_none(), "config": dict(config or {}), "backends": backends(),
+            "load_average": _load_average()}
 
 
 def _load_average() -> list | None:
