@@ -18,6 +18,8 @@ measured matrix-multiply throughput.
 - :func:`gemm_tflops`: an m×k by k×n product in FP32, TF32, BF16, FP16 or FP8 (``torch._scaled_mm``, fast
   accumulation on or off); :func:`copy_bandwidth`: a device-to-device copy; :class:`GpuSampler`: the GPU's
   clocks and power sampled while something runs (``nvidia-smi`` or ``pynvml``, where present): the roofline.
+- :func:`memory_per_parameter`: the bytes per parameter of a Linear stack trained with Adam in FP32, with AMP,
+  and in BF16 with FP32 master weights, against ZeRO's accounting (:data:`ZERO_BYTES_PER_PARAMETER`).
 - :func:`count_ops`: the ATen operators a callable dispatches (e.g. ``aten::_local_scalar_dense``, the host
   reading a device value back: ``.item()``); :func:`profile_steps`: ``torch.profiler`` over a few calls: the
   host's time per call, the share of the wall time the device is busy, its kernels by name.
@@ -35,7 +37,7 @@ import torch
 
 __all__ = ["Timing", "time_call", "interleaved", "peak_memory", "track_peak_memory", "matmul_peak_tflops", "TIMERS",
            "DATASHEET", "datasheet_peaks", "GEMM_KINDS", "gemm_tflops", "copy_bandwidth", "GpuSampler", "count_ops",
-           "profile_steps", "READBACK_OP"]
+           "profile_steps", "READBACK_OP", "MEMORY_MODES", "ZERO_BYTES_PER_PARAMETER", "memory_per_parameter"]
 
 TIMERS = ("wall", "cuda_event", "auto")
 
@@ -721,3 +723,133 @@ def profile_steps(fn: Callable[[], object], steps: int, device=None, *, top: int
             "readbacks_per_step": readbacks / steps,
             "kernels_per_step": sum(k["count"] for k in kernels.values()) / steps,
             "kernels": ranked, "what": "CUDA kernels" if cuda else "CPU ATen operators"}
+
+
+# ===================================================================================== memory per parameter
+#: ZeRO's accounting of mixed-precision training with Adam (Rajbhandari et al. 2020, §3.1): per parameter, an
+#: FP16 copy of the parameters (2 bytes) and of the gradients (2), and the optimizer states: an FP32 copy of the
+#: parameters (4), momentum (4) and variance (4): "2Ψ + 2Ψ + KΨ = 16Ψ bytes", K = 12.
+ZERO_BYTES_PER_PARAMETER = {"16-bit parameters": 2, "16-bit gradients": 2, "FP32 master parameters": 4,
+                            "momentum": 4, "variance": 4}
+
+#: The trainings of :func:`memory_per_parameter`: "fp32" (FP32 parameters, gradients and Adam), "amp" (FP32
+#: parameters and Adam, the forward under float16 autocast, ``torch.amp.GradScaler``), "bf16_master" (BF16
+#: parameters and gradients, FP32 master copies that Adam updates, one tensor at a time, and copies back).
+MEMORY_MODES = ("fp32", "amp", "bf16_master")
+
+
+def _adam(params, device: torch.device):
+    """Adam, fused where this torch has it for the device (no multi-tensor temporaries), else the default."""
+    try:
+        return torch.optim.Adam(params, lr=1e-4, fused=True), "Adam(fused=True)"
+    except (RuntimeError, TypeError, ValueError):  # pragma: no cover - a device without fused Adam
+        return torch.optim.Adam(params, lr=1e-4), "Adam"
+
+
+def memory_per_parameter(mode: str, width: int, layers: int, batch: int, steps: int = 2, device=None) -> dict:
+    """Train a stack of ``layers`` × ``Linear(width, width)`` (ReLU between) with Adam for ``steps`` steps in
+    ``mode`` (one of :data:`MEMORY_MODES`) and measure its memory per parameter.
+
+    On CUDA the caching allocator's counters: ``memory_allocated`` after the last optimizer step, gradients
+    still held ("resident": the model states), and ``max_memory_allocated`` since a reset before the model was
+    built ("peak": activations, autocast's casts and the optimizer's temporaries too).  On a CPU the same two
+    quantities from the live tensor storage (:class:`track_peak_memory`).  Each is also split by what the tensors
+    are (parameters, gradients, master parameters, optimizer state), in bytes per parameter, to set beside
+    :data:`ZERO_BYTES_PER_PARAMETER`.
+
+    Returns dict: "mode", "parameters", "optimizer", "resident_bytes", "peak_bytes", "resident_per_parameter",
+    "peak_per_parameter", "breakdown_per_parameter" {"parameters", "gradients", "master parameters",
+    "optimizer state"}, "loss" (the last step's, finite), "method".
+
+    Raises ValueError for an unknown mode or sizes < 1.
+    """
+    from .device import default_device
+
+    if mode not in MEMORY_MODES:
+        raise ValueError(f"mode must be one of {MEMORY_MODES}, got {mode!r}")
+    for name, v in (("width", width), ("layers", layers), ("batch", batch), ("steps", steps)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{name} must be an int ≥ 1, got {v!r}")
+    device = default_device() if device is None else torch.device(device)
+    cuda = device.type == "cuda"
+    out: dict = {"mode": mode}
+
+    def nbytes(ts) -> int:
+        return sum(t.numel() * t.element_size() for t in ts if t is not None)
+
+    def train() -> None:
+        torch.manual_seed(0)
+        mods = []
+        for i in range(layers):
+            mods.append(torch.nn.Linear(width, width, device=device))
+            if i < layers - 1:
+                mods.append(torch.nn.ReLU())
+        model = torch.nn.Sequential(*mods)
+        masters, opts = [], []
+        if mode == "bf16_master":
+            model.to(torch.bfloat16)
+            params = list(model.parameters())
+            masters = [p.detach().float() for p in params]
+            for m in masters:
+                m.requires_grad_(True)
+            opts = [_adam([m], device)[0] for m in masters]        # one tensor at a time: no FP32 gradient set
+            out["optimizer"] = f"{_adam([masters[0]], device)[1]} on FP32 master copies, one tensor at a time"
+        else:
+            params = list(model.parameters())
+            opt, out["optimizer"] = _adam(params, device)
+        scaler = torch.amp.GradScaler(device.type) if mode == "amp" else None
+        x = torch.randn(batch, width, device=device)
+        for _ in range(steps):
+            for p in params:
+                p.grad = None
+            inp = x.to(torch.bfloat16) if mode == "bf16_master" else x
+            if mode == "amp":
+                with torch.autocast(device.type, dtype=torch.float16):
+                    loss = model(inp).float().pow(2).mean()
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+            else:
+                loss = model(inp).float().pow(2).mean()
+                loss.backward()
+                if mode == "fp32":
+                    opt.step()
+                else:
+                    with torch.no_grad():
+                        for p, m, o in zip(params, masters, opts):
+                            m.grad = p.grad.float()
+                            o.step()
+                            m.grad = None
+                            p.copy_(m)
+        _sync(device)
+        states = [t for o in ([opt] if not opts else opts) for st in o.state.values() for t in st.values()
+                  if isinstance(t, torch.Tensor) and t.dim() > 0]
+        out["breakdown_bytes"] = {"parameters": nbytes(params), "gradients": nbytes(p.grad for p in params),
+                                  "master parameters": nbytes(masters), "optimizer state": nbytes(states)}
+        out["parameters"] = sum(p.numel() for p in params)
+        out["loss"] = float(loss.detach())
+        if cuda:
+            out["resident_bytes"] = torch.cuda.memory_allocated(device) - out["_base"]
+        else:
+            out["resident_bytes"] = sum(out["breakdown_bytes"].values())
+
+    if cuda:
+        _sync(device)
+        torch.cuda.empty_cache()
+        out["_base"] = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        train()
+        out["peak_bytes"] = torch.cuda.max_memory_allocated(device) - out.pop("_base")
+        out["method"] = "torch.cuda.memory_allocated / max_memory_allocated since a reset before the model was built"
+        torch.cuda.empty_cache()
+    else:
+        with track_peak_memory("cpu") as t:
+            train()
+        out["peak_bytes"] = t.peak_bytes
+        out["method"] = ("CPU: resident = the bytes of parameters, gradients, master copies and optimizer state; "
+                         "peak = live tensor storage made inside the run (track_peak_memory)")
+    n = out["parameters"]
+    out["resident_per_parameter"] = out["resident_bytes"] / n
+    out["peak_per_parameter"] = out["peak_bytes"] / n
+    out["breakdown_per_parameter"] = {k: v / n for k, v in out.pop("breakdown_bytes").items()}
+    return out
