@@ -115,12 +115,13 @@ def _fine_indices_search(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """What :func:`_fine_indices_eager` returns, in about five passes over ``x`` instead of twenty-five: each fine
     bin is a contiguous run of FP32 bit patterns (:func:`_bin_starts`), so one :func:`torch.bucketize` of the
     sign-cleared patterns against the runs' starts finds it, and a 6,927-entry table maps the bucket to the fine
-    index (zero, the lowest pattern, has the index after the binades; inf and NaN the last one).  Used on CUDA,
-    where it needs no compilation (see :func:`_kernel`)."""
+    index (zero, the lowest pattern, has the index after the binades; inf and NaN the last one); the largest
+    finite |x| is the amax of |x| with inf and NaN set to zero.  Five kernels, about 36 bytes of memory traffic a
+    value.  Used on CUDA, where it needs no compilation (see :func:`_kernel`)."""
     bounds, lut = _search_tables(x.device)
-    b = x.view(torch.int32) & 0x7FFFFFFF
+    b = x.view(torch.int32) & 0x7FFFFFFF                  # |x|'s bit pattern
     idx = lut[torch.bucketize(b, bounds, out_int32=True, right=True)]
-    amax = torch.where(b < 0x7F800000, b, 0).amax().view(torch.float32)
+    amax = torch.nan_to_num(b.view(torch.float32), nan=0.0, posinf=0.0).amax()   # largest finite |x|
     return idx, amax
 
 
@@ -265,8 +266,9 @@ class Log2Histogram:
         idx, amax = _fine_indices(x)
         if idx.device.type == "cpu":
             self._fine += torch.bincount(idx, minlength=NFINE)
-        else:  # index_add_ needs no host synchronisation (bincount reads the largest index back)
-            self._fine.index_add_(0, idx, torch.ones_like(idx, dtype=torch.int64))
+        else:  # index_add_ needs no host synchronisation (bincount reads the largest index back); its ones are
+            # one element expanded (no write and read of 8 bytes a value)
+            self._fine.index_add_(0, idx, torch.ones(1, dtype=torch.int64, device=idx.device).expand(idx.numel()))
         self._amax = torch.maximum(self._amax, amax)
         return self
 
