@@ -547,7 +547,7 @@ def test_slot_script_runs_its_whole_path_on_a_cpu_and_its_archive_unpacks(tmp_pa
     out = proc.stdout
     assert proc.returncode == 1, out[-3000:] + proc.stderr[-3000:]                    # one experiment skipped
     assert "commit abc123" in out and "no CUDA device: nothing to check" in out          # the preflight on a CPU
-    assert re.search(r"--budget 20(\.0)? \(hard limit \d+ s", out)
+    assert re.search(r"--budget 20(\.0)? --deadline \d+ \(hard limit \d+ s", out)     # the deadline before the limit
     assert "+ message_passing: done in" in out and re.search(r"- ssd_histogram: skipped: expected \d+ s > ", out)
     archive = tmp_path / "out" / "mpt_lab_gpu_slot.tar.gz"
     with tarfile.open(archive) as tar:
