@@ -37,7 +37,8 @@ import torch
 
 __all__ = ["Timing", "time_call", "interleaved", "peak_memory", "track_peak_memory", "matmul_peak_tflops", "TIMERS",
            "DATASHEET", "datasheet_peaks", "GEMM_KINDS", "gemm_tflops", "copy_bandwidth", "GpuSampler", "count_ops",
-           "profile_steps", "READBACK_OP", "MEMORY_MODES", "ZERO_BYTES_PER_PARAMETER", "memory_per_parameter"]
+           "profile_steps", "profile_calls", "READBACK_OP", "MEMORY_MODES", "ZERO_BYTES_PER_PARAMETER",
+           "memory_per_parameter"]
 
 TIMERS = ("wall", "cuda_event", "auto")
 
@@ -723,6 +724,48 @@ def profile_steps(fn: Callable[[], object], steps: int, device=None, *, top: int
             "readbacks_per_step": readbacks / steps,
             "kernels_per_step": sum(k["count"] for k in kernels.values()) / steps,
             "kernels": ranked, "what": "CUDA kernels" if cuda else "CPU ATen operators"}
+
+
+def profile_calls(calls: dict, device=None) -> dict:
+    """Run each callable of ``calls`` (label → callable with no arguments) once, in order, in one
+    ``torch.profiler`` window, and say which kernels each launched: each call runs inside
+    ``torch.profiler.record_function(label)`` and is synchronised before its range closes, so every kernel that
+    starts inside the range is its own.
+
+    Returns dict label → {"result": what the call returned, "kernels": [kernel names, in launch order, repeats
+    removed]} (on a CPU the ATen operators the call ran).  Raises TypeError for a non-dict or a non-callable
+    value, ValueError for a label that is not a non-empty str.
+    """
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from .device import default_device
+
+    if not isinstance(calls, dict) or not all(callable(f) for f in calls.values()):
+        raise TypeError("calls must be a dict of label → callable")
+    if not all(isinstance(k, str) and k for k in calls):
+        raise ValueError("every label of calls must be a non-empty str")
+    device = default_device() if device is None else torch.device(device)
+    cuda = device.type == "cuda"
+    results = {}
+    _sync(device)
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+        for label, fn in calls.items():
+            with record_function(label):
+                results[label] = fn()
+                _sync(device)
+    events = prof.events()
+    ranges = {e.name: (e.time_range.start, e.time_range.end) for e in events if e.name in calls}
+    out = {label: {"result": results[label], "kernels": []} for label in calls}
+    for e in sorted(events, key=lambda e: e.time_range.start):
+        on_device = str(getattr(e, "device_type", "")).endswith("CUDA")
+        if (cuda and not on_device) or (not cuda and (not e.name.startswith("aten::") or e.name in calls)):
+            continue
+        for label, (a, b) in ranges.items():
+            if a <= e.time_range.start <= b:
+                if e.name not in out[label]["kernels"]:
+                    out[label]["kernels"].append(e.name)
+                break
+    return out
 
 
 # ===================================================================================== memory per parameter
