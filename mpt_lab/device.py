@@ -443,23 +443,9 @@ def _check_gloo(device) -> str:
 
 
 def _check_histogram(device) -> str:
-    from .histogram import _fine_indices_eager, _kernel, log2_histogram
+    from .histogram import check_kernel
 
-    g = torch.Generator().manual_seed(0)
-    bits = torch.randint(-2 ** 31, 2 ** 31 - 1, (1 << 18,), generator=g, dtype=torch.int64).to(torch.int32)
-    edges = torch.tensor([0, 1, 0x7FFFFF, 0x800000, 0x3F800000, 0x3FFFFFFF, 0x7F7FFFFF, 0x7F800000, 0x7FC00000],
-                         dtype=torch.int32)
-    x = torch.cat([bits, edges, edges | torch.tensor(-2 ** 31, dtype=torch.int32)]).view(torch.float32)
-    kernel = _kernel(device)
-    what = {"_fine_indices_search": "the bucketize kernel"}.get(getattr(kernel, "__qualname__", ""), None) or (
-        "the eager kernel" if kernel is _fine_indices_eager else "the compiled kernel")
-    got = kernel(x.to(device))
-    want = _fine_indices_eager(x)
-    if not (torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1])):
-        raise RuntimeError(f"{what} on {device.type} disagrees with the eager kernel on the CPU")
-    if log2_histogram(x.to(device)) != log2_histogram(x):
-        raise RuntimeError(f"log2_histogram on {device.type} differs from the CPU's")
-    return f"{what} on {device.type} equals the CPU's eager kernel on {x.numel():,} bit patterns, histograms too"
+    return check_kernel(device)
 
 
 def _check_graph_capture(device) -> str:

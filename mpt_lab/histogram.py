@@ -33,7 +33,7 @@ import torch
 
 from . import formats as F
 
-__all__ = ["Log2Histogram", "log2_histogram", "GradientHistogram", "KMIN", "KMAX"]
+__all__ = ["Log2Histogram", "log2_histogram", "GradientHistogram", "KMIN", "KMAX", "check_kernel"]
 
 KMIN, KMAX = -149, 127           # binades of FP32: 2^-149 (smallest subnormal) … 2^127
 NBINADES = KMAX - KMIN + 1        # 277
@@ -175,6 +175,30 @@ def _kernel(device="cpu"):
                               f"{err}); using the slower eager kernel", RuntimeWarning, stacklevel=3)
                 _compiled[kind] = _fine_indices_search if kind == "cuda" else _fine_indices_eager
     return _compiled[kind]
+
+
+def check_kernel(device, n: int = 1 << 18) -> str:
+    """Check the fine-index kernel that :func:`log2_histogram` uses on ``device`` against the eager kernel on the
+    CPU: ``n`` random FP32 bit patterns and the edges (zero, subnormals, the normal range's ends, inf, NaN, both
+    signs), the indices and the largest finite |x| equal, and so do whole histograms.  For the GPU preflight.
+
+    Returns one line naming the kernel.  Raises RuntimeError on a difference."""
+    device = torch.device(device)
+    g = torch.Generator().manual_seed(0)
+    bits = torch.randint(-2 ** 31, 2 ** 31 - 1, (n,), generator=g, dtype=torch.int64).to(torch.int32)
+    edges = torch.tensor([0, 1, 0x7FFFFF, 0x800000, 0x3F800000, 0x3FFFFFFF, 0x7F7FFFFF, 0x7F800000, 0x7FC00000],
+                         dtype=torch.int32)
+    x = torch.cat([bits, edges, edges | torch.tensor(-2 ** 31, dtype=torch.int32)]).view(torch.float32)
+    kernel = _kernel(device)
+    what = ("the bucketize kernel" if kernel is _fine_indices_search else
+            "the eager kernel" if kernel is _fine_indices_eager else "the compiled kernel")
+    got = kernel(x.to(device))
+    want = _fine_indices_eager(x)
+    if not (torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1])):
+        raise RuntimeError(f"{what} on {device.type} disagrees with the eager kernel on the CPU")
+    if log2_histogram(x.to(device)) != log2_histogram(x):
+        raise RuntimeError(f"log2_histogram on {device.type} differs from the CPU's")
+    return f"{what} on {device.type} equals the CPU's eager kernel on {x.numel():,} bit patterns, histograms too"
 
 
 def _fine_indices(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -236,7 +236,7 @@ def test_an_experiment_stopped_at_its_deadline_keeps_the_arms_it_finished(tmp_pa
     from mpt_lab.experiments import biglstm
 
     clock = {"now": 1000.0}
-    monkeypatch.setattr(runner, "_now", lambda: clock["now"])
+    monkeypatch.setattr(runner, "deadline_clock", lambda: clock["now"])
     real = runner.Run.arm_done
     seen_steps = []
 

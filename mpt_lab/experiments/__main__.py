@@ -33,7 +33,8 @@ import time
 from pathlib import Path
 
 from . import NAMES, PROFILES, get
-from .runner import SMOKE, DeadlineReached, _now, partial_path, results_dir, save_json
+from . import runner
+from .runner import SMOKE, DeadlineReached, partial_path, results_dir, save_json
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -139,7 +140,7 @@ def main(argv=None) -> int:
             p.error(f"{', '.join(missing)}: a full profile but no row in mpt_lab.experiments.budget.ESTIMATES")
     tag = SMOKE if args.smoke else args.profile
     start = time.monotonic()
-    deadline = None if args.deadline is None else _now() + args.deadline
+    deadline = None if args.deadline is None else runner.deadline_clock() + args.deadline
     rows, failed = [], []
     if args.dry_run:
         print(budget.table([n for n in names if n in benchmarks or "full" in get(n).profiles])
@@ -265,7 +266,7 @@ def _benchmark_runner(name: str, script: str, args, tag: str) -> dict:
         if args.smoke:
             argv.insert(4, "--smoke")
         if deadline is not None:
-            left = deadline - _now()
+            left = deadline - runner.deadline_clock()
             if left <= 0:
                 raise DeadlineReached("the deadline passed before it started", experiment=name)
             argv += ["--deadline", f"{left:.1f}"]

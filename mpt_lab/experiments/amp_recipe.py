@@ -52,7 +52,8 @@ from ..training import CAPTURES, StaticStep, autocast_to, backward_step
 from .runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
 
 __all__ = ["Config", "AmpRecipeResult", "PROFILES", "RECIPES", "RECIPE_CLAIM", "config_for", "run", "main",
-           "make_model", "flops_per_step", "counted_flops_per_step", "needs_scaler", "NAME", "COUNTED_FLOPS"]
+           "make_model", "flops_per_step", "counted_flops_per_step", "needs_scaler", "NAME", "COUNTED_FLOPS",
+           "train_step"]
 
 NAME = "amp_recipe"
 #: The recipes: FP32; FP16 autocast + GradScaler; BF16 autocast (``config.precisions`` names which run).
@@ -239,7 +240,10 @@ def _cpu_note(peaks: dict, flags: list) -> str:
     return s
 
 
-def _train_step(model, opt, scaler, x, y, precision: str, device: torch.device) -> None:
+def train_step(model, opt, scaler, x, y, precision: str, device: torch.device) -> None:
+    """One step of the recipe's eager loop: forward and MSE loss under autocast to ``precision``'s dtype (one of
+    :data:`RECIPES`; none for "fp32"), backward and optimizer step through ``scaler`` (None: none), gradients set
+    to None.  ``x``, ``y``: float32 [batch, width] on ``device``."""
     with autocast_to(device.type, _DTYPE[precision]):
         out = model(x)                                     # Linear output in float16/bfloat16
         loss = torch.nn.functional.mse_loss(out, y)        # mse_loss autocasts to float32
@@ -249,7 +253,7 @@ def _train_step(model, opt, scaler, x, y, precision: str, device: torch.device) 
 
 def _train_epoch(model, opt, scaler, batches, precision: str, device: torch.device) -> None:
     for x, y in batches:
-        _train_step(model, opt, scaler, x, y, precision, device)
+        train_step(model, opt, scaler, x, y, precision, device)
 
 
 def _make(config: Config, precision: str, device: torch.device, fused: bool = False):
@@ -329,7 +333,7 @@ def measure(config: Config, run: Run) -> dict:
 
             def one_step():
                 x, y = batches[next(counter) % len(batches)]
-                _train_step(*state, x, y, precision, device)
+                train_step(*state, x, y, precision, device)
 
             profiled = _profiled(profile_steps(one_step, config.profile_steps, device))
         state = None                                                 # free them before measuring memory

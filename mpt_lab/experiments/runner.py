@@ -76,7 +76,7 @@ from typing import Any, Callable, ClassVar, Iterable
 
 __all__ = ["PROFILES", "SMOKE", "ExperimentConfig", "ExperimentResult", "Experiment", "Run", "REGISTRY", "save_json",
            "load_json", "results_dir", "result_path", "progress_enabled", "is_smoke", "DeadlineReached",
-           "partial_path", "PARTIAL_SUFFIX"]
+           "partial_path", "PARTIAL_SUFFIX", "deadline_clock"]
 
 #: Every profile an experiment may define, from the smallest to the largest.
 PROFILES = ("quick", "cpu", "long", "full")
@@ -334,7 +334,7 @@ def partial_path(out) -> Path:
     return out.with_name(stem + PARTIAL_SUFFIX)
 
 
-def _now() -> float:
+def deadline_clock() -> float:
     """The clock of deadlines: Unix time in seconds (one clock for every process of a slot)."""
     return time.time()
 
@@ -391,12 +391,12 @@ class Run:
 
     def time_left(self) -> float:
         """Seconds until the deadline (inf without one; negative once it has passed)."""
-        return math.inf if self.deadline is None else self.deadline - _now()
+        return math.inf if self.deadline is None else self.deadline - deadline_clock()
 
     def check_deadline(self) -> None:
         """Raise :class:`DeadlineReached` when the deadline has passed (call it between steps of a loop that does not
         go through :meth:`bar`)."""
-        if self.deadline is not None and _now() >= self.deadline:
+        if self.deadline is not None and deadline_clock() >= self.deadline:
             raise DeadlineReached(f"the deadline passed after {time.perf_counter() - self._t0:.0f} s; "
                                   f"finished arms: {', '.join(self.arms) or 'none'}", arms=list(self.arms),
                                   seconds=time.perf_counter() - self._t0)
@@ -616,13 +616,13 @@ class Experiment:
         cfg = _decode(_encode(dataclasses.asdict(config)))
         flags = backends()                       # TF32 and cuDNN switches as the run starts (experiments restore theirs)
         partial = None if partial is None else Path(partial)
-        started = _now()
+        started = deadline_clock()
 
         def write_partial(run: Run, stopped: str | None = None) -> None:
             prov = provenance(command=command, config=cfg, device=device)
             prov.update(experiment=self.name, profile=config.profile, backends=flags,
                         partial={"arms_done": list(run.arms), "stopped": stopped,
-                                 "seconds": _now() - started,
+                                 "seconds": deadline_clock() - started,
                                  "note": "the arms that finished; not a result (the run did not finish)"})
             save_json({"experiment": self.name, "partial": True, "config": cfg, "provenance": prov,
                        "arms": run.arms}, partial)
@@ -697,7 +697,7 @@ class Experiment:
                 p.error(f"--set {key}: {err}")
         if cfg.profile == SMOKE and args.out and _inside(args.out, results_dir()):
             p.error(f"--smoke: a smoke result must not be written under {results_dir()}")
-        deadline = None if args.deadline is None else _now() + args.deadline
+        deadline = None if args.deadline is None else deadline_clock() + args.deadline
         try:
             result = self.run(cfg, progress=False if args.no_progress else None,
                               command=self.command(cfg, args.out), deadline=deadline,

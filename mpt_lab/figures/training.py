@@ -232,7 +232,7 @@ def speedup_table(results):
                         + [mib(row["peak_bytes"], 1)])
         c = r.config
         caption = (f"{label}: {r.device}, {r.profile} profile, {c['num_layers']} × Linear({c['width']}, "
-                   f"{c['width']}); FLOPs {r.flops_convention}")
+                   f"{c['width']}); FLOPs: {r.flops_convention}")
         tables.append(table_html(["precision", "batch", "s / epoch", "speed-up vs FP32", "GFLOP/s",
                                   "of measured matmul peak"] + (["of datasheet peak"] if sheet else [])
                                  + ["peak MiB"], rows, caption=caption))
