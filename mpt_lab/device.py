@@ -474,8 +474,12 @@ def _check_graph_capture(device) -> str:
             worst = max(float((a - b).abs().max()) for a, b in zip(*weights))
             raise RuntimeError(f"{dtype}: the replayed graph's weights differ from the eager step's by {worst:.3g}")
         out.append(str(dtype).replace("torch.", ""))
+    from .bench import profile_steps
+
+    seen = profile_steps(lambda: step(*data[0]), 2, device)     # what amp_recipe's profile of a replay will see
     return (f"a whole step (autocast {' and '.join(out)}, GradScaler, SGD(fused=True)) captured with "
-            "torch.cuda.graph and replayed: the weights of the eager step, bit for bit")
+            "torch.cuda.graph and replayed: the weights of the eager step, bit for bit; the profiler sees "
+            f"{seen['kernels_per_step']:.0f} kernels per replay, GPU busy {seen['busy_fraction'] or 0:.0%}")
 
 
 def _check_profiler(device) -> str:
