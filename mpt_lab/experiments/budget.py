@@ -413,7 +413,8 @@ def table(names=None) -> str:
         e = ESTIMATES[n]
         t = e.terms
         why = stale_reason(n) if e.gpu else ""
-        status = ("CPU work: not in a slot" if not e.gpu else f"runs: {why}" if why else "saved")
+        short = why.replace("the saved result lacks", "saved, lacks").replace("no saved result", "none saved")
+        status = ("CPU work: not in a slot" if not e.gpu else f"runs: {short}" if why else "saved")
         total += e.seconds if (e.gpu and why) else 0.0
         rows.append(f"{e.priority:>2}  {n:<22}{e.seconds:>11.0f}  {e.basis_kind:<12}{t['compute']:>8.1f}"
                     f"{t['memory']:>8.1f}{t['overhead']:>9.1f}{t['host']:>7.1f}  {status[:33]:<34}{e.needs}"
