@@ -263,7 +263,11 @@ def _train_variant(vid: str, config: Config, run: Run) -> dict:
 
 def measure(config: Config, run: Run) -> dict:
     """Train every variant of ``config.variants`` briefly in FP32 and keep its activation-gradient histogram."""
-    return {"variants": {vid: _train_variant(vid, config, run) for vid in config.variants}}
+    variants = {}
+    for vid in config.variants:            # each variant is kept the moment it finishes (a deadline keeps them)
+        variants[vid] = _train_variant(vid, config, run)
+        run.arm_done(vid, variants[vid])
+    return {"variants": variants}
 
 
 EXPERIMENT = Experiment(NAME, Config, PROFILES, measure, GradientFactorsResult, __doc__, smoke=SMOKE)

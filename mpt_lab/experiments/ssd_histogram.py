@@ -281,6 +281,7 @@ def _train(config: Config, run: Run, *, desc: str, evaluate: bool, weights: bool
 def measure(config: Config, run: Run) -> dict:
     """Train the detector in FP32 recording its gradient histograms, then the short runs of the size sweep."""
     out = _train(config, run, desc="SSD (FP32)", evaluate=True, weights=True)
+    run.arm_done("main", out)              # kept the moment it finishes (a deadline keeps it)
     out["map_evaluator"] = MAP_EVALUATOR
     out["sweep"] = {}
     for entry in config.sweep:
@@ -290,6 +291,7 @@ def measure(config: Config, run: Run) -> dict:
                       n_train=max(config.sweep_steps * config.batch_size // 2, config.batch_size))
         r = _train(cfg, run, desc=f"sweep {model}, {px} px", evaluate=False, weights=False)
         out["sweep"][f"{model}, {px} px"] = r["activation"]
+        run.arm_done(f"sweep {model}, {px} px", r["activation"])
     return out
 
 
