@@ -106,6 +106,7 @@ def _mkldnn_query(name: str):
     fn = getattr(getattr(torch.ops, "mkldnn", None), name, None)
 
     def query() -> bool:
+        """Whether PyTorch sends this type's convolutions and matrix products to oneDNN on this CPU."""
         if fn is None or not torch.backends.mkldnn.is_available():
             return False
         return bool(fn())
