@@ -16,6 +16,8 @@ Two jobs:
   two torch threads each on two cores slow each other down many times; a chapter that sets its own threads
   keeps them).  The log says, for every notebook, "<path>: Executed notebook in N seconds", as myst-nb does.
   ``MPT_LAB_BOOK_JOBS=1`` restores myst-nb's own one-by-one execution.
+* One execution cache per profile: ``_build/.jupyter_cache/<MPT_LAB_PROFILE or "default">``, since the cache
+  knows a notebook by its code only and would serve a quick build's outputs to a cpu one.
 """
 
 from __future__ import annotations
@@ -114,7 +116,17 @@ def _execute_in_parallel(app, env, docnames) -> None:
     LOGGER.info(f"[mpt_book] {len(todo)} notebooks executed in {time.perf_counter() - t0:.0f} s")
 
 
+def _cache_per_profile(app, config) -> None:
+    """One execution cache per ``MPT_LAB_PROFILE`` (``_build/.jupyter_cache/<profile>``), so that a build in one
+    profile never serves the outputs another profile computed (the cache keys a notebook by its code only)."""
+    if getattr(config, "nb_execution_cache_path", None):
+        return                                            # set by the book's configuration: leave it
+    profile = os.environ.get("MPT_LAB_PROFILE", "").strip().lower() or "default"
+    config.nb_execution_cache_path = str(Path(app.outdir).parent / ".jupyter_cache" / profile)
+
+
 def setup(app):
     os.environ.setdefault("MPT_LAB_PROGRESS", "0")
+    app.connect("config-inited", _cache_per_profile)
     app.connect("env-before-read-docs", _execute_in_parallel)
     return {"version": "1.1", "parallel_read_safe": True, "parallel_write_safe": True}
