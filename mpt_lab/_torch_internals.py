@@ -37,6 +37,14 @@ name here (torch's name)                    what mpt_lab uses it for
                                             when this torch has no such op (the callers then emulate).  Its
                                             CUDA path is tested by ``tests/test_quantized_training.py`` (skipped
                                             without such a GPU).
+``onednn_fp16_supported``,                  :func:`mpt_lab.device.cpu_kernels`: whether PyTorch sends float16
+``onednn_bf16_supported``                   (bfloat16) convolutions and matrix products on this CPU to oneDNN
+(``torch.ops.mkldnn._is_mkldnn_fp16_``       (its brgemm/AMX kernels, one FP32 accumulation and one rounding
+``supported``, ``…_bf16_supported``)        per output) or to ATen's own fallback (``thnn_conv2d``, which
+                                            rounds a convolution's weight gradient to float16 after every
+                                            image).  The answer follows the CPU and ``ONEDNN_MAX_CPU_ISA``; the
+                                            tests read it to compare :mod:`mpt_lab.simulate` with the kernel
+                                            that really runs.  False where this torch has no such query.
 ``foreach_max``, ``foreach_mul_``           :mod:`mpt_lab.scaling` (the inf/NaN check and the unscaling of
 (``torch._foreach_max``,                    :class:`~mpt_lab.scaling.GradScaler`): one multi-tensor kernel per
 ``torch._foreach_mul_``)                    device, the operations ``torch.amp.GradScaler`` uses, so the results
@@ -77,7 +85,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 __all__ = ["TorchDispatchMode", "tree_flatten", "current_autograd_node", "FakeTensorMode", "foreach_max",
-           "foreach_mul_", "scaled_mm"]
+           "foreach_mul_", "scaled_mm", "onednn_fp16_supported", "onednn_bf16_supported"]
 
 #: ``current_autograd_node()`` is the autograd Node being executed by the engine in this thread, or None
 #: outside a backward pass.
@@ -92,3 +100,22 @@ foreach_mul_ = torch._foreach_mul_
 #: ``scaled_mm(a, b, scale_a=, scale_b=, out_dtype=)`` -> a @ b from float8 operands on FP8 tensor cores
 #: (CUDA, compute capability ≥ 8.9); None if this torch build has no ``torch._scaled_mm``.
 scaled_mm = getattr(torch, "_scaled_mm", None)
+
+
+def _mkldnn_query(name: str):
+    fn = getattr(getattr(torch.ops, "mkldnn", None), name, None)
+
+    def query() -> bool:
+        """Whether PyTorch sends this type's convolutions and matrix products to oneDNN on this CPU."""
+        if fn is None or not torch.backends.mkldnn.is_available():
+            return False
+        return bool(fn())
+
+    return query
+
+
+#: ``onednn_fp16_supported()`` -> bool: PyTorch runs float16 convolutions (and oneDNN matmuls) on oneDNN here.
+onednn_fp16_supported = _mkldnn_query("_is_mkldnn_fp16_supported")
+
+#: ``onednn_bf16_supported()`` -> bool: the same for bfloat16.
+onednn_bf16_supported = _mkldnn_query("_is_mkldnn_bf16_supported")
