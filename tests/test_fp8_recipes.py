@@ -53,6 +53,7 @@ def test_tiny_experiment_runs_every_recipe(tiny):
     assert 0 <= tiny.underflow("lm", "fp8_unscaled") <= 1 and tiny.underflow("lm", "bf16") == 0
     assert tiny.snr("lm", "mxfp4", "w") < tiny.snr("lm", "bf16", "w")
     assert tiny.gap("lm", "bf16") == 0 and "fp8_recipes" in tiny.describe()
+    assert "FP8, delayed scaling" in tiny.describe() and "fp8_delayed" not in tiny.describe()   # labels, not keys
     with pytest.raises(ValueError, match="model"):
         tiny.final("cnn", "bf16")
     with pytest.raises(ValueError, match="recipe"):

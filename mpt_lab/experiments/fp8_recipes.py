@@ -263,7 +263,7 @@ class FP8RecipesResult(ExperimentResult):
         parts = []
         for model, runs in self.runs.items():
             unit = self.models.get(model, {}).get("loss_unit", "nats")
-            finals = ", ".join(f"{r} {self.final(model, r):.3f}" for r in runs)
+            finals = ", ".join(f"{self.label(r)} {self.final(model, r):.3f}" for r in runs)
             parts.append(f"{model} (validation loss, {unit}): {finals}")
         return f"fp8_recipes ({self.profile} profile, {self.device}): " + "; ".join(parts)
 
