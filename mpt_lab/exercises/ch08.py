@@ -117,7 +117,7 @@ register(Exercise(
     "S·g to zero? Answer with a float.",
     _ex82_check,
     "Multiplying by 2^j moves a value up j binades and changes none of its bits. FP16 rounds to zero at or "
-    "below 2^-25; where does S·g land for S = 2, 4, 8?",
+    "below 2^-25: count the binades between g and that line, and check the value just above it.",
     _ex82_truth,
     worked=f"""Multiplying by a power of two S = 2ʲ moves g up j binades and changes none of its significand bits, \
 so S·g is exact before it is rounded to FP16. g ≈ 2⁻²⁶·⁶ (exercise 8.1), and FP16 rounds to zero at or below \
