@@ -211,6 +211,16 @@ def test_sampled_softmax_gradients_follow_tensorflows_sampled_softmax():
         biglstm.sampled_softmax_gradients(steps=0)
 
 
+def test_sampled_softmax_figure():
+    sim = biglstm.sampled_softmax_gradients(vocab_size=2000, num_sampled=200, loss_divisor=8, steps=4, tokens=8)
+    fig = figures.plot_sampled_softmax(sim, ours_log2=-12.0, ours_label="ours")
+    ax = fig.axes[0]
+    assert ax.get_title() and ax.get_xlabel() and ax.get_ylabel() and fig.legends
+    assert "ours" in [t.get_text() for t in fig.legends[0].get_texts()]
+    with pytest.raises(TypeError, match="sim"):
+        figures.plot_sampled_softmax({})
+
+
 def test_sampled_softmax_gradients_against_a_direct_softmax():
     """One step, one token, recomputed directly: the softmax over [−log Q_true, −log Q_j …] (hits at −inf),
     divided by D, gives the simulation's gradients."""
