@@ -137,7 +137,7 @@ answer = S
 ```
 
 The answer: {{answer}}. The paper used S = 128 for bigLSTM: 128·g ≈ 2⁻¹⁹·⁶ is a subnormal more than four \
-binades above 2⁻²⁴, off by at most half the subnormal spacing, 2⁻²⁵, which is 2.4% of it. The chapter's simulation finds that \
-S = 128 keeps every sampled-logit gradient of bigLSTM's first step. Whether losing them would have hurt, a \
+binades above 2⁻²⁴, off by at most half the subnormal spacing, 2⁻²⁵, which is 2.4% of it. The chapter's \
+simulation finds that S = 128 keeps every sampled-logit gradient of bigLSTM's first step. Whether losing them would have hurt, a \
 single step cannot say: the chapter's runs show that a share of lost values alone does no harm, and that a run \
 fails once the values that carry the learning underflow too."""))

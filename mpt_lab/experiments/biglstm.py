@@ -33,7 +33,8 @@ mean over N tokens divides every logit gradient by N; :mod:`~mpt_lab.experiments
 and that 2ᵏ times the vocabulary moves the median by about k binades too).  The default ``grad_shift = 11`` is
 large enough for FP16 without loss scaling to fall behind plainly within the quick and cpu profiles' 120 steps;
 ``sweep_shifts`` reruns FP16 without loss scaling at smaller shifts, so the chapter can show how the run falls
-behind as k grows (the cpu profile at every k from 6 to 11, the quick profile at 0, 6 and 11 only).  ``grad_shift = -1`` ("auto") uses :func:`equivalent_shift`, 2 for the quick and cpu profiles.
+behind as k grows (the cpu profile at every k from 6 to 11, the quick profile at 0, 6 and 11 only).
+``grad_shift = -1`` ("auto") uses :func:`equivalent_shift`, 2 for the quick and cpu profiles.
 
 Without a shift (the "long" profile): what decides whether FP16 without scaling fails is not how many values it
 loses (nine in ten at k = 6 in the cpu profile, without harm) but how much of the update: a word's

@@ -24,9 +24,10 @@ forward arithmetic) at ``evals`` points, and on every ``stats_every``-th step pe
 (input x, weight w, output gradient g) the share of non-zero values that underflowed to zero, the share that
 saturated and the signal-to-noise ratio.  Step 1 is recorded too, and kept apart as well ("stats_first"): delayed
 scaling has no amax history there and casts with scale 1, so :meth:`FP8RecipesResult.stats` offers the steps after
-the first (``steps="after_first"``), the steady state, beside all of them.  From the FP32 language-model run: log2 histograms of every Linear
-layer's x, w and g (:class:`~mpt_lab.histogram.Log2Histogram`), and from its last recorded step the error of
-MX quantisation against block size (8 … 256 and one scale per tensor) and of E8M0 against FP32 block scales.
+the first (``steps="after_first"``), the steady state, beside all of them.  From the FP32 language-model run: log2
+histograms of every Linear layer's x, w and g (:class:`~mpt_lab.histogram.Log2Histogram`), and from its last
+recorded step the error of MX quantisation against block size (8 … 256 and one scale per tensor) and of E8M0
+against FP32 block scales.
 From the delayed-scaling run: the amax history and scale of a few tensors over training.
 
 On a CUDA GPU with FP8 tensor cores (compute capability ≥ 8.9, e.g. H100) and ``hardware=True`` the FP8

@@ -6,8 +6,8 @@ gradients of the mean cross-entropy, (p − y)/N per logit, and a word's probabi
 most values are near 1/(V·N): the larger the vocabulary and the batch, the further the histogram sits below
 FP16's smallest subnormal 2⁻²⁴.  (bigLSTM itself used TensorFlow's sampled softmax with its log-Q correction and
 divided its loss by 128 sequences: :func:`mpt_lab.experiments.biglstm.sampled_softmax_gradients` simulates its
-first step, whose median logit gradient lies about two binades below our untrained models'.)  Chapter 8's small runs reach the paper's failure only after every gradient is shifted down
-by 2⁻ᵏ (``grad_shift``,
+first step, whose median logit gradient lies about two binades below our untrained models'.)  Chapter 8's small
+runs reach the paper's failure only after every gradient is shifted down by 2⁻ᵏ (``grad_shift``,
 :mod:`mpt_lab.experiments._precision`); this experiment measures that a shift k is the same kind of change as a
 2ᵏ times larger batch or vocabulary.
 
