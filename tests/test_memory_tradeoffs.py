@@ -114,8 +114,8 @@ def test_tiny_run_all_ways_and_json_roundtrip(tmp_path):
     assert b["fp32"]["optimizer_state"] == 4 * n_params                     # SGD momentum buffers, FP32
     assert 0 < b["mixed"]["saved_for_backward"] < b["fp32"]["saved_for_backward"]
     assert figures.breakdown_table(r).count("<tr>") == 1 + 5
-    for way in ("fp32", "mixed"):       # the step's peak leaves out the weights and momentum that existed before it
-        assert b[way]["saved_for_backward"] < r.ways[way]["peak_bytes"] < sum(b[way].values())
+    for way in ("fp32", "mixed"):       # all that is saved for backward is alive at the end of the forward pass
+        assert b[way]["saved_for_backward"] < r.ways[way]["peak_bytes"]
     assert 0.9 < r.ways["mixed"]["grad_cosine"] <= 1.0 and r.ways["fp32"]["grad_cosine"] == pytest.approx(1.0)
     fig = figures.plot_tradeoffs(r)
     assert fig._suptitle.get_text() and all(ax.get_title() and ax.get_ylabel() for ax in fig.axes)
