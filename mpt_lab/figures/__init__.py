@@ -44,7 +44,7 @@ from .graphs import (code_table, gat_budget_table, gat_memory_table, message_pas
 from .memory import breakdown_table, plot_tradeoffs, tradeoff_table, training_table
 from .report import plot_precision_report, report_table
 from .scaling import (divergence_table, gradient_scale_table, plot_divergence, plot_gradient_scale,
-                      plot_gradient_shift, plot_scale_history, plot_shift_sweep)
+                      plot_gradient_shift, plot_sampled_softmax, plot_scale_history, plot_shift_sweep)
 from .training import autocast_table, plot_losses, plot_master_weight_loop, speedup_table
 
 __all__ = ["show_saved", "BookFigure", "HTML", "table_html", "running_mean", "FORMAT_COLORS",
@@ -52,7 +52,7 @@ __all__ = ["show_saved", "BookFigure", "HTML", "table_html", "running_mean", "FO
            "plot_gradient_histogram", "plot_kept_vs_scale", "plot_detection_samples", "plot_training",
            "histogram_table", "phases_table", "sweep_table", "plot_gradient_factors", "gradient_factors_table",
            "plot_scale_history", "plot_divergence", "plot_shift_sweep", "divergence_table",
-           "plot_gradient_scale", "gradient_scale_table", "plot_gradient_shift",
+           "plot_gradient_scale", "gradient_scale_table", "plot_gradient_shift", "plot_sampled_softmax",
            "plot_losses", "plot_master_weight_loop", "speedup_table", "autocast_table",
            "plot_tradeoffs", "tradeoff_table", "training_table", "breakdown_table",
            "plot_gat_training", "plot_gat_memory", "plot_attention_overflow", "plot_gat_memory_fit",
