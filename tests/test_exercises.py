@@ -992,7 +992,7 @@ def test_messages_say_what_was_wrong():
     fb = E.check("7.1", {"fp32": "16", "mixed": 20})
     assert "str for 'fp32'" in fb.message and "keys" not in fb.message
     k, lost = E.solution("8.1")
-    assert "g = 1/(C·B)" in E.check("8.1", (k + 3, lost)).message
+    assert "g = 1/(V·B)" in E.check("8.1", (k + 3, lost)).message
     n, mean = E.solution("10.3")
     fb = E.check("10.3", (n + 5, mean))
     assert "fewer ranks" in fb.message and "one rank earlier" not in fb.message
