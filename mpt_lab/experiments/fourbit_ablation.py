@@ -241,8 +241,9 @@ PROFILES = {
               "lr": 4e-3, "valid_chars": 4096, "sr_draws": 16, "sens_valid_chars": 2048, "diag_sequences": 8,
               "outlier_shape": (256, 128), "threads": 1},
     "cpu": {"seeds": 2, "threads": 1},
-    "long": {"dim": 128, "layers": 4, "heads": 4, "context": 128, "batch": 8, "steps": 450, "seeds": 3,
-             "lr": 2e-3, "evals": 6, "valid_chars": 32768, "sr_draws": 256, "sens_valid_chars": 16384,
+    "long": {"arms": tuple(a for a in ARM_ORDER if a != "nvfp4_plain"),
+             "dim": 128, "layers": 4, "heads": 4, "context": 128, "batch": 8, "steps": 320, "seeds": 3,
+             "lr": 2e-3, "evals": 4, "valid_chars": 32768, "sr_draws": 256, "sens_valid_chars": 16384,
              "diag_sequences": 8, "outlier_shape": (1024, 512), "threads": 1},
     "full": {"seeds": 2, "threads": 1},
 }
