@@ -233,7 +233,9 @@ def _layer_name(spec: str, layers: int) -> str:
 #: inflates it): a step of a four-bit arm costs ≈ 0.07 s at the cpu profile's 512 characters of a 2-block width-64
 #: model and ≈ 0.28 s at the long profile's 1,024 characters of a 4-block width-128 model; BF16 and FP8 about half
 #: that.  quick: the chapter ≈ 60 s (budget 90 s); cpu: ≈ 150 s of training and diagnostics, the chapter within
-#: its 4 minutes; long: 9 arms × 3 seeds × 600 steps (sized in the long result's provenance, see the chapter).
+#: its 4 minutes.  long: 8 arms × 3 seeds × 256 steps, ≈ 1,600 s of CPU time extrapolated from a 20-step run of
+#: every arm (60 s of CPU), which on the shared machine (one thread getting a fifth of a core at load 8 to 10) is
+#: about 3 hours of wall time; on two quiet cores well under the hour.
 #: The full profile is the cpu profile: the emulated quantisers launch thousands of operators per step, which a
 #: GPU slot cannot afford for 20 runs (mpt_lab.experiments.budget: a CPU row).
 PROFILES = {
@@ -242,8 +244,8 @@ PROFILES = {
               "outlier_shape": (256, 128), "threads": 1},
     "cpu": {"seeds": 2, "threads": 1},
     "long": {"arms": tuple(a for a in ARM_ORDER if a != "nvfp4_plain"),
-             "dim": 128, "layers": 4, "heads": 4, "context": 128, "batch": 8, "steps": 320, "seeds": 3,
-             "lr": 2e-3, "evals": 4, "valid_chars": 32768, "sr_draws": 256, "sens_valid_chars": 16384,
+             "dim": 128, "layers": 4, "heads": 4, "context": 128, "batch": 8, "steps": 256, "seeds": 3,
+             "lr": 2e-3, "evals": 4, "valid_chars": 16384, "sr_draws": 256, "sens_valid_chars": 8192,
              "diag_sequences": 8, "outlier_shape": (1024, 512), "threads": 1},
     "full": {"seeds": 2, "threads": 1},
 }
