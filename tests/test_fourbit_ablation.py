@@ -182,3 +182,14 @@ def test_the_saved_long_result_loads_with_three_seeds_per_arm():
         assert all(len(r["losses"]) == saved.config["steps"] and not r["diverged"] for r in runs), arm
         assert all(math.isfinite(g) for g in saved.gaps(arm)), arm
     assert saved.model["parameters"] > 500_000 and saved.machine["cpus"] >= 1
+
+
+def test_sr_residual_bias_sits_at_the_block_maxima():
+    x = torch.randn(64, 256, generator=torch.Generator().manual_seed(0))
+    d = fa.sr_residual_bias(x, draws=32, seed=0)
+    assert 0.2 < d["above_six"] < 0.9 and 6 < d["largest_scaled"] <= 6 * (1 + 2 ** -4)   # E4M3 rounds the scale
+    assert d["top"] > 1.5 * d["others"] and d["others"] == pytest.approx(d["noise"], rel=0.2) and d["top_shrink"] < 0
+    with pytest.raises(ValueError, match="multiple of 16"):
+        fa.sr_residual_bias(x[:, :20])
+    with pytest.raises(TypeError):
+        fa.sr_residual_bias(x[0])

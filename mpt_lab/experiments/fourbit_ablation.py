@@ -79,7 +79,7 @@ from .runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_mai
 
 __all__ = ["NAME", "Arm", "ARMS", "ARM_ORDER", "Config", "PROFILES", "SMOKE", "FourbitAblationResult", "lr_factor",
            "build_arm", "sr_bias", "hadamard_outlier_error", "weight_mismatch", "channel_outliers",
-           "capture_linears", "layer_sensitivity", "wgrad_error", "run", "config_for", "main", "EXPERIMENT"]
+           "capture_linears", "layer_sensitivity", "wgrad_error", "sr_residual_bias", "run", "config_for", "main", "EXPERIMENT"]
 
 NAME = "fourbit_ablation"
 
@@ -569,6 +569,51 @@ def sr_bias(g: torch.Tensor, x: torch.Tensor, *, draws: int = 64, seed: int = 0)
             "rtn_zero": float((nz & (rtn_q == 0)).sum()) / n_nz, "sr_zero": statistics.fmean(zeros),
             "rtn_along": float(((rtn_gw - exact) * exact).sum()) / norm2 if norm2 else math.nan,
             "sr_along": float(((mean - exact) * exact).sum()) / norm2 if norm2 else math.nan}
+
+
+def sr_residual_bias(x: torch.Tensor, *, draws: int = 64, seed: int = 0) -> dict:
+    """Where stochastic rounding to NVFP4 is not unbiased: at the top of a block.
+
+    NVFP4 maps a block's amax onto 6, E2M1's largest value, with a block scale rounded to E4M3; when that rounding
+    goes down, the block's largest value lands above 6 and saturates, and stochastic rounding cannot round it up.
+    ``x`` (rows × cols, float32, blocks of 16 along the rows) is rounded stochastically ``draws`` times (generator
+    seeded with ``seed``) and the mean compared with x.
+
+    Returns {"above_six": share of blocks whose largest magnitude exceeds 6 once divided by its scales,
+    "largest_scaled": the largest such value, "top": RMS of (mean − x) at each block's largest magnitude, "others":
+    the same elsewhere, "noise": the RMS error of one draw / √draws (what an unbiased mean leaves), all three
+    relative to the RMS of x, and "top_shrink": the mean of (mean − x) / x at the block maxima (negative: shrunk)}.
+
+    Raises TypeError for x not a float matrix, ValueError for cols not a multiple of 16 or bad draws/seed.
+    """
+    from ..microscaling import quantize_nvfp4
+
+    if not isinstance(x, torch.Tensor) or x.dim() != 2 or not x.is_floating_point():
+        raise TypeError("x must be a float matrix")
+    rows, cols = x.shape
+    if cols % 16:
+        raise ValueError(f"x's columns must be a multiple of 16 (NVFP4's blocks), got {cols}")
+    if not isinstance(draws, int) or isinstance(draws, bool) or draws < 1:
+        raise ValueError(f"draws must be an int ≥ 1, got {draws!r}")
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise ValueError(f"seed must be an int ≥ 0, got {seed!r}")
+    x = x.float()
+    blocks = x.abs().reshape(rows, cols // 16, 16)
+    amax = blocks.amax(-1)
+    scaled = amax.double() / quantize_nvfp4(x).scales()
+    top = (blocks == amax[..., None]).reshape(rows, cols)
+    gen = torch.Generator(device=x.device).manual_seed(seed)
+    x64 = x.double()
+    total, single = torch.zeros_like(x64), 0.0
+    for _ in range(draws):
+        q = fake_quantize_nvfp4(x, rounding="stochastic", generator=gen).double()
+        total += q
+        single += float((q - x64).pow(2).mean())
+    bias = total / draws - x64
+    rms = float(x64.pow(2).mean().sqrt())
+    return {"above_six": float((scaled > 6).double().mean()), "largest_scaled": float(scaled.max()),
+            "top": float(bias[top].pow(2).mean().sqrt()) / rms, "others": float(bias[~top].pow(2).mean().sqrt()) / rms,
+            "noise": math.sqrt(single / draws / draws) / rms, "top_shrink": float((bias[top] / x64[top]).mean())}
 
 
 def _snr(x: torch.Tensor, xq: torch.Tensor, mask: torch.Tensor | None = None) -> float:
