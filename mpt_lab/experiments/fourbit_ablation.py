@@ -233,9 +233,11 @@ def _layer_name(spec: str, layers: int) -> str:
 #: inflates it): a step of a four-bit arm costs ≈ 0.07 s at the cpu profile's 512 characters of a 2-block width-64
 #: model and ≈ 0.28 s at the long profile's 1,024 characters of a 4-block width-128 model; BF16 and FP8 about half
 #: that.  quick: the chapter ≈ 60 s (budget 90 s); cpu: ≈ 150 s of training and diagnostics, the chapter within
-#: its 4 minutes.  long: 8 arms × 3 seeds × 256 steps, ≈ 1,600 s of CPU time extrapolated from a 20-step run of
-#: every arm (60 s of CPU), which on the shared machine (one thread getting a fifth of a core at load 8 to 10) is
-#: about 3 hours of wall time; on two quiet cores well under the hour.
+#: its 4 minutes (measured with nbconvert: 108 s of CPU, 4.6 minutes of wall time at load average 6 to 9).  long:
+#: 8 arms × 3 seeds × 256 steps, ≈ 1,600 s of CPU time extrapolated from a 20-step run of every arm (60 s of CPU),
+#: about 3 hours of wall time on the shared machine (one thread getting a fifth of a core at load 8 to 10); measured:
+#: 1,837 s of CPU time in its training runs and 6,919 s of wall time at load average 5 to 16 (on two quiet cores, its
+#: CPU time, about half an hour).
 #: The full profile is the cpu profile: the emulated quantisers launch thousands of operators per step, which a
 #: GPU slot cannot afford for 20 runs (mpt_lab.experiments.budget: a CPU row).
 PROFILES = {
