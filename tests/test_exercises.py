@@ -997,3 +997,78 @@ def test_messages_say_what_was_wrong():
     fb = E.check("10.3", (n + 5, mean))
     assert "fewer ranks" in fb.message and "one rank earlier" not in fb.message
     assert "still finite" in E.check("10.3", (n - 1, mean)).message
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Chapter 13
+# ------------------------------------------------------------------------------------------------------------
+CH13 = ["13.1", "13.2"]
+
+
+def test_13_exercises_are_listed_with_prompt_hint_and_title():
+    assert E.list_exercises(13) == CH13
+    for k in CH13:
+        ex = E.EXERCISES[k]
+        assert ex.title and ex.hint and E.show(k).startswith(f"Exercise {k}: {ex.title}") and "Answer with" in ex.prompt
+
+
+@pytest.mark.parametrize("ex_id", CH13)
+@pytest.mark.parametrize("odd", ODD_ANSWERS, ids=lambda a: type(a).__name__)
+def test_13_wrong_types_fail_without_raising(ex_id, odd):
+    test_wrong_types_fail_without_raising(ex_id, odd)
+
+
+@pytest.mark.parametrize("ex_id", CH13)
+def test_13_hints_do_not_give_the_answer(ex_id):
+    sol = E.solution(ex_id)
+    hint = E.EXERCISES[ex_id].hint
+    for leak in [str(sol), str(list(sol))] + [f"{v:g}" for v in sol] + [f"{v:.3g}" for v in sol]:
+        if len(leak) > 1:
+            assert leak not in hint, (ex_id, leak)
+
+
+def test_13_1_stochastic_rounding_sum_is_the_exact_sum_on_average():
+    from mpt_lab import formats as F
+
+    rtn, mean, std = E.solution("13.1")
+    v, n = E.ch13.EX131_VALUE, E.ch13.EX131_TOKENS
+    assert rtn == 0.0 and mean == pytest.approx(n * v) and std == pytest.approx(0.5 * math.sqrt(n * 0.4 * 0.6))
+    # the package's own stochastic rounding agrees: 64 sums of n draws, mean within 4 standard errors of n·v
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    sums = [float(F.round_to(torch.full((n,), v), F.FP4_E2M1, rounding="stochastic", generator=g).sum())
+            for _ in range(64)]
+    assert abs(np.mean(sums) - mean) < 4 * std / 8 and 0.5 * std < np.std(sums) < 1.5 * std
+    assert not E.check("13.1", (n * 0.5, mean, std))                    # rounds up instead of to nearest
+    assert not E.check("13.1", (rtn, n * 0.5 * 0.5, std))               # p = 1/2
+    fb = E.check("13.1", (rtn, mean, std / 0.5))
+    assert not fb and "spacing" in fb.message                            # forgets the spacing of the two values
+    assert not E.check("13.1", (rtn, mean, 0.5 * n * 0.4 * 0.6))         # the variance, not the deviation
+    assert E.check("13.1", [np.float64(rtn), mean, std])
+
+
+def test_13_2_shares_come_from_quantize_nvfp4(monkeypatch):
+    from mpt_lab import microscaling
+
+    one, two = E.solution("13.2")
+    assert two == 0.0 and 0.5 < one < 1                                  # 2D tiles: the same values both ways
+    assert not E.check("13.2", (one, one)) and not E.check("13.2", (100 * one, 0.0))
+    fb = E.check("13.2", (1 - one, 0.0))
+    assert not fb and "1D" in fb.message
+    calls = []
+    real = microscaling.quantize_nvfp4
+    monkeypatch.setattr(microscaling, "quantize_nvfp4", lambda *a, **k: calls.append(k.get("blocks")) or real(*a, **k))
+    assert E.check("13.2", (one, two)) and set(calls) == {"1d", "2d"}
+
+
+@pytest.mark.parametrize("ex_id", CH13)
+def test_13_worked_solutions_explain_and_their_code_computes_the_answer(ex_id):
+    import warnings
+
+    ex, text, answer = _explained_solution(ex_id)
+    assert "{answer}" in ex.worked and str(answer) in text and len(ex.worked.split()) > 80
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        namespace = _run_worked(_fenced_python(ex_id), ex_id)
+    assert namespace["answer"] == pytest.approx(answer) and E.check(ex_id, namespace["answer"])
