@@ -51,7 +51,11 @@ def test_ulp_fixed_and_accumulation():
         figures.plot_ulp(["FP16"], lo_log2=3, hi_log2=1)
     with pytest.raises(ValueError):
         figures.plot_ulp(["FP17"])
-    _check_axes(figures.plot_fixed_vs_float())
+    fig = figures.plot_fixed_vs_float()
+    _check_axes(fig)
+    envelope = [l for l in fig.axes[0].get_lines() if l.get_label().startswith("FP16: largest error")]
+    x, y = envelope[0].get_xdata(), envelope[0].get_ydata()
+    assert len(envelope) == 1 and np.max(y[x >= 2.0 ** -14]) == 2.0 ** -11    # normal range: the tops reach 2^-11
     traj = {"a": 1 + 1e-4 * np.arange(11), "b": np.ones((11, 4))}
     _check_axes(figures.plot_accumulation(traj, exact=1 + 1e-4 * np.arange(11)))
     with pytest.raises(TypeError):
