@@ -167,3 +167,20 @@ def test_autocast_lists_read_from_the_dispatcher():
         autocast_lists("cuda", torch.float32)
     with pytest.raises(TypeError, match="op"):
         cuda.policy(3)
+
+
+def test_autocast_lists_table():
+    import re
+
+    from mpt_lab import figures
+    from mpt_lab.autocast import autocast_lists
+
+    lists = {"CUDA": autocast_lists("cuda", torch.float16), "CPU": autocast_lists("cpu", torch.float16)}
+    t = figures.autocast_lists_table(lists)
+    for group in ("lower_precision", "float32", "promote", "banned", "not listed"):
+        assert group in t
+    assert f"({len(lists['CUDA']['float32'])} ops)" in t and "softmax" in t and "cat, index_copy, stack" in t
+    examples = re.search(r"every other op \(([^)…]*)", t).group(1).rstrip(", ").split(", ")
+    assert all(l.policy(op) == "not listed" for l in lists.values() for op in examples), examples
+    with pytest.raises(TypeError, match="lists"):
+        figures.autocast_lists_table({})

@@ -585,7 +585,7 @@ def test_worked_solutions_of_chapters_6_to_8_state_what_holds():
     for op in ("sum", "softmax", "expm1"):                                          # "on a CPU ... on no list"
         assert cpu.policy(op) == "not listed", op
     assert not set(E.ch06.EX61_OPS) & set(RECIPE_OPS)
-    assert "None of them is in the chapter's table" in E.EXERCISES["6.1"].prompt
+    assert "None of them is in the chapter's probe table" in E.EXERCISES["6.1"].prompt
     # 6.2: the iterations the reasoning walks through
     c, trace = E.ch06.EX62, E.solution("6.2")
     assert c["growth_interval"] == 3 and c["overflows"] == (5, 6, 11) and c["iterations"] == 12

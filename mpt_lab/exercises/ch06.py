@@ -94,7 +94,7 @@ register(Exercise(
     "list in float32, runs an op on its promote list in the widest dtype of its inputs, and leaves every other "
     "op alone: it runs in the dtype of its inputs. Find each ATen op in the lists printed below. Answer with a "
     "dict {op name: \"float16\" or \"float32\"} with exactly these keys (the names of mpt_lab.autocast.OPS). "
-    "None of them is in the chapter's table.",
+    "None of them is in the chapter's probe table.",
     _ex61_check,
     "Look up every ATen op an expression calls, by its exact name: an op's name on no list means autocast "
     "leaves it alone, whatever it computes inside. In a chain, each op sees the dtype the one before returned; "
