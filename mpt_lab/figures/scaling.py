@@ -9,6 +9,7 @@ blog post on the paper, Micikevicius et al. 2017, draws its training-loss curves
 from __future__ import annotations
 
 import numpy as np
+from matplotlib.ticker import MaxNLocator
 from matplotlib.figure import Figure
 
 from ._base import FORMAT_COLORS, binade, new_figure, pct, power_text, running_mean, table_html
@@ -50,6 +51,7 @@ def plot_scale_history(result, *, title: str | None = None) -> Figure:
             ax.plot(steps[inf], scales[inf], "v", color="#d62728", ms=7, label="overflow: step skipped, S halved")
     ax.set_xlabel("step")
     ax.set_ylabel("log₂ S   (loss scale)")
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))      # S is a power of two: whole exponents only
     ax.set_title(title or "Dynamic loss scaling: grow after N clean steps, back off on overflow")
     ax.legend(fontsize="small", loc="lower right")
     ax.grid(alpha=0.3)
