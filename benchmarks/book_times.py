@@ -12,7 +12,7 @@ notebook's execution time from the build's log ("Executed notebook in N seconds"
     python benchmarks/book_times.py --profile cpu --out book/results/book_build_cpu.json
     python benchmarks/book_times.py --profile quick
 
-Run by the experiment runner (:mod:`mpt_lab.experiments.benchmark`; its profile is the book's): the JSON records
+Run by the experiment runner (:mod:`mpt_lab.harness.benchmark`; its profile is the book's): the JSON records
 the configuration, the provenance (command, device, versions, date), the machine's load average before and
 after, the build's wall time and each notebook's seconds, and whether every budget held.
 """
@@ -29,8 +29,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mpt_lab.experiments.benchmark import Benchmark
-from mpt_lab.experiments.runner import ExperimentConfig, ExperimentResult, Run, run_main
+from mpt_lab.harness.benchmark import Benchmark
+from mpt_lab.harness.runner import ExperimentConfig, ExperimentResult, Run, run_main
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Seconds per notebook and for the whole build, per profile (DESIGN.md, "Sizes and devices").

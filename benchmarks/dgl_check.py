@@ -25,7 +25,7 @@ with ``[bt]``, are dropped), or the dtype of the result.
     python benchmarks/dgl_check.py --profile cpu --out book/results/dgl_check_cpu.json
 
 Needs the pip registry (a few downloads); about a minute.  Run by the experiment runner
-(:mod:`mpt_lab.experiments.benchmark`): the JSON records the configuration, the provenance (command, device,
+(:mod:`mpt_lab.harness.benchmark`): the JSON records the configuration, the provenance (command, device,
 versions, date), the method and each version's record.
 """
 
@@ -40,8 +40,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mpt_lab.experiments.benchmark import Benchmark
-from mpt_lab.experiments.runner import ExperimentConfig, ExperimentResult, Run, run_main
+from mpt_lab.harness.benchmark import Benchmark
+from mpt_lab.harness.runner import ExperimentConfig, ExperimentResult, Run, run_main
 
 #: The DGL versions checked: the newest wheel on the registry for this Python, and the last 1.x release.
 VERSIONS = ("2.1.0", "1.1.3")

@@ -20,7 +20,7 @@ values times 2^4 … 2^24).
     python benchmarks/microscaling_speed.py --profile cpu              # prints the table
     python benchmarks/microscaling_speed.py --profile cpu --out book/results/microscaling_speed_cpu.json
 
-Run by the experiment runner (:mod:`mpt_lab.experiments.benchmark`): the JSON holds ``config``, ``provenance``
+Run by the experiment runner (:mod:`mpt_lab.harness.benchmark`): the JSON holds ``config``, ``provenance``
 (command, device, versions, date, config), ``load_average`` (the machine's 1-minute load average at the start and the end; the machine has
 2 cores shared with other work), ``rows`` (data, format, median seconds and CPU seconds of each call, ratios,
 ``same_as_torchao``, every time) and ``summary`` (quantize_mx / cast and torchao / cast per data, wall and CPU).
@@ -37,8 +37,8 @@ import numpy as np
 import torch
 
 from mpt_lab.bench import interleaved
-from mpt_lab.experiments.benchmark import Benchmark, TimingTable
-from mpt_lab.experiments.runner import ExperimentConfig, Run, run_main
+from mpt_lab.harness.benchmark import Benchmark, TimingTable
+from mpt_lab.harness.runner import ExperimentConfig, Run, run_main
 from mpt_lab.formats import get_format
 from mpt_lab.microscaling import quantize_mx
 

@@ -31,10 +31,12 @@ import os
 
 __version__ = "0.1.0"
 
-#: The profiles :func:`profile` can return.  Experiments also have "long" (paper-like sizes that run in
-#: ≤ 60 minutes on 2 CPU cores, saved under book/results/), which is only ever chosen explicitly on the command
-#: line (``python -m mpt_lab.experiments.NAME --profile long``).
-PROFILES = ("quick", "cpu", "full")
+#: The profiles :func:`profile` can return: the sizes of a live run (a notebook, a test).  Experiments also have
+#: "long" (paper-like sizes that run in ≤ 60 minutes on 2 CPU cores, saved under book/results/), which is only
+#: ever chosen explicitly on the command line (``python -m mpt_lab.experiments.NAME --profile long``): every
+#: profile an experiment may define is :data:`mpt_lab.harness.runner.RUN_PROFILES`, and each experiment's own
+#: ``PROFILES`` dict holds its Config values per profile.
+LIVE_PROFILES = ("quick", "cpu", "full")
 
 
 def profile() -> str:
@@ -54,8 +56,8 @@ def profile() -> str:
             raise ValueError("MPT_LAB_PROFILE=long is not a notebook profile: long runs take up to an hour each "
                              "and are run once from the command line (python -m mpt_lab.experiments.NAME "
                              "--profile long --out book/results/NAME_long.json); chapters show the saved result")
-        if value not in PROFILES:
-            raise ValueError(f"MPT_LAB_PROFILE must be one of {PROFILES}, got {value!r}")
+        if value not in LIVE_PROFILES:
+            raise ValueError(f"MPT_LAB_PROFILE must be one of {LIVE_PROFILES}, got {value!r}")
         return value
     import torch
 
@@ -66,7 +68,7 @@ def profile() -> str:
 #: first use so that ``import mpt_lab`` stays light (and ``mpt_lab.formats`` works without torch).
 SUBMODULES = ("formats", "histogram", "scaling", "master_weights", "simulate", "microscaling", "quantized_training",
               "collectives", "autocast", "training", "report", "experiments", "figures", "device", "bench", "widgets",
-              "exercises", "models", "data")
+              "exercises", "models", "data", "harness")
 
 
 def __getattr__(name: str):
@@ -77,4 +79,4 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["profile", "PROFILES", "SUBMODULES", "__version__"]
+__all__ = ["profile", "LIVE_PROFILES", "SUBMODULES", "__version__"]

@@ -73,13 +73,13 @@ def test_default_profile_is_full_on_cuda(monkeypatch):
 
 
 def test_preflight_every_cuda_path_passes():
-    from mpt_lab import device
+    from mpt_lab.harness import preflight
 
-    rows = device.run_checks("cuda", echo=lambda line: None)
+    rows = preflight.run_checks("cuda", echo=lambda line: None)
     failed = [(r["name"], r["detail"]) for r in rows if r["status"] == "FAILED"]
     assert not failed, failed
     assert {r["name"]: r["status"] for r in rows}["CUDA-event timing"] == "ok"
-    assert device.preflight(echo=lambda line: None) == 0
+    assert preflight.preflight(echo=lambda line: None) == 0
 
 
 def test_every_full_configuration_runs_as_a_smoke_run_on_cuda(tmp_path, capsys):

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from mpt_lab import experiments
-from mpt_lab.experiments import runner, load_json, loss_scaling, master_weights_stall, save_json, ssd_histogram
+from mpt_lab.experiments import load_json, loss_scaling, master_weights_stall, save_json, ssd_histogram
+from mpt_lab.harness import runner
 from mpt_lab.experiments.__main__ import main as experiments_main
 from mpt_lab.experiments.ssd_histogram import Config, SSDHistogramResult
 
@@ -19,7 +20,7 @@ def test_every_experiment_is_registered_with_its_profiles():
     for name in experiments.NAMES:
         e = experiments.get(name)
         assert e.name == name and e.Result.NAME == name
-        assert set(e.profiles) <= set(experiments.PROFILES) and {"quick", "cpu", "full"} <= set(e.profiles)
+        assert set(e.profiles) <= set(experiments.RUN_PROFILES) and {"quick", "cpu", "full"} <= set(e.profiles)
         for p in e.profiles:
             cfg = e.config_for(p)
             assert cfg.profile == p

@@ -12,7 +12,8 @@ from matplotlib.figure import Figure
 
 from mpt_lab import figures
 from mpt_lab import formats as F
-from mpt_lab.experiments import loss_scaling, runner
+from mpt_lab.experiments import loss_scaling
+from mpt_lab.harness import runner
 from mpt_lab.histogram import log2_histogram
 
 

@@ -522,7 +522,7 @@ def test_map_bad_inputs_and_saved_evaluator():
 def test_results_that_report_map_name_their_evaluator(name):
     """A result saved before the evaluator was recorded loads as made by the old hand-written VOC code."""
     from mpt_lab.experiments import get
-    from mpt_lab.experiments.runner import load_json, result_path
+    from mpt_lab.harness.runner import load_json, result_path
 
     exp = get(name)
     saved = load_json(result_path(name, "long"))

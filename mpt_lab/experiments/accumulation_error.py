@@ -35,7 +35,7 @@ import torch
 
 from .. import accumulation as acc
 from ..formats import FP8_E4M3, FP16, get_format, round_to
-from .runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
+from ..harness.runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
 
 __all__ = ["NAME", "Config", "PROFILES", "AccumulationErrorResult", "run", "config_for", "main", "EXPERIMENT",
            "REDUCTION_OPS"]

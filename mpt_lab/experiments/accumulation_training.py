@@ -36,7 +36,7 @@ from ..models import digits_mlp
 from ..quantized_training import TRAINING_RECIPES, quantize_linears_, round_weights_
 from ..training import accuracy, shuffled_batches
 from . import fp8_recipes
-from .runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
+from ..harness.runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
 
 __all__ = ["NAME", "Config", "PROFILES", "AccumulationTrainingResult", "AccumulatedLinear", "accumulate_linears_",
            "ACCUMULATORS", "WEIGHT_ARMS", "run", "config_for", "main", "EXPERIMENT"]

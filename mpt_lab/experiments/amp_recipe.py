@@ -49,7 +49,7 @@ import torch
 from ..bench import datasheet_peaks, matmul_peak_tflops, peak_memory, profile_steps, time_call
 from ..device import cpu_kernels, describe
 from ..training import CAPTURES, StaticStep, autocast_to, backward_step
-from .runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
+from ..harness.runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
 
 __all__ = ["Config", "AmpRecipeResult", "PROFILES", "RECIPES", "RECIPE_CLAIM", "config_for", "run", "main",
            "make_model", "flops_per_step", "counted_flops_per_step", "needs_scaler", "NAME", "COUNTED_FLOPS",
@@ -109,7 +109,7 @@ PROFILES = {
     "full": {"peak_n": 8192, "profile_steps": 20, "graph_batches": (512, 2048, 8192)},
 }
 
-#: ``--smoke`` (:meth:`~mpt_lab.experiments.runner.Experiment.smoke_config`): the recipe's network, one timed
+#: ``--smoke`` (:meth:`~mpt_lab.harness.runner.Experiment.smoke_config`): the recipe's network, one timed
 #: epoch of one batch (no warm-up) and the memory epoch, one batch size of 3 rows (the code is the same for every
 #: batch size, and a float16 step of 512 rows at width 4096 takes minutes on a CPU without FP16 instructions:
 #: ≈ 1 GFLOP/s), two profiled steps, the GPU-limited variant at 3 rows for two steps, and a small matrix for

@@ -57,7 +57,7 @@ from ..data.text import batchify, bptt_batches, kjv_corpus
 from ..histogram import GradientHistogram
 from ..models.lstm import CONFIGS, build_lstm_lm
 from ._precision import RECIPES, RecipeRun, collect_arms, gradient_shares, shift_eps
-from .runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
+from ..harness.runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
 
 __all__ = ["Config", "BigLSTMResult", "PROFILES", "PAPER", "BIGLSTM", "config_for", "run", "main",
            "equivalent_shift", "perplexity", "lm_windows", "lm_optimizer", "lm_step", "lost_mass",
@@ -148,7 +148,7 @@ PROFILES = {
     # words) and the "lean" model keep a step cheap (≈ 20 CPU seconds for the four arms, 150 steps ≤ 60 minutes)
     "long": {"model": "lean", "max_vocab": 2048, "batch_size": 4096, "bptt": 16, "steps": 150, "grad_shift": 0,
              "growth_interval": 50, "eval_every": 25, "hist_every": 25, "valid_tokens": 0, "threads": 1},
-    # one H100 (mpt_lab.experiments.budget): the blog post's Figure 1 without a shift and with real FP16 autocast: 2048 × 32 = 65,536
+    # one H100 (mpt_lab.harness.budget): the blog post's Figure 1 without a shift and with real FP16 autocast: 2048 × 32 = 65,536
     # tokens per batch as the long profile (where FP16 without loss scaling falls behind by itself), 8,192 words
     # (the logits of 65,536 tokens over all 12,548 words would move 50 % more bytes), the "small" model (two LSTM
     # layers of 512 cells)

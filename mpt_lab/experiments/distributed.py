@@ -56,8 +56,8 @@ from ..scaling import GradScaler, max_gradient_scale
 from ..collectives import (COMM_FORMATS, fsdp_divide_factors, relative_error, ring_allreduce, ring_order,
                            tree_allreduce, tree_children)
 from ..training import accuracy, autocast_to, shuffled_batches
-from .runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
-from ._torchrun import LaunchError, in_torchrun, run_torchrun, tail, write_pid
+from ..harness.runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
+from ..harness.torchrun import LaunchError, in_torchrun, run_torchrun, tail, write_pid
 
 __all__ = ["NAME", "Config", "PROFILES", "Recipe", "RECIPES", "DistributedResult", "AGREEMENT", "LaunchError",
            "placement", "launch", "in_torchrun", "reduction_config", "run", "config_for", "main"]
@@ -158,7 +158,7 @@ PROFILES = {
             "sweep_elements": 4096, "threads": 1},
     # one rank per GPU with NCCL where there are two GPUs or more; on a machine with one GPU two gloo ranks on its
     # CPU (placement()), where float16 products have no fast kernels: so the cpu profile's network at twice its
-    # batch, for half its steps (mpt_lab.experiments.budget)
+    # batch, for half its steps (mpt_lab.harness.budget)
     "full": {"nproc": 0, "steps": 100, "hidden": 256, "batch_size": 128, "flag_steps": 30, "inject_steps": (5, 15),
              "growth_interval": 10, "sweep_elements": 4096},
 }
@@ -317,7 +317,7 @@ def launch(config=None, *, nproc: int | None = None, timeout: float = 900.0, pro
         The ranks did not finish within ``timeout`` seconds; all of them were stopped.
     """
     from .. import profile as current_profile
-    from .runner import progress_enabled
+    from ..harness.runner import progress_enabled
 
     if config is None or isinstance(config, str):
         config = config_for(config or current_profile())

@@ -51,7 +51,7 @@ from ..microscaling import block_scale_comparison, block_size_sweep, layer_stats
 from ..models.transformer import CharTransformerLM
 from ..quantized_training import ROLES, TRAINING_RECIPES, hardware_fp8_available, quantize_linears_, round_weights_
 from ..scaling import GradScaler
-from .runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
+from ..harness.runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
 
 __all__ = ["NAME", "Config", "PROFILES", "FP8RecipesResult", "lr_factor", "MODELS", "RECIPE_ORDER",
            "HARDWARE_RECIPES", "run", "config_for", "main", "EXPERIMENT"]
@@ -141,7 +141,7 @@ class Config(ExperimentConfig):
 #: and BF16 at 1,024 characters per step, ≈ 0.06 s in FP8 per tensor, ≈ 0.12–0.15 s in MX and NVFP4; the
 #: chapter adds ≈ 15 s (imports, the text, the histogram kernel's compilation, figures).  quick: ≈ 60 s of
 #: training, the chapter ≈ 75 s (budget 90 s); cpu: ≈ 180 s, the chapter ≈ 200 s (budget 4 minutes).  full (one
-#: H100, its share of the full profile's 8 minutes: mpt_lab.experiments.budget): the emulated quantisers launch
+#: H100, its share of the full profile's 8 minutes: mpt_lab.harness.budget): the emulated quantisers launch
 #: ≈ 2,000 operators per step of the language model (counted on a CPU), ≈ 40 ms of host time on a GPU whatever
 #: the sizes, so the full profile trains the wider language model only, in the recipes the chapter asserts on and
 #: on the FP8 tensor cores, for 100 steps; the cpu profile's live run has every recipe and the MLP.

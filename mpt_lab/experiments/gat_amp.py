@@ -41,7 +41,7 @@ downloaded here.  Sizes per profile (:func:`config_for`):
   about five of them alive at its peak (measured on a CPU with :func:`mpt_lab.bench.peak_memory`: 5.0 × E ×
   heads × 256 × 4 bytes per step for graphs of 61k and 121k edges), ≈ 21 GB.  A step reads and writes about
   eleven such tensors per layer, so the 6 runs × 100 epochs move ≈ 40 TB: most of the experiment's minute on
-  one H100, its share of the whole full profile's 8 minutes (:mod:`mpt_lab.experiments.budget`).  A run that still runs
+  one H100, its share of the whole full profile's 8 minutes (:mod:`mpt_lab.harness.budget`).  A run that still runs
   out of memory is recorded as such (``oom: True``), not retried.
 
 Why the guide's heads [2, 2, 2] fitted its V100 only in FP16 and ours never does: ``memory_fit`` measures the
@@ -70,7 +70,7 @@ from .. import formats
 from ..bench import peak_memory
 from ..data.graphs import REDDIT, synthetic_reddit
 from ..training import autocast_to, backward_step
-from .runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
+from ..harness.runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
 
 __all__ = ["Config", "GatAmpResult", "PROFILES", "RECIPES", "DGL_GUIDE", "FP16_EXP_LIMIT", "config_for", "run",
            "main", "attention_overflow", "memory_model", "NAME"]

@@ -42,7 +42,7 @@ from ..histogram import GradientHistogram, Log2Histogram
 from ..models.ssd import MultiBoxLoss, build_ssd, make_optimizer
 from ..training import shuffled_batches
 from ._precision import shift_eps
-from .runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
+from ..harness.runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
 
 __all__ = ["Config", "GradientFactorsResult", "PROFILES", "VARIANTS", "BASE", "SETTINGS", "config_for", "run",
            "main", "NAME", "quantile_binade"]
@@ -119,7 +119,7 @@ PROFILES = {
     # chapter 2's cpu profile: the factors a reader can act on, short enough to add about a minute to the chapter
     "cpu": {"variants": _CHEAP, "steps": 24, "warmup_steps": 8, "n_train": 800, "threads": 0},
     "long": {"variants": tuple(v for v in VARIANTS if v != "vgg16w4_300"), "steps": 100, "warmup_steps": 20, "n_train": 1600, "threads": 1},
-    # one H100 (mpt_lab.experiments.budget): the SSD300-shape series with the quarter-width VGG-16 at 300 px that
+    # one H100 (mpt_lab.harness.budget): the SSD300-shape series with the quarter-width VGG-16 at 300 px that
     # the long profile leaves out (each step records every module's gradient: its operator launches dominate)
     "full": {"variants": ("ours", "vgg16_300", "vgg16w4_300"), "steps": 100, "warmup_steps": 20, "n_train": 800},
 }

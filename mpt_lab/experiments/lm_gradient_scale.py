@@ -40,7 +40,7 @@ from ..data.text import kjv_corpus
 from ..histogram import GradientHistogram, Log2Histogram
 from ..models.lstm import CONFIGS, build_lstm_lm
 from ._precision import RecipeRun
-from .runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
+from ..harness.runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
 from .biglstm import lm_optimizer, lm_step, lm_windows, lost_mass
 
 __all__ = ["Config", "LMGradientScaleResult", "PROFILES", "config_for", "run", "main", "NAME", "median_log2",
@@ -92,7 +92,7 @@ PROFILES = {
             "threads": 0},
     "long": {"vocabs": (1024, 2048, 4096, 8192, 0), "batch_sizes": (16, 64, 256), "bptt": 16, "steps": 200,
              "record_steps": 50, "threads": 1},
-    # one H100 (mpt_lab.experiments.budget): vocabularies 2^3 and batches 2^6 apart, up to 2^14 tokens per batch
+    # one H100 (mpt_lab.harness.budget): vocabularies 2^3 and batches 2^6 apart, up to 2^14 tokens per batch
     "full": {"vocabs": (1024, 8192), "batch_sizes": (16, 1024), "bptt": 16, "steps": 100, "record_steps": 25},
 }
 

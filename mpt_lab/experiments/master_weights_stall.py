@@ -23,7 +23,7 @@ from ..master_weights import MasterWeightTrainer
 from ..models import digits_mlp
 from ..scaling import GradScaler
 from ..training import accuracy
-from .runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
+from ..harness.runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
 
 __all__ = ["Config", "StallResult", "PROFILES", "RUNS", "config_for", "run", "main", "swamped_fraction", "NAME"]
 
@@ -84,7 +84,7 @@ class Config(ExperimentConfig):
 PROFILES = {
     "quick": {"steps": 3000, "threads": 1},
     "cpu": {"steps": 7000, "threads": 1},
-    # one H100 (mpt_lab.experiments.budget): three small models and the swamped share per step cost their
+    # one H100 (mpt_lab.harness.budget): three small models and the swamped share per step cost their
     # operator launches, not FLOPs
     "full": {"steps": 2000},
 }

@@ -60,7 +60,7 @@ from ..bench import peak_memory, time_call
 from ..data import upsampled_digits
 from ..models.resnet import build_resnet
 from ..training import accuracy, autocast_to, backward_step
-from .runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
+from ..harness.runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
 
 __all__ = ["Config", "MemoryTradeoffsResult", "PROFILES", "WAYS", "CIFAR10_RESNET50", "RECOMPUTE_VS_PRECISION",
            "config_for", "run", "main", "checkpoint_bytes", "step_flops", "NAME", "LAYOUTS", "baseline_name"]

@@ -38,7 +38,7 @@ import torch
 
 from .. import formats
 from ..data.graphs import rand_graph
-from .runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
+from ..harness.runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
 
 __all__ = ["Config", "MessagePassingResult", "PROFILES", "config_for", "run", "main", "DGL_CODE", "EXAMPLES",
            "IMPLEMENTATIONS", "make_inputs", "mailbox", "errors", "code_side_by_side", "NAME"]

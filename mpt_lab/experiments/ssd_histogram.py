@@ -36,7 +36,7 @@ from ..models.detection_eval import LEGACY_MAP_EVALUATOR, MAP_EVALUATOR
 from ..models.ssd import CONFIGS
 from ..scaling import max_gradient_scale
 from ..training import shuffled_batches
-from .runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
+from ..harness.runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
 
 __all__ = ["Config", "SSDHistogramResult", "HistogramSummary", "PROFILES", "PAPER", "config_for", "run", "main",
            "NAME"]
@@ -103,7 +103,7 @@ PROFILES = {
     # for 720 steps in 60 minutes on one CPU core: ~4 s per step of 32 images with the histogram recorded)
     "long": {"steps": 720, "n_train": 3200, "n_test": 200, "image_size": 300, "model": "vgg16_narrow",
              "eval_every": 240, "threads": 1},
-    # one H100 (mpt_lab.experiments.budget): the SSD histogram (the paper's Figure 3) at SSD's natural scale: SSD300 itself (VGG-16 at
+    # one H100 (mpt_lab.harness.budget): the SSD histogram (the paper's Figure 3) at SSD's natural scale: SSD300 itself (VGG-16 at
     # full width, 300 px, batch 32), which a CPU cannot train; then the size sweep
     "full": {"steps": 200, "batch_size": 32, "n_train": 1600, "n_test": 300, "model": "vgg16_full", "image_size": 300,
              "sweep": ("small:64", "small:128", "medium:128", "large:256"), "sweep_steps": 50},

@@ -42,7 +42,7 @@ from ..models.detection_eval import LEGACY_MAP_EVALUATOR, MAP_EVALUATOR
 from ..models.ssd import CONFIGS, MultiBoxLoss, build_ssd, make_optimizer
 from ..training import shuffled_batches
 from ._precision import RECIPES, RecipeRun, collect_arms, gradient_shares, shift_eps
-from .runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
+from ..harness.runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
 from .ssd_histogram import detection_split
 
 __all__ = ["Config", "SSDTable2Result", "PROFILES", "PAPER", "config_for", "run", "main", "NAME"]
@@ -103,7 +103,7 @@ PROFILES = {
     # ~2.3x an FP32 step here; SSD300's VGG-16 shape at 300 px costs ~5x and would allow ~60 steps per arm)
     "long": {"steps": 800, "n_train": 6000, "n_test": 300, "image_size": 128, "grad_shift": 0, "arms": ARMS,
              "eval_every": 200, "threads": 1},
-    # one H100 (mpt_lab.experiments.budget): Table 2 at SSD's natural scale with real FP16 autocast: SSD300 itself
+    # one H100 (mpt_lab.harness.budget): Table 2 at SSD's natural scale with real FP16 autocast: SSD300 itself
     # (VGG-16 at full width, 300 px, batch 32), no gradient shift, the paper's three arms
     "full": {"steps": 150, "batch_size": 32, "n_train": 1600, "n_test": 300, "model": "vgg16_full", "image_size": 300,
              "grad_shift": 0, "hist_every": 5},

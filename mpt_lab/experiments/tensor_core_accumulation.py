@@ -41,7 +41,7 @@ import torch
 
 from .. import accumulation as acc
 from ..formats import FP8_E4M3, FP16, round_to
-from .runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
+from ..harness.runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
 
 __all__ = ["NAME", "Config", "PROFILES", "TensorCoreResult", "FP16_RUNS", "FP8_RUNS", "run", "config_for", "main",
            "EXPERIMENT"]

@@ -47,7 +47,10 @@ obtained; after a slot, compare its ``seconds`` in the run's summary with the ro
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+
+from .runner import result_path
 
 __all__ = ["H100", "UTILISATION", "MEMORY_UTILISATION", "SECONDS_PER_OP", "SAFETY", "SLOT_SECONDS",
            "STARTUP_SECONDS", "UNMEASURED_FACTOR", "SEEDS", "Estimate", "ESTIMATES", "BENCHMARKS", "expected_seconds",
@@ -327,7 +330,7 @@ def expected_seconds(name: str) -> float:
     Raises KeyError naming the table when ``name`` has no row.
     """
     if name not in ESTIMATES:
-        raise KeyError(f"{name!r} has no row in mpt_lab.experiments.budget.ESTIMATES (the full profile's priority "
+        raise KeyError(f"{name!r} has no row in mpt_lab.harness.budget.ESTIMATES (the full profile's priority "
                        "table): add an Estimate for it")
     return ESTIMATES[name].seconds
 
@@ -347,8 +350,6 @@ def plan(names) -> list:
 
 def saved_path(name: str):
     """``book/results/NAME_full.json``: where the saved full result of row ``name`` lives."""
-    from .runner import result_path
-
     return result_path(name, "full")
 
 
@@ -357,10 +358,8 @@ def stale_reason(name: str) -> str:
     lacks 'FIELD'" (it predates what the experiment measures now), or "" (saved and final).
 
     Raises KeyError naming the table when ``name`` has no row."""
-    import json
-
     if name not in ESTIMATES:
-        raise KeyError(f"{name!r} has no row in mpt_lab.experiments.budget.ESTIMATES")
+        raise KeyError(f"{name!r} has no row in mpt_lab.harness.budget.ESTIMATES")
     path = saved_path(name)
     if not path.exists():
         return "no saved result"

@@ -1,7 +1,7 @@
 """Benchmarks on the experiment runner: a script in ``benchmarks/`` is an experiment run from its own file.
 
 A benchmark measures how fast or how large something is (``benchmarks/round_to_speed.py``, ...); it has a
-Config, profiles as data, a ``measure`` and a Result, exactly as an experiment (:mod:`mpt_lab.experiments.
+Config, profiles as data, a ``measure`` and a Result, exactly as an experiment (:mod:`mpt_lab.harness.
 runner`), and gets the same seeding, threads, device, provenance, JSON and command line::
 
     python benchmarks/NAME.py --profile cpu --out book/results/NAME_cpu.json [--set key=value ...]
@@ -23,9 +23,9 @@ __all__ = ["Benchmark", "TimingTable"]
 
 
 class Benchmark(Experiment):
-    """An :class:`~mpt_lab.experiments.runner.Experiment` whose module is the script ``benchmarks/NAME.py``.
+    """An :class:`~mpt_lab.harness.runner.Experiment` whose module is the script ``benchmarks/NAME.py``.
 
-    Parameters as :class:`~mpt_lab.experiments.runner.Experiment`; ``main(argv)`` is the script's command line.
+    Parameters as :class:`~mpt_lab.harness.runner.Experiment`; ``main(argv)`` is the script's command line.
     """
 
     def command(self, config=None, out=None) -> str:

@@ -25,10 +25,10 @@ An experiment module keeps only what is its own, the measured loop and the field
 and the runner does the rest the same way for every experiment:
 
 * **profiles as data**: ``config_for("cpu")`` is ``Config(profile="cpu", **PROFILES["cpu"])``; a profile the
-  experiment does not define is a ValueError naming the ones it does.  :data:`PROFILES` are "quick" (CI, each
+  experiment does not define is a ValueError naming the ones it does.  :data:`RUN_PROFILES` are "quick" (CI, each
   notebook ≤ 90 s on 2 CPU cores), "cpu" (a laptop, each notebook ≤ 4 minutes), "long" (paper-like sizes
   that run in ≤ 60 minutes on 2 CPU cores, run once and saved as ``book/results/NAME_long.json``) and
-  "full" (one GPU: all experiments together ≤ 8 minutes on one H100, :mod:`mpt_lab.experiments.budget`; saved
+  "full" (one GPU: all experiments together ≤ 8 minutes on one H100, :mod:`mpt_lab.harness.budget`; saved
   as ``NAME_full.json``).  :func:`mpt_lab.profile` never picks "long".
 * **smoke runs**: ``smoke_config()`` is the full profile cut to a couple of steps and one evaluation by the
   experiment's ``smoke`` overrides (fields of *work* only: steps, epochs, batches, repeats, data-set sizes; never
@@ -44,7 +44,7 @@ and the runner does the rest the same way for every experiment:
   so a loaded result equals the one that was saved (tuples are lists, dict keys are strings, histograms are
   :class:`~mpt_lab.histogram.Log2Histogram`, non-finite floats are written "inf", "-inf", "nan").
 * **the CLI**: ``python -m mpt_lab.experiments.NAME --profile P --out F --set key=value [--smoke]``;
-  ``python -m mpt_lab.experiments --list`` and ``--all`` (see :mod:`mpt_lab.experiments.__main__`).
+  ``python -m mpt_lab.experiments --list`` and ``--all`` (see :mod:`mpt_lab.harness.cli`).
 * **deadlines and arms**: ``run(config, deadline=T)`` (``--deadline SECONDS`` on the command line) stops the run
   *between steps* once the clock passes T: :meth:`Run.bar` checks it before each item and raises
   :class:`DeadlineReached`.  An experiment that trains several arms (recipes, variants, points of a sweep) hands
@@ -72,20 +72,41 @@ import sys
 import time
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Iterable
+from typing import Any, Callable, ClassVar, Iterable, Protocol
 
-__all__ = ["PROFILES", "SMOKE", "ExperimentConfig", "ExperimentResult", "Experiment", "Run", "REGISTRY", "save_json",
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from .. import profile as current_profile
+from ..device import backends, cpu_flags, provenance, resolve, synchronize
+from ..histogram import Log2Histogram
+
+__all__ = ["RUN_PROFILES", "Catalogue", "SMOKE", "ExperimentConfig", "ExperimentResult", "Experiment", "Run", "REGISTRY", "save_json",
            "load_json", "results_dir", "result_path", "progress_enabled", "is_smoke", "DeadlineReached",
            "partial_path", "PARTIAL_SUFFIX", "deadline_clock"]
 
-#: Every profile an experiment may define, from the smallest to the largest.
-PROFILES = ("quick", "cpu", "long", "full")
+#: Every profile an experiment may define, from the smallest to the largest (an experiment's own ``PROFILES``
+#: dict holds the Config values of those it defines; :data:`mpt_lab.LIVE_PROFILES` are those
+#: :func:`mpt_lab.profile` picks for a live run).
+RUN_PROFILES = ("quick", "cpu", "long", "full")
 
 #: The ``profile`` of a smoke run's configuration: the full profile cut short (:meth:`Experiment.smoke_config`).
 SMOKE = "smoke"
 
 #: name → :class:`Experiment`, filled as experiment modules are imported (see ``mpt_lab.experiments.get``).
-REGISTRY: dict[str, "Experiment"] = {}
+REGISTRY: dict[str, Experiment] = {}
+
+
+class Catalogue(Protocol):
+    """What the harness needs to know of the experiments, handed to it from above (the package
+    :mod:`mpt_lab.experiments` is one): their names in the book's order, and each one's :class:`Experiment`.
+    The harness never imports the experiments itself: they stand on the floor above it."""
+
+    NAMES: tuple[str, ...]
+
+    def get(self, name: str) -> Experiment:
+        """The experiment called ``name``; ValueError for an unknown name."""
 
 
 # ---------------------------------------------------------------------------------------------------- JSON
@@ -95,8 +116,6 @@ _HIST_TAG = "__log2_histogram__"
 def _encode(obj: Any) -> Any:
     """A JSON-ready copy: tuples → lists, keys → str, non-finite floats → "inf"/"-inf"/"nan",
     :class:`~mpt_lab.histogram.Log2Histogram` → a tagged dict, NumPy scalars/arrays → Python numbers/lists."""
-    from ..histogram import Log2Histogram
-
     if obj is None or isinstance(obj, (bool, str)):
         return obj
     if isinstance(obj, int):
@@ -111,8 +130,6 @@ def _encode(obj: Any) -> Any:
         return {str(k): _encode(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [_encode(v) for v in obj]
-    import numpy as np
-
     if isinstance(obj, np.generic):
         return _encode(obj.item())
     if isinstance(obj, np.ndarray):
@@ -128,8 +145,6 @@ def _decode(obj: Any) -> Any:
         return [_decode(v) for v in obj]
     if isinstance(obj, dict):
         if len(obj) == 1 and _HIST_TAG in obj:
-            from ..histogram import Log2Histogram
-
             return Log2Histogram.from_dict(obj[_HIST_TAG])
         return {k: _decode(v) for k, v in obj.items()}
     return obj
@@ -254,6 +269,9 @@ class ExperimentResult:
     """
 
     NAME: ClassVar[str] = ""
+    #: Configuration fields that were renamed since results were first saved: old name → new name.  A saved
+    #: result's configuration is read with the new names (:meth:`upgrade`), so every result ever saved loads.
+    RENAMED_CONFIG: ClassVar[dict[str, str]] = {}
 
     config: dict
     provenance: dict
@@ -299,11 +317,24 @@ class ExperimentResult:
             raise TypeError(f"d must be a dict, got {type(d).__name__}")
         if d.get("experiment") != cls.NAME:
             raise ValueError(f"not a {cls.NAME} result (experiment = {d.get('experiment')!r})")
+        d = cls.upgrade(d)
         missing = [f.name for f in fields(cls) if f.name not in d and f.default is dataclasses.MISSING
                    and f.default_factory is dataclasses.MISSING]
         if missing:
             raise ValueError(f"the {cls.NAME} result lacks the fields {missing}")
         return cls(**{f.name: _decode(d[f.name]) for f in fields(cls) if f.name in d})
+
+    @classmethod
+    def upgrade(cls, d: dict) -> dict:
+        """A saved result's dict in today's names: the configuration's fields renamed by :data:`RENAMED_CONFIG`
+        (a result that already has the new name is left alone).  Experiments whose saved results hold other old
+        names extend it; :meth:`from_dict` calls it, so old results keep loading.  Returns a new dict."""
+        config = d.get("config")
+        if not cls.RENAMED_CONFIG or not isinstance(config, dict):
+            return d
+        config = {cls.RENAMED_CONFIG.get(k, k) if cls.RENAMED_CONFIG.get(k) not in config else k: v
+                  for k, v in config.items()}
+        return {**d, "config": config}
 
     def save(self, path) -> Path:
         """Write the result as JSON (with its provenance) to ``path``.
@@ -378,8 +409,6 @@ class Run:
 
         With a deadline, iterating checks it before each item (:meth:`check_deadline`): a loop over steps stops
         between two steps, raising :class:`DeadlineReached`."""
-        from tqdm.auto import tqdm
-
         bar = tqdm(iterable, desc=desc, total=total, disable=not self.progress, mininterval=1.0, leave=leave)
         if iterable is None or self.deadline is None:
             return bar
@@ -416,8 +445,6 @@ class Run:
 
     def sync(self) -> None:
         """Wait for the device's queued work (CUDA); a no-op on a CPU."""
-        from ..device import synchronize
-
         synchronize(self.device)
 
     def elapsed(self) -> float:
@@ -428,8 +455,6 @@ class Run:
 
 @contextlib.contextmanager
 def _threads(n: int):
-    import torch
-
     if not n:
         yield
         return
@@ -463,7 +488,7 @@ class Experiment:
     ----------
     name : str, the module name under ``mpt_lab.experiments`` and the JSON tag
     config : a dataclass subclassing :class:`ExperimentConfig`
-    profiles : dict profile → dict of Config fields (a subset of :data:`PROFILES`)
+    profiles : dict profile → dict of Config fields (a subset of :data:`RUN_PROFILES`)
     measure : callable(config, run: Run) → dict of the result's own fields
     result : a dataclass subclassing :class:`ExperimentResult`
     title : the first line is the CLI's description (a module docstring will do)
@@ -484,9 +509,9 @@ class Experiment:
             raise TypeError("config must be a dataclass subclassing ExperimentConfig")
         if not (isinstance(result, type) and issubclass(result, ExperimentResult)):
             raise TypeError("result must be a dataclass subclassing ExperimentResult")
-        unknown = [p for p in profiles if p not in PROFILES]
+        unknown = [p for p in profiles if p not in RUN_PROFILES]
         if unknown:
-            raise ValueError(f"profiles: {unknown} are not among {PROFILES}")
+            raise ValueError(f"profiles: {unknown} are not among {RUN_PROFILES}")
         names = {f.name for f in fields(config)}
         for p, over in profiles.items():
             bad = [k for k in over if k not in names or k == "profile"]
@@ -502,7 +527,7 @@ class Experiment:
         self.smoke = None if smoke is None else dict(smoke)
         self.name, self.Config, self.Result, self.measure = name, config, result, measure
         self.launcher = launcher
-        self.profiles = {p: dict(profiles[p]) for p in PROFILES if p in profiles}
+        self.profiles = {p: dict(profiles[p]) for p in RUN_PROFILES if p in profiles}
         self.title = (title or name).strip().splitlines()[0]
         result.NAME = name
         REGISTRY[name] = self
@@ -517,8 +542,8 @@ class Experiment:
         Raises ValueError for a name that is not a profile, or a profile this experiment does not define
         (the message names the ones it does).
         """
-        if profile not in PROFILES:
-            raise ValueError(f"profile must be one of {PROFILES}, got {profile!r}")
+        if profile not in RUN_PROFILES:
+            raise ValueError(f"profile must be one of {RUN_PROFILES}, got {profile!r}")
         if profile not in self.profiles:
             raise ValueError(f"the {self.name} experiment has no {profile!r} profile; it has "
                              f"{', '.join(self.profiles)}")
@@ -541,8 +566,6 @@ class Experiment:
         return self.Config(profile=SMOKE, **{**self.profiles["full"], "threads": 1, **self.smoke})
 
     def _resolve(self, config):
-        from .. import profile as current_profile
-
         if config is None:
             config = self.config_for(current_profile())
         if not isinstance(config, self.Config):
@@ -573,8 +596,6 @@ class Experiment:
         return " ".join(shlex.quote(p) for p in parts)
 
     def _default_profile(self) -> str:
-        from .. import profile as current_profile
-
         p = current_profile()
         return p if p in self.profiles else next(iter(self.profiles))
 
@@ -603,10 +624,6 @@ class Experiment:
         DeadlineReached
             The deadline passed before the run finished; its ``arms`` and ``partial`` say what was kept.
         """
-        import torch
-
-        from ..device import backends, cpu_flags, provenance, resolve
-
         config = self._resolve(config)
         if self.launcher is not None:
             launched = self.launcher(config, progress=progress, command=command or self.command(config))
