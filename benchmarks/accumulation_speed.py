@@ -48,9 +48,9 @@ import torch
 
 from mpt_lab import accumulation
 from mpt_lab.bench import interleaved
+from mpt_lab.formats import FloatFormat
 from mpt_lab.harness.benchmark import Benchmark, TimingTable
 from mpt_lab.harness.runner import ExperimentConfig, Run, run_main
-from mpt_lab.formats import FloatFormat
 
 GOAL = 30.0
 #: Issue 29, item 7: float32 operands (products rounded to the products format) within this factor of FP16 values.

@@ -1,6 +1,6 @@
 """Benchmark: how long the book takes to build from a clean clone, whole and per notebook.
 
-The budgets (README, DESIGN.md): in the ``cpu`` profile (the default without a GPU) every notebook executes in
+The budgets (README, ARCHITECTURE.md): in the ``cpu`` profile (the default without a GPU) every notebook executes in
 ≤ 4 minutes on 2 CPU cores and the whole book builds from a clean clone in ≤ 12 minutes; in the ``quick``
 profile (CI) every notebook in ≤ 90 s.  Budgets are measured here and reported, never asserted in a test (a busy
 machine must not fail a test).
@@ -33,7 +33,7 @@ from mpt_lab.harness.benchmark import Benchmark
 from mpt_lab.harness.runner import ExperimentConfig, ExperimentResult, Run, run_main
 
 ROOT = Path(__file__).resolve().parents[1]
-#: Seconds per notebook and for the whole build, per profile (DESIGN.md, "Sizes and devices").
+#: Seconds per notebook and for the whole build, per profile (ARCHITECTURE.md, "Sizes and devices").
 BUDGETS = {"quick": {"notebook": 90, "book": None}, "cpu": {"notebook": 240, "book": 720}}
 
 

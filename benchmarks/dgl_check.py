@@ -117,7 +117,8 @@ def _pip(venv: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def _pip_tail(res: subprocess.CompletedProcess, n: int = 6) -> list:
-    lines = [l for l in (res.stdout + res.stderr).splitlines() if l.strip() and "is ignored: it is neither" not in l]
+    lines = [line for line in (res.stdout + res.stderr).splitlines()
+             if line.strip() and "is ignored: it is neither" not in line]
     return lines[-n:]
 
 
@@ -131,7 +132,7 @@ def check_version(version: str, base_python: str, workdir: Path) -> dict:
     rec: dict = {"version": version, "environment": f"fresh venv; .pth → {ours}"}
 
     report = workdir / f"report-{version}.json"
-    dry = _pip(venv, "install", "--dry-run", "--quiet", "--report", str(report), f"dgl=={version}")
+    _pip(venv, "install", "--dry-run", "--quiet", "--report", str(report), f"dgl=={version}")
     would = []
     if report.exists():
         would = [f"{i['metadata']['name']}=={i['metadata']['version']}" for i in json.loads(report.read_text())["install"]]

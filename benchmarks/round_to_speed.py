@@ -37,9 +37,9 @@ import numpy as np
 import torch
 
 from mpt_lab.bench import interleaved
+from mpt_lab.formats import BF16, FP4_E2M1, FP6_E2M3, FP6_E3M2, FP8_E4M3, FP8_E5M2, FP16, get_format, round_to
 from mpt_lab.harness.benchmark import Benchmark, TimingTable
 from mpt_lab.harness.runner import ExperimentConfig, Run, run_main
-from mpt_lab.formats import BF16, FP4_E2M1, FP6_E2M3, FP6_E3M2, FP8_E4M3, FP8_E5M2, FP16, get_format, round_to
 
 FORMATS = (FP16, BF16, FP8_E4M3, FP8_E5M2, FP6_E3M2, FP6_E2M3, FP4_E2M1)
 ROUNDINGS = ("nearest_even", "stochastic")

@@ -21,9 +21,9 @@ import torch
 from torch import nn
 
 from mpt_lab.bench import Timing, time_call
+from mpt_lab.formats import FORMATS
 from mpt_lab.harness.benchmark import Benchmark
 from mpt_lab.harness.runner import ExperimentConfig, ExperimentResult, Run, run_main
-from mpt_lab.formats import FORMATS
 from mpt_lab.simulate import round_parameters_, simulate
 
 

@@ -27,6 +27,7 @@ Everything the book shows is computed here.  Modules (one job each):
 
 from __future__ import annotations
 
+import importlib
 import os
 
 __version__ = "0.1.0"
@@ -73,8 +74,6 @@ SUBMODULES = ("formats", "histogram", "scaling", "master_weights", "simulate", "
 
 def __getattr__(name: str):
     if name in SUBMODULES:
-        import importlib
-
         return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

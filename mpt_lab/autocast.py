@@ -20,11 +20,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ._torch_internals import FakeTensorMode
+
 __all__ = ["OPS", "RECIPE_OPS", "GRAPH_OPS", "AutocastProbe", "probe_autocast"]
 
 
 def _pyg_utils():
-    from .models.gat import torch_geometric   # PyG, imported with its own deprecation warning silenced
+    from .models.gat import torch_geometric  # PyG, imported with its own deprecation warning silenced
 
     return torch_geometric.utils
 
@@ -95,7 +97,7 @@ def _inputs(dtype: torch.dtype, device: str, fake: bool) -> dict:
 
 
 def probe_autocast(device_type: str = "cpu", dtype: torch.dtype = torch.float16, *,
-                   input_dtype: torch.dtype = torch.float32, ops=None) -> AutocastProbe:
+                   input_dtype: torch.dtype = torch.float32, ops: dict | None=None) -> AutocastProbe:
     """Run each op under ``torch.autocast(device_type, dtype)`` and record its output dtype.
 
     Parameters
@@ -137,8 +139,6 @@ def probe_autocast(device_type: str = "cpu", dtype: torch.dtype = torch.float16,
 
     fake = device_type == "cuda" and not torch.cuda.is_available()
     if fake:
-        from ._torch_internals import FakeTensorMode
-
         with FakeTensorMode():
             t = _inputs(input_dtype, "cuda", fake=True)
             prev, prev_dt = torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda")

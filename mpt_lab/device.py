@@ -22,8 +22,12 @@ import torch
 from . import __version__, profile
 from ._torch_internals import onednn_bf16_supported, onednn_fp16_supported
 
-__all__ = ["default_device", "resolve", "synchronize", "describe", "cpu_flags", "CpuKernels", "cpu_kernels",
+__all__ = ["DeviceLike", "default_device", "resolve", "synchronize", "describe", "cpu_flags", "CpuKernels", "cpu_kernels",
            "versions", "backends", "provenance", "main"]
+
+#: What every function that takes a device accepts: a ``torch.device``, a name ("cpu", "cuda", "cuda:1",
+#: "auto"), or None for the default (:func:`resolve`).
+DeviceLike = torch.device | str | None
 
 #: CPU instruction-set extensions that decide how fast FP16/BF16 run on a CPU (Linux names in /proc/cpuinfo).
 CPU_FEATURES = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_fp16", "f16c")

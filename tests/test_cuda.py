@@ -21,13 +21,13 @@ def test_bench_uses_cuda_events_and_the_allocator():
 
 
 def test_precision_arm_runs_real_fp16_autocast_on_cuda():
-    from mpt_lab.experiments._precision import RecipeRun
     from mpt_lab.models import digits_mlp
+    from mpt_lab.training import RecipeRun
 
     model = digits_mlp(32, seed=0).cuda()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     x, y = torch.randn(16, 64, device="cuda"), torch.randint(0, 10, (16,), device="cuda")
-    arm = RecipeRun("fp16_dynamic", "cuda")
+    arm = RecipeRun("fp16", "cuda")
     assert arm.real_fp16
     seen = {}
 

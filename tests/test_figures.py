@@ -186,8 +186,8 @@ def test_histogram_table_cites_each_source_and_scales_over_every_gradient():
 def test_losses_reference_panel_and_master_weight_loop():
     """plot_losses(reference=...) adds a difference panel; the master-weight loop diagram colours each box by the
     dtype a real train_step recorded (issue 26, items 16 and 18)."""
-    from matplotlib.patches import FancyBboxPatch
     from matplotlib.colors import to_hex
+    from matplotlib.patches import FancyBboxPatch
 
     from mpt_lab.figures._base import FORMAT_COLORS
     from mpt_lab.master_weights import MasterWeightTrainer

@@ -6,8 +6,8 @@ import math
 
 import pytest
 import torch
-
 from conftest import load_benchmark
+
 from mpt_lab import bench
 from mpt_lab.experiments import load_json
 

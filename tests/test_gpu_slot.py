@@ -15,13 +15,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import load_benchmark
 
 from mpt_lab import experiments
 from mpt_lab.experiments.__main__ import main as experiments_main
 from mpt_lab.harness import budget, runner, slot
 from mpt_lab.harness import preflight as pre
-
-from conftest import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 FULL = [n for n in experiments.NAMES if "full" in experiments.get(n).profiles]
@@ -253,7 +252,7 @@ def test_an_experiment_stopped_at_its_deadline_keeps_the_arms_it_finished(tmp_pa
         return (seen_steps.append(i) or i for i in inner)
     monkeypatch.setattr(runner.Run, "bar", bar)
     cfg = dataclasses.replace(biglstm.config_for("quick"), steps=6, eval_every=3, hist_every=2, sweep_shifts=(),
-                              arms=("fp32", "fp16"), valid_tokens=500)
+                              recipes=("fp32", "fp16_unscaled"), valid_tokens=500)
     partial = tmp_path / "biglstm_quick.partial.json"
     with pytest.raises(runner.DeadlineReached) as stop:
         biglstm.run(cfg, progress=False, deadline=1500.0, partial=partial)
@@ -263,12 +262,12 @@ def test_an_experiment_stopped_at_its_deadline_keeps_the_arms_it_finished(tmp_pa
     assert len(kept["arms"]["fp32"]["losses"]) == 6 and kept["arms"]["fp32"]["evals"][-1]["step"] == 6
     assert kept["provenance"]["partial"]["arms_done"] == ["fp32"] and "deadline" in kept["provenance"]["partial"][
         "stopped"]
-    assert kept["config"]["arms"] == ["fp32", "fp16"] and kept["provenance"]["backends"]["cudnn_allow_tf32"] in (
+    assert kept["config"]["recipes"] == ["fp32", "fp16_unscaled"] and kept["provenance"]["backends"]["cudnn_allow_tf32"] in (
         True, False)
     assert seen_steps == [1, 2, 3, 4, 5, 6]        # the second arm stopped before its first step
     # without a deadline the run finishes and the partial file is removed
     monkeypatch.setattr(runner.Run, "arm_done", real)
-    r = biglstm.run(dataclasses.replace(cfg, arms=("fp32",), steps=2, eval_every=2), progress=False, partial=partial)
+    r = biglstm.run(dataclasses.replace(cfg, recipes=("fp32",), steps=2, eval_every=2), progress=False, partial=partial)
     assert not partial.exists() and list(r.arms) == ["fp32"] and r.provenance["backends"]
 
 

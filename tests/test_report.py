@@ -522,6 +522,7 @@ def test_overhead_benchmark_runs(tmp_path):
     import shlex
 
     from conftest import load_benchmark
+
     from mpt_lab.harness.runner import load_json
 
     mod = load_benchmark("report_overhead")

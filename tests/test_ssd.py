@@ -7,8 +7,19 @@ import torch
 import torch.nn.functional as F
 
 from mpt_lab.data import DigitsDetection
-from mpt_lab.models import (CONFIGS, SSD, MultiBoxLoss, box_ops, build_ssd, default_boxes, detect, make_optimizer,
-                            match, mean_average_precision, train_step)
+from mpt_lab.models import (
+    CONFIGS,
+    SSD,
+    MultiBoxLoss,
+    box_ops,
+    build_ssd,
+    default_boxes,
+    detect,
+    make_optimizer,
+    match,
+    mean_average_precision,
+    train_step,
+)
 from mpt_lab.models.detection_eval import LEGACY_MAP_EVALUATOR, MAP_EVALUATOR
 from mpt_lab.models.ssd import match_batch
 

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import math
 
-from ._core import Exercise, register, is_real, as_list, entries_text
+import torch
 
+from .. import autocast
+from ..scaling import GradScaler
+from ._core import Exercise, as_list, entries_text, is_real, register
 
 #: The ops of exercise 6.1 (names of :data:`mpt_lab.autocast.OPS`) and the expression each one stands for.
 EX61_OPS = {
@@ -24,17 +27,11 @@ EX61_OPS = {
 def _ex61_truth() -> dict:
     """op name → the dtype name it returns under CUDA float16 autocast from float16 inputs, probed from
     PyTorch's dispatcher by :func:`mpt_lab.autocast.probe_autocast` (on fake CUDA tensors without a GPU)."""
-    import torch
-
-    from ..autocast import probe_autocast
-
-    return dict(probe_autocast("cuda", torch.float16, input_dtype=torch.float16, ops=tuple(EX61_OPS)).ops)
+    return dict(autocast.probe_autocast("cuda", torch.float16, input_dtype=torch.float16, ops=tuple(EX61_OPS)).ops)
 
 
 def _dtype_name(value):
     """"float16"/"float32" from a str ("float16", "torch.float16") or a torch.dtype; None for anything else."""
-    import torch
-
     if isinstance(value, torch.dtype):
         value = str(value)
     if not isinstance(value, str):
@@ -117,10 +114,6 @@ EX62 = {"init_scale": 1024.0, "growth_factor": 2.0, "backoff_factor": 0.5, "grow
 def _ex62_truth() -> list:
     """The loss scale of each iteration, from running :class:`mpt_lab.scaling.GradScaler` on a one-weight model
     whose gradient is inf in the overflow iterations (the scaler's ``history``)."""
-    import torch
-
-    from ..scaling import GradScaler
-
     c = EX62
     w = torch.nn.Parameter(torch.ones(1))
     opt = torch.optim.SGD([w], lr=0.0)

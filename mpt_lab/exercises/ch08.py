@@ -8,22 +8,19 @@ import numbers
 import numpy as np
 
 from .. import formats as F
-from ._core import Exercise, register, is_real
+from ..experiments.biglstm import BIGLSTM
+from ._core import Exercise, is_real, register
 
 
 def _ex8_gradient() -> float:
     """bigLSTM's typical softmax gradient p/D with p ≈ 1/8,193 (its sampled softmax normalises over the correct
     word and 8,192 sampled ones) and D = 128 (its loss is the mean over the 128 sequences of a batch of the sum
     over their time steps), from :data:`mpt_lab.experiments.biglstm.BIGLSTM`."""
-    from ..experiments.biglstm import BIGLSTM
-
     return 1.0 / (BIGLSTM["softmax_classes"] * BIGLSTM["loss_divisor"])
 
 
 def _ex8_text() -> dict:
     """The numbers the prompts of 8.1 and 8.2 quote, from :data:`mpt_lab.experiments.biglstm.BIGLSTM`."""
-    from ..experiments.biglstm import BIGLSTM
-
     return {"C": f"{BIGLSTM['softmax_classes']:,}", "K": f"{BIGLSTM['sampled_classes']:,}",
             "B": f"{BIGLSTM['loss_divisor']:,}", "T": f"{BIGLSTM['bptt']:,}", "V": f"{BIGLSTM['vocab_size']:,}"}
 

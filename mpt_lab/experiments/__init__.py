@@ -46,8 +46,17 @@ from __future__ import annotations
 
 import importlib
 
-from ..harness.runner import (REGISTRY, RUN_PROFILES, Experiment, ExperimentConfig, ExperimentResult, load_json,
-                              result_path, results_dir, save_json)
+from ..harness.runner import (
+    REGISTRY,
+    RUN_PROFILES,
+    Experiment,
+    ExperimentConfig,
+    ExperimentResult,
+    load_json,
+    result_path,
+    results_dir,
+    save_json,
+)
 
 #: The experiments, in the order of the book's chapters.
 NAMES = ("ssd_histogram", "gradient_factors", "loss_scaling", "master_weights_stall", "amp_recipe",

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from .. import accumulation as acc
+from ..autocast import probe_autocast
 from ..formats import FP8_E4M3, FP16, get_format, round_to
 from ..harness.runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
 
@@ -230,8 +231,6 @@ def _reductions(config: Config, run: Run, rng) -> dict:
 
 
 def _autocast() -> dict:
-    from ..autocast import probe_autocast
-
     probe = probe_autocast("cuda", torch.float16, input_dtype=torch.float16, ops=tuple(REDUCTION_OPS.values()))
     return {name: probe.ops[op] for name, op in REDUCTION_OPS.items()}
 

@@ -45,15 +45,33 @@ import torch
 import torch.nn.functional as Fn
 from torch import nn
 
+from ..data import digits_data
 from ..data.text import kjv_characters
-from ..histogram import Log2Histogram
-from ..microscaling import block_scale_comparison, block_size_sweep, layer_stats, mean_over_layers
-from ..models.transformer import CharTransformerLM
-from ..quantized_training import ROLES, TRAINING_RECIPES, hardware_fp8_available, quantize_linears_, round_weights_
-from ..scaling import GradScaler
+from ..formats import FP8_E4M3
 from ..harness.runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
+from ..histogram import Log2Histogram
+from ..microscaling import (
+    ScaledTensor,
+    block_scale_comparison,
+    block_size_sweep,
+    layer_stats,
+    mean_over_layers,
+    quantize_per_tensor,
+)
+from ..models import digits_mlp
+from ..models.transformer import CharTransformerLM
+from ..quantized_training import (
+    ROLES,
+    TRAINING_RECIPES,
+    Quantizer,
+    hardware_fp8_available,
+    quantize_linears_,
+    round_weights_,
+)
+from ..scaling import GradScaler
+from ..training import lr_factor
 
-__all__ = ["NAME", "Config", "PROFILES", "FP8RecipesResult", "lr_factor", "MODELS", "RECIPE_ORDER",
+__all__ = ["NAME", "Config", "PROFILES", "FP8RecipesResult", "MODELS", "RECIPE_ORDER",
            "HARDWARE_RECIPES", "run", "config_for", "main", "EXPERIMENT"]
 
 NAME = "fp8_recipes"
@@ -63,16 +81,6 @@ MODELS = ("lm", "mlp")
 RECIPE_ORDER = tuple(TRAINING_RECIPES)
 #: The recipes that also run on FP8 tensor cores where there are some.
 HARDWARE_RECIPES = ("fp8_current", "fp8_delayed")
-
-
-def lr_factor(step: int, steps: int, warmup: float = 0.1, floor: float = 0.1) -> float:
-    """The learning-rate multiplier at ``step`` (0-based) of ``steps``: linear warm-up over the first
-    ``warmup`` share of the steps, then cosine decay to ``floor``."""
-    w = max(1, round(warmup * steps))
-    if step < w:
-        return (step + 1) / w
-    frac = (step - w) / max(1, steps - w)
-    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, frac)))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -91,7 +99,7 @@ class Config(ExperimentConfig):
     lm_context: int = 64
     lm_batch: int = 16                 # sequences per step (lm_batch × lm_context characters)
     lm_steps: int = 150
-    lm_lr: float = 2e-3                # Adam, betas (0.9, 0.95); warm-up and cosine decay (lr_factor)
+    lm_lr: float = 2e-3                # Adam, betas (0.9, 0.95); warm-up and cosine decay (training.lr_factor)
     lm_valid_chars: int = 16384        # validation characters evaluated
     mlp_hidden: int = 64               # the digits MLP: width and hidden layers
     mlp_layers: int = 2
@@ -264,8 +272,6 @@ class _Task:
                          "loss_unit": "nats per character", "dim": c.lm_dim, "layers": c.lm_layers,
                          "heads": c.lm_heads, "context": c.lm_context}
         else:
-            from ..data import digits_data
-
             self.xtr, self.ytr, self.xte, self.yte = digits_data(c.seed, device)
             self.steps, self.lr = c.mlp_steps, c.mlp_lr
             self.info = {"what": "digits MLP (scikit-learn's 8×8 digits)", "train_images": len(self.xtr),
@@ -277,8 +283,6 @@ class _Task:
         if self.model_name == "lm":
             m = CharTransformerLM(len(self.vocab), c.lm_dim, c.lm_layers, c.lm_heads, c.lm_context)
         else:
-            from ..models import digits_mlp
-
             m = digits_mlp(c.mlp_hidden, c.mlp_layers)
         return m.to(self.device)
 
@@ -468,9 +472,6 @@ def _delayed_summary(ds, config: Config, lm_layers: list) -> dict:
 def _hardware_check(last: dict, device: torch.device) -> dict:
     """One product of the FP32 run's last step, x @ w.t() of the first Linear layer, quantised per tensor to
     E4M3: emulated in FP32 against ``torch._scaled_mm``."""
-    from ..formats import FP8_E4M3
-    from ..microscaling import ScaledTensor, quantize_per_tensor
-    from ..quantized_training import Quantizer
 
     name = next(iter(last))
     x, w = last[name]["x"].to(device), last[name]["w"].to(device)

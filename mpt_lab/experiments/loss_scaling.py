@@ -19,10 +19,10 @@ import torch
 import torch.nn.functional as F
 
 from ..data import digits_data
+from ..harness.runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
 from ..models import digits_mlp
 from ..scaling import GradScaler
 from ..training import accuracy
-from ..harness.runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
 
 __all__ = ["Config", "LossScalingResult", "PROFILES", "config_for", "run", "main", "NAME"]
 

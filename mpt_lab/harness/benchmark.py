@@ -9,15 +9,16 @@ runner`), and gets the same seeding, threads, device, provenance, JSON and comma
 The one difference is the command that regenerates a result: ``python benchmarks/NAME.py ...`` rather than
 ``python -m mpt_lab.experiments.NAME ...``.  A benchmark is not one of :data:`mpt_lab.experiments.NAMES` (the
 book's reproduced results), so ``python -m mpt_lab.experiments --all`` does not run it.  Speed is reported,
-never asserted (DESIGN.md).
+never asserted (ARCHITECTURE.md).
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from .runner import Experiment, ExperimentResult
+from .runner import Experiment, ExperimentConfig, ExperimentResult
 
 __all__ = ["Benchmark", "TimingTable"]
 
@@ -28,7 +29,7 @@ class Benchmark(Experiment):
     Parameters as :class:`~mpt_lab.harness.runner.Experiment`; ``main(argv)`` is the script's command line.
     """
 
-    def command(self, config=None, out=None) -> str:
+    def command(self, config: ExperimentConfig | None=None, out: str | os.PathLike | None=None) -> str:
         """The command line that runs ``config``: ``python benchmarks/NAME.py --profile P [--set ...] [--out F]``."""
         cmd = super().command(config, out)
         return cmd.replace(f"python -m mpt_lab.experiments.{self.name}", f"python benchmarks/{self.name}.py", 1)

@@ -24,18 +24,17 @@ import math
 import sys
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from ..bench import MEMORY_MODES, GpuSampler, gemm_tflops, memory_per_parameter, peak_memory, profile_steps, time_call
-from ..device import describe, resolve, synchronize
+from ..device import DeviceLike, describe, resolve, synchronize
 from ..formats import FP8_E4M3, FP8_E5M2
 from ..histogram import check_kernel
 from ..microscaling import ScaledTensor, quantize_per_tensor
-from ..models.gat import GAT
 from ..quantized_training import Quantizer, hardware_fp8_available
 from ..training import StaticStep, autocast_to, backward_step
 
@@ -179,6 +178,8 @@ def _check_fp8(device) -> str:
 
 
 def _check_gat(device) -> str:
+    from ..models.gat import GAT  # imports PyTorch Geometric (seconds): only when this check runs
+
     torch.manual_seed(0)
     model = GAT(16, 8, 4, (2, 2, 2)).to(device)
     x = torch.randn(50, 16, device=device)
@@ -342,7 +343,7 @@ PREFLIGHT_CHECKS = (
 )
 
 
-def needed_checks(only=None, checks=None) -> tuple:
+def needed_checks(only: Iterable[str] | None=None, checks: Sequence[Check] | None=None) -> tuple:
     """The checks (of ``checks``, default :data:`PREFLIGHT_CHECKS`) that the experiments named in ``only`` (an
     iterable of names; None: all) take: those whose ``needed_by`` is empty or shares a name with ``only``, in
     order."""
@@ -353,7 +354,7 @@ def needed_checks(only=None, checks=None) -> tuple:
     return tuple(c for c in checks if not c.needed_by or only & set(c.needed_by))
 
 
-def run_checks(device=None, checks=PREFLIGHT_CHECKS, echo=print) -> list:
+def run_checks(device: DeviceLike=None, checks: Sequence[Check]=PREFLIGHT_CHECKS, echo: Callable[[str], object]=print) -> list:
     """Run ``checks`` on ``device`` (default :func:`default_device`), echoing one line each.
 
     Returns a list of dicts {name, status ("ok", "skipped", "known", "FAILED"), detail, seconds}.  A check that
@@ -377,7 +378,7 @@ def run_checks(device=None, checks=PREFLIGHT_CHECKS, echo=print) -> list:
     return rows
 
 
-def preflight(echo=print, only=None) -> int:
+def preflight(echo: Callable[[str], object]=print, only: Iterable[str] | None=None) -> int:
     """The preflight of a GPU machine: :func:`run_checks` on the CUDA device, of the checks that the experiments
     named in ``only`` need (:func:`needed_checks`; None: all); the exit status (0: nothing failed, also without
     CUDA, where it checks nothing and says so; 1: a check failed; "known" limitations are not failures)."""

@@ -70,9 +70,10 @@ import os
 import shlex
 import sys
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Iterable, Protocol
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 import torch
@@ -150,7 +151,7 @@ def _decode(obj: Any) -> Any:
     return obj
 
 
-def save_json(data: dict, path) -> Path:
+def save_json(data: dict, path: str | os.PathLike) -> Path:
     """Write ``data`` (a dict) as indented JSON to ``path``, creating parent folders; returns the path.
 
     Non-finite floats are written as the strings "inf", "-inf", "nan" (JSON has no such numbers) and
@@ -166,7 +167,7 @@ def save_json(data: dict, path) -> Path:
     return path
 
 
-def load_json(path) -> dict:
+def load_json(path: str | os.PathLike) -> dict:
     """Read a dict written by :func:`save_json` (non-finite floats and histograms restored).
 
     Raises FileNotFoundError naming the path when it is missing.
@@ -187,7 +188,7 @@ def result_path(name: str, profile: str) -> Path:
     return results_dir() / f"{name}_{profile}.json"
 
 
-def is_smoke(data) -> bool:
+def is_smoke(data: ExperimentResult | dict) -> bool:
     """Whether a result (an :class:`ExperimentResult` or its dict) comes from a smoke run: its configuration's
     profile is :data:`SMOKE` or its provenance says ``"smoke"``.  Smoke results prove that code runs; their
     numbers mean nothing."""
@@ -308,7 +309,7 @@ class ExperimentResult:
         return {"experiment": self.NAME, **{f.name: _encode(getattr(self, f.name)) for f in fields(self)}}
 
     @classmethod
-    def from_dict(cls, d: dict):
+    def from_dict(cls, d: dict) -> ExperimentResult:
         """Inverse of :meth:`to_dict`.
 
         Raises TypeError for a non-dict, ValueError for a result of another experiment or a missing field.
@@ -329,14 +330,22 @@ class ExperimentResult:
         """A saved result's dict in today's names: the configuration's fields renamed by :data:`RENAMED_CONFIG`
         (a result that already has the new name is left alone).  Experiments whose saved results hold other old
         names extend it; :meth:`from_dict` calls it, so old results keep loading.  Returns a new dict."""
-        config = d.get("config")
-        if not cls.RENAMED_CONFIG or not isinstance(config, dict):
-            return d
-        config = {cls.RENAMED_CONFIG.get(k, k) if cls.RENAMED_CONFIG.get(k) not in config else k: v
-                  for k, v in config.items()}
-        return {**d, "config": config}
+        names = cls.RENAMED_CONFIG
+        return cls.with_config(d, lambda c: {names.get(k, k) if names.get(k) not in c else k: v for k, v in c.items()})
 
-    def save(self, path) -> Path:
+    @staticmethod
+    def with_config(d: dict, fn: Callable[[dict], dict]) -> dict:
+        """``d`` with ``fn`` applied to its configuration and to the copy of it in its provenance (so that the two
+        stay equal when an old result is read in today's names); a new dict.  A part that is not a dict is kept."""
+        out = dict(d)
+        if isinstance(d.get("config"), dict):
+            out["config"] = fn(d["config"])
+        prov = d.get("provenance")
+        if isinstance(prov, dict) and isinstance(prov.get("config"), dict):
+            out["provenance"] = {**prov, "config": fn(prov["config"])}
+        return out
+
+    def save(self, path: str | os.PathLike) -> Path:
         """Write the result as JSON (with its provenance) to ``path``.
 
         Raises ValueError for a smoke result (:func:`is_smoke`) and a path under ``book/results/``: a smoke run's
@@ -348,7 +357,7 @@ class ExperimentResult:
         return save_json(self.to_dict(), path)
 
     @classmethod
-    def load(cls, path):
+    def load(cls, path: str | os.PathLike) -> ExperimentResult:
         """Read a result written by :meth:`save`."""
         with open(path) as f:
             return cls.from_dict(json.load(f))
@@ -359,7 +368,7 @@ class ExperimentResult:
 PARTIAL_SUFFIX = ".partial.json"
 
 
-def partial_path(out) -> Path:
+def partial_path(out: str | os.PathLike) -> Path:
     """Where the finished arms of a run whose result goes to ``out`` are kept until it finishes:
     ``NAME_full.json`` → ``NAME_full.partial.json``."""
     out = Path(out)
@@ -404,7 +413,7 @@ class Run:
         self._on_arm = on_arm
         self._t0 = time.perf_counter()
 
-    def bar(self, iterable=None, *, desc: str | None = None, total: int | None = None, leave: bool = True):
+    def bar(self, iterable: Iterable | None=None, *, desc: str | None = None, total: int | None = None, leave: bool = True) -> Iterable:
         """``tqdm.auto.tqdm(iterable, ...)`` when progress is on, else the iterable itself (or a no-op bar).
 
         With a deadline, iterating checks it before each item (:meth:`check_deadline`): a loop over steps stops
@@ -432,7 +441,7 @@ class Run:
                                   f"finished arms: {', '.join(self.arms) or 'none'}", arms=list(self.arms),
                                   seconds=time.perf_counter() - self._t0)
 
-    def arm_done(self, key: str, data) -> None:
+    def arm_done(self, key: str, data: Any) -> None:
         """Record that the arm ``key`` (a recipe, a variant, a point of a sweep) finished with ``data`` (anything a
         result can store): kept in :attr:`arms` and, when the run keeps a partial file, written there at once.
 
@@ -536,7 +545,7 @@ class Experiment:
         return f"Experiment({self.name!r}, profiles {tuple(self.profiles)})"
 
     # --- configuration ------------------------------------------------------------------------------------
-    def config_for(self, profile: str):
+    def config_for(self, profile: str) -> ExperimentConfig:
         """The Config of ``profile``.
 
         Raises ValueError for a name that is not a profile, or a profile this experiment does not define
@@ -549,7 +558,7 @@ class Experiment:
                              f"{', '.join(self.profiles)}")
         return self.Config(profile=profile, **self.profiles[profile])
 
-    def smoke_config(self):
+    def smoke_config(self) -> ExperimentConfig:
         """The "full" profile cut to a smoke run: ``Config(profile="smoke", **(PROFILES["full"] | {"threads": 1} |
         smoke))``.
 
@@ -574,7 +583,7 @@ class Experiment:
         config.validate()
         return config
 
-    def command(self, config=None, out: str | os.PathLike | None = None) -> str:
+    def command(self, config: ExperimentConfig | None=None, out: str | os.PathLike | None = None) -> str:
         """The command line that runs ``config``: a profile plus ``--set`` for each field that differs from it
         (a custom config is expressed against the experiment's first profile)."""
         config = self.config_for(self._default_profile()) if config is None else config
@@ -600,8 +609,8 @@ class Experiment:
         return p if p in self.profiles else next(iter(self.profiles))
 
     # --- running ------------------------------------------------------------------------------------------
-    def run(self, config=None, *, progress: bool | None = None, command: str | None = None,
-            deadline: float | None = None, partial=None):
+    def run(self, config: ExperimentConfig | None=None, *, progress: bool | None = None, command: str | None = None,
+            deadline: float | None = None, partial: str | os.PathLike | None=None) -> ExperimentResult | None:
         """Run the experiment and return its Result.
 
         Parameters
@@ -677,7 +686,7 @@ class Experiment:
         return result
 
     # --- saved results ------------------------------------------------------------------------------------
-    def saved(self, profile: str = "full"):
+    def saved(self, profile: str = "full") -> ExperimentResult | None:
         """The saved result ``book/results/NAME_PROFILE.json`` as a Result, or None when there is none."""
         path = result_path(self.name, profile)
         return self.Result.load(path) if path.exists() else None
