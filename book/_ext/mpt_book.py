@@ -16,6 +16,8 @@ Two jobs:
   two torch threads each on two cores slow each other down many times; a chapter that sets its own threads
   keeps them).  The log says, for every notebook, "<path>: Executed notebook in N seconds", as myst-nb does.
   ``MPT_LAB_BOOK_JOBS=1`` restores myst-nb's own one-by-one execution.
+* The executed notebooks, outputs included, in ``_build/jupyter_execute/`` (myst-nb leaves them without outputs
+  after a cache hit).
 * One execution cache per profile: ``_build/.jupyter_cache/<MPT_LAB_PROFILE or "default">``, since the cache
   knows a notebook by its code only and would serve a quick build's outputs to a cpu one.
 """
@@ -125,8 +127,35 @@ def _cache_per_profile(app, config) -> None:
     config.nb_execution_cache_path = str(Path(app.outdir).parent / ".jupyter_cache" / profile)
 
 
+def _write_executed_notebooks(app, exception) -> None:
+    """Write each executed notebook, outputs included, to ``_build/jupyter_execute/``.  myst-nb writes there the
+    notebook as it read it, which holds the outputs only when it executed the notebook itself: after a cache hit
+    (every notebook this extension ran, and every unchanged one on a rebuild) the file had none."""
+    env = getattr(app, "env", None)
+    config = getattr(env, "mystnb_config", None)
+    if exception is not None or config is None or not config.execution_cache_path:
+        return
+    import nbformat
+    from jupyter_cache import get_cache
+
+    cache = get_cache(config.execution_cache_path)
+    out = Path(config.output_folder)
+    for docname in sorted(env.found_docs):
+        path = Path(env.doc2path(docname))
+        if path.suffix != ".ipynb" or not path.exists():
+            continue
+        try:
+            _, merged = cache.merge_match_into_notebook(nbformat.read(str(path), as_version=4))
+        except KeyError:
+            continue                                          # not executed (excluded, or failed)
+        target = out.joinpath(*(docname + ".ipynb").split("/"))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(nbformat.writes(merged), encoding="utf8")
+
+
 def setup(app):
     os.environ.setdefault("MPT_LAB_PROGRESS", "0")
     app.connect("config-inited", _cache_per_profile)
     app.connect("env-before-read-docs", _execute_in_parallel)
+    app.connect("build-finished", _write_executed_notebooks)
     return {"version": "1.1", "parallel_read_safe": True, "parallel_write_safe": True}
