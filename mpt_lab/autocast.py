@@ -15,6 +15,7 @@ tensors (``FakeTensorMode``): the autocast kernels, which decide the output dtyp
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -22,7 +23,7 @@ import torch.nn.functional as F
 
 from ._torch_internals import FakeTensorMode
 
-__all__ = ["OPS", "RECIPE_OPS", "GRAPH_OPS", "AutocastProbe", "probe_autocast"]
+__all__ = ["OPS", "RECIPE_OPS", "GRAPH_OPS", "AutocastProbe", "probe_autocast", "keep_in_float32", "autocast_step"]
 
 
 def _pyg_utils():
@@ -155,3 +156,117 @@ def probe_autocast(device_type: str = "cpu", dtype: torch.dtype = torch.float16,
             probe(t)
     return AutocastProbe(device_type, str(dtype).replace("torch.", ""), str(input_dtype).replace("torch.", ""),
                          "fake CUDA tensors" if fake else "real tensors", out)
+
+
+# ------------------------------------------------------------------------- one module outside autocast
+class _Float32Handle:
+    """What :func:`keep_in_float32` returns: ``remove()`` takes its hooks off the module again."""
+
+    def __init__(self, handles):
+        self._handles = handles
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+
+def keep_in_float32(module: torch.nn.Module) -> _Float32Handle:
+    """Run ``module`` outside autocast: while its ``forward`` runs, autocast is disabled and its floating-point
+    tensor arguments are cast to float32, so that it computes in float32 (its weights must be float32) and
+    returns float32; its backward follows, as autocast's backward runs in the dtypes its forward chose.
+
+    This is what "keep a module in FP32" means under ``torch.autocast``: a module whose weights are float32 is
+    still cast to the autocast dtype per op (autocast casts the weight of a matrix product, not the module),
+    so FP32 weights alone do not keep it in FP32.  Implemented with a forward pre-hook that enters
+    ``torch.autocast(device_type, enabled=False)`` (device_type from the module's first parameter, else the
+    first tensor argument) and a forward hook that leaves it, called even when ``forward`` raises.
+
+    Returns a handle whose ``remove()`` takes both hooks off.  Raises TypeError for a non-module.
+    """
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
+    stack = []
+
+    def enter(mod, args):
+        first = next(mod.parameters(), None)
+        if first is None:
+            first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+        device_type = first.device.type if first is not None else "cpu"
+        region = torch.autocast(device_type, enabled=False)
+        region.__enter__()
+        stack.append(region)
+        return tuple(a.float() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
+
+    def leave(mod, args, output):
+        if stack:
+            stack.pop().__exit__(None, None, None)
+
+    return _Float32Handle([module.register_forward_pre_hook(enter),
+                           module.register_forward_hook(leave, always_call=True)])
+
+
+def _first_tensor(output):
+    """The first tensor of a module's output (a tensor, or the first tensor of a tuple, list or dict)."""
+    if isinstance(output, torch.Tensor):
+        return output
+    values = output.values() if isinstance(output, dict) else output if isinstance(output, (tuple, list)) else ()
+    return next((v for v in values if isinstance(v, torch.Tensor)), None)
+
+
+def autocast_step(model: torch.nn.Module, loss_fn: Callable, batch: tuple, *, device_type: str = "cpu",
+                  dtype: torch.dtype | None = torch.float16, watch: Sequence[str]=(), rng_state: torch.Tensor | None = None) -> dict:
+    """One forward and backward pass of ``loss_fn(model, batch)`` under ``torch.autocast(device_type, dtype)``
+    (``dtype=None``: without autocast, in the model's own dtypes), watching some modules' outputs.
+
+    Parameters
+    ----------
+    model, loss_fn, batch : ``loss_fn(model, batch)`` returns a scalar loss tensor
+    watch : names of submodules (``model.get_submodule``) whose output to report (the first tensor of it)
+    rng_state : torch's CPU random state to set before the forward (e.g. to draw the same dropout masks as
+        another step); the state is restored afterwards either way
+
+    Returns
+    -------
+    dict with "loss" (float), "gradients_finite" (whether every parameter gradient is finite), "outputs":
+    name → {"dtype" (e.g. "float16"), "amax" (largest |value| among the finite ones, float), "finite" (bool)}.
+    The model's gradients are cleared (set to None) afterwards.
+
+    Raises TypeError for a non-module, ValueError for an unknown ``device_type`` or a watched name the model
+    does not have.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if device_type not in ("cpu", "cuda"):
+        raise ValueError(f"device_type must be 'cpu' or 'cuda', got {device_type!r}")
+    names = tuple(watch)
+    modules = dict(model.named_modules())
+    missing = [n for n in names if n not in modules]
+    if missing:
+        raise ValueError(f"watch: the model has no submodules {missing}")
+    seen, hooks = {}, []
+    for name in names:
+        def record(mod, args, output, name=name):
+            t = _first_tensor(output)
+            if t is not None:
+                v = t.detach()
+                fin = torch.isfinite(v)
+                seen[name] = {"dtype": str(v.dtype).replace("torch.", ""), "finite": bool(fin.all()),
+                              "amax": float(v[fin].abs().max()) if bool(fin.any()) else float("nan")}
+        hooks.append(modules[name].register_forward_hook(record))
+    saved = torch.get_rng_state()
+    try:
+        if rng_state is not None:
+            torch.set_rng_state(rng_state)
+        model.zero_grad(set_to_none=True)
+        with torch.autocast(device_type, dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+            loss = loss_fn(model, batch)
+        loss.backward()
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        finite = all(bool(torch.isfinite(g).all()) for g in grads)
+        return {"loss": float(loss.detach()), "gradients_finite": finite, "outputs": seen}
+    finally:
+        for h in hooks:
+            h.remove()
+        model.zero_grad(set_to_none=True)
+        torch.set_rng_state(saved)

@@ -545,7 +545,8 @@ class PrecisionReport:
 
         * ``high`` is the max-gradient rule of Micikevicius et al. 2018 §3.2:
           :func:`mpt_lab.scaling.max_gradient_scale` of the largest |gradient|, the largest power of two S
-          with amax · S ≤ ``fmt.max``;
+          with amax · S ≤ ``fmt.max``, and at most 2¹²⁷, the largest power of two a float32 loss scale can
+          hold (``torch.amp.GradScaler`` keeps its scale in float32; BF16's rule alone can exceed it);
         * ``low`` is the smallest power of two S such that at least ``keep`` of the non-zero finite gradient
           values, multiplied by S and rounded to ``fmt``, do not round to zero (exact counts,
           :meth:`mpt_lab.histogram.Log2Histogram.category_counts`).
@@ -572,7 +573,7 @@ class PrecisionReport:
         amax = g.amax
         if amax == 0 or not math.isfinite(amax):
             return (None, None)
-        high = max_gradient_scale(amax, f)
+        high = min(max_gradient_scale(amax, f), 2.0 ** 127)
         lo_j, hi_j = -1074, 1023          # kept share grows with the scale: bisect on the exponent
         if self._kept(g, f, math.ldexp(1.0, hi_j)) < keep:
             return (None, high)
@@ -667,7 +668,10 @@ class PrecisionReport:
         "constants": a list of dicts (group, name, value, rounded, effect) for every numeric hyper-parameter of
             the optimizer's parameter groups (``lr``, ``eps``, ``betas[1]``, ``weight_decay``, …) that changes
             when rounded to ``fmt``: effect "vanishes" (non-zero, rounds to 0: Adam's ``eps=1e-8`` in FP16,
-            PyTorch issue 147437), "overflows", or "changes" (another value, e.g. BF16's 0.999 → 1.0);
+            PyTorch issue 147437), "overflows", "degenerate" (a value in (0, 1) that rounds to exactly 1, e.g.
+            Adam's ``betas[1] = 0.999`` in BF16: a decay rate of 1 turns its moving average off, 1 − β = 0, and
+            Adam's bias correction 1 − βᵗ divides by zero; ``torch.optim.Adam`` refuses β = 1), or "changes"
+            (another value);
         "updates": the step's update Δw of every parameter (the optimizer's own ``step`` run on a copy of it
             and of the parameters widened to float64, so that adding Δw to the weight loses none of it, with the
             FP32 step's gradients), and how many non-zero updates a weight
@@ -689,7 +693,8 @@ class PrecisionReport:
             r = F.round_to(value, f)
             if r == value:
                 continue
-            effect = "vanishes" if r == 0 else ("overflows" if not math.isfinite(r) or abs(r) > f.max else "changes")
+            effect = "vanishes" if r == 0 else ("overflows" if not math.isfinite(r) or abs(r) > f.max else
+                                                ("degenerate" if 0 < value < 1 and r == 1 else "changes"))
             constants.append({"group": g, "name": name, "value": value, "rounded": r, "effect": effect})
         updates = {"error": info["error"]} if "error" in info else dict(info["updates"][f.name])
         return {"optimizer": info["type"], "constants": constants, "updates": updates}
@@ -722,7 +727,8 @@ class PrecisionReport:
         4. *needs a loss scale in [low, high]* otherwise.
 
         When an optimizer was given: "; keep the optimizer's arithmetic in FP32" if one of its constants
-        vanishes in ``fmt``, and "; keep FP32 master weights" if more than 1 − ``keep`` of the step's updates
+        vanishes or becomes degenerate in ``fmt`` (:meth:`optimizer_checks`), and "; keep FP32 master weights"
+        if more than 1 − ``keep`` of the step's updates
         would be lost by weights stored in ``fmt``.  :meth:`verdict` names the rule that applied.
 
         Raises ValueError when ``fmt`` was not analysed by this report.
@@ -776,8 +782,11 @@ class PrecisionReport:
         opt = self.optimizer_checks(f.name)
         if opt is not None:
             vanish = [c["name"] for c in opt["constants"] if c["effect"] == "vanishes"]
-            if vanish:
-                text += f"; keep the optimizer's arithmetic in FP32 ({', '.join(vanish)} rounds to 0)"
+            one = [c["name"] for c in opt["constants"] if c["effect"] == "degenerate"]
+            if vanish or one:
+                why = [f"{', '.join(vanish)} rounds to 0"] if vanish else []
+                why += [f"{', '.join(one)} rounds to 1, which turns its moving average off"] if one else []
+                text += f"; keep the optimizer's arithmetic in FP32 ({'; '.join(why)})"
             u = opt["updates"]
             if "share_lost" in u and math.isfinite(u["share_lost"]) and u["share_lost"] > 1 - keep:
                 text += (f"; keep FP32 master weights ({100 * u['share_lost']:.3g}% of the step's updates round "

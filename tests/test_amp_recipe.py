@@ -202,3 +202,67 @@ def test_autocast_probe():
         probe_autocast("cpu", torch.float16, input_dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="ops"):
         probe_autocast("cpu", ops=("conv7d",))
+
+
+def test_keep_in_float32_runs_a_module_outside_autocast():
+    """Under CPU FP16 autocast a Linear with FP32 weights still returns float16 (autocast casts per op); with
+    keep_in_float32 it returns float32 and its value is the FP32 product; the hooks come off again; its backward
+    runs too (issue 31, item 14)."""
+    from mpt_lab.autocast import keep_in_float32
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    x = torch.randn(4, 8)
+    with torch.autocast("cpu", dtype=torch.float16):
+        assert net[0](x).dtype == torch.float16
+    handle = keep_in_float32(net[0])
+    ref = torch.nn.functional.linear(x.half().float(), net[0].weight, net[0].bias)     # FP32, outside autocast
+    with torch.autocast("cpu", dtype=torch.float16):
+        h = net[0](x.half())                       # a float16 input is cast to float32 too
+        assert h.dtype == torch.float32 and torch.equal(h, ref)
+        out = net(x)
+        assert out.dtype == torch.float16 and torch.is_autocast_enabled("cpu")   # the rest still under autocast
+    out.float().sum().backward()
+    assert net[0].weight.grad.dtype == torch.float32 and torch.isfinite(net[0].weight.grad).all()
+    handle.remove()
+    with torch.autocast("cpu", dtype=torch.float16):
+        assert net[0](x).dtype == torch.float16
+    with pytest.raises(TypeError, match="module"):
+        keep_in_float32(lambda t: t)
+
+
+def test_autocast_step_reports_an_overflow_and_its_remedy():
+    """A last Linear whose FP32 output reaches 140,000 (7·10⁴ times a dropout-kept 2) overflows under FP16 autocast
+    and not outside it; autocast_step reports dtypes, finiteness and the loss with the given dropout masks, and
+    restores the random state."""
+    from mpt_lab.autocast import autocast_step, keep_in_float32
+
+    torch.manual_seed(1)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.5), torch.nn.Linear(4, 1))
+    with torch.no_grad():
+        net[0].weight.copy_(torch.eye(4))
+        net[0].bias.zero_()
+        net[2].weight.zero_()
+        net[2].weight[0, 0] = 7e4
+        net[2].bias.zero_()
+    batch = torch.ones(16, 4)
+
+    def loss_fn(m, b):              # × 1e-3: the gradients stay within FP16's range, only the forward overflows
+        return m(b).float().mean() * 1e-3
+
+    state = torch.get_rng_state()
+    plain = autocast_step(net, loss_fn, batch, watch=("2",), rng_state=state)
+    assert plain["outputs"]["2"]["dtype"] == "float16" and not plain["outputs"]["2"]["finite"]
+    assert not math.isfinite(plain["loss"]) and not plain["gradients_finite"]
+    assert torch.equal(torch.get_rng_state(), state) and all(p.grad is None for p in net.parameters())
+    handle = keep_in_float32(net[2])
+    fixed = autocast_step(net, loss_fn, batch, watch=("2",), rng_state=state)
+    handle.remove()
+    assert fixed["outputs"]["2"] == {"dtype": "float32", "finite": True, "amax": 1.4e5}
+    assert math.isfinite(fixed["loss"]) and fixed["gradients_finite"]
+    fp32 = autocast_step(net, loss_fn, batch, dtype=None, watch=("2",), rng_state=state)
+    assert fp32["outputs"]["2"] == fixed["outputs"]["2"]          # the same dropout masks as the autocast steps
+    with pytest.raises(ValueError, match="watch"):
+        autocast_step(net, loss_fn, batch, watch=("9",))
+    with pytest.raises(ValueError, match="device_type"):
+        autocast_step(net, loss_fn, batch, device_type="tpu")

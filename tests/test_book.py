@@ -101,6 +101,9 @@ def test_chapter_pages_show_their_results(book):
     assert len(IMG.findall(ch11)) >= 5 and "MXFP4" in ch11 and _shows_gpu_section(ch11, "fp8_recipes")
     ch12 = book.page("notebooks/12_your_model.html")
     assert len(IMG.findall(ch12)) >= 1 and "need a loss scale in FP16:" in ch12 and "precision_report" in ch12
+    ch13 = book.page("notebooks/13_four_bits.html")
+    assert len(IMG.findall(ch13)) >= 5 and "NVFP4 recipe" in ch13 and "stochastic" in ch13
+    assert "Saved long CPU result" in ch13 or "No long CPU result of <code>fourbit_ablation</code>" in ch13
     bib = book.page("book/bibliography.html")
     assert "Micikevicius" in bib
 

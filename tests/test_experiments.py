@@ -271,7 +271,9 @@ def test_every_saved_result_loads(path):
     if name in experiments.NAMES:
         r = experiments.get(name).Result.load(path)
         assert r.provenance.get("command") and isinstance(r.config, dict) and r.describe()
-        assert not {"arms", "precisions"} & set(r.config), f"{path.name}: an old Config field was not renamed"
+        fields = {f.name for f in dataclasses.fields(experiments.get(name).Config)}
+        if "recipes" in fields:
+            assert not {"arms", "precisions"} & set(r.config), f"{path.name}: an old Config field was not renamed"
         assert r.provenance.get("config", r.config) == r.config
         if "recipes" in r.config:
             assert set(r.config["recipes"]) <= set(RECIPES), f"{path.name}: a recipe the registry does not know"

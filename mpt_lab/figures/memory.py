@@ -76,15 +76,18 @@ def tradeoff_table(result: MemoryTradeoffsResult) -> HTML:
 
 
 def training_table(result: MemoryTradeoffsResult) -> HTML:
-    """FP32 against mixed precision: test accuracy, time per epoch, checkpoint size (MiB) — beside the CIFAR-10
-    ResNet-50 experiment's numbers (cited as reported: "MB", which may mean 10⁶ or 2²⁰ bytes)."""
+    """FP32 against mixed precision: test accuracy, time per epoch, checkpoint size (MiB; the mixed run's weights
+    are FP32, as autocast keeps them, cast to the mixed dtype when saved) — beside the CIFAR-10 ResNet-50
+    experiment's numbers (cited as reported: "MB", which may mean 10⁶ or 2²⁰ bytes)."""
     if not isinstance(result, MemoryTradeoffsResult):
         raise TypeError(f"result must be a MemoryTradeoffsResult, got {type(result).__name__}")
     t = result.training
     rows = []
     for k, label in (("fp32", result.baseline_label), ("mixed", f"mixed ({result.mixed_dtype})")):
+        size = mib(t[k]["storage_bytes"], 3) + (f" (the FP32 weights cast to {result.mixed_dtype} at save)"
+                                                if k == "mixed" else "")
         rows.append([f"this book: {label}, ResNet on digits ({result.device}, {result.profile} profile)",
-                     f"{100 * t[k]['accuracy']:.2f}%", f"{t[k]['epoch_seconds']:.3g}", mib(t[k]["storage_bytes"], 3)])
+                     f"{100 * t[k]['accuracy']:.2f}%", f"{t[k]['epoch_seconds']:.3g}", size])
     c = CIFAR10_RESNET50
     for k, label in (("fp32", "FP32"), ("mixed", "mixed")):
         mb = c[k]["storage_mb"]
