@@ -266,3 +266,59 @@ def test_autocast_step_reports_an_overflow_and_its_remedy():
         autocast_step(net, loss_fn, batch, watch=("9",))
     with pytest.raises(ValueError, match="device_type"):
         autocast_step(net, loss_fn, batch, device_type="tpu")
+
+
+def test_autocast_lists_read_from_the_dispatcher():
+    """The lists agree with what the probe measures, op by op, and with the torch.amp documentation's groups."""
+    from mpt_lab.autocast import POLICIES, autocast_lists
+
+    cuda, cpu = autocast_lists("cuda", torch.float16), autocast_lists("cpu", torch.float16)
+    assert set(POLICIES) <= set(cuda.lists) and cuda.device_type == "cuda" and cuda.dtype == "float16"
+    for lists in (cuda, cpu):
+        names = [op for ops in lists.lists.values() for op in ops]
+        assert len(names) == len(set(names))                                  # every op in one group only
+        for op in ("mm", "matmul", "linear", "conv2d", "addmm", "bmm"):
+            assert lists.policy(op) == "lower_precision", op
+        for op in ("mse_loss", "nll_loss", "l1_loss"):
+            assert lists.policy(op) == "float32", op
+        for op in ("relu", "add", "mul", "elu", "mean", "var", "batch_norm"):
+            assert lists.policy(op) == "not listed", op
+    # CUDA runs exponentials, logs, sums and some normalisations in float32; the CPU's float32 list lacks them
+    for op in ("exp", "log", "softmax", "log_softmax", "sum", "layer_norm", "group_norm"):
+        assert cuda.policy(op) == "float32" and cpu.policy(op) == "not listed", op
+    assert {"addcmul", "addcdiv", "atan2", "dot", "index_put", "scatter_add", "tensordot"} <= set(cuda["promote"])
+    assert {"cat", "stack", "index_copy"} <= set(cpu["promote"])
+    assert "binary_cross_entropy" in cuda["banned"] and cpu.policy("binary_cross_entropy") == "float32"
+    assert cuda.policy("aten::softmax.int") == "float32" and cpu.policy("aten::softmax.int") == "not listed"
+    # the probe's dtypes follow from the lists: float16 inputs, one op each
+    single = {"exp": "exp", "sum": "sum", "softmax": "softmax", "log_softmax": "log_softmax", "relu": "relu",
+              "layer_norm": "layer_norm", "elu": "elu", "expm1": "expm1", "mean": "mean", "var": "var",
+              "batch_norm": "batch_norm", "add (x + x)": "add"}
+    for device, lists in (("cuda", cuda), ("cpu", cpu)):
+        probe = probe_autocast(device, torch.float16, input_dtype=torch.float16, ops=tuple(single))
+        for name, aten in single.items():
+            expected = "float32" if lists.policy(aten) == "float32" else "float16"
+            assert probe[name] == expected, (device, name)
+    with pytest.raises(ValueError, match="device_type"):
+        autocast_lists("tpu")
+    with pytest.raises(TypeError, match="dtype"):
+        autocast_lists("cuda", torch.float32)
+    with pytest.raises(TypeError, match="op"):
+        cuda.policy(3)
+
+
+def test_autocast_lists_table():
+    import re
+
+    from mpt_lab import figures
+    from mpt_lab.autocast import autocast_lists
+
+    lists = {"CUDA": autocast_lists("cuda", torch.float16), "CPU": autocast_lists("cpu", torch.float16)}
+    t = figures.autocast_lists_table(lists)
+    for group in ("lower_precision", "float32", "promote", "banned", "not listed"):
+        assert group in t
+    assert f"({len(lists['CUDA']['float32'])} ops)" in t and "softmax" in t and "cat, index_copy, stack" in t
+    examples = re.search(r"every other op \(([^)…]*)", t).group(1).rstrip(", ").split(", ")
+    assert all(al.policy(op) == "not listed" for al in lists.values() for op in examples), examples
+    with pytest.raises(TypeError, match="lists"):
+        figures.autocast_lists_table({})

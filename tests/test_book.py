@@ -108,6 +108,23 @@ def test_chapter_pages_show_their_results(book):
     assert "Micikevicius" in bib
 
 
+def test_citations_link_to_their_bibliography_entries(book):
+    """A citation's link lands on its entry: every "bibliography.html#cite-…" anchor a page links to exists on the
+    bibliography page, and the introduction's {cite} roles and chapter 1's links use such anchors."""
+    bib = book.page("book/bibliography.html")
+    ids = set(re.findall(r'id="(cite-[\w-]+)"', bib))
+    assert "cite-micikevicius2018mixed" in ids and "Rouhani and others" not in bib
+    linked = set()
+    for page in sorted(book.html.rglob("*.html")):
+        for anchor in re.findall(r'href="[^"]*bibliography\.html#(cite-[\w-]+)"', page.read_text()):
+            assert anchor in ids, (page.name, anchor)
+            linked.add((page.name, anchor))
+    assert ("intro.html", "cite-micikevicius2018mixed") in linked
+    assert ("01_floating_point.html", "cite-ieee754-2019") in linked
+    intro = book.page("book/intro.html")
+    assert "Rouhani <em>et al.</em>, 2023a" in intro          # the MX specification, told apart from the 2023b paper
+
+
 def test_no_page_shows_tracebacks_or_source_file_names(book):
     pages = sorted(book.html.rglob("*.html"))
     assert len(pages) >= 10

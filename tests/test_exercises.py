@@ -348,12 +348,27 @@ def test_hints_do_not_give_the_answer(ex_id):
 def test_5_1_autocast_policy():
     import torch
 
-    from mpt_lab.autocast import OPS, probe_autocast
+    from mpt_lab.autocast import OPS, RECIPE_OPS, autocast_lists, probe_autocast
 
     assert set(E.ch06.EX61_OPS) <= set(OPS) and all(k in E.EXERCISES["6.1"].prompt for k in E.ch06.EX61_OPS)
+    assert not set(E.ch06.EX61_OPS) & set(RECIPE_OPS)       # none of the asked ops is in the chapter's table
     sol = E.solution("6.1")
     truth = probe_autocast("cuda", torch.float16, input_dtype=torch.float16, ops=tuple(E.ch06.EX61_OPS)).ops
     assert sol == truth and {"float16", "float32"} == set(sol.values())
+    # solvable from the prompt: the rule applied to the lists the prompt prints gives the probed answer
+    lists = autocast_lists("cuda", torch.float16)
+    shown = E.show("6.1")
+    for policy in ("lower_precision", "float32", "promote"):
+        assert all(op in shown for op in lists[policy]), policy
+    for k, (expr, aten) in E.ch06.EX61_OPS.items():
+        assert expr in shown and all(f"aten::{op}" in shown for op in aten)
+        last = lists.policy(aten[-1])
+        rule = {"float32": "float32", "lower_precision": "float16", "not listed": "float16"}[last]
+        assert rule == sol[k], (k, last)
+    # what a loose rule ("exponentials, reductions, normalisations run in float32") would answer is wrong
+    loose = dict(sol, elu="float32", mean="float32", var="float32", batch_norm="float32")
+    fb = E.check("6.1", loose)
+    assert not fb and "4 of the 7" in fb.message
     assert E.check("6.1", {k: getattr(torch, v) for k, v in sol.items()})          # torch dtypes are accepted
     assert E.check("6.1", {k: f"torch.{v}" for k, v in sol.items()})
     all16 = {k: "float16" for k in sol}                     # "autocast means FP16 everywhere"
@@ -362,12 +377,12 @@ def test_5_1_autocast_policy():
     assert not fb and f"{n_wrong} of the {len(sol)}" in fb.message and "float16 inputs" in fb.message
     flipped = dict(sol, **{"mul + sum (a·Wh)": "float16"})  # the sum at the end of a chain runs in FP32
     assert not E.check("6.1", flipped)
-    fb = E.check("6.1", {k: v for k, v in sol.items() if k != "exp"})
-    assert not fb and "missing" in fb.message and "exp" in fb.message
+    fb = E.check("6.1", {k: v for k, v in sol.items() if k != "expm1"})
+    assert not fb and "missing" in fb.message and "expm1" in fb.message
     fb = E.check("6.1", dict(sol, conv2d="float16"))
     assert not fb and "not asked" in fb.message
-    fb = E.check("6.1", dict(sol, exp="half"))
-    assert not fb and "'exp'" in fb.message and '"float16" or "float32"' in fb.message
+    fb = E.check("6.1", dict(sol, expm1="half"))
+    assert not fb and "'expm1'" in fb.message and '"float16" or "float32"' in fb.message
 
 
 def test_5_2_gradscaler_trace():
@@ -602,21 +617,28 @@ def test_worked_solutions_of_chapters_6_to_8_state_what_holds():
     import torch
 
     from mpt_lab import formats as F
-    from mpt_lab.autocast import RECIPE_OPS
+    from mpt_lab.autocast import RECIPE_OPS, autocast_lists
     from mpt_lab.experiments.biglstm import BIGLSTM
 
-    # 6.1: each op's verdict in the reasoning is the probed dtype; the two ops missing from the chapter's table
+    # 6.1: each op's verdict in the reasoning is the probed dtype; the lists it names are the installed ones
     truth = E.solution("6.1")
     worked = E.EXERCISES["6.1"].worked
-    for expr, ops in (("`x @ w`", ["matmul (@)"]), ("`relu`, `x + x`", ["relu", "add (x + x)"]),
-                      ("`exp`, `softmax`", ["exp", "softmax"]), ("`relu(linear(x, w))`", ["linear → relu"]),
-                      ("`softmax(linear(x, w))`", ["linear → softmax"]), ("`elu`", ["elu"]),
-                      ("`(x * x).sum(-1)`", ["mul + sum (a·Wh)"])):
+    for expr, ops in (("`F.elu(x)`", ["elu"]), ("`torch.expm1(x)`", ["expm1"]), ("`x.mean()`", ["mean"]),
+                      ("`x.var(-1)`", ["var"]), ("`F.batch_norm(x, None, None, training=True)`", ["batch_norm"]),
+                      ("`(x * x).sum(-1)`", ["mul + sum (a·Wh)"]), ("`F.elu(F.linear(x, w))`", ["linear → elu"])):
         verdict = re.search(re.escape(expr) + r":[^→]*→ (float16|float32)", worked).group(1)
         assert all(truth[op] == verdict for op in ops), (expr, verdict)
-    missing = [op for op in E.ch06.EX61_OPS if op not in RECIPE_OPS]
-    assert missing == ["elu", "mul + sum (a·Wh)"] and "seven of these ops" in E.EXERCISES["6.1"].prompt
-    assert len(E.ch06.EX61_OPS) - len(missing) == 7 and "not in it" in E.EXERCISES["6.1"].prompt
+    cuda, cpu = autocast_lists("cuda", torch.float16), autocast_lists("cpu", torch.float16)
+    for op in ("elu", "mean", "var", "batch_norm", "mul"):                        # "on no list"
+        assert cuda.policy(op) == "not listed", op
+    for op in ("expm1", "sum", "prod", "cumsum", "cumprod", "logsumexp", "norm", "layer_norm", "group_norm",
+               "rms_norm"):
+        assert cuda.policy(op) == "float32", op
+    assert cuda.policy("linear") == "lower_precision"
+    for op in ("sum", "softmax", "expm1"):                                          # "on a CPU ... on no list"
+        assert cpu.policy(op) == "not listed", op
+    assert not set(E.ch06.EX61_OPS) & set(RECIPE_OPS)
+    assert "None of them is in the chapter's probe table" in E.EXERCISES["6.1"].prompt
     # 6.2: the iterations the reasoning walks through
     c, trace = E.ch06.EX62, E.solution("6.2")
     assert c["growth_interval"] == 3 and c["overflows"] == (5, 6, 11) and c["iterations"] == 12

@@ -1,6 +1,6 @@
 """Sphinx extension of the book build (Jupyter Book loads it through ``sphinx: local_extensions`` in _config.yml).
 
-Two jobs:
+What it does:
 
 * The build executes every notebook with Jupyter kernels started from this process, so the environment set
   here is theirs: ``MPT_LAB_PROGRESS=0`` switches off tqdm progress bars (a rendered page would show an empty
@@ -20,6 +20,11 @@ Two jobs:
   after a cache hit).
 * One execution cache per profile: ``_build/.jupyter_cache/<MPT_LAB_PROFILE or "default">``, since the cache
   knows a notebook by its code only and would serve a quick build's outputs to a cpu one.
+* Chapters link a citation to its entry on the bibliography page
+  (``../book/bibliography.md#cite-KEY``): sphinxcontrib-bibtex gives each entry the id ``cite-KEY`` (``bibtex_cite_id``
+  in _config.yml), but MyST resolves ``page.md#id`` only against the page's heading anchors and warns about any
+  other id; :func:`_bibliography_anchors` registers the entries' ids as anchors of their page, so a link to an entry
+  resolves and a link to an id that does not exist still warns (the build treats warnings as errors).
 """
 
 from __future__ import annotations
@@ -153,9 +158,19 @@ def _write_executed_notebooks(app, exception) -> None:
         target.write_text(nbformat.writes(merged), encoding="utf8")
 
 
+def _bibliography_anchors(app, doctree):
+    """Register every bibliography entry's id ("cite-…") as a MyST anchor of the page that holds it."""
+    ids = [i for i in doctree.ids if i.startswith("cite-")]
+    if ids:
+        anchors = app.env.metadata[app.env.docname].setdefault("myst_slugs", {})
+        for i in ids:
+            anchors.setdefault(i, (0, i, i))
+
+
 def setup(app):
     os.environ.setdefault("MPT_LAB_PROGRESS", "0")
     app.connect("config-inited", _cache_per_profile)
     app.connect("env-before-read-docs", _execute_in_parallel)
+    app.connect("doctree-read", _bibliography_anchors)
     app.connect("build-finished", _write_executed_notebooks)
-    return {"version": "1.1", "parallel_read_safe": True, "parallel_write_safe": True}
+    return {"version": "1.2", "parallel_read_safe": True, "parallel_write_safe": True}

@@ -242,7 +242,7 @@ def _layer_name(spec: str, layers: int) -> str:
 #: 1,837 s of CPU time in its training runs and 6,919 s of wall time at load average 5 to 16 (on two quiet cores, its
 #: CPU time, about half an hour).
 #: The full profile is the cpu profile: the emulated quantisers launch thousands of operators per step, which a
-#: GPU slot cannot afford for 20 runs (mpt_lab.experiments.budget: a CPU row).
+#: GPU slot cannot afford for 20 runs (mpt_lab.harness.budget: a CPU row).
 PROFILES = {
     "quick": {"dim": 32, "layers": 2, "heads": 2, "context": 32, "batch": 8, "steps": 50, "seeds": 2, "evals": 2,
               "lr": 4e-3, "valid_chars": 4096, "sr_draws": 16, "sens_valid_chars": 2048, "diag_sequences": 8,

@@ -94,7 +94,7 @@ from .scaling import (
     plot_scale_history,
     plot_shift_sweep,
 )
-from .training import autocast_table, plot_losses, plot_master_weight_loop, speedup_table
+from .training import autocast_lists_table, autocast_table, plot_losses, plot_master_weight_loop, speedup_table
 
 __all__ = ["show_saved", "BookFigure", "HTML", "table_html", "running_mean", "FORMAT_COLORS",
            "plot_format_ranges", "plot_ulp", "plot_fixed_vs_float", "plot_accumulation", "round_to_speed_table",
@@ -102,7 +102,7 @@ __all__ = ["show_saved", "BookFigure", "HTML", "table_html", "running_mean", "FO
            "histogram_table", "phases_table", "sweep_table", "plot_gradient_factors", "gradient_factors_table",
            "plot_scale_history", "plot_divergence", "plot_shift_sweep", "divergence_table",
            "plot_gradient_scale", "gradient_scale_table", "plot_gradient_shift", "plot_sampled_softmax",
-           "plot_losses", "plot_master_weight_loop", "speedup_table", "autocast_table",
+           "plot_losses", "plot_master_weight_loop", "speedup_table", "autocast_table", "autocast_lists_table",
            "plot_tradeoffs", "tradeoff_table", "training_table", "breakdown_table",
            "plot_gat_training", "plot_gat_memory", "plot_attention_overflow", "plot_gat_memory_fit",
            "gat_memory_table", "gat_budget_table",

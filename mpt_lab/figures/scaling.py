@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
+from matplotlib.ticker import MaxNLocator
 
 from ..harness.runner import ExperimentResult
 from ..histogram import Log2Histogram, log2_histogram, lost_mass, lost_share
@@ -53,6 +54,7 @@ def plot_scale_history(result: ExperimentResult | dict, *, title: str | None = N
             ax.plot(steps[inf], scales[inf], "v", color="#d62728", ms=7, label="overflow: step skipped, S halved")
     ax.set_xlabel("step")
     ax.set_ylabel("log₂ S   (loss scale)")
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))      # S is a power of two: whole exponents only
     ax.set_title(title or "Dynamic loss scaling: grow after N clean steps, back off on overflow")
     ax.legend(fontsize="small", loc="lower right")
     ax.grid(alpha=0.3)
