@@ -7,7 +7,7 @@ import math
 import torch
 
 from .. import formats as F
-from ..microscaling import quantize_nvfp4
+from .. import microscaling
 from ._core import Exercise, as_list, is_real, register
 
 #: Exercise 13.1: a gradient contribution (already divided by its block scale) and how many tokens add it up.
@@ -110,8 +110,8 @@ def _ex132_truth() -> tuple:
     w = _ex132_weight()
     out = []
     for blocks in ("1d", "2d"):
-        fwd = quantize_nvfp4(w, axis=-1, blocks=blocks).dequantize()
-        bwd = quantize_nvfp4(w, axis=0, blocks=blocks).dequantize()
+        fwd = microscaling.quantize_nvfp4(w, axis=-1, blocks=blocks).dequantize()
+        bwd = microscaling.quantize_nvfp4(w, axis=0, blocks=blocks).dequantize()
         out.append(float((fwd != bwd).float().mean()))
     return tuple(out)
 
