@@ -27,7 +27,7 @@ here, so it is not measured (``mptorch`` in the result says so).
 Profiles: "quick" (an (8×64)@(64×8) product, two repeats: seconds, for the tests) and "cpu" (the goal's shape,
 (256×1024)@(1024×256), five repeats, one thread).  The arithmetic runs on the CPU (``device`` is "cpu").
 
-Run by the experiment runner (:mod:`mpt_lab.experiments.benchmark`): the JSON holds ``config`` (``shape`` [M, K,
+Run by the experiment runner (:mod:`mpt_lab.harness.benchmark`): the JSON holds ``config`` (``shape`` [M, K,
 N], ``repeat``, ``seed``, ``threads``, ...), ``provenance`` (command, device, versions, date, config),
 ``load_average`` (1-minute load at the start and the end), ``rows`` (one dict per configuration: name, keywords,
 float32_s, simulated_s, ratio — medians of wall-clock times — float32_cpu_s, simulated_cpu_s, cpu_ratio — the
@@ -48,9 +48,9 @@ import torch
 
 from mpt_lab import accumulation
 from mpt_lab.bench import interleaved
-from mpt_lab.experiments.benchmark import Benchmark, TimingTable
-from mpt_lab.experiments.runner import ExperimentConfig, Run, run_main
 from mpt_lab.formats import FloatFormat
+from mpt_lab.harness.benchmark import Benchmark, TimingTable
+from mpt_lab.harness.runner import ExperimentConfig, Run, run_main
 
 GOAL = 30.0
 #: Issue 29, item 7: float32 operands (products rounded to the products format) within this factor of FP16 values.

@@ -1,6 +1,6 @@
 """Benchmark: how long the book takes to build from a clean clone, whole and per notebook.
 
-The budgets (README, DESIGN.md): in the ``cpu`` profile (the default without a GPU) every notebook executes in
+The budgets (README, ARCHITECTURE.md): in the ``cpu`` profile (the default without a GPU) every notebook executes in
 ≤ 4 minutes on 2 CPU cores and the whole book builds from a clean clone in ≤ 12 minutes; in the ``quick``
 profile (CI) every notebook in ≤ 90 s.  Budgets are measured here and reported, never asserted in a test (a busy
 machine must not fail a test).
@@ -12,7 +12,7 @@ notebook's execution time from the build's log ("Executed notebook in N seconds"
     python benchmarks/book_times.py --profile cpu --out book/results/book_build_cpu.json
     python benchmarks/book_times.py --profile quick
 
-Run by the experiment runner (:mod:`mpt_lab.experiments.benchmark`; its profile is the book's): the JSON records
+Run by the experiment runner (:mod:`mpt_lab.harness.benchmark`; its profile is the book's): the JSON records
 the configuration, the provenance (command, device, versions, date), the machine's load average before and
 after, the build's wall time and each notebook's seconds, and whether every budget held.
 """
@@ -29,11 +29,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mpt_lab.experiments.benchmark import Benchmark
-from mpt_lab.experiments.runner import ExperimentConfig, ExperimentResult, Run, run_main
+from mpt_lab.harness.benchmark import Benchmark
+from mpt_lab.harness.runner import ExperimentConfig, ExperimentResult, Run, run_main
 
 ROOT = Path(__file__).resolve().parents[1]
-#: Seconds per notebook and for the whole build, per profile (DESIGN.md, "Sizes and devices").
+#: Seconds per notebook and for the whole build, per profile (ARCHITECTURE.md, "Sizes and devices").
 BUDGETS = {"quick": {"notebook": 90, "book": None}, "cpu": {"notebook": 240, "book": 720}}
 
 

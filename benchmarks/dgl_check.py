@@ -25,7 +25,7 @@ with ``[bt]``, are dropped), or the dtype of the result.
     python benchmarks/dgl_check.py --profile cpu --out book/results/dgl_check_cpu.json
 
 Needs the pip registry (a few downloads); about a minute.  Run by the experiment runner
-(:mod:`mpt_lab.experiments.benchmark`): the JSON records the configuration, the provenance (command, device,
+(:mod:`mpt_lab.harness.benchmark`): the JSON records the configuration, the provenance (command, device,
 versions, date), the method and each version's record.
 """
 
@@ -40,8 +40,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mpt_lab.experiments.benchmark import Benchmark
-from mpt_lab.experiments.runner import ExperimentConfig, ExperimentResult, Run, run_main
+from mpt_lab.harness.benchmark import Benchmark
+from mpt_lab.harness.runner import ExperimentConfig, ExperimentResult, Run, run_main
 
 #: The DGL versions checked: the newest wheel on the registry for this Python, and the last 1.x release.
 VERSIONS = ("2.1.0", "1.1.3")
@@ -117,7 +117,8 @@ def _pip(venv: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def _pip_tail(res: subprocess.CompletedProcess, n: int = 6) -> list:
-    lines = [l for l in (res.stdout + res.stderr).splitlines() if l.strip() and "is ignored: it is neither" not in l]
+    lines = [line for line in (res.stdout + res.stderr).splitlines()
+             if line.strip() and "is ignored: it is neither" not in line]
     return lines[-n:]
 
 
@@ -131,7 +132,7 @@ def check_version(version: str, base_python: str, workdir: Path) -> dict:
     rec: dict = {"version": version, "environment": f"fresh venv; .pth → {ours}"}
 
     report = workdir / f"report-{version}.json"
-    dry = _pip(venv, "install", "--dry-run", "--quiet", "--report", str(report), f"dgl=={version}")
+    _pip(venv, "install", "--dry-run", "--quiet", "--report", str(report), f"dgl=={version}")
     would = []
     if report.exists():
         would = [f"{i['metadata']['name']}=={i['metadata']['version']}" for i in json.loads(report.read_text())["install"]]

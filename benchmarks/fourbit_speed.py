@@ -23,7 +23,7 @@ CPU times (``time.process_time``), and the ratios to the FP32 step.
     python benchmarks/fourbit_speed.py --profile cpu                # prints the table
     python benchmarks/fourbit_speed.py --profile cpu --out book/results/fourbit_speed_cpu.json
 
-Run by the experiment runner (:mod:`mpt_lab.experiments.benchmark`): the JSON holds ``config``, ``provenance``
+Run by the experiment runner (:mod:`mpt_lab.harness.benchmark`): the JSON holds ``config``, ``provenance``
 (command, device, versions, date, config), ``load_average`` (1-minute load at the start and the end; the machine
 has 2 cores shared with other work), ``model`` (parameters, Linear layers, tokens per step), ``rows`` (case,
 recipe, median seconds and CPU seconds, every time, ratios to FP32) and ``summary`` (each case / fp32, wall and
@@ -41,8 +41,8 @@ import torch
 import torch.nn.functional as Fn
 
 from mpt_lab.bench import interleaved
-from mpt_lab.experiments.benchmark import Benchmark, TimingTable
-from mpt_lab.experiments.runner import ExperimentConfig, Run, run_main
+from mpt_lab.harness.benchmark import Benchmark, TimingTable
+from mpt_lab.harness.runner import ExperimentConfig, Run, run_main
 from mpt_lab.models import CharTransformerLM
 from mpt_lab.quantized_training import TRAINING_RECIPES, four_bit_recipe, quantize_linears_
 

@@ -1,6 +1,6 @@
 """Count what an experiment does, on a CPU, to estimate its time on a GPU: operator calls and matrix FLOPs.
 
-The estimates of :mod:`mpt_lab.experiments.budget` add, per experiment, the time of its FLOPs and bytes at the
+The estimates of :mod:`mpt_lab.harness.budget` add, per experiment, the time of its FLOPs and bytes at the
 H100's published peaks and the host's cost of every operator it launches (PyTorch runs eagerly: Python, the
 dispatcher and one or more kernel launches per ATen operator).  This script measures the two counts that do not
 depend on the device: the ATen operators that reach a kernel (a ``TorchDispatchMode`` sees every one, forward,
@@ -32,7 +32,7 @@ from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 from mpt_lab import experiments  # noqa: E402
 from mpt_lab._torch_internals import TorchDispatchMode  # noqa: E402
-from mpt_lab.experiments.runner import _parse_like  # noqa: E402
+from mpt_lab.harness.runner import _parse_like  # noqa: E402
 
 #: Operators that make no kernel on a GPU (views, metadata): not counted.
 _NO_KERNEL = {"view", "_unsafe_view", "reshape", "expand", "t", "transpose", "permute", "unsqueeze", "squeeze",

@@ -6,7 +6,7 @@ the histogram active a step costs at most 1.5× a plain one.
 
     python benchmarks/histogram_overhead.py --profile cpu --out book/results/histogram_overhead_cpu.json
 
-Run by the experiment runner (:mod:`mpt_lab.experiments.benchmark`): the JSON holds the configuration, the
+Run by the experiment runner (:mod:`mpt_lab.harness.benchmark`): the JSON holds the configuration, the
 provenance (command, device, versions, date), every timing and the ratios to a plain step.
 """
 
@@ -18,8 +18,8 @@ import torch
 
 from mpt_lab.bench import time_call
 from mpt_lab.data import DigitsDetection
-from mpt_lab.experiments.benchmark import Benchmark
-from mpt_lab.experiments.runner import ExperimentConfig, ExperimentResult, Run, run_main
+from mpt_lab.harness.benchmark import Benchmark
+from mpt_lab.harness.runner import ExperimentConfig, ExperimentResult, Run, run_main
 from mpt_lab.histogram import GradientHistogram, log2_histogram
 from mpt_lab.models import MultiBoxLoss, build_ssd, train_step
 

@@ -14,8 +14,8 @@ mixed-precision Adam (Rajbhandari et al. 2020, §3.1): 2 + 2 + 4 + 4 + 4 = 16 by
     python benchmarks/memory_per_parameter.py --profile full --out book/results/memory_per_parameter_full.json
     python benchmarks/memory_per_parameter.py --profile quick                     # CPU: a tiny stack, seconds
 
-Run by the experiment runner (:mod:`mpt_lab.experiments.benchmark`) and by the GPU slot
-(``mpt_lab.experiments.budget``: row ``memory_per_parameter``).
+Run by the experiment runner (:mod:`mpt_lab.harness.benchmark`) and by the GPU slot
+(``mpt_lab.harness.budget``: row ``memory_per_parameter``).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 import torch
 
 from mpt_lab.bench import MEMORY_MODES, ZERO_BYTES_PER_PARAMETER, memory_per_parameter
-from mpt_lab.experiments.benchmark import Benchmark
-from mpt_lab.experiments.runner import ExperimentConfig, ExperimentResult, Run, run_main
+from mpt_lab.harness.benchmark import Benchmark
+from mpt_lab.harness.runner import ExperimentConfig, ExperimentResult, Run, run_main
 
 
 @dataclass

@@ -20,7 +20,7 @@ values times 2^4 … 2^24).
     python benchmarks/microscaling_speed.py --profile cpu              # prints the table
     python benchmarks/microscaling_speed.py --profile cpu --out book/results/microscaling_speed_cpu.json
 
-Run by the experiment runner (:mod:`mpt_lab.experiments.benchmark`): the JSON holds ``config``, ``provenance``
+Run by the experiment runner (:mod:`mpt_lab.harness.benchmark`): the JSON holds ``config``, ``provenance``
 (command, device, versions, date, config), ``load_average`` (the machine's 1-minute load average at the start and the end; the machine has
 2 cores shared with other work), ``rows`` (data, format, median seconds and CPU seconds of each call, ratios,
 ``same_as_torchao``, every time) and ``summary`` (quantize_mx / cast and torchao / cast per data, wall and CPU).
@@ -28,6 +28,7 @@ Run by the experiment runner (:mod:`mpt_lab.experiments.benchmark`): the JSON ho
 
 from __future__ import annotations
 
+import logging
 import os
 import statistics
 import warnings
@@ -37,9 +38,9 @@ import numpy as np
 import torch
 
 from mpt_lab.bench import interleaved
-from mpt_lab.experiments.benchmark import Benchmark, TimingTable
-from mpt_lab.experiments.runner import ExperimentConfig, Run, run_main
 from mpt_lab.formats import get_format
+from mpt_lab.harness.benchmark import Benchmark, TimingTable
+from mpt_lab.harness.runner import ExperimentConfig, Run, run_main
 from mpt_lab.microscaling import quantize_mx
 
 COLS = 4000                 # 125 blocks of 32 per row
@@ -58,8 +59,6 @@ def data(n: int, seed: int = 0) -> dict:
 def torchao_to_mx():
     """(callable(x, fmt) -> (scale codes, element codes), description) for torchao's to_mx, or (None, why)."""
     try:
-        import logging
-
         logging.getLogger("torchao").setLevel(logging.ERROR)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

@@ -24,7 +24,7 @@ Profiles: "quick" (one layer, width 32, 2 heads, vocabulary 64, 2 sequences of 8
 for the tests) and "cpu" (GPT-2 small as above, three repeats, two threads).  The model runs on the CPU
 (``device`` is "cpu").
 
-Run by the experiment runner (:mod:`mpt_lab.experiments.benchmark`): the JSON holds ``config``, ``provenance``
+Run by the experiment runner (:mod:`mpt_lab.harness.benchmark`): the JSON holds ``config``, ``provenance``
 (command, device, versions, date, config), ``load_average`` (1-minute load at the start and the end), ``rows``
 (one dict per variant: variant, median_s, cpu_median_s, times_s, cpu_times_s, load_average_1min_after_each),
 ``summary`` (the recording and each format, in plain steps, by wall clock and by CPU time), ``goal`` (1.5 plain
@@ -41,8 +41,8 @@ from dataclasses import dataclass, field
 import torch
 
 from mpt_lab.bench import interleaved
-from mpt_lab.experiments.benchmark import Benchmark, TimingTable
-from mpt_lab.experiments.runner import ExperimentConfig, Run, run_main
+from mpt_lab.harness.benchmark import Benchmark, TimingTable
+from mpt_lab.harness.runner import ExperimentConfig, Run, run_main
 from mpt_lab.histogram import log2_histogram
 from mpt_lab.report import DEFAULT_FORMATS, precision_report
 

@@ -14,8 +14,8 @@ arithmetic's measured roof meets the measured copy bandwidth (FLOP per byte).
     python benchmarks/roofline.py --profile full --out book/results/roofline_full.json     # a GPU: ≈ 30 s
     python benchmarks/roofline.py --profile quick                                          # CPU: seconds
 
-Run by the experiment runner (:mod:`mpt_lab.experiments.benchmark`) and by the GPU slot
-(``mpt_lab.experiments.budget``: row ``roofline``); speed is reported, never asserted.
+Run by the experiment runner (:mod:`mpt_lab.harness.benchmark`) and by the GPU slot
+(``mpt_lab.harness.budget``: row ``roofline``); speed is reported, never asserted.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ import torch
 
 from mpt_lab.bench import GEMM_KINDS, GpuSampler, copy_bandwidth, datasheet_peaks, gemm_tflops
 from mpt_lab.device import describe
-from mpt_lab.experiments.benchmark import Benchmark
-from mpt_lab.experiments.runner import ExperimentConfig, ExperimentResult, Run, run_main
+from mpt_lab.harness.benchmark import Benchmark
+from mpt_lab.harness.runner import ExperimentConfig, ExperimentResult, Run, run_main
 
 #: Bytes of one element of each arithmetic's operands (FP8: E4M3 operands, a bfloat16 result).
 OPERAND_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "fp8_fast": 1}

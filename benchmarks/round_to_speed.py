@@ -20,7 +20,7 @@ float8_e4m3fn cast saturates where OCP E4M3 without saturation gives NaN).
     python benchmarks/round_to_speed.py --profile cpu              # prints the table
     python benchmarks/round_to_speed.py --profile cpu --out book/results/round_to_speed_cpu.json
 
-Run by the experiment runner (:mod:`mpt_lab.experiments.benchmark`): the JSON holds ``config``, ``provenance``
+Run by the experiment runner (:mod:`mpt_lab.harness.benchmark`): the JSON holds ``config``, ``provenance``
 (command, device, versions, date, config), ``load_average`` (1-minute load of the machine at the start and the end), ``rows`` (one dict per
 row: input, format, rounding, data, native, native_s, round_to_s, ratio, same_values, native_times_s,
 round_to_times_s) and ``summary`` (the largest ratio per input and rounding, on each kind of data).
@@ -37,9 +37,9 @@ import numpy as np
 import torch
 
 from mpt_lab.bench import interleaved
-from mpt_lab.experiments.benchmark import Benchmark, TimingTable
-from mpt_lab.experiments.runner import ExperimentConfig, Run, run_main
 from mpt_lab.formats import BF16, FP4_E2M1, FP6_E2M3, FP6_E3M2, FP8_E4M3, FP8_E5M2, FP16, get_format, round_to
+from mpt_lab.harness.benchmark import Benchmark, TimingTable
+from mpt_lab.harness.runner import ExperimentConfig, Run, run_main
 
 FORMATS = (FP16, BF16, FP8_E4M3, FP8_E5M2, FP6_E3M2, FP6_E2M3, FP4_E2M1)
 ROUNDINGS = ("nearest_even", "stochastic")

@@ -12,7 +12,7 @@ round, so that a busy second core slows them alike.
 With ``--set optimizer=adam-fused`` the optimizer skips overflowed steps on the device, the host never reads
 found_inf, and mpt_lab's update() runs as a dozen tensor operations instead of on Python numbers.
 
-Run by the experiment runner (:mod:`mpt_lab.experiments.benchmark`): the JSON records the configuration, the
+Run by the experiment runner (:mod:`mpt_lab.harness.benchmark`): the JSON records the configuration, the
 provenance (command, device, versions, date) and every repeat (seconds per call of ``steps`` training steps).
 """
 
@@ -25,8 +25,8 @@ import torch
 from torch import nn
 
 from mpt_lab.bench import Timing, time_call
-from mpt_lab.experiments.benchmark import Benchmark
-from mpt_lab.experiments.runner import ExperimentConfig, ExperimentResult, Run, run_main
+from mpt_lab.harness.benchmark import Benchmark
+from mpt_lab.harness.runner import ExperimentConfig, ExperimentResult, Run, run_main
 from mpt_lab.scaling import GradScaler, StaticLossScaler
 
 GOAL = 1.10

@@ -8,7 +8,7 @@ runs inside the block (FP16 weights, as ``model.half()``), in mode "autocast" ou
     python benchmarks/simulate_speed.py --profile cpu               # prints the timing table
     python benchmarks/simulate_speed.py --profile cpu --out book/results/simulate_speed_cpu.json
 
-Run by the experiment runner (:mod:`mpt_lab.experiments.benchmark`): the JSON records the configuration, the
+Run by the experiment runner (:mod:`mpt_lab.harness.benchmark`): the JSON records the configuration, the
 provenance (command, device, versions, date) and every repeat (seconds).
 """
 
@@ -21,9 +21,9 @@ import torch
 from torch import nn
 
 from mpt_lab.bench import Timing, time_call
-from mpt_lab.experiments.benchmark import Benchmark
-from mpt_lab.experiments.runner import ExperimentConfig, ExperimentResult, Run, run_main
 from mpt_lab.formats import FORMATS
+from mpt_lab.harness.benchmark import Benchmark
+from mpt_lab.harness.runner import ExperimentConfig, ExperimentResult, Run, run_main
 from mpt_lab.simulate import round_parameters_, simulate
 
 

@@ -1,6 +1,7 @@
 """mpt_lab: the code behind the Mixed Precision Training Lab book.
 
-Everything the book shows is computed here.  Modules (one job each):
+Everything the book shows is computed here.  Modules (one job each; ``ARCHITECTURE.md`` draws the floors they stand
+on, and what each may import):
 
 * :mod:`mpt_lab.formats`: floating-point formats (FP64 … FP4, E8M0), exact rounding, bits.
 * :mod:`mpt_lab.histogram`: log2 histograms of tensors and the gradient recorder (the SSD histogram: the paper's Figure 3, NVIDIA's blog post's Figure 2).
@@ -14,10 +15,15 @@ Everything the book shows is computed here.  Modules (one job each):
 * :mod:`mpt_lab.quantized_training`: training through those quantisers: every ``nn.Linear``'s operands in FP8, MX
   or NVFP4 (emulated, or FP8 tensor cores where present), and BF16 weights with stochastic rounding.
 * :mod:`mpt_lab.autocast`: which dtype each op runs in under ``torch.autocast``, probed on CPU and CUDA.
-* :mod:`mpt_lab.training`: the loop pieces every experiment shares (shuffled batches, a scaled step, accuracy).
+* :mod:`mpt_lab.recipes`: the precision recipe defined once (autocast, loss scaling, GEMM formats and scaling, weight
+  storage, across processes, label and plot style) and the one registry of recipes.
+* :mod:`mpt_lab.training`: the loop pieces every experiment shares (shuffled batches, a scaled step, accuracy,
+  a recipe's training step).
 * :mod:`mpt_lab.report`: ``precision_report(model, loss_fn, batch)``: what one training step of any PyTorch model
   would do in FP16, BF16 or FP8 (overflowing modules, first inf/NaN, loss-scale window, optimizer checks).
-* :mod:`mpt_lab.experiments`: one module per reproduced result, ``run(config) -> result``, one runner and CLI.
+* :mod:`mpt_lab.harness`: the machinery every experiment runs on: the runner, the command line, the full profile's
+  priority table, a GPU slot's archive, the GPU preflight.
+* :mod:`mpt_lab.experiments`: one module per reproduced result, ``run(config) -> result``.
 * :mod:`mpt_lab.figures`: the book's figures and tables by topic, and ``show_saved`` for GPU/long results.
 * :mod:`mpt_lab.device`: which device to run on and a one-line description for result provenance.
 * :mod:`mpt_lab.bench`: timing that can be trusted (warm-up, synchronisation, median of repeats).
@@ -27,14 +33,17 @@ Everything the book shows is computed here.  Modules (one job each):
 
 from __future__ import annotations
 
+import importlib
 import os
 
 __version__ = "0.1.0"
 
-#: The profiles :func:`profile` can return.  Experiments also have "long" (paper-like sizes that run in
-#: ≤ 60 minutes on 2 CPU cores, saved under book/results/), which is only ever chosen explicitly on the command
-#: line (``python -m mpt_lab.experiments.NAME --profile long``).
-PROFILES = ("quick", "cpu", "full")
+#: The profiles :func:`profile` can return: the sizes of a live run (a notebook, a test).  Experiments also have
+#: "long" (paper-like sizes that run in ≤ 60 minutes on 2 CPU cores, saved under book/results/), which is only
+#: ever chosen explicitly on the command line (``python -m mpt_lab.experiments.NAME --profile long``): every
+#: profile an experiment may define is :data:`mpt_lab.harness.runner.RUN_PROFILES`, and each experiment's own
+#: ``PROFILES`` dict holds its Config values per profile.
+LIVE_PROFILES = ("quick", "cpu", "full")
 
 
 def profile() -> str:
@@ -54,8 +63,8 @@ def profile() -> str:
             raise ValueError("MPT_LAB_PROFILE=long is not a notebook profile: long runs take up to an hour each "
                              "and are run once from the command line (python -m mpt_lab.experiments.NAME "
                              "--profile long --out book/results/NAME_long.json); chapters show the saved result")
-        if value not in PROFILES:
-            raise ValueError(f"MPT_LAB_PROFILE must be one of {PROFILES}, got {value!r}")
+        if value not in LIVE_PROFILES:
+            raise ValueError(f"MPT_LAB_PROFILE must be one of {LIVE_PROFILES}, got {value!r}")
         return value
     import torch
 
@@ -66,15 +75,13 @@ def profile() -> str:
 #: first use so that ``import mpt_lab`` stays light (and ``mpt_lab.formats`` works without torch).
 SUBMODULES = ("formats", "histogram", "scaling", "master_weights", "simulate", "microscaling", "quantized_training",
               "collectives", "autocast", "training", "report", "experiments", "figures", "device", "bench", "widgets",
-              "exercises", "models", "data")
+              "exercises", "models", "data", "harness", "recipes")
 
 
 def __getattr__(name: str):
     if name in SUBMODULES:
-        import importlib
-
         return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["profile", "PROFILES", "SUBMODULES", "__version__"]
+__all__ = ["profile", "LIVE_PROFILES", "SUBMODULES", "__version__"]

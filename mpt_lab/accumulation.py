@@ -75,10 +75,12 @@ from fractions import Fraction
 
 import numpy as np
 import torch
+from numpy.typing import ArrayLike
+from torch import nn
 
-from mpt_lab.formats import BF16, FP16, FP32, FP64, FloatFormat, exact_arithmetic, get_format, round_to
+from mpt_lab.formats import BF16, FP16, FP32, FP64, FloatFormat, FormatLike, exact_arithmetic, get_format, round_to
 
-__all__ = ["ORDERS", "ROUNDINGS", "TENSOR_CORE_ACCUMULATOR", "dot", "matmul", "partial_sums", "unit_roundoff",
+__all__ = ["AccumulatedLinear", "accumulate_linears_", "ORDERS", "ROUNDINGS", "TENSOR_CORE_ACCUMULATOR", "dot", "matmul", "partial_sums", "unit_roundoff",
            "any_order_bounds", "tensor_core_dot", "compensated_update_"]
 
 #: The summation orders :func:`dot` and :func:`matmul` accept.
@@ -140,7 +142,7 @@ def _check_format(fmt, argname: str) -> FloatFormat:
     return fmt
 
 
-def unit_roundoff(fmt, rounding: str = "nearest_even") -> float:
+def unit_roundoff(fmt: FormatLike, rounding: str = "nearest_even") -> float:
     """The unit roundoff u of a format: 2⁻ᵖ for round-to-nearest, 2¹⁻ᵖ for rounding toward zero (p = precision).
 
     A single rounding of a value in the format's normal range has relative error at most u (Higham 2002, §2.1);
@@ -156,7 +158,7 @@ def unit_roundoff(fmt, rounding: str = "nearest_even") -> float:
     return math.ldexp(1.0, (0 if rounding == "nearest_even" else 1) - fmt.precision)
 
 
-def any_order_bounds(exact, abs_sum, terms: int, *, fmt="FP16", accumulator="FP32"):
+def any_order_bounds(exact: np.ndarray, abs_sum: np.ndarray, terms: int, *, fmt: FormatLike="FP16", accumulator: FormatLike="FP32") -> tuple[np.ndarray, np.ndarray]:
     """What a kernel may return for a sum of ``terms`` exact products accumulated in ``accumulator`` (round to
     nearest) in ANY order and then rounded once to ``fmt``: the interval ``[low, high]`` of ``fmt`` values.
 
@@ -715,8 +717,8 @@ def _keywords_documented(fn):
 
 @exact_arithmetic
 @_keywords_documented
-def dot(a, b, *, accumulator="FP32", products=None, order="sequential", block_size=None, compensated=False,
-        rounding="nearest_even"):
+def dot(a: ArrayLike, b: ArrayLike, *, accumulator: FormatLike="FP32", products: FormatLike | None=None, order: str="sequential", block_size: int | None=None, compensated: bool=False,
+        rounding: str="nearest_even") -> np.ndarray:
     """Dot products over the last axis, ``Σ_k a[..., k]·b[..., k]``, with every product and addition rounded.
 
     Each exact product is rounded once to ``products``; the products are added in ``order`` with every
@@ -755,8 +757,8 @@ def dot(a, b, *, accumulator="FP32", products=None, order="sequential", block_si
 
 @exact_arithmetic
 @_keywords_documented
-def matmul(A, B, *, accumulator="FP32", products=None, order="sequential", block_size=None, compensated=False,
-           rounding="nearest_even"):
+def matmul(A: ArrayLike, B: ArrayLike, *, accumulator: FormatLike="FP32", products: FormatLike | None=None, order: str="sequential", block_size: int | None=None, compensated: bool=False,
+           rounding: str="nearest_even") -> np.ndarray | torch.Tensor:
     """Matrix product ``A @ B`` with each output element computed exactly as :func:`dot` computes it.
 
     Parameters
@@ -800,7 +802,7 @@ def matmul(A, B, *, accumulator="FP32", products=None, order="sequential", block
 
 
 @exact_arithmetic
-def partial_sums(a, b, *, accumulator="FP32", products=None, compensated=False, rounding="nearest_even"):
+def partial_sums(a: ArrayLike, b: ArrayLike, *, accumulator: FormatLike="FP32", products: FormatLike | None=None, compensated: bool=False, rounding: str="nearest_even") -> np.ndarray:
     """Every running sum of the sequential order: ``out[..., k]`` is ``dot(a[..., :k+1], b[..., :k+1], ...)``.
 
     This is where swamping shows: once the running sum's half ulp exceeds the products, ``out`` stops
@@ -882,7 +884,7 @@ def _aligned_group_sums(p: np.ndarray, group: int, bits: int) -> np.ndarray:
     return (np.trunc(g / quantum) * quantum).sum(axis=-1)  # ≤ bits + log2(group) bits: exact in float64
 
 
-def tensor_core_dot(a, b, *, group: int = 32, bits: int = 14, promote_every: int | None = None) -> np.ndarray:
+def tensor_core_dot(a: ArrayLike, b: ArrayLike, *, group: int = 32, bits: int = 14, promote_every: int | None = None) -> np.ndarray:
     """A model of FP8 tensor-core accumulation as DeepSeek-V3 describes Hopper's (arXiv:2412.19437, §3.5.2).
 
     "After aligning 32 mantissa products by right-shifting based on the maximum exponent, the Tensor Core only
@@ -945,7 +947,7 @@ def tensor_core_dot(a, b, *, group: int = 32, bits: int = 14, promote_every: int
 
 
 @exact_arithmetic
-def compensated_update_(weights: torch.Tensor, update: torch.Tensor, compensation: torch.Tensor, fmt="BF16") -> None:
+def compensated_update_(weights: torch.Tensor, update: torch.Tensor, compensation: torch.Tensor, fmt: FormatLike="BF16") -> None:
     """Add ``update`` to low-precision ``weights`` with Kahan compensation, every operation rounded to ``fmt``.
 
     The step of optimizers that keep BF16 weights without FP32 master weights and carry the rounding error in
@@ -990,3 +992,59 @@ def compensated_update_(weights: torch.Tensor, update: torch.Tensor, compensatio
         c = add(c, add(old, -w))
         weights.copy_(torch.from_numpy(w).reshape(weights.shape))
         compensation.copy_(torch.from_numpy(c).reshape(compensation.shape))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# a Linear layer whose products accumulate in a chosen format (chapter 5's training comparison)
+# ----------------------------------------------------------------------------------------------------------
+class _AccumulatedMatmulFn(torch.autograd.Function):
+    """y = x Wᵀ + b with FP16 operands and every product and sum in ``accumulator`` (forward and backward)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, accumulator):
+        xq, wq = round_to(x.detach(), FP16), round_to(weight.detach(), FP16)
+        ctx.save_for_backward(xq, wq)
+        ctx.accumulator = accumulator
+        y = matmul(xq, wq.t(), accumulator=accumulator)
+        return y + bias if bias is not None else y
+
+    @staticmethod
+    def backward(ctx, g):
+        xq, wq = ctx.saved_tensors
+        gq = round_to(g.detach().contiguous(), FP16)
+        grad_x = matmul(gq, wq, accumulator=ctx.accumulator)
+        grad_w = matmul(gq.t(), xq, accumulator=ctx.accumulator)
+        return grad_x, grad_w, g.sum(0), None
+
+
+class AccumulatedLinear(nn.Module):
+    """An ``nn.Linear`` whose products (forward and backward) take FP16 operands and accumulate in a chosen format.
+
+    Input float32 [N, in_features], output float32 [N, out_features]; the FP32 parameters are those of the
+    wrapped layer (master weights), rounded to FP16 for each product.
+
+    Raises TypeError for a non-Linear layer; ValueError for an unknown accumulator (from
+    :func:`matmul`).
+    """
+
+    def __init__(self, linear: nn.Linear, accumulator: str | FloatFormat = "FP32"):
+        super().__init__()
+        if not isinstance(linear, nn.Linear):
+            raise TypeError(f"linear must be an nn.Linear, got {type(linear).__name__}")
+        self.weight, self.bias, self.accumulator = linear.weight, linear.bias, accumulator
+
+    def extra_repr(self) -> str:
+        return f"accumulator={self.accumulator}"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _AccumulatedMatmulFn.apply(x, self.weight, self.bias, self.accumulator)
+
+
+def accumulate_linears_(model: nn.Module, accumulator: str | FloatFormat = "FP32") -> nn.Module:
+    """Replace every ``nn.Linear`` of ``model`` (in place) by an :class:`AccumulatedLinear`; returns model."""
+    for name, child in model.named_children():
+        if isinstance(child, nn.Linear):
+            setattr(model, name, AccumulatedLinear(child, accumulator))
+        else:
+            accumulate_linears_(child, accumulator)
+    return model

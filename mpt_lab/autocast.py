@@ -28,17 +28,27 @@ import logging
 import os
 import sys
 import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from ._torch_internals import (
+    FakeTensorMode,
+    TorchDispatchMode,
+    aten_to_copy,
+    dispatch_has_kernel,
+    dispatch_op_names,
+    tree_flatten,
+)
 
 __all__ = ["OPS", "RECIPE_OPS", "GRAPH_OPS", "AutocastProbe", "probe_autocast", "keep_in_float32", "autocast_step",
            "POLICIES", "AutocastLists", "autocast_lists"]
 
 
 def _pyg_utils():
-    from .models.gat import torch_geometric   # PyG, imported with its own deprecation warning silenced
+    from .models.gat import torch_geometric  # PyG, imported with its own deprecation warning silenced
 
     return torch_geometric.utils
 
@@ -115,7 +125,7 @@ def _inputs(dtype: torch.dtype, device: str, fake: bool) -> dict:
 
 
 def probe_autocast(device_type: str = "cpu", dtype: torch.dtype = torch.float16, *,
-                   input_dtype: torch.dtype = torch.float32, ops=None) -> AutocastProbe:
+                   input_dtype: torch.dtype = torch.float32, ops: dict | None=None) -> AutocastProbe:
     """Run each op under ``torch.autocast(device_type, dtype)`` and record its output dtype.
 
     Parameters
@@ -157,8 +167,6 @@ def probe_autocast(device_type: str = "cpu", dtype: torch.dtype = torch.float16,
 
     fake = device_type == "cuda" and not torch.cuda.is_available()
     if fake:
-        from ._torch_internals import FakeTensorMode
-
         with FakeTensorMode():
             t = _inputs(input_dtype, "cuda", fake=True)
             prev, prev_dt = torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda")
@@ -233,8 +241,8 @@ def _first_tensor(output):
     return next((v for v in values if isinstance(v, torch.Tensor)), None)
 
 
-def autocast_step(model: torch.nn.Module, loss_fn, batch, *, device_type: str = "cpu",
-                  dtype: torch.dtype | None = torch.float16, watch=(), rng_state: torch.Tensor | None = None) -> dict:
+def autocast_step(model: torch.nn.Module, loss_fn: Callable, batch: tuple, *, device_type: str = "cpu",
+                  dtype: torch.dtype | None = torch.float16, watch: Sequence[str]=(), rng_state: torch.Tensor | None = None) -> dict:
     """One forward and backward pass of ``loss_fn(model, batch)`` under ``torch.autocast(device_type, dtype)``
     (``dtype=None``: without autocast, in the model's own dtypes), watching some modules' outputs.
 
@@ -358,8 +366,6 @@ def _quiet():
 def _placeholders(schema, dtypes: list, device: str) -> list | None:
     """Positional arguments for an op's required parameters: tensors [2, 2] of ``dtypes`` in turn (the last
     repeated), 1 for ints, 2.0 for scalars, …; None when a parameter's type has no placeholder."""
-    from ._torch_internals import FakeTensorMode  # noqa: F401  (the caller holds the mode)
-
     it = iter(dtypes)
 
     def tensor():
@@ -399,8 +405,6 @@ def _watch(op, dtypes: list, device: str, autocast_dtype, enabled: bool) -> dict
     """Call ``op`` on placeholders of ``dtypes`` (fake tensors) with autocast on or off, and record what runs
     below it: the floating dtypes its inner ops see and return, the casts (from, to), what it returns, and the
     error it raised, if any."""
-    from ._torch_internals import FakeTensorMode, TorchDispatchMode, aten_to_copy, tree_flatten
-
     seen, casts = set(), set()
 
     class Watch(TorchDispatchMode):
@@ -457,10 +461,8 @@ def _classify(op, device: str, low) -> str:
     return "undetermined"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _lists(device_type: str, dtype) -> dict:
-    from ._torch_internals import dispatch_has_kernel, dispatch_op_names
-
     key = _KEYS[device_type]
     groups: dict = {}
     with _quiet():

@@ -27,15 +27,27 @@ measured matrix-multiply throughput.
 
 from __future__ import annotations
 
+import contextlib
+import io
+import math
+import shutil
 import statistics
+import subprocess
+import threading
 import time
 import weakref
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Callable
 
 import torch
+import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile, record_function
 
-__all__ = ["Timing", "time_call", "interleaved", "peak_memory", "track_peak_memory", "matmul_peak_tflops", "TIMERS",
+from ._torch_internals import TorchDispatchMode, scaled_mm, tree_flatten
+from .device import DeviceLike, default_device
+
+__all__ = ["checkpoint_bytes", "Timing", "time_call", "interleaved", "peak_memory", "track_peak_memory", "matmul_peak_tflops", "TIMERS",
            "DATASHEET", "datasheet_peaks", "GEMM_KINDS", "gemm_tflops", "copy_bandwidth", "GpuSampler", "count_ops",
            "profile_steps", "profile_calls", "READBACK_OP", "MEMORY_MODES", "ZERO_BYTES_PER_PARAMETER",
            "memory_per_parameter"]
@@ -114,7 +126,7 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_call(fn: Callable[[], object], *, repeat: int = 7, warmup: int = 2, device=None,
+def time_call(fn: Callable[[], object], *, repeat: int = 7, warmup: int = 2, device: DeviceLike=None,
               timer: str = "wall") -> Timing:
     """Time ``fn()`` ``repeat`` times after ``warmup`` untimed calls.
 
@@ -190,8 +202,6 @@ class _StorageTracker:
     """CPU peak of live tensor storage made under a dispatch mode (see the module docstring)."""
 
     def __init__(self):
-        from ._torch_internals import TorchDispatchMode, tree_flatten
-
         tracker = self
 
         class _Mode(TorchDispatchMode):
@@ -278,7 +288,7 @@ class track_peak_memory:
         return False
 
 
-def peak_memory(fn: Callable[[], object], device=None) -> int:
+def peak_memory(fn: Callable[[], object], device: DeviceLike=None) -> int:
     """Peak tensor memory (bytes) allocated while ``fn()`` runs, above what was allocated when it started.
 
     CUDA: ``torch.cuda.reset_peak_memory_stats`` then ``max_memory_allocated`` minus ``memory_allocated`` at
@@ -298,7 +308,7 @@ def peak_memory(fn: Callable[[], object], device=None) -> int:
 _DTYPES = {torch.float32, torch.float16, torch.bfloat16, torch.float64}
 
 
-def matmul_peak_tflops(device=None, dtype=torch.float32, n: int | None = None, *, layout: str = "best",
+def matmul_peak_tflops(device: DeviceLike=None, dtype: torch.dtype=torch.float32, n: int | None = None, *, layout: str = "best",
                        repeat: int = 5, warmup: int = 2, min_seconds: float = 0.05) -> float:
     """Measured throughput (TFLOP/s) of an ``n × n`` by ``n × n`` matrix product in ``dtype`` on ``device``.
 
@@ -323,10 +333,6 @@ def matmul_peak_tflops(device=None, dtype=torch.float32, n: int | None = None, *
     ValueError
         ``n < 1``, an unknown ``layout``, ``repeat < 1``.
     """
-    import torch.nn.functional as F
-
-    from .device import default_device
-
     if dtype not in _DTYPES:
         raise TypeError(f"dtype must be one of float32, float16, bfloat16, float64, got {dtype!r}")
     if layout not in ("nn", "nt", "best"):
@@ -397,8 +403,6 @@ GEMM_KINDS = ("fp32", "tf32", "bf16", "fp16", "fp8", "fp8_fast")
 def _gemm_op(kind: str, m: int, n: int, k: int, device: torch.device):
     """A callable computing one m×k by k×n product of ``kind`` on ``device`` (operands made once), and a
     context manager for the switches it needs; raises RuntimeError (with why) where the kind does not exist."""
-    import contextlib
-
     g = torch.Generator(device=device).manual_seed(0)
     a = torch.randn(m, k, device=device, generator=g)
     b = torch.randn(n, k, device=device, generator=g)          # b as n×k: a @ b.T, the layout nn.Linear uses
@@ -421,8 +425,6 @@ def _gemm_op(kind: str, m: int, n: int, k: int, device: torch.device):
         dtype = torch.bfloat16 if kind == "bf16" else torch.float16
         a16, bt16 = a.to(dtype), b.to(dtype).t()
         return (lambda: a16 @ bt16), contextlib.nullcontext
-    from ._torch_internals import scaled_mm
-
     if scaled_mm is None:
         raise RuntimeError("this torch has no torch._scaled_mm")
     if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
@@ -439,7 +441,7 @@ def _gemm_op(kind: str, m: int, n: int, k: int, device: torch.device):
     return op, contextlib.nullcontext
 
 
-def gemm_tflops(kind: str, m: int, n: int, k: int, device=None, *, repeat: int = 5,
+def gemm_tflops(kind: str, m: int, n: int, k: int, device: DeviceLike=None, *, repeat: int = 5,
                 min_seconds: float = 0.05) -> dict:
     """Throughput of one m×k by k×n matrix product (``a @ b.T``, as ``nn.Linear`` calls it) in ``kind``.
 
@@ -465,8 +467,6 @@ def gemm_tflops(kind: str, m: int, n: int, k: int, device=None, *, repeat: int =
     ValueError
         An unknown ``kind``, a size < 1, ``repeat`` < 1.
     """
-    from .device import default_device
-
     if kind not in GEMM_KINDS:
         raise ValueError(f"kind must be one of {GEMM_KINDS}, got {kind!r}")
     for name, v in (("m", m), ("n", n), ("k", k), ("repeat", repeat)):
@@ -493,15 +493,13 @@ def gemm_tflops(kind: str, m: int, n: int, k: int, device=None, *, repeat: int =
     return row
 
 
-def copy_bandwidth(device=None, nbytes: int = 2 ** 30, *, repeat: int = 5) -> dict:
+def copy_bandwidth(device: DeviceLike=None, nbytes: int = 2 ** 30, *, repeat: int = 5) -> dict:
     """Bandwidth of a device-to-device copy of ``nbytes`` bytes (``dst.copy_(src)``), counting the bytes read and
     the bytes written (2 · nbytes per copy): the memory roof of a roofline.
 
     Returns dict "nbytes", "seconds" (fastest copy), "gb_s" (10⁹ bytes per second), "timer".  Raises ValueError
     for ``nbytes`` < 4 or ``repeat`` < 1.
     """
-    from .device import default_device
-
     if not isinstance(nbytes, int) or nbytes < 4:
         raise ValueError(f"nbytes must be an int ≥ 4, got {nbytes!r}")
     if not isinstance(repeat, int) or repeat < 1:
@@ -542,8 +540,6 @@ class GpuSampler:
 
     def _reader(self):
         """A function returning one sample, and its source's name; (None, why) when there is none."""
-        import shutil
-        import subprocess
 
         if not torch.cuda.is_available():
             return None, "no CUDA device"
@@ -583,8 +579,6 @@ class GpuSampler:
         self._label = str(label)
 
     def __enter__(self):
-        import threading
-
         self._read, why = self._reader()
         if self._read is None:
             self.absent = why
@@ -612,8 +606,6 @@ class GpuSampler:
 
     def summary(self, label: str | None = None) -> dict:
         """Mean, min and max of each field over the samples (of ``label`` only, when given)."""
-        import math
-
         if self.source is None:
             return {"source": None, "absent": self.absent or "the sampler did not run"}
         rows = [v for lab, v in self.samples if label is None or lab == label]
@@ -637,10 +629,6 @@ def count_ops(fn: Callable[[], object]) -> dict:
 
     Returns a dict name → count (a ``collections.Counter``).  Raises TypeError when ``fn`` is not callable.
     """
-    from collections import Counter
-
-    from ._torch_internals import TorchDispatchMode
-
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
     counts: Counter = Counter()
@@ -666,7 +654,7 @@ def _union_seconds(intervals) -> float:
     return total
 
 
-def profile_steps(fn: Callable[[], object], steps: int, device=None, *, top: int = 12) -> dict:
+def profile_steps(fn: Callable[[], object], steps: int, device: DeviceLike=None, *, top: int = 12) -> dict:
     """Run ``fn()`` ``steps`` times under ``torch.profiler`` and say where the time went.
 
     Returns a dict:
@@ -684,10 +672,6 @@ def profile_steps(fn: Callable[[], object], steps: int, device=None, *, top: int
 
     Raises TypeError when ``fn`` is not callable, ValueError for ``steps`` < 1.
     """
-    from torch.profiler import ProfilerActivity, profile
-
-    from .device import default_device
-
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
@@ -730,7 +714,7 @@ def profile_steps(fn: Callable[[], object], steps: int, device=None, *, top: int
             "kernels": ranked, "what": "CUDA kernels" if cuda else "CPU ATen operators"}
 
 
-def profile_calls(calls: dict, device=None) -> dict:
+def profile_calls(calls: dict, device: DeviceLike=None) -> dict:
     """Run each callable of ``calls`` (label → callable with no arguments) once, in order, in one
     ``torch.profiler`` window, and say which kernels each launched: each call runs inside
     ``torch.profiler.record_function(label)`` and is synchronised before its range closes, so every kernel that
@@ -740,10 +724,6 @@ def profile_calls(calls: dict, device=None) -> dict:
     removed]} (on a CPU the ATen operators the call ran).  Raises TypeError for a non-dict or a non-callable
     value, ValueError for a label that is not a non-empty str.
     """
-    from torch.profiler import ProfilerActivity, profile, record_function
-
-    from .device import default_device
-
     if not isinstance(calls, dict) or not all(callable(f) for f in calls.values()):
         raise TypeError("calls must be a dict of label → callable")
     if not all(isinstance(k, str) and k for k in calls):
@@ -793,7 +773,7 @@ def _adam(params, device: torch.device):
         return torch.optim.Adam(params, lr=1e-4), "Adam"
 
 
-def memory_per_parameter(mode: str, width: int, layers: int, batch: int, steps: int = 2, device=None) -> dict:
+def memory_per_parameter(mode: str, width: int, layers: int, batch: int, steps: int = 2, device: DeviceLike=None) -> dict:
     """Train a stack of ``layers`` × ``Linear(width, width)`` (ReLU between) with Adam for ``steps`` steps in
     ``mode`` (one of :data:`MEMORY_MODES`) and measure its memory per parameter.
 
@@ -810,8 +790,6 @@ def memory_per_parameter(mode: str, width: int, layers: int, batch: int, steps: 
 
     Raises ValueError for an unknown mode or sizes < 1.
     """
-    from .device import default_device
-
     if mode not in MEMORY_MODES:
         raise ValueError(f"mode must be one of {MEMORY_MODES}, got {mode!r}")
     for name, v in (("width", width), ("layers", layers), ("batch", batch), ("steps", steps)):
@@ -900,3 +878,15 @@ def memory_per_parameter(mode: str, width: int, layers: int, batch: int, steps: 
     out["peak_per_parameter"] = out["peak_bytes"] / n
     out["breakdown_per_parameter"] = {k: v / n for k, v in out.pop("breakdown_bytes").items()}
     return out
+
+
+def checkpoint_bytes(model: torch.nn.Module, dtype: torch.dtype = torch.float32) -> int:
+    """Bytes of ``torch.save(state_dict)`` written to memory, floating-point tensors cast to ``dtype``
+    (integer buffers such as BatchNorm's ``num_batches_tracked`` are kept)."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    sd = {k: (v.detach().to("cpu", dtype) if v.is_floating_point() else v.detach().cpu())
+          for k, v in model.state_dict().items()}
+    buf = io.BytesIO()
+    torch.save(sd, buf)
+    return buf.getbuffer().nbytes

@@ -18,8 +18,10 @@ import math
 
 import numpy as np
 import torch
+from numpy.typing import ArrayLike
 
 from . import formats as F
+from .formats import FormatLike
 
 __all__ = ["COMM_FORMATS", "ring_order", "tree_children", "ring_allreduce", "tree_allreduce", "fsdp_divide_factors",
            "relative_error"]
@@ -109,7 +111,7 @@ def _postdivide(total: np.ndarray, fmt, postdivide) -> np.ndarray:
     return total if postdivide == 1.0 else F.round_to(total / postdivide, fmt)
 
 
-def ring_allreduce(values, fmt="FP32", *, predivide=1.0, postdivide=1.0, direction: int = -1) -> np.ndarray:
+def ring_allreduce(values: ArrayLike, fmt: FormatLike="FP32", *, predivide: float=1.0, postdivide: float=1.0, direction: int = -1) -> np.ndarray:
     """What every rank holds after a ring all-reduce (sum) of ``values[r]`` in the format ``fmt``.
 
     Follows the summation order of :func:`ring_order`: each rank rounds its values to ``fmt`` (and divides them by
@@ -149,7 +151,7 @@ def ring_allreduce(values, fmt="FP32", *, predivide=1.0, postdivide=1.0, directi
     return _postdivide(total, fmt, postdivide)
 
 
-def tree_allreduce(values, fmt="FP32", *, predivide=1.0, postdivide=1.0) -> np.ndarray:
+def tree_allreduce(values: ArrayLike, fmt: FormatLike="FP32", *, predivide: float=1.0, postdivide: float=1.0) -> np.ndarray:
     """What every rank holds after a binary-tree all-reduce (sum) of ``values[r]`` in the format ``fmt``.
 
     Each rank rounds its values to ``fmt`` (and pre-divides, as :func:`ring_allreduce`); from the leaves up, every
@@ -194,7 +196,7 @@ def fsdp_divide_factors(world_size: int) -> tuple:
     return float(pre), n / pre
 
 
-def relative_error(approx, exact) -> float:
+def relative_error(approx: ArrayLike, exact: ArrayLike) -> float:
     """‖approx − exact‖₂ / ‖exact‖₂ in float64 (inf when approx holds inf or NaN; 0 when both are 0).
 
     Raises ValueError when the shapes differ.

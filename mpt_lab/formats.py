@@ -54,16 +54,19 @@ module imports without torch (NumPy and Python numbers only then).
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import math
 import numbers
 import os
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 try:  # torch is a hard dependency of the package, but formats must not need it to import
     import torch
@@ -79,7 +82,7 @@ __all__ = [
     "FloatFormat", "Decomposition", "FORMATS", "ROUNDING_MODES",
     "FP64", "FP32", "TF32", "FP16", "BF16", "FP8_E4M3", "FP8_E5M2", "FP6_E3M2", "FP6_E2M3", "FP4_E2M1", "E8M0",
     "get_format", "decompose", "compose", "encode", "decode", "round_to", "values", "ulp", "round_fixed",
-    "accumulate", "exact_arithmetic", "exact_arithmetic_active", "round_tensor", "floor_log2", "ML_FLOAT_DTYPES",
+    "accumulate", "FormatLike", "exact_arithmetic", "exact_arithmetic_active", "round_tensor", "floor_log2", "ML_FLOAT_DTYPES",
 ]
 
 ROUNDING_MODES = ("nearest_even", "toward_zero", "stochastic")
@@ -241,6 +244,11 @@ class FloatFormat:
         }
 
 
+#: What every function that takes a format accepts: a :class:`FloatFormat` or its name in :data:`FORMATS`
+#: (case-insensitive; :func:`get_format` resolves it).
+FormatLike = FloatFormat | str
+
+
 FP64 = FloatFormat("FP64", 11, 52, 1023, source="IEEE 754-2019 binary64")
 FP32 = FloatFormat("FP32", 8, 23, 127, source="IEEE 754-2019 binary32")
 TF32 = FloatFormat("TF32", 8, 10, 127, source="NVIDIA TensorFloat-32 (A100 whitepaper, 2020)")
@@ -312,7 +320,7 @@ class _ExactBlock:
         _EXACT_DEPTH.reset(self._token)
 
 
-def exact_arithmetic(fn=None):
+def exact_arithmetic(fn: Callable | None=None) -> Callable | contextlib.AbstractContextManager:
     """Mark code that must run its torch ops exactly as written; modes that emulate low precision honour it.
 
     The rounding of this module is exact integer and float arithmetic on bit patterns; inside a block of
@@ -585,7 +593,7 @@ def _contains(fmt: FloatFormat, nbits: int) -> bool:
             and fmt.emin - fmt.mantissa_bits <= 1 - b_in - m_in and fmt.emax >= b_in)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _path(fmt: FloatFormat, nbits: int) -> str:
     """Which exact algorithm rounds a binary{nbits} working array to fmt: identity, 'add', 'int' or 'wide'."""
     if _contains(fmt, nbits):
@@ -660,7 +668,7 @@ class _Plan:
             and self.fill != fmt.max
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _plan(fmt: FloatFormat, nbits: int, rounding: str, saturate: bool) -> _Plan:
     return _Plan(fmt, nbits, rounding, saturate)
 
@@ -1275,7 +1283,7 @@ def _unsigned_or_no_zero(xf, y, fmt: FloatFormat) -> None:
 
 
 @exact_arithmetic
-def round_to(x, fmt, *, rounding: str = "nearest_even", saturate: bool = False, generator=None):
+def round_to(x: float | np.ndarray | torch.Tensor, fmt: FormatLike, *, rounding: str = "nearest_even", saturate: bool = False, generator: torch.Generator | None=None) -> float | np.ndarray | torch.Tensor:
     """Round ``x`` to the values of ``fmt`` and return them in ``x``'s own type.
 
     Parameters
@@ -1329,8 +1337,8 @@ def round_to(x, fmt, *, rounding: str = "nearest_even", saturate: bool = False, 
     return inp.restore(y)
 
 
-def round_tensor(t, fmt: FloatFormat, rounding: str = "nearest_even", saturate: bool = False, generator=None,
-                  out=None):
+def round_tensor(t: torch.Tensor, fmt: FloatFormat, rounding: str = "nearest_even", saturate: bool = False, generator: torch.Generator | None=None,
+                  out: torch.Tensor | None=None) -> torch.Tensor:
     """:func:`round_to` of a floating tensor, without its argument checks, for :mod:`mpt_lab.simulate`'s
     rounding of every op's results: the same paths, with less per-call overhead.  With ``out`` (a tensor of
     t's shape and dtype, e.g. t itself for rounding in place) the result is written there.
@@ -1344,7 +1352,7 @@ def round_tensor(t, fmt: FloatFormat, rounding: str = "nearest_even", saturate: 
     return y if out is None else out.copy_(y)
 
 
-def _exact_work(inp: "_Input", fmt: FloatFormat, rounding: str, generator):
+def _exact_work(inp: _Input, fmt: FloatFormat, rounding: str, generator):
     """The working array to round: for a Python int or Fraction, its exact pre-rounding to fmt (no double
     rounding through float64, no overflow error beyond it); otherwise ``inp.work`` itself."""
     if inp.exact is None:
@@ -1365,7 +1373,7 @@ def _code_dtype_torch(fmt: FloatFormat):
     return torch.uint8 if fmt.bits <= 8 else torch.int32 if fmt.bits <= 31 else torch.int64
 
 
-def _own_codes(x, inp: "_Input", fmt: FloatFormat):
+def _own_codes(x, inp: _Input, fmt: FloatFormat):
     """The exact bits of FP16/FP32/FP64 values encoded to their own format (NaN payloads kept), else None."""
     if fmt not in (FP16, FP32, FP64):
         return None
@@ -1440,7 +1448,7 @@ def _codes_from_values(v, fmt: FloatFormat, signs=None):
 
 
 @exact_arithmetic
-def encode(x, fmt, *, rounding: str = "nearest_even", saturate: bool = False, generator=None):
+def encode(x: float | np.ndarray | torch.Tensor, fmt: FormatLike, *, rounding: str = "nearest_even", saturate: bool = False, generator: torch.Generator | None=None) -> int | np.ndarray | torch.Tensor:
     """Integer codes (bit patterns) of ``x`` rounded to ``fmt``.
 
     Parameters are those of :func:`round_to`.  A code holds sign | biased exponent | mantissa from the most
@@ -1540,7 +1548,7 @@ def _decode_work(c, fmt: FloatFormat):
 
 
 @exact_arithmetic
-def decode(codes, fmt):
+def decode(codes: int | ArrayLike | torch.Tensor, fmt: FormatLike) -> float | np.ndarray:
     """Values (float64) of integer codes in ``fmt``.
 
     Parameters
@@ -1691,7 +1699,7 @@ class Decomposition:
 
 
 @exact_arithmetic
-def decompose(x, fmt, *, rounding: str = "nearest_even", saturate: bool = False) -> Decomposition:
+def decompose(x: float | np.ndarray | torch.Tensor, fmt: FormatLike, *, rounding: str = "nearest_even", saturate: bool = False) -> Decomposition:
     """Split ``x``, rounded to ``fmt``, into sign, biased exponent and mantissa (IEEE 754-2019 §3.4).
 
     Parameters
@@ -1722,7 +1730,7 @@ def decompose(x, fmt, *, rounding: str = "nearest_even", saturate: bool = False)
 
 
 @exact_arithmetic
-def compose(sign, exponent, mantissa, fmt):
+def compose(sign: int | ArrayLike, exponent: int | ArrayLike, mantissa: int | ArrayLike, fmt: FormatLike) -> float | np.ndarray:
     """The value (float64) with the given sign bit, biased exponent field and mantissa field.
 
     Parameters
@@ -1783,7 +1791,7 @@ def compose(sign, exponent, mantissa, fmt):
 # ----------------------------------------------------------------------------------------------------------
 # values, ulp
 # ----------------------------------------------------------------------------------------------------------
-def values(fmt, *, include_negative: bool = True) -> np.ndarray:
+def values(fmt: FormatLike, *, include_negative: bool = True) -> np.ndarray:
     """Every finite value of ``fmt`` in ascending order, as a float64 NumPy array (zero once, as +0).
 
     Raises ``ValueError`` for formats wider than 19 bits (TF32 is the widest enumerable: 2¹⁹ codes);
@@ -1804,7 +1812,7 @@ def values(fmt, *, include_negative: bool = True) -> np.ndarray:
 
 
 @exact_arithmetic
-def ulp(x, fmt):
+def ulp(x: float | np.ndarray | torch.Tensor, fmt: FormatLike) -> float | np.ndarray | torch.Tensor:
     """Unit in the last place of ``x`` in ``fmt``: the spacing 2^(e − m) of fmt's values around |x|.
 
     ``e`` is the exponent of |x| (⌊log2|x|⌋) clamped to [emin, emax], so ulp(0) is the smallest subnormal
@@ -1851,7 +1859,7 @@ def ulp(x, fmt):
 # Fixed point, and repeated addition (swamping)
 # ----------------------------------------------------------------------------------------------------------
 @exact_arithmetic
-def round_fixed(x, int_bits: int, frac_bits: int):
+def round_fixed(x: float | ArrayLike, int_bits: int, frac_bits: int) -> float | np.ndarray:
     """Round ``x`` to signed two's-complement fixed point with ``int_bits`` integer and ``frac_bits``
     fraction bits (1 + int_bits + frac_bits bits in all), round-to-nearest-even, saturating.
 
@@ -1896,7 +1904,7 @@ def round_fixed(x, int_bits: int, frac_bits: int):
     return inp.restore(y.astype(inp.work.dtype))
 
 
-def accumulate(start, increment, steps: int, fmt, *, rounding: str = "nearest_even", generator=None) -> np.ndarray:
+def accumulate(start: float, increment: float | ArrayLike, steps: int, fmt: FormatLike, *, rounding: str = "nearest_even", generator: torch.Generator | None=None) -> np.ndarray:
     """Add ``increment`` to ``start`` ``steps`` times, rounding to ``fmt`` after every addition.
 
     This is a weight receiving the same small update on every step (w ← fmt(w + u)), the situation of the

@@ -32,8 +32,10 @@ import numpy as np
 import torch
 
 from . import formats as F
+from .device import DeviceLike
 
-__all__ = ["Log2Histogram", "log2_histogram", "GradientHistogram", "KMIN", "KMAX", "check_kernel"]
+__all__ = ["Log2Histogram", "log2_histogram", "GradientHistogram", "KMIN", "KMAX", "check_kernel", "quantile_binade",
+           "lost_share", "lost_mass", "gradient_shares"]
 
 KMIN, KMAX = -149, 127           # binades of FP32: 2^-149 (smallest subnormal) … 2^127
 NBINADES = KMAX - KMIN + 1        # 277
@@ -192,7 +194,7 @@ def _kernel(device="cpu"):
     return _compiled[kind]
 
 
-def check_kernel(device, n: int = 1 << 18) -> str:
+def check_kernel(device: DeviceLike, n: int = 1 << 18) -> str:
     """Check the fine-index kernel that :func:`log2_histogram` uses on ``device`` against the eager kernel on the
     CPU: ``n`` random FP32 bit patterns and the edges (zero, subnormals, the normal range's ends, inf, NaN, both
     signs), the indices and the largest finite |x| equal, and so do whole histograms.  For the GPU preflight.
@@ -282,7 +284,7 @@ class Log2Histogram:
 
     # --- accumulation ----------------------------------------------------------------------------------
     @F.exact_arithmetic
-    def add_(self, x) -> "Log2Histogram":
+    def add_(self, x: torch.Tensor | Iterable[torch.Tensor]) -> Log2Histogram:
         """Count the values of ``x`` (any shape, any float dtype; converted to FP32 first) into this histogram.
 
         Runs on x's device (moving the counts there if needed) without synchronising with the host.  Runs
@@ -311,13 +313,13 @@ class Log2Histogram:
         self._amax = torch.maximum(self._amax, amax)
         return self
 
-    def __add__(self, other: "Log2Histogram") -> "Log2Histogram":
+    def __add__(self, other: Log2Histogram) -> Log2Histogram:
         if not isinstance(other, Log2Histogram):
             return NotImplemented
         dev = self._fine.device
         return Log2Histogram(self._fine + other._fine.to(dev), torch.maximum(self._amax, other._amax.to(dev)))
 
-    def __sub__(self, other: "Log2Histogram") -> "Log2Histogram":
+    def __sub__(self, other: Log2Histogram) -> Log2Histogram:
         """The values counted in ``self`` but not in ``other``: what was recorded since ``other`` was copied.
 
         ``other`` must be an earlier state of the same recording (e.g. ``before = gh.histogram.copy()``), so
@@ -344,7 +346,7 @@ class Log2Histogram:
             return self.copy()
         return NotImplemented
 
-    def copy(self) -> "Log2Histogram":
+    def copy(self) -> Log2Histogram:
         """An independent copy (its own count tensors)."""
         return Log2Histogram(self._fine.clone(), self._amax.clone())
 
@@ -400,10 +402,7 @@ class Log2Histogram:
         non-finite values are left out); None when there is no non-zero finite value.  An int in
         −149 … 127.
         """
-        cum = np.cumsum(self.counts)
-        if cum[-1] == 0:
-            return None
-        return int(self.exponents[np.searchsorted(cum, cum[-1] / 2)])
+        return quantile_binade(self, 0.5)
 
     def _shares(self, n) -> float:
         t = self.total
@@ -428,7 +427,7 @@ class Log2Histogram:
         return self._shares(int(self.counts[(e >= a) & (e < b)].sum()))
 
     # --- what a format keeps -----------------------------------------------------------------------------
-    def category_counts(self, fmt, scale: float = 1.0) -> dict:
+    def category_counts(self, fmt: F.FormatLike, scale: float = 1.0) -> dict:
         """Counts of values per category of :meth:`fractions` (same keys, ints)."""
         fmt = F.get_format(fmt)
         if not fmt.subnormals:
@@ -462,7 +461,7 @@ class Log2Histogram:
         out["nonfinite"] = self.nonfinite
         return out
 
-    def fractions(self, fmt, scale: float = 1.0) -> dict:
+    def fractions(self, fmt: F.FormatLike, scale: float = 1.0) -> dict:
         """Shares of all values that would be zero, normal, subnormal, flushed to zero, overflowed or
         non-finite after multiplying by ``scale`` and rounding to ``fmt`` (round-to-nearest-even).
 
@@ -489,13 +488,13 @@ class Log2Histogram:
         """
         return {k: self._shares(v) for k, v in self.category_counts(fmt, scale).items()}
 
-    def kept_fraction(self, fmt, scale: float = 1.0) -> float:
+    def kept_fraction(self, fmt: F.FormatLike, scale: float = 1.0) -> float:
         """Share of the non-zero finite values that stay non-zero and finite (normal or subnormal)."""
         c = self.category_counts(fmt, scale)
         nz = c["normal"] + c["subnormal"] + c["underflow"] + c["overflow"]
         return (c["normal"] + c["subnormal"]) / nz if nz else float("nan")
 
-    def max_scale(self, fmt) -> float:
+    def max_scale(self, fmt: F.FormatLike) -> float:
         """The largest power-of-two scale S for which no finite value overflows ``fmt`` (inf if all are zero)."""
         fmt = F.get_format(fmt)
         nz = np.nonzero(self.counts)[0]
@@ -516,7 +515,7 @@ class Log2Histogram:
                 "fine": {str(int(i)): int(f[i]) for i in nz}}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Log2Histogram":
+    def from_dict(cls, d: dict) -> Log2Histogram:
         """The histogram :meth:`to_dict` wrote.  Raises TypeError (not such a dict) or ValueError (another bin
         layout)."""
         if not isinstance(d, dict) or "fine" not in d:
@@ -529,7 +528,7 @@ class Log2Histogram:
         return cls(fine, float(d["amax"]))
 
 
-def log2_histogram(tensors) -> Log2Histogram:
+def log2_histogram(tensors: torch.Tensor | Iterable[torch.Tensor]) -> Log2Histogram:
     """The :class:`Log2Histogram` of one tensor or of all tensors in an iterable.
 
     Parameters
@@ -556,6 +555,50 @@ def log2_histogram(tensors) -> Log2Histogram:
             h = Log2Histogram(device=t.device)
         h.add_(t)
     return h if h is not None else Log2Histogram()
+
+
+def quantile_binade(h: Log2Histogram, q: float) -> int | None:
+    """The binade k (2ᵏ ≤ |x| < 2ᵏ⁺¹) holding the ``q``-quantile (0 < q < 1) of the non-zero finite values of
+    ``h``; q = 0.5 is :meth:`Log2Histogram.median_binade`.  None when there is none.
+
+    Raises ValueError for q outside (0, 1).
+    """
+    if not (isinstance(q, (int, float)) and 0 < q < 1):
+        raise ValueError(f"q must lie strictly between 0 and 1, got {q!r}")
+    cum = np.cumsum(h.counts)
+    if cum[-1] == 0:
+        return None
+    return int(h.exponents[np.searchsorted(cum, cum[-1] * q)])
+
+
+def lost_share(h: Log2Histogram, shift: int = 0) -> float:
+    """Share of all values of ``h`` that FP16 rounds to zero after the gradient shift 2⁻ˢʰⁱᶠᵗ (non-zero values
+    with |x · 2⁻ˢʰⁱᶠᵗ| ≤ 2⁻²⁵); NaN for an empty histogram."""
+    return float(h.fractions("FP16", scale=2.0 ** -shift)["underflow"])
+
+
+def lost_mass(h: Log2Histogram, shift: int = 0) -> float:
+    """Share of the gradient *mass* (the sum of |x|) of ``h`` that FP16 rounds to zero after the gradient shift
+    2⁻ˢʰⁱᶠᵗ: the values with |x · 2⁻ˢʰⁱᶠᵗ| < 2⁻²⁵ (binades ≤ −26; the few values of exactly 2⁻²⁵ are left out),
+    each binade weighted by its count × 2ᵏ⁺⁰·⁵, to a factor 2^±0.5 per value.  Where :func:`lost_share` says how
+    many gradients vanish, this says how much of the update does: the softmax gradients (p − y)/N lost in a
+    language model are the small p of the unlikely words, and the run is biased by their sum.  NaN without
+    non-zero finite values."""
+    e = h.exponents
+    w = h.counts * np.exp2(e + 0.5)
+    total = w.sum()
+    return float(w[e - shift <= -26].sum() / total) if total > 0 else float("nan")
+
+
+def gradient_shares(h: Log2Histogram) -> dict:
+    """What the divergence experiments record of a histogram of activation gradients: ``zero_share`` (share of
+    values exactly zero), ``fp16_underflow`` (share FP16 flushes to zero: non-zero values with |x| ≤ 2⁻²⁵),
+    ``nonfinite`` (share of inf/NaN), all in [0, 1], and ``median_log2`` (:meth:`Log2Histogram.median_binade`:
+    the binade k, 2ᵏ ≤ |x| < 2ᵏ⁺¹, of the median non-zero finite value; None when there is none)."""
+    if h.total == 0:
+        return {"zero_share": 0.0, "fp16_underflow": 0.0, "nonfinite": 0.0, "median_log2": None}
+    return {"zero_share": float(h.fraction_zero()), "fp16_underflow": float(h.fractions("FP16")["underflow"]),
+            "nonfinite": float(h.nonfinite) / float(h.total), "median_log2": h.median_binade()}
 
 
 def _list_names(named: dict, limit: int = 30) -> str:
@@ -710,7 +753,7 @@ class GradientHistogram:
                           "backward passes inside its `with` block (and not while it is paused)",
                           UserWarning, stacklevel=3)
 
-    def underflow_share(self, fmt="FP16", scale: float = 1.0) -> float:
+    def underflow_share(self, fmt: F.FormatLike="FP16", scale: float = 1.0) -> float:
         """Share of the recorded gradient values (of all of them, zeros included) that multiplying by the loss
         scale ``scale`` and rounding to ``fmt`` flushes to zero: non-zero values that become 0.
 
@@ -774,7 +817,7 @@ class GradientHistogram:
                 o.register_hook(lambda g, name=name: self._record(name, g, session))
         return hook
 
-    def __enter__(self) -> "GradientHistogram":
+    def __enter__(self) -> GradientHistogram:
         if self._handles:
             raise RuntimeError("this GradientHistogram is already recording")
         self._session += 1

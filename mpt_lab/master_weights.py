@@ -56,13 +56,79 @@ from typing import Any
 import torch
 from torch import nn
 
+from . import formats
 from .scaling import GradScaler, StaticLossScaler, found_non_finite
 
-__all__ = ["MasterWeightTrainer", "STEP_NAMES"]
+__all__ = ["MasterWeightTrainer", "STEP_NAMES", "swamped", "swamped_fraction"]
 
 _HALF_DTYPES = {torch.float16: "FP16", torch.bfloat16: "BF16"}
 #: The public scaler methods the loop calls (torch.amp.GradScaler's names).
 _SCALER_METHODS = ("scale", "unscale_", "step", "update", "get_scale", "is_enabled")
+
+def swamped(weights: torch.Tensor, updates: torch.Tensor, fmt: str | formats.FloatFormat = "FP16") -> torch.Tensor:
+    """Where a non-zero update vanishes when added to a weight stored in ``fmt``: ``round(w + u) == w``, the sum
+    w + u exact and rounded once (round to nearest, ties to even).  The one place this book writes the rule
+    (the paper's §3.1: an update below half an ulp of its weight is lost without FP32 master weights; chapter 4,
+    the precision report's optimizer check and exercise 4.1 all count it here).
+
+    The sum is formed in float64 and its rounding error kept (Knuth's TwoSum); where the float64 sum lands exactly
+    on a midpoint between two values of ``fmt`` while the exact sum does not, the error decides the side, so no
+    update is double-rounded (an update a hair above or below half the gap is judged on its exact value).
+
+    Parameters
+    ----------
+    weights, updates : tensors of the same shape (any float dtype; taken as float64).  A weight that ``fmt``
+        cannot hold is first rounded to ``fmt`` (the weight as it would be stored).
+    fmt : a :class:`~mpt_lab.formats.FloatFormat` or its name with fewer than 52 mantissa bits (FP16, BF16,
+        FP32, FP8, ...)
+
+    Returns
+    -------
+    bool tensor of the shape of ``weights``: True where ``u != 0`` and the stored weight does not change.
+
+    Raises
+    ------
+    TypeError
+        ``weights`` or ``updates`` is not a tensor.
+    ValueError
+        Different shapes, or a format with 52 mantissa bits or more.
+    """
+    if not isinstance(weights, torch.Tensor) or not isinstance(updates, torch.Tensor):
+        raise TypeError(f"weights and updates must be tensors, got {type(weights).__name__} and "
+                        f"{type(updates).__name__}")
+    if weights.shape != updates.shape:
+        raise ValueError(f"weights and updates must have the same shape, got {tuple(weights.shape)} and "
+                         f"{tuple(updates.shape)}")
+    fmt = formats.get_format(fmt)
+    if fmt.mantissa_bits >= 52:
+        raise ValueError(f"fmt must have fewer than 52 mantissa bits (float64 forms the sum), got {fmt.name}")
+    w = formats.round_to(weights.detach().to(torch.float64), fmt)
+    u = updates.detach().to(torch.float64).to(w.device)
+    s = w + u
+    bb = s - w
+    err = (w - (s - bb)) + (u - bb)                  # TwoSum: w + u == s + err exactly
+    rounded = formats.round_to(s, fmt)
+    inexact = (err != 0) & torch.isfinite(s)
+    if bool(inexact.any()):                          # a float64 sum on a midpoint of fmt: the error picks the side
+        si, ei = s[inexact], err[inexact]
+        up, down = torch.nextafter(si, si.new_tensor(math.inf)), torch.nextafter(si, si.new_tensor(-math.inf))
+        tie = formats.round_to(up, fmt) != formats.round_to(down, fmt)
+        nudged = torch.where(ei > 0, up, down)
+        rounded[inexact] = torch.where(tie, formats.round_to(nudged, fmt), rounded[inexact])
+    return (u != 0) & (rounded == w)
+
+
+def swamped_fraction(weights: torch.Tensor, updates: torch.Tensor, fmt: str | formats.FloatFormat = "FP16") -> float:
+    """Share of the non-zero ``updates`` that vanish when added to ``weights`` stored in ``fmt`` (:func:`swamped`:
+    ``round(w + u) == w``, |u| at most half an ulp of w, ties to even).
+
+    Returns a float in [0, 1] (NaN when no update is non-zero).  Raises TypeError / ValueError as
+    :func:`swamped`.
+    """
+    lost = swamped(weights, updates, fmt)
+    nonzero = int((updates != 0).sum())
+    return float("nan") if nonzero == 0 else int(lost.sum()) / nonzero
+
 
 #: The name of each traced step (``{half}`` is FP16 or BF16), steps (1)–(8) of the module docstring; step 5 has
 #: two: the naive cast (``cast_scaled_loss=True``) and what frameworks do (the default).
@@ -313,7 +379,7 @@ class MasterWeightTrainer:
             "numel": sum(t.numel() for t in tensors),
         })
 
-    def train_step(self, inputs, targets) -> dict[str, Any]:
+    def train_step(self, inputs: torch.Tensor | tuple, targets: torch.Tensor) -> dict[str, Any]:
         """One iteration of the loop, steps (1)–(8), on one batch.
 
         Parameters
@@ -425,7 +491,7 @@ class MasterWeightTrainer:
             h.copy_(m)
 
     @torch.no_grad()
-    def predict(self, inputs):
+    def predict(self, inputs: torch.Tensor | tuple) -> torch.Tensor:
         """Forward with the FP16 copy, without gradients; the prediction cast to FP32 (steps 2–3).
 
         ``inputs`` as in :meth:`train_step`.  Returns the model's output structure with floating tensors

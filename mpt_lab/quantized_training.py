@@ -20,41 +20,15 @@ column-wise copy of each tensor for that reason); for per-tensor scaling the axi
 tensor is quantised once.  Inputs with more than two dimensions (batch, time, features) are flattened to
 (M, K) first.
 
-Recipes (:data:`TRAINING_RECIPES`)
-----------------------------------
-================  ==========  ==========  ===============================================================
-name              forward     backward    scaling, and what the weights are
-================  ==========  ==========  ===============================================================
-``fp32``          –           –           nothing quantised (the reference)
-``bf16``          BF16        BF16        none (BF16 has FP32's range); FP32 master weights
-``fp16``          FP16        FP16        none, overflow to inf; the loss scaled by a dynamic
-                                          :class:`~mpt_lab.scaling.GradScaler`
-``fp8_unscaled``  E4M3        E5M2        none: values cast as they are (saturating at ±max)
-``fp8_current``   E4M3        E5M2        per tensor, from this tensor's amax (TE's current scaling)
-``fp8_delayed``   E4M3        E5M2        per tensor, from the amax history of earlier steps
-                                          (TE's ``DelayedScaling``, ``Format.HYBRID``)
-``mxfp8``         E4M3        E4M3        OCP MX, blocks of 32 sharing an E8M0 scale
-``mxfp6``         FP6 E3M2    FP6 E3M2    OCP MX, blocks of 32
-``mxfp4``         FP4 E2M1    FP4 E2M1    OCP MX, blocks of 32
-``nvfp4``         FP4 E2M1    FP4 E2M1    blocks of 16 with E4M3 scales and one FP32 tensor scale
-``bf16_sr``       BF16        BF16        as ``bf16``, but the weights are stored in BF16 (no FP32
-                                          masters) and every update is rounded stochastically
-``bf16_rne``      BF16        BF16        as ``bf16_sr`` with round-to-nearest-even updates
-================  ==========  ==========  ===============================================================
-
-Four-bit recipes: a quantisation per GEMM operand
--------------------------------------------------
-A recipe can instead say, for each of the three GEMMs (fprop, dgrad, wgrad) and each of its two operands,
-how that operand is quantised (:class:`GemmRecipe` of :class:`GemmQuant` of :class:`OperandQuant`: format
-BF16, FP8, MX or NVFP4; 1D blocks or 2D tiles; round-to-nearest-even or stochastic rounding), and whether the
-GEMM's operands are first rotated by a random Hadamard transform along its reduction dimension
-(:class:`~mpt_lab.microscaling.RandomHadamard`).  :func:`four_bit_recipe` builds NVIDIA's NVFP4 training recipe
-("Pretraining Large Language Models with NVFP4", arXiv:2509.25149, §4: 2D weights, stochastic rounding of the
-gradients, a 16-point random Hadamard transform on the weight-gradient GEMM) and the same recipe less any of
-its ingredients; ``TrainingRecipe(..., gemms=...)`` takes any other combination.  The products accumulate in
-FP32; stochastic rounding draws from the :class:`Quantizer`'s generator (seeded: reproducible).  Such recipes
-are not in :data:`TRAINING_RECIPES` (whose recipes chapter 11's experiment runs one by one): pass them to
-:func:`quantize_linears_` as objects.
+Recipes
+-------
+What each recipe quantises (forward format: inputs and weights; backward format: output gradients; the scaling;
+how the weights are stored) is defined once, in :mod:`mpt_lab.recipes` (:class:`~mpt_lab.recipes.Recipe`, the
+registry :data:`~mpt_lab.recipes.RECIPES`, the four-bit recipes of :func:`~mpt_lab.recipes.four_bit_recipe` with a
+quantisation per GEMM operand).  :data:`TRAINING_RECIPES` is the registry's view of the recipes chapter 11's
+experiment runs one by one; any :class:`~mpt_lab.recipes.Recipe`, registered or not, can be passed to
+:func:`quantize_linears_`.  The products accumulate in FP32; stochastic rounding draws from the
+:class:`Quantizer`'s generator (seeded: reproducible).
 
 FP16 and BF16 take the same path as the FP8 recipes (their inputs, weights and output gradients are rounded
 with :func:`mpt_lab.formats.round_to`, through :func:`mpt_lab.microscaling.quantize_per_tensor` with the scale
@@ -100,348 +74,61 @@ Hadamard transforms for MXFP4).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import nn
 
 from . import formats as F
-from .formats import BF16, FP16, FP4_E2M1, FP6_E3M2, FP8_E4M3, FP8_E5M2, FloatFormat
-from .microscaling import (BLOCK_LAYOUTS, MX_FORMATS, ROUNDINGS, SCALE_ROUNDINGS, SCHEMES, DelayedScaling,
-                           RandomHadamard, ScaledTensor, add_counts, fake_quantize_mx, fake_quantize_nvfp4, new_counts,
-                           quantize_mx, quantize_nvfp4, quantize_per_tensor)
+from ._torch_internals import scaled_mm
+from .formats import BF16, FP8_E4M3, FP8_E5M2
+from .microscaling import (
+    MX_FORMATS,
+    SCALE_ROUNDINGS,
+    DelayedScaling,
+    RandomHadamard,
+    ScaledTensor,
+    add_counts,
+    fake_quantize_mx,
+    fake_quantize_nvfp4,
+    new_counts,
+    quantize_mx,
+    quantize_nvfp4,
+    quantize_per_tensor,
+)
+from .recipes import (
+    GEMMS,
+    OPERAND_FORMATS,
+    QUANTIZED,
+    RECIPES,
+    SCALINGS,
+    WEIGHT_STORAGE,
+    GemmQuant,
+    GemmRecipe,
+    OperandQuant,
+    Recipe,
+    TrainingRecipe,
+    four_bit_recipe,
+    get_recipe,
+)
 
 __all__ = ["TrainingRecipe", "TRAINING_RECIPES", "SCALINGS", "WEIGHT_STORAGE", "get_recipe", "Quantizer",
            "QuantLinear", "quantize_linears_", "quantized_layers", "round_weights_", "ROLES", "hardware_fp8_available",
            "OperandQuant", "GemmQuant", "GemmRecipe", "OPERAND_FORMATS", "GEMMS", "four_bit_recipe"]
 
-#: How a recipe scales a tensor before rounding it to its format.
-SCALINGS = ("none", "current", "delayed", "mx", "nvfp4")
-#: How the weights are stored between steps: FP32 (master weights), or BF16 rounded to nearest / stochastically.
-WEIGHT_STORAGE = ("fp32", "bf16_rne", "bf16_sr")
 #: The operands of a Linear layer that a recipe quantises: its input, its weight, its output gradient.
 ROLES = ("x", "w", "g")
-
-
-@dataclass(frozen=True)
-class TrainingRecipe:
-    """What a training recipe does to the operands of every Linear layer's matrix products.
-
-    Attributes
-    ----------
-    name : str, the key in :data:`TRAINING_RECIPES`
-    label : str, for legends
-    forward, backward : FloatFormat or None
-        Format of inputs and weights (forward), and of output gradients (backward); None: not quantised.
-    scaling : one of :data:`SCALINGS`
-    block_size : int, values per scale for "mx" (32) and "nvfp4" (16); 0 otherwise
-    saturate : bool, values beyond ±max clamp to ±max (True, as FP8 casts do) or overflow (FP16: to inf)
-    loss_scaling : "none" or "dynamic" (:class:`~mpt_lab.scaling.GradScaler` on the loss)
-    weights : one of :data:`WEIGHT_STORAGE`
-    gemms : :class:`GemmRecipe` or None
-        A quantisation of its own for each operand of each of the three GEMMs (the four-bit recipes of
-        :func:`four_bit_recipe`); when set it decides what is quantised, and ``forward``, ``backward``,
-        ``scaling`` and ``block_size`` only describe the recipe (:meth:`describe`, :meth:`bits_per_value`).
-    """
-
-    name: str
-    label: str
-    forward: FloatFormat | None = None
-    backward: FloatFormat | None = None
-    scaling: str = "none"
-    block_size: int = 0
-    saturate: bool = True
-    loss_scaling: str = "none"
-    weights: str = "fp32"
-    gemms: GemmRecipe | None = None
-
-    @property
-    def quantized(self) -> bool:
-        """Whether the recipe quantises any GEMM operand (False: a plain-precision recipe)."""
-        return self.forward is not None or self.gemms is not None
-
-    @property
-    def per_axis(self) -> bool:
-        """Whether the quantised values depend on the axis (block scaling)."""
-        return self.scaling in ("mx", "nvfp4")
-
-    def describe(self) -> dict:
-        """The recipe as plain data (format names, scaling, block size, weights)."""
-        d = {"label": self.label, "forward": self.forward.name if self.forward else "FP32",
-             "backward": self.backward.name if self.backward else "FP32", "scaling": self.scaling,
-             "block_size": self.block_size, "loss_scaling": self.loss_scaling, "weights": self.weights,
-             "bits": self.bits_per_value()}
-        if self.gemms is not None:
-            d["gemms"] = self.gemms.describe()
-        return d
-
-    def bits_per_value(self) -> float:
-        """Storage of a forward operand in bits per value, its scales included (32 for FP32)."""
-        if self.forward is None:
-            return 32.0
-        if self.scaling == "mx":
-            return self.forward.bits + 8 / self.block_size
-        if self.scaling == "nvfp4":
-            return self.forward.bits + 8 / self.block_size     # the FP32 tensor scale is negligible
-        return float(self.forward.bits)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# recipes with a quantisation for each operand of each GEMM (four-bit training)
-# ----------------------------------------------------------------------------------------------------------
-#: What one GEMM operand can be quantised to (:class:`OperandQuant`): "fp32" (left as it is), "bf16" (rounded
-#: to BF16), "fp8_e4m3" / "fp8_e5m2" (per-tensor current scaling, Transformer Engine's ``Float8CurrentScaling``),
-#: the OCP MX formats ("mxfp8_e4m3", ..., "mxfp4": blocks of 32 with E8M0 scales) and "nvfp4" (blocks of 16
-#: with E4M3 scales and an FP32 tensor scale): :data:`mpt_lab.microscaling.SCHEMES`.
-OPERAND_FORMATS = ("fp32", "bf16", *SCHEMES)
-#: The three GEMMs of a Linear layer, in the order a training step computes them (:class:`GemmRecipe`).
-GEMMS = ("fprop", "dgrad", "wgrad")
+#: The registry's recipes that chapter 11's experiment trains one by one (:data:`mpt_lab.recipes.QUANTIZED`), by
+#: name: a view of :data:`mpt_lab.recipes.RECIPES`.
+TRAINING_RECIPES: dict[str, Recipe] = {name: RECIPES[name] for name in QUANTIZED}
 _PER_TENSOR = {"bf16": BF16, "fp8_e4m3": FP8_E4M3, "fp8_e5m2": FP8_E5M2}
-
-
-def _check_str(v, argname: str, choices: tuple) -> str:
-    if not isinstance(v, str):
-        raise TypeError(f"{argname} must be a str, one of {choices}; got {type(v).__name__}")
-    if v not in choices:
-        raise ValueError(f"{argname} must be one of {choices}, got {v!r}")
-    return v
-
-
-@dataclass(frozen=True)
-class OperandQuant:
-    """How one operand of one GEMM is quantised (always along that GEMM's reduction dimension).
-
-    Attributes
-    ----------
-    format : one of :data:`OPERAND_FORMATS` (default "fp32": not quantised; every other format saturates at
-        its ±max)
-    blocks : "1d" or "2d" (:data:`~mpt_lab.microscaling.BLOCK_LAYOUTS`)
-        Block formats only: "2d" scales square tiles of the matrix (16 × 16 for NVFP4, 32 × 32 for MX), so
-        that the operand quantised along either dimension has the same values (NVIDIA, "Pretraining Large
-        Language Models with NVFP4", arXiv:2509.25149, §4.3: the weights).
-    rounding : "nearest_even" or "stochastic" (:data:`~mpt_lab.microscaling.ROUNDINGS`)
-        How the elements are rounded; stochastic rounding draws from the :class:`Quantizer`'s generator
-        (§4.4 of the same paper: the gradients).
-    scale_rounding : the MX shared-scale rule (:data:`~mpt_lab.microscaling.SCALE_ROUNDINGS`; MX formats only)
-
-    Raises
-    ------
-    TypeError / ValueError
-        A field of the wrong type or value (named), or ``blocks="2d"`` for a format without blocks.
-    """
-
-    format: str = "fp32"
-    blocks: str = "1d"
-    rounding: str = "nearest_even"
-    scale_rounding: str = "floor"
-
-    def __post_init__(self):
-        _check_str(self.format, "format", OPERAND_FORMATS)
-        _check_str(self.blocks, "blocks", BLOCK_LAYOUTS)
-        _check_str(self.rounding, "rounding", ROUNDINGS)
-        _check_str(self.scale_rounding, "scale_rounding", SCALE_ROUNDINGS)
-        if self.blocks == "2d" and not self.block_scaled:
-            raise ValueError(f"blocks='2d' needs a block format (MX or NVFP4), got format {self.format!r}")
-        if self.format == "fp32" and self.rounding != "nearest_even":
-            raise ValueError("format 'fp32' is not rounded: rounding must be 'nearest_even'")
-
-    @property
-    def block_scaled(self) -> bool:
-        """Whether the format scales blocks (MX, NVFP4) rather than the whole tensor."""
-        return self.format == "nvfp4" or self.format.upper() in MX_FORMATS
-
-    @property
-    def axis_free(self) -> bool:
-        """Whether the quantised values are the same along either dimension of a matrix (per-tensor formats and
-        2D blocks), so that one quantised copy serves both of its GEMMs."""
-        return not self.block_scaled or self.blocks == "2d"
-
-    def describe(self) -> str:
-        """A short label, e.g. "NVFP4 2D", "NVFP4 SR", "FP32"."""
-        if self.format == "fp32":
-            return "FP32"
-        parts = [self.format.upper()]
-        if self.blocks == "2d":
-            parts.append("2D")
-        if self.rounding == "stochastic":
-            parts.append("SR")
-        if self.format.upper() in MX_FORMATS and self.scale_rounding != "floor":
-            parts.append(self.scale_rounding)
-        return " ".join(parts)
-
-
-@dataclass(frozen=True)
-class GemmQuant:
-    """One GEMM of a Linear layer, C = A · Bᵀ with the reduction over the last dimension of A and of B: how A
-    and B are quantised, and whether both are first rotated by a random Hadamard transform of blocks of
-    ``hadamard`` values along that dimension (0: not; NVIDIA's recipe: 16 on the weight-gradient GEMM only,
-    arXiv:2509.25149, §4.2; :class:`~mpt_lab.microscaling.RandomHadamard`).
-
-    Raises TypeError / ValueError for operands that are no :class:`OperandQuant`, or a ``hadamard`` that is
-    not 0 or a power of two.
-    """
-
-    a: OperandQuant = OperandQuant()
-    b: OperandQuant = OperandQuant()
-    hadamard: int = 0
-
-    def __post_init__(self):
-        for name in ("a", "b"):
-            if not isinstance(getattr(self, name), OperandQuant):
-                raise TypeError(f"{name} must be an OperandQuant, got {type(getattr(self, name)).__name__}")
-        if not isinstance(self.hadamard, int) or isinstance(self.hadamard, bool):
-            raise TypeError(f"hadamard must be an int (0: no transform), got {type(self.hadamard).__name__}")
-        if self.hadamard:
-            RandomHadamard(self.hadamard)                       # raises for a size that is no power of two
-
-    def describe(self) -> str:
-        """One line: the two operands' quantisation and the random Hadamard transform's block size, if any."""
-        h = f", RHT {self.hadamard}" if self.hadamard else ""
-        return f"{self.a.describe()} × {self.b.describe()}{h}"
-
-
-@dataclass(frozen=True)
-class GemmRecipe:
-    """The quantisation of the three GEMMs of every Linear layer (x: input (M, K), w: weight (N, K),
-    g = ∂loss/∂y: output gradient (M, N); M counts the tokens)::
-
-        fprop   y  = Q(x) · Q(w)ᵀ        A = x,  B = w,  reduction over K
-        dgrad   gx = Q(g) · Q(wᵀ)ᵀ       A = g,  B = wᵀ, reduction over N
-        wgrad   gw = Q(gᵀ) · Q(xᵀ)ᵀ      A = gᵀ, B = xᵀ, reduction over M
-
-    Each GEMM is a :class:`GemmQuant` (its A and B operands, and an optional random Hadamard transform of both);
-    the products accumulate in FP32.  ``hadamard_seed`` seeds the sign vector of every transform: one sign
-    vector for all layers and all steps, as NVIDIA's recipe (arXiv:2509.25149, §4.2).
-
-    Emulation: each operand is quantised exactly and dequantised to float32 (element × block scale × tensor
-    scale, rounded once to float32: exact for MX, and for NVFP4 whenever the tensor scale is a power of two),
-    and the product is a float32 matrix product.  A Blackwell GEMM instead applies the block scales to partial
-    dot products and the tensor scales to the result (Appendix B.3, Eq. 5); the two differ by float32 roundings
-    (relative 2⁻²⁴ per operand value), never by the quantisation itself.
-
-    Raises TypeError for GEMMs that are no :class:`GemmQuant` or a seed that is no int ≥ 0.
-    """
-
-    fprop: GemmQuant = GemmQuant()
-    dgrad: GemmQuant = GemmQuant()
-    wgrad: GemmQuant = GemmQuant()
-    hadamard_seed: int = 0
-
-    def __post_init__(self):
-        for name in GEMMS:
-            if not isinstance(getattr(self, name), GemmQuant):
-                raise TypeError(f"{name} must be a GemmQuant, got {type(getattr(self, name)).__name__}")
-        if not isinstance(self.hadamard_seed, int) or isinstance(self.hadamard_seed, bool) or self.hadamard_seed < 0:
-            raise TypeError(f"hadamard_seed must be an int ≥ 0, got {self.hadamard_seed!r}")
-
-    def describe(self) -> dict:
-        """GEMM name → a short label of its operands, e.g. {"fprop": "NVFP4 × NVFP4 2D", ...}."""
-        return {name: getattr(self, name).describe() for name in GEMMS}
-
-
-def four_bit_recipe(fmt: str = "nvfp4", *, hadamard: bool = True, weights_2d: bool = True,
-                    stochastic_gradients: bool = True, hadamard_block: int | None = None, hadamard_seed: int = 0,
-                    scale_rounding: str = "floor", sr_scale_rounding: str = "rceil", name: str | None = None,
-                    label: str | None = None) -> TrainingRecipe:
-    """NVIDIA's four-bit training recipe for every quantised Linear layer, or the recipe less some of its
-    ingredients (NVIDIA, "Pretraining Large Language Models with NVFP4", arXiv:2509.25149, §4)::
-
-        fprop   Q(x) 1×16, round to nearest    ·  Q(w) 16×16 (2D), round to nearest
-        dgrad   Q(g) 1×16, stochastic          ·  Q(wᵀ) 16×16 (2D), round to nearest
-        wgrad   Q(gᵀ) 1×16, stochastic         ·  Q(xᵀ) 1×16, round to nearest;  both after a random
-                                                   Hadamard transform of 16 values along the tokens
-
-    "Use two-dimensional (2D) scaling over 16×16 blocks for weights, and one-dimensional scaling over 1×16
-    blocks for activations and gradients"; "Use stochastic rounding for gradients and round-to-nearest-even
-    for weights and activations"; "Apply Random Hadamard transforms of size 16×16 to inputs of weight gradient
-    GEMMs" (§4).  The fourth ingredient, "a few sensitive linear layers in higher precision" (the last ones),
-    is a choice of layers: leave them out with ``quantize_linears_(model, recipe, skip=...)`` and give them a
-    BF16 recipe with a second ``quantize_linears_(model, "bf16")``.
-
-    Parameters
-    ----------
-    fmt : "nvfp4" or "mxfp4"
-        MXFP4 (blocks of 32, E8M0 scales) with the same methodology, the Hadamard size 32 (the paper's §5).
-    hadamard, weights_2d, stochastic_gradients : bool
-        Each ingredient on (the recipe) or off (an ablation): off means no transform, weights in 1 × 16 (1 × 32)
-        blocks like the other operands, gradients rounded to nearest.
-    hadamard_block : None (16 for NVFP4, 32 for MXFP4) or a power of two
-    hadamard_seed : int ≥ 0, the seed of the one sign vector (:class:`GemmRecipe`)
-    scale_rounding, sr_scale_rounding : MXFP4 only, the shared-scale rule of the operands rounded to nearest and
-        of those rounded stochastically.  OCP's "floor" lets a block's largest values reach 8 and saturate at 6,
-        which would bias stochastic rounding; "rceil" (the smallest power of two that saturates nothing; the
-        NVFP4 paper's Appendix B.4 on MXFP4) keeps it unbiased, as Tseng et al.'s multiplication by 3/4 does
-        (arXiv:2502.20586).
-    name, label : default from the ingredients, e.g. "nvfp4_recipe", "nvfp4_recipe-rht" (no Hadamard)
-
-    Returns
-    -------
-    TrainingRecipe with ``gemms`` set (forward and backward FP4 E2M1, scaling "nvfp4" or "mx", for its
-    description); pass it to :func:`quantize_linears_`.
-
-    Raises
-    ------
-    TypeError / ValueError
-        fmt not "nvfp4" or "mxfp4"; a flag not a bool; a bad hadamard_block, seed or scale rule.
-    """
-    fmt = _check_str(fmt, "fmt", ("nvfp4", "mxfp4"))
-    for argname, v in (("hadamard", hadamard), ("weights_2d", weights_2d),
-                       ("stochastic_gradients", stochastic_gradients)):
-        if not isinstance(v, bool):
-            raise TypeError(f"{argname} must be a bool, got {type(v).__name__}")
-    block = 16 if fmt == "nvfp4" else 32
-    d = (block if hadamard_block is None else hadamard_block) if hadamard else 0
-    grad_rounding = "stochastic" if stochastic_gradients else "nearest_even"
-
-    def op(blocks="1d", rounding="nearest_even"):
-        rule = sr_scale_rounding if rounding == "stochastic" else scale_rounding
-        return OperandQuant(fmt, blocks, rounding, rule if fmt == "mxfp4" else "floor")
-
-    w = op("2d" if weights_2d else "1d")
-    gemms = GemmRecipe(fprop=GemmQuant(op(), w), dgrad=GemmQuant(op(rounding=grad_rounding), w),
-                       wgrad=GemmQuant(op(rounding=grad_rounding), op(), hadamard=d), hadamard_seed=hadamard_seed)
-    missing = [tag for tag, on in (("rht", hadamard), ("2d", weights_2d), ("sr", stochastic_gradients)) if not on]
-    name = name if name is not None else f"{fmt}_recipe" + "".join(f"-{m}" for m in missing)
-    if label is None:
-        label = f"{fmt.upper()} recipe" + (f" without {', '.join(m.upper() for m in missing)}" if missing else "")
-    return TrainingRecipe(name, label, FP4_E2M1, FP4_E2M1, "nvfp4" if fmt == "nvfp4" else "mx", block, gemms=gemms)
-
-
-def _recipes() -> dict:
-    r = [TrainingRecipe("fp32", "FP32"),
-         TrainingRecipe("bf16", "BF16", BF16, BF16),
-         TrainingRecipe("fp16", "FP16 + GradScaler", FP16, FP16, saturate=False, loss_scaling="dynamic"),
-         TrainingRecipe("fp8_unscaled", "FP8, no scaling", FP8_E4M3, FP8_E5M2),
-         TrainingRecipe("fp8_current", "FP8, current scaling", FP8_E4M3, FP8_E5M2, "current"),
-         TrainingRecipe("fp8_delayed", "FP8, delayed scaling", FP8_E4M3, FP8_E5M2, "delayed"),
-         TrainingRecipe("mxfp8", "MXFP8 (E4M3)", FP8_E4M3, FP8_E4M3, "mx", 32),
-         TrainingRecipe("mxfp6", "MXFP6 (E3M2)", FP6_E3M2, FP6_E3M2, "mx", 32),
-         TrainingRecipe("mxfp4", "MXFP4 (E2M1)", FP4_E2M1, FP4_E2M1, "mx", 32),
-         TrainingRecipe("nvfp4", "NVFP4", FP4_E2M1, FP4_E2M1, "nvfp4", 16),
-         TrainingRecipe("bf16_sr", "BF16 weights, stochastic rounding", BF16, BF16, weights="bf16_sr"),
-         TrainingRecipe("bf16_rne", "BF16 weights, round to nearest", BF16, BF16, weights="bf16_rne")]
-    return {x.name: x for x in r}
-
-
-#: The recipes by name (see the module docstring's table).
-TRAINING_RECIPES: dict[str, TrainingRecipe] = _recipes()
-
-
-def get_recipe(recipe) -> TrainingRecipe:
-    """A :class:`TrainingRecipe` from itself or its name.  Raises TypeError / ValueError naming ``recipe``."""
-    if isinstance(recipe, TrainingRecipe):
-        return recipe
-    if not isinstance(recipe, str):
-        raise TypeError(f"recipe must be a str or a TrainingRecipe, got {type(recipe).__name__}")
-    if recipe not in TRAINING_RECIPES:
-        raise ValueError(f"recipe must be one of {tuple(TRAINING_RECIPES)}, got {recipe!r}")
-    return TRAINING_RECIPES[recipe]
 
 
 # ----------------------------------------------------------------------------------------------------------
 # the quantizer: one per model, shared by its QuantLinear layers
 # ----------------------------------------------------------------------------------------------------------
-def hardware_fp8_available(device=None) -> bool:
+def hardware_fp8_available(device: torch.device | str | None=None) -> bool:
     """Whether ``device`` (default: the current CUDA device) is a CUDA GPU with FP8 tensor cores (compute
     capability ≥ 8.9) and torch has ``_scaled_mm``."""
     if not torch.cuda.is_available():
@@ -449,8 +136,6 @@ def hardware_fp8_available(device=None) -> bool:
     device = torch.device("cuda") if device is None else torch.device(device)
     if device.type != "cuda":
         return False
-    from ._torch_internals import scaled_mm
-
     return scaled_mm is not None and torch.cuda.get_device_capability(device) >= (8, 9)
 
 
@@ -518,7 +203,7 @@ class Quantizer:
 
     # --- quantising one operand ---------------------------------------------------------------------------
     def quantize(self, t: torch.Tensor, layer: str, role: str, *, axis: int = -1, record: bool = True,
-                 update: bool = True):
+                 update: bool = True) -> tuple[torch.Tensor, ScaledTensor | None]:
         """The fake-quantised ``t`` (float32, t's shape) as operand ``role`` of ``layer``, blocks along ``axis``,
         and for per-tensor recipes its :class:`~mpt_lab.microscaling.ScaledTensor` (None for block recipes).
 
@@ -558,7 +243,7 @@ class Quantizer:
         return tq, st
 
     # --- the recipes with a quantisation per GEMM operand (``recipe.gemms``) ------------------------------------
-    def generator(self, device) -> torch.Generator:
+    def generator(self, device: torch.device | str) -> torch.Generator:
         """The ``torch.Generator`` of ``device`` that stochastic rounding draws from, seeded with :attr:`seed`
         when first used; every stochastically rounded operand moves it on (reproducible from the seed)."""
         device = torch.device(device)
@@ -649,8 +334,6 @@ _FLOAT8 = {"FP8_E4M3": torch.float8_e4m3fn, "FP8_E5M2": torch.float8_e5m2}
 def _scaled_mm_product(sa: ScaledTensor, ta: bool, sb: ScaledTensor, tb: bool) -> torch.Tensor:
     """op(qa / scale_a) @ op(qb / scale_b) with ``torch._scaled_mm``: FP8 operands (the first row-major, the
     second column-major), the decode scales 1/scale, an FP32 result."""
-    from ._torch_internals import scaled_mm
-
     qa = sa.q.t() if ta else sa.q
     qb = sb.q.t() if tb else sb.q
     fa = qa.contiguous().to(_FLOAT8[sa.fmt.name])                  # row-major
@@ -814,7 +497,7 @@ class QuantLinear(nn.Module):
             return _quant_linear_eval(x, self.weight, self.bias, self)
 
 
-def quantize_linears_(model: nn.Module, recipe, *, skip=(), **quantizer_options) -> Quantizer:
+def quantize_linears_(model: nn.Module, recipe: str | Recipe, *, skip: Iterable[str]=(), **quantizer_options: Any) -> Quantizer:
     """Replace every ``nn.Linear`` of ``model`` (in place) by a :class:`QuantLinear` of ``recipe``.
 
     Parameters
@@ -864,7 +547,7 @@ def quantized_layers(model: nn.Module) -> list:
 # weights stored in BF16
 # ----------------------------------------------------------------------------------------------------------
 @torch.no_grad()
-def round_weights_(params, rounding: str = "stochastic", *, fmt=BF16, generator: torch.Generator | None = None) -> None:
+def round_weights_(params: Iterable[torch.Tensor], rounding: str = "stochastic", *, fmt: F.FormatLike=BF16, generator: torch.Generator | None = None) -> None:
     """Round parameters in place to ``fmt`` (default BF16): weights *stored* in BF16, without FP32 masters.
 
     Call it after ``optimizer.step()``: the step adds its FP32 update to the BF16 weight and this rounds the

@@ -47,7 +47,9 @@ import numpy as np
 import torch
 
 from . import formats as F
+from .device import provenance
 from .histogram import Log2Histogram, log2_histogram
+from .master_weights import swamped
 from .scaling import max_gradient_scale
 from .simulate import MODES, paused, simulate
 
@@ -676,7 +678,7 @@ class PrecisionReport:
             stored in ``fmt`` would lose: round_to(w_f + Δw, fmt) == w_f with w_f = round_to(w, fmt) and the
             sum formed in float64, i.e. |Δw| at most half an ulp of w_f (ties to even) — the updates that
             weights kept only in ``fmt``, without FP32 master weights, lose (Micikevicius et al. 2018 §3.1;
-            the same count as chapter 4's :func:`mpt_lab.experiments.master_weights_stall.swamped_fraction`):
+            the same count as chapter 4's, :func:`mpt_lab.master_weights.swamped`):
             dict with "nonzero", "lost", "share_lost"; or {"error": text} when the optimizer could not be
             stepped on a copy.
 
@@ -1067,8 +1069,6 @@ def precision_report(model: torch.nn.Module, loss_fn, batch, *, formats=DEFAULT_
             runs[name] = FormatRun(name, mode, fmt_loss, events, bad)
             state.clear_grads()
             state.restore_values()
-        from .device import provenance
-
         dev = next(iter(model.parameters())).device
         prov = provenance(config={"model": type(model).__name__, "formats": fmts, "mode": mode,
                                   "optimizer": type(optimizer).__name__ if optimizer is not None else None},
@@ -1142,10 +1142,9 @@ def _optimizer_info(optimizer: torch.optim.Optimizer, fmts) -> dict:
             n = int(nzm.sum())
             if n == 0:
                 continue
-            for name in fmts:
-                wf = F.round_to(w, name)                       # the weight stored in the format
+            for name in fmts:                                  # the weight stored in the format, w + Δw exact
                 counts[name]["nonzero"] += n
-                counts[name]["lost"] += int((nzm & (F.round_to(wf + d, name) == wf)).sum())
+                counts[name]["lost"] += int(swamped(w, d, name).sum())
     del pairs
     for c in counts.values():
         c["share_lost"] = c["lost"] / c["nonzero"] if c["nonzero"] else float("nan")

@@ -255,7 +255,7 @@ def update_scale(scale: float, tracker: int, found_inf: bool, growth_factor: flo
                         _backoff_factor(backoff_factor), _growth_interval(growth_interval))
 
 
-def max_gradient_scale(amax, fmt="FP16") -> float:
+def max_gradient_scale(amax: float | torch.Tensor, fmt: formats.FormatLike="FP16") -> float:
     """The largest power of two S with amax · S ≤ fmt.max: the static loss scale that keeps the largest
     gradient representable.
 
@@ -293,7 +293,7 @@ def max_gradient_scale(amax, fmt="FP16") -> float:
     return largest_power_of_two_scale(amax, fmt.max, f"{fmt.name}'s max")
 
 
-def largest_power_of_two_scale(amax, limit: float, limit_name: str = "limit") -> float:
+def largest_power_of_two_scale(amax: float | torch.Tensor, limit: float, limit_name: str = "limit") -> float:
     """The largest power of two S with amax · S ≤ ``limit``, exactly: :func:`max_gradient_scale` for any
     positive finite float ``limit`` (exercise 2.1 takes a bare limit instead of a format).
 

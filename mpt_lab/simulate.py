@@ -174,12 +174,22 @@ from __future__ import annotations
 import contextlib
 import threading
 import weakref
+from collections.abc import Callable, Iterator
 
 import torch
 
 from ._torch_internals import TorchDispatchMode, current_autograd_node
-from .formats import (FloatFormat, ROUNDING_MODES, round_tensor, exact_arithmetic, exact_arithmetic_active,
-                      get_format)
+from .accumulation import any_order_bounds
+from .device import cpu_kernels
+from .formats import (
+    ROUNDING_MODES,
+    FloatFormat,
+    FormatLike,
+    exact_arithmetic,
+    exact_arithmetic_active,
+    get_format,
+    round_tensor,
+)
 
 __all__ = ["simulate", "paused", "to_float32", "round_parameters_", "rounder", "fp16_convolution_probe", "MODES",
            "LOWER_PRECISION_OPS", "FLOAT32_OPS"]
@@ -281,7 +291,7 @@ def _rounder_pair(fmt: FloatFormat, rounding: str):
     return pair
 
 
-def rounder(fmt, rounding: str = "nearest_even"):
+def rounder(fmt: FormatLike, rounding: str = "nearest_even") -> Callable[[torch.Tensor], torch.Tensor]:
     """A function ``r(t) -> tensor`` equal to ``round_to(t, fmt, rounding=rounding)`` on floating tensors.
 
     ``r`` takes :func:`round_to`'s paths (see :mod:`mpt_lab.formats`): for float32 tensors and
@@ -439,7 +449,7 @@ class simulate(TorchDispatchMode):
             self._float32.clear()
 
     @contextlib.contextmanager
-    def paused(self):
+    def paused(self) -> Iterator[None]:
         """Run the body of a ``with sim.paused():`` in plain float32 (no rounding), inside an active block.
 
         For code of your own that computes with bit manipulation or must stay exact: inside a block its
@@ -729,7 +739,7 @@ class simulate(TorchDispatchMode):
 
 
 @contextlib.contextmanager
-def paused():
+def paused() -> Iterator[None]:
     """Pause the :class:`simulate` block active in this thread, if any (see :meth:`simulate.paused`)."""
     mode = getattr(_active, "mode", None)
     if mode is None:
@@ -861,7 +871,7 @@ def _map_tensors(fn, args, kwargs, skip=()):
 # ----------------------------------------------------------------------------------------------------------
 # Parameters stored in a format
 # ----------------------------------------------------------------------------------------------------------
-def round_parameters_(model: torch.nn.Module, fmt="FP16", *, buffers: bool = True,
+def round_parameters_(model: torch.nn.Module, fmt: FormatLike="FP16", *, buffers: bool = True,
                       rounding: str = "nearest_even") -> torch.nn.Module:
     """Round a model's floating parameters (and buffers) to ``fmt`` in place, keeping their dtype.
 
@@ -929,8 +939,6 @@ def fp16_convolution_probe(batch: int = 6, seed: int = 0) -> dict:
     TypeError, ValueError
         ``batch`` is not an int ≥ 2, or ``seed`` not an int.
     """
-    from .accumulation import any_order_bounds
-    from .device import cpu_kernels
 
     if not isinstance(batch, int) or isinstance(batch, bool) or batch < 2:
         raise ValueError(f"batch must be an int ≥ 2, got {batch!r}")

@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import html
 import math
+from collections.abc import Sequence
 from decimal import Decimal
 from fractions import Fraction
-from typing import Sequence
 
 import numpy as np
 
 from . import formats as F
-from .figures import HTML, table_html   # the book's one table builder (re-exported here)
+from .figures import HTML, table_html  # the book's one table builder (re-exported here)
 
 __all__ = ["HTML", "table_html", "bits_html", "format_table_html", "value_table_html", "BitExplorer", "bit_explorer",
            "FIELD_COLORS", "ROUNDINGS", "neighbours", "rounding_table"]
@@ -113,7 +113,7 @@ def _finite_code(fmt: F.FloatFormat, code: int):
     return None if kind in ("nan", "infinity") else code
 
 
-def neighbours(fmt, code: int) -> tuple:
+def neighbours(fmt: F.FormatLike, code: int) -> tuple:
     """The codes of the next finite value below and above the value of ``code`` (None where there is none),
     as the JavaScript explorer's neighbours: ±0's neighbours are ∓ the smallest subnormal; NaN and ±∞ have
     none.
@@ -156,7 +156,7 @@ ROUNDINGS = (("round to nearest, ties to even", "nearest_even", False),
              ("nearest even, saturating", "nearest_even", True))
 
 
-def rounding_table(x, fmt) -> list:
+def rounding_table(x: float, fmt: F.FormatLike) -> list:
     """How ``x`` rounds to ``fmt``, exactly: one dict per row of :data:`ROUNDINGS` (the JavaScript explorer's
     rows) and one for stochastic rounding.
 
@@ -250,7 +250,7 @@ def _formula(d: F.Decomposition) -> str:
     return (f"{signed} × 2^{f.emin} = {_fmt_num(d.value)} ({d.kind}: exponent = emin = 1 − bias = {f.emin})")
 
 
-def bits_html(x, fmt="FP32") -> HTML:
+def bits_html(x: float, fmt: F.FormatLike="FP32") -> HTML:
     """One value's stored bits in ``fmt``, coloured by field, with kind and formula (HTML).
 
     Parameters
@@ -404,7 +404,7 @@ class BitExplorer:
         self.widget.add_class("mpt-bit-explorer-widget")
 
     # --- state changes (called by the widgets, callable directly) -------------------------------------------
-    def set_value(self, x) -> None:
+    def set_value(self, x: float) -> None:
         """Round ``x`` to the format (round-to-nearest-even) and show its bits, and x in the other formats.
 
         ``x``: an int, a float or a Fraction (used exactly).  Raises ``TypeError`` for a non-number and
@@ -437,7 +437,7 @@ class BitExplorer:
             raise ValueError(f"i must be an int in [0, {self.fmt.bits}), got {i!r}")
         self.set_code(self.code ^ (1 << (self.fmt.bits - 1 - int(i))))
 
-    def set_format(self, fmt) -> None:
+    def set_format(self, fmt: F.FormatLike) -> None:
         """Show another format, keeping the current value (rounded to the new format)."""
         self.fmt = F.get_format(fmt)
         if self.format_box.value != self.fmt.name:
@@ -648,6 +648,6 @@ def _to_float(x) -> float:
         return math.inf if x > 0 else -math.inf
 
 
-def bit_explorer(fmt="FP16", value: float = -314.625):
+def bit_explorer(fmt: F.FormatLike="FP16", value: float = -314.625) -> object:
     """Build a :class:`BitExplorer` and return its widget for display in Jupyter."""
     return BitExplorer(fmt, value).widget

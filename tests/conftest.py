@@ -1,4 +1,4 @@
-"""Shared test setup: deterministic, single-threaded torch (two shared cores; see DESIGN.md), and the book
+"""Shared test setup: deterministic, single-threaded torch (two shared cores; see ARCHITECTURE.md), and the book
 built once per test run (every notebook executes exactly once, inside the build)."""
 
 import os
@@ -19,7 +19,7 @@ os.environ.setdefault("MPT_LAB_PROFILE", "quick")
 
 @pytest.fixture(autouse=True, scope="session")
 def _torch_threads():
-    """One torch thread from the start, module-scoped fixtures included (two shared cores; DESIGN.md)."""
+    """One torch thread from the start, module-scoped fixtures included (two shared cores; ARCHITECTURE.md)."""
     import torch
 
     torch.set_num_threads(1)

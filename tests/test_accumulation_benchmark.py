@@ -1,6 +1,6 @@
 """The accumulation benchmark runs (quick profile) on the experiment runner and writes what the saved result holds.
 
-Speed is reported, not asserted (DESIGN.md).  The full measurement is
+Speed is reported, not asserted (ARCHITECTURE.md).  The full measurement is
 ``python benchmarks/accumulation_speed.py --profile cpu --out book/results/accumulation_speed_cpu.json``.
 """
 
@@ -8,8 +8,8 @@ import math
 import shlex
 
 import pytest
-
 from conftest import ROOT, load_benchmark
+
 from mpt_lab.experiments import load_json
 
 

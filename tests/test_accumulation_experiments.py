@@ -11,8 +11,15 @@ from matplotlib.figure import Figure
 from mpt_lab import accumulation as acc
 from mpt_lab import exercises as E
 from mpt_lab import figures
-from mpt_lab.experiments import (NAMES, accumulation_error, accumulation_training, fp8_recipes, get,
-                                 tensor_core_accumulation)
+from mpt_lab.accumulation import AccumulatedLinear, accumulate_linears_
+from mpt_lab.experiments import (
+    NAMES,
+    accumulation_error,
+    accumulation_training,
+    fp8_recipes,
+    get,
+    tensor_core_accumulation,
+)
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +31,7 @@ def err():
 
 @pytest.fixture(scope="module")
 def train():
-    c = accumulation_training.Config(steps=3, batch=64, hidden=8, fp8_profile="quick", weight_steps=4, threads=1)
+    c = accumulation_training.Config(steps=3, batch=64, hidden=8, mlp_steps=4, threads=1)
     return accumulation_training.run(c, progress=False)
 
 
@@ -84,15 +91,25 @@ def test_training_runs_and_reproduces_chapter_11(train):
     for label, (recipe, _) in accumulation_training.WEIGHT_ARMS.items():
         if label != "BF16, Kahan-compensated":
             assert ch11.runs["mlp"][recipe]["losses"] == train.weights["losses"][label], label
-    assert train.weights["fp8_config"]["mlp_steps"] == 4
+    assert train.weights["mlp_config"]["mlp_steps"] == 4
     assert "test accuracy by accumulator" in train.describe()
+
+
+def test_the_weight_comparison_is_chapter_11s_mlp_in_every_profile():
+    """accumulation_training imports no other experiment: its BF16-weight runs repeat chapter 11's MLP runs with
+    the same settings, which this test holds equal, profile by profile (fp8_recipes' cpu profile for "full")."""
+    fields = ("mlp_hidden", "mlp_layers", "mlp_batch", "mlp_steps", "mlp_lr", "seed")
+    for profile in accumulation_training.PROFILES:
+        ours = accumulation_training.config_for(profile)
+        theirs = fp8_recipes.config_for("cpu" if profile == "full" else profile)
+        assert {f: getattr(ours, f) for f in fields} == {f: getattr(theirs, f) for f in fields}, profile
 
 
 def test_accumulated_linear_is_a_linear_of_fp16_operands():
     torch.manual_seed(0)
     lin = torch.nn.Linear(16, 8)
     x = torch.randn(32, 16, requires_grad=True)
-    layer = accumulation_training.AccumulatedLinear(lin, "FP32")
+    layer = AccumulatedLinear(lin, "FP32")
     y = layer(x)
     x16, w16 = x.detach().half().float(), lin.weight.detach().half().float()
     ref = x16 @ w16.t() + lin.bias.detach()
@@ -100,11 +117,10 @@ def test_accumulated_linear_is_a_linear_of_fp16_operands():
     y.sum().backward()
     assert torch.allclose(x.grad, torch.ones(32, 8) @ w16, rtol=1e-5)
     assert torch.allclose(lin.weight.grad, torch.ones(8, 32) @ x16, rtol=1e-5)
-    model = accumulation_training.accumulate_linears_(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()),
-                                                      "FP16")
-    assert isinstance(model[0], accumulation_training.AccumulatedLinear) and model[0].accumulator == "FP16"
+    model = accumulate_linears_(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()), "FP16")
+    assert isinstance(model[0], AccumulatedLinear) and model[0].accumulator == "FP16"
     with pytest.raises(TypeError, match="linear"):
-        accumulation_training.AccumulatedLinear(torch.nn.ReLU())
+        AccumulatedLinear(torch.nn.ReLU())
 
 
 def test_tensor_core_experiment_runs_on_a_cpu():

@@ -24,8 +24,8 @@ def result():
     return ar.run(tiny(), progress=False)
 
 
-def test_runs_all_precisions(result):
-    assert {(r["precision"], r["batch"]) for r in result.rows} == {(p, b) for p in ar.RECIPES for b in (8, 9)}
+def test_runs_all_recipes(result):
+    assert {(r["recipe"], r["batch"]) for r in result.rows} == {(p, b) for p in ar.RECIPES for b in (8, 9)}
     assert set(result.matmul_tflops) == {"float32", "float16", "bfloat16"}
     assert all(v > 0 for v in result.matmul_tflops.values())
     for r in result.rows:
@@ -88,9 +88,9 @@ def test_profiled_loop_and_the_gpu_limited_variant_on_a_cpu():
         assert row["flops_per_step"] == ar.counted_flops_per_step(8, 32, 2)
         assert row["tflops"] == pytest.approx(row["flops_per_step"] / row["step_seconds"] / 1e12)
         assert row["host_seconds_per_step"] > 0 and row["busy_fraction"] is None and row["kernels_per_step"] > 10
-        assert row["readbacks_per_step"] == (1.0 if row["precision"] == "fp16" else 0.0)
+        assert row["readbacks_per_step"] == (1.0 if row["recipe"] == "fp16" else 0.0)
         assert row["fraction_of_datasheet_peak"] is None
-    assert {(g["precision"], g["batch"]) for g in r.graphed} == {(p, b) for p in ar.RECIPES for b in (8, 16)}
+    assert {(g["recipe"], g["batch"]) for g in r.graphed} == {(p, b) for p in ar.RECIPES for b in (8, 16)}
     for g in r.graphed:
         assert g["captured"] == "eager" and g["step_seconds"] > 0 and len(g["step_times"]) == 2
         assert g["readbacks_per_step"] == 0.0                       # fused SGD: found_inf stays on the device
@@ -135,7 +135,7 @@ def test_static_step_trains_like_the_eager_loop():
 
 
 @pytest.mark.parametrize("field,value", [("width", 0), ("batch_sizes", ()), ("batch_sizes", (8, -1)),
-                                         ("precisions", ("fp8",)), ("precisions", ("bf16",)),
+                                         ("recipes", ("fp8",)), ("recipes", ("bf16",)),
                                          ("epochs", 0), ("warmup_epochs", -1), ("lr", 0.0)])
 def test_bad_config_raises(field, value):
     with pytest.raises(ValueError, match=field):
@@ -319,6 +319,6 @@ def test_autocast_lists_table():
         assert group in t
     assert f"({len(lists['CUDA']['float32'])} ops)" in t and "softmax" in t and "cat, index_copy, stack" in t
     examples = re.search(r"every other op \(([^)…]*)", t).group(1).rstrip(", ").split(", ")
-    assert all(l.policy(op) == "not listed" for l in lists.values() for op in examples), examples
+    assert all(al.policy(op) == "not listed" for al in lists.values() for op in examples), examples
     with pytest.raises(TypeError, match="lists"):
         figures.autocast_lists_table({})

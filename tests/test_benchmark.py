@@ -1,14 +1,14 @@
 """The round_to benchmark runs (at a tiny size) and writes the table that chapter 1 quotes.
 
-Speed is reported, not asserted: a busy machine must not fail a test (DESIGN.md).  The full measurement is
+Speed is reported, not asserted: a busy machine must not fail a test (ARCHITECTURE.md).  The full measurement is
 ``python benchmarks/round_to_speed.py --profile cpu --out book/results/round_to_speed_cpu.json``.
 """
 
 import math
 
 import pytest
-
 from conftest import ROOT, load_benchmark
+
 from mpt_lab.experiments import load_json
 
 FORMATS = ["FP16", "BF16", "FP8_E4M3", "FP8_E5M2", "FP6_E3M2", "FP6_E2M3", "FP4_E2M1"]

@@ -9,13 +9,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mpt_lab.data.text import SPECIALS, batchify, bptt_batches, kjv_corpus, kjv_verses, tokenize
 from mpt_lab import figures
+from mpt_lab.data.text import SPECIALS, batchify, bptt_batches, kjv_corpus, kjv_verses, tokenize
 from mpt_lab.experiments import biglstm, ssd_table2
-from mpt_lab.experiments._precision import RECIPES, RecipeRun, shift_eps
 from mpt_lab.formats import FP16, round_to
 from mpt_lab.models.lstm import LSTMLanguageModel, build_lstm_lm
+from mpt_lab.recipes import LOSS_SCALING
 from mpt_lab.simulate import simulate, to_float32
+from mpt_lab.training import RecipeRun, shift_eps
 
 
 # ------------------------------------------------------------------------------------------------- corpus
@@ -149,7 +150,7 @@ def test_arm_arguments():
         RecipeRun("fp16", "cpu", grad_shift=-1)
     with pytest.raises(ValueError, match="eps"):
         shift_eps(torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=0.1), 3)
-    assert RecipeRun("fp16_static", "cpu", static_scale=8).label() == "mixed FP16, loss scale 8"
+    assert RecipeRun("fp16_static", "cpu", static_scale=8).label() == "FP16, static loss scale 8"
     assert not RecipeRun("fp16", "cpu").real_fp16 and RecipeRun("fp16", "cpu", simulate_on_cpu=False).real_fp16
 
 
@@ -260,20 +261,20 @@ def lstm_quick():
 
 def test_biglstm_quick_reproduces_figure_1(lstm_quick, tmp_path):
     r = lstm_quick
-    assert set(r.arms) == {"fp32", "fp16", "fp16_static"} and not r.real_fp16
+    assert set(r.arms) == {"fp32", "fp16_unscaled", "fp16_static"} and not r.real_fp16
     assert r.config["grad_shift"] == r.grad_shift == 11 and biglstm.equivalent_shift(r.vocab_size, 16 * 16) == 2
-    fp32, fp16, static = (r.final(a) for a in ("fp32", "fp16", "fp16_static"))
+    fp32, fp16, static = (r.final(a) for a in ("fp32", "fp16_unscaled", "fp16_static"))
     # what chapter 8 claims for the quick profile: without loss scaling the loss falls behind (and rises),
     # with a loss scale of 128 it matches FP32
     assert fp16 > fp32 + 1.0
     assert abs(static - fp32) < 0.05
-    losses = r.arms["fp16"]["losses"]
+    losses = r.arms["fp16_unscaled"]["losses"]
     assert sum(losses[-20:]) / 20 > min(sum(losses[i:i + 20]) / 20 for i in range(0, len(losses) - 20, 20)) + 0.5
-    assert r.final("fp16", "ppl") > 2 * r.final("fp32", "ppl")
+    assert r.final("fp16_unscaled", "ppl") > 2 * r.final("fp32", "ppl")
     # the reason: without scaling nearly all activation-gradient values underflow to zero; S = 128 keeps
     # more of them (the ones still lost are too small to matter); FP32 has no zeros
     z = {a: r.arms[a]["evals"][-1]["zero_share"] for a in r.arms}
-    assert z["fp16"] > 0.9 and z["fp16_static"] < z["fp16"] - 0.05 and z["fp32"] < 0.01
+    assert z["fp16_unscaled"] > 0.9 and z["fp16_static"] < z["fp16_unscaled"] - 0.05 and z["fp32"] < 0.01
     assert r.arms["fp32"]["evals"][-1]["fp16_underflow"] > 0.9       # what FP16 would have lost
     assert not r.arms["fp16_static"]["skipped"] and set(r.arms["fp16_static"]["scales"]) == {128.0}
     back = biglstm.BigLSTMResult.load(r.save(tmp_path / "r.json"))
@@ -284,13 +285,13 @@ def test_biglstm_quick_reproduces_figure_1(lstm_quick, tmp_path):
     sweep = r.sweep
     assert sweep["fp32"] == pytest.approx(fp32) and sweep["equivalent_shift"] == 2
     k = str(r.grad_shift)
-    assert sorted(sweep["fp16"], key=int) == ["0", "6", k] and abs(sweep["fp16"]["0"] - fp32) < 0.05
-    assert sweep["fp16"][k] == pytest.approx(fp16)                # the main run joins the sweep at its shift
-    assert sweep["fp16"]["6"] > sweep["fp16"]["0"] and sweep["zero_share"]["6"] > 0.5 > sweep["zero_share"]["0"]
-    assert sweep["fp16"]["6"] - fp32 < 0.1 and sweep["fp16"][k] - fp32 > 0.5
+    assert sorted(sweep["fp16_unscaled"], key=int) == ["0", "6", k] and abs(sweep["fp16_unscaled"]["0"] - fp32) < 0.05
+    assert sweep["fp16_unscaled"][k] == pytest.approx(fp16)                # the main run joins the sweep at its shift
+    assert sweep["fp16_unscaled"]["6"] > sweep["fp16_unscaled"]["0"] and sweep["zero_share"]["6"] > 0.5 > sweep["zero_share"]["0"]
+    assert sweep["fp16_unscaled"]["6"] - fp32 < 0.1 and sweep["fp16_unscaled"][k] - fp32 > 0.5
     # on the way both FP16 runs run ahead of FP32 (running means of 20 steps, as chapter 8 draws and asserts)
     curve = {a: figures.running_mean(r.arms[a]["losses"], 20)[1] for a in r.arms}
-    assert (curve["fp16"] - curve["fp32"]).min() < 0 < (curve["fp16"] - curve["fp32"])[-1]
+    assert (curve["fp16_unscaled"] - curve["fp32"]).min() < 0 < (curve["fp16_unscaled"] - curve["fp32"])[-1]
     assert (curve["fp16_static"] - curve["fp32"]).min() < 0
     with pytest.raises(ValueError, match="arm"):
         r.final("bf16")
@@ -299,8 +300,8 @@ def test_biglstm_quick_reproduces_figure_1(lstm_quick, tmp_path):
 def test_biglstm_config_errors():
     with pytest.raises(TypeError):
         biglstm.run(ssd_table2.Config())
-    with pytest.raises(ValueError, match="arms"):
-        biglstm.run(dataclasses.replace(biglstm.config_for("quick"), arms=("fp8",)))
+    with pytest.raises(ValueError, match="recipes"):
+        biglstm.run(dataclasses.replace(biglstm.config_for("quick"), recipes=("fp8",)))
     with pytest.raises(ValueError, match="grad_shift"):
         biglstm.run(dataclasses.replace(biglstm.config_for("quick"), grad_shift=-2))
     with pytest.raises(ValueError, match="sweep_shifts"):
@@ -314,8 +315,8 @@ def test_ssd_table2_quick_reproduces_table_2(tmp_path):
     r = ssd_table2.run(ssd_table2.config_for("quick"), progress=False)
     # the ordering chapter 8 claims for the quick profile: without loss scaling the detector falls behind
     # (its loss ends above FP32's and its mAP below); with the paper's loss scale of 8 it stays with FP32
-    assert r.diverged("fp16") or r.final_loss("fp16") > r.final_loss("fp32") + 1.0
-    assert r.final_map("fp16") < r.final_map("fp32") - 0.1
+    assert r.diverged("fp16_unscaled") or r.final_loss("fp16_unscaled") > r.final_loss("fp32") + 1.0
+    assert r.final_map("fp16_unscaled") < r.final_map("fp32") - 0.1
     assert abs(r.final_loss("fp16_static") - r.final_loss("fp32")) < 0.1
     assert not r.diverged("fp32") and not r.diverged("fp16_static")
     fp32_median = r.arms["fp32"]["evals"][-1]["median_log2"]
@@ -323,7 +324,7 @@ def test_ssd_table2_quick_reproduces_table_2(tmp_path):
     back = ssd_table2.SSDTable2Result.load(r.save(tmp_path / "t.json"))
     assert back == r and "76.9" in figures.divergence_table(back, paper=ssd_table2.PAPER["Multibox SSD"])
     with pytest.raises(ValueError, match="arm"):
-        r.final_map("fp16_dynamic")
+        r.final_map("fp16")
 
 
 # ------------------------------------------------------------------- Figure 1 at natural scale (no shift)
@@ -351,7 +352,7 @@ def test_the_shift_is_a_larger_batch_measured():
 def test_the_long_profile_runs_without_a_shift():
     cfg = biglstm.config_for("long")
     cfg.validate()
-    assert cfg.grad_shift == 0 and tuple(cfg.arms) == RECIPES and cfg.threads == 1
+    assert cfg.grad_shift == 0 and tuple(cfg.recipes) == LOSS_SCALING and cfg.threads == 1
     assert not cfg.sweep_shifts and cfg.valid_tokens == 0           # the whole validation split
     # tokens per batch: a word's gradient p/N underflows in FP16 for p < N · 2⁻²⁵ = 2⁻⁹, with no shift
     n = cfg.batch_size * cfg.bptt
@@ -363,7 +364,7 @@ def test_the_long_profile_runs_without_a_shift():
     # the profiles chapter 8 runs live keep their shift and sizes
     assert biglstm.config_for("cpu").grad_shift == 11 and biglstm.config_for("cpu").max_vocab == 4000
     assert biglstm.config_for("cpu").sweep_shifts == (0, 6, 7, 8, 9, 10)       # with its own k = 11: every k from 6
-    assert biglstm.config_for("cpu").arms == ("fp32", "fp16", "fp16_static")
+    assert biglstm.config_for("cpu").recipes == ("fp32", "fp16_unscaled", "fp16_static")
 
 
 def test_the_saved_long_result_is_figure_1_without_a_shift():
@@ -372,18 +373,17 @@ def test_the_saved_long_result_is_figure_1_without_a_shift():
         pytest.skip("book/results/biglstm_long.json is not saved yet")
     assert r.provenance["command"] == ("python -m mpt_lab.experiments.biglstm --profile long "
                                        "--out book/results/biglstm_long.json")
-    assert r.config["grad_shift"] == 0 and r.grad_shift == 0 and set(r.arms) == set(RECIPES) and not r.real_fp16
+    assert r.config["grad_shift"] == 0 and r.grad_shift == 0 and set(r.arms) == set(LOSS_SCALING) and not r.real_fp16
     assert r.provenance["config"] == r.config and r.provenance["date"] and r.provenance["versions"]["torch"]
     fp32 = r.final("fp32")
-    assert abs(r.final("fp16_static") - fp32) < 0.1 and abs(r.final("fp16_dynamic") - fp32) < 0.1
+    assert abs(r.final("fp16_static") - fp32) < 0.1 and abs(r.final("fp16") - fp32) < 0.1
 
 
 # ------------------------------------------------------------------------------------------ the shift, drawn
 def test_plot_gradient_shift_draws_the_three_stages():
     """The diagram of the gradient shift (issue 26, item 18): the measured histogram, shifted by k, then scaled by
     S; each panel says what FP16 would lose, from the package's own counts."""
-    from mpt_lab.experiments.lm_gradient_scale import lost_share
-    from mpt_lab.histogram import log2_histogram
+    from mpt_lab.histogram import log2_histogram, lost_share
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(50_000, generator=g) * 2.0 ** -14 * torch.exp2(3 * torch.randn(50_000, generator=g))

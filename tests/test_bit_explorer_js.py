@@ -34,7 +34,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from browser import ROOT, offline_browser, skip_reason
 from conftest import subprocess_env
 

@@ -4,13 +4,12 @@ fail them: on a CPU with oneDNN float16 kernels (AVX-512 FP16, AMX) the subproce
 on an AMD EPYC; on a CPU without them, where the oneDNN path cannot be forced, it takes ATen's scalar kernels."""
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
-
 from conftest import ROOT, subprocess_env
+
 from mpt_lab import device
 
 PROBE = "import json, mpt_lab.device as d; k = d.cpu_kernels(); print(json.dumps(k.__dict__))"

@@ -21,13 +21,13 @@ def test_bench_uses_cuda_events_and_the_allocator():
 
 
 def test_precision_arm_runs_real_fp16_autocast_on_cuda():
-    from mpt_lab.experiments._precision import RecipeRun
     from mpt_lab.models import digits_mlp
+    from mpt_lab.training import RecipeRun
 
     model = digits_mlp(32, seed=0).cuda()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     x, y = torch.randn(16, 64, device="cuda"), torch.randint(0, 10, (16,), device="cuda")
-    arm = RecipeRun("fp16_dynamic", "cuda")
+    arm = RecipeRun("fp16", "cuda")
     assert arm.real_fp16
     seen = {}
 
@@ -73,13 +73,13 @@ def test_default_profile_is_full_on_cuda(monkeypatch):
 
 
 def test_preflight_every_cuda_path_passes():
-    from mpt_lab import device
+    from mpt_lab.harness import preflight
 
-    rows = device.run_checks("cuda", echo=lambda line: None)
+    rows = preflight.run_checks("cuda", echo=lambda line: None)
     failed = [(r["name"], r["detail"]) for r in rows if r["status"] == "FAILED"]
     assert not failed, failed
     assert {r["name"]: r["status"] for r in rows}["CUDA-event timing"] == "ok"
-    assert device.preflight(echo=lambda line: None) == 0
+    assert preflight.preflight(echo=lambda line: None) == 0
 
 
 def test_every_full_configuration_runs_as_a_smoke_run_on_cuda(tmp_path, capsys):

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from mpt_lab.data import (CLASS_NAMES, NUM_CLASSES, TEST_GLYPHS, TRAIN_GLYPHS, DigitsDetection, collate_fn)
+from mpt_lab.data import CLASS_NAMES, NUM_CLASSES, TEST_GLYPHS, TRAIN_GLYPHS, DigitsDetection, collate_fn
 from mpt_lab.data import digits_detection as dd
 
 

@@ -140,7 +140,6 @@ def test_4_2_pure_fp16_weight_stalls():
 
 
 def test_chapter4_naive_threshold_fails_on_ties():
-    import numpy as np
 
     from mpt_lab import formats as F
 
@@ -536,12 +535,11 @@ def test_8_2_safe_softmax():
 
 def test_new_reference_solutions_call_the_package(monkeypatch):
     """5.1, 6.1, 6.2 and 8.2's references (and their checks) ask the package instead of re-implementing it."""
-    from mpt_lab import autocast, master_weights
-    from mpt_lab.experiments import gat_amp, memory_tradeoffs
+    from mpt_lab import autocast, bench, master_weights
+    from mpt_lab.models import gat
 
     calls = []
-    for module, name in ((autocast, "probe_autocast"), (memory_tradeoffs, "checkpoint_bytes"),
-                         (gat_amp, "attention_overflow")):
+    for module, name in ((autocast, "probe_autocast"), (bench, "checkpoint_bytes"), (gat, "attention_overflow")):
         real = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *a, real=real, name=name, **k: calls.append(name) or real(*a, **k))
     real_mpp = master_weights.MasterWeightTrainer.memory_per_parameter
@@ -619,12 +617,10 @@ def test_worked_solutions_of_chapters_6_to_8_state_what_holds():
     import torch
 
     from mpt_lab import formats as F
-    from mpt_lab.autocast import RECIPE_OPS
+    from mpt_lab.autocast import RECIPE_OPS, autocast_lists
     from mpt_lab.experiments.biglstm import BIGLSTM
 
     # 6.1: each op's verdict in the reasoning is the probed dtype; the lists it names are the installed ones
-    from mpt_lab.autocast import autocast_lists
-
     truth = E.solution("6.1")
     worked = E.EXERCISES["6.1"].worked
     for expr, ops in (("`F.elu(x)`", ["elu"]), ("`torch.expm1(x)`", ["expm1"]), ("`x.mean()`", ["mean"]),
@@ -670,8 +666,8 @@ def test_worked_solutions_of_chapters_6_to_8_state_what_holds():
 # ------------------------------------------------------------------------------------------------------------
 def test_9_exercises_follow_the_summation_order(monkeypatch):
     """9.1–9.3: the answers come from the ring and tree simulations; classic mistakes fail."""
+    from mpt_lab import collectives
     from mpt_lab import formats as F
-    from mpt_lab.experiments import distributed
 
     assert E.list_exercises(10) == ["10.1", "10.2", "10.3"]
     assert E.solution("10.1") == (1.0 + 2.0 ** -7, 1.0)                # the ring keeps the small values, the tree not
@@ -685,7 +681,7 @@ def test_9_exercises_follow_the_summation_order(monkeypatch):
 
     def ring_sum_wrong_way(values, fmt):                               # NCCL's direction: the other order
         x = [float(F.round_to(v, fmt)) for v in values]
-        order = distributed.ring_order(len(x), 0, direction=1)
+        order = collectives.ring_order(len(x), 0, direction=1)
         acc = x[order[0]]
         for r in order[1:]:
             acc = float(F.round_to(acc + x[r], fmt))
@@ -693,7 +689,7 @@ def test_9_exercises_follow_the_summation_order(monkeypatch):
 
     def ring_sum(values, fmt):                                         # a student's correct answer
         x = [float(F.round_to(v, fmt)) for v in values]
-        order = distributed.ring_order(len(x), 0)
+        order = collectives.ring_order(len(x), 0)
         acc = x[order[0]]
         for r in order[1:]:
             acc = float(F.round_to(acc + x[r], fmt))
@@ -702,8 +698,6 @@ def test_9_exercises_follow_the_summation_order(monkeypatch):
     assert not E.check("10.2", ring_sum_in_float64) and not E.check("10.2", ring_sum_wrong_way)
     assert E.check("10.2", ring_sum)
     calls = []
-    from mpt_lab import collectives
-
     for name in ("ring_allreduce", "tree_allreduce"):
         real = getattr(collectives, name)
         monkeypatch.setattr(collectives, name,
@@ -745,7 +739,8 @@ def test_10_hints_do_not_give_the_answer(ex_id):
 
 
 def test_10_1_shared_exponents_come_from_quantize_mx(monkeypatch):
-    from mpt_lab import formats as F, microscaling
+    from mpt_lab import formats as F
+    from mpt_lab import microscaling
 
     k8, k4, stored = E.solution("11.1")
     assert (k8, k4) == (2 - F.FP8_E4M3.emax, 2 - F.FP4_E2M1.emax)      # amax 5.5 lies in [2^2, 2^3)

@@ -4,14 +4,18 @@ experiments end to end: ssd_histogram, loss_scaling, master_weights_stall."""
 import dataclasses
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
 
 from mpt_lab import experiments
-from mpt_lab.experiments import runner, load_json, loss_scaling, master_weights_stall, save_json, ssd_histogram
+from mpt_lab.experiments import load_json, loss_scaling, master_weights_stall, save_json, ssd_histogram
 from mpt_lab.experiments.__main__ import main as experiments_main
 from mpt_lab.experiments.ssd_histogram import Config, SSDHistogramResult
+from mpt_lab.harness import runner
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 # ------------------------------------------------------------------------------------------------- the runner
@@ -19,7 +23,7 @@ def test_every_experiment_is_registered_with_its_profiles():
     for name in experiments.NAMES:
         e = experiments.get(name)
         assert e.name == name and e.Result.NAME == name
-        assert set(e.profiles) <= set(experiments.PROFILES) and {"quick", "cpu", "full"} <= set(e.profiles)
+        assert set(e.profiles) <= set(experiments.RUN_PROFILES) and {"quick", "cpu", "full"} <= set(e.profiles)
         for p in e.profiles:
             cfg = e.config_for(p)
             assert cfg.profile == p
@@ -257,14 +261,30 @@ def test_master_weights_stall_experiment(tmp_path):
     assert master_weights_stall.StallResult.from_dict(d).underflowed == []
 
 
-def test_swamped_fraction():
-    from mpt_lab.experiments.master_weights_stall import swamped_fraction
+# ------------------------------------------------------------------------------------------- saved results
+def _saved_results():
+    return sorted(p for p in runner.results_dir().glob("*.json") if not p.name.startswith("gpu_slot_"))
 
-    w = torch.tensor([1.0, 1.0, 1.0, 1024.0, 1025.0])
-    u = torch.tensor([2.0**-11, 2.0**-10, 0.0, 0.5, 0.5])   # tie (lost), survives, zero (ignored), tie to even (lost), survives
-    assert swamped_fraction(w, u) == 2 / 4
-    assert math.isnan(swamped_fraction(w, torch.zeros(5)))
-    with pytest.raises(ValueError):
-        swamped_fraction(w, torch.zeros(3))
-    with pytest.raises(TypeError):
-        swamped_fraction([1.0], [1.0])
+
+@pytest.mark.parametrize("path", _saved_results(), ids=lambda p: p.name)
+def test_every_saved_result_loads(path):
+    """Every result under book/results/ still loads: an experiment's with its Result class, in today's names (old
+    Config fields and recipe names mapped when read: ``arms``/``precisions`` → ``recipes``, the divergence
+    results' "fp16" → "fp16_unscaled"); a benchmark's (``benchmarks/NAME.py``) as the JSON its figures read."""
+    from mpt_lab.recipes import RECIPES
+
+    name = path.stem.rpartition("_")[0]
+    if name in experiments.NAMES:
+        r = experiments.get(name).Result.load(path)
+        assert r.provenance.get("command") and isinstance(r.config, dict) and r.describe()
+        fields = {f.name for f in dataclasses.fields(experiments.get(name).Config)}
+        if "recipes" in fields:
+            assert not {"arms", "precisions"} & set(r.config), f"{path.name}: an old Config field was not renamed"
+        assert r.provenance.get("config", r.config) == r.config
+        if "recipes" in r.config:
+            assert set(r.config["recipes"]) <= set(RECIPES), f"{path.name}: a recipe the registry does not know"
+        return
+    d = load_json(path)
+    script = d.get("experiment", name)
+    assert (ROOT / "benchmarks" / f"{script}.py").exists(), f"{path.name}: neither an experiment's nor a benchmark's"
+    assert isinstance(d.get("provenance"), dict) and d["provenance"].get("command"), path.name

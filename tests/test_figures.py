@@ -12,7 +12,8 @@ from matplotlib.figure import Figure
 
 from mpt_lab import figures
 from mpt_lab import formats as F
-from mpt_lab.experiments import loss_scaling, runner
+from mpt_lab.experiments import loss_scaling
+from mpt_lab.harness import runner
 from mpt_lab.histogram import log2_histogram
 
 
@@ -53,7 +54,7 @@ def test_ulp_fixed_and_accumulation():
         figures.plot_ulp(["FP17"])
     fig = figures.plot_fixed_vs_float()
     _check_axes(fig)
-    envelope = [l for l in fig.axes[0].get_lines() if l.get_label().startswith("FP16: largest error")]
+    envelope = [line for line in fig.axes[0].get_lines() if line.get_label().startswith("FP16: largest error")]
     x, y = envelope[0].get_xdata(), envelope[0].get_ydata()
     assert len(envelope) == 1 and np.max(y[x >= 2.0 ** -14]) == 2.0 ** -11    # normal range: the tops reach 2^-11
     traj = {"a": 1 + 1e-4 * np.arange(11), "b": np.ones((11, 4))}
@@ -192,8 +193,8 @@ def test_histogram_table_cites_each_source_and_scales_over_every_gradient():
 def test_losses_reference_panel_and_master_weight_loop():
     """plot_losses(reference=...) adds a difference panel; the master-weight loop diagram colours each box by the
     dtype a real train_step recorded (issue 26, items 16 and 18)."""
-    from matplotlib.patches import FancyBboxPatch
     from matplotlib.colors import to_hex
+    from matplotlib.patches import FancyBboxPatch
 
     from mpt_lab.figures._base import FORMAT_COLORS
     from mpt_lab.master_weights import MasterWeightTrainer

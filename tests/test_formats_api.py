@@ -14,9 +14,29 @@ import pytest
 import torch
 
 from mpt_lab import formats as F
-from mpt_lab.formats import (BF16, E8M0, FORMATS, FP4_E2M1, FP6_E2M3, FP6_E3M2, FP8_E4M3, FP8_E5M2, FP16, FP32,
-                             FP64, TF32, FloatFormat, compose, decode, decompose, encode, get_format, round_to,
-                             ulp, values)
+from mpt_lab.formats import (
+    BF16,
+    E8M0,
+    FORMATS,
+    FP4_E2M1,
+    FP6_E2M3,
+    FP6_E3M2,
+    FP8_E4M3,
+    FP8_E5M2,
+    FP16,
+    FP32,
+    FP64,
+    TF32,
+    FloatFormat,
+    compose,
+    decode,
+    decompose,
+    encode,
+    get_format,
+    round_to,
+    ulp,
+    values,
+)
 
 torch.set_num_threads(1)
 

@@ -35,8 +35,22 @@ import numpy as np
 import pytest
 import torch
 
-from mpt_lab.formats import (BF16, E8M0, FP4_E2M1, FP6_E2M3, FP6_E3M2, FP8_E4M3, FP8_E5M2, FP16, FP32, FP64,
-                             TF32, decode, encode, round_to)
+from mpt_lab.formats import (
+    BF16,
+    E8M0,
+    FP4_E2M1,
+    FP6_E2M3,
+    FP6_E3M2,
+    FP8_E4M3,
+    FP8_E5M2,
+    FP16,
+    FP32,
+    FP64,
+    TF32,
+    decode,
+    encode,
+    round_to,
+)
 
 torch.set_num_threads(1)
 
@@ -114,7 +128,7 @@ class _Grid:
     overflow: float  # value of a (positive) overflow without saturation: inf, nan or max
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def grid(fmt) -> _Grid:
     if fmt == TF32:
         # TF32 = float32 bit patterns whose 13 low mantissa bits are zero (built here from bits, not values())
@@ -239,7 +253,7 @@ def special_points(fmt, dtype):
     return np.concatenate([p, -p, np.array([np.nan, -np.nan], dtype=dtype)])
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def inputs(fmt, dtype) -> np.ndarray:
     """The test inputs for fmt in dtype (read-only; see the module docstring)."""
     rng = np.random.default_rng(_seed("inputs", fmt.name, np.dtype(dtype).name))
@@ -474,7 +488,7 @@ def test_float64_double_rounding_cases_are_single_rounded():
 # ----------------------------------------------------------------------------------------------------------
 # 3. FP32
 # ----------------------------------------------------------------------------------------------------------
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def fp32_float64_inputs():
     rng = np.random.default_rng(_seed("fp32 from float64"))
     parts = [random_bits(rng, N_RANDOM, np.float64),
@@ -550,7 +564,7 @@ def tf32_reference(x32, rounding="nearest_even"):
     return (r | sign).astype(np.uint32).view(np.float32)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def tf32_inputs():
     rng = np.random.default_rng(_seed("tf32"))
     x = inputs(TF32, np.float32)
@@ -977,7 +991,7 @@ def _force_path(monkeypatch, path):
         monkeypatch.setattr(F, "_numpy_backend", lambda t: False)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _ref(fmt, dtype, rounding, saturate):
     x = _without_nan_if_needed(inputs(fmt, dtype), fmt)
     return ref_round(x, fmt, rounding, saturate).astype(dtype)

@@ -38,11 +38,27 @@ import torch
 from torch import nn
 
 from mpt_lab import formats as F
-from mpt_lab.microscaling import (HADAMARD_BLOCK_SIZE, NVFP4Tensor, RandomHadamard, fake_quantize_mx,
-                                  fake_quantize_nvfp4, hadamard_matrix, quantize_mx, quantize_nvfp4,
-                                  quantize_per_tensor)
-from mpt_lab.quantized_training import (TRAINING_RECIPES, GemmQuant, GemmRecipe, OperandQuant, Quantizer,
-                                        TrainingRecipe, four_bit_recipe, quantize_linears_)
+from mpt_lab.microscaling import (
+    HADAMARD_BLOCK_SIZE,
+    NVFP4Tensor,
+    RandomHadamard,
+    fake_quantize_mx,
+    fake_quantize_nvfp4,
+    hadamard_matrix,
+    quantize_mx,
+    quantize_nvfp4,
+    quantize_per_tensor,
+)
+from mpt_lab.quantized_training import (
+    TRAINING_RECIPES,
+    GemmQuant,
+    GemmRecipe,
+    OperandQuant,
+    Quantizer,
+    TrainingRecipe,
+    four_bit_recipe,
+    quantize_linears_,
+)
 
 U32 = 2.0 ** -24
 
@@ -476,7 +492,8 @@ def test_recipe_without_ingredients_is_the_nvfp4_recipe_bit_for_bit():
     x = outlier_matrix(40, 64, 8)
     results = []
     for recipe in ("nvfp4", four_bit_recipe(hadamard=False, weights_2d=False, stochastic_gradients=False)):
-        m = nn.Sequential(*(nn.Linear(l.in_features, l.out_features) if isinstance(l, nn.Linear) else l for l in model))
+        m = nn.Sequential(*(nn.Linear(layer.in_features, layer.out_features) if isinstance(layer, nn.Linear) else layer
+                            for layer in model))
         m.load_state_dict(model.state_dict())
         quantize_linears_(m, recipe)
         xx = x.clone().requires_grad_()
@@ -559,7 +576,7 @@ def test_per_gemm_recipes_refuse_bad_arguments():
 
 
 def test_benchmark_script_runs_and_reports_every_case(tmp_path):
-    """The speed benchmark runs at a tiny size (no timing asserted: DESIGN.md) and records what it timed."""
+    """The speed benchmark runs at a tiny size (no timing asserted: ARCHITECTURE.md) and records what it timed."""
     import json
 
     from conftest import load_benchmark

@@ -11,10 +11,9 @@ from matplotlib.figure import Figure
 
 from mpt_lab.data import kjv_characters
 from mpt_lab.experiments import fp8_recipes
-from mpt_lab.models import CharTransformerLM
 from mpt_lab.microscaling import one_scale_vs_per_tensor
+from mpt_lab.models import CharTransformerLM
 from mpt_lab.quantized_training import TRAINING_RECIPES, hardware_fp8_available
-
 
 # ----------------------------------------------------------------------------------------------------------
 # the experiment end to end
@@ -200,8 +199,6 @@ def test_char_transformer():
         CharTransformerLM(10, 30, 1, 4, 8)
     with pytest.raises(ValueError, match="dim"):
         CharTransformerLM(10, 0, 1, 1, 8)
-    assert fp8_recipes.lr_factor(0, 100) == pytest.approx(0.1) and fp8_recipes.lr_factor(9, 100) == 1.0
-    assert fp8_recipes.lr_factor(100, 100) == pytest.approx(0.1)
 
 
 @pytest.mark.skipif(not hardware_fp8_available(), reason="needs a CUDA GPU with FP8 tensor cores (capability ≥ 8.9)")

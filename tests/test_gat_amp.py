@@ -9,6 +9,7 @@ import torch
 from mpt_lab import figures
 from mpt_lab.autocast import GRAPH_OPS, probe_autocast
 from mpt_lab.experiments import gat_amp as ga
+from mpt_lab.models import gat
 
 
 @pytest.fixture(scope="module")
@@ -126,18 +127,18 @@ def test_autocast_policy_cpu_and_cuda():
 
 
 def test_attention_overflow_in_fp16():
-    assert ga.FP16_EXP_LIMIT == pytest.approx(math.log(65504))
-    d = ga.attention_overflow([0.0, 5.0, 11.0, 12.0])
+    assert gat.FP16_EXP_LIMIT == pytest.approx(math.log(65504))
+    d = gat.attention_overflow([0.0, 5.0, 11.0, 12.0])
     assert math.isfinite(d["exp_fp16"][2]) and math.isinf(d["exp_fp16"][3])     # 11 < ln 65504 < 12
     assert any(math.isnan(v) for v in d["naive_fp16"])                           # inf / inf
     assert d["max_subtracted_dtype"] == "float16"
     for a, b in zip(d["max_subtracted_fp16"], d["fp32"]):
         assert abs(a - b) <= 2 ** -10 * max(b, 2 ** -14) * 4 + 1e-7
     with pytest.raises(TypeError, match="logits"):
-        ga.attention_overflow([[1.0, 2.0]])
+        gat.attention_overflow([[1.0, 2.0]])
 
 
-@pytest.mark.parametrize("field, value", [("epochs", 2), ("heads", ()), ("precisions", ("fp8",)), ("lr", -1.0),
+@pytest.mark.parametrize("field, value", [("epochs", 2), ("heads", ()), ("recipes", ("fp8",)), ("lr", -1.0),
                                           ("num_nodes", 0)])
 def test_bad_config(field, value):
     cfg = ga.config_for("quick")

@@ -6,8 +6,8 @@ import math
 
 import pytest
 import torch
-
 from conftest import load_benchmark
+
 from mpt_lab import bench
 from mpt_lab.experiments import load_json
 
@@ -90,7 +90,7 @@ def test_datasheet_names_the_gpu_and_its_dense_peaks():
     assert h100["fp16"] == h200["fp16"] == 989.5 and h100["fp32"] == 67.0 and h100["fp8"] == 2 * h100["fp16"]
     assert (h100["hbm_tb_s"], h200["hbm_tb_s"]) == (3.35, 4.8) and "dense" in h100["source"]
     assert bench.datasheet_peaks("NVIDIA H100 PCIe") is None and bench.datasheet_peaks("CPU: AMD EPYC") is None
-    from mpt_lab.experiments import budget
+    from mpt_lab.harness import budget
     assert {k: h100[k] for k in ("fp32", "tf32", "fp16", "fp8", "hbm_tb_s")} == budget.H100   # one set of figures
 
 

@@ -15,13 +15,12 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from mpt_lab import device as dev
-from mpt_lab import experiments
-from mpt_lab.experiments import budget, runner, slot
-from mpt_lab.experiments.__main__ import main as experiments_main
-
 from conftest import load_benchmark
+
+from mpt_lab import experiments
+from mpt_lab.experiments.__main__ import main as experiments_main
+from mpt_lab.harness import budget, runner, slot
+from mpt_lab.harness import preflight as pre
 
 ROOT = Path(__file__).resolve().parents[1]
 FULL = [n for n in experiments.NAMES if "full" in experiments.get(n).profiles]
@@ -30,7 +29,7 @@ FULL = [n for n in experiments.NAMES if "full" in experiments.get(n).profiles]
 # ------------------------------------------------------------------------------------------- the priority table
 def test_every_full_profile_has_a_row_a_smoke_run_and_the_seeds_fit_the_first_slot():
     missing = [n for n in FULL if n not in budget.ESTIMATES]
-    assert not missing, (f"{missing} have a full profile but no row in mpt_lab.experiments.budget.ESTIMATES: add an "
+    assert not missing, (f"{missing} have a full profile but no row in mpt_lab.harness.budget.ESTIMATES: add an "
                          "Estimate (priority, FLOPs, bytes, operators, host seconds, basis) for each")
     no_smoke = [n for n in FULL if experiments.get(n).smoke is None]
     assert not no_smoke, f"{no_smoke} have a full profile but no smoke overrides (Experiment(..., smoke=SMOKE))"
@@ -253,7 +252,7 @@ def test_an_experiment_stopped_at_its_deadline_keeps_the_arms_it_finished(tmp_pa
         return (seen_steps.append(i) or i for i in inner)
     monkeypatch.setattr(runner.Run, "bar", bar)
     cfg = dataclasses.replace(biglstm.config_for("quick"), steps=6, eval_every=3, hist_every=2, sweep_shifts=(),
-                              arms=("fp32", "fp16"), valid_tokens=500)
+                              recipes=("fp32", "fp16_unscaled"), valid_tokens=500)
     partial = tmp_path / "biglstm_quick.partial.json"
     with pytest.raises(runner.DeadlineReached) as stop:
         biglstm.run(cfg, progress=False, deadline=1500.0, partial=partial)
@@ -263,12 +262,12 @@ def test_an_experiment_stopped_at_its_deadline_keeps_the_arms_it_finished(tmp_pa
     assert len(kept["arms"]["fp32"]["losses"]) == 6 and kept["arms"]["fp32"]["evals"][-1]["step"] == 6
     assert kept["provenance"]["partial"]["arms_done"] == ["fp32"] and "deadline" in kept["provenance"]["partial"][
         "stopped"]
-    assert kept["config"]["arms"] == ["fp32", "fp16"] and kept["provenance"]["backends"]["cudnn_allow_tf32"] in (
+    assert kept["config"]["recipes"] == ["fp32", "fp16_unscaled"] and kept["provenance"]["backends"]["cudnn_allow_tf32"] in (
         True, False)
     assert seen_steps == [1, 2, 3, 4, 5, 6]        # the second arm stopped before its first step
     # without a deadline the run finishes and the partial file is removed
     monkeypatch.setattr(runner.Run, "arm_done", real)
-    r = biglstm.run(dataclasses.replace(cfg, arms=("fp32",), steps=2, eval_every=2), progress=False, partial=partial)
+    r = biglstm.run(dataclasses.replace(cfg, recipes=("fp32",), steps=2, eval_every=2), progress=False, partial=partial)
     assert not partial.exists() and list(r.arms) == ["fp32"] and r.provenance["backends"]
 
 
@@ -289,7 +288,8 @@ def test_all_stops_at_its_deadline_and_the_slot_archive_keeps_the_partial(tmp_pa
         {"experiment": "biglstm", "partial": True, "config": {"profile": "full"}, "arms": {"fp32": {}},
          "provenance": {"profile": "full", "partial": {"arms_done": ["fp32"]}}}))
     archive = slot.pack(work, tmp_path / "a.tar.gz")
-    assert slot.unpack(archive, tmp_path / "into") == [] and not (tmp_path / "into" / "biglstm_full.json").exists()
+    assert slot.unpack(archive, tmp_path / "into", experiments=experiments) == []
+    assert not (tmp_path / "into" / "biglstm_full.json").exists()
     assert slot.partials(archive) == [("results/biglstm_full.partial.json", "biglstm", ["fp32"])]
     assert experiments_main(["--unpack", str(archive), "--into", str(tmp_path / "into")]) == 0
     assert "kept in the archive, not copied: results/biglstm_full.partial.json" in capsys.readouterr().out
@@ -321,18 +321,18 @@ def test_every_full_configuration_runs_end_to_end_as_a_smoke_run(tmp_path, capsy
 def test_preflight_on_a_cpu_says_there_is_no_cuda(capsys):
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA: tests/test_cuda.py runs the preflight")
-    assert dev.main(["--preflight"]) == 0
+    assert pre.main([]) == 0
     out = capsys.readouterr().out
     assert "no CUDA device" in out and "torch " in out
-    proc = subprocess.run([sys.executable, "-m", "mpt_lab.device", "--preflight"], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "mpt_lab.harness.preflight"], capture_output=True, text=True,
                           cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
     assert proc.returncode == 0 and "no CUDA device" in proc.stdout
 
 
 def test_preflight_checks_that_a_cpu_has_pass_and_a_failure_is_reported():
     lines = []
-    rows = dev.run_checks("cpu", echo=lines.append)
-    assert [r["name"] for r in rows] == [c.name for c in dev.PREFLIGHT_CHECKS] and len(lines) == len(rows)
+    rows = pre.run_checks("cpu", echo=lines.append)
+    assert [r["name"] for r in rows] == [c.name for c in pre.PREFLIGHT_CHECKS] and len(lines) == len(rows)
     bad = [r for r in rows if r["status"] == "FAILED"]
     assert not bad, bad
     status = {r["name"]: r["status"] for r in rows}
@@ -348,7 +348,7 @@ def test_preflight_checks_that_a_cpu_has_pass_and_a_failure_is_reported():
     def broken(device):
         raise RuntimeError("planted\nsecond line")
 
-    rows = dev.run_checks("cpu", checks=(dev.Check("broken", broken, "-"), dev.PREFLIGHT_CHECKS[0]),
+    rows = pre.run_checks("cpu", checks=(pre.Check("broken", broken, "-"), pre.PREFLIGHT_CHECKS[0]),
                           echo=lines.append)
     assert rows[0]["status"] == "FAILED" and rows[0]["detail"] == "RuntimeError: planted" and rows[1]["status"] == "ok"
 
@@ -356,31 +356,31 @@ def test_preflight_checks_that_a_cpu_has_pass_and_a_failure_is_reported():
 def test_preflight_runs_only_what_the_slot_needs_and_reports_a_known_limitation(monkeypatch):
     """--only: the checks whose experiments are still to run (and those every slot needs); a check that returns
     "known: ..." is a known PyTorch limitation (cuDNN's LSTM in FP16 under BF16 autocast), not a failure."""
-    names = {c.name for c in dev.needed_checks(["ssd_histogram"])}
+    names = {c.name for c in pre.needed_checks(["ssd_histogram"])}
     assert "gradient-histogram kernel on the device" in names and "PyG GATConv under autocast" not in names
-    assert {c.name for c in dev.needed_checks(["amp_recipe"])} >= {"CUDA graph of a whole training step",
+    assert {c.name for c in pre.needed_checks(["amp_recipe"])} >= {"CUDA graph of a whole training step",
                                                                   "torch.profiler kernels"}
-    assert {c.name for c in dev.needed_checks(["roofline"])} >= {"FP8 GEMMs, fast accumulation off and on",
+    assert {c.name for c in pre.needed_checks(["roofline"])} >= {"FP8 GEMMs, fast accumulation off and on",
                                                                 "GPU clocks and power"}
-    assert "allocator bytes per parameter" in {c.name for c in dev.needed_checks(["memory_per_parameter"])}
-    assert "bfloat16 autocast, LSTM" in {c.name for c in dev.needed_checks(["biglstm"])}
-    assert len(dev.needed_checks(None)) == len(dev.PREFLIGHT_CHECKS)
+    assert "allocator bytes per parameter" in {c.name for c in pre.needed_checks(["memory_per_parameter"])}
+    assert "bfloat16 autocast, LSTM" in {c.name for c in pre.needed_checks(["biglstm"])}
+    assert len(pre.needed_checks(None)) == len(pre.PREFLIGHT_CHECKS)
     every = set(experiments.NAMES) | set(budget.BENCHMARKS)
-    for c in dev.PREFLIGHT_CHECKS:
+    for c in pre.PREFLIGHT_CHECKS:
         assert set(c.needed_by) <= every, f"{c.name}: needed_by names {set(c.needed_by) - every}"
-    rows = dev.run_checks("cpu", checks=(dev.Check("known one", lambda d: "known: a limitation", "-"),),
+    rows = pre.run_checks("cpu", checks=(pre.Check("known one", lambda d: "known: a limitation", "-"),),
                           echo=lambda line: None)
     assert rows[0]["status"] == "known" and rows[0]["detail"] == "a limitation"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)          # the summary line, without a GPU
-    monkeypatch.setattr(dev, "describe", lambda d=None: "a GPU")
+    monkeypatch.setattr(pre, "describe", lambda d=None: "a GPU")
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    monkeypatch.setattr(dev, "PREFLIGHT_CHECKS", (dev.Check("known one", lambda d: "known: a limitation", "-",
+    monkeypatch.setattr(pre, "PREFLIGHT_CHECKS", (pre.Check("known one", lambda d: "known: a limitation", "-",
                                                             ("biglstm",)),
-                                                  dev.Check("other", lambda d: "fine", "-", ("gat_amp",))))
-    monkeypatch.setattr(dev, "run_checks", lambda device, checks, echo: [
+                                                  pre.Check("other", lambda d: "fine", "-", ("gat_amp",))))
+    monkeypatch.setattr(pre, "run_checks", lambda device, checks, echo: [
         {"name": c.name, "status": "known", "detail": "", "seconds": 0} for c in checks])
     lines = []
-    assert dev.preflight(echo=lines.append, only=["biglstm"]) == 0
+    assert pre.preflight(echo=lines.append, only=["biglstm"]) == 0
     assert any(line.startswith("not needed by biglstm: other") for line in lines)
     assert "known PyTorch limitations: known one" in lines[-1] and "0 failed" in lines[-1]
 
@@ -432,7 +432,7 @@ def test_pack_then_unpack_puts_the_results_in_place_byte_for_byte(slot_dir, tmp_
     assert manifest["slot"] == {"budget": 480} and manifest["provenance"]["versions"]["torch"]
     assert {r["experiment"] for r in manifest["results"]} == {"message_passing", "loss_scaling"}
     into = tmp_path / "book_results"
-    written = slot.unpack(archive, into)
+    written = slot.unpack(archive, into, experiments=experiments)
     assert sorted(p.name for p in written) == ["loss_scaling_full.json", "message_passing_full.json"]
     for p in written:
         assert p.read_bytes() == (slot_dir / "results" / p.name).read_bytes()     # provenance kept as written
@@ -490,7 +490,7 @@ def test_unpack_refuses_what_is_not_a_full_result(case, slot_dir, tmp_path):
     archive = _archive_with(tmp_path, slot_dir, name, data, manifest_ok=ok)
     into = tmp_path / "into"
     with pytest.raises(ValueError):
-        slot.unpack(archive, into)
+        slot.unpack(archive, into, experiments=experiments)
     assert not into.exists() or not list(into.iterdir())            # nothing written
     assert experiments_main(["--unpack", str(archive), "--into", str(into)]) == 2
 
@@ -505,14 +505,14 @@ def _one_member_tar(path: Path, name: str, data: bytes) -> Path:
 
 def test_unpack_refuses_unsafe_members_and_foreign_archives(tmp_path):
     with pytest.raises(ValueError, match="unsafe"):
-        slot.check_archive(_one_member_tar(tmp_path / "evil.tar.gz", "../escape.json", b"{}"))
+        slot.check_archive(_one_member_tar(tmp_path / "evil.tar.gz", "../escape.json", b"{}"), experiments=experiments)
     with pytest.raises(ValueError, match="manifest"):
-        slot.check_archive(_one_member_tar(tmp_path / "bare.tar.gz", "notes.txt", b"hi"))
+        slot.check_archive(_one_member_tar(tmp_path / "bare.tar.gz", "notes.txt", b"hi"), experiments=experiments)
     (tmp_path / "plain.txt").write_text("not a tar")
     with pytest.raises(ValueError, match="not a tar"):
-        slot.check_archive(tmp_path / "plain.txt")
+        slot.check_archive(tmp_path / "plain.txt", experiments=experiments)
     with pytest.raises(FileNotFoundError):
-        slot.check_archive(tmp_path / "missing.tar.gz")
+        slot.check_archive(tmp_path / "missing.tar.gz", experiments=experiments)
 
 
 # ------------------------------------------------------------------------------------------ the slot script
@@ -532,7 +532,7 @@ def test_slot_script_on_a_cpu_packs_its_log_and_says_there_is_no_cuda(tmp_path):
     assert {slot.MANIFEST, "slot.log", "slot_info.json"} <= set(names) and "device and versions" in log
     assert "torch" in log and "commit " in log
     assert len(list((tmp_path / "out").iterdir())) <= 8                # the device tool brings back 8 files
-    assert slot.unpack(archive, tmp_path / "none") == []              # no results: nothing to unpack
+    assert slot.unpack(archive, tmp_path / "none", experiments=experiments) == []              # no results: nothing to unpack
 
 
 def test_slot_script_runs_its_whole_path_on_a_cpu_and_its_archive_unpacks(tmp_path):
@@ -558,7 +558,7 @@ def test_slot_script_runs_its_whole_path_on_a_cpu_and_its_archive_unpacks(tmp_pa
             slot.MANIFEST} <= names and "results/ssd_histogram_full.json" not in names
     assert info["commit"] == "abc123" and info["budget_seconds"] == 20
     assert [r["status"] for r in summary["experiments"]] == ["skipped", "done"]        # priority 7 before 11
-    written = slot.unpack(archive, tmp_path / "book_results")
+    written = slot.unpack(archive, tmp_path / "book_results", experiments=experiments)
     assert [p.name for p in written] == ["message_passing_full.json"]
     r = experiments.get("message_passing").Result.load(written[0])
     assert r.profile == "full" and r.provenance["command"].startswith(

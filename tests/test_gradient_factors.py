@@ -8,8 +8,8 @@ import pytest
 
 from mpt_lab import figures
 from mpt_lab.experiments import gradient_factors as gf
-from mpt_lab.experiments.gradient_factors import Config, GradientFactorsResult, quantile_binade
-from mpt_lab.histogram import Log2Histogram
+from mpt_lab.experiments.gradient_factors import Config, GradientFactorsResult
+from mpt_lab.histogram import Log2Histogram, quantile_binade
 
 
 @pytest.fixture(scope="module")

@@ -74,7 +74,7 @@ def test_gat_shapes_dtypes_and_learning():
     g = synthetic_reddit(300, 8.0, seed=0)
     torch.manual_seed(0)
     model = GAT(602, 32, 41, (2, 2, 2))
-    assert [l.heads for l in model.layers] == [2, 2, 2]
+    assert [layer.heads for layer in model.layers] == [2, 2, 2]
     assert model.layers[1].in_channels == 64                       # hidden layers concatenate their heads
     out = model(g.x, g.edge_index)
     assert out.shape == (300, 41) and out.dtype == torch.float32

@@ -22,7 +22,6 @@ from pathlib import Path
 
 import nbformat
 import pytest
-
 from browser import ROOT, free_port, offline_browser, skip_reason
 
 from mpt_lab import widgets

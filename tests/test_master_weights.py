@@ -8,6 +8,7 @@ training is ``torch.autocast("cpu", dtype=torch.float16)`` + ``torch.amp.GradSca
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -525,3 +526,46 @@ def test_casting_the_scaled_loss_to_fp16_changes_no_gradient():
     with pytest.raises(TypeError, match="cast_scaled_loss"):
         MasterWeightTrainer(copy.deepcopy(base), lambda p: torch.optim.SGD(p, lr=0.01), nn.functional.cross_entropy,
                             cast_scaled_loss="yes")
+
+
+# ------------------------------------------------------------------------------- the swamping rule, written once
+def test_swamped_fraction():
+    from mpt_lab.master_weights import swamped_fraction
+
+    w = torch.tensor([1.0, 1.0, 1.0, 1024.0, 1025.0])
+    u = torch.tensor([2.0**-11, 2.0**-10, 0.0, 0.5, 0.5])   # tie (lost), survives, zero (ignored), tie to even (lost), survives
+    assert swamped_fraction(w, u) == 2 / 4
+    assert math.isnan(swamped_fraction(w, torch.zeros(5)))
+    with pytest.raises(ValueError):
+        swamped_fraction(w, torch.zeros(3))
+    with pytest.raises(TypeError):
+        swamped_fraction([1.0], [1.0])
+    with pytest.raises(ValueError, match="52 mantissa bits"):
+        swamped_fraction(w, u, "FP64")
+
+
+def test_swamped_is_exact_where_a_float64_sum_would_round_twice():
+    """round(w + u) == w judged on the exact sum: updates a hair (2⁻⁵⁰ relative) above and below half the gap to
+    the neighbour, whose float64 sum lands on the FP16 midpoint, against exact rational arithmetic (Fractions)."""
+    from fractions import Fraction
+
+    import numpy as np
+
+    from mpt_lab import formats
+    from mpt_lab.master_weights import swamped
+
+    ws, us = [], []
+    for w in (1.0, 1.0 + 2.0**-10, 1024.0, 1025.0, -3.0, 2.0**-14, -(2.0**-15), 3 * 2.0**-24, 65504.0):
+        for direction in (np.inf, -np.inf):
+            gap = abs(float(np.nextafter(np.float16(w), np.float16(direction))) - w)
+            if not np.isfinite(gap):                            # above FP16's largest value: no neighbour
+                continue
+            for factor in (1.0, 1 + 2.0**-50, 1 - 2.0**-50, 0.5, 3.0):
+                ws.append(w)
+                us.append(np.sign(direction) * gap / 2 * factor)
+    w, u = torch.tensor(ws, dtype=torch.float64), torch.tensor(us, dtype=torch.float64)
+    exact = [formats.round_to(Fraction(a) + Fraction(b), "FP16") == a for a, b in zip(ws, us)]
+    assert swamped(w, u, "FP16").tolist() == exact
+    naive = (formats.round_to(w + u, "FP16") == w).tolist()     # the sum rounded to float64 first
+    assert naive != exact                                       # the cases do catch a double rounding
+

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from mpt_lab import figures
-from mpt_lab.bench import peak_memory
+from mpt_lab.bench import checkpoint_bytes, peak_memory
 from mpt_lab.experiments import memory_tradeoffs as mt
 from mpt_lab.models.resnet import ResNet, build_resnet
 
@@ -72,10 +72,10 @@ def test_step_flops_counts_the_recomputed_forward():
 
 def test_checkpoint_fp16_is_about_half():
     m = build_resnet(16, 3, 1, seed=0)
-    b32, b16 = mt.checkpoint_bytes(m), mt.checkpoint_bytes(m, torch.float16)
+    b32, b16 = checkpoint_bytes(m), checkpoint_bytes(m, torch.float16)
     assert 0.45 < b16 / b32 < 0.6
     with pytest.raises(TypeError, match="model"):
-        mt.checkpoint_bytes("not a model")
+        checkpoint_bytes("not a model")
 
 
 def _tiny():

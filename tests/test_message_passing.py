@@ -10,8 +10,7 @@ one example differ by at most 1 FP16 ulp of the reference.
 import pytest
 import torch
 
-from mpt_lab import formats
-from mpt_lab import figures
+from mpt_lab import figures, formats
 from mpt_lab.experiments import message_passing as mp
 
 

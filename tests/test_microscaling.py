@@ -44,8 +44,8 @@ import numpy as np
 import pytest
 import torch
 
-from mpt_lab import microscaling as M
 from mpt_lab import formats as F
+from mpt_lab import microscaling as M
 from mpt_lab.formats import FP4_E2M1, FP6_E2M3, FP6_E3M2, FP8_E4M3, FP8_E5M2
 from mpt_lab.histogram import log2_histogram
 
@@ -71,7 +71,7 @@ def report(what: str, **counts) -> None:
 # ----------------------------------------------------------------------------------------------------------
 # torchao (optional: the independent reference below runs without it)
 # ----------------------------------------------------------------------------------------------------------
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _torchao():
     """torchao's reference functions (imported on first use, so that collecting this file imports nothing
     more), or the reason they cannot be imported."""
@@ -125,7 +125,7 @@ def ao_mx(x: torch.Tensor, fmt, rule: str, block: int = 32):
 # ----------------------------------------------------------------------------------------------------------
 # independent references: element tables from ml_dtypes, exact rounding, the OCP rule per block
 # ----------------------------------------------------------------------------------------------------------
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def table(fmt):
     """Non-negative finite values of fmt (ascending) and their codes, as ml_dtypes decodes every code."""
     codes = np.arange(1 << (fmt.bits - 1), dtype=np.uint8)
@@ -1069,7 +1069,7 @@ def test_bad_arguments_are_named():
 
 
 def test_native_fp8_cast_was_checked_against_encode():
-    from mpt_lab.microscaling._core import native_cast      # the package's internal module, tested here
+    from mpt_lab.microscaling._core import native_cast  # the package's internal module, tested here
 
     for fmt in (FP8_E4M3, FP8_E5M2):
         assert native_cast(fmt, torch.device("cpu")) in ("saturating", "in_range")
@@ -1101,8 +1101,9 @@ def test_package_attribute_and_benchmark_script(tmp_path):
     """``mpt_lab.microscaling`` resolves lazily; the benchmark runs (tiny size; no timing is asserted)."""
     import json
 
-    import mpt_lab
     from conftest import load_benchmark
+
+    import mpt_lab
 
     assert mpt_lab.microscaling is M and "microscaling" in mpt_lab.SUBMODULES
     mod = load_benchmark("microscaling_speed")

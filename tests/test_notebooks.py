@@ -7,7 +7,6 @@ from pathlib import Path
 
 import nbformat
 import pytest
-
 from conftest import NOTEBOOKS
 
 
@@ -43,10 +42,9 @@ def _bibliography_labels() -> dict:
     import codecs
 
     import latexcodec  # noqa: F401  (registers the "ulatex" codec; a dependency of pybtex)
+    from conftest import ROOT
     from docutils.nodes import make_id
     from pybtex.database import parse_file
-
-    from conftest import ROOT
 
     out = {}
     for key, entry in parse_file(ROOT / "book" / "references.bib").entries.items():
@@ -107,7 +105,6 @@ def test_first_cell_installs_mpt_lab_from_the_configured_repository(path: Path):
     """Opened in Colab (launch button), a chapter installs mpt_lab from the repository _config.yml names; the cell
     is removed from the rendered book and does nothing where mpt_lab is installed."""
     import yaml
-
     from conftest import ROOT
 
     url = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"]

@@ -12,11 +12,23 @@ import torch
 from torch import nn
 
 from mpt_lab import formats as F
-from mpt_lab.microscaling import (ScaledTensor, layer_stats, quantize_mx, quantize_nvfp4, quantize_per_tensor,
-                                  scale_from_amax)
-from mpt_lab.quantized_training import (TRAINING_RECIPES, QuantLinear, Quantizer,
-                                        hardware_fp8_available, quantize_linears_, quantized_layers,
-                                        round_weights_)
+from mpt_lab.microscaling import (
+    ScaledTensor,
+    layer_stats,
+    quantize_mx,
+    quantize_nvfp4,
+    quantize_per_tensor,
+    scale_from_amax,
+)
+from mpt_lab.quantized_training import (
+    TRAINING_RECIPES,
+    Quantizer,
+    QuantLinear,
+    hardware_fp8_available,
+    quantize_linears_,
+    quantized_layers,
+    round_weights_,
+)
 
 
 # ----------------------------------------------------------------------------------------------------------

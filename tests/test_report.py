@@ -530,7 +530,8 @@ def test_overhead_benchmark_runs(tmp_path):
     import shlex
 
     from conftest import load_benchmark
-    from mpt_lab.experiments.runner import load_json
+
+    from mpt_lab.harness.runner import load_json
 
     mod = load_benchmark("report_overhead")
     out = tmp_path / "overhead.json"

@@ -14,12 +14,11 @@ import pickle
 import numpy as np
 import pytest
 import torch
+from conftest import load_benchmark
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from conftest import load_benchmark
-from mpt_lab.scaling import (GradScaler, OptState, StaticLossScaler, _f32, _update_rule, _update_scale,
-                             found_non_finite)
+from mpt_lab.scaling import GradScaler, OptState, StaticLossScaler, _f32, _update_rule, _update_scale, found_non_finite
 
 INF, NAN = float("inf"), float("nan")
 
@@ -1320,7 +1319,7 @@ def test_max_gradient_scale_exact_at_and_beside_every_power_of_two(fmt):
 
 
 def test_max_gradient_scale_input_types():
-    from mpt_lab.formats import FP16, FP8_E4M3
+    from mpt_lab.formats import FP8_E4M3, FP16
     from mpt_lab.scaling import max_gradient_scale
 
     assert max_gradient_scale(1.0) == 2.0**15                           # 65504 / 1 → 2^15 (2^16 > 65504)

@@ -16,7 +16,6 @@ the kernels of CPUs without them; :class:`mpt_lab.device.CpuKernels` says which 
 """
 
 import copy
-import math
 
 import pytest
 import torch
@@ -25,8 +24,13 @@ from torch import nn
 from mpt_lab.accumulation import any_order_bounds
 from mpt_lab.device import cpu_kernels
 from mpt_lab.formats import BF16, FP8_E4M3, FP8_E5M2, FP16, round_to
-from mpt_lab.simulate import (LOWER_PRECISION_OPS, FLOAT32_OPS, fp16_convolution_probe, paused, round_parameters_,
-                              rounder, simulate)
+from mpt_lab.simulate import (
+    fp16_convolution_probe,
+    paused,
+    round_parameters_,
+    rounder,
+    simulate,
+)
 
 # Nearly every test here runs PyTorch's real float16/bfloat16 CPU kernels (simulate delegates to them, and the
 # references use them), whose paths differ by CPU: tests/test_cpu_kernels.py reruns this file under a second one.

@@ -7,8 +7,19 @@ import torch
 import torch.nn.functional as F
 
 from mpt_lab.data import DigitsDetection
-from mpt_lab.models import (CONFIGS, SSD, MultiBoxLoss, box_ops, build_ssd, default_boxes, detect, make_optimizer,
-                            match, mean_average_precision, train_step)
+from mpt_lab.models import (
+    CONFIGS,
+    SSD,
+    MultiBoxLoss,
+    box_ops,
+    build_ssd,
+    default_boxes,
+    detect,
+    make_optimizer,
+    match,
+    mean_average_precision,
+    train_step,
+)
 from mpt_lab.models.detection_eval import LEGACY_MAP_EVALUATOR, MAP_EVALUATOR
 from mpt_lab.models.ssd import match_batch
 
@@ -522,7 +533,7 @@ def test_map_bad_inputs_and_saved_evaluator():
 def test_results_that_report_map_name_their_evaluator(name):
     """A result saved before the evaluator was recorded loads as made by the old hand-written VOC code."""
     from mpt_lab.experiments import get
-    from mpt_lab.experiments.runner import load_json, result_path
+    from mpt_lab.harness.runner import load_json, result_path
 
     exp = get(name)
     saved = load_json(result_path(name, "long"))

@@ -48,7 +48,7 @@ def test_accuracy_and_autocast_to():
 
 def test_digits_mlp_shapes_and_seed():
     m = digits_mlp(32, 2, seed=3)
-    assert [type(l).__name__ for l in m] == ["Linear", "ReLU", "Linear", "ReLU", "Linear"]
+    assert [type(layer).__name__ for layer in m] == ["Linear", "ReLU", "Linear", "ReLU", "Linear"]
     assert m(torch.zeros(5, 64)).shape == (5, 10)
     state = torch.random.get_rng_state()
     same = digits_mlp(32, 2, seed=3)
@@ -76,3 +76,9 @@ def test_evaluate_detector_runs_in_batches_and_restores_training_mode():
     assert 0.0 <= m <= 1.0 and model.training
     with pytest.raises(ValueError, match="batch_size"):
         evaluate_detector(model, data, batch_size=0)
+
+
+def test_lr_factor_warms_up_then_decays_to_its_floor():
+    assert training.lr_factor(0, 100) == pytest.approx(0.1) and training.lr_factor(9, 100) == 1.0
+    assert training.lr_factor(100, 100) == pytest.approx(0.1)
+    assert training.lr_factor(55, 100) == pytest.approx(0.1 + 0.9 * 0.5)      # half-way through the decay

@@ -1,7 +1,13 @@
 """The bit explorer's state changes and the static tables."""
 
+import json
 import math
+import shutil
+import subprocess
+from fractions import Fraction
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 from mpt_lab import formats as F
@@ -131,14 +137,6 @@ def test_format_table_counts_nan_codes():
 # ------------------------------------------------------------------------------------------------------
 # Issue 26, item 24: the live explorer shows what the JavaScript one shows (neighbours, ulp, roundings)
 # ------------------------------------------------------------------------------------------------------
-import json
-import shutil
-import subprocess
-from fractions import Fraction
-from pathlib import Path
-
-import numpy as np
-
 SCRIPT = Path(__file__).resolve().parents[1] / "book" / "_static" / "bit_explorer.js"
 TYPED = ["-314.625", "1/3", "-7/3", "2/3", "0.1", "1e-7", "6e-8", "3e-8", "2.9802322387695312e-8", "1e-9",
          "0.75", "2.5", "6.5", "7", "448", "464", "465", "480", "500", "57344", "61440", "65504", "65519.99",

@@ -5,7 +5,7 @@ What it does:
 * The build executes every notebook with Jupyter kernels started from this process, so the environment set
   here is theirs: ``MPT_LAB_PROGRESS=0`` switches off tqdm progress bars (a rendered page would show an empty
   widget or a stray text bar) and makes each experiment print one line of timing instead
-  (:func:`mpt_lab.experiments.runner.progress_enabled`).  Live notebooks keep their bars.
+  (:func:`mpt_lab.harness.runner.progress_enabled`).  Live notebooks keep their bars.
 * Notebooks execute in parallel.  Jupyter Book 1 executes one notebook after another (its command line has no
   ``-j``), which leaves one of two cores idle for the whole build.  Before Sphinx reads the pages, this extension
   executes the notebooks that the execution cache does not hold yet, ``MPT_LAB_BOOK_JOBS`` at a time (default:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
+
+from ..device import DeviceLike
 
 __all__ = ["digits_data", "upsampled_digits"]
 
 
-def digits_data(seed: int = 0, device="cpu"):
+def digits_data(seed: int = 0, device: DeviceLike="cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """scikit-learn's 8×8 digits as float32 tensors scaled to [0, 1], split 80/20 deterministically by ``seed``.
 
     Returns
@@ -26,7 +29,7 @@ def digits_data(seed: int = 0, device="cpu"):
     return x[:n], y[:n], x[n:], y[n:]
 
 
-def upsampled_digits(image_size: int = 32, seed: int = 0, device="cpu"):
+def upsampled_digits(image_size: int = 32, seed: int = 0, device: DeviceLike="cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The digits of :func:`digits_data` as images, bilinearly upsampled from 8×8 to ``image_size``².
 
     Returns
@@ -39,8 +42,6 @@ def upsampled_digits(image_size: int = 32, seed: int = 0, device="cpu"):
     ValueError
         ``image_size`` < 1.
     """
-    import torch.nn.functional as F
-
     if not isinstance(image_size, int) or image_size < 1:
         raise ValueError(f"image_size must be an int ≥ 1, got {image_size!r}")
     xtr, ytr, xte, yte = digits_data(seed, device)

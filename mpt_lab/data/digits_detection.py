@@ -35,13 +35,14 @@ Conventions
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-__all__ = ["DigitsDetection", "collate_fn", "CLASS_NAMES", "NUM_CLASSES", "INK_THRESHOLD",
+__all__ = ["DigitsDetection", "detection_split", "WIDEST_TEST_IMAGE", "collate_fn", "CLASS_NAMES", "NUM_CLASSES", "INK_THRESHOLD",
            "TRAIN_GLYPHS", "TEST_GLYPHS", "BACKGROUNDS"]
 
 #: Class names indexed by label: 0 is the background class, 1..10 are the digits 0..9.
@@ -349,7 +350,7 @@ class DigitsDetection(Dataset):
         t = self.targets[index]
         return self.images[index], {"boxes": t["boxes"].clone(), "labels": t["labels"].clone()}
 
-    def batch(self, indices) -> tuple[torch.Tensor, list[dict[str, torch.Tensor]]]:
+    def batch(self, indices: torch.Tensor | Sequence[int]) -> tuple[torch.Tensor, list[dict[str, torch.Tensor]]]:
         """Collate the items at ``indices`` (a sequence or 1-D integer tensor) like :func:`collate_fn`.
 
         Returns ``(images float32 [B, 1, H, W], targets list of B dicts)``; the images are a copy.
@@ -364,7 +365,7 @@ class DigitsDetection(Dataset):
                 f"seed={self.seed}, max_objects={self.max_objects}, background={self.background!r})")
 
 
-def collate_fn(batch) -> tuple[torch.Tensor, list[dict[str, torch.Tensor]]]:
+def collate_fn(batch: Sequence[tuple[torch.Tensor, dict[str, torch.Tensor]]]) -> tuple[torch.Tensor, list[dict[str, torch.Tensor]]]:
     """Collate ``(image, target)`` pairs for a :class:`torch.utils.data.DataLoader`.
 
     Parameters
@@ -392,3 +393,40 @@ def collate_fn(batch) -> tuple[torch.Tensor, list[dict[str, torch.Tensor]]]:
                 and isinstance(item[1], dict)):
             raise TypeError("batch must hold (image tensor, target dict) pairs")
     return torch.stack([item[0] for item in batch]), [item[1] for item in batch]
+
+
+#: The widest image :class:`DigitsDetection` renders on photographs in its test split (the test
+#: split's part of the photographs is 192 pixels wide).
+WIDEST_TEST_IMAGE = 192
+
+
+class _Upsampled:
+    """A detection data set's images resized to ``image_size`` (bilinear), with the same normalised boxes."""
+
+    def __init__(self, data, image_size: int):
+        self.images = torch.nn.functional.interpolate(data.images, size=(image_size, image_size), mode="bilinear",
+                                                      align_corners=False).clamp_(0.0, 1.0)
+        self.targets = data.targets
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def batch(self, indices: torch.Tensor | list[int]) -> tuple[torch.Tensor, list]:
+        idx = indices.tolist() if isinstance(indices, torch.Tensor) else list(indices)
+        return self.images[idx], [self.targets[i] for i in idx]
+
+
+def detection_split(split: str, n_images: int, image_size: int, seed: int = 0) -> DigitsDetection | _Upsampled:
+    """The images of :class:`DigitsDetection` for ``split`` at ``image_size`` pixels.
+
+    The test split's part of the photographs is only :data:`WIDEST_TEST_IMAGE` pixels wide, so test images
+    larger than that (e.g. SSD300's 300 px) are rendered at half the size (or less) and resized with bilinear
+    interpolation; the boxes, normalised to [0, 1], are unchanged.  The digits themselves are 8x8 glyphs scaled
+    up in either case.  Returns a data set with ``len()``, ``images``, ``targets`` and ``batch(indices)``.
+    """
+    if split != "test" or image_size <= WIDEST_TEST_IMAGE:
+        return DigitsDetection(split, n_images, image_size, seed=seed)
+    render = image_size
+    while render > WIDEST_TEST_IMAGE:
+        render //= 2
+    return _Upsampled(DigitsDetection(split, n_images, render, seed=seed), image_size)

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..device import DeviceLike
+
 __all__ = ["REDDIT", "Graph", "rand_graph", "synthetic_reddit", "add_self_loops"]
 
 #: The Reddit data set (Hamilton, Ying & Leskovec, "Inductive Representation Learning on Large Graphs",
@@ -81,7 +83,7 @@ class Graph:
         return sum(t.numel() * t.element_size() for t in (self.edge_index, self.x, self.y, self.train_mask,
                                                             self.val_mask, self.test_mask))
 
-    def to(self, device) -> "Graph":
+    def to(self, device: DeviceLike) -> Graph:
         """A copy of the graph with every tensor on ``device`` (a torch.device or str)."""
         return Graph(*(t.to(device) for t in (self.edge_index, self.x, self.y, self.train_mask, self.val_mask,
                                                self.test_mask)), self.num_classes)
@@ -101,7 +103,7 @@ def _positive_int(v, name: str, minimum: int = 1) -> int:
     return v
 
 
-def rand_graph(num_nodes: int, num_edges: int, *, seed: int = 0, device="cpu") -> torch.Tensor:
+def rand_graph(num_nodes: int, num_edges: int, *, seed: int = 0, device: DeviceLike="cpu") -> torch.Tensor:
     """``edge_index`` of a random directed graph: ``num_edges`` (source, target) pairs drawn uniformly and
     independently from ``num_nodes`` nodes (duplicates and self loops possible), as ``dgl.rand_graph`` does.
 
@@ -129,7 +131,7 @@ def add_self_loops(edge_index: torch.Tensor, num_nodes: int) -> torch.Tensor:
 def synthetic_reddit(num_nodes: int = REDDIT["num_nodes"], avg_degree: float = 50.0, *,
                      num_features: int = REDDIT["num_features"], num_classes: int = REDDIT["num_classes"],
                      homophily: float = 0.7, feature_signal: float = 2.0, self_loops: bool = True,
-                     seed: int = 0, device="cpu") -> Graph:
+                     seed: int = 0, device: DeviceLike="cpu") -> Graph:
     """A synthetic graph with Reddit's shape and learnable class structure.  **Not the Reddit data.**
 
     Construction (all draws from ``torch.Generator`` seeded with ``seed``, on ``device``):

@@ -24,11 +24,12 @@ import os
 import re
 import sqlite3
 from collections import Counter
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 
-__all__ = ["TextCorpus", "kjv_corpus", "kjv_characters", "kjv_verses", "batchify", "bptt_batches", "tokenize",
+__all__ = ["TextCorpus", "kjv_corpus", "kjv_characters", "kjv_verses", "batchify", "bptt_batches", "lm_windows", "tokenize",
            "SPECIALS"]
 
 #: Special tokens: index 0 is ``<unk>``, index 1 is ``<eos>``.
@@ -101,7 +102,7 @@ class TextCorpus:
         """The number of distinct token ids (the length of ``vocab``)."""
         return len(self.vocab)
 
-    def decode(self, ids) -> str:
+    def decode(self, ids: torch.Tensor | Sequence[int]) -> str:
         """The words of a sequence of token ids, joined by spaces."""
         return " ".join(self.vocab[int(i)] for i in ids)
 
@@ -200,7 +201,7 @@ def batchify(ids: torch.Tensor, batch_size: int) -> torch.Tensor:
     return ids[:n * batch_size].view(batch_size, n).t().contiguous()
 
 
-def bptt_batches(streams: torch.Tensor, bptt: int):
+def bptt_batches(streams: torch.Tensor, bptt: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Consecutive (input, target) windows of ``bptt`` time steps over :func:`batchify`'s streams.
 
     Yields ``(x, y)`` int64 tensors [≤ bptt, batch]; ``y`` is ``x`` shifted by one token.  Raises ValueError
@@ -211,3 +212,16 @@ def bptt_batches(streams: torch.Tensor, bptt: int):
     for i in range(0, streams.shape[0] - 1, bptt):
         n = min(bptt, streams.shape[0] - 1 - i)
         yield streams[i:i + n], streams[i + 1:i + 1 + n]
+
+
+def lm_windows(ids: torch.Tensor, batch_size: int, bptt: int) -> Iterator[tuple[torch.Tensor, torch.Tensor, bool]]:
+    """Endless training windows over a token stream: :func:`batchify` into ``batch_size`` streams, then
+    :func:`bptt_batches` of ``bptt`` steps, starting over at the end.
+
+    Yields ``(x, y, fresh)``: int64 tensors [≤ bptt, batch_size] and whether this window starts a pass over the
+    streams (the recurrent state must start from zero there).
+    """
+    streams = batchify(ids, batch_size)
+    while True:
+        for i, (x, y) in enumerate(bptt_batches(streams, bptt)):
+            yield x, y, i == 0

@@ -24,8 +24,20 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from ._core import (EXERCISES, UNANSWERED_FUNCTION, UNANSWERED_VALUE, Exercise, Feedback, SolutionDropdown, check,
-                    get_exercise, list_exercises, show, solution, solution_dropdown)
+from ._core import (
+    EXERCISES,
+    UNANSWERED_FUNCTION,
+    UNANSWERED_VALUE,
+    Exercise,
+    Feedback,
+    SolutionDropdown,
+    check,
+    get_exercise,
+    list_exercises,
+    show,
+    solution,
+    solution_dropdown,
+)
 
 #: The chapter modules, in chapter order (each registers its exercises when imported).
 CHAPTER_MODULES = tuple(sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name.startswith("ch")))

@@ -11,10 +11,12 @@ import math
 import numbers
 import re
 import reprlib
+import sys
 import textwrap
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -203,8 +205,6 @@ def _watch_first_call(fn: Callable) -> tuple:
 
 def _raised(fn: Callable, args: tuple, kwargs: dict) -> tuple:
     """(the exception being handled, the call that raised it, its traceback from the reader's frame on)."""
-    import sys
-
     err = sys.exc_info()[1]
     return err, _call_text(fn, args, kwargs), _reader_traceback(err)
 

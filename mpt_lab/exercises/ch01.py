@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from .. import formats as F
-from ._core import Exercise, register, expect_int, expect_float, is_real
+from ._core import Exercise, expect_float, expect_int, is_real, register
 
 
 def _ex11_truth():

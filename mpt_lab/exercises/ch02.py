@@ -5,9 +5,12 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import torch
 
 from .. import formats as F
-from ._core import Exercise, register, is_real
+from .. import scaling
+from ..histogram import log2_histogram
+from ._core import Exercise, is_real, register
 
 
 def _ex21_reference(amax: float, fmt_max: float = 65504.0) -> float:
@@ -17,8 +20,6 @@ def _ex21_reference(amax: float, fmt_max: float = 65504.0) -> float:
     ``fmt_max`` is the largest finite value of a format of the catalogue (65504: FP16, 448: E4M3,
     57344: E5M2, …); a limit that is no format's max goes through the same exact rule with the bare limit.
     """
-    from .. import scaling  # needs torch, which this module (like formats) does not
-
     fmt = next((f for f in F.FORMATS.values() if f.max == fmt_max), None)
     if fmt is not None:
         return scaling.max_gradient_scale(amax, fmt)
@@ -92,10 +93,6 @@ def _ex22_reference(exponents, counts, zeros: int, total: int, threshold_log2: i
 def _ex22_check(fn):
     if not callable(fn):
         return False, "expected a function share_below(exponents, counts, zeros, total, threshold_log2)"
-    import torch
-
-    from ..histogram import log2_histogram
-
     rng = np.random.default_rng(22)
     for trial in range(5):
         x = rng.standard_normal(5000) * np.exp2(rng.normal(-28, 7, 5000))

@@ -7,7 +7,8 @@ import math
 import numpy as np
 
 from .. import formats as F
-from ._core import Exercise, register, is_real
+from .. import scaling
+from ._core import Exercise, is_real, register
 
 #: The largest finite float32 value: torch keeps the loss scale in a float32 tensor, so S never grows past it.
 FLOAT32_MAX = F.FP32.max
@@ -17,8 +18,6 @@ def _ex31_reference(scale: float, tracker: int, found_inf: bool, growth_factor: 
                     backoff_factor: float = 0.5, growth_interval: int = 2000) -> tuple:
     """Dynamic loss scaling, one update (reference solution of exercise 3.1): torch.amp.GradScaler's rule,
     :func:`mpt_lab.scaling.update_scale`."""
-    from .. import scaling  # needs torch, which this module (like formats) does not
-
     return scaling.update_scale(scale, tracker, found_inf, growth_factor, backoff_factor, growth_interval)
 
 

@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
-from fractions import Fraction
-
 import numpy as np
+import torch
 
 from .. import formats as F
-from ._core import Exercise, register, is_real
+from ..master_weights import swamped
+from ._core import Exercise, is_real, register
 
 
 def _ex41_reference(w: float, u: float) -> bool:
     """Whether the update u survives when added to the FP16 weight w (reference solution of exercise 4.1): the
-    exact sum w + u (a Fraction, never a float64 sum, which would round first) rounded once to FP16."""
-    w16 = F.round_to(float(w), F.FP16)
-    return F.round_to(Fraction(w16) + Fraction(float(u)), F.FP16) != w16
+    exact sum w + u rounded once to FP16 changes the weight (:func:`mpt_lab.master_weights.swamped`, which never
+    lets a float64 sum round first)."""
+    u = float(u)
+    return u != 0 and not bool(swamped(torch.tensor([float(w)], dtype=torch.float64),
+                                       torch.tensor([u], dtype=torch.float64), F.FP16)[0])
 
 
 def _ex41_double_rounding_cases(ws) -> list:

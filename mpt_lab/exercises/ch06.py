@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import math
+import textwrap
 
-from ._core import Exercise, register, is_real, as_list, entries_text
+import torch
 
+from .. import autocast
+from ..scaling import GradScaler
+from ._core import Exercise, as_list, entries_text, is_real, register
 
 #: The ops of exercise 6.1 (names of :data:`mpt_lab.autocast.OPS`; none of them is in the chapter's table of
 #: :data:`~mpt_lab.autocast.RECIPE_OPS`): the expression each one stands for and the ATen ops it calls, in order.
@@ -23,22 +27,12 @@ EX61_OPS = {
 def _ex61_truth() -> dict:
     """op name → the dtype name it returns under CUDA float16 autocast from float16 inputs, probed from
     PyTorch's dispatcher by :func:`mpt_lab.autocast.probe_autocast` (on fake CUDA tensors without a GPU)."""
-    import torch
-
-    from ..autocast import probe_autocast
-
-    return dict(probe_autocast("cuda", torch.float16, input_dtype=torch.float16, ops=tuple(EX61_OPS)).ops)
+    return dict(autocast.probe_autocast("cuda", torch.float16, input_dtype=torch.float16, ops=tuple(EX61_OPS)).ops)
 
 
 def _ex61_lists() -> str:
     """Autocast's CUDA float16 lists of the installed PyTorch, as the prompt prints them."""
-    import textwrap
-
-    import torch
-
-    from ..autocast import autocast_lists
-
-    lists = autocast_lists("cuda", torch.float16)
+    lists = autocast.autocast_lists("cuda", torch.float16)
     what = {"lower_precision": "cast to float16 (lower_precision)", "float32": "run in float32 (float32)",
             "promote": "run in the widest dtype of their inputs (promote)", "banned": "refused (banned)"}
     out = [f"Autocast's CUDA lists in the installed PyTorch {torch.__version__.split('+')[0]} "
@@ -51,8 +45,6 @@ def _ex61_lists() -> str:
 
 def _dtype_name(value):
     """"float16"/"float32" from a str ("float16", "torch.float16") or a torch.dtype; None for anything else."""
-    import torch
-
     if isinstance(value, torch.dtype):
         value = str(value)
     if not isinstance(value, str):
@@ -144,10 +136,6 @@ EX62 = {"init_scale": 1024.0, "growth_factor": 2.0, "backoff_factor": 0.5, "grow
 def _ex62_truth() -> list:
     """The loss scale of each iteration, from running :class:`mpt_lab.scaling.GradScaler` on a one-weight model
     whose gradient is inf in the overflow iterations (the scaler's ``history``)."""
-    import torch
-
-    from ..scaling import GradScaler
-
     c = EX62
     w = torch.nn.Parameter(torch.ones(1))
     opt = torch.optim.SGD([w], lr=0.0)

@@ -5,7 +5,13 @@ from __future__ import annotations
 import copy
 import math
 
-from ._core import Exercise, register, is_real
+import torch
+import torch.nn.functional as Fn
+from torch import nn
+
+from .. import bench
+from ..master_weights import MasterWeightTrainer
+from ._core import Exercise, is_real, register
 
 
 def _tensor_bytes(t) -> int:
@@ -17,11 +23,6 @@ def _ex71_truth() -> dict:
     82,240 parameters): FP32 training from its tensors' ``element_size()``, mixed precision from
     :meth:`mpt_lab.master_weights.MasterWeightTrainer.memory_per_parameter`; bytes per parameter, rounded to
     4 decimals."""
-    import torch
-    import torch.nn.functional as Fn
-    from torch import nn
-
-    from ..master_weights import MasterWeightTrainer
 
     def model():
         return nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 64))
@@ -105,8 +106,6 @@ the batch."""))
 
 def _ex72_models() -> dict:
     """The models exercise 7.2 is checked on (more than 100,000 parameters each, so headers stay below 5 %)."""
-    import torch
-    from torch import nn
 
     with torch.random.fork_rng(devices=[]):
         return {
@@ -122,23 +121,17 @@ def _ex72_models() -> dict:
 
 def _ex72_reference(model, dtype) -> int:
     """Bytes that ``torch.save`` writes for the state_dict in ``dtype`` (reference solution of exercise 7.2):
-    :func:`mpt_lab.experiments.memory_tradeoffs.checkpoint_bytes`, which saves it and measures."""
-    from ..experiments.memory_tradeoffs import checkpoint_bytes
-
-    return checkpoint_bytes(model, dtype)
+    :func:`mpt_lab.bench.checkpoint_bytes`, which saves it and measures."""
+    return bench.checkpoint_bytes(model, dtype)
 
 
 def _ex72_check(fn):
     if not callable(fn):
         return False, f"expected a function checkpoint_size(model, dtype) -> int, got {type(fn).__name__}"
-    import torch
-
-    from ..experiments.memory_tradeoffs import checkpoint_bytes
-
     models = _ex72_models()
     for name, model in models.items():
         for dtype in (torch.float32, torch.float16, torch.bfloat16):
-            want = checkpoint_bytes(model, dtype)
+            want = bench.checkpoint_bytes(model, dtype)
             got = fn(copy.deepcopy(model), dtype)       # a copy: a function that casts the model in place is harmless
             if not is_real(got):
                 return False, f"checkpoint_size({name}, {dtype}) returned {type(got).__name__}, not a number of bytes"

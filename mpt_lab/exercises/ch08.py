@@ -8,7 +8,8 @@ import numbers
 import numpy as np
 
 from .. import formats as F
-from ._core import Exercise, register, is_real
+from ..experiments.biglstm import BIGLSTM
+from ._core import Exercise, is_real, register
 
 
 def _ex8_gradient() -> float:
@@ -17,15 +18,11 @@ def _ex8_gradient() -> float:
     TensorFlow's ``sampled_softmax_loss``; :func:`mpt_lab.experiments.biglstm.sampled_softmax_gradients`
     measures Z), and the loss is divided by its B = 128 sequences; from
     :data:`mpt_lab.experiments.biglstm.BIGLSTM`."""
-    from ..experiments.biglstm import BIGLSTM
-
     return 1.0 / (BIGLSTM["vocab_size"] * BIGLSTM["loss_divisor"])
 
 
 def _ex8_text() -> dict:
     """The numbers the prompts of 8.1 and 8.2 quote, from :data:`mpt_lab.experiments.biglstm.BIGLSTM`."""
-    from ..experiments.biglstm import BIGLSTM
-
     return {"K": f"{BIGLSTM['sampled_classes']:,}", "B": f"{BIGLSTM['loss_divisor']:,}",
             "T": f"{BIGLSTM['bptt']:,}", "V": f"{BIGLSTM['vocab_size']:,}", "Vn": str(BIGLSTM["vocab_size"])}
 

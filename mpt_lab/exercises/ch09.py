@@ -5,10 +5,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import torch
 
 from .. import formats as F
-from ._core import Exercise, register, as_list, entries_text, short
-
+from ._core import Exercise, as_list, entries_text, register, short
 
 #: Exercise 9.1's attention logits.
 EX91_LOGITS = (-20.0, 0.0, 5.5, 10.5, 11.0, 11.08, 11.1, 12.0, 16.0)
@@ -16,8 +16,6 @@ EX91_LOGITS = (-20.0, 0.0, 5.5, 10.5, 11.0, 11.08, 11.1, 12.0, 16.0)
 
 def _ex91_exp() -> list:
     """exp of each logit in float16 (torch.exp on a float16 tensor), as floats."""
-    import torch
-
     return torch.exp(torch.tensor(EX91_LOGITS, dtype=torch.float16)).tolist()
 
 
@@ -77,10 +75,8 @@ register(Exercise(
 
 def _ex92_reference(e):
     """Softmax over one node's incoming edges in float16, the maximum subtracted first (reference solution
-    of exercise 9.2): PyTorch Geometric's softmax, via :func:`mpt_lab.experiments.gat_amp.attention_overflow`."""
-    import torch
-
-    from ..experiments.gat_amp import attention_overflow
+    of exercise 9.2): PyTorch Geometric's softmax, via :func:`mpt_lab.models.gat.attention_overflow`."""
+    from ..models.gat import attention_overflow  # imports PyTorch Geometric: only when 9.2 is checked
 
     return torch.tensor(attention_overflow(e.float())["max_subtracted_fp16"], dtype=torch.float16)
 
@@ -99,8 +95,6 @@ def ex92_cases() -> list:
 def _ex92_check(fn):
     if not callable(fn):
         return False, f"expected a function safe_softmax(e) -> float16 Tensor, got {type(fn).__name__}"
-    import torch
-
     cases = ex92_cases()
     for logits in cases:
         e = torch.tensor(logits, dtype=torch.float16)
@@ -143,4 +137,4 @@ def safe_softmax(e):
     return w / w.sum()     # the sum is >= 1: no overflow, no 0/0
 ```
 
-Everything stays float16: torch.exp, the sum (PyTorch's CPU kernel accumulates it in a wider format and rounds once) and the division. This is what PyTorch Geometric's `softmax` does per node, with the maximum taken over the edges entering each node (the book's reference answer calls it, through `mpt_lab.experiments.gat_amp.attention_overflow`)."""))
+Everything stays float16: torch.exp, the sum (PyTorch's CPU kernel accumulates it in a wider format and rounds once) and the division. This is what PyTorch Geometric's `softmax` does per node, with the maximum taken over the edges entering each node (the book's reference answer calls it, through `mpt_lab.models.gat.attention_overflow`)."""))

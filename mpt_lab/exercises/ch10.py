@@ -7,8 +7,9 @@ import numbers
 
 import numpy as np
 
-from ._core import Exercise, register, is_real, as_list, short
-
+from .. import collectives
+from .. import formats as F
+from ._core import Exercise, as_list, is_real, register, short
 
 #: Exercise 10.1's BF16 gradients of ranks 0, 1, 2 for one element (in chunk 0 of the ring).
 EX101_VALUES = (1.0, 2.0 ** -8, 2.0 ** -8)
@@ -19,10 +20,8 @@ EX103_GRADIENT = 3000.0
 def _ex101_truth() -> tuple:
     """(ring, tree): what every rank holds after gloo's ring and after a binary tree sum the three BF16 values,
     by :func:`mpt_lab.collectives.ring_allreduce` and ``tree_allreduce``."""
-    from ..collectives import ring_allreduce, tree_allreduce
-
     values = [[v] for v in EX101_VALUES]
-    return float(ring_allreduce(values, "BF16")[0]), float(tree_allreduce(values, "BF16")[0])
+    return float(collectives.ring_allreduce(values, "BF16")[0]), float(collectives.tree_allreduce(values, "BF16")[0])
 
 
 def _ex101_check(a):
@@ -41,10 +40,8 @@ def _ex101_check(a):
 
 def _ex101_worked() -> str:
     """Exercise 10.1's worked solution; the orders come from :mod:`mpt_lab.collectives`, the spacing from formats."""
-    from .. import formats as F
-    from ..collectives import ring_order, tree_children
 
-    order, children = ring_order(3, 0), tree_children(3)[0]
+    order, children = collectives.ring_order(3, 0), collectives.tree_children(3)[0]
     bf16 = F.get_format("BF16")
     small = EX101_VALUES[1]
     return f"""BF16 keeps {bf16.mantissa_bits + 1} significant bits, so just above 1 its values are 2^-{bf16.mantissa_bits} = {F.ulp(1.0, bf16)} apart: 1 and 1 + 2^-{bf16.mantissa_bits} are neighbours, and 1 + 2^-{bf16.mantissa_bits + 1} lies exactly halfway between them. Both small values are 2^-8 = {small}, half that spacing.
@@ -72,9 +69,7 @@ register(Exercise(
 def _ex102_reference(values, fmt) -> float:
     """The value every rank holds after gloo's ring all-reduce of one element of chunk 0 (reference solution of
     exercise 10.2), by :func:`mpt_lab.collectives.ring_allreduce`."""
-    from ..collectives import ring_allreduce
-
-    return float(ring_allreduce(np.asarray(values, dtype=np.float64).reshape(-1, 1), fmt)[0])
+    return float(collectives.ring_allreduce(np.asarray(values, dtype=np.float64).reshape(-1, 1), fmt)[0])
 
 
 def _ex102_cases() -> list:
@@ -141,12 +136,10 @@ def _ex103_truth() -> tuple:
     """(the smallest N whose FP16 ring sum of N copies of the gradient overflows before the division by N; what
     every rank holds at that N when each divides by N first, as fp16_compress_hook does), by
     :func:`mpt_lab.collectives.ring_allreduce`."""
-    from ..collectives import ring_allreduce
-
     n = 1
-    while np.isfinite(ring_allreduce(np.full((n, 1), EX103_GRADIENT), "FP16", postdivide=n)).all():
+    while np.isfinite(collectives.ring_allreduce(np.full((n, 1), EX103_GRADIENT), "FP16", postdivide=n)).all():
         n += 1
-    return n, float(ring_allreduce(np.full((n, 1), EX103_GRADIENT), "FP16", predivide=n)[0])
+    return n, float(collectives.ring_allreduce(np.full((n, 1), EX103_GRADIENT), "FP16", predivide=n)[0])
 
 
 def _ex103_check(a):

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import numbers
 
-from .. import formats as F
-from ._core import Exercise, register, is_real, as_list
+import torch
 
+from .. import formats as F
+from .. import microscaling
+from ._core import Exercise, as_list, is_real, register
 
 #: Exercise 11.1's block (8 values, to keep it short; OCP MX blocks hold 32) and the value whose MXFP4 element
 #: is asked for.
@@ -20,13 +23,9 @@ EX112_NEXT = 9.7
 def _ex111_truth() -> tuple:
     """(shared exponent k of the block in MXFP8 E4M3, k in MXFP4, what MXFP4 stores for -3.2), by
     :func:`mpt_lab.microscaling.quantize_mx` (X = 2^(code − 127))."""
-    import torch
-
-    from ..microscaling import quantize_mx
-
     x = torch.tensor(EX111_BLOCK, dtype=torch.float64)
-    q8 = quantize_mx(x, F.FP8_E4M3, block_size=len(EX111_BLOCK))
-    q4 = quantize_mx(x, F.FP4_E2M1, block_size=len(EX111_BLOCK))
+    q8 = microscaling.quantize_mx(x, F.FP8_E4M3, block_size=len(EX111_BLOCK))
+    q4 = microscaling.quantize_mx(x, F.FP4_E2M1, block_size=len(EX111_BLOCK))
     stored = float(q4.dequantize(torch.float64)[EX111_BLOCK.index(EX111_VALUE)])
     return int(q8.scale_codes[0]) - 127, int(q4.scale_codes[0]) - 127, stored
 
@@ -54,8 +53,6 @@ def _ex111_check(a):
 
 def _ex111_worked() -> str:
     """Exercise 11.1's worked solution; every number in it computed from :mod:`mpt_lab.formats`."""
-    import math
-
     amax = max(abs(v) for v in EX111_BLOCK)
     e = math.floor(math.log2(amax))
     e4m3, e2m1 = F.FP8_E4M3, F.FP4_E2M1
@@ -87,13 +84,9 @@ register(Exercise(
 def _ex112_truth() -> int:
     """The smallest margin m ≥ 0 for which the next step's cast saturates nothing, by feeding the history to
     :class:`mpt_lab.microscaling.DelayedScaling` (E4M3, history of 16, amax from the maximum)."""
-    import torch
-
-    from ..microscaling import DelayedScaling
-
     m = 0
     while True:
-        ds = DelayedScaling(history_len=len(EX112_HISTORY), margin=m)
+        ds = microscaling.DelayedScaling(history_len=len(EX112_HISTORY), margin=m)
         for a in EX112_HISTORY:
             ds.quantize(torch.tensor([a]), "x")
             ds.update()

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import math
 import numbers
+import traceback
+from collections.abc import Callable
 
+import torch
+
+from ..report import precision_report
 from ._core import Exercise, register
 
 
 def _setup(fn, n: int, what: str):
     """Call the reader's function once and check that it returned an n-tuple (model, loss_fn, batch, ...)."""
-    import torch
-
     if not callable(fn):
         return None, f"expected a function that returns {what}, got {type(fn).__name__}"
     out = fn()
@@ -26,8 +29,6 @@ def _setup(fn, n: int, what: str):
 
 
 def _report(model, loss_fn, batch, formats):
-    from ..report import precision_report
-
     try:
         return precision_report(model, loss_fn, batch, formats=formats), "", ""
     except Exception as err:  # the reader's model, loss or batch: say what went wrong, and where
@@ -36,16 +37,12 @@ def _report(model, loss_fn, batch, formats):
 
 def _last_frames(err: BaseException, n: int = 6) -> str:
     """The traceback of ``err``, its last ``n`` frames (where the reader's loss_fn or model raised)."""
-    import traceback
-
     return "".join(traceback.format_exception(type(err), err, err.__traceback__, limit=-n))
 
 
 # ---------------------------------------------------------------------------------------------------- 12.1
-def planted_overflow():
+def planted_overflow() -> tuple[torch.nn.Module, Callable, tuple]:
     """Reference for exercise 12.1: a classifier whose last layer's outputs pass FP16's 65,504."""
-    import torch
-
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
     with torch.no_grad():
@@ -108,13 +105,9 @@ register(Exercise(
 
 
 # ---------------------------------------------------------------------------------------------------- 12.2
-def needs_a_loss_scale():
+def needs_a_loss_scale() -> tuple[torch.nn.Module, Callable, tuple]:
     """Reference for exercise 12.2: a tiny loss (divided by 2^20) whose FP16 gradients underflow, and the
     max-gradient rule's scale read from the report."""
-    import torch
-
-    from mpt_lab.report import precision_report
-
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
     x, y = torch.randn(256, 64), torch.randint(0, 10, (256,))

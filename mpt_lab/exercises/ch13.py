@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import math
 
+import torch
+
 from .. import formats as F
+from .. import microscaling
 from ._core import Exercise, as_list, is_real, register
 
 #: Exercise 13.1: a gradient contribution (already divided by its block scale) and how many tokens add it up.
@@ -97,8 +100,6 @@ register(Exercise(
 
 
 def _ex132_weight():
-    import torch
-
     g = torch.Generator().manual_seed(EX132_SEED)
     return 0.02 * torch.randn(*EX132_SHAPE, generator=g)
 
@@ -106,13 +107,11 @@ def _ex132_weight():
 def _ex132_truth() -> tuple:
     """(share of W's elements that differ between the forward and the backward NVFP4 copy with 1D blocks, the same
     with 2D tiles), by :func:`mpt_lab.microscaling.quantize_nvfp4`."""
-    from ..microscaling import quantize_nvfp4
-
     w = _ex132_weight()
     out = []
     for blocks in ("1d", "2d"):
-        fwd = quantize_nvfp4(w, axis=-1, blocks=blocks).dequantize()
-        bwd = quantize_nvfp4(w, axis=0, blocks=blocks).dequantize()
+        fwd = microscaling.quantize_nvfp4(w, axis=-1, blocks=blocks).dequantize()
+        bwd = microscaling.quantize_nvfp4(w, axis=0, blocks=blocks).dequantize()
         out.append(float((fwd != bwd).float().mean()))
     return tuple(out)
 

@@ -1,4 +1,9 @@
-"""One module per reproduced result, all run by one runner (:mod:`mpt_lab.experiments.runner`).
+"""One module per reproduced result, all run by one runner (:mod:`mpt_lab.harness.runner`).
+
+This package holds result modules only: the machinery that runs them (runner, command line, priority table, GPU
+slot, torchrun launch, benchmark base, GPU preflight) is the floor below, :mod:`mpt_lab.harness`, and the
+functions two experiments share live on the floor they belong to (``ARCHITECTURE.md``).  No experiment imports
+another.
 
 Each module ``mpt_lab.experiments.NAME`` has ``Config``, its profiles as data (``PROFILES``), a Result
 dataclass, ``run(config) -> Result``, ``config_for(profile)`` and a CLI::
@@ -10,9 +15,10 @@ dataclass, ``run(config) -> Result``, ``config_for(profile)`` and a CLI::
     python -m mpt_lab.experiments --unpack mpt_lab_gpu_slot.tar.gz            # a GPU slot's results
 
 The full profile of every experiment fits, all together, one GPU slot of 8 minutes on one H100:
-:mod:`mpt_lab.experiments.budget` holds the priority table (what each full result is for, its expected
-seconds and how they were estimated), ``benchmarks/gpu_slot.sh`` runs the slot and :mod:`mpt_lab.experiments.slot`
-packs and unpacks its results.
+:mod:`mpt_lab.harness.budget` holds the priority table (what each full result is for, its expected
+seconds and how they were estimated), ``benchmarks/gpu_slot.sh`` runs the slot and :mod:`mpt_lab.harness.slot`
+packs and unpacks its results.  This package is the harness's :class:`~mpt_lab.harness.runner.Catalogue`: it hands
+:data:`NAMES` and :func:`get` to the command line (``python -m mpt_lab.experiments``, :mod:`mpt_lab.harness.cli`).
 
 * ``ssd_histogram``: the SSD histogram (the paper's Figure 3, NVIDIA's blog post's Figure 2), activation and weight gradients of an SSD-style detector in FP32.
 * ``gradient_factors``: what moves the detector's activation gradients toward SSD's, one factor at a time.
@@ -42,8 +48,17 @@ from __future__ import annotations
 
 import importlib
 
-from .runner import (PROFILES, REGISTRY, Experiment, ExperimentConfig, ExperimentResult, load_json, result_path,
-                      results_dir, save_json)
+from ..harness.runner import (
+    REGISTRY,
+    RUN_PROFILES,
+    Experiment,
+    ExperimentConfig,
+    ExperimentResult,
+    load_json,
+    result_path,
+    results_dir,
+    save_json,
+)
 
 #: The experiments, in the order of the book's chapters.
 NAMES = ("ssd_histogram", "gradient_factors", "loss_scaling", "master_weights_stall", "amp_recipe",
@@ -53,7 +68,8 @@ NAMES = ("ssd_histogram", "gradient_factors", "loss_scaling", "master_weights_st
 
 
 def get(name: str) -> Experiment:
-    """The :class:`~mpt_lab.experiments.runner.Experiment` called ``name`` (imports its module).
+    """The :class:`~mpt_lab.harness.runner.Experiment` called ``name`` (imports its module: the harness's
+    :class:`~mpt_lab.harness.runner.Catalogue` loads an experiment through this).
 
     Raises ValueError for a name that is not in :data:`NAMES`.
     """
@@ -63,10 +79,10 @@ def get(name: str) -> Experiment:
     return REGISTRY[name]
 
 
-def saved(name: str, profile: str = "full"):
+def saved(name: str, profile: str = "full") -> ExperimentResult | None:
     """The saved result ``book/results/NAME_PROFILE.json`` of experiment ``name``, or None."""
     return get(name).saved(profile)
 
 
-__all__ = ["NAMES", "PROFILES", "get", "saved", "Experiment", "ExperimentConfig", "ExperimentResult", "save_json",
+__all__ = ["NAMES", "RUN_PROFILES", "get", "saved", "Experiment", "ExperimentConfig", "ExperimentResult", "save_json",
            "load_json", "results_dir", "result_path"]

@@ -37,8 +37,9 @@ import numpy as np
 import torch
 
 from .. import accumulation as acc
+from ..autocast import probe_autocast
 from ..formats import FP8_E4M3, FP16, get_format, round_to
-from .runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
+from ..harness.runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
 
 __all__ = ["NAME", "Config", "PROFILES", "AccumulationErrorResult", "run", "config_for", "main", "EXPERIMENT",
            "REDUCTION_OPS"]
@@ -265,8 +266,6 @@ def _reductions(config: Config, run: Run, rng) -> dict:
 
 
 def _autocast() -> dict:
-    from ..autocast import probe_autocast
-
     ops = tuple(op for pair in REDUCTION_OPS.values() for op in pair)
     probe = probe_autocast("cuda", torch.float16, input_dtype=torch.float16, ops=ops)
     return {name: {op: probe.ops[op] for op in pair} for name, pair in REDUCTION_OPS.items()}

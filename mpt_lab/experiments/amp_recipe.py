@@ -4,8 +4,8 @@ on a stack of Linear layers.
 The recipe (Carilli, "Automatic Mixed Precision", PyTorch recipes) trains ``num_layers`` ``Linear(width,
 width)`` layers with ReLU between them (width 4096, 3 layers), MSE loss, SGD lr 0.001, 50 batches of random
 data per epoch, 3 epochs, batch sizes 128, 256, 512 and 513 (multiples of 8 use tensor cores; 513 does not).
-Three recipes (:data:`RECIPES`; the config's field and the rows' key for them are ``precisions`` and
-``precision``):
+Three recipes (:data:`RECIPES`, the registry's :data:`mpt_lab.recipes.AMP`; the config's field and the rows' key
+for them are ``recipes`` and ``recipe``):
 
 - ``fp32``: default precision;
 - ``fp16``: ``torch.autocast(device, dtype=torch.float16)`` with ``torch.amp.GradScaler``;
@@ -45,20 +45,28 @@ import math
 from dataclasses import dataclass, field
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from ..bench import datasheet_peaks, matmul_peak_tflops, peak_memory, profile_steps, time_call
-from ..device import cpu_kernels, describe
+from ..device import DeviceLike, cpu_kernels, describe
+from ..harness.runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
+from ..recipes import AMP
+from ..recipes import RECIPES as REGISTRY
 from ..training import CAPTURES, StaticStep, autocast_to, backward_step
-from .runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
 
 __all__ = ["Config", "AmpRecipeResult", "PROFILES", "RECIPES", "RECIPE_CLAIM", "config_for", "run", "main",
            "make_model", "flops_per_step", "counted_flops_per_step", "needs_scaler", "NAME", "COUNTED_FLOPS",
            "train_step"]
 
 NAME = "amp_recipe"
-#: The recipes: FP32; FP16 autocast + GradScaler; BF16 autocast (``config.precisions`` names which run).
-RECIPES = ("fp32", "fp16", "bf16")
-_DTYPE = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+#: The recipes: FP32; FP16 autocast + GradScaler; BF16 autocast (``config.recipes`` names which run): the
+#: registry's :data:`mpt_lab.recipes.AMP`.
+RECIPES = AMP
+
+
+def _dtype(recipe: str) -> torch.dtype:
+    """The dtype ``recipe`` computes its matrix products in: its autocast dtype, float32 without autocast."""
+    return REGISTRY[recipe].autocast or torch.float32
 
 #: The recipe's claim (Carilli, PyTorch AMP recipe): "2–3× speed-up on Volta, Turing and Ampere GPUs".
 RECIPE_CLAIM = "2–3× on tensor-core GPUs (Volta, Turing, Ampere); less on older GPUs"
@@ -75,10 +83,10 @@ class Config(ExperimentConfig):
     epochs: int = 3                   # timed epochs (median reported)
     warmup_epochs: int = 1            # untimed epochs before timing
     lr: float = 0.001
-    precisions: tuple = RECIPES
+    recipes: tuple = RECIPES
     peak_n: int = 0                   # matrix size for the matmul peak; 0: max(width, 512)
     measure_memory: bool = True
-    profile_steps: int = 0            # eager steps run under torch.profiler per (precision, batch); 0: none
+    profile_steps: int = 0            # eager steps run under torch.profiler per (recipe, batch); 0: none
     graph_batches: tuple = ()         # batch sizes of the GPU-limited variant (static buffers, fused SGD, graph)
     graph_steps: int = 10             # steps per timed repeat of the variant (median of `epochs` repeats)
     graph_pool: int = 4               # distinct batches copied into its static buffers in turn
@@ -95,9 +103,9 @@ class Config(ExperimentConfig):
         if not self.batch_sizes or any(not isinstance(b, int) or isinstance(b, bool) or b < 1
                                        for b in self.batch_sizes):
             raise ValueError(f"config.batch_sizes must be a non-empty sequence of ints ≥ 1, got {self.batch_sizes!r}")
-        self.check_choices("precisions", RECIPES, subset=True)
-        if "fp32" not in self.precisions:
-            raise ValueError("config.precisions must include 'fp32' (the baseline of the speed-ups)")
+        self.check_choices("recipes", RECIPES, subset=True)
+        if "fp32" not in self.recipes:
+            raise ValueError("config.recipes must include 'fp32' (the baseline of the speed-ups)")
         if not (isinstance(self.lr, (int, float)) and self.lr > 0):
             raise ValueError(f"config.lr must be a positive number, got {self.lr!r}")
 
@@ -109,7 +117,7 @@ PROFILES = {
     "full": {"peak_n": 8192, "profile_steps": 20, "graph_batches": (512, 2048, 8192)},
 }
 
-#: ``--smoke`` (:meth:`~mpt_lab.experiments.runner.Experiment.smoke_config`): the recipe's network, one timed
+#: ``--smoke`` (:meth:`~mpt_lab.harness.runner.Experiment.smoke_config`): the recipe's network, one timed
 #: epoch of one batch (no warm-up) and the memory epoch, one batch size of 3 rows (the code is the same for every
 #: batch size, and a float16 step of 512 rows at width 4096 takes minutes on a CPU without FP16 instructions:
 #: ≈ 1 GFLOP/s), two profiled steps, the GPU-limited variant at 3 rows for two steps, and a small matrix for
@@ -137,8 +145,6 @@ def counted_flops_per_step(batch: int, width: int, num_layers: int) -> int:
     gradient being skipped by autograd.
 
     Raises ValueError for sizes < 1."""
-    from torch.utils.flop_counter import FlopCounterMode
-
     for name, v in (("batch", batch), ("width", width), ("num_layers", num_layers)):
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise ValueError(f"{name} must be an int ≥ 1, got {v!r}")
@@ -162,7 +168,7 @@ def needs_scaler(dtype: torch.dtype) -> bool:
     return dtype == torch.float16
 
 
-def make_model(width: int, num_layers: int, device="cpu") -> torch.nn.Sequential:
+def make_model(width: int, num_layers: int, device: DeviceLike="cpu") -> torch.nn.Sequential:
     """The recipe's network: ``num_layers`` × ``Linear(width, width)`` with ReLU between them (none after the
     last), float32 parameters on ``device``."""
     layers = []
@@ -175,22 +181,23 @@ def make_model(width: int, num_layers: int, device="cpu") -> torch.nn.Sequential
 
 @dataclass
 class AmpRecipeResult(ExperimentResult):
-    """``rows``: one dict per (precision, batch) of the recipe's eager loop: precision, batch, dtype,
+    """``rows``: one dict per (recipe, batch) of the recipe's eager loop: recipe, batch, dtype,
     epoch_seconds (median), epoch_times, timer, peak_bytes (None when not measured), step_seconds (epoch ÷
     batches), flops_per_step, tflops, fraction_of_peak (of the measured peak ``matmul_tflops`` of its dtype),
     fraction_of_datasheet_peak (None without a ``datasheet``) and, when profiled, host_seconds_per_step,
     busy_fraction (None on a CPU), readbacks_per_step, kernels_per_step, sync_seconds_per_step; ``speedup``:
-    {precision: {batch: FP32 epoch time ÷ this precision's}}; ``matmul_tflops``: measured matrix-product peaks
+    {recipe: {batch: FP32 epoch time ÷ this recipe's}}; ``matmul_tflops``: measured matrix-product peaks
     per dtype (TFLOP/s); ``datasheet``: the GPU's published dense peaks (:func:`mpt_lab.bench.datasheet_peaks`)
-    or None; ``graphed``: one dict per (precision, batch) of the GPU-limited variant: precision, batch,
+    or None; ``graphed``: one dict per (recipe, batch) of the GPU-limited variant: recipe, batch,
     captured, step_seconds (median), step_times, flops_per_step, tflops, fraction_of_peak,
     fraction_of_datasheet_peak and its profile's host_seconds_per_step, busy_fraction, readbacks_per_step,
-    kernels_per_step; ``graphed_speedup``: {precision: {batch: FP32's graphed step time ÷ this one's}};
+    kernels_per_step; ``graphed_speedup``: {recipe: {batch: FP32's graphed step time ÷ this one's}};
     ``note``: why the numbers look as they do on this device; ``flops_convention``: how FLOPs were counted
     (results saved before 2026-11-27: 6·B·W² per Linear; since: :data:`COUNTED_FLOPS`).
 
     Results saved before 2026-11-27 have no ``graphed``, ``datasheet`` and profile fields (they load with the
-    defaults) and their ``tflops``/``fraction_of_peak`` use the 6·B·W² convention."""
+    defaults) and their ``tflops``/``fraction_of_peak`` use the 6·B·W² convention.  Results saved before the one
+    recipe registry say ``precisions`` and ``precision`` (read as ``recipes`` and ``recipe``)."""
 
     rows: list
     speedup: dict
@@ -201,12 +208,21 @@ class AmpRecipeResult(ExperimentResult):
     graphed: list = field(default_factory=list)
     graphed_speedup: dict = field(default_factory=dict)
 
-    def row(self, precision: str, batch: int, *, graphed: bool = False) -> dict:
-        """The row of ``precision`` at ``batch`` (of the GPU-limited variant with ``graphed``); KeyError if none."""
+    RENAMED_CONFIG = {"precisions": "recipes"}
+
+    @classmethod
+    def upgrade(cls, d: dict) -> dict:
+        """A result saved before the one recipe registry: its rows' ``precision`` is read as ``recipe``."""
+        d = {**d, **{k: [{("recipe" if f == "precision" else f): v for f, v in row.items()} for row in d[k]]
+                     for k in ("rows", "graphed") if isinstance(d.get(k), list)}}
+        return super().upgrade(d)
+
+    def row(self, recipe: str, batch: int, *, graphed: bool = False) -> dict:
+        """The row of ``recipe`` at ``batch`` (of the GPU-limited variant with ``graphed``); KeyError if none."""
         for r in (self.graphed if graphed else self.rows):
-            if r["precision"] == precision and r["batch"] == batch:
+            if r["recipe"] == recipe and r["batch"] == batch:
                 return r
-        raise KeyError(f"no {'graphed ' if graphed else ''}row for precision={precision!r}, batch={batch!r}")
+        raise KeyError(f"no {'graphed ' if graphed else ''}row for recipe={recipe!r}, batch={batch!r}")
 
     def describe(self) -> str:
         c = self.config
@@ -239,39 +255,40 @@ def _cpu_note(peaks: dict, kernels) -> str:
     return s
 
 
-def train_step(model, opt, scaler, x, y, precision: str, device: torch.device) -> None:
-    """One step of the recipe's eager loop: forward and MSE loss under autocast to ``precision``'s dtype (one of
+def train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None,
+               x: torch.Tensor, y: torch.Tensor, recipe: str, device: torch.device) -> None:
+    """One step of the recipe's eager loop: forward and MSE loss under autocast to ``recipe``'s dtype (one of
     :data:`RECIPES`; none for "fp32"), backward and optimizer step through ``scaler`` (None: none), gradients set
     to None.  ``x``, ``y``: float32 [batch, width] on ``device``."""
-    with autocast_to(device.type, _DTYPE[precision]):
+    with autocast_to(device.type, _dtype(recipe)):
         out = model(x)                                     # Linear output in float16/bfloat16
         loss = torch.nn.functional.mse_loss(out, y)        # mse_loss autocasts to float32
     backward_step(loss, opt, scaler)
     opt.zero_grad(set_to_none=True)
 
 
-def _train_epoch(model, opt, scaler, batches, precision: str, device: torch.device) -> None:
+def _train_epoch(model, opt, scaler, batches, recipe: str, device: torch.device) -> None:
     for x, y in batches:
-        train_step(model, opt, scaler, x, y, precision, device)
+        train_step(model, opt, scaler, x, y, recipe, device)
 
 
-def _make(config: Config, precision: str, device: torch.device, fused: bool = False):
+def _make(config: Config, recipe: str, device: torch.device, fused: bool = False):
     torch.manual_seed(config.seed)
     model = make_model(config.width, config.num_layers, device)
     opt = torch.optim.SGD(model.parameters(), lr=config.lr, fused=True) if fused else \
         torch.optim.SGD(model.parameters(), lr=config.lr)
-    scaler = torch.amp.GradScaler(device.type) if needs_scaler(_DTYPE[precision]) else None
+    scaler = torch.amp.GradScaler(device.type) if needs_scaler(_dtype(recipe)) else None
     return model, opt, scaler
 
 
 _PEAK_KEY = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16"}      # the datasheet's key of each recipe (TF32 off)
 
 
-def _rates(row: dict, flops: int, seconds: float, peak: float, datasheet: dict | None, precision: str) -> None:
+def _rates(row: dict, flops: int, seconds: float, peak: float, datasheet: dict | None, recipe: str) -> None:
     """Fill ``row``'s flops_per_step, tflops and its two fractions of peak from the counted FLOPs of a step."""
     tflops = flops / seconds / 1e12
     row.update(flops_per_step=flops, tflops=tflops, fraction_of_peak=tflops / peak if peak > 0 else math.nan,
-               fraction_of_datasheet_peak=tflops / datasheet[_PEAK_KEY[precision]] if datasheet else None)
+               fraction_of_datasheet_peak=tflops / datasheet[_PEAK_KEY[recipe]] if datasheet else None)
 
 
 def _profiled(profile: dict) -> dict:
@@ -280,14 +297,14 @@ def _profiled(profile: dict) -> dict:
             "sync_seconds_per_step": profile["sync_seconds"] / profile["steps"], "kernels": profile["kernels"]}
 
 
-def _graphed(config: Config, precision: str, batch: int, device: torch.device, flops: int, peaks: dict,
+def _graphed(config: Config, recipe: str, batch: int, device: torch.device, flops: int, peaks: dict,
              names: dict, datasheet) -> dict:
     """The GPU-limited step (see the module docstring) at ``batch``: time per step, rates, its profile."""
     g = torch.Generator(device=device).manual_seed(config.seed + batch)
     pool = [(torch.randn(batch, config.width, device=device, generator=g),
              torch.randn(batch, config.width, device=device, generator=g)) for _ in range(config.graph_pool)]
-    model, opt, scaler = _make(config, precision, device, fused=True)
-    step = StaticStep(model, torch.nn.functional.mse_loss, opt, *pool[0], dtype=_DTYPE[precision], scaler=scaler,
+    model, opt, scaler = _make(config, recipe, device, fused=True)
+    step = StaticStep(model, torch.nn.functional.mse_loss, opt, *pool[0], dtype=_dtype(recipe), scaler=scaler,
                       capture=config.capture)
 
     def steps():
@@ -295,10 +312,10 @@ def _graphed(config: Config, precision: str, batch: int, device: torch.device, f
             step(*pool[i % len(pool)])
 
     timing = time_call(steps, repeat=config.epochs, warmup=1, device=device, timer="auto")
-    row = {"precision": precision, "batch": batch, "captured": step.captured,
+    row = {"recipe": recipe, "batch": batch, "captured": step.captured,
            "step_seconds": timing.median / config.graph_steps,
            "step_times": [t / config.graph_steps for t in timing.times], "timer": timing.method}
-    _rates(row, flops, row["step_seconds"], peaks[names[precision]], datasheet, precision)
+    _rates(row, flops, row["step_seconds"], peaks[names[recipe]], datasheet, recipe)
     if config.profile_steps:
         counter = iter(range(10 ** 9))
         row.update(_profiled(profile_steps(lambda: step(*pool[next(counter) % len(pool)]),
@@ -307,24 +324,24 @@ def _graphed(config: Config, precision: str, batch: int, device: torch.device, f
 
 
 def measure(config: Config, run: Run) -> dict:
-    """Time the recipe for every (precision, batch size), profile it, measure the matmul peak of each dtype, and
+    """Time the recipe for every (recipe, batch size), profile it, measure the matmul peak of each dtype, and
     time the GPU-limited variant."""
     device = run.device
     peak_n = config.peak_n or max(config.width, 512)
-    names = {p: str(_DTYPE[p]).replace("torch.", "") for p in config.precisions}
+    names = {p: str(_dtype(p)).replace("torch.", "") for p in config.recipes}
     peaks = {d: matmul_peak_tflops(device, getattr(torch, d), peak_n)
              for d in run.bar(sorted(set(names.values()), key=["float32", "float16", "bfloat16"].index),
                               desc="matmul peak")}
     datasheet = datasheet_peaks(describe(device)) if device.type == "cuda" else None
     counted = {}
     rows = []
-    combos = [(p, b) for b in config.batch_sizes for p in config.precisions]
-    for precision, batch in run.bar(combos, desc="AMP recipe"):
+    combos = [(p, b) for b in config.batch_sizes for p in config.recipes]
+    for recipe, batch in run.bar(combos, desc="AMP recipe"):
         g = torch.Generator(device=device).manual_seed(config.seed + batch)
         batches = [(torch.randn(batch, config.width, device=device, generator=g),
                     torch.randn(batch, config.width, device=device, generator=g)) for _ in range(config.num_batches)]
-        state = _make(config, precision, device)                   # model, optimizer, scaler
-        timing = time_call(lambda: _train_epoch(*state, batches, precision, device),
+        state = _make(config, recipe, device)                   # model, optimizer, scaler
+        timing = time_call(lambda: _train_epoch(*state, batches, recipe, device),
                            repeat=config.epochs, warmup=config.warmup_epochs, device=device, timer="auto")
         profiled = {}
         if config.profile_steps:
@@ -332,36 +349,36 @@ def measure(config: Config, run: Run) -> dict:
 
             def one_step():
                 x, y = batches[next(counter) % len(batches)]
-                train_step(*state, x, y, precision, device)
+                train_step(*state, x, y, recipe, device)
 
             profiled = _profiled(profile_steps(one_step, config.profile_steps, device))
         state = None                                                 # free them before measuring memory
         peak = None
         if config.measure_memory:
-            peak = peak_memory(lambda: _train_epoch(*_make(config, precision, device), batches, precision, device),
+            peak = peak_memory(lambda: _train_epoch(*_make(config, recipe, device), batches, recipe, device),
                                device)
         if batch not in counted:
             counted[batch] = counted_flops_per_step(batch, config.width, config.num_layers)
-        row = {"precision": precision, "batch": batch, "dtype": names[precision],
+        row = {"recipe": recipe, "batch": batch, "dtype": names[recipe],
                "epoch_seconds": timing.median, "epoch_times": list(timing.times), "timer": timing.method,
                "peak_bytes": peak, "step_seconds": timing.median / config.num_batches}
-        _rates(row, counted[batch], row["step_seconds"], peaks[names[precision]], datasheet, precision)
+        _rates(row, counted[batch], row["step_seconds"], peaks[names[recipe]], datasheet, recipe)
         row.update(profiled)
         rows.append(row)
-        run.arm_done(f"eager {precision}, batch {batch}", row)
-    base = {r["batch"]: r["epoch_seconds"] for r in rows if r["precision"] == "fp32"}
-    speedup = {p: {str(r["batch"]): base[r["batch"]] / r["epoch_seconds"] for r in rows if r["precision"] == p}
-               for p in config.precisions if p != "fp32"}
+        run.arm_done(f"eager {recipe}, batch {batch}", row)
+    base = {r["batch"]: r["epoch_seconds"] for r in rows if r["recipe"] == "fp32"}
+    speedup = {p: {str(r["batch"]): base[r["batch"]] / r["epoch_seconds"] for r in rows if r["recipe"] == p}
+               for p in config.recipes if p != "fp32"}
     graphed = []
-    gcombos = [(p, b) for b in config.graph_batches for p in config.precisions]
-    for precision, batch in run.bar(gcombos, desc="GPU-limited step"):
+    gcombos = [(p, b) for b in config.graph_batches for p in config.recipes]
+    for recipe, batch in run.bar(gcombos, desc="GPU-limited step"):
         if batch not in counted:
             counted[batch] = counted_flops_per_step(batch, config.width, config.num_layers)
-        graphed.append(_graphed(config, precision, batch, device, counted[batch], peaks, names, datasheet))
-        run.arm_done(f"graphed {precision}, batch {batch}", graphed[-1])
-    gbase = {r["batch"]: r["step_seconds"] for r in graphed if r["precision"] == "fp32"}
+        graphed.append(_graphed(config, recipe, batch, device, counted[batch], peaks, names, datasheet))
+        run.arm_done(f"graphed {recipe}, batch {batch}", graphed[-1])
+    gbase = {r["batch"]: r["step_seconds"] for r in graphed if r["recipe"] == "fp32"}
     graphed_speedup = {p: {str(r["batch"]): gbase[r["batch"]] / r["step_seconds"] for r in graphed
-                           if r["precision"] == p} for p in config.precisions if p != "fp32" and graphed}
+                           if r["recipe"] == p} for p in config.recipes if p != "fp32" and graphed}
     note = _cpu_note(peaks, cpu_kernels()) if device.type == "cpu" else (
         f"CUDA: float32 matmul TF32 allowed = {torch.backends.cuda.matmul.allow_tf32}; "
         "batch sizes that are multiples of 8 let float16/bfloat16 products use tensor cores fully.")

@@ -5,7 +5,7 @@ Micikevicius et al. (ICLR 2018): bigLSTM (Jozefowicz et al. 2016) trained on the
 Adagrad; mixed precision *without* loss scaling diverges after a while, with a loss scale of 128 it matches FP32
 (NVIDIA's blog post on the paper, Micikevicius et al. 2017, draws the training-loss curves as its Figure 1).
 Here the same model, data order and seed (:mod:`mpt_lab.models.lstm`, word-level, on the King James Bible of
-:mod:`mpt_lab.data.text`) are trained in each arm of :data:`~mpt_lab.experiments._precision.RECIPES` (FP32; mixed
+:mod:`mpt_lab.data.text`) are trained in each recipe of :data:`mpt_lab.recipes.LOSS_SCALING` (FP32; mixed
 FP16 without scaling; with the static scale ``static_scale``; with the dynamic :class:`~mpt_lab.scaling.GradScaler`):
 real FP16 autocast on CUDA, the :mod:`mpt_lab.simulate` emulation on a CPU.  The run records, over training: the
 training loss of every step (nats per token), the validation perplexity, the loss scale, and from histograms of
@@ -26,7 +26,7 @@ binades below our untrained models' 1/(V·N) (:func:`equivalent_shift` gives 2 f
 about a fifth of them, the frequent words' 1/(V·128) ≈ 2⁻²⁶·⁶, round to zero in FP16.  (An estimate with p ~ 1/8,193
 for every sampled word, which ignores the log-Q correction, put the median at 2⁻²⁰, where ours are.)
 
-``grad_shift = k`` (see :mod:`mpt_lab.experiments._precision`) multiplies the loss by 2⁻ᵏ and Adagrad's eps
+``grad_shift = k`` (see :mod:`mpt_lab.training`) multiplies the loss by 2⁻ᵏ and Adagrad's eps
 and initial accumulator by 2⁻ᵏ and 4⁻ᵏ: the FP32 run is bit-identical for every k, while the FP16 runs see
 gradients k binades smaller.  A shift k and a batch 2ᵏ times larger give the same histogram, value for value (the
 mean over N tokens divides every logit gradient by N; :mod:`~mpt_lab.experiments.lm_gradient_scale` measures it,
@@ -55,19 +55,21 @@ import time
 import warnings
 from dataclasses import dataclass, field, replace
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..data.text import batchify, bptt_batches, kjv_corpus
-from ..histogram import GradientHistogram
+from .. import formats
+from ..data.text import batchify, bptt_batches, kjv_corpus, lm_windows
+from ..device import DeviceLike
+from ..harness.runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
+from ..histogram import GradientHistogram, gradient_shares, lost_mass
 from ..models.lstm import CONFIGS, build_lstm_lm
-from ._precision import RECIPES, RecipeRun, collect_arms, gradient_shares, shift_eps
-from .runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
+from ..recipes import LOSS_SCALING, OLD_LOSS_SCALING_NAMES, renamed
+from ..training import RecipeRun, collect_arms, lm_optimizer, lm_step
 
 __all__ = ["Config", "BigLSTMResult", "PROFILES", "PAPER", "BIGLSTM", "config_for", "run", "main",
-           "equivalent_shift", "sampled_softmax_gradients", "log_uniform_probability", "perplexity", "lm_windows",
-           "lm_optimizer", "lm_step", "lost_mass",
-           "NAME"]
+           "equivalent_shift", "sampled_softmax_gradients", "log_uniform_probability", "perplexity", "NAME"]
 
 NAME = "biglstm"
 
@@ -92,7 +94,7 @@ BIGLSTM = {"vocab_size": 793471, "sampled_classes": 8192, "softmax_classes": 819
            "bptt": 20, "tokens_per_batch": 128 * 20, "loss_divisor": 128}
 
 
-def log_uniform_probability(ids, range_max: int):
+def log_uniform_probability(ids: int | np.ndarray, range_max: int) -> np.ndarray:
     """The base distribution of TensorFlow's ``log_uniform_candidate_sampler`` (the default sampler of
     ``tf.nn.sampled_softmax_loss``): P(k) = (log(k + 2) − log(k + 1)) / log(range_max + 1) for the ids
     k = 0 … range_max − 1, a Zipf-like law for a vocabulary sorted by decreasing frequency (TensorFlow's API
@@ -101,8 +103,6 @@ def log_uniform_probability(ids, range_max: int):
     ``ids``: int or array of ints in [0, range_max); returns float64 of the same shape.  Raises ValueError for
     ``range_max`` < 1 or ids outside the range.
     """
-    import numpy as np
-
     if not isinstance(range_max, int) or range_max < 1:
         raise ValueError(f"range_max must be an int ≥ 1, got {range_max!r}")
     k = np.asarray(ids, dtype=np.float64)
@@ -147,10 +147,6 @@ def sampled_softmax_gradients(*, vocab_size: int = BIGLSTM["vocab_size"],
     ``tf.random.log_uniform_candidate_sampler``, and its ``nn_impl.py`` (``_compute_sampled_logits``) and
     ``range_sampler.cc``; Jozefowicz et al.'s ``language_model.py`` (github.com/rafaljozefowicz/lm).
     """
-    import numpy as np
-
-    from .. import formats as F
-
     for name, v in (("vocab_size", vocab_size), ("num_sampled", num_sampled), ("loss_divisor", loss_divisor),
                     ("steps", steps), ("tokens", tokens)):
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -184,8 +180,8 @@ def sampled_softmax_gradients(*, vocab_size: int = BIGLSTM["vocab_size"],
         normalisers.append(z / vocab_size)
         tries_all.append(tries)
     g = np.concatenate(grads)
-    zero = F.round_to(g, F.FP16) == 0
-    zero_128 = F.round_to(128.0 * g, F.FP16) == 0
+    zero = formats.round_to(g, formats.FP16) == 0
+    zero_128 = formats.round_to(128.0 * g, formats.FP16) == 0
     return {"gradients": g, "median_log2": float(np.log2(np.median(g))), "lost": float(zero.mean()),
             "lost_128": float(zero_128.mean()), "lost_mass": float(g[zero].sum() / g.sum()),
             "smallest_log2": float(np.log2(g.min())), "largest_log2": float(np.log2(g.max())),
@@ -217,7 +213,7 @@ def equivalent_shift(vocab_size: int, tokens_per_batch: int) -> int:
 
 @dataclass
 class Config(ExperimentConfig):
-    """The bigLSTM-shaped language model, its data, optimizer and loss scales, and the recipes (arms) to train
+    """The bigLSTM-shaped language model, its data, optimizer and loss scales, and the recipes to train (one arm each)
     (each field's comment says what it is; :data:`PROFILES` holds each profile's values)."""
 
     model: str = "tiny"                # mpt_lab.models.lstm.CONFIGS
@@ -231,7 +227,7 @@ class Config(ExperimentConfig):
     init_scale: float = 2.0 ** 16      # GradScaler (torch's defaults)
     growth_interval: int = 2000
     grad_shift: int = 11               # loss × 2^-grad_shift (FP32 unchanged); -1: equivalent_shift (auto)
-    arms: tuple = RECIPES            # the recipes to run, one arm each
+    recipes: tuple = LOSS_SCALING      # mpt_lab.recipes.LOSS_SCALING to run, one arm each
     eval_every: int = 200              # validation perplexity and histogram shares every N steps
     hist_every: int = 1                # record gradient histograms on every N-th step
     valid_tokens: int = 20000          # validation tokens evaluated (0: all)
@@ -242,7 +238,7 @@ class Config(ExperimentConfig):
         self.check_choices("model", CONFIGS)
         self.check_positive("batch_size", "bptt", "steps", "eval_every", "hist_every", "growth_interval")
         self.check_positive("max_vocab", "valid_tokens", minimum=0)
-        self.check_choices("arms", RECIPES, subset=True)
+        self.check_choices("recipes", LOSS_SCALING, subset=True)
         if not isinstance(self.grad_shift, int) or self.grad_shift < -1:
             raise ValueError(f"config.grad_shift must be -1 (auto) or an int ≥ 0, got {self.grad_shift!r}")
         if any(not isinstance(k, int) or k < 0 for k in self.sweep_shifts):
@@ -254,19 +250,20 @@ class Config(ExperimentConfig):
 PROFILES = {
     # the default shift of 11 binades: the failure is plain within the 120 steps a CPU affords (the sweep shows
     # smaller shifts)
-    "quick": {"max_vocab": 4000, "batch_size": 16, "bptt": 16, "steps": 120, "arms": ("fp32", "fp16", "fp16_static"),
+    "quick": {"max_vocab": 4000, "batch_size": 16, "bptt": 16, "steps": 120,
+              "recipes": ("fp32", "fp16_unscaled", "fp16_static"),
               "eval_every": 30, "hist_every": 4, "valid_tokens": 4000, "threads": 1, "sweep_shifts": (0, 6)},
     # cpu: every shift from 6 to 11 (11 is the main FP16 run's), to show how the run falls behind between them; the
     # dynamic-scaling arm is left to the long and full profiles to keep chapter 8 within its 240 s
-    "cpu": {"max_vocab": 4000, "batch_size": 16, "bptt": 16, "steps": 120, "arms": ("fp32", "fp16", "fp16_static"),
-            "growth_interval": 40, "eval_every": 40, "hist_every": 4, "valid_tokens": 6000, "threads": 0,
+    "cpu": {"max_vocab": 4000, "batch_size": 16, "bptt": 16, "steps": 120,
+            "recipes": ("fp32", "fp16_unscaled", "fp16_static"), "growth_interval": 40, "eval_every": 40, "hist_every": 4, "valid_tokens": 6000, "threads": 0,
             "sweep_shifts": (0, 6, 7, 8, 9, 10)},
     # bigLSTM's result with no shift at all: 4096 × 16 = 65,536 tokens per batch, 2^8 times the cpu profile's, so the
     # softmax gradients p/N of words with p < 2^-9 fall below FP16's 2^-25 by themselves; the vocabulary (2048
     # words) and the "lean" model keep a step cheap (≈ 20 CPU seconds for the four arms, 150 steps ≤ 60 minutes)
     "long": {"model": "lean", "max_vocab": 2048, "batch_size": 4096, "bptt": 16, "steps": 150, "grad_shift": 0,
              "growth_interval": 50, "eval_every": 25, "hist_every": 25, "valid_tokens": 0, "threads": 1},
-    # one H100 (mpt_lab.experiments.budget): the blog post's Figure 1 without a shift and with real FP16 autocast: 2048 × 32 = 65,536
+    # one H100 (mpt_lab.harness.budget): the blog post's Figure 1 without a shift and with real FP16 autocast: 2048 × 32 = 65,536
     # tokens per batch as the long profile (where FP16 without loss scaling falls behind by itself), 8,192 words
     # (the logits of 65,536 tokens over all 12,548 words would move 50 % more bytes), the "small" model (two LSTM
     # layers of 512 cells)
@@ -281,16 +278,16 @@ SMOKE = {"steps": 2, "eval_every": 2, "hist_every": 1, "batch_size": 16, "valid_
 
 @dataclass
 class BigLSTMResult(ExperimentResult):
-    """``vocab_size``, ``train_tokens``: of the corpus; ``arms``: per recipe of :data:`~mpt_lab.experiments._precision.RECIPES` that ran, ``losses``
+    """``vocab_size``, ``train_tokens``: of the corpus; ``arms``: per recipe of ``config["recipes"]`` that ran, ``losses``
     [steps] training loss in nats per token, ``scales`` [steps] the loss scale used at each step, ``skipped``
     steps the scaler skipped, ``cpu_seconds`` the CPU time of this process while the arm trained (with
     ``threads=1``, about the wall time the arm takes on an idle core, however busy the machine was), ``evals``
     per evaluation {step, valid_ppl, zero_share (share of activation-gradient values exactly zero in the run's
     own arithmetic since the previous evaluation), fp16_underflow (share FP16 flushes to zero, of the values as
     the run computed them: for FP32 what FP16 *would* lose), nonfinite, median_log2, fp16_lost_mass (the share
-    of the sum of |gradient| that FP16 flushes, :func:`lost_mass`)}; ``labels``: legend label per arm; ``real_fp16``: autocast on CUDA (else :mod:`mpt_lab.simulate`);
+    of the sum of |gradient| that FP16 flushes, :func:`mpt_lab.histogram.lost_mass`)}; ``labels``: legend label per arm; ``real_fp16``: autocast on CUDA (else :mod:`mpt_lab.simulate`);
     ``train_seconds``: per arm; ``grad_shift``: the shift k the arms ran with (``config["grad_shift"]`` is -1 when
-    it was chosen automatically); ``sweep``: {"fp32": final loss, "fp16": {k: final loss}, "zero_share": {k: share},
+    it was chosen automatically); ``sweep``: {"fp32": final loss, "fp16_unscaled": {k: final loss}, "zero_share": {k: share},
     "equivalent_shift": k, "steps": steps} for ``sweep_shifts`` and the arms' own shift (FP32 is bit-identical
     for every k)."""
 
@@ -302,6 +299,19 @@ class BigLSTMResult(ExperimentResult):
     real_fp16: bool = False
     train_seconds: dict = field(default_factory=dict)
     sweep: dict = field(default_factory=dict)
+
+    RENAMED_CONFIG = {"arms": "recipes"}
+
+    @classmethod
+    def upgrade(cls, d: dict) -> dict:
+        """A result saved before the one recipe registry: ``config["arms"]`` becomes ``config["recipes"]``, and
+        its recipe names (in the config, ``arms``, ``labels``, ``train_seconds`` and ``sweep``) the registry's
+        (:data:`mpt_lab.recipes.OLD_LOSS_SCALING_NAMES`: "fp16" → "fp16_unscaled", "fp16_dynamic" → "fp16")."""
+        if "arms" in d.get("config", {}):
+            names = OLD_LOSS_SCALING_NAMES
+            d = cls.with_config(d, lambda c: {**c, "arms": renamed(c["arms"], names)} if "arms" in c else c)
+            d.update({k: renamed(d[k], names) for k in ("arms", "labels", "train_seconds", "sweep") if k in d})
+        return super().upgrade(d)
 
     def final(self, arm: str, what: str = "loss", last: int = 50) -> float:
         """Mean training loss of the last ``last`` steps (``what="loss"``) or the last validation perplexity
@@ -326,7 +336,7 @@ def _tail_mean(values, last: int) -> float:
 
 
 @torch.no_grad()
-def perplexity(model, streams: torch.Tensor, bptt: int, device) -> float:
+def perplexity(model: torch.nn.Module, streams: torch.Tensor, bptt: int, device: DeviceLike) -> float:
     """exp(mean cross-entropy) of ``model`` (in FP32) over :func:`batchify`'d ``streams``; inf if non-finite."""
     model.eval()
     total, count, state = 0.0, 0, None
@@ -338,61 +348,6 @@ def perplexity(model, streams: torch.Tensor, bptt: int, device) -> float:
     model.train()
     mean = total / max(count, 1)
     return math.exp(mean) if math.isfinite(mean) and mean < 700 else float("inf")
-
-
-def lost_mass(h, shift: int = 0) -> float:
-    """Share of the gradient *mass* (the sum of |x|) of a :class:`~mpt_lab.histogram.Log2Histogram` that FP16
-    rounds to zero after the gradient shift 2⁻ˢʰⁱᶠᵗ: the values with |x · 2⁻ˢʰⁱᶠᵗ| < 2⁻²⁵ (binades ≤ −26; the
-    few values of exactly 2⁻²⁵ are left out), each binade weighted by its count × 2ᵏ⁺⁰·⁵, to a factor 2^±0.5 per
-    value.  Where the share of values lost says how many gradients vanish, this says how much of the update
-    does: the softmax gradients (p − y)/N lost in a language model are the small p of the unlikely words, and
-    the run is biased by their sum.  NaN without non-zero finite values."""
-    import numpy as np
-
-    e = h.exponents
-    w = h.counts * np.exp2(e + 0.5)
-    total = w.sum()
-    return float(w[e - shift <= -26].sum() / total) if total > 0 else float("nan")
-
-
-def lm_windows(ids: torch.Tensor, batch_size: int, bptt: int):
-    """Endless training windows over a token stream: :func:`batchify` into ``batch_size`` streams, then
-    :func:`bptt_batches` of ``bptt`` steps, starting over at the end.
-
-    Yields ``(x, y, fresh)``: int64 tensors [≤ bptt, batch_size] and whether this window starts a pass over the
-    streams (the recurrent state must start from zero there).
-    """
-    streams = batchify(ids, batch_size)
-    while True:
-        for i, (x, y) in enumerate(bptt_batches(streams, bptt)):
-            yield x, y, i == 0
-
-
-def lm_optimizer(model, lr: float, adagrad_init: float, grad_shift: int = 0) -> torch.optim.Adagrad:
-    """bigLSTM's optimizer, Adagrad (Jozefowicz et al. 2016), made exactly invariant to a gradient shift k: the
-    initial accumulator (squared gradients) × 4⁻ᵏ and eps × 2⁻ᵏ (:func:`~mpt_lab.experiments._precision.shift_eps`)."""
-    opt = torch.optim.Adagrad(model.parameters(), lr=lr, initial_accumulator_value=adagrad_init * 4.0 ** -grad_shift)
-    shift_eps(opt, grad_shift)
-    return opt
-
-
-def lm_step(model, arm: RecipeRun, optimizer, x: torch.Tensor, y: torch.Tensor, state=None):
-    """One truncated-BPTT training step of a language model in ``arm``: the mean cross-entropy of predicting
-    ``y`` from ``x`` (int64 [T, B]) starting from ``state`` (detached here; None: zeros), backward, update.
-
-    Returns ``(loss, skipped, state)``: the loss in nats per token, whether the scaler skipped the update, and
-    the recurrent state after the window (for the next one).
-    """
-    if state is not None:
-        state = tuple(s.detach() for s in state)
-    box = {}
-
-    def forward():
-        logits, box["state"] = model(x, state)
-        return F.cross_entropy(arm.to_float32(logits).reshape(-1, model.vocab_size), y.reshape(-1))
-
-    loss, skipped = arm.step(forward, optimizer)
-    return loss, skipped, box["state"]
 
 
 def _train_arm(arm_name: str, config: Config, corpus, init_state: dict, run: Run) -> dict:
@@ -439,7 +394,7 @@ def measure(config: Config, run: Run) -> dict:
     torch.manual_seed(config.seed)
     init_state = {k: v.clone() for k, v in build_lstm_lm(config.model, corpus.vocab_size).state_dict().items()}
     out = {}
-    for a in config.arms:                  # each arm is kept the moment it finishes (a deadline keeps them)
+    for a in config.recipes:               # each arm is kept the moment it finishes (a deadline keeps them)
         out[a] = _train_arm(a, config, corpus, init_state, run)
         run.arm_done(a, out[a])
     sweep = {}
@@ -447,16 +402,16 @@ def measure(config: Config, run: Run) -> dict:
         fp32 = out.get("fp32") or _train_arm("fp32", replace(config, grad_shift=0), corpus, init_state, run)
         if "fp32" not in out:
             run.arm_done("sweep fp32", fp32)
-        sweep = {"fp32": _tail_mean(fp32["losses"], 50), "fp16": {}, "zero_share": {}, "steps": config.steps,
-                 "equivalent_shift": k_auto}
-        shifts = set(config.sweep_shifts) | ({config.grad_shift} if "fp16" in out else set())
+        sweep = {"fp32": _tail_mean(fp32["losses"], 50), "fp16_unscaled": {}, "zero_share": {},
+                 "steps": config.steps, "equivalent_shift": k_auto}
+        shifts = set(config.sweep_shifts) | ({config.grad_shift} if "fp16_unscaled" in out else set())
         for k in sorted(shifts):       # the main FP16 run joins the sweep at its own shift, at no cost
-            if k == config.grad_shift and "fp16" in out:
-                d = out["fp16"]
+            if k == config.grad_shift and "fp16_unscaled" in out:
+                d = out["fp16_unscaled"]
             else:
-                d = _train_arm("fp16", replace(config, grad_shift=k), corpus, init_state, run)
-                run.arm_done(f"sweep fp16, shift {k}", d)
-            sweep["fp16"][k] = _tail_mean(d["losses"], 50)
+                d = _train_arm("fp16_unscaled", replace(config, grad_shift=k), corpus, init_state, run)
+                run.arm_done(f"sweep fp16_unscaled, shift {k}", d)
+            sweep["fp16_unscaled"][k] = _tail_mean(d["losses"], 50)
             sweep["zero_share"][k] = d["evals"][-1]["zero_share"]
     return {"vocab_size": corpus.vocab_size, "train_tokens": len(corpus.train), "sweep": sweep,
             "grad_shift": config.grad_shift, **collect_arms(out)}

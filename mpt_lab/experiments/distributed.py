@@ -43,21 +43,31 @@ import shlex
 import signal
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F_nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+from torch.func import functional_call, grad, vmap
+from torch.nn.parallel import DistributedDataParallel
 
+from .. import profile as current_profile
+from ..collectives import COMM_FORMATS, fsdp_divide_factors, relative_error, ring_allreduce, tree_allreduce
 from ..data import digits_data
+from ..device import describe
+from ..harness.runner import Experiment, ExperimentConfig, ExperimentResult, Run, progress_enabled, run_main
+from ..harness.torchrun import LaunchError, in_torchrun, run_torchrun, tail, write_pid
 from ..models import digits_mlp
+from ..recipes import DISTRIBUTED, LossScaling, Recipe
+from ..recipes import RECIPES as REGISTRY
 from ..scaling import GradScaler, max_gradient_scale
-from ..collectives import (COMM_FORMATS, fsdp_divide_factors, relative_error, ring_allreduce, ring_order,
-                           tree_allreduce, tree_children)
-from ..training import accuracy, autocast_to, shuffled_batches
-from .runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
-from ._torchrun import LaunchError, in_torchrun, run_torchrun, tail, write_pid
+from ..training import accuracy, autocast_to, backward_step, shuffled_batches
 
 __all__ = ["NAME", "Config", "PROFILES", "Recipe", "RECIPES", "DistributedResult", "AGREEMENT", "LaunchError",
            "placement", "launch", "in_torchrun", "reduction_config", "run", "config_for", "main"]
@@ -65,41 +75,10 @@ __all__ = ["NAME", "Config", "PROFILES", "Recipe", "RECIPES", "DistributedResult
 NAME = "distributed"
 
 # ============================================================================================== recipes, config
-@dataclass(frozen=True)
-class Recipe:
-    """One way to train across processes.
-
-    label : legend text; wrapper : "ddp" (``DistributedDataParallel``) or "fsdp" (FSDP2's ``fully_shard``);
-    comm : the dtype in which gradients are summed ("float32", "bfloat16", "float16"); hook : DDP's
-    communication hook ("bf16" → ``bf16_compress_hook``, "fp16" → ``fp16_compress_hook``) or None; autocast : the
-    autocast dtype or None; param_dtype, reduce_dtype : FSDP2's ``MixedPrecisionPolicy`` (None: FP32); scaler :
-    whether the loss is scaled by :class:`mpt_lab.scaling.GradScaler`.
-    """
-
-    label: str
-    wrapper: str
-    comm: str = "float32"
-    hook: str | None = None
-    autocast: str | None = None
-    param_dtype: str | None = None
-    reduce_dtype: str | None = None
-    scaler: bool = False
-
-
-#: The recipes, in the order of the chapter's legend.
-RECIPES = {
-    "ddp_fp32": Recipe("DDP, FP32 all-reduce", "ddp"),
-    "ddp_bf16_hook": Recipe("DDP + bf16_compress_hook", "ddp", comm="bfloat16", hook="bf16"),
-    "ddp_fp16_hook": Recipe("DDP + fp16_compress_hook", "ddp", comm="float16", hook="fp16"),
-    "ddp_amp_fp16": Recipe("DDP, FP16 autocast + GradScaler", "ddp", autocast="float16", scaler=True),
-    "fsdp_fp32": Recipe("FSDP2, FP32", "fsdp"),
-    "fsdp_bf16_fp32": Recipe("FSDP2, param BF16 / reduce FP32", "fsdp", param_dtype="bfloat16",
-                             reduce_dtype="float32"),
-    "fsdp_bf16_bf16": Recipe("FSDP2, param BF16 / reduce BF16", "fsdp", comm="bfloat16", param_dtype="bfloat16",
-                             reduce_dtype="bfloat16"),
-    "fsdp_fp16_fp32": Recipe("FSDP2, param FP16 / reduce FP32 + GradScaler", "fsdp", param_dtype="float16",
-                             reduce_dtype="float32", scaler=True),
-}
+#: The recipes, in the order of the chapter's legend: the registry's :data:`mpt_lab.recipes.DISTRIBUTED`, each a
+#: :class:`~mpt_lab.recipes.Recipe` whose ``distribution`` says how it trains across processes (wrapper, the dtype
+#: gradients are summed in, DDP's communication hook, FSDP2's ``MixedPrecisionPolicy``).
+RECIPES = {name: REGISTRY[name] for name in DISTRIBUTED}
 
 #: What "agree" means between a recipe and DDP in FP32: final losses (mean over the last tenth of the steps)
 #: within ``final_loss`` and test accuracies within ``test_accuracy`` (absolute).
@@ -158,7 +137,7 @@ PROFILES = {
             "sweep_elements": 4096, "threads": 1},
     # one rank per GPU with NCCL where there are two GPUs or more; on a machine with one GPU two gloo ranks on its
     # CPU (placement()), where float16 products have no fast kernels: so the cpu profile's network at twice its
-    # batch, for half its steps (mpt_lab.experiments.budget)
+    # batch, for half its steps (mpt_lab.harness.budget)
     "full": {"nproc": 0, "steps": 100, "hidden": 256, "batch_size": 128, "flag_steps": 30, "inject_steps": (5, 15),
              "growth_interval": 10, "sweep_elements": 4096},
 }
@@ -226,7 +205,7 @@ class DistributedResult(ExperimentResult):
                 "test_accuracy": abs(a["test_accuracy"] - b["test_accuracy"])}
         return {**gaps, "agree": all(gaps[k] <= AGREEMENT[k] for k in AGREEMENT)}
 
-    def scales_part_at(self, variant: str = "unsynchronised"):
+    def scales_part_at(self, variant: str = "unsynchronised") -> int | None:
         """The first step at which the ranks' loss scales differ in the overflow study (None: never)."""
         scales = self.flag_agreement["variants"][variant]["scales"]
         for step, per_rank in enumerate(zip(*scales)):
@@ -286,8 +265,8 @@ def placement(config: Config, local_world: int) -> tuple:
     return "gloo", "cpu", why
 
 
-def launch(config=None, *, nproc: int | None = None, timeout: float = 900.0, progress: bool | None = None,
-           command: str | None = None, env: dict | None = None, echo=print) -> DistributedResult:
+def launch(config: Config | str | None=None, *, nproc: int | None = None, timeout: float = 900.0, progress: bool | None = None,
+           command: str | None = None, env: dict | None = None, echo: Callable[[str], None]=print) -> DistributedResult:
     """Run the experiment under torchrun in a subprocess and return rank 0's result.
 
     Starts ``python -m torch.distributed.run --standalone --nproc_per_node N -m mpt_lab.experiments.distributed
@@ -316,8 +295,6 @@ def launch(config=None, *, nproc: int | None = None, timeout: float = 900.0, pro
     TimeoutError
         The ranks did not finish within ``timeout`` seconds; all of them were stopped.
     """
-    from .. import profile as current_profile
-    from .runner import progress_enabled
 
     if config is None or isinstance(config, str):
         config = config_for(config or current_profile())
@@ -355,15 +332,13 @@ def launch(config=None, *, nproc: int | None = None, timeout: float = 900.0, pro
         result = DistributedResult.load(out)
     result.provenance["command"] = command or EXPERIMENT.command(config)
     if result.ranks_device == "cpu" and torch.cuda.is_available():      # one GPU: the ranks ran on the CPU, with gloo
-        from ..device import describe
-
         result.provenance["device"] = f"{describe('cpu')}; ranks on the CPU with gloo (GPU present: {describe('cuda')})"
         result.provenance["placement"] = placement(config, n)[2]
     result.provenance["launcher"] = shlex.join(["torchrun", "--standalone", "--nproc_per_node", str(n), *module[:-2]])
     return result
 
 
-def reduction_config(config=None, nproc: int = 3) -> Config:
+def reduction_config(config: Config | str | None=None, nproc: int = 3) -> Config:
     """``config`` cut down to the real all-reduce of the ranks' gradients alone, for ``nproc`` ranks on gloo.
 
     No recipe is trained, no sweep simulated, no overflow study run: what is left is part 2's check that gloo's
@@ -380,8 +355,6 @@ def reduction_config(config=None, nproc: int = 3) -> Config:
 
     Raises TypeError for a config that is not a Config or a profile name, ValueError for ``nproc`` < 2.
     """
-    from .. import profile as current_profile
-
     if config is None or isinstance(config, str):
         config = config_for(config or current_profile())
     if not isinstance(config, Config):
@@ -427,8 +400,6 @@ class _Ranks:
 def _setup(config: Config, run: Run) -> _Ranks:
     """Check the configuration against what torchrun started, write this rank's pid for :func:`launch`, and
     join the process group."""
-    import torch.distributed as dist
-
     if not in_torchrun():
         raise RuntimeError("measure runs in the ranks that torchrun starts: call run() or launch(), which start "
                            "torchrun, or run this module under torchrun")
@@ -481,15 +452,14 @@ def _model(config: Config, device: torch.device) -> torch.nn.Module:
 def _wrap(model: torch.nn.Module, recipe: Recipe, ctx: _Ranks) -> torch.nn.Module:
     """``model`` under DDP (with the recipe's communication hook) or sharded by FSDP2 (each Linear, then the
     whole), with the recipe's ``MixedPrecisionPolicy``."""
-    if recipe.wrapper == "ddp":
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-        from torch.nn.parallel import DistributedDataParallel
+    dist_ = recipe.distribution
+    if dist_.wrapper == "ddp":
 
         ddp = DistributedDataParallel(model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
                                       gradient_as_bucket_view=True)
-        if recipe.hook:
-            hook = getattr(default_hooks, f"{recipe.hook}_compress_hook")
-            if recipe.hook == "bf16" and ctx.backend == "gloo":
+        if dist_.hook:
+            hook = getattr(default_hooks, f"{dist_.hook}_compress_hook")
+            if dist_.hook == "bf16" and ctx.backend == "gloo":
                 # DDP refuses a hook *named* bf16_compress_hook without NCCL ≥ 2.10 (old NCCL had no bfloat16);
                 # gloo sums bfloat16, so on a CPU PyTorch's own hook runs through a wrapper.
                 def bf16_hook_on_gloo(process_group, bucket, hook=hook):
@@ -498,9 +468,7 @@ def _wrap(model: torch.nn.Module, recipe: Recipe, ctx: _Ranks) -> torch.nn.Modul
                 hook = bf16_hook_on_gloo
             ddp.register_comm_hook(None, hook)
         return ddp
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-    policy = MixedPrecisionPolicy(param_dtype=_dtype(recipe.param_dtype), reduce_dtype=_dtype(recipe.reduce_dtype))
+    policy = MixedPrecisionPolicy(param_dtype=_dtype(dist_.param_dtype), reduce_dtype=_dtype(dist_.reduce_dtype))
     for layer in model:
         if isinstance(layer, torch.nn.Linear):
             fully_shard(layer, mp_policy=policy)
@@ -510,8 +478,6 @@ def _wrap(model: torch.nn.Module, recipe: Recipe, ctx: _Ranks) -> torch.nn.Modul
 
 def _local(t: torch.Tensor) -> torch.Tensor:
     """The part of ``t`` this rank holds (a DTensor's local shard; a plain tensor itself)."""
-    from torch.distributed.tensor import DTensor
-
     return t.to_local() if isinstance(t, DTensor) else t
 
 
@@ -530,8 +496,8 @@ def _memory(model, optimizer, recipe: Recipe) -> dict:
     params = list(model.parameters())
     state = [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
     gathered = 0
-    if recipe.wrapper == "fsdp":
-        itemsize = torch.empty((), dtype=_dtype(recipe.param_dtype) or torch.float32).element_size()
+    if recipe.distribution.wrapper == "fsdp":
+        itemsize = torch.empty((), dtype=_dtype(recipe.distribution.param_dtype) or torch.float32).element_size()
         gathered = max(sum(p.numel() for p in layer.parameters()) * itemsize
                        for layer in model if isinstance(layer, torch.nn.Linear))
     return {"params": _nbytes(_local(p) for p in params),
@@ -542,16 +508,12 @@ def _memory(model, optimizer, recipe: Recipe) -> dict:
 @torch.no_grad()
 def _full_parameters(model) -> torch.Tensor:
     """Every parameter, whole (FSDP2's shards gathered: a collective), as one float32 CPU vector."""
-    from torch.distributed.tensor import DTensor
-
     return torch.cat([(p.full_tensor() if isinstance(p, DTensor) else p).float().reshape(-1).cpu()
                       for p in model.parameters()])
 
 
 def _global_mean(values: list, ctx: _Ranks) -> list:
     """The ranks' mean of a per-step list of 0-dim tensors (one all-reduce)."""
-    import torch.distributed as dist
-
     t = torch.stack(values).float().to(ctx.device)
     dist.all_reduce(t)
     return (t / ctx.world).tolist()
@@ -559,8 +521,6 @@ def _global_mean(values: list, ctx: _Ranks) -> list:
 
 def _gather(obj, ctx: _Ranks) -> list:
     """Every rank's ``obj`` (picklable), in rank order, on every rank."""
-    import torch.distributed as dist
-
     out = [None] * ctx.world
     dist.all_gather_object(out, obj)
     return out
@@ -569,19 +529,17 @@ def _gather(obj, ctx: _Ranks) -> list:
 # ==================================================================================================== 1. recipes
 def _train(recipe: Recipe, config: Config, ctx: _Ranks, data, batches) -> tuple:
     """Train one recipe; (its record, its final parameters as one vector)."""
-    from ..training import backward_step
-
     xtr, ytr, xte, yte = data
     t0 = time.perf_counter()
     model = _wrap(_model(config, ctx.device), recipe, ctx)
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
     scaler = GradScaler(init_scale=config.init_scale, growth_interval=config.growth_interval) \
-        if recipe.scaler else None
+        if recipe.loss_scaling is LossScaling.DYNAMIC else None
     losses, scales = [], []
     for idx in batches[:config.steps]:
         local = idx[ctx.shard]
         optimizer.zero_grad(set_to_none=True)
-        with autocast_to(ctx.device.type, _dtype(recipe.autocast)):
+        with autocast_to(ctx.device.type, recipe.autocast):
             out = model(xtr[local])
         loss = F_nn.cross_entropy(out.float(), ytr[local])
         if scaler is not None:
@@ -595,7 +553,8 @@ def _train(recipe: Recipe, config: Config, ctx: _Ranks, data, batches) -> tuple:
     losses = _global_mean(losses, ctx)
     per_rank = _gather({"memory": memory, "scales": scales if scaler is not None else None}, ctx)
     tail = max(1, len(losses) // 10)
-    record = {"label": recipe.label, "wrapper": recipe.wrapper, "comm": recipe.comm, "losses": losses,
+    record = {"label": recipe.label, "wrapper": recipe.distribution.wrapper, "comm": recipe.distribution.comm,
+              "losses": losses,
               "test_accuracy": test_accuracy, "final_loss": float(np.mean(losses[-tail:])),
               "parameters": int(flat.numel()), "memory": [r["memory"] for r in per_rank],
               "scales": [r["scales"] for r in per_rank] if scaler is not None else None,
@@ -631,8 +590,6 @@ def _local_gradient(config: Config, ctx: _Ranks, data, batches) -> torch.Tensor:
 def _reduction_measured(config: Config, ctx: _Ranks, data, batches) -> dict:
     """The real all-reduce of the ranks' gradients in FP32, BF16 and FP16 (pre-divided by N, as DDP's hooks do)
     against :func:`ring_allreduce`, and DDP's gradients under the two compression hooks."""
-    import torch.distributed as dist
-
     g = _local_gradient(config, ctx, data, batches)
     m, n = g.numel(), ctx.world
     g = F_nn.pad(g, (0, (-m) % (2 * n)))      # a multiple of 2N elements: gloo's chunk boundaries are ⌈M/N⌉·k
@@ -656,7 +613,7 @@ def _reduction_measured(config: Config, ctx: _Ranks, data, batches) -> dict:
         if n != 2:                              # DDP's buckets move the chunk boundaries: exact only for N = 2
             hooks[hook] = None
             continue
-        ddp = _wrap(_model(config, ctx.device), Recipe("", "ddp", hook=hook), ctx)
+        ddp = _wrap(_model(config, ctx.device), RECIPES[f"ddp_{hook}_hook"], ctx)
         F_nn.cross_entropy(ddp(xtr[local]), ytr[local]).backward()
         got = torch.cat([p.grad.reshape(-1) for p in ddp.module.parameters()]).cpu().double().numpy()
         hooks[hook] = bool(np.array_equal(got, ring_allreduce(values[:, :m], fmt, predivide=n)))
@@ -671,8 +628,6 @@ def _sweep_sizes(sweep_max: int) -> list:
 def _sweep_gradients(config: Config, data, n_ranks: int) -> np.ndarray:
     """[n_ranks, E] float64: the gradients of ``n_ranks`` simulated ranks (the seeded network at its start, each
     on its own micro-batch of ``sweep_batch`` training samples), at E evenly spread parameter positions."""
-    from torch.func import functional_call, grad, vmap
-
     xtr, ytr = (t.cpu() for t in data[:2])
     model = _model(config, torch.device("cpu"))
     params = {k: v.detach() for k, v in model.named_parameters()}
@@ -748,8 +703,6 @@ class _UnsynchronisedGradScaler(GradScaler):
 def _flag_agreement(config: Config, ctx: _Ranks, data, batches) -> dict:
     """FSDP2 (FP16/FP32) with torch's scaler, ours and ours unsynchronised, on the same batches, while rank
     ``inject_rank``'s gradient shard of the first layer gets an inf at ``inject_steps``."""
-    import torch.distributed as dist
-
     xtr, ytr = data[:2]
     recipe = RECIPES["fsdp_fp16_fp32"]
     kw = dict(init_scale=config.init_scale, growth_interval=config.growth_interval)
@@ -803,10 +756,8 @@ def _flag_agreement(config: Config, ctx: _Ranks, data, batches) -> dict:
 
 
 # ====================================================================================================== measure
-def measure(config: Config, run: Run):
+def measure(config: Config, run: Run) -> dict | None:
     """One rank's share of the three parts; rank 0 returns the result's fields, the other ranks None."""
-    import torch.distributed as dist
-
     ctx = _setup(config, run)
     data = digits_data(config.seed, ctx.device)
     order = shuffled_batches(len(data[0]), config.batch_size, seed=config.seed)

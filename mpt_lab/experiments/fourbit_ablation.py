@@ -63,6 +63,7 @@ import math
 import os
 import statistics
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -71,13 +72,22 @@ from torch import nn
 
 from ..data.text import kjv_characters
 from ..formats import FP4_E2M1
-from ..microscaling import (RandomHadamard, ScaledTensor, fake_quantize_mx, fake_quantize_nvfp4, quantize_per_tensor,
-                            snr_db)
+from ..harness.runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
+from ..microscaling import (
+    RandomHadamard,
+    ScaledTensor,
+    fake_quantize_mx,
+    fake_quantize_nvfp4,
+    quantize_nvfp4,
+    quantize_per_tensor,
+    snr_db,
+)
 from ..models.transformer import CharTransformerLM
-from ..quantized_training import TRAINING_RECIPES, QuantLinear, four_bit_recipe, quantize_linears_
-from .runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
+from ..quantized_training import TRAINING_RECIPES, Quantizer, QuantLinear, four_bit_recipe, quantize_linears_
+from ..recipes import Recipe
+from ..training import lr_factor
 
-__all__ = ["NAME", "Arm", "ARMS", "ARM_ORDER", "Config", "PROFILES", "SMOKE", "FourbitAblationResult", "lr_factor",
+__all__ = ["NAME", "Arm", "ARMS", "ARM_ORDER", "Config", "PROFILES", "SMOKE", "FourbitAblationResult",
            "build_arm", "sr_bias", "hadamard_outlier_error", "weight_mismatch", "channel_outliers",
            "capture_linears", "layer_sensitivity", "wgrad_error", "sr_residual_bias", "run", "config_for", "main", "EXPERIMENT"]
 
@@ -138,16 +148,6 @@ ARM_ORDER = tuple(ARMS)
 ABLATIONS = {"nvfp4_no_rht": "random Hadamard transform", "nvfp4_1d_weights": "2D weight scaling",
              "nvfp4_rtn_gradients": "stochastic rounding of gradients",
              "nvfp4_no_bf16_layers": "BF16 layers"}
-
-
-def lr_factor(step: int, steps: int, warmup: float = 0.1, floor: float = 0.1) -> float:
-    """The learning-rate multiplier at ``step`` (0-based) of ``steps``: linear warm-up over the first
-    ``warmup`` share of the steps, then cosine decay to ``floor`` (chapter 11's schedule)."""
-    w = max(1, round(warmup * steps))
-    if step < w:
-        return (step + 1) / w
-    frac = (step - w) / max(1, steps - w)
-    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, frac)))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -242,7 +242,7 @@ def _layer_name(spec: str, layers: int) -> str:
 #: 1,837 s of CPU time in its training runs and 6,919 s of wall time at load average 5 to 16 (on two quiet cores, its
 #: CPU time, about half an hour).
 #: The full profile is the cpu profile: the emulated quantisers launch thousands of operators per step, which a
-#: GPU slot cannot afford for 20 runs (mpt_lab.experiments.budget: a CPU row).
+#: GPU slot cannot afford for 20 runs (mpt_lab.harness.budget: a CPU row).
 PROFILES = {
     "quick": {"dim": 32, "layers": 2, "heads": 2, "context": 32, "batch": 8, "steps": 50, "seeds": 2, "evals": 2,
               "lr": 4e-3, "valid_chars": 4096, "sr_draws": 16, "sens_valid_chars": 2048, "diag_sequences": 8,
@@ -352,7 +352,7 @@ class FourbitAblationResult(ExperimentResult):
 # ----------------------------------------------------------------------------------------------------------
 # the arms
 # ----------------------------------------------------------------------------------------------------------
-def build_arm(model: nn.Module, arm, *, bf16_layers=("-1.fc1", "-1.fc2"), seed: int = 0) -> dict:
+def build_arm(model: nn.Module, arm: Arm, *, bf16_layers: Sequence[str]=("-1.fc1", "-1.fc2"), seed: int = 0) -> dict:
     """Make ``model`` (a :class:`~mpt_lab.models.CharTransformerLM`, in place) compute in ``arm``.
 
     The Linear layers of the blocks take the arm's recipe; the output layer ``head`` and, for four-bit arms that
@@ -592,8 +592,6 @@ def sr_residual_bias(x: torch.Tensor, *, draws: int = 64, seed: int = 0) -> dict
 
     Raises TypeError for x not a float matrix, ValueError for cols not a multiple of 16 or bad draws/seed.
     """
-    from ..microscaling import quantize_nvfp4
-
     if not isinstance(x, torch.Tensor) or x.dim() != 2 or not x.is_floating_point():
         raise TypeError("x must be a float matrix")
     rows, cols = x.shape
@@ -645,7 +643,7 @@ def _per_tensor_fp4(x: torch.Tensor) -> torch.Tensor:
     return ScaledTensor(q, scale, FP4_E2M1, torch.float32).dequantize()
 
 
-def hadamard_outlier_error(*, factors=(1.0, 3.0, 10.0, 30.0, 100.0), channels: int = 4, shape=(512, 256),
+def hadamard_outlier_error(*, factors: Sequence[float]=(1.0, 3.0, 10.0, 30.0, 100.0), channels: int = 4, shape: tuple[int, int]=(512, 256),
                            seed: int = 0) -> dict:
     """NVFP4 and MXFP4 block error along the channels of a Gaussian matrix with a few outlier channels, with and
     without the random Hadamard transform.
@@ -747,8 +745,8 @@ def weight_mismatch(w: torch.Tensor, g: torch.Tensor | None = None) -> dict:
     return out
 
 
-def layer_sensitivity(model: nn.Module, recipe, batch: tuple, valid: tuple, *, seed: int = 0,
-                      progress=None) -> dict:
+def layer_sensitivity(model: nn.Module, recipe: str | Recipe, batch: tuple, valid: tuple, *, seed: int = 0,
+                      progress: Callable | None=None) -> dict:
     """Each Linear layer of ``model`` quantised alone with ``recipe``, every other computing in FP32.
 
     ``model`` is a plain model (no quantised layers); each layer is tried on a fresh copy.  Returns {"fp32_loss":
@@ -774,14 +772,12 @@ def layer_sensitivity(model: nn.Module, recipe, batch: tuple, valid: tuple, *, s
     return out
 
 
-def wgrad_error(captured: dict, recipe, *, seed: int = 0) -> dict:
+def wgrad_error(captured: dict, recipe: str | Recipe, *, seed: int = 0) -> dict:
     """Per Linear layer (``captured`` of :func:`capture_linears`), the relative error of its weight gradient
     computed by ``recipe``'s weight-gradient GEMM (for the NVFP4 recipe: both inputs after the 16-point random
     Hadamard transform along the tokens, gᵀ rounded stochastically, xᵀ to nearest) against gᵀx in FP32:
     layer → ‖gw_recipe − gᵀx‖ / ‖gᵀx‖ (the measure by which NVIDIA found the last layers most sensitive,
     arXiv:2509.25149, §4.1).  Stochastic rounding draws from a generator seeded with ``seed``."""
-    from ..quantized_training import Quantizer
-
     q = Quantizer(recipe, seed=seed)
     spec = q.recipe.gemms
     if spec is None:

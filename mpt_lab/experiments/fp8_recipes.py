@@ -48,15 +48,33 @@ import torch
 import torch.nn.functional as Fn
 from torch import nn
 
+from ..data import digits_data
 from ..data.text import kjv_characters
+from ..formats import FP8_E4M3
+from ..harness.runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
 from ..histogram import Log2Histogram
-from ..microscaling import block_scale_comparison, block_size_sweep, layer_stats, mean_over_layers
+from ..microscaling import (
+    ScaledTensor,
+    block_scale_comparison,
+    block_size_sweep,
+    layer_stats,
+    mean_over_layers,
+    quantize_per_tensor,
+)
+from ..models import digits_mlp
 from ..models.transformer import CharTransformerLM
-from ..quantized_training import ROLES, TRAINING_RECIPES, hardware_fp8_available, quantize_linears_, round_weights_
+from ..quantized_training import (
+    ROLES,
+    TRAINING_RECIPES,
+    Quantizer,
+    hardware_fp8_available,
+    quantize_linears_,
+    round_weights_,
+)
 from ..scaling import GradScaler
-from .runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
+from ..training import lr_factor
 
-__all__ = ["NAME", "Config", "PROFILES", "FP8RecipesResult", "lr_factor", "MODELS", "RECIPE_ORDER",
+__all__ = ["NAME", "Config", "PROFILES", "FP8RecipesResult", "MODELS", "RECIPE_ORDER",
            "HARDWARE_RECIPES", "run", "config_for", "main", "EXPERIMENT"]
 
 NAME = "fp8_recipes"
@@ -66,16 +84,6 @@ MODELS = ("lm", "mlp")
 RECIPE_ORDER = tuple(TRAINING_RECIPES)
 #: The recipes that also run on FP8 tensor cores where there are some.
 HARDWARE_RECIPES = ("fp8_current", "fp8_delayed")
-
-
-def lr_factor(step: int, steps: int, warmup: float = 0.1, floor: float = 0.1) -> float:
-    """The learning-rate multiplier at ``step`` (0-based) of ``steps``: linear warm-up over the first
-    ``warmup`` share of the steps, then cosine decay to ``floor``."""
-    w = max(1, round(warmup * steps))
-    if step < w:
-        return (step + 1) / w
-    frac = (step - w) / max(1, steps - w)
-    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, frac)))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -94,7 +102,7 @@ class Config(ExperimentConfig):
     lm_context: int = 64
     lm_batch: int = 16                 # sequences per step (lm_batch × lm_context characters)
     lm_steps: int = 150
-    lm_lr: float = 2e-3                # Adam, betas (0.9, 0.95); warm-up and cosine decay (lr_factor)
+    lm_lr: float = 2e-3                # Adam, betas (0.9, 0.95); warm-up and cosine decay (training.lr_factor)
     lm_valid_chars: int = 16384        # validation characters evaluated
     mlp_hidden: int = 64               # the digits MLP: width and hidden layers
     mlp_layers: int = 2
@@ -144,7 +152,7 @@ class Config(ExperimentConfig):
 #: and BF16 at 1,024 characters per step, ≈ 0.06 s in FP8 per tensor, ≈ 0.12–0.15 s in MX and NVFP4; the
 #: chapter adds ≈ 15 s (imports, the text, the histogram kernel's compilation, figures).  quick: ≈ 60 s of
 #: training, the chapter ≈ 75 s (budget 90 s); cpu: ≈ 180 s, the chapter ≈ 200 s (budget 4 minutes).  full (one
-#: H100, its share of the full profile's 8 minutes: mpt_lab.experiments.budget): the emulated quantisers launch
+#: H100, its share of the full profile's 8 minutes: mpt_lab.harness.budget): the emulated quantisers launch
 #: ≈ 2,000 operators per step of the language model (counted on a CPU), ≈ 40 ms of host time on a GPU whatever
 #: the sizes, so the full profile trains the wider language model only, in the recipes the chapter asserts on and
 #: on the FP8 tensor cores, for 100 steps; the cpu profile's live run has every recipe and the MLP.
@@ -294,8 +302,6 @@ class _Task:
                          "loss_unit": "nats per character", "dim": c.lm_dim, "layers": c.lm_layers,
                          "heads": c.lm_heads, "context": c.lm_context}
         else:
-            from ..data import digits_data
-
             self.xtr, self.ytr, self.xte, self.yte = digits_data(c.seed, device)
             self.steps, self.lr = c.mlp_steps, c.mlp_lr
             self.info = {"what": "digits MLP (scikit-learn's 8×8 digits)", "train_images": len(self.xtr),
@@ -307,8 +313,6 @@ class _Task:
         if self.model_name == "lm":
             m = CharTransformerLM(len(self.vocab), c.lm_dim, c.lm_layers, c.lm_heads, c.lm_context)
         else:
-            from ..models import digits_mlp
-
             m = digits_mlp(c.mlp_hidden, c.mlp_layers)
         return m.to(self.device)
 
@@ -501,9 +505,6 @@ def _delayed_summary(ds, config: Config, lm_layers: list) -> dict:
 def _hardware_check(last: dict, device: torch.device) -> dict:
     """One product of the FP32 run's last step, x @ w.t() of the first Linear layer, quantised per tensor to
     E4M3: emulated in FP32 against ``torch._scaled_mm``."""
-    from ..formats import FP8_E4M3
-    from ..microscaling import ScaledTensor, quantize_per_tensor
-    from ..quantized_training import Quantizer
 
     name = next(iter(last))
     x, w = last[name]["x"].to(device), last[name]["w"].to(device)

@@ -8,7 +8,7 @@ with it, and for heads [2, 2, 2] out of memory without FP16, 15.7 GB with it (:d
 
 This experiment trains the same network (:class:`mpt_lab.models.gat.GAT`, PyTorch Geometric's ``GATConv``)
 full-batch, with loss on the training nodes, for heads [h, h, h] with each h in ``config.heads`` and each
-recipe of :data:`RECIPES` in ``config.precisions``:
+recipe of :data:`RECIPES` (the registry's :data:`mpt_lab.recipes.AMP`) in ``config.recipes``:
 
 * ``fp32``: no autocast;
 * ``fp16``: ``torch.autocast(dtype=float16)`` and ``torch.amp.GradScaler`` (the guide's recipe);
@@ -41,7 +41,7 @@ downloaded here.  Sizes per profile (:func:`config_for`):
   about five of them alive at its peak (measured on a CPU with :func:`mpt_lab.bench.peak_memory`: 5.0 × E ×
   heads × 256 × 4 bytes per step for graphs of 61k and 121k edges), ≈ 21 GB.  A step reads and writes about
   eleven such tensors per layer, so the 6 runs × 100 epochs move ≈ 40 TB: most of the experiment's minute on
-  one H100, its share of the whole full profile's 8 minutes (:mod:`mpt_lab.experiments.budget`).  A run that still runs
+  one H100, its share of the whole full profile's 8 minutes (:mod:`mpt_lab.harness.budget`).  A run that still runs
   out of memory is recorded as such (``oom: True``), not retried.
 
 Why the guide's heads [2, 2, 2] fitted its V100 only in FP16 and ours never does: ``memory_fit`` measures the
@@ -61,24 +61,26 @@ import copy
 import math
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
-from .. import formats
 from ..bench import peak_memory
 from ..data.graphs import REDDIT, synthetic_reddit
+from ..harness.runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
+from ..recipes import AMP, LossScaling
+from ..recipes import RECIPES as REGISTRY
 from ..training import autocast_to, backward_step
-from .runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
 
-__all__ = ["Config", "GatAmpResult", "PROFILES", "RECIPES", "DGL_GUIDE", "FP16_EXP_LIMIT", "config_for", "run",
-           "main", "attention_overflow", "memory_model", "NAME"]
+__all__ = ["Config", "GatAmpResult", "PROFILES", "RECIPES", "DGL_GUIDE", "config_for", "run", "main",
+           "memory_model", "NAME"]
 
 NAME = "gat_amp"
-#: The recipes: FP32; FP16 autocast + GradScaler (the guide's); BF16 autocast (``config.precisions`` names which run).
-RECIPES = ("fp32", "fp16", "bf16")
-_DTYPE = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
+#: The recipes: FP32; FP16 autocast + GradScaler (the guide's); BF16 autocast (``config.recipes`` names which run):
+#: the registry's :data:`mpt_lab.recipes.AMP`.
+RECIPES = AMP
 _OOM = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
 
 #: The DGL User Guide, chapter 8 ("Mixed Precision Training", end-to-end example): 3-layer GAT on Reddit
@@ -96,8 +98,6 @@ DGL_GUIDE = {
     "loss": "converges to similar values with and without fp16",
 }
 
-#: The largest x whose exponential is finite in FP16: ln(65504) ≈ 11.09 (65504 = FP16's largest finite value).
-FP16_EXP_LIMIT = math.log(formats.FP16.max)
 
 
 @dataclass
@@ -112,7 +112,7 @@ class Config(ExperimentConfig):
     feature_signal: float = 2.0
     hidden: int = 256
     heads: tuple = (1, 2)          # each h trains heads [h, h, h]
-    precisions: tuple = RECIPES
+    recipes: tuple = RECIPES
     epochs: int = 30
     lr: float = 1e-3
     weight_decay: float = 5e-4
@@ -126,7 +126,7 @@ class Config(ExperimentConfig):
         self.check_positive("epochs", minimum=3)     # two warm-up epochs, then a measured one
         if not self.heads or any(not isinstance(h, int) or isinstance(h, bool) or h < 1 for h in self.heads):
             raise ValueError(f"config.heads must be a non-empty tuple of positive ints, got {self.heads!r}")
-        self.check_choices("precisions", RECIPES, subset=True)
+        self.check_choices("recipes", RECIPES, subset=True)
         if isinstance(self.fit_nodes, (tuple, list)):
             nodes = tuple(self.fit_nodes)
         elif isinstance(self.fit_nodes, int) and not isinstance(self.fit_nodes, bool):
@@ -166,7 +166,7 @@ SMOKE = {"num_nodes": 400, "epochs": 3, "fit_nodes": 100, "fit_degrees": (8, 16)
 @dataclass
 class GatAmpResult(ExperimentResult):
     """``graph``: num_nodes, num_edges, num_features, num_classes, split sizes, bytes, "synthetic";
-    ``memory_method``, ``timing_method``: how they were measured; ``runs``: "[h, h, h]" → precision →
+    ``memory_method``, ``timing_method``: how they were measured; ``runs``: "[h, h, h]" → recipe →
     {losses, accuracy {train, val, test}, epoch_seconds, epoch_times, peak_bytes, static_bytes, total_bytes,
     skipped_steps, final_scale, oom, error}; ``memory_fit``: FP32 step peaks of the GAT on graphs of several
     sizes and head counts, and the model they test (see :func:`memory_model`), empty without ``fit_degrees``."""
@@ -177,19 +177,21 @@ class GatAmpResult(ExperimentResult):
     runs: dict
     memory_fit: dict = field(default_factory=dict)
 
-    def head_model(self, precision: str) -> dict | None:
-        """total(heads h) = static + h · per_head for ``precision``, from the [1,1,1] and [2,2,2] runs:
+    RENAMED_CONFIG = {"precisions": "recipes"}
+
+    def head_model(self, recipe: str) -> dict | None:
+        """total(heads h) = static + h · per_head for ``recipe``, from the [1,1,1] and [2,2,2] runs:
         {"static": bytes, "per_head": bytes}; None when either run is missing or out of memory."""
-        a, b = (self.runs.get(k, {}).get(precision) for k in ("[1, 1, 1]", "[2, 2, 2]"))
+        a, b = (self.runs.get(k, {}).get(recipe) for k in ("[1, 1, 1]", "[2, 2, 2]"))
         if not a or not b or a.get("oom") or b.get("oom"):
             return None
         per_head = b["total_bytes"] - a["total_bytes"]
         return {"static": a["total_bytes"] - per_head, "per_head": per_head}
 
-    def ratio(self, heads: str = "[1, 1, 1]", precision: str = "fp16", key: str = "total_bytes") -> float | None:
-        """``key`` of ``precision`` ÷ that of FP32 for one head setting (None when either run is missing or OOM)."""
+    def ratio(self, heads: str = "[1, 1, 1]", recipe: str = "fp16", key: str = "total_bytes") -> float | None:
+        """``key`` of ``recipe`` ÷ that of FP32 for one head setting (None when either run is missing or OOM)."""
         r = self.runs.get(heads, {})
-        a, b = r.get(precision), r.get("fp32")
+        a, b = r.get(recipe), r.get("fp32")
         if not a or not b or a.get("oom") or b.get("oom"):
             return None
         return a[key] / b[key]
@@ -207,10 +209,11 @@ def _tensor_bytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def _train(model, graph, precision, config, run: Run, desc) -> dict:
-    device, dtype = run.device, _DTYPE[precision]
+def _train(model, graph, recipe: str, config, run: Run, desc) -> dict:
+    spec = REGISTRY[recipe]
+    device, dtype = run.device, spec.autocast
     opt = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
+    scaler = torch.amp.GradScaler(device.type) if spec.loss_scaling is LossScaling.DYNAMIC else None
     x, ei, y, mask = graph.x, graph.edge_index, graph.y, graph.train_mask
 
     def step():
@@ -256,7 +259,7 @@ def _train(model, graph, precision, config, run: Run, desc) -> dict:
 
 
 def measure(config: Config, run: Run) -> dict:
-    """Train the guide's GAT for every (heads, precision) of ``config`` on a synthetic Reddit-shaped graph.
+    """Train the guide's GAT for every (heads, recipe) of ``config`` on a synthetic Reddit-shaped graph.
 
     A CUDA out-of-memory error in one run is recorded in that run (``oom``, ``error``) and the others go on.
     """
@@ -272,7 +275,7 @@ def measure(config: Config, run: Run) -> dict:
              "test": int(graph.test_mask.sum()), "bytes": graph.nbytes(), "self_loops": True,
              "reddit": dict(REDDIT)}
     runs = {}
-    for h, p in run.bar([(h, p) for h in config.heads for p in config.precisions], desc="GAT runs"):
+    for h, p in run.bar([(h, p) for h in config.heads for p in config.recipes], desc="GAT runs"):
         key = f"[{h}, {h}, {h}]"
         torch.manual_seed(config.seed + h)
         model = copy.deepcopy(GAT(config.num_features, config.hidden, config.num_classes, (h, h, h))).to(device)
@@ -323,7 +326,7 @@ def _memory_fit(config: Config, run: Run) -> dict:
     return memory_model(points)
 
 
-def memory_model(points) -> dict:
+def memory_model(points: Sequence[Sequence[float]]) -> dict:
     """Test a linear model of a GAT step's peak memory on measured points.
 
     ``points``: [[N, E, H, bytes], ...], the peak bytes of one step on a graph of N nodes and E edges with H heads
@@ -371,39 +374,6 @@ def memory_model(points) -> dict:
             "max_relative_residual": max(line["max_relative_residual"] for line in lines),
             "slope_residual": float(slope_residual), "node_spread": spread,
             "points_per_line": min(line["points"] for line in lines), "head_counts": heads, "graph_sizes": sizes}
-
-
-# ------------------------------------------------------------------------------------- attention in FP16
-def attention_overflow(logits, device="cpu") -> dict:
-    """Softmax over the edges entering one node, three ways, for the attention ``logits`` (a 1-D sequence):
-
-    * ``naive_fp16``: ``exp(e) / Σ exp(e)`` in float16 — overflows to inf, then inf/inf = NaN, once a logit
-      exceeds ln(65504) ≈ 11.09 (:data:`FP16_EXP_LIMIT`);
-    * ``max_subtracted_fp16``: PyG's ``torch_geometric.utils.softmax`` in float16 (it subtracts the per-node
-      maximum first, so every exponent is ≤ 0 and exp ≤ 1);
-    * ``fp32``: the float32 reference.
-
-    Returns dict of lists (float) plus "exp_fp16" (exp of each logit in float16) and "limit".
-
-    Raises TypeError when ``logits`` is not a 1-D sequence of numbers.
-    """
-    try:
-        e32 = torch.as_tensor(logits, dtype=torch.float32, device=device)
-    except (TypeError, ValueError, RuntimeError) as err:
-        raise TypeError(f"logits must be a 1-D sequence of numbers, got {type(logits).__name__}") from err
-    if e32.dim() != 1 or e32.numel() == 0:
-        raise TypeError(f"logits must be a non-empty 1-D sequence, got shape {tuple(e32.shape)}")
-    e16 = e32.half()
-    idx = torch.zeros(e16.numel(), dtype=torch.long, device=e32.device)
-    naive = torch.exp(e16) / torch.exp(e16).sum()
-    from ..models.gat import torch_geometric   # PyG, imported with its own deprecation warning silenced
-
-    pyg = torch_geometric.utils.softmax(e16, idx, num_nodes=1)
-    ref = torch.softmax(e32, 0)
-    return {"logits": e32.tolist(), "exp_fp16": torch.exp(e16).float().tolist(),
-            "naive_fp16": naive.float().tolist(), "max_subtracted_fp16": pyg.float().tolist(),
-            "max_subtracted_dtype": str(pyg.dtype).replace("torch.", ""), "fp32": ref.tolist(),
-            "limit": FP16_EXP_LIMIT}
 
 
 EXPERIMENT = Experiment(NAME, Config, PROFILES, measure, GatAmpResult, __doc__, smoke=SMOKE)

@@ -18,7 +18,7 @@ and the rest:
 * SSD's loss is a sum over matched default boxes divided by their number N (eq. 1), so every gradient is
   proportional to 1/N: a batch B times larger has about B times more matched boxes, and gradients log₂ B binades
   smaller; a loss that is not divided by N has gradients N times larger.
-* A gradient shift k (the loss times 2⁻ᵏ, Adam's eps times 2⁻ᵏ: :mod:`mpt_lab.experiments._precision`) moves
+* A gradient shift k (the loss times 2⁻ᵏ, Adam's eps times 2⁻ᵏ: :mod:`mpt_lab.training`) moves
   every value by exactly k binades and changes nothing else in FP32: the variant "shift12" shows that the shift
   the book applies to the small detector in chapter 8 is the same kind of change as these natural factors.
 
@@ -38,14 +38,13 @@ from dataclasses import dataclass, field
 import torch
 
 from ..data import DigitsDetection
-from ..histogram import GradientHistogram, Log2Histogram
+from ..harness.runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
+from ..histogram import GradientHistogram
 from ..models.ssd import MultiBoxLoss, build_ssd, make_optimizer
-from ..training import shuffled_batches
-from ._precision import shift_eps
-from .runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
+from ..training import shift_eps, shuffled_batches
 
 __all__ = ["Config", "GradientFactorsResult", "PROFILES", "VARIANTS", "BASE", "SETTINGS", "config_for", "run",
-           "main", "NAME", "quantile_binade"]
+           "main", "NAME"]
 
 NAME = "gradient_factors"
 
@@ -119,7 +118,7 @@ PROFILES = {
     # chapter 2's cpu profile: the factors a reader can act on, short enough to add about a minute to the chapter
     "cpu": {"variants": _CHEAP, "steps": 24, "warmup_steps": 8, "n_train": 800, "threads": 0},
     "long": {"variants": tuple(v for v in VARIANTS if v != "vgg16w4_300"), "steps": 100, "warmup_steps": 20, "n_train": 1600, "threads": 1},
-    # one H100 (mpt_lab.experiments.budget): the SSD300-shape series with the quarter-width VGG-16 at 300 px that
+    # one H100 (mpt_lab.harness.budget): the SSD300-shape series with the quarter-width VGG-16 at 300 px that
     # the long profile leaves out (each step records every module's gradient: its operator launches dominate)
     "full": {"variants": ("ours", "vgg16_300", "vgg16w4_300"), "steps": 100, "warmup_steps": 20, "n_train": 800},
 }
@@ -127,22 +126,6 @@ PROFILES = {
 #: ``--smoke``: two steps of each variant, on batches of at most 2 images (a step of the quarter-width VGG-16 on 32
 #: images of 300 px takes tens of seconds on a CPU).
 SMOKE = {"steps": 2, "warmup_steps": 1, "n_train": 4, "max_batch": 2}
-
-
-def quantile_binade(h: Log2Histogram, q: float) -> int | None:
-    """The binade k (2ᵏ ≤ |x| < 2ᵏ⁺¹) holding the ``q``-quantile (0 < q < 1) of the non-zero finite values of
-    ``h``; q = 0.5 is :meth:`~mpt_lab.histogram.Log2Histogram.median_binade`.  None when there is none.
-
-    Raises ValueError for q outside (0, 1).
-    """
-    if not (isinstance(q, (int, float)) and 0 < q < 1):
-        raise ValueError(f"q must lie strictly between 0 and 1, got {q!r}")
-    import numpy as np
-
-    cum = np.cumsum(h.counts)
-    if cum[-1] == 0:
-        return None
-    return int(h.exponents[np.searchsorted(cum, cum[-1] * q)])
 
 
 @dataclass

@@ -8,7 +8,7 @@ FP16's smallest subnormal 2⁻²⁴.  (bigLSTM itself used TensorFlow's sampled 
 divided its loss by 128 sequences: :func:`mpt_lab.experiments.biglstm.sampled_softmax_gradients` simulates its
 first step, whose median logit gradient lies about two binades below our untrained models'.)  Chapter 8's small
 runs reach the paper's failure only after every gradient is shifted down by 2⁻ᵏ (``grad_shift``,
-:mod:`mpt_lab.experiments._precision`); this experiment measures that a shift k is the same kind of change as a
+:mod:`mpt_lab.training`); this experiment measures that a shift k is the same kind of change as a
 2ᵏ times larger batch or vocabulary.
 
 For each point of a grid of vocabularies (``vocabs``: the ``max_vocab`` of :func:`~mpt_lab.data.text.kjv_corpus`,
@@ -36,15 +36,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..data.text import kjv_corpus
-from ..histogram import GradientHistogram, Log2Histogram
+from ..data.text import kjv_corpus, lm_windows
+from ..harness.runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
+from ..histogram import GradientHistogram, Log2Histogram, lost_mass, lost_share
 from ..models.lstm import CONFIGS, build_lstm_lm
-from ._precision import RecipeRun
-from .runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
-from .biglstm import lm_optimizer, lm_step, lm_windows, lost_mass
+from ..training import RecipeRun, lm_optimizer, lm_step
 
-__all__ = ["Config", "LMGradientScaleResult", "PROFILES", "config_for", "run", "main", "NAME", "median_log2",
-           "lost_share"]
+__all__ = ["Config", "LMGradientScaleResult", "PROFILES", "config_for", "run", "main", "NAME", "median_log2"]
 
 NAME = "lm_gradient_scale"
 
@@ -92,7 +90,7 @@ PROFILES = {
             "threads": 0},
     "long": {"vocabs": (1024, 2048, 4096, 8192, 0), "batch_sizes": (16, 64, 256), "bptt": 16, "steps": 200,
              "record_steps": 50, "threads": 1},
-    # one H100 (mpt_lab.experiments.budget): vocabularies 2^3 and batches 2^6 apart, up to 2^14 tokens per batch
+    # one H100 (mpt_lab.harness.budget): vocabularies 2^3 and batches 2^6 apart, up to 2^14 tokens per batch
     "full": {"vocabs": (1024, 8192), "batch_sizes": (16, 1024), "bptt": 16, "steps": 100, "record_steps": 25},
 }
 
@@ -115,12 +113,6 @@ def median_log2(h: Log2Histogram) -> float | None:
     return float(h.exponents[i] + min((half - below) / counts[i], 1.0 - 1e-9))
 
 
-def lost_share(h: Log2Histogram, shift: int = 0) -> float:
-    """Share of all values of ``h`` that FP16 rounds to zero after the gradient shift 2⁻ˢʰⁱᶠᵗ (non-zero values
-    with |x · 2⁻ˢʰⁱᶠᵗ| ≤ 2⁻²⁵); NaN for an empty histogram."""
-    return float(h.fractions("FP16", scale=2.0 ** -shift)["underflow"])
-
-
 @dataclass
 class LMGradientScaleResult(ExperimentResult):
     """``points``: one per (vocabulary, batch size) of the grid, in the order of ``config["vocabs"]`` ×
@@ -141,7 +133,7 @@ class LMGradientScaleResult(ExperimentResult):
     def summary(self, which: str = "trained") -> list:
         """Per point: {"vocab_size", "tokens", "log2_vn", "median_binade", "median_log2", "lost" (share of the
         values FP16 rounds to zero), "lost_mass" (share of the sum of |g| it rounds to zero,
-        :func:`~mpt_lab.experiments.biglstm.lost_mass`), "zero", "loss"} of the ``which`` histogram ("init" or
+        :func:`~mpt_lab.histogram.lost_mass`), "zero", "loss"} of the ``which`` histogram ("init" or
         "trained")."""
         self._check(which)
         return [{"vocab_size": p["vocab_size"], "tokens": p["tokens"], "log2_vn": p["log2_vn"],
@@ -156,8 +148,8 @@ class LMGradientScaleResult(ExperimentResult):
 
         Returns a list of dicts: "axis" ("V" or "N"), "k", "base" and "target" (V, N) pairs, "shifted_median"
         and "measured_median" (interpolated log₂ of the median, :func:`median_log2`), "shifted_lost" and
-        "measured_lost" (shares of the values FP16 rounds to zero, :func:`lost_share`), "shifted_lost_mass" and
-        "measured_lost_mass" (shares of the sum of |g|, :func:`~mpt_lab.experiments.biglstm.lost_mass`).
+        "measured_lost" (shares of the values FP16 rounds to zero, :func:`~mpt_lab.histogram.lost_share`), "shifted_lost_mass" and
+        "measured_lost_mass" (shares of the sum of |g|, :func:`~mpt_lab.histogram.lost_mass`).
         """
         self._check(which)
         out = []

@@ -19,10 +19,10 @@ import torch
 import torch.nn.functional as F
 
 from ..data import digits_data
+from ..harness.runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
 from ..models import digits_mlp
 from ..scaling import GradScaler
 from ..training import accuracy
-from .runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
 
 __all__ = ["Config", "LossScalingResult", "PROFILES", "config_for", "run", "main", "NAME"]
 
@@ -52,7 +52,7 @@ class Config(ExperimentConfig):
 PROFILES = {
     "quick": {"steps": 400, "growth_interval": 50, "threads": 1},
     "cpu": {"steps": 1200, "growth_interval": 100, "threads": 1},
-    # one H100 (mpt_lab.experiments.budget): real FP16 autocast; eager steps of a small MLP cost their operator
+    # one H100 (mpt_lab.harness.budget): real FP16 autocast; eager steps of a small MLP cost their operator
     # launches (two models and a bit-for-bit comparison per step), so the run is long enough for ~10 growth
     # intervals, not torch's 2000-step interval
     "full": {"steps": 2000, "growth_interval": 200, "batch_size": 256, "hidden": 1024},

@@ -23,51 +23,18 @@ import torch.nn.functional as F
 
 from .. import formats
 from ..data import digits_data
-from ..master_weights import MasterWeightTrainer
+from ..harness.runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
+from ..master_weights import MasterWeightTrainer, swamped_fraction
 from ..models import digits_mlp
 from ..scaling import GradScaler
 from ..training import accuracy
-from .runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
 
-__all__ = ["Config", "StallResult", "PROFILES", "RUNS", "config_for", "run", "main", "swamped_fraction", "NAME"]
+__all__ = ["Config", "StallResult", "PROFILES", "RUNS", "config_for", "run", "main", "NAME"]
 
 NAME = "master_weights_stall"
 
 #: The three runs, as the result's dicts name them.
 RUNS = ("FP32", "pure FP16", "FP16 + FP32 masters", "FP16 + FP32 masters, no loss scale")
-
-
-def swamped_fraction(weights: torch.Tensor, updates: torch.Tensor, fmt="FP16") -> float:
-    """Share of the non-zero ``updates`` that vanish when added to ``weights`` in ``fmt``.
-
-    An update u is lost when round(w + u) == w, i.e. |u| ≤ half an ulp of w (a tie goes to the even
-    neighbour).  ``w + u`` is formed in float64 (exact for FP16/BF16 operands) and rounded once with
-    :func:`mpt_lab.formats.round_to`.
-
-    Parameters
-    ----------
-    weights, updates : tensors of the same shape (any float dtype; values are taken as they are)
-
-    Returns
-    -------
-    float in [0, 1] (NaN when no update is non-zero).
-
-    Raises
-    ------
-    TypeError, ValueError
-        Non-tensor arguments or different shapes.
-    """
-    if not isinstance(weights, torch.Tensor) or not isinstance(updates, torch.Tensor):
-        raise TypeError("weights and updates must be tensors")
-    if weights.shape != updates.shape:
-        raise ValueError(f"weights and updates must have the same shape, got {tuple(weights.shape)} and "
-                         f"{tuple(updates.shape)}")
-    w, u = weights.detach().double(), updates.detach().double()
-    nz = u != 0
-    if not bool(nz.any()):
-        return float("nan")
-    lost = (formats.round_to(w + u, fmt) == w) & nz
-    return float(lost.sum()) / float(nz.sum())
 
 
 @dataclass
@@ -89,7 +56,7 @@ class Config(ExperimentConfig):
 PROFILES = {
     "quick": {"steps": 3000, "threads": 1},
     "cpu": {"steps": 7000, "threads": 1},
-    # one H100 (mpt_lab.experiments.budget): three small models and the swamped share per step cost their
+    # one H100 (mpt_lab.harness.budget): three small models and the swamped share per step cost their
     # operator launches, not FLOPs
     "full": {"steps": 2000, "masters_without_scale": False},
 }

@@ -47,7 +47,6 @@ Peak memory: on CUDA the caching allocator's counters; a CPU has no such counter
 from __future__ import annotations
 
 import copy
-import io
 import math
 import statistics
 import time
@@ -55,15 +54,17 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
 
-from ..bench import peak_memory, time_call
+from ..bench import checkpoint_bytes, peak_memory, time_call
 from ..data import upsampled_digits
+from ..device import backends
+from ..harness.runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
 from ..models.resnet import build_resnet
 from ..training import accuracy, autocast_to, backward_step
-from .runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
 
 __all__ = ["Config", "MemoryTradeoffsResult", "PROFILES", "WAYS", "CIFAR10_RESNET50", "RECOMPUTE_VS_PRECISION",
-           "config_for", "run", "main", "checkpoint_bytes", "step_flops", "NAME", "LAYOUTS", "baseline_name"]
+           "config_for", "run", "main", "step_flops", "NAME", "LAYOUTS", "baseline_name"]
 
 NAME = "memory_tradeoffs"
 
@@ -157,18 +158,6 @@ PROFILES = {
 SMOKE = {"repeat": 1, "warmup": 1, "epochs": 1, "batch_size": 2, "max_images": 4, "image_size": 8}
 
 
-def checkpoint_bytes(model: torch.nn.Module, dtype: torch.dtype = torch.float32) -> int:
-    """Bytes of ``torch.save(state_dict)`` written to memory, floating-point tensors cast to ``dtype``
-    (integer buffers such as BatchNorm's ``num_batches_tracked`` are kept)."""
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    sd = {k: (v.detach().to("cpu", dtype) if v.is_floating_point() else v.detach().cpu())
-          for k, v in model.state_dict().items()}
-    buf = io.BytesIO()
-    torch.save(sd, buf)
-    return buf.getbuffer().nbytes
-
-
 @dataclass
 class MemoryTradeoffsResult(ExperimentResult):
     """``mixed_dtype``: "float16" (with GradScaler) or "bfloat16" (no scaler), with ``mixed_note`` saying why;
@@ -223,7 +212,7 @@ def _make_step(model, opt, scaler, x, y, device, dtype):
     return step
 
 
-def step_flops(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, dtype=None) -> tuple:
+def step_flops(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, dtype: torch.dtype | None=None) -> tuple:
     """FLOPs of one training step of ``model`` on the batch ``x`` (images) with labels ``y`` (cross-entropy,
     backward; no optimizer step), and of its forward pass alone, as counted by PyTorch's
     ``torch.utils.flop_counter.FlopCounterMode`` (matrix products and convolutions; a recomputed forward of
@@ -232,8 +221,6 @@ def step_flops(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, dtype=N
 
     Raises TypeError for a model that is not a torch.nn.Module.
     """
-    from torch.utils.flop_counter import FlopCounterMode
-
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     device = x.device
@@ -356,8 +343,6 @@ def measure(config: Config, run: Run) -> dict:
     param_bytes = sum(p.numel() * p.element_size() for p in init.parameters())
     idx = torch.randperm(len(xtr), generator=torch.Generator().manual_seed(config.seed))[:config.batch_size]
     xb, yb = xtr[idx.to(device)], ytr[idx.to(device)]
-
-    from ..device import backends
 
     baseline = baseline_name(device.type, backends())
     exact, exact_scale = _exactness(init, xb, yb, device, dtype)

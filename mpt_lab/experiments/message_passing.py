@@ -38,7 +38,8 @@ import torch
 
 from .. import formats
 from ..data.graphs import rand_graph
-from .runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
+from ..device import DeviceLike
+from ..harness.runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
 
 __all__ = ["Config", "MessagePassingResult", "PROFILES", "config_for", "run", "main", "DGL_CODE", "EXAMPLES",
            "IMPLEMENTATIONS", "make_inputs", "mailbox", "errors", "code_side_by_side", "NAME"]
@@ -69,8 +70,8 @@ DGL_CODE = {
 
 
 # ------------------------------------------------------------------------------------------------ inputs
-def make_inputs(num_nodes: int = 30, num_edges: int = 100, num_features: int = 16, *, dtype=torch.float16,
-                seed: int = 0, device="cpu"):
+def make_inputs(num_nodes: int = 30, num_edges: int = 100, num_features: int = 16, *, dtype: torch.dtype=torch.float16,
+                seed: int = 0, device: DeviceLike="cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The guide's inputs: ``edge_index`` int64 [2, E] (:func:`mpt_lab.data.graphs.rand_graph`), node features
     ``h`` [N, F] and edge weights ``w`` [E, 1] drawn uniformly in [0, 1) in float32 and cast to ``dtype``.
 
@@ -108,8 +109,9 @@ def mailbox(messages: torch.Tensor, dst: torch.Tensor, num_nodes: int) -> torch.
 
 # ------------------------------------------------------------------------------------------------ PyG
 def _pyg():
-    from ..models.gat import torch_geometric  # noqa: F401  (imports PyG with its own deprecation warning silenced)
     from torch_geometric.nn import MessagePassing
+
+    from ..models.gat import torch_geometric  # noqa: F401  (imports PyG with its own deprecation warning silenced)
 
     class UMulESum(MessagePassing):
         """Built-in: PyG's sum aggregation; the message is u_mul_e."""
@@ -156,7 +158,7 @@ def _pyg():
     return UMulESum, UDotV, MailboxSum, Dot
 
 
-def pyg_examples(edge_index, h, w) -> dict:
+def pyg_examples(edge_index: torch.Tensor, h: torch.Tensor, w: torch.Tensor) -> dict:
     """The four examples with PyTorch Geometric: example name → result tensor (dtype of ``h``)."""
     UMulESum, UDotV, MailboxSum, Dot = _pyg()
     x = UMulESum()(h, w, edge_index)
@@ -167,7 +169,7 @@ def pyg_examples(edge_index, h, w) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------ PyTorch
-def torch_examples(edge_index, h, w) -> dict:
+def torch_examples(edge_index: torch.Tensor, h: torch.Tensor, w: torch.Tensor) -> dict:
     """The four examples in plain PyTorch: example name → result tensor (dtype of ``h``)."""
     src, dst = edge_index
     n = h.shape[0]
@@ -206,7 +208,7 @@ def code_side_by_side(example: str) -> dict:
     key = {"builtin u_mul_e+sum": "x = ", "builtin u_dot_v": "hx = ", "UDF message+reduce": ("m = ", "y = "),
            "UDF dot": "hy = "}[example]
     keys = key if isinstance(key, tuple) else (key,)
-    torch_code = "\n".join(l.strip() for l in lines if l.strip().startswith(keys))
+    torch_code = "\n".join(line.strip() for line in lines if line.strip().startswith(keys))
     return {"DGL": DGL_CODE[example], "PyG": pyg, "PyTorch": torch_code}
 
 

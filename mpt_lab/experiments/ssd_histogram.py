@@ -26,17 +26,16 @@ import contextlib
 import math
 from dataclasses import dataclass, field, replace
 
-import torch
-
 from .. import formats as F
-from ..data import DigitsDetection
+from ..data import detection_split
+from ..formats import FormatLike
+from ..harness.runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
 from ..histogram import GradientHistogram, Log2Histogram
 from ..models import MultiBoxLoss, build_ssd, evaluate_detector, make_optimizer, train_step
 from ..models.detection_eval import LEGACY_MAP_EVALUATOR, MAP_EVALUATOR
 from ..models.ssd import CONFIGS
 from ..scaling import max_gradient_scale
 from ..training import shuffled_batches
-from .runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
 
 __all__ = ["Config", "SSDHistogramResult", "HistogramSummary", "PROFILES", "PAPER", "config_for", "run", "main",
            "NAME"]
@@ -103,7 +102,7 @@ PROFILES = {
     # for 720 steps in 60 minutes on one CPU core: ~4 s per step of 32 images with the histogram recorded)
     "long": {"steps": 720, "n_train": 3200, "n_test": 200, "image_size": 300, "model": "vgg16_narrow",
              "eval_every": 240, "threads": 1},
-    # one H100 (mpt_lab.experiments.budget): the SSD histogram (the paper's Figure 3) at SSD's natural scale: SSD300 itself (VGG-16 at
+    # one H100 (mpt_lab.harness.budget): the SSD histogram (the paper's Figure 3) at SSD's natural scale: SSD300 itself (VGG-16 at
     # full width, 300 px, batch 32), which a CPU cannot train; then the size sweep
     "full": {"steps": 200, "batch_size": 32, "n_train": 1600, "n_test": 300, "model": "vgg16_full", "image_size": 300,
              "sweep": ("small:64", "small:128", "medium:128", "large:256"), "sweep_steps": 50},
@@ -162,7 +161,7 @@ class SSDHistogramResult(ExperimentResult):
         """mAP@0.5 on the test images after the last step."""
         return float(self.map50[-1][1])
 
-    def summary(self, fmt="FP16", which: str = "activation") -> HistogramSummary:
+    def summary(self, fmt: FormatLike="FP16", which: str = "activation") -> HistogramSummary:
         """:class:`HistogramSummary` of the ``which`` ("activation" or "weight") gradients in ``fmt``."""
         if which not in ("activation", "weight"):
             raise ValueError(f"which must be 'activation' or 'weight', got {which!r}")
@@ -182,7 +181,7 @@ def _log2(v: float) -> int | str:
     return math.frexp(v)[1] - 1 if math.isfinite(v) and v > 0 else "∞"
 
 
-def summarize(h: Log2Histogram, fmt="FP16") -> HistogramSummary:
+def summarize(h: Log2Histogram, fmt: FormatLike="FP16") -> HistogramSummary:
     """The :class:`HistogramSummary` of histogram ``h`` for format ``fmt`` (exact shares, no sampling)."""
     fmt = F.get_format(fmt)
     lost = h.fractions(fmt, 1.0)["underflow"]
@@ -199,43 +198,6 @@ def summarize(h: Log2Histogram, fmt="FP16") -> HistogramSummary:
         recovered_by_8=recovered(8.0), recovered_by_2_15=recovered(2.0 ** 15), max_scale=h.max_scale(fmt),
         max_gradient_rule=max_gradient_scale(h.amax, fmt) if h.amax > 0 else math.inf, amax=h.amax,
         median_binade=h.median_binade())
-
-
-#: The widest image :class:`~mpt_lab.data.DigitsDetection` renders on photographs in its test split (the test
-#: split's part of the photographs is 192 pixels wide).
-WIDEST_TEST_IMAGE = 192
-
-
-class _Upsampled:
-    """A detection data set's images resized to ``image_size`` (bilinear), with the same normalised boxes."""
-
-    def __init__(self, data, image_size: int):
-        self.images = torch.nn.functional.interpolate(data.images, size=(image_size, image_size), mode="bilinear",
-                                                      align_corners=False).clamp_(0.0, 1.0)
-        self.targets = data.targets
-
-    def __len__(self) -> int:
-        return len(self.targets)
-
-    def batch(self, indices):
-        idx = indices.tolist() if isinstance(indices, torch.Tensor) else list(indices)
-        return self.images[idx], [self.targets[i] for i in idx]
-
-
-def detection_split(split: str, n_images: int, image_size: int, seed: int = 0):
-    """The images of :class:`~mpt_lab.data.DigitsDetection` for ``split`` at ``image_size`` pixels.
-
-    The test split's part of the photographs is only :data:`WIDEST_TEST_IMAGE` pixels wide, so test images
-    larger than that (e.g. SSD300's 300 px) are rendered at half the size (or less) and resized with bilinear
-    interpolation; the boxes, normalised to [0, 1], are unchanged.  The digits themselves are 8x8 glyphs scaled
-    up in either case.  Returns a data set with ``len()``, ``images``, ``targets`` and ``batch(indices)``.
-    """
-    if split != "test" or image_size <= WIDEST_TEST_IMAGE:
-        return DigitsDetection(split, n_images, image_size, seed=seed)
-    render = image_size
-    while render > WIDEST_TEST_IMAGE:
-        render //= 2
-    return _Upsampled(DigitsDetection(split, n_images, render, seed=seed), image_size)
 
 
 def _train(config: Config, run: Run, *, desc: str, evaluate: bool, weights: bool) -> dict:

@@ -5,11 +5,11 @@ Micikevicius et al. (ICLR 2018), §4.2 and Table 2: Multibox SSD (VGG-16, PASCAL
 in mixed precision without loss scaling training diverged; with loss scaling it reached 77.1 (§3.2: a scale
 of 8 was enough, values below 2⁻²⁷ did not matter).  Here the detector of the histogram chapter
 (:mod:`mpt_lab.models.ssd`, on :class:`~mpt_lab.data.DigitsDetection`) is trained from the same initial
-weights and batch order in each recipe of :data:`~mpt_lab.experiments._precision.RECIPES` (real FP16 autocast on
+weights and batch order in each recipe of :data:`mpt_lab.recipes.LOSS_SCALING` (real FP16 autocast on
 CUDA, :mod:`mpt_lab.simulate` on a CPU), and the run reports mAP@0.5 on the test split and the loss curves,
 with the share of activation-gradient values that are zero or below FP16's 2⁻²⁴ over training.
 
-``grad_shift = k`` multiplies the loss by 2⁻ᵏ and Adam's eps by 2⁻ᵏ (see :mod:`mpt_lab.experiments._precision`):
+``grad_shift = k`` multiplies the loss by 2⁻ᵏ and Adam's eps by 2⁻ᵏ (see :mod:`mpt_lab.training`):
 the FP32 run is bit-identical for every k.  Our detector's activation gradients sit about 12 binades above
 the paper's (chapter 2: median non-zero 2⁻¹² on 64 px images, against "most values below FP16's range" for
 VGG-16 on 300 px).  The default shift 12 moves our median non-zero activation gradient from about 2⁻¹² to
@@ -36,14 +36,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..histogram import GradientHistogram
+from ..data import detection_split
+from ..harness.runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
+from ..histogram import GradientHistogram, gradient_shares
 from ..models import evaluate_detector
 from ..models.detection_eval import LEGACY_MAP_EVALUATOR, MAP_EVALUATOR
 from ..models.ssd import CONFIGS, MultiBoxLoss, build_ssd, make_optimizer
-from ..training import shuffled_batches
-from ._precision import RECIPES, RecipeRun, collect_arms, gradient_shares, shift_eps
-from .runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
-from .ssd_histogram import detection_split
+from ..recipes import LOSS_SCALING, OLD_LOSS_SCALING_NAMES, renamed
+from ..training import RecipeRun, collect_arms, shift_eps, shuffled_batches
 
 __all__ = ["Config", "SSDTable2Result", "PROFILES", "PAPER", "config_for", "run", "main", "NAME"]
 
@@ -51,8 +51,8 @@ NAME = "ssd_table2"
 
 #: Micikevicius et al. 2018, Table 2 (PASCAL VOC 2007 test mAP, %), cited, not computed.
 PAPER = {
-    "Faster R-CNN": {"fp32": 69.1, "fp16": 68.6, "fp16_static": 69.7},
-    "Multibox SSD": {"fp32": 76.9, "fp16": "diverges", "fp16_static": 77.1},
+    "Faster R-CNN": {"fp32": 69.1, "fp16_unscaled": 68.6, "fp16_static": 69.7},
+    "Multibox SSD": {"fp32": 76.9, "fp16_unscaled": "diverges", "fp16_static": 77.1},
     "loss_scale": 8,
     "source": "Micikevicius et al. 2018, Table 2 and §4.2; loss scale 8 from §3.2",
 }
@@ -60,7 +60,7 @@ PAPER = {
 
 @dataclass
 class Config(ExperimentConfig):
-    """The detector, its training, the loss scales and the arms (recipes) to train (each field's comment says
+    """The detector, its training, the loss scales and the recipes to train, one arm each (each field's comment says
     what it is; :data:`PROFILES` holds each profile's values)."""
 
     steps: int = 1200
@@ -75,7 +75,7 @@ class Config(ExperimentConfig):
     init_scale: float = 2.0 ** 16
     growth_interval: int = 2000
     grad_shift: int = 12
-    arms: tuple = ("fp32", "fp16", "fp16_static")
+    recipes: tuple = ("fp32", "fp16_unscaled", "fp16_static")   # of mpt_lab.recipes.LOSS_SCALING
     eval_every: int = 0                # mAP@0.5 every N steps as well (0: only at the end)
     hist_every: int = 2
 
@@ -85,25 +85,21 @@ class Config(ExperimentConfig):
                             "growth_interval")
         self.check_positive("grad_shift", "eval_every", minimum=0)
         self.check_choices("model", CONFIGS)
-        self.check_choices("arms", RECIPES, subset=True)
+        self.check_choices("recipes", LOSS_SCALING, subset=True)
         if self.n_train < self.batch_size:
             raise ValueError(f"config.n_train must be ≥ batch_size = {self.batch_size}, got {self.n_train}")
         if not self.static_scale > 0:
             raise ValueError(f"config.static_scale must be > 0, got {self.static_scale!r}")
 
 
-#: The name PROFILES below use for :data:`~mpt_lab.experiments._precision.RECIPES` (to be replaced by RECIPES
-#: where the profiles are next edited).
-ARMS = RECIPES
-
 PROFILES = {
     "quick": {"steps": 120, "n_train": 3840, "n_test": 100, "hist_every": 4, "threads": 1},
     "cpu": {"steps": 120, "n_train": 4000, "n_test": 200, "hist_every": 4, "threads": 0},
     # no gradient shift: the gradients as the detector makes them, on 128 px images (FP16 emulated on a CPU costs
     # ~2.3x an FP32 step here; SSD300's VGG-16 shape at 300 px costs ~5x and would allow ~60 steps per arm)
-    "long": {"steps": 800, "n_train": 6000, "n_test": 300, "image_size": 128, "grad_shift": 0, "arms": ARMS,
-             "eval_every": 200, "threads": 1},
-    # one H100 (mpt_lab.experiments.budget): Table 2 at SSD's natural scale with real FP16 autocast: SSD300 itself
+    "long": {"steps": 800, "n_train": 6000, "n_test": 300, "image_size": 128, "grad_shift": 0,
+             "recipes": LOSS_SCALING, "eval_every": 200, "threads": 1},
+    # one H100 (mpt_lab.harness.budget): Table 2 at SSD's natural scale with real FP16 autocast: SSD300 itself
     # (VGG-16 at full width, 300 px, batch 32), no gradient shift, the paper's three arms
     "full": {"steps": 150, "batch_size": 32, "n_train": 1600, "n_test": 300, "model": "vgg16_full", "image_size": 300,
              "grad_shift": 0, "hist_every": 5},
@@ -116,7 +112,7 @@ SMOKE = {"steps": 2, "batch_size": 1, "n_train": 2, "n_test": 1, "hist_every": 2
 
 @dataclass
 class SSDTable2Result(ExperimentResult):
-    """Per arm in ``arms``: ``losses`` [steps] (SSD eq. (1), unshifted, unscaled), ``map50`` [[step, mAP@0.5]],
+    """Per recipe of ``config["recipes"]``, its arm in ``arms``: ``losses`` [steps] (SSD eq. (1), unshifted, unscaled), ``map50`` [[step, mAP@0.5]],
     ``skipped`` steps, ``evals`` [{step, zero_share, fp16_underflow, nonfinite, median_log2}] of the activation
     gradients per quarter of training; ``labels``, ``real_fp16``, ``train_seconds`` as in the bigLSTM result;
     ``map_evaluator``: what computed the mAP (:data:`~mpt_lab.models.detection_eval.MAP_EVALUATOR`; a result
@@ -128,6 +124,19 @@ class SSDTable2Result(ExperimentResult):
     real_fp16: bool = False
     train_seconds: dict = field(default_factory=dict)
     map_evaluator: str = LEGACY_MAP_EVALUATOR
+
+    RENAMED_CONFIG = {"arms": "recipes"}
+
+    @classmethod
+    def upgrade(cls, d: dict) -> dict:
+        """A result saved before the one recipe registry: ``config["arms"]`` becomes ``config["recipes"]``, and
+        its recipe names (in the config, ``arms``, ``labels`` and ``train_seconds``) the registry's
+        (:data:`mpt_lab.recipes.OLD_LOSS_SCALING_NAMES`: "fp16" → "fp16_unscaled", "fp16_dynamic" → "fp16")."""
+        if "arms" in d.get("config", {}):
+            names = OLD_LOSS_SCALING_NAMES
+            d = cls.with_config(d, lambda c: {**c, "arms": renamed(c["arms"], names)} if "arms" in c else c)
+            d.update({k: renamed(d[k], names) for k in ("arms", "labels", "train_seconds") if k in d})
+        return super().upgrade(d)
 
     def final_map(self, arm: str) -> float:
         """mAP@0.5 of ``arm`` at the end of training (0 to 1)."""
@@ -201,13 +210,13 @@ def _train_arm(arm_name: str, config: Config, train, test, init_state: dict, run
 
 
 def measure(config: Config, run: Run) -> dict:
-    """Train the detector once per arm of ``config.arms`` from the same initial weights and batch order."""
+    """Train the detector once per recipe of ``config.recipes`` from the same initial weights and batch order."""
     train = detection_split("train", config.n_train, config.image_size, seed=config.seed)
     test = detection_split("test", config.n_test, config.image_size, seed=config.seed)
     torch.manual_seed(config.seed)
     init_state = {k: v.clone() for k, v in build_ssd(config.model, image_size=config.image_size).state_dict().items()}
     arms = {}
-    for a in config.arms:                  # each arm is kept the moment it finishes (a deadline keeps them)
+    for a in config.recipes:               # each arm is kept the moment it finishes (a deadline keeps them)
         arms[a] = _train_arm(a, config, train, test, init_state, run)
         run.arm_done(a, arms[a])
     out = collect_arms(arms)

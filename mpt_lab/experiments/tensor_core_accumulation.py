@@ -40,8 +40,11 @@ import numpy as np
 import torch
 
 from .. import accumulation as acc
+from .._torch_internals import scaled_mm
+from ..bench import profile_calls
+from ..device import describe
 from ..formats import FP8_E4M3, FP16, round_to
-from .runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
+from ..harness.runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
 
 __all__ = ["NAME", "Config", "PROFILES", "TensorCoreResult", "FP16_RUNS", "FP8_RUNS", "run", "config_for", "main",
            "EXPERIMENT"]
@@ -121,8 +124,6 @@ def _rel(got, exact) -> np.ndarray:
 
 
 def _fp8_reason(device: torch.device) -> str:
-    from .._torch_internals import scaled_mm
-
     if device.type != "cuda":
         return "no CUDA device"
     if scaled_mm is None:
@@ -145,8 +146,6 @@ def _fp16_product(a: torch.Tensor, b: torch.Tensor, device: torch.device, reduce
 
 def _fp8_product(a: torch.Tensor, b: torch.Tensor, device: torch.device, fast: bool) -> torch.Tensor:
     """``torch._scaled_mm`` of E4M3 tensors (a row-major, b column-major) with unit scales and an FP32 result."""
-    from .._torch_internals import scaled_mm
-
     one = torch.ones((), dtype=torch.float32, device=device)
     return scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.float32, use_fast_accum=fast)
 
@@ -156,8 +155,6 @@ def _device_runs(operands: dict, device: torch.device, reason: str) -> tuple:
     with a ``reason``), all in one profiler window (:func:`mpt_lab.bench.profile_calls`).  Returns
     ({"fp16" | "fp8": {run: {K: result as float32 on the device}}}, the same structure of kernel-name lists: what
     the product alone launched, the cast to float32 after it not included)."""
-    from ..bench import profile_calls
-
     calls = {}
     for K, (a16, b16, a8, b8) in operands.items():
         for r, reduced in zip(FP16_RUNS[:2], (True, False)):
@@ -262,8 +259,6 @@ def measure(config: Config, run: Run) -> dict:
         for r in FP8_RUNS[:2]:
             for m in FP8_RUNS[2:]:
                 agree["fp8"][r][m].append(float(np.mean(out[r] == out[m])))
-    from ..device import describe
-
     large = _large(config, device, reason, kernels, run) if config.large_mn else {}
     return {"ks": list(config.ks), "fp16": _stats(fp16), "fp8": _stats(fp8) if fp8 else {}, "fp8_skipped": reason,
             "agreement": agree, "device_name": describe(device).split(" (")[0], "large": large, "kernels": kernels}

@@ -30,24 +30,70 @@ from __future__ import annotations
 
 import html
 import re
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from ._base import FORMAT_COLORS, HTML, BookFigure, running_mean, table_html
-from .accumulation import (plot_error_vs_k, plot_gpu_accumulation, plot_running_sum, plot_tensor_core_model,
-                           reductions_table, weights_table)
-from .distributed import (memory_table, plot_flag_agreement, plot_memory_per_rank, plot_recipe_losses,
-                          plot_reduction_error, reduction_table)
+from .accumulation import (
+    plot_error_vs_k,
+    plot_gpu_accumulation,
+    plot_running_sum,
+    plot_tensor_core_model,
+    reductions_table,
+    weights_table,
+)
+from .distributed import (
+    memory_table,
+    plot_flag_agreement,
+    plot_memory_per_rank,
+    plot_recipe_losses,
+    plot_reduction_error,
+    reduction_table,
+)
 from .formats import plot_accumulation, plot_fixed_vs_float, plot_format_ranges, plot_ulp, round_to_speed_table
-from .fp8 import (block_scale_table, fp8_results_table, hardware_table, one_scale_table, plot_amax_history,
-                  plot_block_size_error, plot_fp8_training, plot_layer_quantization, plot_recipe_snr)
-from .gradients import (gradient_factors_table, histogram_table, phases_table, plot_detection_samples,
-                        plot_gradient_factors, plot_gradient_histogram, plot_kept_vs_scale, plot_training, sweep_table)
-from .graphs import (code_table, gat_budget_table, gat_memory_table, message_passing_table,
-                     plot_attention_overflow, plot_gat_memory, plot_gat_memory_fit, plot_gat_training)
+from .fp8 import (
+    block_scale_table,
+    fp8_results_table,
+    hardware_table,
+    one_scale_table,
+    plot_amax_history,
+    plot_block_size_error,
+    plot_fp8_training,
+    plot_layer_quantization,
+    plot_recipe_snr,
+)
+from .gradients import (
+    gradient_factors_table,
+    histogram_table,
+    phases_table,
+    plot_detection_samples,
+    plot_gradient_factors,
+    plot_gradient_histogram,
+    plot_kept_vs_scale,
+    plot_training,
+    sweep_table,
+)
+from .graphs import (
+    code_table,
+    gat_budget_table,
+    gat_memory_table,
+    message_passing_table,
+    plot_attention_overflow,
+    plot_gat_memory,
+    plot_gat_memory_fit,
+    plot_gat_training,
+)
 from .memory import breakdown_table, plot_tradeoffs, tradeoff_table, training_table
 from .report import plot_precision_report, report_table
-from .scaling import (divergence_table, gradient_scale_table, plot_divergence, plot_gradient_scale,
-                      plot_gradient_shift, plot_sampled_softmax, plot_scale_history, plot_shift_sweep)
+from .scaling import (
+    divergence_table,
+    gradient_scale_table,
+    plot_divergence,
+    plot_gradient_scale,
+    plot_gradient_shift,
+    plot_sampled_softmax,
+    plot_scale_history,
+    plot_shift_sweep,
+)
 from .training import autocast_lists_table, autocast_table, plot_losses, plot_master_weight_loop, speedup_table
 
 __all__ = ["show_saved", "BookFigure", "HTML", "table_html", "running_mean", "FORMAT_COLORS",
@@ -69,14 +115,23 @@ __all__ = ["show_saved", "BookFigure", "HTML", "table_html", "running_mean", "FO
            "plot_gpu_accumulation", "plot_precision_report", "report_table"]
 
 # Chapters 10 and 11's diagrams and the FP8 recipe table (issue 26, items 17 and 18), kept on their own lines.
+from ..experiments import get, result_path
 from .distributed import plot_reduction_orders  # noqa: E402
 from .fp8 import fp8_recipe_table, plot_mx_block  # noqa: E402
 
 __all__ += ["plot_reduction_orders", "plot_mx_block", "fp8_recipe_table"]
 
 # Chapter 13: four-bit training (issue 34).
-from .fourbit import (ablation_table, mismatch_table, outlier_table, plot_fourbit_training,  # noqa: E402
-                      plot_hadamard_outliers, plot_layer_sensitivity, plot_outliers, plot_sr_bias)
+from .fourbit import (  # noqa: E402
+    ablation_table,
+    mismatch_table,
+    outlier_table,
+    plot_fourbit_training,
+    plot_hadamard_outliers,
+    plot_layer_sensitivity,
+    plot_outliers,
+    plot_sr_bias,
+)
 
 __all__ += ["ablation_table", "plot_fourbit_training", "plot_sr_bias", "plot_hadamard_outliers", "plot_outliers",
             "outlier_table", "mismatch_table", "plot_layer_sensitivity"]
@@ -118,8 +173,6 @@ def show_saved(name: str, profiles: Sequence[str] = ("full", "long"), *,
     ValueError
         ``name`` is not an experiment.
     """
-    from ..experiments import get, result_path
-
     experiment = get(name)
     shows = [show] if callable(show) else list(show)
     found = {}

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import html
 import io
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 from matplotlib.figure import Figure
 
 from .. import formats as F
+from ..recipes import RECIPES
 
-__all__ = ["BookFigure", "new_figure", "FORMAT_COLORS", "RECIPE_STYLE", "recipe_style", "format_color", "as_formats",
+__all__ = ["BookFigure", "new_figure", "FORMAT_COLORS", "recipe_style", "format_color", "as_formats",
            "running_mean", "HTML", "table_html", "pct", "pow2", "binade", "power_text", "mib"]
 
 FORMAT_COLORS = {
@@ -20,28 +21,16 @@ FORMAT_COLORS = {
     "FP4_E2M1": "#ff7f0e", "E8M0": "#7f7f7f",
 }
 
-#: The book's one style table: legend label, colour and line style of each training recipe (a way of assigning
-#: formats to the tensors of a training run), the same in every chapter: FP32 blue, FP16 red, BF16 green; FP8 per
-#: tensor purple; MX and NVFP4 brown to orange; BF16 weights without FP32 masters light green and cyan; runs on
-#: FP8 tensor cores (``_hw``) dotted.  The label serves figures whose results carry none (chapters 8 and 9); it
-#: is None for the recipes of :data:`mpt_lab.quantized_training.TRAINING_RECIPES` beyond FP32, FP16 and BF16,
-#: whose results carry their own labels (chapter 10).
-RECIPE_STYLE = {
-    "fp32": ("FP32", "#1f77b4", "-"), "fp16": ("FP16 autocast + GradScaler", "#d62728", "--"),
-    "bf16": ("BF16 autocast", "#2ca02c", ":"),
-    "fp8_unscaled": (None, "#7f7f7f", "-"), "fp8_current": (None, "#9467bd", "-"),
-    "fp8_delayed": (None, "#c5b0d5", "--"), "mxfp8": (None, "#8c564b", "-"), "mxfp6": (None, "#e377c2", "-"),
-    "mxfp4": (None, "#ff7f0e", "-"), "nvfp4": (None, "#bcbd22", "-"), "bf16_sr": (None, "#98df8a", "--"),
-    "bf16_rne": (None, "#17becf", ":"), "fp8_current_hw": (None, "#9467bd", ":"),
-    "fp8_delayed_hw": (None, "#c5b0d5", ":"),
-}
-
-
 def recipe_style(name: str) -> tuple:
-    """(label, colour, line style) of recipe ``name`` from :data:`RECIPE_STYLE`, the label falling back to the
-    name itself; an unknown name is dark grey with a solid line."""
-    label, colour, ls = RECIPE_STYLE.get(name, (None, "#333333", "-"))
-    return label or name, colour, ls
+    """(label, colour, line style) of recipe ``name``, the same in every chapter: the recipe's own in
+    :data:`mpt_lab.recipes.RECIPES` (FP32 blue, FP16 red, BF16 green; FP8 per tensor purple; MX and NVFP4 brown to
+    orange; BF16 weights without FP32 masters light green and cyan).  A name ending in ``_hw`` (a recipe run on FP8
+    tensor cores) is that recipe's colour, dotted; an unknown name is itself, dark grey, solid."""
+    hardware = name.endswith("_hw")
+    recipe = RECIPES.get(name[:-3] if hardware else name)
+    if recipe is None:
+        return name, "#333333", "-"
+    return recipe.label, recipe.color, ":" if hardware else recipe.linestyle
 
 
 class BookFigure(Figure):

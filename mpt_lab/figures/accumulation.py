@@ -10,6 +10,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import NullFormatter
 
 from .. import formats as F
+from ..harness.runner import ExperimentResult
 from ._base import FORMAT_COLORS, HTML, new_figure, table_html
 
 __all__ = ["plot_error_vs_k", "plot_running_sum", "plot_tensor_core_model", "reductions_table",
@@ -25,7 +26,7 @@ def _check(result, *fields):
                         f"{type(result).__name__} lacks {', '.join(missing)}")
 
 
-def plot_error_vs_k(result) -> Figure:
+def plot_error_vs_k(result: ExperimentResult) -> Figure:
     """Median error of a dot product against K, per accumulator and order, log-log, in two panels: one-signed
     products (uniform [0, 1) values; the error relative to the sum, with each format's swamping point K = 2ᵖ
     marked) and zero-mean products (uniform [-1, 1) values; the error relative to the sum's typical size
@@ -68,7 +69,7 @@ def plot_error_vs_k(result) -> Figure:
     return fig
 
 
-def plot_running_sum(result) -> Figure:
+def plot_running_sum(result: ExperimentResult) -> Figure:
     """The FP16 running sum of one positive dot product beside the exact one, against K, and the value 2¹¹ where
     half an ulp of the sum exceeds every addend (all are below 1).
 
@@ -100,7 +101,7 @@ def _k_ticks(ax, ks) -> None:
     ax.xaxis.set_minor_formatter(NullFormatter())
 
 
-def plot_tensor_core_model(result) -> Figure:
+def plot_tensor_core_model(result: ExperimentResult) -> Figure:
     """Median and largest relative error of FP8 products against K under each accumulator model, with
     DeepSeek-V3's reported "nearly 2%" at K = 4096 marked.
 
@@ -132,7 +133,7 @@ def plot_tensor_core_model(result) -> Figure:
     return fig
 
 
-def reductions_table(result) -> HTML:
+def reductions_table(result: ExperimentResult) -> HTML:
     """Each reduction computed with an FP16 accumulator (sequential, pairwise) and an FP32 one: the value of
     the first draw with its relative error, the largest relative error over all the draws, and the dtype CUDA
     float16 autocast gives, from float16 inputs, the library op that performs it and the same reduction
@@ -165,7 +166,7 @@ def reductions_table(result) -> HTML:
                               "last column names the library op and the hand-written one (mpt_lab.autocast.OPS)")
 
 
-def weights_table(result) -> HTML:
+def weights_table(result: ExperimentResult) -> HTML:
     """Training loss at the end and test loss and accuracy per weight-storage arm (the BF16-weight comparison).
 
     Parameters
@@ -179,7 +180,7 @@ def weights_table(result) -> HTML:
                        "test accuracy"], rows)
 
 
-def plot_gpu_accumulation(result) -> Figure:
+def plot_gpu_accumulation(result: ExperimentResult) -> Figure:
     """Median relative error against K of a GPU's FP16 and FP8 products beside the models' predictions.
 
     Parameters

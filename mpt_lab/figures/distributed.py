@@ -15,7 +15,9 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from ._base import new_figure, recipe_style, running_mean, table_html
+from ..collectives import ring_order, tree_children
+from ..harness.runner import ExperimentResult
+from ._base import HTML, new_figure, recipe_style, running_mean, table_html
 
 __all__ = ["plot_recipe_losses", "plot_memory_per_rank", "plot_reduction_error", "plot_flag_agreement",
            "plot_reduction_orders", "memory_table", "reduction_table"]
@@ -31,11 +33,11 @@ def _check(result) -> None:
 
 
 def _recipe_color(name: str) -> str:
-    key = "fp16" if "fp16" in name else "bf16" if "bf16" in name else "fp32"
-    return recipe_style(key)[1]
+    """A recipe's colour (:data:`mpt_lab.recipes.RECIPES`: coloured by the 16-bit format involved)."""
+    return recipe_style(name)[1]
 
 
-def plot_recipe_losses(result, *, smooth: int = 5, title: str | None = None) -> Figure:
+def plot_recipe_losses(result: ExperimentResult, *, smooth: int = 5, title: str | None = None) -> Figure:
     """The training loss of every recipe (left) and how far each recipe ended from DDP in FP32 (right).
 
     Left: the loss of the global batch per step (the ranks' mean), running mean over ``smooth`` steps; DDP solid
@@ -93,7 +95,7 @@ def _memory_rows(result, rank: int):
         yield name, r, m, m["params"] + m["grads"] + m["optimizer"]
 
 
-def plot_memory_per_rank(result, *, rank: int = 0, title: str | None = None) -> Figure:
+def plot_memory_per_rank(result: ExperimentResult, *, rank: int = 0, title: str | None = None) -> Figure:
     """What one rank holds between steps, per recipe: parameters, gradients and optimizer state (stacked), and,
     hatched on top, FSDP2's largest all-gathered layer, held only while that layer computes.
 
@@ -127,7 +129,7 @@ def plot_memory_per_rank(result, *, rank: int = 0, title: str | None = None) -> 
     return fig
 
 
-def memory_table(result, *, rank: int = 0):
+def memory_table(result: ExperimentResult, *, rank: int = 0) -> HTML:
     """HTML table of :func:`plot_memory_per_rank`'s numbers, in KiB (2¹⁰ bytes) as the figure, and each total against
     DDP FP32's."""
     _check(result)
@@ -145,7 +147,7 @@ def memory_table(result, *, rank: int = 0):
                               f"({result.recipes[rows[0][0]]['parameters']:,} parameters)")
 
 
-def plot_reduction_error(result, *, title: str | None = None) -> Figure:
+def plot_reduction_error(result: ExperimentResult, *, title: str | None = None) -> Figure:
     """The error of summing the ranks' gradients, against the number of ranks N.
 
     Left: the relative error ‖ĝ − g‖₂/‖g‖₂ of the averaged gradient (each rank's gradient rounded to the format
@@ -212,7 +214,7 @@ def plot_reduction_error(result, *, title: str | None = None) -> Figure:
     return fig
 
 
-def reduction_table(result, *more):
+def reduction_table(result: ExperimentResult, *more: ExperimentResult) -> HTML:
     """HTML table: the real all-reduce of each run's ranks in each format, its error, whether it equals the ring
     simulation bit for bit, how many elements another order (a binary tree's) would have changed, and whether
     DDP's compression hooks equal the simulation (measured on 2 ranks only).
@@ -255,8 +257,6 @@ def plot_reduction_orders(n_ranks: int = 6, *, chunk: int = 0, title: str | None
 
     Returns a Figure (a diagram: no data axes).  Raises ValueError for ``n_ranks`` < 2 or a bad ``chunk``.
     """
-    from ..collectives import ring_order, tree_children
-
     if not isinstance(n_ranks, int) or isinstance(n_ranks, bool) or n_ranks < 2:
         raise ValueError(f"n_ranks must be an int ≥ 2, got {n_ranks!r}")
     order = ring_order(n_ranks, chunk)
@@ -329,7 +329,7 @@ def plot_reduction_orders(n_ranks: int = 6, *, chunk: int = 0, title: str | None
     return fig
 
 
-def plot_flag_agreement(result, *, title: str | None = None) -> Figure:
+def plot_flag_agreement(result: ExperimentResult, *, title: str | None = None) -> Figure:
     """The loss scale on every rank when one rank's gradient shard overflows (left), and how far the
     unsynchronised model drifts from the synchronised one (right).
 

@@ -5,23 +5,25 @@ from __future__ import annotations
 
 import html
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
 
 from .. import formats as F
-from ._base import as_formats, format_color, new_figure, table_html
+from ..formats import FormatLike
+from ._base import HTML, as_formats, format_color, new_figure, table_html
 
 __all__ = ["draw_format_ranges", "plot_format_ranges", "plot_ulp", "plot_fixed_vs_float", "plot_accumulation",
            "round_to_speed_table"]
 
 
-def draw_format_ranges(ax, fmts, ticks_max_bits: int, *, legend: bool = True) -> None:
+def draw_format_ranges(ax: Axes, fmts: Sequence[FormatLike], ticks_max_bits: int, *, legend: bool = True) -> None:
     """Draw one row per format on ``ax``: its subnormal and normal ranges on a log2 axis, and every value as a
     tick for formats of at most ``ticks_max_bits`` bits; with ``legend``, a key to the shades."""
-    from matplotlib.patches import Patch
-    from matplotlib.lines import Line2D
 
     for i, f in enumerate(fmts):
         lo_n, hi = np.log2(f.smallest_normal), np.log2(f.max)
@@ -125,7 +127,7 @@ def plot_ulp(formats: Sequence = ("FP8_E4M3", "FP8_E5M2", "FP16", "BF16", "FP32"
 
 
 
-def plot_fixed_vs_float(int_bits: int = 7, frac_bits: int = 8, fmt="FP16", *, lo_log2: float = -20,
+def plot_fixed_vs_float(int_bits: int = 7, frac_bits: int = 8, fmt: FormatLike="FP16", *, lo_log2: float = -20,
                         hi_log2: float = 16, n: int = 20001) -> Figure:
     """Relative rounding error of 16-bit fixed point against a 16-bit floating-point format, over magnitudes.
 
@@ -178,7 +180,7 @@ def plot_fixed_vs_float(int_bits: int = 7, frac_bits: int = 8, fmt="FP16", *, lo
 
 
 
-def plot_accumulation(trajectories: dict, *, exact=None, title: str | None = None) -> Figure:
+def plot_accumulation(trajectories: dict, *, exact: Sequence[float] | None=None, title: str | None = None) -> Figure:
     """Weight trajectories under repeated small updates (from :func:`mpt_lab.formats.accumulate`).
 
     Parameters
@@ -220,7 +222,7 @@ def _cast_name(code: str) -> str:
     return f"{m.group(1)}.{m.group(2)}" if m else code
 
 
-def round_to_speed_table(result: dict, data: str = "normal"):
+def round_to_speed_table(result: dict, data: str = "normal") -> HTML:
     """The round_to benchmark as a table: per input library and format, the native nearest-even cast and
     :func:`mpt_lab.formats.round_to` with round-to-nearest-even and with stochastic rounding, in milliseconds
     for the benchmark's ``n`` float32 values, with round_to's time as a multiple of the cast time the row shows.

@@ -15,7 +15,8 @@ import math
 import numpy as np
 from matplotlib.figure import Figure
 
-from ._base import new_figure, running_mean, table_html
+from ..harness.runner import ExperimentResult
+from ._base import HTML, new_figure, running_mean, table_html
 
 __all__ = ["ARM_STYLE", "ablation_table", "plot_fourbit_training", "plot_sr_bias", "plot_hadamard_outliers",
            "plot_outliers", "outlier_table", "mismatch_table", "plot_layer_sensitivity"]
@@ -54,7 +55,7 @@ def _pm(s: dict, digits: int = 2) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ training
-def ablation_table(result, *, reference: str = "bf16", against: str = "nvfp4"):
+def ablation_table(result: ExperimentResult, *, reference: str = "bf16", against: str = "nvfp4") -> HTML:
     """Per arm: what it changes, its final validation loss (mean ± standard deviation over the seeds), its gap to
     ``reference`` in per cent (mean [min, max] over the seeds), and whether it differs from ``against`` (the
     full recipe) by more than the seed spread (:meth:`FourbitAblationResult.separated`) (an HTML table)."""
@@ -81,7 +82,7 @@ def ablation_table(result, *, reference: str = "bf16", against: str = "nvfp4"):
                       align=["left", "left", "right", "right", "left"])
 
 
-def plot_fourbit_training(result, *, smooth: int = 20, reference: str = "bf16", title: str | None = None) -> Figure:
+def plot_fourbit_training(result: ExperimentResult, *, smooth: int = 20, reference: str = "bf16", title: str | None = None) -> Figure:
     """Three panels: the training loss of every arm (mean over the seeds, running mean over ``smooth`` steps);
     the validation-loss gap to ``reference`` at every evaluation (mean over the seeds, the band from the smallest
     to the largest seed); and the final gap per arm (bars at the mean, whiskers from the smallest to the largest
@@ -139,7 +140,7 @@ def plot_fourbit_training(result, *, smooth: int = 20, reference: str = "bf16", 
 
 
 # --------------------------------------------------------------------------------------------- ingredients
-def plot_sr_bias(result_or_dict, *, title: str | None = None) -> Figure:
+def plot_sr_bias(result_or_dict: ExperimentResult | dict, *, title: str | None = None) -> Figure:
     """The weight gradient gᵀx with g in NVFP4: relative error of the mean of K stochastically rounded draws
     against K (log-log), beside round-to-nearest's error (horizontal: it does not fall) and a 1/√K guide.
 
@@ -162,7 +163,7 @@ def plot_sr_bias(result_or_dict, *, title: str | None = None) -> Figure:
     return fig
 
 
-def plot_hadamard_outliers(result_or_dict, *, title: str | None = None) -> Figure:
+def plot_hadamard_outliers(result_or_dict: ExperimentResult | dict, *, title: str | None = None) -> Figure:
     """Block error along the channels of a Gaussian matrix whose outlier channels are scaled by a factor: SNR of
     all values and of the other channels, NVFP4 (left) and MXFP4 (right), with and without the random Hadamard
     transform.  Takes a result or the dict of :func:`mpt_lab.experiments.fourbit_ablation.hadamard_outlier_error`.
@@ -187,7 +188,7 @@ def plot_hadamard_outliers(result_or_dict, *, title: str | None = None) -> Figur
     return fig
 
 
-def plot_outliers(result, *, title: str | None = None) -> Figure:
+def plot_outliers(result: ExperimentResult, *, title: str | None = None) -> Figure:
     """Left: each Linear layer's largest per-channel input amax over the median channel's.  Right: SNR of its input
     in FP4 with one scale per tensor, in NVFP4 blocks along the channels, and in NVFP4 after a random Hadamard
     transform along the channels (trained BF16 model, one batch, FP32)."""
@@ -216,7 +217,7 @@ def plot_outliers(result, *, title: str | None = None) -> Figure:
     return fig
 
 
-def outlier_table(result):
+def outlier_table(result: ExperimentResult) -> HTML:
     """Per Linear layer: the input's largest channel amax over the median, and SNR (dB) of FP4 per tensor, NVFP4
     along the channels with and without a Hadamard transform, and the weight-gradient GEMM's inputs along the
     tokens with and without it (an HTML table)."""
@@ -232,7 +233,7 @@ def outlier_table(result):
                       "inputs in blocks along the tokens")
 
 
-def mismatch_table(result):
+def mismatch_table(result: ExperimentResult) -> HTML:
     """Per weight: how far the NVFP4 weight the backward pass reads (blocks along N) is from the forward pass's
     (blocks along K), with 1 × 16 blocks and with 16 × 16 tiles, and what that does to the input gradient (an
     HTML table)."""
@@ -248,7 +249,7 @@ def mismatch_table(result):
                             "output features)")
 
 
-def plot_layer_sensitivity(result, *, title: str | None = None) -> Figure:
+def plot_layer_sensitivity(result: ExperimentResult, *, title: str | None = None) -> Figure:
     """Each Linear layer quantised alone with the full NVFP4 recipe (the others in FP32), on the trained BF16
     model: the validation loss it adds (left), the relative error it causes in the whole gradient (middle), and
     the relative error of its own weight gradient under the recipe's weight-gradient GEMM (right)."""

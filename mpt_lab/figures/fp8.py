@@ -13,14 +13,18 @@ from __future__ import annotations
 
 import html
 import math
+from collections.abc import Sequence
 
 import numpy as np
+import torch
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
 from .. import formats as F
-from ..microscaling import mean_over_layers
-from ._base import FORMAT_COLORS, new_figure, pct, power_text, recipe_style, running_mean, table_html
+from ..formats import FormatLike
+from ..harness.runner import ExperimentResult
+from ..microscaling import mean_over_layers, quantize_mx
+from ._base import FORMAT_COLORS, HTML, as_formats, new_figure, pct, power_text, recipe_style, running_mean, table_html
 
 __all__ = ["plot_fp8_training", "fp8_results_table", "plot_layer_quantization",
            "plot_recipe_snr", "plot_amax_history", "plot_block_size_error", "block_scale_table",
@@ -45,7 +49,7 @@ def _model(result, model: str) -> dict:
 
 
 def _style(name: str) -> tuple:
-    """(colour, line style) of a recipe: the book's style table (:data:`mpt_lab.figures._base.RECIPE_STYLE`)."""
+    """(colour, line style) of a recipe: its plot style in :data:`mpt_lab.recipes.RECIPES` (:func:`recipe_style`)."""
     return recipe_style(name)[1:]
 
 
@@ -56,7 +60,7 @@ def _signed(v: float, digits: int = 3) -> str:
 
 
 # ----------------------------------------------------------------------------------------------- training
-def plot_fp8_training(result, model: str = "lm", *, smooth: int = 10, tolerance: float | None = None,
+def plot_fp8_training(result: ExperimentResult, model: str = "lm", *, smooth: int = 10, tolerance: float | None = None,
                       reference: str = "bf16", title: str | None = None) -> Figure:
     """The training loss of every recipe (left) and how far each ended from ``reference`` (right).
 
@@ -135,7 +139,7 @@ def _recipe_names(result) -> list:
     return list(dict.fromkeys(n for m in result.runs for n in result.runs[m]))
 
 
-def fp8_recipe_table(result):
+def fp8_recipe_table(result: ExperimentResult) -> HTML:
     """Per recipe: the formats of the forward and backward operands, how they are scaled, and the bits stored per
     value (scales included) (an HTML table, four columns)."""
     _check(result)
@@ -165,7 +169,7 @@ STEPS_NOTE = {
 }
 
 
-def fp8_results_table(result, *, tolerance: float | None = None, reference: str = "bf16"):
+def fp8_results_table(result: ExperimentResult, *, tolerance: float | None = None, reference: str = "bf16") -> HTML:
     """Per recipe and model: the final validation loss and its gap to ``reference`` in one column (✓ within
     ``tolerance``), the share of output-gradient values lost to underflow (and the steps FP16's scaler skipped),
     and the MLP's test accuracy (an HTML table narrow enough for the page; :func:`fp8_recipe_table` describes the
@@ -205,7 +209,7 @@ def fp8_results_table(result, *, tolerance: float | None = None, reference: str 
     return table_html(header, rows, cap)
 
 
-def plot_layer_quantization(result, recipe: str = "fp8_unscaled", model: str = "lm", *,
+def plot_layer_quantization(result: ExperimentResult, recipe: str = "fp8_unscaled", model: str = "lm", *,
                             title: str | None = None) -> Figure:
     """What one recipe did to each Linear layer: the share of non-zero values that became zero (left) and the
     signal-to-noise ratio (right), for the layer's inputs, weights and output gradients.
@@ -254,7 +258,7 @@ def plot_layer_quantization(result, recipe: str = "fp8_unscaled", model: str = "
     return fig
 
 
-def plot_recipe_snr(result, model: str = "lm", *, recipes=None, title: str | None = None) -> Figure:
+def plot_recipe_snr(result: ExperimentResult, model: str = "lm", *, recipes: Sequence[str] | None=None, title: str | None = None) -> Figure:
     """Signal-to-noise ratio of the activations, weights and output gradients (over all Linear layers) per
     recipe, and the share of gradient values lost to underflow.
 
@@ -298,7 +302,7 @@ def plot_recipe_snr(result, model: str = "lm", *, recipes=None, title: str | Non
 
 
 # ------------------------------------------------------------------------------------------ delayed scaling
-def plot_amax_history(result, *, title: str | None = None) -> Figure:
+def plot_amax_history(result: ExperimentResult, *, title: str | None = None) -> Figure:
     """Delayed scaling over training, for the traced tensors: each step's amax, and the largest magnitude the
     scale in use could represent (fmt.max / scale, from the amax history of the steps before); the steps
     where values exceeded it (and saturated) are marked.
@@ -357,7 +361,7 @@ def _sweep_of(result_or_sweep) -> dict:
     raise TypeError("expected an FP8RecipesResult or the dict of block_size_sweep (per role)")
 
 
-def plot_block_size_error(result_or_sweep, *, title: str | None = None) -> Figure:
+def plot_block_size_error(result_or_sweep: ExperimentResult | dict, *, title: str | None = None) -> Figure:
     """Signal-to-noise ratio of MX quantisation against block size, per element format, for the activations,
     weights and output gradients of a trained model (mean over its Linear layers); the point at the right is
     one E8M0 scale for the whole tensor.
@@ -397,7 +401,7 @@ def plot_block_size_error(result_or_sweep, *, title: str | None = None) -> Figur
     return fig
 
 
-def block_scale_table(result):
+def block_scale_table(result: ExperimentResult) -> HTML:
     """Per operand and element format: SNR with E8M0 (power-of-two) block scales against exact FP32 block
     scales, blocks of 32 (and NVFP4's E4M3 scales on blocks of 16 for FP4), mean over the Linear layers (an
     HTML table)."""
@@ -413,7 +417,7 @@ def block_scale_table(result):
                       "SNR of block quantisation, blocks of 32 along the reduction axis")
 
 
-def one_scale_table(comparison: dict, *, limit: int | None = None):
+def one_scale_table(comparison: dict, *, limit: int | None = None) -> HTML:
     """Per tensor: the binade of its amax, its own power-of-two scale, and the share of its non-zero values that
     underflow with one scale for all tensors against its own (an HTML table), from
     :func:`mpt_lab.microscaling.one_scale_vs_per_tensor`."""
@@ -434,7 +438,7 @@ def one_scale_table(comparison: dict, *, limit: int | None = None):
 
 
 # ------------------------------------------------------------------------------------------------ hardware
-def hardware_table(result):
+def hardware_table(result: ExperimentResult) -> HTML:
     """The FP8 per-tensor runs emulated and on FP8 tensor cores (``torch._scaled_mm``) side by side, and one
     product computed both ways (an HTML table); a sentence where no tensor cores ran."""
     _check(result, "hardware")
@@ -451,8 +455,6 @@ def hardware_table(result):
                          f"{result.final(model, name) - result.final(model, base):+.4f}",
                          f"{g.get('hardware', 0)} / {g.get('hardware', 0) + g.get('emulated', 0)}"])
     if not rows:
-        from ._base import HTML
-
         reason = hw.get("reason") or "no FP8 tensor cores"
         return HTML(f"<p>No tensor-core runs in this result ({html.escape(str(hw.get('device', '?')))}: "
                     f"{html.escape(reason)}).</p>")
@@ -466,7 +468,7 @@ def hardware_table(result):
 
 
 # ----------------------------------------------------------------------------------------------- one block
-def plot_mx_block(values, formats=("FP8_E4M3", "FP4_E2M1"), *, title: str | None = None) -> Figure:
+def plot_mx_block(values: Sequence[float] | torch.Tensor, formats: Sequence[FormatLike]=("FP8_E4M3", "FP4_E2M1"), *, title: str | None = None) -> Figure:
     """One OCP MX block quantised by :func:`mpt_lab.microscaling.quantize_mx`: what is stored, and what it keeps.
 
     Top: the stored block for the first format, its E8M0 scale byte (code c, bits, X = 2^(c − 127)) and one code
@@ -485,10 +487,6 @@ def plot_mx_block(values, formats=("FP8_E4M3", "FP4_E2M1"), *, title: str | None
     Raises TypeError/ValueError as :func:`~mpt_lab.microscaling.quantize_mx` does, and ValueError for values
     that are not 1-D or hold no non-zero finite value.
     """
-    import torch
-
-    from ..microscaling import quantize_mx
-    from ._base import as_formats
 
     x = torch.as_tensor(values, dtype=torch.float64)
     if x.dim() != 1 or not bool((torch.isfinite(x) & (x != 0)).any()):

@@ -11,15 +11,24 @@ from __future__ import annotations
 
 import html
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
-from matplotlib.ticker import MaxNLocator
+import torch
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Rectangle
+from matplotlib.ticker import MaxNLocator
 
 from .. import formats as F
-from ..histogram import Log2Histogram
-from ._base import as_formats, binade, power_text, format_color, new_figure, pct, pow2, running_mean, table_html
+from ..data import DigitsDetection
+from ..experiments.gradient_factors import GradientFactorsResult
+from ..experiments.ssd_histogram import PAPER, SSDHistogramResult
+from ..formats import FormatLike
+from ..harness.runner import ExperimentResult
+from ..histogram import Log2Histogram, quantile_binade
+from ..scaling import max_gradient_scale
+from ._base import HTML, as_formats, binade, format_color, new_figure, pct, pow2, power_text, running_mean, table_html
 from .formats import draw_format_ranges
 
 __all__ = ["plot_gradient_histogram", "plot_kept_vs_scale", "plot_detection_samples", "plot_training",
@@ -39,7 +48,7 @@ def _shade_format(ax, fmt: F.FloatFormat, lo: float) -> None:
                    label=f"lost: rounds to 0 in {fmt.name} (|x| ≤ 2^{fmt.emin - m - 1})")
 
 
-def plot_gradient_histogram(hists, fmt="FP16", *, scale: float | None = None, extra_formats: Sequence = (),
+def plot_gradient_histogram(hists: Log2Histogram | dict[str, Log2Histogram], fmt: FormatLike="FP16", *, scale: float | None = None, extra_formats: Sequence = (),
                             title: str | None = None, xlim: tuple | None = None) -> Figure:
     """Percentage of values (log scale) per binade of |g|, with a zero bin: the SSD histogram of NVIDIA's blog post
     (its Figure 2) and of the paper (its Figure 3), for any histogram.
@@ -122,7 +131,7 @@ def plot_gradient_histogram(hists, fmt="FP16", *, scale: float | None = None, ex
     return fig
 
 
-def plot_kept_vs_scale(hist: Log2Histogram, fmt="FP16", *, log2_scales: Sequence[int] = tuple(range(0, 41)),
+def plot_kept_vs_scale(hist: Log2Histogram, fmt: FormatLike="FP16", *, log2_scales: Sequence[int] = tuple(range(0, 41)),
                        title: str | None = None) -> Figure:
     """Share of non-zero values kept (normal or subnormal), lost to zero and overflowed, against log2 S.
 
@@ -170,7 +179,7 @@ def plot_kept_vs_scale(hist: Log2Histogram, fmt="FP16", *, log2_scales: Sequence
     return fig
 
 
-def plot_detection_samples(dataset, n: int = 8, *, detections=None, title: str | None = None) -> Figure:
+def plot_detection_samples(dataset: DigitsDetection, n: int = 8, *, detections: Sequence[dict[str, torch.Tensor]] | None=None, title: str | None = None) -> Figure:
     """The first ``n`` images of a detection data set with their ground-truth boxes (and detections).
 
     Parameters
@@ -184,8 +193,6 @@ def plot_detection_samples(dataset, n: int = 8, *, detections=None, title: str |
     -------
     Figure with one panel per image; axes in pixels.
     """
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Rectangle
 
     if not isinstance(n, int) or not 1 <= n <= 32:
         raise ValueError(f"n must be an int in [1, 32], got {n!r}")
@@ -222,7 +229,7 @@ def plot_detection_samples(dataset, n: int = 8, *, detections=None, title: str |
     return fig
 
 
-def plot_training(result, *, title: str | None = None, smooth: int = 25) -> Figure:
+def plot_training(result: ExperimentResult, *, title: str | None = None, smooth: int = 25) -> Figure:
     """Training loss of an SSD histogram run against step (raw and a running mean), with mAP@0.5 on a second
     axis.
 
@@ -259,7 +266,7 @@ def plot_training(result, *, title: str | None = None, smooth: int = 25) -> Figu
     return fig
 
 
-def histogram_table(results: dict, fmt="FP16"):
+def histogram_table(results: dict, fmt: FormatLike="FP16") -> HTML:
     """The sources' numbers beside each result's, for the activation gradients in ``fmt`` (an HTML table).
 
     Two source columns, each holding only what that source says: NVIDIA's 2017 blog post (Figure 2: 66.8% zeros,
@@ -278,8 +285,6 @@ def histogram_table(results: dict, fmt="FP16"):
     TypeError
         ``results`` is not a non-empty dict of such results.
     """
-    from ..experiments.ssd_histogram import PAPER, SSDHistogramResult
-    from ..scaling import max_gradient_scale
 
     if not isinstance(results, dict) or not results or \
             not all(isinstance(r, SSDHistogramResult) for r in results.values()):
@@ -319,7 +324,7 @@ def histogram_table(results: dict, fmt="FP16"):
     return table_html(header, rows)
 
 
-def phases_table(result, fmt="FP16"):
+def phases_table(result: ExperimentResult, fmt: FormatLike="FP16") -> HTML:
     """Per part of training: share of zeros, median binade, share lost in ``fmt`` (an HTML table)."""
     rows = []
     for p in result.phases:
@@ -329,7 +334,7 @@ def phases_table(result, fmt="FP16"):
     return table_html(["steps", "zeros", "median non-zero |g|", f"lost in {F.get_format(fmt).name} (S = 1)"], rows)
 
 
-def sweep_table(result, fmt="FP16"):
+def sweep_table(result: ExperimentResult, fmt: FormatLike="FP16") -> HTML:
     """The size sweep: per detector, median binade and the share of values below the smallest subnormal."""
     fmt = F.get_format(fmt)
     rows = []
@@ -341,7 +346,7 @@ def sweep_table(result, fmt="FP16"):
                        f"non-zero below {power_text(math.log2(fmt.smallest_subnormal))}", f"lost in {fmt.name}"], rows)
 
 
-def plot_gradient_factors(result, fmt="FP16", *, title: str | None = None) -> Figure:
+def plot_gradient_factors(result: GradientFactorsResult, fmt: FormatLike="FP16", *, title: str | None = None) -> Figure:
     """Where each variant of the gradient-factor experiment puts its activation gradients, against ``fmt``'s range.
 
     One row per variant (top: our detector): a dot at the median binade of the non-zero activation gradients, a
@@ -364,8 +369,6 @@ def plot_gradient_factors(result, fmt="FP16", *, title: str | None = None) -> Fi
     TypeError
         ``result`` is not a GradientFactorsResult.
     """
-    from ..experiments.gradient_factors import GradientFactorsResult, quantile_binade
-
     if not isinstance(result, GradientFactorsResult):
         raise TypeError(f"result must be a GradientFactorsResult, got {type(result).__name__}")
     fmt = F.get_format(fmt)
@@ -412,14 +415,12 @@ def plot_gradient_factors(result, fmt="FP16", *, title: str | None = None) -> Fi
     return fig
 
 
-def gradient_factors_table(result):
+def gradient_factors_table(result: GradientFactorsResult) -> HTML:
     """Per variant of the gradient-factor experiment: median binade, its shift from our detector split into the
     part the loss's divisor predicts (1/N, the gradient shift k) and the rest, matched boxes, and the shares zero,
     below 2⁻²⁴ and lost in FP16 (an HTML table).
 
     Raises TypeError when ``result`` is not a GradientFactorsResult."""
-    from ..experiments.gradient_factors import GradientFactorsResult
-
     if not isinstance(result, GradientFactorsResult):
         raise TypeError(f"result must be a GradientFactorsResult, got {type(result).__name__}")
 

@@ -9,20 +9,20 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from .. import formats as F
-from ._base import FORMAT_COLORS, mib, new_figure, recipe_style, table_html
+from ..experiments.gat_amp import DGL_GUIDE, GatAmpResult
+from ..harness.runner import ExperimentResult
+from ._base import FORMAT_COLORS, HTML, mib, new_figure, recipe_style, table_html
 
 __all__ = ["plot_gat_training", "plot_gat_memory", "plot_attention_overflow", "plot_gat_memory_fit",
            "gat_memory_table", "gat_budget_table", "message_passing_table", "code_table"]
 
 
 def _check_gat(result):
-    from ..experiments.gat_amp import GatAmpResult
-
     if not isinstance(result, GatAmpResult):
         raise TypeError(f"result must be a GatAmpResult, got {type(result).__name__}")
 
 
-def plot_gat_training(result, *, title: str | None = None) -> Figure:
+def plot_gat_training(result: GatAmpResult, *, title: str | None = None) -> Figure:
     """Training loss per epoch of the GAT, one panel per head setting, one line per precision.
 
     Parameters
@@ -52,15 +52,13 @@ def plot_gat_training(result, *, title: str | None = None) -> Figure:
     return fig
 
 
-def plot_gat_memory(result, *, title: str | None = None) -> Figure:
+def plot_gat_memory(result: GatAmpResult, *, title: str | None = None) -> Figure:
     """Total peak memory per (heads, precision) and its ratio to FP32, with the DGL User Guide's V100 ratio.
 
     Parameters
     ----------
     result : :class:`~mpt_lab.experiments.gat_amp.GatAmpResult`
     """
-    from ..experiments.gat_amp import DGL_GUIDE
-
     _check_gat(result)
     runs = result.runs
     fig = new_figure((10, 4.4))
@@ -105,7 +103,7 @@ def plot_attention_overflow(demo: dict, *, title: str | None = None) -> Figure:
 
     Parameters
     ----------
-    demo : dict from :func:`mpt_lab.experiments.gat_amp.attention_overflow`
+    demo : dict from :func:`mpt_lab.models.gat.attention_overflow`
 
     Raises TypeError when ``demo`` lacks the keys of that function's result.
     """
@@ -146,10 +144,8 @@ def plot_attention_overflow(demo: dict, *, title: str | None = None) -> Figure:
 
 
 
-def gat_memory_table(result):
+def gat_memory_table(result: GatAmpResult) -> HTML:
     """Peak memory per (heads, precision) beside the DGL User Guide's V100 numbers, and each precision ÷ FP32."""
-    from ..experiments.gat_amp import DGL_GUIDE
-
     _check_gat(result)
     rows = []
     for hk, runs in result.runs.items():
@@ -170,15 +166,13 @@ def gat_memory_table(result):
                        "total ÷ FP32", "test accuracy", f"DGL User Guide, {DGL_GUIDE['device']}"], rows)
 
 
-def gat_budget_table(result):
+def gat_budget_table(result: GatAmpResult) -> tuple[int, HTML]:
     """The guide's "fits in 16 GB" question, scaled to this run: a memory budget B that holds the FP32 [1, 1, 1]
     run at the same fill level as the guide's V100 (B = total(FP32, [1, 1, 1]) × 16 / 15.2), and for every run
     whether its total fits in B.  A thought experiment on measured numbers, not an out-of-memory error.
 
     Returns (budget in bytes, HTML table).  Raises ValueError without an FP32 [1, 1, 1] run.
     """
-    from ..experiments.gat_amp import DGL_GUIDE
-
     _check_gat(result)
     base = result.runs.get("[1, 1, 1]", {}).get("fp32")
     if not base or base.get("oom"):
@@ -194,7 +188,7 @@ def gat_budget_table(result):
     return budget, table_html(["heads", "precision", "total ÷ budget", f"fits in {mib(budget, 1)} MiB?"], rows)
 
 
-def message_passing_table(result):
+def message_passing_table(result: ExperimentResult) -> HTML:
     """The message-passing results: per library and example, the result's dtype and its error against FP32."""
     return table_html(["library", "example", "result dtype", "shape", "max |error|", "‖error‖ / ‖FP32‖",
                        "max error (FP16 ulps)"],
@@ -202,7 +196,7 @@ def message_passing_table(result):
                         f"{r['max_abs']:.2e}", f"{r['rel_norm']:.2e}", f"{r['max_ulp']:.2f}"] for r in result.rows])
 
 
-def code_table(example: str, codes: dict):
+def code_table(example: str, codes: dict) -> HTML:
     """The same computation written with each library, one row per library, as a syntax-plain HTML table.
 
     ``example``: the example's name (the caption); ``codes``: {library: source code}, e.g. from
@@ -220,7 +214,7 @@ def code_table(example: str, codes: dict):
                       align=("left", "left"))
 
 
-def plot_gat_memory_fit(result, *, title: str | None = None) -> Figure:
+def plot_gat_memory_fit(result: GatAmpResult, *, title: str | None = None) -> Figure:
     """The GAT's FP32 step peak measured on graphs of several sizes and head counts, and the model it tests
     (:func:`mpt_lab.experiments.gat_amp.memory_model`).
 

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from matplotlib.figure import Figure
 
-from ._base import mib, new_figure, table_html
+from ..experiments.memory_tradeoffs import CIFAR10_RESNET50, RECOMPUTE_VS_PRECISION, MemoryTradeoffsResult
+from ._base import HTML, mib, new_figure, table_html
 
 __all__ = ["plot_tradeoffs", "tradeoff_table", "training_table", "breakdown_table"]
 
 
-def plot_tradeoffs(result, *, title: str | None = None) -> Figure:
+def plot_tradeoffs(result: MemoryTradeoffsResult, *, title: str | None = None) -> Figure:
     """Peak memory and step time per way of training (FP32, mixed precision, checkpointing, both).
 
     Parameters
@@ -46,12 +47,10 @@ def plot_tradeoffs(result, *, title: str | None = None) -> Figure:
     return fig
 
 
-def tradeoff_table(result):
+def tradeoff_table(result: MemoryTradeoffsResult) -> HTML:
     """Per way: peak memory, memory saved, step time and its overhead, the work of a step in FLOPs against
     FP32's (where the result has it), and whether the gradients are bit-identical to FP32's (else their relative
     difference and cosine); the usual qualitative verdict (:data:`RECOMPUTE_VS_PRECISION`) in the caption."""
-    from ..experiments.memory_tradeoffs import RECOMPUTE_VS_PRECISION, MemoryTradeoffsResult
-
     if not isinstance(result, MemoryTradeoffsResult):
         raise TypeError(f"result must be a MemoryTradeoffsResult, got {type(result).__name__}")
 
@@ -76,12 +75,10 @@ def tradeoff_table(result):
                        "gradients = FP32's?"], rows, caption=caption)
 
 
-def training_table(result):
+def training_table(result: MemoryTradeoffsResult) -> HTML:
     """FP32 against mixed precision: test accuracy, time per epoch, checkpoint size (MiB; the mixed run's weights
     are FP32, as autocast keeps them, cast to the mixed dtype when saved) — beside the CIFAR-10 ResNet-50
     experiment's numbers (cited as reported: "MB", which may mean 10⁶ or 2²⁰ bytes)."""
-    from ..experiments.memory_tradeoffs import CIFAR10_RESNET50, MemoryTradeoffsResult
-
     if not isinstance(result, MemoryTradeoffsResult):
         raise TypeError(f"result must be a MemoryTradeoffsResult, got {type(result).__name__}")
     t = result.training
@@ -99,11 +96,9 @@ def training_table(result):
     return table_html(["run", "test accuracy", "s / epoch", "checkpoint (ours in MiB)"], rows)
 
 
-def breakdown_table(result):
+def breakdown_table(result: MemoryTradeoffsResult) -> HTML:
     """Where the memory of one training step goes, in FP32 and in mixed precision (MiB): weights, gradients,
     optimizer state and the tensors autograd saves for the backward pass."""
-    from ..experiments.memory_tradeoffs import MemoryTradeoffsResult
-
     if not isinstance(result, MemoryTradeoffsResult):
         raise TypeError(f"result must be a MemoryTradeoffsResult, got {type(result).__name__}")
     parts = (("weights", "weights (FP32 in both: autocast casts per op)"), ("gradients", "gradients (FP32)"),

@@ -14,9 +14,12 @@ import html
 import math
 
 import numpy as np
+from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 
 from .. import formats as F
+from ..report import PrecisionReport
 from ._base import format_color, new_figure, pow2, table_html
 
 __all__ = ["plot_precision_report", "format_window", "report_table"]
@@ -74,10 +77,6 @@ def plot_precision_report(report, formats=None, *, loss_scale: float = 1.0, max_
     ValueError
         ``loss_scale`` is not a positive power of two; an unknown format.
     """
-    from matplotlib.colors import LogNorm
-    from matplotlib.lines import Line2D
-
-    from ..report import PrecisionReport
 
     if not isinstance(report, PrecisionReport):
         raise TypeError(f"report must be a PrecisionReport, got {type(report).__name__}")
@@ -167,8 +166,6 @@ def report_table(reports: dict, formats=None):
     TypeError
         ``reports`` is not a non-empty dict of PrecisionReports.
     """
-    from ..report import PrecisionReport
-
     if not isinstance(reports, dict) or not reports or not all(isinstance(r, PrecisionReport)
                                                                for r in reports.values()):
         raise TypeError("reports must be a non-empty dict of label → PrecisionReport")

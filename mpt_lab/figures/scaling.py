@@ -9,10 +9,13 @@ blog post on the paper, Micikevicius et al. 2017, draws its training-loss curves
 from __future__ import annotations
 
 import numpy as np
-from matplotlib.ticker import MaxNLocator
 from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+from matplotlib.ticker import MaxNLocator
 
-from ._base import FORMAT_COLORS, binade, new_figure, pct, power_text, running_mean, table_html
+from ..harness.runner import ExperimentResult
+from ..histogram import Log2Histogram, log2_histogram, lost_mass, lost_share
+from ._base import FORMAT_COLORS, HTML, binade, new_figure, pct, power_text, recipe_style, running_mean, table_html
 
 __all__ = ["plot_scale_history", "plot_divergence", "plot_shift_sweep", "divergence_table", "plot_gradient_scale",
            "gradient_scale_table", "plot_gradient_shift", "plot_sampled_softmax"]
@@ -20,7 +23,7 @@ __all__ = ["plot_scale_history", "plot_divergence", "plot_shift_sweep", "diverge
 _STYLES = ["-", "--", ":", "-."]
 
 
-def plot_scale_history(result, *, title: str | None = None) -> Figure:
+def plot_scale_history(result: ExperimentResult | dict, *, title: str | None = None) -> Figure:
     """Loss scale S against step (log2 axis), with overflow steps marked.
 
     Parameters
@@ -58,7 +61,7 @@ def plot_scale_history(result, *, title: str | None = None) -> Figure:
     return fig
 
 
-def plot_divergence(result, *, smooth: int = 20, title: str | None = None, ylabel: str | None = None) -> Figure:
+def plot_divergence(result: ExperimentResult, *, smooth: int = 20, title: str | None = None, ylabel: str | None = None) -> Figure:
     """Training loss per arm beside the share of activation-gradient values that are zero, over training.
 
     bigLSTM's training-loss curves (left) and their explanation (right): a run whose gradients underflow in FP16 loses them
@@ -109,12 +112,12 @@ def plot_divergence(result, *, smooth: int = 20, title: str | None = None, ylabe
     return fig
 
 
-def plot_shift_sweep(result, *, title: str | None = None) -> Figure:
+def plot_shift_sweep(result: ExperimentResult, *, title: str | None = None) -> Figure:
     """Final training loss of FP16 without loss scaling against the gradient shift k, beside FP32's.
 
     Parameters
     ----------
-    result : a :class:`~mpt_lab.experiments.biglstm.BigLSTMResult` whose ``sweep`` holds "fp32", "fp16"
+    result : a :class:`~mpt_lab.experiments.biglstm.BigLSTMResult` whose ``sweep`` holds "fp32", "fp16_unscaled"
         {k: loss}, "zero_share" {k: share} and "equivalent_shift"
 
     Returns
@@ -122,14 +125,14 @@ def plot_shift_sweep(result, *, title: str | None = None) -> Figure:
     Figure; x = k (gradients multiplied by 2⁻ᵏ), left y = loss (nats per token), right y = zero share (%).
     """
     sweep = getattr(result, "sweep", None)
-    if not isinstance(sweep, dict) or "fp16" not in sweep or "fp32" not in sweep:
+    if not isinstance(sweep, dict) or "fp16_unscaled" not in sweep or "fp32" not in sweep:
         raise TypeError("result must be a BigLSTMResult that ran a shift sweep (config sweep_shifts)")
-    ks = sorted(int(k) for k in sweep["fp16"])
-    loss = [float(sweep["fp16"][str(k)]) for k in ks]
+    ks = sorted(int(k) for k in sweep["fp16_unscaled"])
+    loss = [float(sweep["fp16_unscaled"][str(k)]) for k in ks]
     zeros = [100 * float(sweep["zero_share"][str(k)]) for k in ks]
     fig = new_figure((9, 4.4))
     ax = fig.add_subplot()
-    ax.plot(ks, loss, "o-", color="#d62728", lw=2, label="mixed FP16, no loss scaling: final loss")
+    ax.plot(ks, loss, "o-", color="#d62728", lw=2, label=f"{recipe_style('fp16_unscaled')[0]}: final loss")
     ax.axhline(float(sweep["fp32"]), color="#1f77b4", lw=2, label="FP32 (identical for every k)")
     if sweep.get("equivalent_shift") is not None:
         ax.axvline(sweep["equivalent_shift"], color="0.4", ls=":",
@@ -148,7 +151,7 @@ def plot_shift_sweep(result, *, title: str | None = None) -> Figure:
     return fig
 
 
-def divergence_table(result, paper: dict | None = None):
+def divergence_table(result: ExperimentResult, paper: dict | None = None) -> HTML:
     """Per arm: the final training loss and its difference from FP32's, the quality measure (validation
     perplexity for the language model, mAP@0.5 for the detector, beside ``paper``'s row when given), the share of
     activation-gradient values that are zero in the run, the share of FP32's values that FP16 would round to zero,
@@ -201,7 +204,7 @@ def _gradient_scale_points(result, which: str) -> list:
     return result.summary(which)
 
 
-def plot_gradient_scale(result, *, which: str = "trained", title: str | None = None) -> Figure:
+def plot_gradient_scale(result: ExperimentResult, *, which: str = "trained", title: str | None = None) -> Figure:
     """Where a language model's activation gradients lie against its vocabulary V and batch N, and a gradient
     shift k beside a 2ᵏ times larger vocabulary or batch.
 
@@ -218,7 +221,7 @@ def plot_gradient_scale(result, *, which: str = "trained", title: str | None = N
     largest k: the smaller point's histogram shifted down by k binades (dashed) beside the measured points with
     2ᵏ times the vocabulary or the batch (solid).  Right: what FP16 would lose (%) against log₂(V·N·2ᵏ), from
     the largest batch of each vocabulary shifted by k = 0, 1, …: the share of the values (dashed) and of their
-    sum |g| (solid; :func:`~mpt_lab.experiments.biglstm.lost_mass`), measured points marked.
+    sum |g| (solid; :func:`~mpt_lab.histogram.lost_mass`), measured points marked.
 
     Raises TypeError for another result, ValueError for ``which``.
     """
@@ -248,7 +251,7 @@ def plot_gradient_scale(result, *, which: str = "trained", title: str | None = N
     comps = result.comparisons(which)
     if comps:
         k = max(c["k"] for c in comps)
-        base = min((c["base"] for c in comps if c["k"] == k))
+        base = min(c["base"] for c in comps if c["k"] == k)
         pts = {(p["vocab_size"], p["tokens"]): p[which] for p in result.points}
         h = pts[base]
         share = 100.0 * h.counts / max(h.total, 1)
@@ -276,8 +279,6 @@ def plot_gradient_scale(result, *, which: str = "trained", title: str | None = N
 
 
 def _plot_lost_against_shift(ax, result, which: str, vocabs: list, shifts: int = 14) -> None:
-    from ..experiments.biglstm import lost_mass
-    from ..experiments.lm_gradient_scale import lost_share
 
     for ci, v in enumerate(vocabs):
         p = max((p for p in result.points if p["vocab_size"] == v), key=lambda p: p["tokens"])
@@ -305,7 +306,7 @@ def _sup(k: int) -> str:
     return power_text(k)[1:]
 
 
-def gradient_scale_table(result, *, which: str = "trained"):
+def gradient_scale_table(result: ExperimentResult, *, which: str = "trained") -> HTML:
     """Per point of an :class:`~mpt_lab.experiments.lm_gradient_scale.LMGradientScaleResult`: V, N, log₂(V·N),
     the median binade and the share FP16 loses at the first step and over the recorded steps, the loss
     (an HTML table); below it, each comparison of a shifted point with a measured one."""
@@ -328,7 +329,7 @@ def gradient_scale_table(result, *, which: str = "trained"):
 
 
 # ------------------------------------------------------------------------------- the gradient shift, drawn
-def plot_gradient_shift(hist, k: int, scale: float = 128.0, *, label: str = "", title: str | None = None) -> Figure:
+def plot_gradient_shift(hist: Log2Histogram, k: int, scale: float = 128.0, *, label: str = "", title: str | None = None) -> Figure:
     """A diagram of the gradient shift drawn from a measured histogram: the activation gradients as the model
     computes them (FP32), after the gradient shift 2⁻ᵏ, and after the loss scale S on top of it, each against
     FP16's ranges (normal, subnormal, rounded to zero).
@@ -346,16 +347,11 @@ def plot_gradient_shift(hist, k: int, scale: float = 128.0, *, label: str = "", 
     Figure with three panels sharing x = log₂|activation gradient| (bin e: 2ᵉ ≤ |g| < 2ᵉ⁺¹) and y = share of the
     values (%); the bars FP16 rounds to zero (|x| ≤ 2⁻²⁵, Micikevicius et al. 2018 §3.2) are red, and each
     panel's title gives the share of the values and of their sum |g| that FP16 would lose
-    (:func:`~mpt_lab.experiments.lm_gradient_scale.lost_share`, :func:`~mpt_lab.experiments.biglstm.lost_mass`).
+    (:func:`~mpt_lab.histogram.lost_share`, :func:`~mpt_lab.histogram.lost_mass`).
 
     Raises TypeError for a non-histogram, ValueError for a negative or non-int ``k`` or a ``scale`` that is not a
     power of two ≥ 1.
     """
-    from matplotlib.patches import Patch
-
-    from ..experiments.biglstm import lost_mass
-    from ..experiments.lm_gradient_scale import lost_share
-    from ..histogram import Log2Histogram
 
     if not isinstance(hist, Log2Histogram):
         raise TypeError(f"hist must be a Log2Histogram, got {type(hist).__name__}")
@@ -423,10 +419,6 @@ def plot_sampled_softmax(sim: dict, *, ours_log2: float | None = None, ours_labe
 
     Raises TypeError for a ``sim`` without "gradients".
     """
-    from matplotlib.patches import Patch
-
-    from ..histogram import log2_histogram
-
     if not isinstance(sim, dict) or "gradients" not in sim:
         raise TypeError("sim must be the dict of mpt_lab.experiments.biglstm.sampled_softmax_gradients()")
     h = log2_histogram(np.asarray(sim["gradients"], dtype=np.float64))

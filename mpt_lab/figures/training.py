@@ -11,17 +11,18 @@ import html
 
 import numpy as np
 from matplotlib.figure import Figure
-
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Patch
 
-from ._base import FORMAT_COLORS, mib, new_figure, running_mean, table_html
+from ..experiments.amp_recipe import AmpRecipeResult
+from ..harness.runner import ExperimentResult
+from ._base import FORMAT_COLORS, HTML, mib, new_figure, running_mean, table_html
 
 __all__ = ["plot_losses", "plot_master_weight_loop", "speedup_table", "autocast_table", "autocast_lists_table"]
 
 _STYLES = ["-", "--", ":", "-."]
 
 
-def plot_losses(result, *, smooth: int = 50, title: str | None = None, reference: str | None = None) -> Figure:
+def plot_losses(result: ExperimentResult | dict, *, smooth: int = 50, title: str | None = None, reference: str | None = None) -> Figure:
     """Running means of the loss curves of a run with several arms, against step (one line per arm).
 
     The first arm is drawn as a wide, pale band and the others as thinner lines on top of it (dotted ones with
@@ -105,7 +106,7 @@ _LOOP_ARROWS = [
 ]
 
 
-def plot_master_weight_loop(trace, *, title: str | None = None) -> Figure:
+def plot_master_weight_loop(trace: dict, *, title: str | None = None) -> Figure:
     """The master-weight loop as a diagram: each tensor of one iteration as a box coloured by its dtype.
 
     The dtypes are read from a recorded iteration, not typed: ``trace`` is
@@ -199,7 +200,7 @@ def plot_master_weight_loop(trace, *, title: str | None = None) -> Figure:
     return fig
 
 
-def speedup_table(results):
+def speedup_table(results: AmpRecipeResult | dict[str, AmpRecipeResult]) -> HTML:
     """Seconds per epoch and speed-up over FP32 per precision and batch size: one table per result, its caption
     naming the run (label, device, profile).
 
@@ -213,8 +214,6 @@ def speedup_table(results):
     TypeError
         ``results`` is neither such a result nor a non-empty dict of them.
     """
-    from ..experiments.amp_recipe import AmpRecipeResult
-
     if isinstance(results, AmpRecipeResult):
         results = {"saved run": results}
     if not isinstance(results, dict) or not results or \
@@ -225,21 +224,21 @@ def speedup_table(results):
         rows = []
         sheet = r.datasheet is not None
         for row in r.rows:
-            sp = r.speedup.get(row["precision"], {}).get(str(row["batch"]), 1.0)
-            rows.append([row["precision"], row["batch"], f"{row['epoch_seconds']:.4g}", f"{sp:.2f}×",
+            sp = r.speedup.get(row["recipe"], {}).get(str(row["batch"]), 1.0)
+            rows.append([row["recipe"], row["batch"], f"{row['epoch_seconds']:.4g}", f"{sp:.2f}×",
                          f"{row['tflops'] * 1e3:.3g}", f"{100 * row['fraction_of_peak']:.0f}%"]
                         + ([f"{100 * row['fraction_of_datasheet_peak']:.0f}%"] if sheet else [])
                         + [mib(row["peak_bytes"], 1)])
         c = r.config
         caption = (f"{label}: {r.device}, {r.profile} profile, {c['num_layers']} × Linear({c['width']}, "
                    f"{c['width']}); FLOPs: {r.flops_convention}")
-        tables.append(table_html(["precision", "batch", "s / epoch", "speed-up vs FP32", "GFLOP/s",
+        tables.append(table_html(["recipe", "batch", "s / epoch", "speed-up vs FP32", "GFLOP/s",
                                   "of measured matmul peak"] + (["of datasheet peak"] if sheet else [])
                                  + ["peak MiB"], rows, caption=caption))
     return type(tables[0])("".join(tables))
 
 
-def autocast_table(probes: dict):
+def autocast_table(probes: dict) -> HTML:
     """Which dtype each op returns under autocast, one column per probe (an HTML table).
 
     Parameters
@@ -260,7 +259,7 @@ _POLICY_WORDS = {"lower_precision": "cast to the lower-precision dtype", "float3
                  "undetermined": "listed; the probe could not tell the group"}
 
 
-def autocast_lists_table(lists: dict):
+def autocast_lists_table(lists: dict) -> HTML:
     """Autocast's op lists side by side (an HTML table): one row per group, one column per device.
 
     Parameters
@@ -275,12 +274,12 @@ def autocast_lists_table(lists: dict):
     """
     if not isinstance(lists, dict) or not lists or not all(hasattr(v, "lists") for v in lists.values()):
         raise TypeError("lists must be a non-empty dict of column title → AutocastLists")
-    groups = [g for g in _POLICY_WORDS if any(l.lists.get(g) for l in lists.values())]
+    groups = [g for g in _POLICY_WORDS if any(al.lists.get(g) for al in lists.values())]
     rows = []
     for g in groups:
         cells = [f"<b>{html.escape(g)}</b><br><small>{html.escape(_POLICY_WORDS[g])}</small>"]
-        for l in lists.values():
-            ops = l.lists.get(g, ())
+        for al in lists.values():
+            ops = al.lists.get(g, ())
             cells.append(f"<small>{html.escape(', '.join(ops)) if ops else '–'}</small><br>"
                          f"<small>({len(ops)} ops)</small>")
         rows.append(cells)

@@ -80,11 +80,19 @@ float16, bfloat16 or float32).
 """
 
 from ._core import BLOCK_LAYOUTS, ROUNDINGS
-from .analysis import (add_counts, block_scale_comparison, block_size_sweep, layer_stats, mean_over_layers,
-                       new_counts, one_scale_vs_per_tensor, quantization_error, snr_db)
-from .mx import (E8M0_NAN, MX_ELEMENT_FORMATS, MX_FORMATS, SCALE_ROUNDINGS, MXTensor, fake_quantize_mx,
-                 quantize_mx)
+from .analysis import (
+                       add_counts,
+                       block_scale_comparison,
+                       block_size_sweep,
+                       layer_stats,
+                       mean_over_layers,
+                       new_counts,
+                       one_scale_vs_per_tensor,
+                       quantization_error,
+                       snr_db,
+)
 from .hadamard import HADAMARD_BLOCK_SIZE, RandomHadamard, hadamard_matrix
+from .mx import E8M0_NAN, MX_ELEMENT_FORMATS, MX_FORMATS, SCALE_ROUNDINGS, MXTensor, fake_quantize_mx, quantize_mx
 from .nvfp4 import NVFP4_BLOCK_SIZE, NVFP4Tensor, fake_quantize_nvfp4, quantize_nvfp4
 from .per_tensor import DelayedScaling, ScaledTensor, quantize_per_tensor, scale_from_amax
 from .schemes import SCHEMES, fake_quantize, quantize

@@ -15,12 +15,13 @@ Q(x) are both finite.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 
 from .. import formats as F
-from ..formats import FP4_E2M1, FloatFormat, exact_arithmetic
+from ..formats import FP4_E2M1, FloatFormat, FormatLike, exact_arithmetic
 from ..histogram import Log2Histogram
 from ._core import QuantizedTensor, check_tensor, from_blocks, to_blocks
 from .mx import fake_quantize_mx
@@ -42,7 +43,7 @@ def snr_db(signal: float, noise: float) -> float:
 # one tensor
 # ----------------------------------------------------------------------------------------------------------
 @exact_arithmetic
-def quantization_error(x, xq, *, saturated=None) -> dict:
+def quantization_error(x: torch.Tensor, xq: torch.Tensor, *, saturated: torch.Tensor | None=None) -> dict:
     """What quantising x lost: errors, signal-to-noise ratio, and the shares that underflowed or saturated.
 
     Parameters
@@ -179,8 +180,8 @@ def _by_tensor_and_format(tensors: dict, formats, row) -> dict:
 
 
 @exact_arithmetic
-def block_size_sweep(tensors: dict, formats=("FP8_E4M3", "FP8_E5M2", "FP6_E3M2", "FP6_E2M3", "FP4_E2M1"),
-                     block_sizes=(8, 16, 32, 64, 128, 256)) -> dict:
+def block_size_sweep(tensors: dict, formats: Sequence[str]=("FP8_E4M3", "FP8_E5M2", "FP6_E3M2", "FP6_E2M3", "FP4_E2M1"),
+                     block_sizes: Sequence[int]=(8, 16, 32, 64, 128, 256)) -> dict:
     """SNR (dB) of MX quantisation against block size, and with one E8M0 scale for the whole tensor.
 
     Parameters
@@ -207,7 +208,7 @@ def block_size_sweep(tensors: dict, formats=("FP8_E4M3", "FP8_E5M2", "FP6_E3M2",
 
 
 @exact_arithmetic
-def block_scale_comparison(tensors: dict, formats=("FP8_E4M3", "FP6_E3M2", "FP4_E2M1"), block_size: int = 32) -> dict:
+def block_scale_comparison(tensors: dict, formats: Sequence[str]=("FP8_E4M3", "FP6_E3M2", "FP4_E2M1"), block_size: int = 32) -> dict:
     """SNR (dB) of block quantisation with an E8M0 (power-of-two) scale against an exact FP32 scale.
 
     The E8M0 scale is OCP MX's (:func:`~mpt_lab.microscaling.quantize_mx`, floor rule: the block's amax lands
@@ -248,7 +249,7 @@ def mean_over_layers(per_layer: dict) -> dict:
             for fmt, row in acc.items()}
 
 
-def one_scale_vs_per_tensor(histograms: dict, fmt="FP8_E5M2") -> dict:
+def one_scale_vs_per_tensor(histograms: dict, fmt: FormatLike="FP8_E5M2") -> dict:
     """What one scale for all tensors loses against one scale per tensor, from their log2 histograms.
 
     One scale: the largest power of two S for which no value of *any* tensor overflows ``fmt``

@@ -51,7 +51,7 @@ def _check_size(d, argname: str = "block_size") -> int:
 
 
 def hadamard_matrix(d: int, *, normalized: bool = True, dtype: torch.dtype = torch.float64,
-                    device=None) -> torch.Tensor:
+                    device: torch.device | str | None=None) -> torch.Tensor:
     """Sylvester's Hadamard matrix H_d: H_1 = [1], H_2k = [[H_k, H_k], [H_k, −H_k]], entries ±1 (divided by
     √d when ``normalized``, so that H Hᵀ = I).
 
@@ -117,7 +117,7 @@ class RandomHadamard:
         g = torch.Generator().manual_seed(self.seed)
         return torch.randint(0, 2, (self.block_size,), generator=g).to(torch.float64) * 2 - 1
 
-    def matrix(self, dtype: torch.dtype = torch.float64, device=None) -> torch.Tensor:
+    def matrix(self, dtype: torch.dtype = torch.float64, device: torch.device | str | None=None) -> torch.Tensor:
         """H = S_d H_d / √d (arXiv:2509.25149, Appendix C): row i of the normalised Sylvester matrix times s_i;
         orthogonal.  (block_size, block_size) in ``dtype`` on ``device`` (a new tensor)."""
         return _matrix(self, dtype, torch.device(device) if device is not None else torch.device("cpu")).clone()
@@ -137,7 +137,7 @@ class RandomHadamard:
         y = (xm.reshape(-1, self.block_size) @ m).reshape(xm.shape)
         return y.movedim(-1, axis).to(x.dtype)
 
-    def apply(self, x, axis: int = -1) -> torch.Tensor:
+    def apply(self, x: torch.Tensor, axis: int = -1) -> torch.Tensor:
         """x with every tile v of ``block_size`` consecutive values along ``axis`` replaced by v H.
 
         Parameters
@@ -158,7 +158,7 @@ class RandomHadamard:
         """
         return self._tiles(x, axis, inverse=False)
 
-    def inverse(self, y, axis: int = -1) -> torch.Tensor:
+    def inverse(self, y: torch.Tensor, axis: int = -1) -> torch.Tensor:
         """The inverse transform, v ↦ v Hᵀ on every tile (Hᵀ = H⁻¹); arguments and errors as :meth:`apply`."""
         return self._tiles(y, axis, inverse=True)
 

@@ -27,10 +27,25 @@ from dataclasses import dataclass
 import torch
 
 from .. import formats as F
-from ..formats import E8M0, FP4_E2M1, FP6_E2M3, FP6_E3M2, FP8_E4M3, FP8_E5M2, FloatFormat, exact_arithmetic
-from ._core import (BITS, FLOAT8, BlockScaledTensor, block_amax, check_axis, check_blocks, check_choice, check_int,
-                    check_rounding, check_tensor, from_blocks, pow2, scale_rows_and_encode, tile_amax, to_blocks,
-                    work_dtype)
+from ..formats import E8M0, FP4_E2M1, FP6_E2M3, FP6_E3M2, FP8_E4M3, FP8_E5M2, FloatFormat, FormatLike, exact_arithmetic
+from ._core import (
+    BITS,
+    FLOAT8,
+    BlockScaledTensor,
+    block_amax,
+    check_axis,
+    check_blocks,
+    check_choice,
+    check_int,
+    check_rounding,
+    check_tensor,
+    from_blocks,
+    pow2,
+    scale_rows_and_encode,
+    tile_amax,
+    to_blocks,
+    work_dtype,
+)
 
 __all__ = ["MXTensor", "quantize_mx", "fake_quantize_mx", "MX_ELEMENT_FORMATS", "MX_FORMATS", "SCALE_ROUNDINGS",
            "E8M0_NAN"]
@@ -162,8 +177,8 @@ def _pow2_neg_scale(c: torch.Tensor, work: torch.dtype) -> torch.Tensor:
 
 
 @exact_arithmetic
-def quantize_mx(x, fmt, block_size: int = 32, axis: int = -1, *, scale_rounding: str = "floor", blocks: str = "1d",
-                rounding: str = "nearest_even", generator=None) -> MXTensor:
+def quantize_mx(x: torch.Tensor, fmt: FormatLike, block_size: int = 32, axis: int = -1, *, scale_rounding: str = "floor", blocks: str = "1d",
+                rounding: str = "nearest_even", generator: torch.Generator | None=None) -> MXTensor:
     """Quantise x to an OCP MX format: blocks of ``block_size`` values along ``axis`` share a power-of-two scale.
 
     Per block (OCP MX v1.0 §6.3): amax = max |v|; shared scale X = 2^(⌊log2 amax⌋ − emax), emax being the element
@@ -220,8 +235,8 @@ def quantize_mx(x, fmt, block_size: int = 32, axis: int = -1, *, scale_rounding:
 
 
 @exact_arithmetic
-def fake_quantize_mx(x, fmt, block_size: int = 32, axis: int = -1, *, scale_rounding: str = "floor",
-                     blocks: str = "1d", rounding: str = "nearest_even", generator=None) -> torch.Tensor:
+def fake_quantize_mx(x: torch.Tensor, fmt: FormatLike, block_size: int = 32, axis: int = -1, *, scale_rounding: str = "floor",
+                     blocks: str = "1d", rounding: str = "nearest_even", generator: torch.Generator | None=None) -> torch.Tensor:
     """``quantize_mx(x, fmt, block_size, axis, scale_rounding=..., blocks=..., rounding=...,
     generator=...).dequantize()`` for float32 (or narrower) x, computed without codes: the same values bit
     for bit (the tests compare them on random, tied, subnormal, zero, infinite and NaN blocks, and with

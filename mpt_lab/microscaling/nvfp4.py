@@ -34,8 +34,21 @@ import torch
 
 from .. import formats as F
 from ..formats import FP4_E2M1, FP8_E4M3, exact_arithmetic
-from ._core import (BlockScaledTensor, abs_max, as_float32, block_amax, check_axis, check_blocks, check_rounding,
-                    check_tensor, encode_into, from_blocks, scale_rows_and_encode, tile_amax, to_blocks)
+from ._core import (
+    BlockScaledTensor,
+    abs_max,
+    as_float32,
+    block_amax,
+    check_axis,
+    check_blocks,
+    check_rounding,
+    check_tensor,
+    encode_into,
+    from_blocks,
+    scale_rows_and_encode,
+    tile_amax,
+    to_blocks,
+)
 
 __all__ = ["NVFP4Tensor", "quantize_nvfp4", "fake_quantize_nvfp4", "NVFP4_BLOCK_SIZE"]
 
@@ -112,8 +125,8 @@ def _block_scales(amax: torch.Tensor, st: torch.Tensor) -> tuple[torch.Tensor, t
 
 
 @exact_arithmetic
-def quantize_nvfp4(x, *, tensor_scale=None, axis: int = -1, blocks: str = "1d", rounding: str = "nearest_even",
-                   generator=None) -> NVFP4Tensor:
+def quantize_nvfp4(x: torch.Tensor, *, tensor_scale: float | torch.Tensor | None=None, axis: int = -1, blocks: str = "1d", rounding: str = "nearest_even",
+                   generator: torch.Generator | None=None) -> NVFP4Tensor:
     """Quantise x to NVFP4: FP4 E2M1 elements, blocks of 16 along ``axis`` with FP8 E4M3 scales, and one FP32
     tensor scale.
 
@@ -176,8 +189,8 @@ def quantize_nvfp4(x, *, tensor_scale=None, axis: int = -1, blocks: str = "1d", 
 
 
 @exact_arithmetic
-def fake_quantize_nvfp4(x, *, axis: int = -1, blocks: str = "1d", rounding: str = "nearest_even",
-                        generator=None) -> torch.Tensor:
+def fake_quantize_nvfp4(x: torch.Tensor, *, axis: int = -1, blocks: str = "1d", rounding: str = "nearest_even",
+                        generator: torch.Generator | None=None) -> torch.Tensor:
     """``quantize_nvfp4(x, axis=axis, blocks=blocks, rounding=rounding, generator=generator).dequantize()``
     for float32 (or narrower) x, without codes: the same values bit for bit (stochastic rounding included:
     the same bits drawn from the same generator state), faster.

@@ -21,9 +21,23 @@ from dataclasses import dataclass
 import torch
 
 from .. import formats as F
-from ..formats import FloatFormat, exact_arithmetic
-from ._core import (FP32_MAX, QuantizedTensor, abs_max, as_float32, beyond_range, check_bool, check_choice,
-                    check_dtype, check_int, check_rounding, check_tensor, pow2, scalar_format, work_dtype)
+from ..formats import FloatFormat, FormatLike, exact_arithmetic
+from ._core import (
+    FP32_MAX,
+    QuantizedTensor,
+    abs_max,
+    as_float32,
+    beyond_range,
+    check_bool,
+    check_choice,
+    check_dtype,
+    check_int,
+    check_rounding,
+    check_tensor,
+    pow2,
+    scalar_format,
+    work_dtype,
+)
 
 __all__ = ["scale_from_amax", "ScaledTensor", "quantize_per_tensor", "DelayedScaling"]
 
@@ -36,7 +50,7 @@ def _check_margin(margin) -> int:
 
 
 @exact_arithmetic
-def scale_from_amax(amax, fmt, *, margin: int = 0, power_of_two: bool = False, previous=None) -> torch.Tensor:
+def scale_from_amax(amax: float | torch.Tensor, fmt: FormatLike, *, margin: int = 0, power_of_two: bool = False, previous: float | torch.Tensor | None=None) -> torch.Tensor:
     """The per-tensor scale Transformer Engine computes from an amax: scale = (fmt.max / amax) / 2^margin.
 
     In float32, as Transformer Engine: fl32(fmt.max / amax) (one correctly rounded division), divided by
@@ -111,7 +125,7 @@ class ScaledTensor(QuantizedTensor):
         return F.encode(self.q, self.fmt)
 
     @exact_arithmetic
-    def saturated(self, x) -> torch.Tensor:
+    def saturated(self, x: torch.Tensor) -> torch.Tensor:
         """Where x·scale was beyond fmt's range (bool, x's shape): clamped to ±max, or overflowed."""
         x = check_tensor(x)
         return beyond_range(x.to(torch.float64) * self.scale.to(x.device, torch.float64), self.fmt)
@@ -128,9 +142,9 @@ def _round_scaled(x: torch.Tensor, scale: torch.Tensor, fmt: FloatFormat, satura
 
 
 @exact_arithmetic
-def quantize_per_tensor(x, fmt, *, amax=None, margin: int = 0, power_of_two: bool = False,
+def quantize_per_tensor(x: torch.Tensor, fmt: FormatLike, *, amax: float | torch.Tensor | None=None, margin: int = 0, power_of_two: bool = False,
                         saturate: bool = True, rounding: str = "nearest_even",
-                        generator=None) -> tuple[torch.Tensor, torch.Tensor]:
+                        generator: torch.Generator | None=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-tensor scaling as Transformer Engine: q = round_to(fl32(x·scale), ``fmt``), x ≈ q / scale.
 
     scale = (fmt.max / amax) / 2^margin (:func:`scale_from_amax`), with amax = max |x| (current scaling, TE's
@@ -267,7 +281,7 @@ class DelayedScaling:
         return st
 
     @exact_arithmetic
-    def quantize(self, x, name: str, *, backward: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    def quantize(self, x: torch.Tensor, name: str, *, backward: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Cast x with the stale scale of tensor ``name``: q = round_to(fl32(x·scale), fmt), the float32 product
         rounded to the format as Transformer Engine's cast does (two roundings; see the module docstring);
         returns (q, scale) as :func:`quantize_per_tensor`.

@@ -28,8 +28,8 @@ import torch
 
 from ..formats import FP8_E4M3, FP8_E5M2, exact_arithmetic
 from ._core import check_axis, check_choice, check_tensor
-from .mx import MX_FORMATS, quantize_mx
-from .nvfp4 import quantize_nvfp4
+from .mx import MX_FORMATS, MXTensor, quantize_mx
+from .nvfp4 import NVFP4Tensor, quantize_nvfp4
 from .per_tensor import ScaledTensor, quantize_per_tensor
 
 __all__ = ["SCHEMES", "quantize", "fake_quantize"]
@@ -42,7 +42,7 @@ SCHEMES = ("fp8_e4m3", "fp8_e5m2", "mxfp8_e4m3", "mxfp8_e5m2", "mxfp6_e3m2", "mx
 
 
 @exact_arithmetic
-def quantize(x, scheme: str, *, axis: int = -1):
+def quantize(x: torch.Tensor, scheme: str, *, axis: int = -1) -> ScaledTensor | MXTensor | NVFP4Tensor:
     """Quantise x with a scheme of :data:`SCHEMES`; ``axis`` is the block axis (unused per tensor).
 
     Returns a :class:`~mpt_lab.microscaling.ScaledTensor`, :class:`~mpt_lab.microscaling.MXTensor` or
@@ -62,7 +62,7 @@ def quantize(x, scheme: str, *, axis: int = -1):
     return ScaledTensor(q, scale, fmt, x.dtype)
 
 
-def fake_quantize(x, scheme: str, *, axis: int = -1) -> torch.Tensor:
+def fake_quantize(x: torch.Tensor, scheme: str, *, axis: int = -1) -> torch.Tensor:
     """x quantised with ``scheme`` and dequantised: x's shape, dtype and device, no autograd history.
 
     ``quantize(x, scheme, axis=axis).dequantize()``, for a ``torch.autograd.Function`` (module docstring).

@@ -16,11 +16,22 @@
 
 from . import box_ops
 from .detection_eval import MAP_EVALUATOR, evaluate_detector, mean_average_precision
-from .mlp import digits_mlp
 from .lstm import LSTMLanguageModel, build_lstm_lm
+from .mlp import digits_mlp
+from .ssd import (
+                  CONFIGS,
+                  SSD,
+                  L2Norm,
+                  MultiBoxLoss,
+                  build_ssd,
+                  default_boxes,
+                  detect,
+                  make_optimizer,
+                  match,
+                  match_batch,
+                  train_step,
+)
 from .transformer import CharTransformerLM
-from .ssd import (CONFIGS, SSD, L2Norm, MultiBoxLoss, build_ssd, default_boxes, detect, make_optimizer, match,
-                  match_batch, train_step)
 
 __all__ = ["LSTMLanguageModel", "build_lstm_lm", "CharTransformerLM", "SSD", "CONFIGS", "build_ssd", "L2Norm", "MultiBoxLoss", "default_boxes", "match", "match_batch",
            "detect", "make_optimizer", "train_step", "mean_average_precision", "MAP_EVALUATOR", "evaluate_detector",

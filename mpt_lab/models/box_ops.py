@@ -15,7 +15,7 @@ Functions: :func:`box_area`, :func:`box_iou`, :func:`xyxy_to_cxcywh`, :func:`cxc
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -26,7 +26,7 @@ __all__ = ["box_area", "box_iou", "xyxy_to_cxcywh", "cxcywh_to_xyxy", "encode", 
 DEFAULT_VARIANCES = (0.1, 0.2)
 
 
-def check_boxes(x, name: str, *, ndim: int | None = None) -> torch.Tensor:
+def check_boxes(x: torch.Tensor, name: str, *, ndim: int | None = None) -> torch.Tensor:
     """``x`` itself if it is a floating tensor of boxes, shape [..., 4] (exactly ``ndim`` dimensions when
     given); the functions here and :mod:`mpt_lab.models.ssd` check their box arguments with it.
 
@@ -43,7 +43,7 @@ def check_boxes(x, name: str, *, ndim: int | None = None) -> torch.Tensor:
     return x
 
 
-def check_variances(variances) -> tuple[float, float]:
+def check_variances(variances: Sequence[float]) -> tuple[float, float]:
     """SSD's ``variances`` (centre, size) as a pair of positive floats (see :data:`DEFAULT_VARIANCES`).
 
     Raises TypeError (not a pair) or ValueError (not positive), naming ``variances``.
@@ -128,7 +128,7 @@ def cxcywh_to_xyxy(boxes: torch.Tensor) -> torch.Tensor:
     return torch.cat([boxes[..., :2] - boxes[..., 2:] / 2, boxes[..., :2] + boxes[..., 2:] / 2], dim=-1)
 
 
-def encode(boxes: torch.Tensor, priors: torch.Tensor, variances=DEFAULT_VARIANCES) -> torch.Tensor:
+def encode(boxes: torch.Tensor, priors: torch.Tensor, variances: Sequence[float]=DEFAULT_VARIANCES) -> torch.Tensor:
     """Encode ground-truth boxes as offsets from default (prior) boxes, SSD eq. (2) with variances.
 
     ``g = ((g_cx - d_cx) / (v0 d_w), (g_cy - d_cy) / (v0 d_h), log(g_w / d_w) / v1, log(g_h / d_h) / v1)``,
@@ -160,7 +160,7 @@ def encode(boxes: torch.Tensor, priors: torch.Tensor, variances=DEFAULT_VARIANCE
     return torch.cat([dxy, dwh], dim=-1)
 
 
-def decode(offsets: torch.Tensor, priors: torch.Tensor, variances=DEFAULT_VARIANCES) -> torch.Tensor:
+def decode(offsets: torch.Tensor, priors: torch.Tensor, variances: Sequence[float]=DEFAULT_VARIANCES) -> torch.Tensor:
     """Invert :func:`encode`: offsets predicted for default boxes → xyxy boxes (SSD §2.2, eq. (2)).
 
     Parameters

@@ -21,7 +21,9 @@ from __future__ import annotations
 import contextlib
 import io
 import math
+from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
+from typing import Any
 
 import numpy as np
 import torch
@@ -88,7 +90,7 @@ def _annotations(items: list, with_scores: bool) -> list:
     return out
 
 
-def mean_average_precision(detections, ground_truths, iou_threshold: float = 0.5,
+def mean_average_precision(detections: Sequence[dict[str, torch.Tensor]], ground_truths: Sequence[dict[str, torch.Tensor]], iou_threshold: float = 0.5,
                            num_classes: int | None = None, *, max_detections: int = 100) -> dict:
     """mAP at ``iou_threshold`` of a detector's output on a data set, by pycocotools' ``COCOeval``.
 
@@ -174,7 +176,7 @@ def mean_average_precision(detections, ground_truths, iou_threshold: float = 0.5
     return result
 
 
-def evaluate_detector(model, data, *, batch_size: int = 100, device=None, iou_threshold: float = 0.5) -> float:
+def evaluate_detector(model: torch.nn.Module, data: Any, *, batch_size: int = 100, device: torch.device | str | None=None, iou_threshold: float = 0.5) -> float:
     """mAP at ``iou_threshold`` (0 to 1) of a detector on a whole data set, in batches (by :data:`MAP_EVALUATOR`).
 
     Parameters

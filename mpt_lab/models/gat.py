@@ -26,12 +26,15 @@ silenced (it comes from inside PyG, not from the book's code).
 
 from __future__ import annotations
 
+import math
 import warnings
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from ..formats import FP16
 
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", category=DeprecationWarning, message=r".*torch\.jit\.script.*")
@@ -39,7 +42,7 @@ with warnings.catch_warnings():
     import torch_geometric  # noqa: F401
     from torch_geometric.nn import GATConv
 
-__all__ = ["GAT", "GATConv"]
+__all__ = ["GAT", "GATConv", "attention_overflow", "FP16_EXP_LIMIT"]
 
 
 class GAT(nn.Module):
@@ -97,3 +100,38 @@ class GAT(nn.Module):
             if i == len(self.layers) - 1:
                 h = h.view(h.shape[0], self.heads[-1], self.n_classes).mean(1)
         return h
+
+
+#: The largest x whose exponential is finite in FP16: ln(65504) ≈ 11.09 (65504 = FP16's largest finite value).
+FP16_EXP_LIMIT = math.log(FP16.max)
+
+
+# ------------------------------------------------------------------------------------- attention in FP16
+def attention_overflow(logits: Sequence[float] | torch.Tensor, device: torch.device | str = "cpu") -> dict:
+    """Softmax over the edges entering one node, three ways, for the attention ``logits`` (a 1-D sequence):
+
+    * ``naive_fp16``: ``exp(e) / Σ exp(e)`` in float16 — overflows to inf, then inf/inf = NaN, once a logit
+      exceeds ln(65504) ≈ 11.09 (:data:`FP16_EXP_LIMIT`);
+    * ``max_subtracted_fp16``: PyG's ``torch_geometric.utils.softmax`` in float16 (it subtracts the per-node
+      maximum first, so every exponent is ≤ 0 and exp ≤ 1);
+    * ``fp32``: the float32 reference.
+
+    Returns dict of lists (float) plus "exp_fp16" (exp of each logit in float16) and "limit".
+
+    Raises TypeError when ``logits`` is not a 1-D sequence of numbers.
+    """
+    try:
+        e32 = torch.as_tensor(logits, dtype=torch.float32, device=device)
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise TypeError(f"logits must be a 1-D sequence of numbers, got {type(logits).__name__}") from err
+    if e32.dim() != 1 or e32.numel() == 0:
+        raise TypeError(f"logits must be a non-empty 1-D sequence, got shape {tuple(e32.shape)}")
+    e16 = e32.half()
+    idx = torch.zeros(e16.numel(), dtype=torch.long, device=e32.device)
+    naive = torch.exp(e16) / torch.exp(e16).sum()
+    pyg = torch_geometric.utils.softmax(e16, idx, num_nodes=1)
+    ref = torch.softmax(e32, 0)
+    return {"logits": e32.tolist(), "exp_fp16": torch.exp(e16).float().tolist(),
+            "naive_fp16": naive.float().tolist(), "max_subtracted_fp16": pyg.float().tolist(),
+            "max_subtracted_dtype": str(pyg.dtype).replace("torch.", ""), "fp32": ref.tolist(),
+            "limit": FP16_EXP_LIMIT}

@@ -11,6 +11,8 @@ cross-entropy over all batch × time tokens, in nats per token.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -74,19 +76,19 @@ class LSTMLanguageModel(nn.Module):
         nn.init.uniform_(self.embedding.weight, -0.1, 0.1)
         nn.init.zeros_(self.decoder.bias)
 
-    def forward(self, tokens: torch.Tensor, state=None):
+    def forward(self, tokens: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor] | None=None) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.is_floating_point():
             raise TypeError("tokens must be an integer tensor [T, B]")
         out, state = self.lstm(self.drop(self.embedding(tokens)), state)
         return self.decoder(self.drop(out)), state
 
-    def loss(self, tokens: torch.Tensor, targets: torch.Tensor, state=None):
+    def loss(self, tokens: torch.Tensor, targets: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor] | None=None) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """Mean cross-entropy (nats per token, float32) of predicting ``targets`` [T, B]; returns (loss, state)."""
         logits, state = self(tokens, state)
         return nn.functional.cross_entropy(logits.reshape(-1, self.vocab_size).float(), targets.reshape(-1)), state
 
 
-def build_lstm_lm(config: str, vocab_size: int, **overrides) -> LSTMLanguageModel:
+def build_lstm_lm(config: str, vocab_size: int, **overrides: Any) -> LSTMLanguageModel:
     """An :class:`LSTMLanguageModel` of a named size in :data:`CONFIGS`, with keyword overrides.
 
     Raises ValueError for an unknown ``config``.

@@ -34,7 +34,8 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from typing import Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -351,7 +352,7 @@ class SSD(nn.Module):
         return torch.cat(locs, dim=1), torch.cat(confs, dim=1)
 
     @torch.no_grad()
-    def predict(self, images: torch.Tensor, **detect_kwargs) -> list[dict[str, torch.Tensor]]:
+    def predict(self, images: torch.Tensor, **detect_kwargs: Any) -> list[dict[str, torch.Tensor]]:
         """Detections for a batch: eval mode, forward, then :func:`detect` with this model's priors.
 
         ``images`` float32 ``[B, C, H, W]``; keyword arguments go to :func:`detect`.  Restores the training
@@ -479,7 +480,7 @@ class VGGSSD(SSD):
         return out
 
 
-def build_ssd(config: str = "small", **overrides) -> SSD:
+def build_ssd(config: str = "small", **overrides: Any) -> SSD:
     """An :class:`SSD` (or, for the configurations with ``arch="vgg16"``, a :class:`VGGSSD`) from a named size in
     :data:`CONFIGS`, with keyword overrides.  Raises ValueError for an unknown ``config`` and TypeError when it
     is not a str."""
@@ -492,7 +493,7 @@ def build_ssd(config: str = "small", **overrides) -> SSD:
 
 
 def match(boxes: torch.Tensor, labels: torch.Tensor, priors: torch.Tensor, iou_threshold: float = 0.5,
-          variances=DEFAULT_VARIANCES) -> tuple[torch.Tensor, torch.Tensor]:
+          variances: Sequence[float]=DEFAULT_VARIANCES) -> tuple[torch.Tensor, torch.Tensor]:
     """Match one image's ground truth to the default boxes and encode the targets (SSD §2.2, "Matching strategy").
 
     First each ground-truth box gets the default box with the best IoU (in order of decreasing best IoU, each
@@ -528,7 +529,7 @@ def match(boxes: torch.Tensor, labels: torch.Tensor, priors: torch.Tensor, iou_t
 
 
 def match_batch(boxes: Sequence[torch.Tensor], labels: Sequence[torch.Tensor], priors: torch.Tensor,
-                iou_threshold: float = 0.5, variances=DEFAULT_VARIANCES) -> tuple[torch.Tensor, torch.Tensor]:
+                iou_threshold: float = 0.5, variances: Sequence[float]=DEFAULT_VARIANCES) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`match` for ``B`` images at once (ground truth padded to the largest count ``G``; vectorised).
 
     Parameters
@@ -653,13 +654,13 @@ class MultiBoxLoss(nn.Module):
         self.alpha = float(alpha)
         self.variances = box_ops.check_variances(variances)
 
-    def targets(self, targets) -> tuple[torch.Tensor, torch.Tensor]:
+    def targets(self, targets: Sequence[dict[str, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Matched targets for a batch: ``(loc_t float [B, D, 4], cls_t int64 [B, D])`` (see :func:`match`)."""
         _check_targets(targets, num_classes=self.num_classes)
         return match_batch([t["boxes"] for t in targets], [t["labels"] for t in targets], self.priors,
                            self.iou_threshold, self.variances)
 
-    def forward(self, loc: torch.Tensor, conf: torch.Tensor, targets, return_components: bool = False):
+    def forward(self, loc: torch.Tensor, conf: torch.Tensor, targets: Sequence[dict[str, torch.Tensor]], return_components: bool = False) -> torch.Tensor | tuple[torch.Tensor, dict]:
         """SSD eq. (1) for a batch; see the class docstring for shapes, the result and the errors raised."""
         if not isinstance(loc, torch.Tensor) or not isinstance(conf, torch.Tensor):
             raise TypeError("loc and conf must be torch tensors")
@@ -704,7 +705,7 @@ class MultiBoxLoss(nn.Module):
 @torch.no_grad()
 def detect(loc: torch.Tensor, conf: torch.Tensor, priors: torch.Tensor, score_threshold: float = 0.01,
            nms_threshold: float = 0.45, top_k: int = 200, max_detections: int = 100,
-           variances=DEFAULT_VARIANCES) -> list[dict[str, torch.Tensor]]:
+           variances: Sequence[float]=DEFAULT_VARIANCES) -> list[dict[str, torch.Tensor]]:
     """SSD post-processing (§3 "Inference"): decode, softmax, per-class threshold and top-k, per-class NMS.
 
     For each image and each class ``c >= 1``: keep default boxes with ``softmax(conf)[c] > score_threshold``,
@@ -764,7 +765,7 @@ def detect(loc: torch.Tensor, conf: torch.Tensor, priors: torch.Tensor, score_th
 
 
 def make_optimizer(model: nn.Module, total_steps: int, lr: float = 3e-3, warmup_steps: int = 50,
-                   cosine: bool = True, weight_decay: float = 0.0):
+                   cosine: bool = True, weight_decay: float = 0.0) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
     """The training recipe measured to work for this detector from scratch: Adam, linear warm-up, cosine decay.
 
     SSD itself used SGD with momentum 0.9, learning rate 1e-3 and weight decay 5e-4 on a VGG-16 pretrained on
@@ -815,7 +816,7 @@ def make_optimizer(model: nn.Module, total_steps: int, lr: float = 3e-3, warmup_
 
 
 def train_step(model: nn.Module, loss_fn: nn.Module, optimizer: torch.optim.Optimizer, images: torch.Tensor,
-               targets) -> float:
+               targets: Sequence[dict[str, torch.Tensor]]) -> float:
     """One FP32 training step: train mode, zero gradients, forward, :class:`MultiBoxLoss`, backward, step.
 
     Parameters

@@ -47,7 +47,12 @@ obtained; after a slot, compare its ``seconds`` in the run's summary with the ro
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
+
+from .runner import result_path
 
 __all__ = ["H100", "UTILISATION", "MEMORY_UTILISATION", "SECONDS_PER_OP", "SAFETY", "SLOT_SECONDS",
            "STARTUP_SECONDS", "UNMEASURED_FACTOR", "SEEDS", "Estimate", "ESTIMATES", "BENCHMARKS", "expected_seconds",
@@ -333,28 +338,26 @@ def expected_seconds(name: str) -> float:
     Raises KeyError naming the table when ``name`` has no row.
     """
     if name not in ESTIMATES:
-        raise KeyError(f"{name!r} has no row in mpt_lab.experiments.budget.ESTIMATES (the full profile's priority "
+        raise KeyError(f"{name!r} has no row in mpt_lab.harness.budget.ESTIMATES (the full profile's priority "
                        "table): add an Estimate for it")
     return ESTIMATES[name].seconds
 
 
-def total_seconds(names=None) -> float:
+def total_seconds(names: Iterable[str] | None=None) -> float:
     """:data:`STARTUP_SECONDS` plus the expected seconds of the GPU rows among ``names`` (default: every row): what
     a GPU slot runs.  Rows with ``gpu=False`` are left out (see :class:`Estimate`)."""
     names = ESTIMATES if names is None else names
     return STARTUP_SECONDS + sum(expected_seconds(n) for n in names if ESTIMATES[n].gpu)
 
 
-def plan(names) -> list:
+def plan(names: Iterable[str]) -> list:
     """``names`` in priority order (those without a row last, in the given order)."""
     names = list(names)
     return sorted(names, key=lambda n: (ESTIMATES[n].priority if n in ESTIMATES else 10 ** 9, names.index(n)))
 
 
-def saved_path(name: str):
+def saved_path(name: str) -> Path:
     """``book/results/NAME_full.json``: where the saved full result of row ``name`` lives."""
-    from .runner import result_path
-
     return result_path(name, "full")
 
 
@@ -363,10 +366,8 @@ def stale_reason(name: str) -> str:
     lacks 'FIELD'" (it predates what the experiment measures now), or "" (saved and final).
 
     Raises KeyError naming the table when ``name`` has no row."""
-    import json
-
     if name not in ESTIMATES:
-        raise KeyError(f"{name!r} has no row in mpt_lab.experiments.budget.ESTIMATES")
+        raise KeyError(f"{name!r} has no row in mpt_lab.harness.budget.ESTIMATES")
     path = saved_path(name)
     if not path.exists():
         return "no saved result"
@@ -381,14 +382,14 @@ def stale_reason(name: str) -> str:
     return ""
 
 
-def to_run(names=None) -> list:
+def to_run(names: Iterable[str] | None=None) -> list:
     """The GPU rows among ``names`` (default: every row) whose result the book lacks (:func:`stale_reason`), in
     priority order: what the next slot runs."""
     names = plan(ESTIMATES if names is None else names)
     return [n for n in names if n in ESTIMATES and ESTIMATES[n].gpu and stale_reason(n)]
 
 
-def slots(names=None, capacity: float = SLOT_SECONDS) -> list:
+def slots(names: Iterable[str] | None=None, capacity: float = SLOT_SECONDS) -> list:
     """``names`` (default :func:`to_run`) in priority order, packed into slots: each slot holds
     :data:`STARTUP_SECONDS` and then rows in order until the next one would exceed ``capacity``; a row larger than a
     slot gets one of its own.  Returns a list of lists of names."""
@@ -404,7 +405,7 @@ def slots(names=None, capacity: float = SLOT_SECONDS) -> list:
     return out
 
 
-def table(names=None) -> str:
+def table(names: Iterable[str] | None=None) -> str:
     """The priority table as text: priority, name, expected seconds, how they were obtained (measured, 2 x model,
     lower bound), its terms, whether a slot runs it and why, what the book needs it for; the sum of what the next
     slots run, and those slots (:func:`slots`)."""

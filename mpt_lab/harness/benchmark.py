@@ -1,7 +1,7 @@
 """Benchmarks on the experiment runner: a script in ``benchmarks/`` is an experiment run from its own file.
 
 A benchmark measures how fast or how large something is (``benchmarks/round_to_speed.py``, ...); it has a
-Config, profiles as data, a ``measure`` and a Result, exactly as an experiment (:mod:`mpt_lab.experiments.
+Config, profiles as data, a ``measure`` and a Result, exactly as an experiment (:mod:`mpt_lab.harness.
 runner`), and gets the same seeding, threads, device, provenance, JSON and command line::
 
     python benchmarks/NAME.py --profile cpu --out book/results/NAME_cpu.json [--set key=value ...]
@@ -9,26 +9,27 @@ runner`), and gets the same seeding, threads, device, provenance, JSON and comma
 The one difference is the command that regenerates a result: ``python benchmarks/NAME.py ...`` rather than
 ``python -m mpt_lab.experiments.NAME ...``.  A benchmark is not one of :data:`mpt_lab.experiments.NAMES` (the
 book's reproduced results), so ``python -m mpt_lab.experiments --all`` does not run it.  Speed is reported,
-never asserted (DESIGN.md).
+never asserted (ARCHITECTURE.md).
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from .runner import Experiment, ExperimentResult
+from .runner import Experiment, ExperimentConfig, ExperimentResult
 
 __all__ = ["Benchmark", "TimingTable"]
 
 
 class Benchmark(Experiment):
-    """An :class:`~mpt_lab.experiments.runner.Experiment` whose module is the script ``benchmarks/NAME.py``.
+    """An :class:`~mpt_lab.harness.runner.Experiment` whose module is the script ``benchmarks/NAME.py``.
 
-    Parameters as :class:`~mpt_lab.experiments.runner.Experiment`; ``main(argv)`` is the script's command line.
+    Parameters as :class:`~mpt_lab.harness.runner.Experiment`; ``main(argv)`` is the script's command line.
     """
 
-    def command(self, config=None, out=None) -> str:
+    def command(self, config: ExperimentConfig | None=None, out: str | os.PathLike | None=None) -> str:
         """The command line that runs ``config``: ``python benchmarks/NAME.py --profile P [--set ...] [--out F]``."""
         cmd = super().command(config, out)
         return cmd.replace(f"python -m mpt_lab.experiments.{self.name}", f"python benchmarks/{self.name}.py", 1)

@@ -25,10 +25,10 @@ An experiment module keeps only what is its own, the measured loop and the field
 and the runner does the rest the same way for every experiment:
 
 * **profiles as data**: ``config_for("cpu")`` is ``Config(profile="cpu", **PROFILES["cpu"])``; a profile the
-  experiment does not define is a ValueError naming the ones it does.  :data:`PROFILES` are "quick" (CI, each
+  experiment does not define is a ValueError naming the ones it does.  :data:`RUN_PROFILES` are "quick" (CI, each
   notebook ≤ 90 s on 2 CPU cores), "cpu" (a laptop, each notebook ≤ 4 minutes), "long" (paper-like sizes
   that run in ≤ 60 minutes on 2 CPU cores, run once and saved as ``book/results/NAME_long.json``) and
-  "full" (one GPU: all experiments together ≤ 8 minutes on one H100, :mod:`mpt_lab.experiments.budget`; saved
+  "full" (one GPU: all experiments together ≤ 8 minutes on one H100, :mod:`mpt_lab.harness.budget`; saved
   as ``NAME_full.json``).  :func:`mpt_lab.profile` never picks "long".
 * **smoke runs**: ``smoke_config()`` is the full profile cut to a couple of steps and one evaluation by the
   experiment's ``smoke`` overrides (fields of *work* only: steps, epochs, batches, repeats, data-set sizes; never
@@ -44,7 +44,7 @@ and the runner does the rest the same way for every experiment:
   so a loaded result equals the one that was saved (tuples are lists, dict keys are strings, histograms are
   :class:`~mpt_lab.histogram.Log2Histogram`, non-finite floats are written "inf", "-inf", "nan").
 * **the CLI**: ``python -m mpt_lab.experiments.NAME --profile P --out F --set key=value [--smoke]``;
-  ``python -m mpt_lab.experiments --list`` and ``--all`` (see :mod:`mpt_lab.experiments.__main__`).
+  ``python -m mpt_lab.experiments --list`` and ``--all`` (see :mod:`mpt_lab.harness.cli`).
 * **deadlines and arms**: ``run(config, deadline=T)`` (``--deadline SECONDS`` on the command line) stops the run
   *between steps* once the clock passes T: :meth:`Run.bar` checks it before each item and raises
   :class:`DeadlineReached`.  An experiment that trains several arms (recipes, variants, points of a sweep) hands
@@ -70,22 +70,44 @@ import os
 import shlex
 import sys
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Iterable
+from typing import Any, ClassVar, Protocol
 
-__all__ = ["PROFILES", "SMOKE", "ExperimentConfig", "ExperimentResult", "Experiment", "Run", "REGISTRY", "save_json",
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from .. import profile as current_profile
+from ..device import backends, cpu_flags, provenance, resolve, synchronize
+from ..histogram import Log2Histogram
+
+__all__ = ["RUN_PROFILES", "Catalogue", "SMOKE", "ExperimentConfig", "ExperimentResult", "Experiment", "Run", "REGISTRY", "save_json",
            "load_json", "results_dir", "result_path", "progress_enabled", "is_smoke", "DeadlineReached",
            "partial_path", "PARTIAL_SUFFIX", "deadline_clock"]
 
-#: Every profile an experiment may define, from the smallest to the largest.
-PROFILES = ("quick", "cpu", "long", "full")
+#: Every profile an experiment may define, from the smallest to the largest (an experiment's own ``PROFILES``
+#: dict holds the Config values of those it defines; :data:`mpt_lab.LIVE_PROFILES` are those
+#: :func:`mpt_lab.profile` picks for a live run).
+RUN_PROFILES = ("quick", "cpu", "long", "full")
 
 #: The ``profile`` of a smoke run's configuration: the full profile cut short (:meth:`Experiment.smoke_config`).
 SMOKE = "smoke"
 
 #: name → :class:`Experiment`, filled as experiment modules are imported (see ``mpt_lab.experiments.get``).
-REGISTRY: dict[str, "Experiment"] = {}
+REGISTRY: dict[str, Experiment] = {}
+
+
+class Catalogue(Protocol):
+    """What the harness needs to know of the experiments, handed to it from above (the package
+    :mod:`mpt_lab.experiments` is one): their names in the book's order, and each one's :class:`Experiment`.
+    The harness never imports the experiments itself: they stand on the floor above it."""
+
+    NAMES: tuple[str, ...]
+
+    def get(self, name: str) -> Experiment:
+        """The experiment called ``name``; ValueError for an unknown name."""
 
 
 # ---------------------------------------------------------------------------------------------------- JSON
@@ -95,8 +117,6 @@ _HIST_TAG = "__log2_histogram__"
 def _encode(obj: Any) -> Any:
     """A JSON-ready copy: tuples → lists, keys → str, non-finite floats → "inf"/"-inf"/"nan",
     :class:`~mpt_lab.histogram.Log2Histogram` → a tagged dict, NumPy scalars/arrays → Python numbers/lists."""
-    from ..histogram import Log2Histogram
-
     if obj is None or isinstance(obj, (bool, str)):
         return obj
     if isinstance(obj, int):
@@ -111,8 +131,6 @@ def _encode(obj: Any) -> Any:
         return {str(k): _encode(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [_encode(v) for v in obj]
-    import numpy as np
-
     if isinstance(obj, np.generic):
         return _encode(obj.item())
     if isinstance(obj, np.ndarray):
@@ -128,14 +146,12 @@ def _decode(obj: Any) -> Any:
         return [_decode(v) for v in obj]
     if isinstance(obj, dict):
         if len(obj) == 1 and _HIST_TAG in obj:
-            from ..histogram import Log2Histogram
-
             return Log2Histogram.from_dict(obj[_HIST_TAG])
         return {k: _decode(v) for k, v in obj.items()}
     return obj
 
 
-def save_json(data: dict, path) -> Path:
+def save_json(data: dict, path: str | os.PathLike) -> Path:
     """Write ``data`` (a dict) as indented JSON to ``path``, creating parent folders; returns the path.
 
     Non-finite floats are written as the strings "inf", "-inf", "nan" (JSON has no such numbers) and
@@ -151,7 +167,7 @@ def save_json(data: dict, path) -> Path:
     return path
 
 
-def load_json(path) -> dict:
+def load_json(path: str | os.PathLike) -> dict:
     """Read a dict written by :func:`save_json` (non-finite floats and histograms restored).
 
     Raises FileNotFoundError naming the path when it is missing.
@@ -172,7 +188,7 @@ def result_path(name: str, profile: str) -> Path:
     return results_dir() / f"{name}_{profile}.json"
 
 
-def is_smoke(data) -> bool:
+def is_smoke(data: ExperimentResult | dict) -> bool:
     """Whether a result (an :class:`ExperimentResult` or its dict) comes from a smoke run: its configuration's
     profile is :data:`SMOKE` or its provenance says ``"smoke"``.  Smoke results prove that code runs; their
     numbers mean nothing."""
@@ -254,6 +270,9 @@ class ExperimentResult:
     """
 
     NAME: ClassVar[str] = ""
+    #: Configuration fields that were renamed since results were first saved: old name → new name.  A saved
+    #: result's configuration is read with the new names (:meth:`upgrade`), so every result ever saved loads.
+    RENAMED_CONFIG: ClassVar[dict[str, str]] = {}
 
     config: dict
     provenance: dict
@@ -290,7 +309,7 @@ class ExperimentResult:
         return {"experiment": self.NAME, **{f.name: _encode(getattr(self, f.name)) for f in fields(self)}}
 
     @classmethod
-    def from_dict(cls, d: dict):
+    def from_dict(cls, d: dict) -> ExperimentResult:
         """Inverse of :meth:`to_dict`.
 
         Raises TypeError for a non-dict, ValueError for a result of another experiment or a missing field.
@@ -299,13 +318,34 @@ class ExperimentResult:
             raise TypeError(f"d must be a dict, got {type(d).__name__}")
         if d.get("experiment") != cls.NAME:
             raise ValueError(f"not a {cls.NAME} result (experiment = {d.get('experiment')!r})")
+        d = cls.upgrade(d)
         missing = [f.name for f in fields(cls) if f.name not in d and f.default is dataclasses.MISSING
                    and f.default_factory is dataclasses.MISSING]
         if missing:
             raise ValueError(f"the {cls.NAME} result lacks the fields {missing}")
         return cls(**{f.name: _decode(d[f.name]) for f in fields(cls) if f.name in d})
 
-    def save(self, path) -> Path:
+    @classmethod
+    def upgrade(cls, d: dict) -> dict:
+        """A saved result's dict in today's names: the configuration's fields renamed by :data:`RENAMED_CONFIG`
+        (a result that already has the new name is left alone).  Experiments whose saved results hold other old
+        names extend it; :meth:`from_dict` calls it, so old results keep loading.  Returns a new dict."""
+        names = cls.RENAMED_CONFIG
+        return cls.with_config(d, lambda c: {names.get(k, k) if names.get(k) not in c else k: v for k, v in c.items()})
+
+    @staticmethod
+    def with_config(d: dict, fn: Callable[[dict], dict]) -> dict:
+        """``d`` with ``fn`` applied to its configuration and to the copy of it in its provenance (so that the two
+        stay equal when an old result is read in today's names); a new dict.  A part that is not a dict is kept."""
+        out = dict(d)
+        if isinstance(d.get("config"), dict):
+            out["config"] = fn(d["config"])
+        prov = d.get("provenance")
+        if isinstance(prov, dict) and isinstance(prov.get("config"), dict):
+            out["provenance"] = {**prov, "config": fn(prov["config"])}
+        return out
+
+    def save(self, path: str | os.PathLike) -> Path:
         """Write the result as JSON (with its provenance) to ``path``.
 
         Raises ValueError for a smoke result (:func:`is_smoke`) and a path under ``book/results/``: a smoke run's
@@ -317,7 +357,7 @@ class ExperimentResult:
         return save_json(self.to_dict(), path)
 
     @classmethod
-    def load(cls, path):
+    def load(cls, path: str | os.PathLike) -> ExperimentResult:
         """Read a result written by :meth:`save`."""
         with open(path) as f:
             return cls.from_dict(json.load(f))
@@ -328,7 +368,7 @@ class ExperimentResult:
 PARTIAL_SUFFIX = ".partial.json"
 
 
-def partial_path(out) -> Path:
+def partial_path(out: str | os.PathLike) -> Path:
     """Where the finished arms of a run whose result goes to ``out`` are kept until it finishes:
     ``NAME_full.json`` → ``NAME_full.partial.json``."""
     out = Path(out)
@@ -373,13 +413,11 @@ class Run:
         self._on_arm = on_arm
         self._t0 = time.perf_counter()
 
-    def bar(self, iterable=None, *, desc: str | None = None, total: int | None = None, leave: bool = True):
+    def bar(self, iterable: Iterable | None=None, *, desc: str | None = None, total: int | None = None, leave: bool = True) -> Iterable:
         """``tqdm.auto.tqdm(iterable, ...)`` when progress is on, else the iterable itself (or a no-op bar).
 
         With a deadline, iterating checks it before each item (:meth:`check_deadline`): a loop over steps stops
         between two steps, raising :class:`DeadlineReached`."""
-        from tqdm.auto import tqdm
-
         bar = tqdm(iterable, desc=desc, total=total, disable=not self.progress, mininterval=1.0, leave=leave)
         if iterable is None or self.deadline is None:
             return bar
@@ -403,7 +441,7 @@ class Run:
                                   f"finished arms: {', '.join(self.arms) or 'none'}", arms=list(self.arms),
                                   seconds=time.perf_counter() - self._t0)
 
-    def arm_done(self, key: str, data) -> None:
+    def arm_done(self, key: str, data: Any) -> None:
         """Record that the arm ``key`` (a recipe, a variant, a point of a sweep) finished with ``data`` (anything a
         result can store): kept in :attr:`arms` and, when the run keeps a partial file, written there at once.
 
@@ -416,8 +454,6 @@ class Run:
 
     def sync(self) -> None:
         """Wait for the device's queued work (CUDA); a no-op on a CPU."""
-        from ..device import synchronize
-
         synchronize(self.device)
 
     def elapsed(self) -> float:
@@ -428,8 +464,6 @@ class Run:
 
 @contextlib.contextmanager
 def _threads(n: int):
-    import torch
-
     if not n:
         yield
         return
@@ -463,7 +497,7 @@ class Experiment:
     ----------
     name : str, the module name under ``mpt_lab.experiments`` and the JSON tag
     config : a dataclass subclassing :class:`ExperimentConfig`
-    profiles : dict profile → dict of Config fields (a subset of :data:`PROFILES`)
+    profiles : dict profile → dict of Config fields (a subset of :data:`RUN_PROFILES`)
     measure : callable(config, run: Run) → dict of the result's own fields
     result : a dataclass subclassing :class:`ExperimentResult`
     title : the first line is the CLI's description (a module docstring will do)
@@ -484,9 +518,9 @@ class Experiment:
             raise TypeError("config must be a dataclass subclassing ExperimentConfig")
         if not (isinstance(result, type) and issubclass(result, ExperimentResult)):
             raise TypeError("result must be a dataclass subclassing ExperimentResult")
-        unknown = [p for p in profiles if p not in PROFILES]
+        unknown = [p for p in profiles if p not in RUN_PROFILES]
         if unknown:
-            raise ValueError(f"profiles: {unknown} are not among {PROFILES}")
+            raise ValueError(f"profiles: {unknown} are not among {RUN_PROFILES}")
         names = {f.name for f in fields(config)}
         for p, over in profiles.items():
             bad = [k for k in over if k not in names or k == "profile"]
@@ -502,7 +536,7 @@ class Experiment:
         self.smoke = None if smoke is None else dict(smoke)
         self.name, self.Config, self.Result, self.measure = name, config, result, measure
         self.launcher = launcher
-        self.profiles = {p: dict(profiles[p]) for p in PROFILES if p in profiles}
+        self.profiles = {p: dict(profiles[p]) for p in RUN_PROFILES if p in profiles}
         self.title = (title or name).strip().splitlines()[0]
         result.NAME = name
         REGISTRY[name] = self
@@ -511,20 +545,20 @@ class Experiment:
         return f"Experiment({self.name!r}, profiles {tuple(self.profiles)})"
 
     # --- configuration ------------------------------------------------------------------------------------
-    def config_for(self, profile: str):
+    def config_for(self, profile: str) -> ExperimentConfig:
         """The Config of ``profile``.
 
         Raises ValueError for a name that is not a profile, or a profile this experiment does not define
         (the message names the ones it does).
         """
-        if profile not in PROFILES:
-            raise ValueError(f"profile must be one of {PROFILES}, got {profile!r}")
+        if profile not in RUN_PROFILES:
+            raise ValueError(f"profile must be one of {RUN_PROFILES}, got {profile!r}")
         if profile not in self.profiles:
             raise ValueError(f"the {self.name} experiment has no {profile!r} profile; it has "
                              f"{', '.join(self.profiles)}")
         return self.Config(profile=profile, **self.profiles[profile])
 
-    def smoke_config(self):
+    def smoke_config(self) -> ExperimentConfig:
         """The "full" profile cut to a smoke run: ``Config(profile="smoke", **(PROFILES["full"] | {"threads": 1} |
         smoke))``.
 
@@ -541,8 +575,6 @@ class Experiment:
         return self.Config(profile=SMOKE, **{**self.profiles["full"], "threads": 1, **self.smoke})
 
     def _resolve(self, config):
-        from .. import profile as current_profile
-
         if config is None:
             config = self.config_for(current_profile())
         if not isinstance(config, self.Config):
@@ -551,7 +583,7 @@ class Experiment:
         config.validate()
         return config
 
-    def command(self, config=None, out: str | os.PathLike | None = None) -> str:
+    def command(self, config: ExperimentConfig | None=None, out: str | os.PathLike | None = None) -> str:
         """The command line that runs ``config``: a profile plus ``--set`` for each field that differs from it
         (a custom config is expressed against the experiment's first profile)."""
         config = self.config_for(self._default_profile()) if config is None else config
@@ -573,14 +605,12 @@ class Experiment:
         return " ".join(shlex.quote(p) for p in parts)
 
     def _default_profile(self) -> str:
-        from .. import profile as current_profile
-
         p = current_profile()
         return p if p in self.profiles else next(iter(self.profiles))
 
     # --- running ------------------------------------------------------------------------------------------
-    def run(self, config=None, *, progress: bool | None = None, command: str | None = None,
-            deadline: float | None = None, partial=None):
+    def run(self, config: ExperimentConfig | None=None, *, progress: bool | None = None, command: str | None = None,
+            deadline: float | None = None, partial: str | os.PathLike | None=None) -> ExperimentResult | None:
         """Run the experiment and return its Result.
 
         Parameters
@@ -603,10 +633,6 @@ class Experiment:
         DeadlineReached
             The deadline passed before the run finished; its ``arms`` and ``partial`` say what was kept.
         """
-        import torch
-
-        from ..device import backends, cpu_flags, provenance, resolve
-
         config = self._resolve(config)
         if self.launcher is not None:
             launched = self.launcher(config, progress=progress, command=command or self.command(config))
@@ -660,7 +686,7 @@ class Experiment:
         return result
 
     # --- saved results ------------------------------------------------------------------------------------
-    def saved(self, profile: str = "full"):
+    def saved(self, profile: str = "full") -> ExperimentResult | None:
         """The saved result ``book/results/NAME_PROFILE.json`` as a Result, or None when there is none."""
         path = result_path(self.name, profile)
         return self.Result.load(path) if path.exists() else None

@@ -9,18 +9,22 @@ provenance it was written with.  It refuses, before writing anything:
 
 * a member with an absolute path, a ``..``, a link or anything but a regular file;
 * a file under ``results/`` that is not named ``NAME_full.json`` for an experiment of
-  :data:`mpt_lab.experiments.NAMES` or a benchmark row of :data:`mpt_lab.experiments.budget.BENCHMARKS` (whose
+  :data:`mpt_lab.experiments.NAMES` or a benchmark row of :data:`mpt_lab.harness.budget.BENCHMARKS` (whose
   result is checked as any result is, but not loaded by its class: the benchmark is a script), or
   ``NAME_full.partial.json`` (the arms of a run stopped at its deadline: kept in the archive, listed, never
   copied into ``book/results/``);
 * a result whose content disagrees with its name (another experiment, another profile), a smoke result
-  (:func:`~mpt_lab.experiments.runner.is_smoke`), one without provenance (command, device, versions, date), one
+  (:func:`~mpt_lab.harness.runner.is_smoke`), one without provenance (command, device, versions, date), one
   that its experiment's Result class cannot load, or one whose SHA-256 differs from the manifest's.
+
+The checks need the experiments' Result classes, which stand on the floor above the harness: the functions
+that check take the catalogue of experiments (:class:`~mpt_lab.harness.runner.Catalogue`) as an argument, and
+``python -m mpt_lab.experiments --unpack ARCHIVE`` hands it the package :mod:`mpt_lab.experiments`.
 
 Command line (what the slot script calls)::
 
-    python -m mpt_lab.experiments.slot pack WORKDIR ARCHIVE      # WORKDIR/results/*.json, WORKDIR/*.log, *.json
-    python -m mpt_lab.experiments.slot unpack ARCHIVE [--into book/results]
+    python -m mpt_lab.harness.slot pack WORKDIR ARCHIVE      # WORKDIR/results/*.json, WORKDIR/*.log, *.json
+    python -m mpt_lab.experiments --unpack ARCHIVE [--into book/results]
 """
 
 from __future__ import annotations
@@ -35,9 +39,11 @@ import tarfile
 import time
 from pathlib import Path
 
-from .runner import is_smoke, results_dir
+from ..device import provenance
+from .budget import BENCHMARKS
+from .runner import Catalogue, is_smoke, results_dir
 
-__all__ = ["pack", "unpack", "check_archive", "partials", "MANIFEST", "RESULT_NAME", "PARTIAL_NAME"]
+__all__ = ["pack", "unpack", "unpack_main", "check_archive", "partials", "MANIFEST", "RESULT_NAME", "PARTIAL_NAME"]
 
 #: The manifest's name inside the archive.
 MANIFEST = "manifest.json"
@@ -56,7 +62,7 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def pack(workdir, archive, *, extra: dict | None = None) -> Path:
+def pack(workdir: str | Path, archive: str | Path, *, extra: dict | None = None) -> Path:
     """Pack a slot's ``workdir`` into the gzipped tar ``archive``: ``workdir/results/*.json`` as ``results/…``,
     the other files directly in ``workdir`` (logs, the run's summary) at the top, and :data:`MANIFEST`.
 
@@ -69,8 +75,6 @@ def pack(workdir, archive, *, extra: dict | None = None) -> Path:
 
     Returns the archive's path.  Raises FileNotFoundError when ``workdir`` does not exist.
     """
-    from ..device import provenance
-
     workdir, archive = Path(workdir), Path(archive)
     if not workdir.is_dir():
         raise FileNotFoundError(f"no slot folder at {workdir}")
@@ -110,8 +114,9 @@ def pack(workdir, archive, *, extra: dict | None = None) -> Path:
     return archive
 
 
-def check_archive(archive) -> tuple:
-    """Read and check a slot's archive (see the module docstring) without writing anything.
+def check_archive(archive: str | Path, *, experiments: Catalogue) -> tuple:
+    """Read and check a slot's archive (see the module docstring) without writing anything; ``experiments``
+    names the experiments and loads their results (:class:`~mpt_lab.harness.runner.Catalogue`).
 
     Returns ``(manifest, results)``: the manifest dict and a dict file name (``NAME_full.json``) → its bytes.
 
@@ -124,10 +129,7 @@ def check_archive(archive) -> tuple:
         non-smoke ``NAME_full.json`` with provenance, or a checksum that differs from the manifest's (the
         message names the file and why).
     """
-    from . import NAMES, get
-    from .budget import BENCHMARKS
-
-    known = set(NAMES) | set(BENCHMARKS)
+    known = set(experiments.NAMES) | set(BENCHMARKS)
     archive = Path(archive)
     if not archive.is_file():
         raise FileNotFoundError(f"no archive at {archive}")
@@ -158,7 +160,7 @@ def check_archive(archive) -> tuple:
                                      f"book/results/")
                 results[parts[-1]] = data
     if manifest is None:
-        raise ValueError(f"{archive} has no {MANIFEST}: not a slot archive made by mpt_lab.experiments.slot.pack")
+        raise ValueError(f"{archive} has no {MANIFEST}: not a slot archive made by mpt_lab.harness.slot.pack")
     for fname, data in results.items():
         name = RESULT_NAME.match(fname)["name"]
         listed = manifest.get("files", {}).get(f"results/{fname}")
@@ -184,13 +186,13 @@ def check_archive(archive) -> tuple:
                 raise ValueError(f"results/{fname} has no configuration")
             continue
         try:
-            get(name).Result.from_dict(d)
+            experiments.get(name).Result.from_dict(d)
         except (TypeError, ValueError) as err:
             raise ValueError(f"results/{fname} does not load as a {name} result: {err}") from None
     return manifest, results
 
 
-def partials(archive) -> list:
+def partials(archive: str | Path) -> list:
     """The ``results/NAME_full.partial.json`` members of a slot's archive (runs stopped at their deadline, with
     the arms they finished), as (member name, experiment, arms done) tuples.  Raises FileNotFoundError or
     ValueError as :func:`check_archive`."""
@@ -215,10 +217,10 @@ def partials(archive) -> list:
     return out
 
 
-def unpack(archive, into=None) -> list:
+def unpack(archive: str | Path, into: str | Path | None = None, *, experiments: Catalogue) -> list:
     """Check ``archive`` (:func:`check_archive`) and copy its results, byte for byte, into ``into`` (default
     ``book/results/``); returns the paths written.  Nothing is written when any check fails."""
-    _, results = check_archive(archive)
+    _, results = check_archive(archive, experiments=experiments)
     into = results_dir() if into is None else Path(into)
     into.mkdir(parents=True, exist_ok=True)
     written = []
@@ -229,32 +231,36 @@ def unpack(archive, into=None) -> list:
     return written
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m mpt_lab.experiments.slot", description=__doc__.splitlines()[0])
+def unpack_main(archive: str | Path, into: str | Path | None = None, *, experiments: Catalogue) -> int:
+    """``python -m mpt_lab.experiments --unpack ARCHIVE [--into DIR]``: :func:`unpack`, printing each file
+    written and each partial result kept in the archive.  Returns the exit status: 0, or 2 when the archive is
+    refused (the reason on standard error; nothing written)."""
+    try:
+        written = unpack(archive, into, experiments=experiments)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"refused {archive}: {err}", file=sys.stderr)
+        return 2
+    for path in written:
+        print(f"wrote {path}")
+    for member, name, arms in partials(archive):
+        print(f"kept in the archive, not copied: {member} ({name} stopped at its deadline; arms done: "
+              f"{', '.join(arms) or 'none'})")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m mpt_lab.harness.slot pack WORKDIR ARCHIVE``: :func:`pack`, and a line that lists the archive.
+    Returns the exit status (0)."""
+    p = argparse.ArgumentParser(prog="python -m mpt_lab.harness.slot", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="verb", required=True)
     pk = sub.add_parser("pack", help="pack a slot folder into one archive")
     pk.add_argument("workdir", type=Path)
     pk.add_argument("archive", type=Path)
-    up = sub.add_parser("unpack", help="check an archive and copy its results into book/results/")
-    up.add_argument("archive", type=Path)
-    up.add_argument("--into", type=Path, default=None)
     args = p.parse_args(argv)
-    if args.verb == "pack":
-        path = pack(args.workdir, args.archive)
-        with tarfile.open(path) as tar:
-            names = tar.getnames()
-        print(f"packed {len(names)} files into {path} ({path.stat().st_size / 1e6:.2f} MB): {', '.join(names)}")
-        return 0
-    try:
-        written = unpack(args.archive, args.into)
-    except (ValueError, FileNotFoundError) as err:
-        print(f"refused {args.archive}: {err}", file=sys.stderr)
-        return 2
-    for path in written:
-        print(f"wrote {path}")
-    for member, name, arms in partials(args.archive):
-        print(f"kept in the archive, not copied: {member} ({name} stopped at its deadline; arms done: "
-              f"{', '.join(arms) or 'none'})")
+    path = pack(args.workdir, args.archive)
+    with tarfile.open(path) as tar:
+        names = tar.getnames()
+    print(f"packed {len(names)} files into {path} ({path.stat().st_size / 1e6:.2f} MB): {', '.join(names)}")
     return 0
 
 

@@ -14,7 +14,9 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import IO
 
 __all__ = ["LaunchError", "in_torchrun", "run_torchrun", "PID_DIR_ENV", "write_pid"]
 
@@ -76,8 +78,8 @@ def stop(proc: subprocess.Popen, pid_dir: Path, grace: float = 5.0) -> None:
     proc.wait()
 
 
-def run_torchrun(module_args: list, *, nproc: int, timeout: float, env: dict, pid_dir: Path, err,
-                 echo, keep=lambda line: True) -> int:
+def run_torchrun(module_args: list, *, nproc: int, timeout: float, env: dict, pid_dir: Path, err: IO[str],
+                 echo: Callable[[str], object], keep: Callable[[str], bool]=lambda line: True) -> int:
     """Run ``torchrun --standalone --nproc_per_node nproc -m …`` (``module_args``: the module and its
     arguments) with ``env`` (ranks write their pids into ``pid_dir``, or ``env[PID_DIR_ENV]`` when it is set); echo each line rank 0 prints that ``keep`` accepts; write the ranks' error output to
     the open file ``err``.  Returns torchrun's exit status.
