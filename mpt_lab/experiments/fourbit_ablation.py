@@ -343,7 +343,7 @@ class FourbitAblationResult(ExperimentResult):
                 parts.append(f"BF16 {statistics.fmean(self.finals(arm)):.3f} nats")
                 continue
             g = self.gap(arm)
-            parts.append(f"{arm} {g['mean']:+.2f}% [{g['min']:+.2f}, {g['max']:+.2f}]")
+            parts.append(f"{self.label(arm)} {g['mean']:+.2f}% [{g['min']:+.2f}, {g['max']:+.2f}]")
         return (f"fourbit_ablation ({self.profile} profile, {self.device}, {len(self.seeds)} seeds, "
                 f"{self.model.get('parameters', 0):,} parameters): final validation loss against BF16: "
                 + "; ".join(parts))
