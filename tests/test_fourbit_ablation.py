@@ -152,7 +152,8 @@ def test_a_tiny_run_round_trips_and_its_gaps_are_paired(tiny, tmp_path):
     assert set(r.diagnostics) == {"sr_bias", "hadamard", "outliers", "mismatch", "sensitivity"}
     again = fa.FourbitAblationResult.load(r.save(tmp_path / "fb.json"))
     assert again.runs == r.runs and again.diagnostics == r.diagnostics and again.gaps("fp8") == r.gaps("fp8")
-    assert "fourbit_ablation" in again.describe() and "nvfp4" in again.describe()
+    assert "fourbit_ablation" in again.describe() and "NVFP4 recipe +" in again.describe()   # labels, not arm ids
+    assert "nvfp4" not in again.describe()
 
 
 def test_the_figures_draw_from_the_result(tiny):

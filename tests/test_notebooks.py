@@ -61,7 +61,7 @@ def _bibliography_labels() -> dict:
 #: inside or outside the brackets ("([A, 2022](…); [B, 2023](…))" cites two works), the anchor optional.
 CITATION = re.compile(r"\[\(?([^\[\]]*?)\)?\]\(\.\./book/bibliography\.md(?:#([\w-]+))?\)")
 #: Chapters whose citations link to their entry (an anchor on the bibliography page), not only to the page.
-ANCHORED = ("01_", "02_", "03_", "04_", "05_", "06_")
+ANCHORED = ("01_", "02_", "03_", "04_", "05_", "06_", "13_")
 
 
 def test_the_config_gives_bibliography_entries_the_anchors_the_chapters_use():

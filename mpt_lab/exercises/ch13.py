@@ -81,7 +81,7 @@ p = (v - lo) / (hi - lo)
 answer = (float(F.round_to(v, F.FP4_E2M1)) * n, n * (lo + p * (hi - lo)), (hi - lo) * math.sqrt(n * p * (1 - p)))
 ```
 
-The answer (rtn_sum, sr_mean, sr_std): {{answer}}. The relative noise of the sum falls as 1/√N: the more tokens (or steps) a gradient sums, the better stochastic rounding does, while round-to-nearest's error stays whatever N is. That is why the NVFP4 recipe rounds the gradients stochastically and the weights and activations, which are not summed that way, to nearest."""
+The answer (rtn_sum, sr_mean, sr_std): {{answer}}. The relative noise of the sum falls as 1/√N: the more tokens (or steps) a gradient sums, the better stochastic rounding does, while round-to-nearest's error stays whatever N is. The NVIDIA paper's reasons for rounding only the gradients stochastically are measured ones, not this arithmetic (NVIDIA, 2025, §4.4): stochastic rounding of the gradients is essential for its 12B model's convergence; \"other tensors in the backward pass do not benefit from stochastic rounding, reinforcing that gradients are the primary source of bias\"; and in the forward pass it is detrimental, \"as it amplifies quantization error relative to nearest rounding\". This exercise shows why stochastic rounding pays where many rounded values are summed, not why the recipe gives it to the gradients only: the input x, the other operand of the same sum over the tokens, is summed just as much, and the recipe rounds it to nearest."""
 
 
 register(Exercise(

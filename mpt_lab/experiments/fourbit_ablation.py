@@ -12,9 +12,10 @@ arm                         the Linear layers of the transformer blocks
 ==========================  ============================================================================
 ``bf16``                    BF16 operands in every GEMM (the reference; the output layer too)
 ``fp8``                     FP8 with per-tensor current scaling (E4M3 forward, E5M2 gradients: chapter 11)
-``mxfp4``                   MXFP4 (blocks of 32, E8M0 scales) with the ingredients Tseng et al. and Quartet
-                            use: a 32-point random Hadamard transform on the weight-gradient GEMM and
-                            stochastic rounding of the gradients; 1D weights; the same BF16 layers as NVFP4
+``mxfp4``                   MXFP4 (blocks of 32, E8M0 scales) with the recipe's ingredients, as in the NVFP4
+                            paper's own MXFP4 comparison (§5): a 32-point random Hadamard transform on the
+                            weight-gradient GEMM and stochastic rounding of the gradients; the same BF16 layers
+                            as NVFP4; unlike the paper's, 1D weights
 ``nvfp4``                   NVFP4 with the full recipe (:func:`mpt_lab.quantized_training.four_bit_recipe`)
 ``nvfp4_no_rht``            the recipe without the Hadamard transform
 ``nvfp4_1d_weights``        the recipe with 1 × 16 weight blocks instead of 16 × 16 tiles
@@ -52,8 +53,8 @@ training batch, in FP32:
     python -m mpt_lab.experiments.fourbit_ablation --profile long --out book/results/fourbit_ablation_long.json
 
 Sources: NVIDIA, arXiv:2509.25149 (§4, Appendix C–E: the recipe and its ablations); Tseng et al., "Training
-LLMs with MXFP4" (arXiv:2502.20586) and Castro et al., "Quartet" (arXiv:2505.14669) (MXFP4 with stochastic
-rounding and Hadamard transforms).
+LLMs with MXFP4" (arXiv:2502.20586) and Castro et al., "Quartet" (arXiv:2505.14669) (other MXFP4 recipes with
+stochastic rounding and Hadamard transforms, not the ``mxfp4`` arm's).
 """
 
 from __future__ import annotations
@@ -343,7 +344,7 @@ class FourbitAblationResult(ExperimentResult):
                 parts.append(f"BF16 {statistics.fmean(self.finals(arm)):.3f} nats")
                 continue
             g = self.gap(arm)
-            parts.append(f"{arm} {g['mean']:+.2f}% [{g['min']:+.2f}, {g['max']:+.2f}]")
+            parts.append(f"{self.label(arm)} {g['mean']:+.2f}% [{g['min']:+.2f}, {g['max']:+.2f}]")
         return (f"fourbit_ablation ({self.profile} profile, {self.device}, {len(self.seeds)} seeds, "
                 f"{self.model.get('parameters', 0):,} parameters): final validation loss against BF16: "
                 + "; ".join(parts))

@@ -212,7 +212,7 @@ def plot_outliers(result: ExperimentResult, *, title: str | None = None) -> Figu
     bx.set_xlabel("signal-to-noise ratio of the layer's input (dB)")
     bx.set_title("What the outliers cost FP4")
     bx.grid(alpha=0.3)
-    bx.legend(fontsize="small", loc="lower left")
+    fig.legend(*bx.get_legend_handles_labels(), loc="outside lower center", ncol=3, fontsize="small")  # off the data
     fig.suptitle(title or f"Inputs of every Linear layer of the trained BF16 model ({result.profile} profile)")
     return fig
 
