@@ -56,6 +56,15 @@ def test_error_result_fields_and_json(err, tmp_path):
     assert set(err.reductions) == {"mean loss", "log-sum-exp", "LayerNorm variance"}
     for r in err.reductions.values():       # the first draw's error is one of those the largest is taken over
         assert r["rows"] == 2 and all(r["first_errors"][a] <= r["errors"][a] for a in r["errors"])
+    # the log-sum-exp against its FP16 exponentials: the accumulators' own errors, FP32 the smallest
+    rx = err.reductions["log-sum-exp"]["exact, FP16 exponentials"]
+    assert set(rx["errors"]) == set(err.reductions["log-sum-exp"]["errors"]) and rx["exponentials_error"] > 0
+    assert rx["errors"]["FP32"] < rx["errors"]["FP16 sequential"]
+    # the LayerNorm variance pass by pass: both passes together are the table's sequential arm, signed
+    passes = err.reductions["LayerNorm variance"]["passes"]["signed_errors"]
+    ln = err.reductions["LayerNorm variance"]
+    assert len(passes["FP16 sequential, both passes"]) == 2
+    assert abs(abs(passes["FP16 sequential, both passes"][0]) - ln["first_errors"]["FP16 sequential"]) < 1e-12
     assert set(err.autocast) == set(accumulation_error.REDUCTION_OPS)
     assert err.autocast["mean loss"] == {"cross_entropy": "float32", "mean": "float16"}
     assert err.autocast["LayerNorm variance"] == {"layer_norm": "float32", "var": "float16"}
@@ -174,7 +183,7 @@ def test_figures(err, train):
         assert any(ax.get_legend() is not None for ax in fig.axes) or fig.legends
     table = figures.reductions_table(err)
     assert "mean loss" in table and "float32" in table and "overflow" in table or "error" in table
-    assert "float16" in table and "largest over the 2 draws" in table   # mean and var by hand stay float16
+    assert "float16" in table and "largest error over the 2 draws" in table   # mean and var by hand stay float16
     assert "Kahan" in figures.weights_table(train)
     g = tensor_core_accumulation.run(tensor_core_accumulation.config_for("quick"), progress=False)
     fig = figures.plot_gpu_accumulation(g)

@@ -189,8 +189,9 @@ from k = {k_min} on: 1.5 × 2^{k_min - 30} = {small * 2.0 ** k_min!r} rounds to 
 rounds to {F.round_to(small * 2.0 ** (k_min - 1), F.FP16)!r}. (A rule that asks for |x| ≥ 2⁻²⁴ would answer \
 k = {naive_min}, one binade too cautious.)
 
-The top end. The largest finite FP16 value is {F.FP16.max:g}; values below the midpoint {top:g} to the next \
-binade still round down to it, and from {top:g} on they round to infinity. 1023.6 × 2^{k_max} = {kept!r} rounds \
+The top end. The largest finite FP16 value is {F.FP16.max:g}. Values below {top:g}, the midpoint between \
+{F.FP16.max:g} and 2¹⁶ = {F.FP16.max + F.ulp(F.FP16.max, F.FP16):g} (the next value if the exponent range went on), round down to {F.FP16.max:g}; from \
+{top:g} on, round-to-nearest-even gives +inf. 1023.6 × 2^{k_max} = {kept!r} rounds \
 to {F.round_to(kept, F.FP16)!r} and is kept; 1023.6 × 2^{k_max + 1} = {over!r} rounds to \
 {F.round_to(over, F.FP16)!r}. (A rule that asks for |x| ≤ {F.FP16.max:g} would stop at k = {naive_max}.)
 

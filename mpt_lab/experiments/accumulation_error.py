@@ -101,7 +101,13 @@ class AccumulationErrorResult(ExperimentResult):
     every K (``running_ks``); ``tensor_core``: {"ks", "models": name → {"max_relative", "median_relative"}
     lists over ks}; ``reductions``: name → {"exact", "FP32", "FP16 sequential",
     "FP16 pairwise": values (first row), "first_errors": arm → the relative error of those values, "errors":
-    arm → largest relative error over the rows, "rows": how many draws, "size"}; ``autocast``: reduction → {op
+    arm → largest relative error over the rows, "rows": how many draws, "size"}, and for the log-sum-exp
+    "exact, FP16 exponentials": {"value": its exact value from the FP16-rounded exponentials that every arm sums
+    (first row), "errors": arm → largest relative error against it (the accumulator's own), "exponentials_error":
+    the largest relative error that rounding the exponentials alone causes}, for the LayerNorm variance
+    "passes": {"mean": mean of the inputs, "FP16 sequential mean": the first pass's mean in that accumulator
+    (averaged over the rows), "signed_errors": "FP16 sequential mean, exact second pass" / "exact mean, FP16
+    sequential second pass" / "FP16 sequential, both passes" → signed relative error per row}; ``autocast``: reduction → {op
     name: the dtype CUDA float16 autocast returns for it from float16 inputs}."""
 
     ks: list
@@ -228,7 +234,10 @@ def _reduce(x: np.ndarray, how: str) -> np.ndarray:
 def _reductions(config: Config, run: Run, rng) -> dict:
     """Each reduction with its sums in an FP16 accumulator (sequential and pairwise) and in FP32; elementwise
     steps (exp, the subtraction of the mean, the square) are FP16 operations rounded once, as an FP16 kernel
-    would compute them; the final division and log are exact (float64)."""
+    would compute them; the final division and log are exact (float64).  The reference ("exact") is computed in
+    float64 from the FP16 inputs (losses, logits, features); for the log-sum-exp from the unrounded
+    exponentials, so that every arm's error there includes the FP16 rounding of the exponentials (the
+    "exact, FP16 exponentials" entry separates the two)."""
     arms = ("FP32", "FP16 sequential", "FP16 pairwise")
     out = {}
     # mean loss: per-token cross-entropies of a language model in mid-training (|N(2.5, 1)| nats), in FP16
@@ -243,6 +252,13 @@ def _reductions(config: Config, run: Run, rng) -> dict:
     exact = m[:, 0] + np.log(np.exp(logits.astype(np.float64) - m).sum(1))
     vals = {h: m[:, 0].astype(np.float64) + np.log(_reduce(ex, h)) for h in arms}
     out["log-sum-exp"] = (exact, vals)
+    # the exact log-sum-exp of the FP16 exponentials: what separates the accumulators' errors from the
+    # rounding of the exponentials, which every arm shares
+    rounded_exp = m[:, 0] + np.log(np.array([math.fsum(r) for r in ex.astype(np.float64)]))
+    extra = {"log-sum-exp": {"exact, FP16 exponentials": {
+        "value": float(rounded_exp[0]),
+        "errors": {h: float(np.max(np.abs(v - rounded_exp) / np.abs(rounded_exp))) for h, v in vals.items()},
+        "exponentials_error": float(np.max(np.abs(rounded_exp - exact) / np.abs(exact)))}}}
     # LayerNorm variance: features N(3, 1) (a non-zero mean), two passes
     x = round_to(rng.normal(3.0, 1.0, (config.rows, config.width)).astype(np.float32), FP16)
     x64 = x.astype(np.float64)
@@ -254,6 +270,17 @@ def _reductions(config: Config, run: Run, rng) -> dict:
         dev = round_to(round_to(x64 - mu[:, None], fmt) ** 2, fmt).astype(np.float32)
         vals[h] = _reduce(dev, h) / config.width
     out["LayerNorm variance"] = (exact, vals)
+    # which pass errs in the FP16 sequential accumulator: each one alone, the other exact
+    mu16 = round_to(_reduce(x, "FP16 sequential") / config.width, "FP16")
+    mean_only = ((x64 - mu16[:, None]) ** 2).mean(1)
+    mu = round_to(x64.mean(1), "FP16")
+    dev = round_to(round_to(x64 - mu[:, None], "FP16") ** 2, "FP16").astype(np.float32)
+    squares_only = _reduce(dev, "FP16 sequential") / config.width
+    extra["LayerNorm variance"] = {"passes": {
+        "mean": float(np.mean(x64)), "FP16 sequential mean": float(np.mean(mu16)),
+        "signed_errors": {"FP16 sequential mean, exact second pass": (mean_only / exact - 1).tolist(),
+                          "exact mean, FP16 sequential second pass": (squares_only / exact - 1).tolist(),
+                          "FP16 sequential, both passes": (vals["FP16 sequential"] / exact - 1).tolist()}}}
     result = {}
     for name, (exact, vals) in out.items():
         rel = {h: np.abs(v - exact) / np.abs(exact) for h, v in vals.items()}
@@ -261,7 +288,7 @@ def _reductions(config: Config, run: Run, rng) -> dict:
                         "first_errors": {h: float(e[0]) for h, e in rel.items()},
                         "errors": {h: float(np.max(e)) for h, e in rel.items()}, "rows": config.rows,
                         "size": {"mean loss": config.tokens, "log-sum-exp": config.vocab,
-                                 "LayerNorm variance": config.width}[name]}
+                                 "LayerNorm variance": config.width}[name], **extra.get(name, {})}
     return result
 
 

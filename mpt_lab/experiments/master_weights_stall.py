@@ -81,9 +81,13 @@ class StallResult(ExperimentResult):
     def describe(self) -> str:
         acc = ", ".join(f"{k} {v:.3f}" for k, v in self.test_accuracy.items())
         mean = sum(self.swamped) / max(len(self.swamped), 1)
-        return (f"master weights ({self.profile} profile, {self.device}): {self.config['steps']} SGD steps at "
-                f"lr {self.config['lr']}; test accuracy {acc}; pure FP16 lost {100 * mean:.1f}% of its non-zero "
-                f"updates on average")
+        text = (f"master weights ({self.profile} profile, {self.device}): {self.config['steps']} SGD steps at "
+                f"lr {self.config['lr']}; test accuracy {acc}; pure FP16, averaged over the steps: "
+                f"{100 * mean:.1f}% of the updates that FP16 can represent were lost when added to their weight")
+        if self.underflowed:   # of all non-zero updates: those that underflow, and the swamped share of the others
+            both = sum(u + (1 - u) * s for u, s in zip(self.underflowed, self.swamped)) / len(self.swamped)
+            text += f"; with those that round to zero, {100 * both:.1f}% of all its non-zero updates"
+        return text
 
 
 def measure(config: Config, run: Run) -> dict:

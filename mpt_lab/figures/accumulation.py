@@ -28,8 +28,8 @@ def _check(result, *fields):
 
 def plot_error_vs_k(result: ExperimentResult) -> Figure:
     """Median error of a dot product against K, per accumulator and order, log-log, in two panels: one-signed
-    products (uniform [0, 1) values; the error relative to the sum, with each format's swamping point K = 2ᵖ
-    marked) and zero-mean products (uniform [-1, 1) values; the error relative to the sum's typical size
+    products (uniform [0, 1) values; the error relative to the sum, with K = 2ᵖ⁻³ marked for each format of
+    precision p: about where chapter 5 measures its sequential error's slope rising from about ½ to about 1) and zero-mean products (uniform [-1, 1) values; the error relative to the sum's typical size
     √Σ(a_k b_k)²), each with the guide u·√K of each format.  The legend sits below the panels.
 
     Parameters
@@ -55,10 +55,10 @@ def plot_error_vs_k(result: ExperimentResult) -> Figure:
             ax.loglog(ks, u * np.sqrt(ks), ":", color=FORMAT_COLORS.get(fmt, "#333"), lw=1,
                       label=f"{fmt}: u·√K (u = 2⁻{F.get_format(fmt).precision})" if i == 0 else None)
             p = F.get_format(fmt).precision
-            if i == 0 and 2 ** p <= ks.max():
-                ax.axvline(2 ** p, color=FORMAT_COLORS.get(fmt, "#333"), lw=0.8, alpha=0.5)
-                ax.text(2 ** p, 0.98, f" K = 2^{p}", color=FORMAT_COLORS.get(fmt, "#333"), fontsize="small",
-                        va="top", transform=ax.get_xaxis_transform())
+            if i == 0 and 2 ** (p - 3) <= ks.max():
+                ax.axvline(2 ** (p - 3), color=FORMAT_COLORS.get(fmt, "#333"), lw=0.8, alpha=0.5)
+                ax.text(2 ** (p - 3), 0.98, f" K = 2^{p - 3}", color=FORMAT_COLORS.get(fmt, "#333"),
+                        fontsize="small", va="top", transform=ax.get_xaxis_transform())
         ax.set_xlabel("K, products in the dot product")
         ax.set_ylabel(ylabel)
         ax.set_title(title)
@@ -147,13 +147,17 @@ def reductions_table(result: ExperimentResult) -> HTML:
     arms = ("FP32", "FP16 sequential", "FP16 pairwise")
 
     def err_text(e):
-        return "overflow (inf)" if not np.isfinite(e) else f"{100 * e:.2g}%"
+        return "inf (overflow)" if not np.isfinite(e) else f"{100 * e:.2g}%"
+
+    def value_text(v):
+        return "inf (overflow)" if not np.isfinite(v) else f"{v:.6g}"
 
     rows = []
     for name, r in result.reductions.items():
         cells = [html.escape(f"{name} ({r['size']:,} values)"), f"{r['exact']:.6g}"]
         for a in arms:
-            cells.append(f"{r[a]:.6g}<br><small>error {err_text(r['first_errors'][a])}; largest over the "
+            first = (f"error {err_text(r['first_errors'][a])}; " if np.isfinite(r[a]) else "")
+            cells.append(f"{value_text(r[a])}<br><small>{first}largest error over the "
                          f"{r['rows']} draws {err_text(r['errors'][a])}</small>")
         ops = result.autocast.get(name, {})
         cells.append("<br>".join(f"<code>{html.escape(op)}</code>: {html.escape(dt)}" for op, dt in ops.items())
@@ -162,7 +166,9 @@ def reductions_table(result: ExperimentResult) -> HTML:
     return table_html(["reduction", "exact (first draw)", "FP32 accumulator", "FP16 accumulator, sequential",
                        "FP16 accumulator, pairwise", "CUDA FP16 autocast, from FP16 inputs"], rows,
                       caption="A reduction's sum in an FP16 accumulator against FP32: the value of the first draw "
-                              "and its relative error, and the largest relative error over all the draws; the "
+                              "and its relative error, and the largest relative error over all the draws, "
+                              "against the exact value computed in float64 from the FP16 inputs (for the "
+                              "log-sum-exp, from the exponentials before their FP16 rounding); the "
                               "last column names the library op and the hand-written one (mpt_lab.autocast.OPS)")
 
 
