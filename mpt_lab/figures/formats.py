@@ -251,6 +251,6 @@ def round_to_speed_table(result: dict, data: str = "normal"):
     n = result.get("provenance", {}).get("config", {}).get("n")
     what = {"normal": "normally distributed (Gaussian) data",
             "wide": "Gaussian data times 2ᵏ, k uniform in −30 … 11"}.get(data, f"{data} data")
-    caption = f"{n:,} float32 values ({what}), one thread, median times" if n else what
+    caption = f"{n:,} float32 values of {what}, one thread, median times" if n else what
     return table_html(["input · format", "cast through", "cast (ms)", "round_to nearest-even (ms)",
                        "round_to stochastic (ms)"], out, caption=caption)
