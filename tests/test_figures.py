@@ -186,6 +186,8 @@ def test_histogram_table_cites_each_source_and_scales_over_every_gradient():
     s_row = next(v for k, v in rows.items() if k.startswith("largest power-of-two S"))
     k = int(np.log2(every.max_scale("FP16")))
     assert f"2<sup>{k}</sup>" in s_row and "activation and weight" in s_row
+    kept_row = next(v for k_, v in rows.items() if k_.startswith("kept by S = 2¹⁵"))
+    assert "overflows here" in kept_row                               # 20 × 2^15 > 65504: said in the cell
     rule_row = next(v for k_, v in rows.items() if k_.startswith("max-gradient rule"))
     assert f"2<sup>{int(np.log2(max_gradient_scale(every.amax, 'FP16')))}</sup>" in rule_row
 
@@ -228,3 +230,15 @@ def test_losses_reference_panel_and_master_weight_loop():
         figures.plot_master_weight_loop(None)
     with pytest.raises(ValueError, match="steps"):
         figures.plot_master_weight_loop([r for r in t.last_trace if r["step"] != 7])
+
+
+def test_training_legend_sits_below_the_axes():
+    """Fig. 2.2: the legend is the figure's, below the axes, so it covers neither the loss nor the mAP curve."""
+    import types
+
+    r = types.SimpleNamespace(steps=list(range(1, 101)), losses=list(np.linspace(8, 2, 100)),
+                              map50=[[0, 0.0], [50, 0.4], [100, 0.6]], map_evaluator="pycocotools (x)",
+                              profile="quick")
+    fig = figures.plot_training(r)
+    assert len(fig.legends) == 1 and all(ax.get_legend() is None for ax in fig.axes)
+    assert len(fig.legends[0].get_texts()) == 3

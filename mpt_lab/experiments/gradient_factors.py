@@ -59,13 +59,13 @@ PAPER_SSD = {"model": "VGG-16 (SSD300)", "image_size": 300, "batch_size": 32, "n
 
 #: id → (factor, label, settings that differ from :data:`BASE`).  Ids are what ``Config.variants`` lists.
 VARIANTS: dict[str, tuple[str, str, dict]] = {
-    "ours": ("our detector", "ours: small, 64 px, batch 32, loss ÷ N", {}),
+    "ours": ("our detector", "small, 64 px, batch 32, loss ÷ N", {}),
     "px128": ("input size", "128 × 128 px", {"image_size": 128}),
     "px320": ("input size", "320 × 320 px", {"image_size": 320}),
     "medium": ("width", "width × 8/3 (channels 16–128)", {"model": "medium"}),
     "large": ("width", "width × 16/3 (channels 32–256)", {"model": "large"}),
-    "vgg16_64": ("depth: VGG-16 shape", "VGG-16 shape, ⅛ width, 64 px", {"model": "vgg16_narrow"}),
-    "vgg16_128": ("depth: VGG-16 shape", "VGG-16 shape, ⅛ width, 128 px",
+    "vgg16_64": ("depth", "VGG-16 shape, ⅛ width, 64 px", {"model": "vgg16_narrow"}),
+    "vgg16_128": ("depth", "VGG-16 shape, ⅛ width, 128 px",
                   {"model": "vgg16_narrow", "image_size": 128}),
     "batch8": ("batch size", "batch 8", {"batch_size": 8}),
     "batch128": ("batch size", "batch 128", {"batch_size": 128}),
@@ -188,7 +188,7 @@ class GradientFactorsResult(ExperimentResult):
                 "lost": h.fractions("FP16")["underflow"] * h.total / nonzero}
 
     def describe(self) -> str:
-        parts = [f"{v['label']}: 2^{self.median(k)}" for k, v in self.variants.items()]
+        parts = [f"{'ours, ' if k == 'ours' else ''}{v['label']}: 2^{self.median(k)}" for k, v in self.variants.items()]
         return (f"gradient_factors ({self.profile} profile, {self.device}, {self.config['steps']} steps each): "
                 f"median binade of the non-zero activation gradients: " + "; ".join(parts))
 

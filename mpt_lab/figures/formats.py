@@ -251,6 +251,8 @@ def round_to_speed_table(result: dict, data: str = "normal") -> HTML:
                     # against the cast time this row shows (the stochastic row timed its own cast beside it)
                     "–" if s is None else f"{1e3 * s['round_to_s']:.1f} ({s['round_to_s'] / r['native_s']:.2f}×)"])
     n = result.get("provenance", {}).get("config", {}).get("n")
-    caption = f"{n:,} float32 values ({data} data), one thread, median times" if n else f"{data} data"
+    what = {"normal": "normally distributed (Gaussian) data",
+            "wide": "Gaussian data times 2ᵏ, k uniform in −30 … 11"}.get(data, f"{data} data")
+    caption = f"{n:,} float32 values of {what}, one thread, median times" if n else what
     return table_html(["input · format", "cast through", "cast (ms)", "round_to nearest-even (ms)",
                        "round_to stochastic (ms)"], out, caption=caption)

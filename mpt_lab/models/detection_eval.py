@@ -39,7 +39,7 @@ except PackageNotFoundError:        # importing mpt_lab.models must not need it;
 MAP_EVALUATOR = f"pycocotools {_PYCOCOTOOLS} COCOeval (AP at one IoU, 101 recall points, all areas)"
 #: The evaluator of results saved before the switch to pycocotools: a result that carries no evaluator field
 #: (``map_evaluator``) was made by it, and says so.
-LEGACY_MAP_EVALUATOR = "mpt_lab's own VOC all-point AP (hand-written; before pycocotools)"
+LEGACY_MAP_EVALUATOR = "mpt_lab's earlier VOC all-point AP"
 
 
 def _check_list(x, name: str, keys: tuple[str, ...]):
