@@ -20,7 +20,7 @@ saves when every other layer uses the recipe (error of step 4 minus error of its
 that sweep is off, its one-at-a-time error.  Layers rank by score, largest first.
 
 Every step starts from the same random state (the same dropout masks); stochastic rounding draws from a
-generator seeded per layer, the same in every step.  The model is restored afterwards: its Linear layers,
+generator per layer, seeded with ``seed`` in every step.  The model is restored afterwards: its Linear layers,
 parameters, buffers, ``.grad``, training flags and the random generators are as they were.
 """
 
@@ -155,7 +155,8 @@ def keep_wide(model: nn.Module, loss_fn, batch, recipe="nvfp4", *, tolerance: fl
         the one-at-a-time errors alone
     skip : names of Linear layers that are no candidates: they compute in BF16 in every step but the FP32 one
         (e.g. an output layer a recipe always keeps wide)
-    seed : int ≥ 0, seeds the stochastic rounding of each layer's quantiser (layer k uses seed + k)
+    seed : int ≥ 0, seeds the stochastic rounding of each layer's quantiser (a fresh quantiser per layer and step,
+        so a layer alone on the recipe draws what ``quantize_linears_(model, recipe, seed=seed)`` would)
     progress : bool or None, a ``tqdm.auto`` bar over the steps (None: unless ``MPT_LAB_PROGRESS`` is "0")
 
     Returns
@@ -206,7 +207,7 @@ def keep_wide(model: nn.Module, loss_fn, batch, recipe="nvfp4", *, tolerance: fl
         for k, (name, lin) in enumerate(linears):
             parent_name, _, child = name.rpartition(".")
             parent = model.get_submodule(parent_name) if parent_name else model
-            sw = _Switch(lin, name, rec, seed + k)
+            sw = _Switch(lin, name, rec, seed)
             setattr(parent, child, sw)
             switches[name] = (parent, child, lin, sw)
         order: list = []

@@ -159,7 +159,8 @@ def report_table(reports: dict, formats=None):
     -------
     HTML table (:func:`~mpt_lab.figures._base.table_html`): model, parameters, modules, then per format the
     report's verdict (:meth:`~mpt_lab.report.PrecisionReport.verdict`), its loss-scale window [low, high] (powers
-    of two) and the first module whose output or gradient turns inf/NaN in the format's step ("–": none).  The
+    of two) and where the format's step first turns inf/NaN: the module, the pass and, when the step was recorded op
+    by op, the ATen op ("–": nowhere).  The
     full sentences are each report's :meth:`~mpt_lab.report.PrecisionReport.recommendation`.
 
     Raises
@@ -182,8 +183,10 @@ def report_table(reports: dict, formats=None):
         for f in fmts:
             low, high = r.loss_scale_window(f)
             first = r.first_nonfinite(f)
+            op = getattr(first, "op", None)
             row += [html.escape(r.verdict(f)), f"[{pow2(low)}, {pow2(high)}]",
-                    "–" if first is None else f"<code>{html.escape(first[0] or '(model)')}</code> ({first[1]})"]
+                    "–" if first is None else f"<code>{html.escape(first[0] or '(model)')}</code> ({first[1]}"
+                    + (f", <code>{html.escape(op)}</code>" if op else "") + ")"]
         rows.append(row)
     align = ["left", "right", "right"] + ["left"] * (len(head) - 3)
     return table_html(head, rows, align=align)
