@@ -30,13 +30,14 @@ view's base, where it is read instead (the whole base, or the view's elements of
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from collections.abc import Mapping
 
 import torch
 from torch.overrides import TorchFunctionMode
 
-from ._torch_internals import TorchDispatchMode, current_autograd_node
+from ._torch_internals import TorchDispatchMode, current_autograd_node, current_dispatch_mode
 from .formats import exact_arithmetic, exact_arithmetic_active
 from .histogram import Log2Histogram, log2_histogram
 
@@ -251,6 +252,7 @@ class StepRecorder:
         self.gemm_records: list = []
         self.block_cache: dict = {}
         self._modes: list = []
+        self._dispatch_mode = None
         self.error: BaseException | None = None
 
     # --- entering and leaving --------------------------------------------------------------------------
@@ -266,6 +268,7 @@ class StepRecorder:
             dm = _DispatchMode(self)
             dm.__enter__()
             self._modes.append(dm)
+            self._dispatch_mode = dm
         return self
 
     def __exit__(self, *exc):
@@ -280,13 +283,27 @@ class StepRecorder:
         self.handles = []
         self._keep.clear()
         self._seen_out.clear()
-        self._hist_cache.clear()
         self._amax_cache.clear()
 
     def stop_ops(self) -> None:
         """Leave the op modes (before the report's own work after the step)."""
         while self._modes:
             self._modes.pop().__exit__(None, None, None)
+        self._dispatch_mode = None
+
+    @contextlib.contextmanager
+    def _aside(self):
+        """The recorder's dispatch mode steps aside (when it is the innermost mode) while the report measures: a
+        compiled histogram kernel would otherwise run op by op through it."""
+        dm = self._dispatch_mode
+        if dm is None or current_dispatch_mode() is not dm:
+            yield
+            return
+        dm.__exit__(None, None, None)
+        try:
+            yield
+        finally:
+            dm.__enter__()
 
     # --- labels --------------------------------------------------------------------------------------------
     def _module(self):
@@ -366,7 +383,8 @@ class StepRecorder:
     # --- measures ------------------------------------------------------------------------------------------
     def _measure(self, t):
         if self.histogram:
-            return self.hist(t)
+            with self._aside():
+                return self.hist(t)
         return finite(t)
 
     def hist(self, t: torch.Tensor) -> Log2Histogram:
@@ -433,7 +451,8 @@ class StepRecorder:
 
     def _grad_measure(self, g):
         if self.histogram:
-            return self.hist(g)
+            with self._aside():
+                return self.hist(g)
         return finite(g)
 
     def _prehook(self, node):
@@ -454,7 +473,8 @@ class StepRecorder:
                 m = None
                 if self.edges:
                     if self.histogram:
-                        m = self.hist(g)
+                        with self._aside():
+                            m = self.hist(g)
                         idx = self._hist_index.get(id(m))
                         if idx is None:
                             idx = self._hist_index[id(m)] = len(self.edge_hists)
@@ -528,6 +548,14 @@ class StepRecorder:
                 if nxt is not None and id(nxt) not in seen:
                     todo.append(nxt)
         return leaves
+
+    def parameter_gradient(self, name: str):
+        """The histogram of parameter ``name``'s gradient as its AccumulateGrad node received it (``edges``), or
+        None when no gradient reached it."""
+        for node, nr, module, idx, param in self.edge_list:
+            if param == name:
+                return self.edge_hists[idx]
+        return None
 
     def edge_amaxes(self) -> list:
         """The amax (float) of each of ``edge_hists``."""

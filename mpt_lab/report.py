@@ -485,12 +485,14 @@ def precision_report(model: torch.nn.Module, loss_fn, batch, *, formats=DEFAULT_
         for n, p in model.named_parameters(remove_duplicate=False):
             aliases.setdefault(id(p), []).append(n)
         parameters = []
-        for n, p in named_params:
+        for n, p in named_params:       # histograms the step made already (GEMM operands, gradients) are reused
             mod = n.rpartition(".")[0]
             grad = p.grad
+            gh = rec.parameter_gradient(n) if grad is not None else None
             parameters.append(ParameterRecord(n, mod, tuple(p.shape), str(p.dtype), p.requires_grad,
-                                              [a for a in aliases[id(p)] if a != n], log2_histogram(p.detach()),
-                                              log2_histogram(grad) if grad is not None else None))
+                                              [a for a in aliases[id(p)] if a != n], rec.hist(p),
+                                              (gh if gh is not None else log2_histogram(grad)) if grad is not None
+                                              else None))
         canonical = {p.name for p in parameters}
         for m in modules:
             m.parameters = [n for n in m.parameters if n in canonical]

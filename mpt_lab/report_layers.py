@@ -10,15 +10,18 @@ a given model, loss, batch and recipe by running training steps (forward and bac
    every other in FP32 — the error that layer alone brings;
 3. all but one: every layer with the recipe except layer i, which computes in BF16 — what keeping it wide saves;
 4. every layer with the recipe;
-5. the smallest set to keep in BF16: layers are added in ranking order until the step is within the tolerance,
-   then each kept layer is dropped again if the step stays within it without that layer (so no kept layer can be
-   removed alone; the set is minimal along that order, not searched over all subsets).
+5. the smallest set to keep in BF16: the shortest prefix of the ranking that brings the step within the tolerance
+   (found by bisection on its length, which assumes that keeping more layers wide does not raise the error), then
+   each kept layer but the last is dropped again if the step stays within the tolerance without it (so no kept
+   layer can be removed alone; the set is minimal along that order, not searched over all subsets).
 
 The error of a step is measured against the FP32 step: "gradient" (default), the relative L2 error of all
 parameter gradients, ‖g − g₀‖ / ‖g₀‖; or "loss", |L − L₀| / |L₀|.  A layer's score is what keeping it in BF16
 saves when every other layer uses the recipe (error of step 4 minus error of its all-but-one step), and, when
 that sweep is off, its one-at-a-time error.  Layers rank by score, largest first.
 
+Quantised weight operands are computed once per layer and reused in later steps (the weights do not change;
+operands rounded to nearest only), which makes the steps after the first cheaper, and gives the same values.
 Every step starts from the same random state (the same dropout masks); stochastic rounding draws from a
 generator per layer, seeded with ``seed`` in every step.  The model is restored afterwards: its Linear layers,
 parameters, buffers, ``.grad``, training flags and the random generators are as they were.
@@ -108,32 +111,97 @@ class LayerRanking:
                                               "steps")}
 
 
+def _linear_like(m: nn.Module) -> bool:
+    """nn.Linear, or Hugging Face transformers' ``Conv1D`` (GPT-2's linear layers: y = x W + b, W of shape
+    (in, out))."""
+    if isinstance(m, nn.Linear):
+        return True
+    return (type(m).__name__ == "Conv1D" and hasattr(m, "nf") and isinstance(getattr(m, "weight", None), torch.Tensor)
+            and m.weight.dim() == 2)
+
+
+def _quantizer_class():
+    """A Quantizer that quantises each weight operand once (a cache per layer, kept across keep_wide's steps: the
+    weights do not change between them): only operands rounded to nearest, never recorded statistics, never
+    delayed scaling."""
+    from .quantized_training import Quantizer
+
+    class CachingQuantizer(Quantizer):
+        def __init__(self, recipe, *, seed: int, cache: dict):
+            super().__init__(recipe, seed=seed)
+            self._cache = cache
+
+        def _key(self, t, *extra):
+            return (t.data_ptr(), t._version, tuple(t.shape), tuple(t.stride()), t.dtype, *extra)
+
+        def quantize_operand(self, t, op, *, layer=None, role=None, record=False):
+            if role != "w" or op.rounding != "nearest_even" or (record and self.recording):
+                return super().quantize_operand(t, op, layer=layer, role=role, record=record)
+            key = self._key(t, "operand", op)
+            hit = self._cache.get(key)
+            if hit is None:
+                hit = self._cache[key] = super().quantize_operand(t, op, layer=layer, role=role, record=record)
+            return hit
+
+        def quantize(self, t, layer, role, *, axis=-1, record=True, update=True):
+            if role != "w" or self.recipe.scaling == "delayed" or (record and self.recording):
+                return super().quantize(t, layer, role, axis=axis, record=record, update=update)
+            key = self._key(t, "quantize", axis)
+            hit = self._cache.get(key)
+            if hit is None:
+                hit = self._cache[key] = super().quantize(t, layer, role, axis=axis, record=record, update=update)
+            return hit
+
+    return CachingQuantizer
+
+
 class _Switch(nn.Module):
-    """A Linear layer that computes in FP32, with a recipe or in BF16, as :attr:`mode` says (shares the Linear's
-    parameters)."""
+    """A linear layer (nn.Linear, or transformers' Conv1D) that computes in FP32, with a recipe or in BF16, as
+    :attr:`mode` says; it shares the layer's parameters (the recipe reads a Conv1D's weight transposed, as the
+    weight of x · Wᵀ)."""
 
-    def __init__(self, linear: nn.Linear, name: str, recipe, seed: int):
+    def __init__(self, layer: nn.Module, name: str, recipe, seed: int):
         super().__init__()
-        from .quantized_training import QuantLinear, Quantizer
+        from .quantized_training import QuantLinear
 
-        self.linear = linear
+        self.layer = layer
         self.mode = "fp32"
         self.recipe, self.seed, self.name = recipe, seed, name
-        self.q = QuantLinear(linear, name, Quantizer(recipe, seed=seed))
-        self.b = QuantLinear(linear, name, Quantizer("bf16"))
+        self._cache: dict = {}
+        self._bf16_cache: dict = {}
+        self._quantizer = _quantizer_class()
+        if isinstance(layer, nn.Linear):
+            proxy = layer
+        else:                                          # Conv1D: a Linear view of its parameters
+            proxy = nn.Linear(layer.weight.shape[0], layer.weight.shape[1], bias=layer.bias is not None,
+                              device="meta")
+        self.q = QuantLinear(proxy, name, self._quantizer(recipe, seed=seed, cache=self._cache))
+        self.b = QuantLinear(proxy, name, self._quantizer("bf16", seed=seed, cache=self._bf16_cache))
+        if not isinstance(layer, nn.Linear):
+            for ql in (self.q, self.b):               # not parameters of their own: the Conv1D's, transposed
+                del ql.weight
+                del ql.bias
 
     def fresh(self) -> None:
-        """A new quantiser (the same stochastic-rounding draws, no delayed-scaling history) for the next step."""
-        from .quantized_training import Quantizer
+        """A new quantiser (the same stochastic-rounding draws, no delayed-scaling history; the weights' quantised
+        operands kept) for the next step."""
+        self.q.quantizer = self._quantizer(self.recipe, seed=self.seed, cache=self._cache)
 
-        self.q.quantizer = Quantizer(self.recipe, seed=self.seed)
+    def _quantized(self, ql, x):
+        if isinstance(self.layer, nn.Linear):
+            return ql(x)
+        ql.weight, ql.bias = self.layer.weight.t(), self.layer.bias
+        try:
+            return ql(x)
+        finally:
+            del ql.weight, ql.bias
 
     def forward(self, x):
         if self.mode == "recipe":
-            return self.q(x)
+            return self._quantized(self.q, x)
         if self.mode == "bf16":
-            return self.b(x)
-        return self.linear(x)
+            return self._quantized(self.b, x)
+        return self.layer(x)
 
 
 def keep_wide(model: nn.Module, loss_fn, batch, recipe="nvfp4", *, tolerance: float = 0.05,
@@ -144,7 +212,7 @@ def keep_wide(model: nn.Module, loss_fn, batch, recipe="nvfp4", *, tolerance: fl
 
     Parameters
     ----------
-    model : nn.Module with nn.Linear layers
+    model : nn.Module with nn.Linear layers (or transformers' ``Conv1D``, GPT-2's linear layers)
     loss_fn : callable ``loss_fn(model, batch) -> scalar loss`` (as :func:`mpt_lab.report.precision_report`)
     batch : passed to ``loss_fn`` as is
     recipe : a :class:`~mpt_lab.quantized_training.TrainingRecipe` or its name ("nvfp4", "mxfp4", "mxfp8",
@@ -193,7 +261,7 @@ def keep_wide(model: nn.Module, loss_fn, batch, recipe="nvfp4", *, tolerance: fl
         raise TypeError("skip must be a sequence of module names (str)")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise TypeError(f"seed must be an int ≥ 0, got {seed!r}")
-    linears = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    linears = [(n, m) for n, m in model.named_modules() if _linear_like(m)]
     unknown = set(skip) - {n for n, _ in linears}
     if unknown:
         raise ValueError(f"skip names {sorted(unknown)}, which are not Linear layers of the model")
@@ -287,17 +355,31 @@ def keep_wide(model: nn.Module, loss_fn, batch, recipe="nvfp4", *, tolerance: fl
         keep: list = []
         current = out.every
         if current[metric] > tolerance:
-            for n in out.ranking:
-                keep.append(n)
-                if len(keep) == 1 and all_but_one:
-                    current = out.all_but_one[n]          # measured already
-                else:
-                    current = with_kept(keep)
+            # the shortest prefix of the ranking that brings the step within the tolerance, by bisection on its
+            # length (errors fall as more layers stay wide); then each kept layer but the last is dropped again
+            # if the step stays within the tolerance without it
+            known = {0: out.every}
+            if all_but_one:
+                known[1] = out.all_but_one[out.ranking[0]]
+
+            def prefix(k):
+                nonlocal steps
+                if k not in known:
+                    known[k] = with_kept(out.ranking[:k])
                     steps += 1
-                if current[metric] <= tolerance:
-                    break
+                return known[k]
+
+            lo, hi = 0, len(out.ranking)
+            if prefix(hi)[metric] <= tolerance:
+                while hi - lo > 1:
+                    mid = (lo + hi) // 2
+                    if prefix(mid)[metric] <= tolerance:
+                        hi = mid
+                    else:
+                        lo = mid
+            keep, current = list(out.ranking[:hi]), prefix(hi)
             if current[metric] <= tolerance:
-                for n in list(reversed(keep))[1:] if len(keep) > 1 else []:
+                for n in list(reversed(keep))[1:]:
                     trial = [m for m in keep if m != n]
                     e = with_kept(trial)
                     steps += 1

@@ -574,7 +574,10 @@ def test_overhead_benchmark_runs(tmp_path):
     cpu = [rows[k]["cpu_median_s"] for k in rows]
     assert summary["FP32 recording, CPU time"] == pytest.approx(cpu[1] / cpu[0])
     assert summary["each format, CPU time"] == pytest.approx((cpu[2] - cpu[1]) / 4 / cpu[0])
-    assert res["goal"] == {"recording_in_steps": 1.5, "per_format_in_steps": 1.5}
+    assert res["goal"] == {"recording_in_steps": 1.5, "per_format_in_steps": 1.5, "ranking_per_layer_in_steps": 2.0}
+    rk = res["ranking"]
+    assert rk["mode"] == "both" and rk["layers"] == 5 and rk["steps"] >= 1 + 2 * 5 + 1  # 4 Conv1D + lm_head
+    assert summary["layer ranking per layer, wall clock"] == pytest.approx(rk["seconds"] / 5 / plain)
     assert res["formats"] == ["FP16", "BF16", "FP8_E4M3", "FP8_E5M2"] and res["parameters"] > 0
     assert set(res["load_average"]) == {"start", "end"}
     with pytest.raises(ValueError, match="config.width"):
