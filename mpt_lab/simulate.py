@@ -88,7 +88,10 @@ kernels are slow (≈ 1 GFLOP/s; see "What the emulation does NOT model"); ops t
 (``bernoulli_``, ``normal_``, …: the random stream stays the float32 one); ops that only move, select or fill
 values (copies, concatenation, indexing, padding, ``relu``, max pooling, sorting), where rounding the float32
 result is already bit for bit the real result; and an op that has no kernel of the dtype on the device (one
-that raises): its name is recorded in ``sim.no_native_kernel``.  For the other formats (TF32, FP8, FP6, FP4:
+that raises ``NotImplementedError`` or "not implemented for 'Half'"): its name is recorded in
+``sim.no_native_kernel``.  A real kernel's error about the values of one call ("value cannot be converted to
+type c10::Half without overflow", from ``torch.add(x, y, alpha=70000.)``) is raised, as the real run raises it,
+and the op keeps its kernel.  For the other formats (TF32, FP8, FP6, FP4:
 PyTorch has no arithmetic for them) and the other roundings every op is computed in float32 (Python scalars at
 float32 precision, as PyTorch's CPU kernels use them in "opmath") and rounded once.
 
@@ -226,8 +229,22 @@ _MOVES_VALUES = frozenset({
 #: Formats whose values a torch dtype holds exactly, with real kernels for it (the kernels simulate calls).
 _NATIVE_DTYPES = {get_format("FP16"): torch.float16, get_format("BF16"): torch.bfloat16}
 
-#: (op, dtype, device type) whose real kernel failed where the float32 path worked: no such kernel there.
+#: (op, dtype, device type) that has no real kernel of that dtype there (its kernel raised "not implemented for
+#: 'Half'" or the like, see :func:`_missing_kernel`): computed in float32 and rounded, without a second try.
 _NO_NATIVE_KERNEL: set = set()
+_DTYPE_WORDS = {torch.float16: ("'Half'", "Half"), torch.bfloat16: ("'BFloat16'", "BFloat16")}
+
+
+def _missing_kernel(err: BaseException, dtype) -> bool:
+    """Whether ``err``, raised by an op's real kernel of ``dtype``, says that the kernel does not exist for that
+    dtype (``NotImplementedError``, "… not implemented for 'Half'", "Low precision dtypes not supported. Got
+    Half"), as opposed to an error about the values or arguments of this call ("value cannot be converted to
+    type c10::Half without overflow"), which the real run raises too."""
+    if isinstance(err, NotImplementedError):
+        return True
+    text = str(err)
+    named = any(word in text for word in _DTYPE_WORDS.get(dtype, ()))
+    return named and any(word in text.lower() for word in ("not implemented", "not supported", "unsupported"))
 
 # plan kinds
 _VIEW, _LOW, _FP32, _PROMOTE, _BN, _ALL = range(6)
@@ -516,7 +533,9 @@ class simulate(TorchDispatchMode):
         written tensors and its outputs of that dtype come back as float32 tensors holding fmt values.
 
         Returns the op's result, or ``_NO_KERNEL`` (nothing to convert, or an input of another floating dtype:
-        the float32 path decides) or ``_KERNEL_FAILED`` (the real kernel raised; nothing was changed).
+        the float32 path decides) or ``_KERNEL_FAILED`` (the real kernel does not exist for the dtype: it raised
+        NotImplementedError or "not implemented for 'Half'"; nothing was changed).  Any other error of the real
+        kernel (about this call's values) is raised, as the real run raises it.
         """
         dtype = self._native
         device = _device_of(flat)
@@ -535,8 +554,10 @@ class simulate(TorchDispatchMode):
         nargs, nkwargs = _map_tensors(lambda t: natives.get(id(t), t), args, kwargs)
         try:
             out = func(*nargs, **nkwargs)
-        except (RuntimeError, NotImplementedError):  # e.g. "not implemented for 'Half'": see the caller
-            return _KERNEL_FAILED
+        except RuntimeError as err:  # NotImplementedError included
+            if _missing_kernel(err, dtype):  # e.g. "not implemented for 'Half'": see the caller
+                return _KERNEL_FAILED
+            raise  # about this call's values ("cannot be converted to c10::Half without overflow"): as real runs
         for t in written:
             n = natives.get(id(t))
             if n is not None:

@@ -5,7 +5,9 @@
 * :func:`backward_step`: backward and optimizer step, through a loss scaler when one is given (the
   ``torch.amp.GradScaler`` contract: ``scale(loss).backward(); step(optimizer); update()``);
 * :func:`accuracy`: the share of correct arg-max predictions;
-* :func:`autocast_to`: ``torch.autocast`` for a lower-precision dtype, nothing for float32.
+* :func:`autocast_to`: ``torch.autocast`` for a lower-precision dtype, nothing for float32;
+* :class:`StaticStep`: one whole training step on static input buffers, captured in a CUDA graph on CUDA and
+  replayed (the step as the GPU sees it, without the host's per-operator launches).
 
 These are the plain-PyTorch loops of the PyTorch AMP recipe (Carilli, "Automatic Mixed Precision"); the
 numerics the book studies (rounding, loss scaling) live in :mod:`mpt_lab.formats` and :mod:`mpt_lab.scaling`.
@@ -18,7 +20,7 @@ from typing import Iterator
 
 import torch
 
-__all__ = ["shuffled_batches", "backward_step", "accuracy", "autocast_to"]
+__all__ = ["shuffled_batches", "backward_step", "accuracy", "autocast_to", "StaticStep", "CAPTURES"]
 
 
 def shuffled_batches(n: int, batch_size: int, *, generator: torch.Generator | None = None,
@@ -96,3 +98,104 @@ def autocast_to(device_type: str, dtype: torch.dtype | None):
     if dtype is None or dtype == torch.float32:
         return contextlib.nullcontext()
     return torch.autocast(device_type, dtype=dtype)
+
+
+#: How :class:`StaticStep` runs: "cuda_graph" (captured once with ``torch.cuda.graph``, replayed), "eager"
+#: (the same step run op by op: a CPU, or a check), "auto" (a CUDA graph on CUDA, eager elsewhere).
+CAPTURES = ("auto", "cuda_graph", "eager")
+
+
+class StaticStep:
+    """One training step — forward under autocast, loss, backward through a loss scaler, optimizer step — on
+    static input buffers, so that it can be captured whole in a CUDA graph and replayed.
+
+    The eager loop of the PyTorch AMP recipe (Carilli, "Automatic Mixed Precision") launches each of its
+    operators from Python; when the matrix products are short, the host's launches, not the tensor cores, set
+    the time of a step.  This is the same step as the GPU sees it: inputs are copied into buffers that never
+    move, the optimizer must keep the scaler's inf check on the device (``torch.optim.SGD(..., fused=True)``:
+    ``torch.amp.GradScaler.step`` then hands ``found_inf`` to the fused kernel instead of reading it back with
+    ``.item()``, which a capture forbids), autocast runs with ``cache_enabled=False`` (the PyTorch CUDA-graphs
+    notes), and after ``warmup`` eager steps on a side stream the whole step is captured once
+    (``torch.cuda.graph``) and each call replays it.  Each call trains one step on the data it is given (the
+    buffers hold it; the loss of the last replay is in :attr:`loss`).
+
+    Parameters
+    ----------
+    model : torch.nn.Module (FP32 parameters), on ``x``'s device
+    loss_fn : callable(output, y) → scalar loss
+    optimizer : torch.optim.Optimizer over the model's parameters; for a CUDA graph with a scaler, one whose
+        step keeps found_inf on the device (``fused=True``)
+    x, y : tensors of the input and target shape (copied into the static buffers)
+    dtype : autocast dtype (torch.float16, torch.bfloat16) or None / torch.float32 for none
+    scaler : ``torch.amp.GradScaler`` or None
+    capture : one of :data:`CAPTURES`
+    warmup : eager steps before the capture (≥ 1 with a CUDA graph: they create the gradients, the optimizer
+        state and the scaler's scale)
+
+    Attributes: ``captured`` ("cuda_graph" or "eager"), ``loss`` (the last step's loss, a 0-d tensor on the
+    device), ``static_x``, ``static_y``.
+
+    Raises
+    ------
+    TypeError
+        ``model`` is not a torch.nn.Module or ``x``/``y`` are not tensors.
+    ValueError
+        An unknown ``capture``, "cuda_graph" without CUDA tensors, ``warmup`` < 0 (< 1 for a CUDA graph).
+    """
+
+    def __init__(self, model, loss_fn, optimizer, x, y, *, dtype=None, scaler=None, capture: str = "auto",
+                 warmup: int = 3):
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
+            raise TypeError("x and y must be tensors")
+        if capture not in CAPTURES:
+            raise ValueError(f"capture must be one of {CAPTURES}, got {capture!r}")
+        cuda = x.device.type == "cuda"
+        if capture == "auto":
+            capture = "cuda_graph" if cuda else "eager"
+        if capture == "cuda_graph" and not cuda:
+            raise ValueError(f"capture='cuda_graph' needs CUDA tensors, got x on {x.device}")
+        if not isinstance(warmup, int) or warmup < (1 if capture == "cuda_graph" else 0):
+            raise ValueError(f"warmup must be an int ≥ {1 if capture == 'cuda_graph' else 0}, got {warmup!r}")
+        self.model, self.loss_fn, self.optimizer, self.scaler = model, loss_fn, optimizer, scaler
+        self.dtype = None if dtype in (None, torch.float32) else dtype
+        self.static_x, self.static_y = x.detach().clone(), y.detach().clone()
+        self.captured, self.loss, self._graph = capture, None, None
+        if capture == "cuda_graph":
+            side = torch.cuda.Stream(device=x.device)
+            side.wait_stream(torch.cuda.current_stream(x.device))
+            with torch.cuda.stream(side):
+                for _ in range(warmup):
+                    self._step()
+            torch.cuda.current_stream(x.device).wait_stream(side)
+            self.optimizer.zero_grad(set_to_none=True)
+            self._graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self._graph):
+                self._step(zero=False)
+        else:
+            for _ in range(warmup):
+                self._step()
+
+    def _step(self, zero: bool = True) -> None:
+        if zero:
+            self.optimizer.zero_grad(set_to_none=True)
+        if self.dtype is None:
+            ctx = contextlib.nullcontext()
+        else:
+            ctx = torch.autocast(self.static_x.device.type, dtype=self.dtype, cache_enabled=False)
+        with ctx:
+            loss = self.loss_fn(self.model(self.static_x), self.static_y)
+        backward_step(loss, self.optimizer, self.scaler)
+        self.loss = loss.detach()
+
+    def __call__(self, x: torch.Tensor | None = None, y: torch.Tensor | None = None) -> None:
+        """One training step on ``x``, ``y`` (copied into the static buffers; None: the data already there)."""
+        if x is not None:
+            self.static_x.copy_(x)
+        if y is not None:
+            self.static_y.copy_(y)
+        if self._graph is not None:
+            self._graph.replay()
+        else:
+            self._step()

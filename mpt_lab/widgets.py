@@ -447,6 +447,7 @@ class BitExplorer:
 
     @property
     def decomposition(self) -> F.Decomposition:
+        """The fields of the value shown (:class:`~mpt_lab.formats.Decomposition` of its code)."""
         return F.Decomposition(self.code, self.fmt, scalar=True)
 
     @property

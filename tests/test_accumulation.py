@@ -513,6 +513,12 @@ def test_unit_roundoff():
     (lambda x: acc.matmul(x, x), ValueError, "K"),
     (lambda x: acc.matmul(x[0], x.T), ValueError, "(..., M, K)"),
     (lambda x: acc.dot(torch.zeros(2, 5, device="meta"), torch.zeros(2, 5, device="meta")), ValueError, "meta"),
+    # issue 29, item 8: a 0-d NumPy input has no axis K, as a 0-d tensor has none (it was taken as K = 1)
+    (lambda x: acc.dot(np.array(3.0), np.array(2.0)), ValueError, "last axis K"),
+    (lambda x: acc.dot(np.float32(3.0), np.float32(2.0)), ValueError, "last axis K"),
+    (lambda x: acc.dot(torch.tensor(3.0), torch.tensor(2.0)), ValueError, "last axis K"),
+    (lambda x: acc.partial_sums(np.array(3.0), np.array(2.0)), ValueError, "last axis K"),
+    (lambda x: acc.tensor_core_dot(np.array(3.0, np.float32), np.array(2.0, np.float32)), ValueError, "K"),
 ])
 def test_bad_input_names_the_argument(call, error, words):
     x = np.ones((2, 5), dtype=np.float32)
@@ -559,6 +565,32 @@ def test_tensor_core_dot_against_its_description(kw):
     same_bits(got, want)
 
 
+def test_tensor_core_dot_sums_each_group_exactly_then_rounds_toward_zero_once():
+    """Issue 29, item 8: group sums wider than 24 bits (bits + log2(group) > 24) and products below FP32's normal
+    range are added to the accumulator as they are, then rounded toward zero once: the rational oracle, over
+    many cases (the float32 products path rounded them to nearest first)."""
+    got = acc.tensor_core_dot(np.array([1, 1 + 3 * 2.0 ** -23], np.float32), np.ones(2, np.float32), group=32,
+                              bits=24)
+    assert float(got) == 2 + 2.0 ** -22 == _oracle_tensor_core([1, 1 + 3 * 2.0 ** -23], [1, 1], 32, 24)
+    rng = np.random.default_rng(29)
+    cases = []
+    for kw in (dict(group=32, bits=24), dict(group=64, bits=22), dict(group=4, bits=23), dict(group=16, bits=24,
+               promote_every=32), dict(group=32, bits=14)):
+        for scale in (0, -70, 60):                                  # products near 1, below 2^-126, large
+            a = _random(rng, (40, 96), scale_bits=3) * np.float32(2.0 ** (scale // 2))
+            b = _random(rng, (40, 96), scale_bits=3) * np.float32(2.0 ** (scale - scale // 2))
+            a[:5] = np.abs(a[:5])                                   # same-signed groups: the widest sums
+            b[:5] = np.abs(b[:5])
+            got = acc.tensor_core_dot(a, b, **kw)
+            want = [_oracle_tensor_core(x, y, kw["group"], kw["bits"], kw.get("promote_every")) for x, y in zip(a, b)]
+            same_bits(got, want)
+            cases.append(len(want))
+    assert sum(cases) == 600
+    tiny = acc.tensor_core_dot(np.array([-(2.0 ** -70) * 1.75], np.float32), np.array([2.0 ** -74 * 1.375], np.float32),
+                               group=32, bits=14)
+    assert float(tiny) == _oracle_tensor_core([-(2.0 ** -70) * 1.75], [2.0 ** -74 * 1.375], 32, 14)
+
+
 def test_tensor_core_dot_bad_input():
     x = np.ones((2, 64), np.float32)
     with pytest.raises(ValueError, match="promote_every"):
@@ -586,5 +618,117 @@ def test_compensated_update_keeps_what_rounding_loses():
     assert torch.allclose(w, torch.full((4,), 1.1), rtol=0.01) and torch.all(c.abs() < 2 ** -7)
     with pytest.raises(ValueError, match="compensation"):
         acc.compensated_update_(w, u, torch.zeros(3))
+    with pytest.raises(ValueError, match="fmt"):
+        acc.compensated_update_(w, u, c, "E8M0")
     with pytest.raises(TypeError, match="update"):
         acc.compensated_update_(w, 1e-4, c)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Issue 29, item 7: products of float32 values rounded to FP16/BF16 through float32 (the proof in _Via32)
+# ----------------------------------------------------------------------------------------------------------
+def _midpoint_products(rng, fmt: FloatFormat, n: int):
+    """float32 pairs (a, b) whose exact product lies within a float32 ulp of a midpoint of fmt (so that RN32 of the
+    product may land on it), over fmt's normal and subnormal range, beside the overflow threshold, with both
+    signs: the products a single float32 rounding gets wrong."""
+    t = fmt.mantissa_bits
+    top = fmt.emax if fmt is FP16 else 126
+    e = rng.integers(fmt.emin - t - 1, top + 1, n)                 # binades of the midpoints, subnormal ones too
+    k = rng.integers(0, 1 << (t + 1), n)
+    mid = np.where(e >= fmt.emin, (1 + (2 * k + 1) / 2.0 ** (t + 1)) * np.exp2(e),
+                   (2 * (k % (1 << t)) + 1) * 2.0 ** (fmt.emin - t - 1))   # normal and subnormal midpoints
+    b = (1 + rng.integers(1, 1 << 23, n) / 2.0 ** 23).astype(np.float32)   # 24-bit factors
+    a = (mid / b.astype(np.float64)).astype(np.float32)            # a·b within ~2⁻²⁴ of the midpoint
+    a = a * rng.choice([-1, 1], n).astype(np.float32)
+    away = np.copysign(np.float32(np.inf), a)
+    a = np.concatenate([a, np.nextafter(a, np.float32(0)), np.nextafter(a, away)])   # and its two neighbours
+    b = np.concatenate([b, b, b])
+    return a.astype(np.float32), b.astype(np.float32)
+
+
+@pytest.mark.parametrize("fmt, dtype", [(FP16, torch.float16), (BF16, torch.bfloat16)], ids=["FP16", "BF16"])
+def test_products_through_float32_are_rounded_once(fmt, dtype):
+    """_Via32 gives round_to(exact product) bit for bit: near every kind of midpoint of the format (where one
+    float32 rounding first goes wrong), at random, at zeros, overflow, infinities and NaN."""
+    rng = np.random.default_rng(29)
+    a, b = _midpoint_products(rng, fmt, 20_000)
+    r = _random(rng, 30_000, scale_bits=20)
+    s = _random(rng, 30_000, scale_bits=20)
+    special = np.array([0.0, -0.0, 1.0, np.inf, -np.inf, np.nan, 3e38, 1e-45, 65504.0, 65520.0, 2.0 ** -25,
+                        2.0 ** -134, 1 + 2.0 ** -12], dtype=np.float32)
+    a = np.concatenate([a, r, np.repeat(special, special.size), [1 + 2.0 ** -12]]).astype(np.float32)
+    b = np.concatenate([b, s, np.tile(special, special.size), [1 + 2.0 ** -12]]).astype(np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        exact = a.astype(np.float64) * b                    # 48-bit products: exact in float64
+        want = round_to(exact, fmt)
+        hi = a * b                                          # one float32 rounding first ...
+    once = torch.from_numpy(hi).to(dtype).double().numpy()
+    twice_wrong = np.count_nonzero((once != want) & ~np.isnan(want))
+    assert twice_wrong > 1000                               # ... is wrong on many of these cases
+    # as the engine calls it: one chunk of rows (K, N) times a column (K, 1), and the same broadcast the other way
+    n = a.size
+    x, y = torch.from_numpy(a).reshape(n, 1), torch.from_numpy(b).reshape(n, 1)
+    got = acc._Via32(dtype, x, y, (n, 1))(0, n).double().numpy().reshape(-1)
+    same_bits(got, want)
+    rows = a[:600].reshape(60, 10)
+    x = torch.from_numpy(rows).reshape(60, 10, 1)
+    y = torch.from_numpy(b[:600].reshape(60, 10)[:, :4]).reshape(60, 1, 4)
+    via = acc._Via32(dtype, x, y, (60, 10, 4))
+    for k0, k1 in ((0, 60), (7, 31)):                        # whole and partial chunks
+        got = via(k0, k1).double().numpy()
+        exact = x[k0:k1].double().numpy() * y[k0:k1].double().numpy()
+        same_bits(got, round_to(exact, fmt))
+    # the issue's case: 1 + 2⁻¹¹ + 2⁻²⁴ rounds to the midpoint 1 + 2⁻¹¹ in float32, then to 1 in FP16
+    p = acc._Via32(torch.float16, torch.tensor([[1 + 2.0 ** -12]]), torch.tensor([[1 + 2.0 ** -12]]), (1, 1))(0, 1)
+    assert float(p) == 1 + 2.0 ** -10 and float(torch.tensor(1 + 2.0 ** -12) ** 2) == 1 + 2.0 ** -11
+
+
+def test_matmul_of_float32_values_with_fp16_products_against_the_oracle():
+    """The float32 route inside matmul/dot: FP16 and BF16 products of float32 operands near midpoints, every
+    order, the rational oracle."""
+    rng = np.random.default_rng(30)
+    a, b = _midpoint_products(rng, FP16, 80)
+    a, b = a[:240].reshape(6, 40), b[:240].reshape(6, 40)
+    for kw in (dict(accumulator="FP16"), dict(accumulator="FP32", products="FP16"),
+               dict(accumulator="FP16", order="pairwise"), dict(accumulator=NARROW, products="FP16"),
+               dict(accumulator="FP32", products="FP16", order="blocked", block_size=8)):
+        check(a, b, **kw)
+    a, b = _midpoint_products(rng, BF16, 80)
+    a, b = a[:240].reshape(6, 40), b[:240].reshape(6, 40)
+    check(a, b, accumulator="BF16")
+    check(a, b, accumulator="FP32", products="BF16", order="pairwise")
+    C = acc.matmul(torch.from_numpy(a[:, :40]), torch.from_numpy(b.T.copy()), accumulator="FP16")
+    same_bits(C[2, 3], acc.dot(a[2], b[3], accumulator="FP16"))
+
+
+def _oracle_compensated(w: float, u: float, c: float, fmt: FloatFormat):
+    """compensated_update_'s docstring, with Fractions: c ← fmt(c + u); old ← w; w ← fmt(w + c);
+    c ← fmt(c + fmt(old − w)), each operation exact and rounded once."""
+    o = Oracle(fmt)
+    c = o.add(c, u)
+    old, w = w, o.add(w, c)
+    return w, o.add(c, o.add(old, -w))
+
+
+@pytest.mark.parametrize("fmt", [BF16, FP16, FP8_E4M3, FP32], ids=lambda f: f.name)
+def test_compensated_update_rounds_every_operation_once(fmt):
+    """Issue 29, item 8: no float32 sum before the rounding to fmt (w = c = 1, u = 2⁻⁸ + 2⁻³¹ in BF16: c = 2⁻⁷);
+    the exact oracle over many random steps, float32 and float64 updates."""
+    w, c = torch.ones(1), torch.ones(1)
+    acc.compensated_update_(w, torch.tensor([2.0 ** -8 + 2.0 ** -31], dtype=torch.float64), c, "BF16")
+    assert float(c) == 0.0078125 == 2.0 ** -7 and float(w) == 2.0
+    assert _oracle_compensated(1.0, 2.0 ** -8 + 2.0 ** -31, 1.0, BF16) == (2.0, 2.0 ** -7)
+    rng = np.random.default_rng(31)
+    n = 400
+    w = torch.from_numpy(round_to(rng.uniform(-4, 4, n), fmt).astype(np.float32))
+    c = torch.from_numpy(round_to(rng.uniform(-1, 1, n) * float(acc.unit_roundoff(fmt)), fmt).astype(np.float32))
+    for step in range(6):
+        ulp_scale = np.exp2(rng.integers(-14, 2, n)) * float(acc.unit_roundoff(fmt))
+        u = rng.standard_normal(n) * ulp_scale                    # float64 updates near half an ulp of w
+        u[::3] = (u[::3] * 0 + 1) * (np.abs(w.numpy()[::3].astype(np.float64)) * float(acc.unit_roundoff(fmt))
+                                     * (1 + 2.0 ** -30))          # a hair above half an ulp of |w| (|w| ≈ 1)
+        u = torch.from_numpy(u if step % 2 else u.astype(np.float32).astype(np.float64))
+        want = [_oracle_compensated(float(wi), float(ui), float(ci), fmt) for wi, ui, ci in zip(w, u, c)]
+        acc.compensated_update_(w, u if step % 2 else u.float(), c, fmt)
+        same_bits(w.numpy(), [x for x, _ in want])
+        same_bits(c.numpy(), [x for _, x in want])

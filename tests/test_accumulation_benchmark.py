@@ -29,6 +29,17 @@ def _check_rows(res, configs, repeat):
     assert res["summary"] == {"wall clock": goal["ratio"], "CPU time": goal["cpu_ratio"]}
     assert set(res["load_average"]) == {"start", "end"}
     assert res["mptorch"]["measured"] is False and "mptorch" in res["mptorch"]["why"]
+    # issue 29, item 7: the same calls on float32 operands (not FP16 values), beside the FP16-valued ones
+    assert set(res["inputs"]) == {"simulated", "simulated_float32_inputs"}
+    general = res["general_path"]
+    assert general["goal"] == 3.0 and list(general["rows"]) == list(configs)
+    for r in res["rows"]:
+        assert r["simulated_float32_inputs_s"] > 0 and len(r["simulated_float32_inputs_times_s"]) == repeat
+        assert math.isclose(r["inputs_ratio"], r["simulated_float32_inputs_s"] / r["simulated_s"])
+        assert math.isclose(r["inputs_cpu_ratio"], r["simulated_float32_inputs_cpu_s"] / r["simulated_cpu_s"])
+        assert general["rows"][r["name"]] == {"ratio": r["inputs_ratio"], "cpu_ratio": r["inputs_cpu_ratio"]}
+    assert general["met_wall"] == sum(r["inputs_ratio"] <= 3.0 for r in res["rows"])
+    assert general["met_cpu"] == sum(r["inputs_cpu_ratio"] <= 3.0 for r in res["rows"])
 
 
 def test_quick_profile_writes_every_row(tmp_path):

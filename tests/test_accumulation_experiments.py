@@ -1,5 +1,6 @@
 """The accumulation chapter's experiments, figures and exercises, at tiny sizes (the chapter runs the real ones)."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -104,6 +105,27 @@ def test_tensor_core_experiment_runs_on_a_cpu():
     assert dev[-1] < r.fp16["model, FP16 accumulator"]["median"][-1]
     with pytest.raises(ValueError, match="multiples of 16"):
         tensor_core_accumulation.Config(m=10).validate()
+    # what each device product launched, from the profiler (on a CPU its ATen operators: the matrix product)
+    names = r.kernels["16x16"]["fp16"]
+    assert set(names) == set(tensor_core_accumulation.FP16_RUNS[:2])
+    assert all(set(v) == {"128", "512"} and all("aten::mm" in n for n in v.values()) for v in names.values())
+    assert r.large == {}
+
+
+def test_tensor_core_experiment_at_m_n_1024_against_float64_on_the_device():
+    """large_mn (the full profile's 1024): the device runs again at m = n = 1024, against the float64 product on the
+    device; on a CPU the FP16 product accumulates in FP32, so its error is FP16's rounding of the result (≤ 2^-11
+    relative) at every K; the operands are those of mpt_lab's exact rounding."""
+    cfg = dataclasses.replace(tensor_core_accumulation.config_for("quick"), ks=(128, 256), large_mn=32)
+    r = tensor_core_accumulation.run(cfg, progress=False)
+    assert (r.large["m"], r.large["n"]) == (32, 32) and r.large["fp8"] == {}
+    for run in tensor_core_accumulation.FP16_RUNS[:2]:
+        assert len(r.large["fp16"][run]["max"]) == 2 and max(r.large["fp16"][run]["max"]) <= 2.0 ** -11
+    assert set(r.kernels) == {"16x16", "32x32"} and r.kernels["32x32"]["fp16"][
+        tensor_core_accumulation.FP16_RUNS[0]]["256"]
+    assert tensor_core_accumulation.config_for("full").large_mn == 1024
+    with pytest.raises(ValueError, match="large_mn"):
+        tensor_core_accumulation.Config(large_mn=20).validate()
 
 
 def test_saved_gpu_result_has_every_run():

@@ -60,6 +60,80 @@ def test_flop_count_formula():
     assert sum(2 * b * m.in_features * m.out_features for m in linears) * 3 == ar.flops_per_step(b, w, 3)
 
 
+def test_flops_are_counted_from_the_ops_that_run():
+    """FlopCounterMode over a real step: the first layer's input gradient is not computed, so a step of L layers
+    is (6L − 2)·B·W², 12.5 % less than the old 6·B·W² per Linear at 3 layers; the meta-device count equals the
+    count of a real step on the CPU."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    for layers in (1, 2, 3, 5):
+        assert ar.counted_flops_per_step(8, 16, layers) == (6 * layers - 2) * 8 * 16 * 16
+    assert ar.counted_flops_per_step(512, 4096, 3) / ar.flops_per_step(512, 4096, 3) == 16 / 18
+    model = ar.make_model(16, 3)
+    with FlopCounterMode(display=False) as counter:
+        torch.nn.functional.mse_loss(model(torch.randn(8, 16)), torch.randn(8, 16)).backward()
+    assert counter.get_total_flops() == ar.counted_flops_per_step(8, 16, 3)
+    with pytest.raises(ValueError, match="batch"):
+        ar.counted_flops_per_step(0, 16, 3)
+
+
+def test_profiled_loop_and_the_gpu_limited_variant_on_a_cpu():
+    """The CPU path of the new measurements: the eager loop's profile (host time per step, read-backs: one per
+    FP16 step, GradScaler's found_inf) and the variant with static buffers and fused SGD, which reads nothing
+    back; on a CPU it runs uncaptured and has no datasheet peak."""
+    r = ar.run(tiny(batch_sizes=(8,), profile_steps=2, graph_batches=(8, 16), graph_steps=2, graph_pool=2,
+                    measure_memory=False), progress=False)
+    assert r.flops_convention == ar.COUNTED_FLOPS and r.datasheet is None
+    for row in r.rows:
+        assert row["flops_per_step"] == ar.counted_flops_per_step(8, 32, 2)
+        assert row["tflops"] == pytest.approx(row["flops_per_step"] / row["step_seconds"] / 1e12)
+        assert row["host_seconds_per_step"] > 0 and row["busy_fraction"] is None and row["kernels_per_step"] > 10
+        assert row["readbacks_per_step"] == (1.0 if row["precision"] == "fp16" else 0.0)
+        assert row["fraction_of_datasheet_peak"] is None
+    assert {(g["precision"], g["batch"]) for g in r.graphed} == {(p, b) for p in ar.RECIPES for b in (8, 16)}
+    for g in r.graphed:
+        assert g["captured"] == "eager" and g["step_seconds"] > 0 and len(g["step_times"]) == 2
+        assert g["readbacks_per_step"] == 0.0                       # fused SGD: found_inf stays on the device
+        assert g["flops_per_step"] == ar.counted_flops_per_step(g["batch"], 32, 2)
+    assert set(r.graphed_speedup) == {"fp16", "bf16"} and set(r.graphed_speedup["fp16"]) == {"8", "16"}
+    assert "limited by the device (eager)" in r.describe()
+    html = figures.speedup_table(r)
+    assert "of measured matmul peak" in html and "datasheet" not in html and ar.COUNTED_FLOPS[:20] in html
+    with pytest.raises(ValueError, match="capture"):
+        ar.run(tiny(capture="sometimes"), progress=False)
+    with pytest.raises(ValueError, match="graph_batches"):
+        ar.run(tiny(graph_batches=(0,)), progress=False)
+
+
+def test_static_step_trains_like_the_eager_loop():
+    """StaticStep (static buffers, fused SGD, GradScaler) uncaptured on a CPU gives the weights of the plain loop
+    bit for bit; capturing needs CUDA tensors."""
+    from mpt_lab.training import StaticStep
+
+    torch.manual_seed(0)
+    data = [(torch.randn(4, 8), torch.randn(4, 8)) for _ in range(3)]
+    nets = [ar.make_model(8, 2) for _ in range(2)]
+    nets[1].load_state_dict(nets[0].state_dict())
+    opts = [torch.optim.SGD(n.parameters(), lr=0.1, fused=True) for n in nets]
+    scalers = [torch.amp.GradScaler("cpu") for _ in nets]
+    step = StaticStep(nets[0], torch.nn.functional.mse_loss, opts[0], *data[0], dtype=torch.bfloat16,
+                      scaler=scalers[0], warmup=0)
+    for x, y in data:
+        step(x, y)
+        with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
+            loss = torch.nn.functional.mse_loss(nets[1](x), y)
+        scalers[1].scale(loss).backward()
+        scalers[1].step(opts[1])
+        scalers[1].update()
+        opts[1].zero_grad(set_to_none=True)
+    assert step.captured == "eager" and torch.equal(step.loss, loss.detach())
+    assert all(torch.equal(a, b) for a, b in zip(nets[0].parameters(), nets[1].parameters()))
+    with pytest.raises(ValueError, match="cuda_graph"):
+        StaticStep(nets[0], torch.nn.functional.mse_loss, opts[0], *data[0], capture="cuda_graph")
+    with pytest.raises(TypeError, match="model"):
+        StaticStep("net", torch.nn.functional.mse_loss, opts[0], *data[0])
+
+
 @pytest.mark.parametrize("field,value", [("width", 0), ("batch_sizes", ()), ("batch_sizes", (8, -1)),
                                          ("precisions", ("fp8",)), ("precisions", ("bf16",)),
                                          ("epochs", 0), ("warmup_epochs", -1), ("lr", 0.0)])
@@ -101,8 +175,8 @@ def test_bf16_needs_no_scaler():
     scalers = {}
     real = ar._make
 
-    def spy(config, precision, device):
-        out = real(config, precision, device)
+    def spy(config, precision, device, **kw):
+        out = real(config, precision, device, **kw)
         scalers[precision] = out[2]
         return out
 

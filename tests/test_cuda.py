@@ -93,3 +93,40 @@ def test_every_full_configuration_runs_as_a_smoke_run_on_cuda(tmp_path, capsys):
         if "full" in experiments.get(name).profiles:
             r = experiments.get(name).Result.load(tmp_path / f"{name}_smoke.json")
             assert "CUDA" in r.provenance["device"] or name == "distributed"
+
+
+def test_histogram_kernel_on_cuda_is_the_bucketize_one_and_exact():
+    from mpt_lab import histogram as H
+
+    x = torch.randint(-2 ** 31, 2 ** 31 - 1, (1 << 20,), dtype=torch.int64).to(torch.int32).view(torch.float32)
+    assert H._kernel("cuda") is H._fine_indices_search                  # no compilation on CUDA
+    got, want = H._fine_indices_search(x.cuda()), H._fine_indices_eager(x)
+    assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1])
+    assert H.log2_histogram(x.cuda()) == H.log2_histogram(x)
+
+
+def test_amp_recipe_graphed_step_profile_and_peaks_on_cuda():
+    """The GPU-limited variant captures the whole step in a CUDA graph and reads nothing back; the eager FP16
+    loop reads found_inf back once a step; both profiles see the GPU busy; the datasheet peak is named."""
+    from mpt_lab.experiments import amp_recipe as ar
+
+    cfg = dataclasses.replace(ar.config_for("quick"), width=256, batch_sizes=(64,), num_batches=4, epochs=2,
+                              profile_steps=4, graph_batches=(64,), graph_steps=4, peak_n=1024, device="cuda")
+    r = ar.run(cfg, progress=False)
+    assert all(g["captured"] == "cuda_graph" and g["readbacks_per_step"] == 0 for g in r.graphed)
+    assert r.row("fp16", 64)["readbacks_per_step"] == 1 and r.row("bf16", 64)["readbacks_per_step"] == 0
+    assert all(0 < row["busy_fraction"] <= 1 for row in r.rows + r.graphed)
+    assert r.provenance["backends"]["cuda_matmul_allow_tf32"] is False
+
+
+def test_roofline_and_memory_per_parameter_paths_on_cuda():
+    from mpt_lab import bench
+
+    fp16 = bench.gemm_tflops("fp16", 1024, 1024, 1024, "cuda", repeat=2, min_seconds=0.01)
+    assert fp16["tflops"] > 1 and fp16["timer"] == "cuda_event"
+    if torch.cuda.get_device_capability() >= (8, 9):
+        for kind in ("fp8", "fp8_fast"):
+            assert bench.gemm_tflops(kind, 1024, 1024, 1024, "cuda", repeat=2, min_seconds=0.01)["tflops"] > 1
+    assert bench.copy_bandwidth("cuda", 2 ** 26)["gb_s"] > 100
+    d = bench.memory_per_parameter("bf16_master", 1024, 2, 8, 2, "cuda")
+    assert abs(d["resident_per_parameter"] - 16) < 0.5 and d["peak_per_parameter"] >= d["resident_per_parameter"]

@@ -145,7 +145,60 @@ def test_chapter4_naive_threshold_fails_on_ties():
     from mpt_lab import formats as F
 
     assert not E.check("4.1", lambda w, u: abs(u) >= F.ulp(w, F.FP16) / 2)           # ignores ties to even
-    assert E.check("4.1", lambda w, u: bool(np.float16(np.float64(w) + u) != np.float16(w)))
+
+
+def _survives_oracle(w, u):
+    """Exercise 4.1's truth with exact rationals only: the FP16 values nearest to w + u, by bisection of FP16's
+    sorted finite values, round-to-nearest-even decided by the codes."""
+    from fractions import Fraction
+
+    v = np.unique(F16_VALUES)
+    exact = Fraction(w) + Fraction(u)
+    i = int(np.searchsorted(v, float(exact)))        # a start; the exact comparisons below decide
+    i = min(max(i, 1), len(v) - 1)
+    while i > 1 and Fraction(float(v[i - 1])) > exact:
+        i -= 1
+    while i < len(v) - 1 and Fraction(float(v[i])) < exact:
+        i += 1
+    lo, hi = Fraction(float(v[i - 1])), Fraction(float(v[i]))
+    if exact <= lo or exact >= hi:
+        nearest = lo if exact <= lo else hi
+    elif exact - lo != hi - exact:
+        nearest = lo if exact - lo < hi - exact else hi
+    else:                                            # a tie: the even code
+        nearest = lo if int(np.float16(float(lo)).view(np.uint16)) % 2 == 0 else hi
+    return nearest != Fraction(w)
+
+
+F16_VALUES = np.arange(0, 0x7C00, dtype=np.uint16).view(np.float16).astype(np.float64)
+F16_VALUES = np.concatenate([-F16_VALUES[::-1], F16_VALUES])
+
+
+def test_4_1_rejects_double_rounding():
+    """Issue 29, item 5: rounding w + u to float32 (or float64) and then to FP16 rounds twice; 4.1 rejects it."""
+    from mpt_lab import formats as F
+    from mpt_lab.exercises import ch04
+
+    w, u = 1.0, 2.0**-11 + 2.0**-30                    # the issue's case: a hair above half the gap above 1
+    assert float(np.float32(w + u)) == 1.0 + 2.0**-11  # the float32 sum lands on the FP16 midpoint ...
+    assert float(np.float16(np.float32(w + u))) == 1.0  # ... and the tie goes to even: the update looks lost
+    assert _survives_oracle(w, u) and ch04._ex41_reference(w, u)          # but it survives
+    w, u = 1.0, 2.0**-11 + 2.0**-60                    # the same with a float64 sum
+    assert w + u == 1.0 + 2.0**-11 and _survives_oracle(w, u) and ch04._ex41_reference(w, u)
+    float32_sum = lambda w, u: bool(np.float16(np.float32(np.float64(w) + u)) != np.float16(w))   # noqa: E731
+    float64_sum = lambda w, u: bool(np.float16(np.float64(w) + u) != np.float16(w))               # noqa: E731
+    for wrong, fmt in ((float32_sum, "float32"), (float64_sum, "float64")):
+        fb = E.check("4.1", wrong)
+        assert not fb and "double rounding" in fb.message and f"rounded to {fmt} first" in fb.message, fb.message
+    # the reference, and every case the checker tries, against the exact oracle; both sides of every pair differ
+    pairs = ch04._ex41_double_rounding_cases([1.0, 1025.0, -3.0, 2.0**-14, 3 * 2.0**-24, 0.5 + 2.0**-11])
+    assert len(pairs) == 6 * 2 * 2 * 2
+    for w, u, note in pairs:
+        assert ch04._ex41_reference(w, u) == _survives_oracle(w, u) == ("above" in note), (w, u)
+    rng = np.random.default_rng(0)
+    for w in rng.choice(F16_VALUES[np.abs(F16_VALUES) < 30000], 300):
+        for u in (rng.standard_normal() * float(F.ulp(w, F.FP16)), float(F.ulp(w, F.FP16)) / 2):
+            assert ch04._ex41_reference(w, u) == _survives_oracle(w, u), (w, u)
 
 
 def test_reference_solutions_use_the_package_rules(monkeypatch):
@@ -848,3 +901,95 @@ def test_worked_solutions_name_functions_as_their_prompts_do(ex_id):
     """A worked solution shows the function the prompt asks for (kahan_sum), never the package's private
     reference name (_ex52_reference)."""
     assert "_reference" not in E.solution_dropdown(ex_id).text
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Issue 29, item 5: a raising function shows its call and traceback; wrong answers that passed; clear messages
+# ----------------------------------------------------------------------------------------------------------
+def test_a_raising_function_shows_its_arguments_and_traceback():
+    def survives(w, u):
+        if w > 2:
+            return 1 / (u - u)             # raises on the checker's first w above 2
+        return E.solution("4.1")(w, u)
+
+    fb = E.check("4.1", survives)
+    assert not fb and fb.answered and fb.hint
+    assert fb.message.startswith("survives(") and "raised ZeroDivisionError" in fb.message
+    w = float(fb.message[len("survives("):].split(",")[0])
+    assert w > 2                           # the arguments of the call that raised, every digit
+    assert fb.details.startswith("Traceback (most recent call last):")
+    assert "in survives" in fb.details and "return 1 / (u - u)" in fb.details and "ZeroDivisionError" in fb.details
+    assert "_core.py" not in fb.details    # from the reader's frame on: the checker's wrapper left out
+    assert fb.details.strip() in str(fb).replace("\n   ", "\n") and "<pre" in fb._repr_html_()
+    assert "return 1 / (u - u)" in fb._repr_html_()
+
+    def kahan_sum(values):                 # an array argument is summarised, not printed whole
+        return values[10**6]
+
+    fb = E.check("5.2", kahan_sum)
+    assert fb.message.startswith("kahan_sum(array of shape (3000,), dtype float32: [1, 1, 1, …]) raised IndexError")
+    assert "values[10**6]" in fb.details
+    fb = E.check("7.2", lambda model, dtype: model.no_such_attribute)
+    assert "<lambda>(Sequential(…), torch.float32) raised AttributeError" in fb.message
+    fb = E.check("1.4", lambda s, e, m: [0.0][m])   # a later call that raises: the call that did
+    assert "<lambda>(0, 0, 1) raised IndexError" in fb.message and "in <lambda>" in fb.details
+    fb = E.check("1.4", E.solution("1.4"))
+    assert fb and fb.details == ""
+
+
+def test_12_shows_where_the_readers_loss_raised():
+    model, _, batch, name = E.solution("12.1")()
+
+    def planted():
+        def loss_fn(m, b):
+            raise ValueError("my loss is broken")
+        return model, loss_fn, batch, name
+
+    fb = E.check("12.1", planted)
+    assert not fb and "my loss is broken" in fb.message
+    assert "raise ValueError(\"my loss is broken\")" in fb.details and "in loss_fn" in fb.details
+
+
+def test_wrong_answers_that_passed_before_fail():
+    # 2.1: the default limit is FP16's
+    fb = E.check("2.1", lambda amax, fmt_max=448.0: E.solution("2.1")(amax, fmt_max))
+    assert not fb and "without fmt_max" in fb.message
+    # 3.1: growth_factor and backoff_factor are arguments, not 2 and 0.5
+    fb = E.check("3.1", lambda s, t, f, g, b, n: E.solution("3.1")(s, t, f, 2.0, 0.5, n))
+    assert not fb and "growth_factor=4.0" in fb.message and "multiplies the scale by growth_factor" in fb.message
+    fb = E.check("3.1", lambda s, t, f, g, b, n: E.solution("3.1")(s, t, f, g, 0.5, n))
+    assert not fb and "backoff_factor" in fb.message
+    # 7.1: NaN is no number of bytes (NaN compares false with everything)
+    sol = E.solution("7.1")
+    for bad in ({"fp32": math.nan, "mixed": sol["mixed"]}, {"fp32": sol["fp32"], "mixed": math.inf}):
+        assert not E.check("7.1", bad)
+
+    # 2.2: the arrays handed to the reader's function are copies (a function that changes them cannot change
+    # the truth it is compared with)
+    def share_below(exponents, counts, zeros, total, k):
+        counts[:] = 0
+        return zeros / total
+
+    assert not E.check("2.2", share_below)
+
+
+def test_messages_say_what_was_wrong():
+    fb = E.check("5.1", {"fp16": 512.0, "BF16": 64.0})
+    assert not fb and "expected the keys \"FP16\" and \"BF16\"" in fb.message and "'fp16'" in fb.message
+    assert "expected a dict" not in fb.message
+    fb = E.check("5.1", [512.0, 64.0])
+    assert "expected a dict" in fb.message and "list" in fb.message
+    fb = E.check("5.1", {"FP16": "512", "BF16": 64.0})
+    assert "str for 'FP16'" in fb.message
+    fb = E.check("6.2", [str(v) for v in E.solution("6.2")])
+    assert "12 entries, but entries 1, 2, 3, 4, 5, … are str" in fb.message
+    fb = E.check("9.1", [int(v) for v in E.solution("9.1")])
+    assert "bools" in fb.message and "are int" in fb.message
+    fb = E.check("7.1", {"fp32": "16", "mixed": 20})
+    assert "str for 'fp32'" in fb.message and "keys" not in fb.message
+    k, lost = E.solution("8.1")
+    assert "g = 1/(C·B)" in E.check("8.1", (k + 3, lost)).message
+    n, mean = E.solution("10.3")
+    fb = E.check("10.3", (n + 5, mean))
+    assert "fewer ranks" in fb.message and "one rank earlier" not in fb.message
+    assert "still finite" in E.check("10.3", (n - 1, mean)).message

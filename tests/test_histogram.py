@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from mpt_lab import formats as F
+from mpt_lab import histogram as H
 from mpt_lab.histogram import GradientHistogram, Log2Histogram, _fine_indices_eager, _kernel, log2_histogram
 
 
@@ -61,6 +62,60 @@ def test_compiled_kernel_matches_eager():
     x = torch.from_numpy(np.concatenate([_edge_values(), _random_values(100_000, 3)]))
     a, b = _kernel()(x), _fine_indices_eager(x)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+def test_search_kernel_matches_eager_on_every_bin_edge_and_random_bit_patterns():
+    """The CUDA kernel (a bucketize over the bins' runs of bit patterns), run here on CPU tensors: the same fine
+    index and amax as the eager kernel at each bin's first pattern, its neighbours, both signs, inf and NaN, and on
+    a million random bit patterns."""
+    starts = torch.from_numpy(H._bin_starts())
+    assert bool((starts[1:] >= starts[:-1]).all()) and int(starts[0]) == 1 and int(starts[-1]) < 0x7F800000
+    near = torch.cat([starts + d for d in (-1, 0, 1, 2)]).clamp(0, 0x7FFFFFFF).to(torch.int32)
+    special = torch.tensor([0, 0x7F7FFFFF, 0x7F800000, 0x7F800001, 0x7FFFFFFF], dtype=torch.int32)
+    pats = torch.cat([near, special])
+    pats = torch.cat([pats, pats | torch.tensor(-2 ** 31, dtype=torch.int32)])          # the negative twins
+    rand = torch.randint(-2 ** 31, 2 ** 31 - 1, (1_000_000,), generator=torch.Generator().manual_seed(0),
+                         dtype=torch.int64).to(torch.int32)
+    for x in (pats.view(torch.float32), rand.view(torch.float32),
+              torch.from_numpy(np.concatenate([_edge_values(), _random_values(100_000, 4)]))):
+        a, b = H._fine_indices_search(x), _fine_indices_eager(x)
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+def test_cuda_kernel_is_chosen_without_compiling(monkeypatch):
+    """On CUDA the histogram uses the search kernel and compiles nothing (the first GPU slot lost 75 s compiling
+    for the CPU and again for CUDA); the CPU's compiled kernel is probed on CPU tensors only; MPT_LAB_COMPILE=0
+    uses the eager kernel everywhere."""
+    def no_compile(*a, **k):
+        raise AssertionError("torch.compile must not run for the CUDA kernel")
+
+    monkeypatch.setattr(H, "_compiled", {})
+    monkeypatch.setattr(torch, "compile", no_compile)
+    monkeypatch.delenv("MPT_LAB_COMPILE", raising=False)
+    assert _kernel("cuda") is H._fine_indices_search and _kernel(torch.device("cuda", 0)) is H._fine_indices_search
+    monkeypatch.setenv("MPT_LAB_COMPILE", "0")
+    monkeypatch.setattr(H, "_compiled", {})
+    assert _kernel("cuda") is _fine_indices_eager and _kernel("cpu") is _fine_indices_eager
+    seen = []
+
+    def fake_compile(fn, **kw):                            # records the devices the compiled kernel is called on
+        def compiled(x):
+            seen.append(x.device.type)
+            return fn(x)
+        return compiled
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    monkeypatch.setattr(H, "_compiled", {})
+    monkeypatch.setenv("MPT_LAB_COMPILE", "1")
+    _kernel("cpu")
+    assert seen == ["cpu"]
+    monkeypatch.setattr(H, "_compiled", {})
+    monkeypatch.setenv("MPT_LAB_COMPILE", "all")
+    assert _kernel("cpu") is not _fine_indices_eager
+    if not torch.cuda.is_available():              # "all" compiles for CUDA on CUDA tensors: without CUDA the probe
+        with pytest.warns(RuntimeWarning, match="unavailable for the histogram kernel on cuda"):     # fails, and
+            assert _kernel("cuda") is H._fine_indices_search                     # the search kernel is used
+    assert seen[:2] == ["cpu", "cpu"] and "cpu" not in seen[2:]
 
 
 def test_histograms_add_and_inputs():

@@ -131,3 +131,35 @@ def test_bad_config_raises():
         mt.run(dataclasses.replace(_tiny(), mixed_dtype="float8"), progress=False)
     with pytest.raises(ValueError, match="image_size"):
         mt.run(dataclasses.replace(_tiny(), image_size=2, stages=3), progress=False)
+
+
+def test_baseline_named_layouts_timed_and_the_fp16_exactness_pass_loss_scaled():
+    """The FP32 way is named for what it computes (TF32 convolutions where cuDNN's default holds on CUDA; the saved
+    GPU result predates the recorded switches and is read with PyTorch's defaults); the layout variants are timed
+    with the switches restored; float16's exactness pass runs through a loss scale, so its gradients are FP16's
+    rounding, not underflow."""
+    assert mt.baseline_name("cpu", None) == "FP32"
+    assert mt.baseline_name("cuda", {"cudnn_allow_tf32": True}).startswith("TF32 convolutions")
+    assert mt.baseline_name("cuda", {"cudnn_allow_tf32": False}) == "FP32 (cuDNN's TF32 off)"
+    assert "not recorded" in mt.baseline_name("cuda", None)
+    with pytest.raises(ValueError):
+        mt.baseline_name("tpu", None)
+    saved = mt.EXPERIMENT.saved("full")
+    if saved is not None and "backends" not in saved.provenance:
+        assert saved.baseline == "" and saved.baseline_label.startswith("TF32 convolutions")
+        assert "fp32: TF32 convolutions" in figures.tradeoff_table(saved)
+    before = (torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32)
+    r = mt.run(dataclasses.replace(_tiny(), time_layouts=True, mixed_dtype="float16", epochs=1), progress=False)
+    assert (torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32) == before
+    assert r.baseline == "FP32" and r.baseline_label == "FP32" and r.provenance["backends"]["cudnn_allow_tf32"] == \
+        before[1]
+    assert set(r.layouts) == {"fp32", "mixed"} and set(r.layouts["fp32"]) == set(mt.LAYOUTS)
+    assert set(r.layouts["mixed"]) == set(mt.LAYOUTS) - {"TF32 off"}
+    for way in r.layouts.values():
+        for name, v in way.items():
+            assert v["step_seconds"] > 0 and v["memory_format"] == mt.LAYOUTS[name][0]
+            assert v["cudnn_benchmark"] == mt.LAYOUTS[name][1]
+    assert r.layouts["fp32"]["TF32 off"]["cudnn_allow_tf32"] is False
+    assert r.exactness_loss_scale == 2.0 ** 16          # the tiny ResNet's gradients stay finite at GradScaler's start
+    assert r.ways["mixed"]["grad_cosine"] > 0.99 and not r.ways["mixed"]["bit_identical"]
+    assert mt.run(_tiny(), progress=False).layouts == {}        # quick and cpu profiles leave the timings out

@@ -95,3 +95,62 @@ def test_no_tracked_file_names_the_source_documents_by_file_name():
     hits = [f for f in files if not f.startswith("tests/") and (ROOT / f).is_file()
             and pattern.search((ROOT / f).read_text(encoding="utf-8", errors="ignore"))]
     assert not hits, hits
+
+
+def _public_objects():
+    """(qualified name, object) of every public function and class of every mpt_lab module (its ``__all__``, else
+    its public names defined there), and of every public method and property those classes define."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    seen, out = set(), []
+    for info in pkgutil.walk_packages(mpt_lab.__path__, "mpt_lab."):
+        module = importlib.import_module(info.name)
+        names = getattr(module, "__all__", None)
+        if names is None:
+            names = [k for k, v in vars(module).items() if not k.startswith("_")
+                     and (inspect.isfunction(v) or inspect.isclass(v)) and v.__module__ == module.__name__]
+        for name in names:
+            obj = getattr(module, name)
+            if not (inspect.isfunction(obj) or inspect.isclass(obj)) or not obj.__module__.startswith("mpt_lab"):
+                continue                                     # constants; torch's classes re-exported
+            if id(obj) in seen:
+                continue
+            seen.add(id(obj))
+            out.append((f"{obj.__module__}.{obj.__qualname__}", obj))
+            if inspect.isclass(obj):
+                for attr, member in vars(obj).items():
+                    if attr.startswith("_"):
+                        continue
+                    if isinstance(member, property):
+                        out.append((f"{obj.__module__}.{obj.__qualname__}.{attr}", member))
+                    elif inspect.isfunction(member) or isinstance(member, (staticmethod, classmethod)):
+                        out.append((f"{obj.__module__}.{obj.__qualname__}.{attr}", getattr(obj, attr)))
+    return out
+
+
+def test_help_shows_every_public_docstring():
+    """Issue 29, item 6: help() shows a docstring for every public function, class, method and property of the
+    package (a docstring built with ``+`` at import is no docstring: __doc__ was None for accumulation.dot)."""
+    import inspect
+    import pydoc
+
+    objects = _public_objects()
+    assert len(objects) > 500
+    missing = []
+    for name, obj in objects:
+        doc = obj.__doc__ if isinstance(obj, property) else inspect.getdoc(obj)
+        if inspect.isclass(obj):
+            own = vars(obj).get("__doc__") or ""
+            if own.startswith(obj.__name__ + "("):           # a dataclass's generated signature, not a docstring
+                doc = None
+        if not (doc and doc.strip()):
+            missing.append(name)
+    assert not missing, missing
+    from mpt_lab import accumulation
+
+    for fn in (accumulation.dot, accumulation.matmul):
+        text = pydoc.render_doc(fn, renderer=pydoc.plaintext)
+        assert fn.__doc__ and "accumulator : FloatFormat or str" in text and "Returns" in text
+        assert "_KEYWORDS" not in text and "Raises" in text

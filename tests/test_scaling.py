@@ -1020,14 +1020,113 @@ def test_bad_calls_are_type_errors_like_torch(args, kwargs):
         GradScaler(1.0, 2.0, 0.5, 10, True, 3)
 
 
+# Every device form torch.amp.GradScaler takes, with the other arguments positional or by keyword, enabled or
+# not.  On a machine without CUDA, torch disables its scaler (with a warning) for the str "cuda" only.
+_CUDA0, _CPU = torch.device("cuda", 0), torch.device("cpu")
+DEVICE_FORMS = [
+    (("cpu",), {}), (("cuda",), {}), (("cuda:0",), {}), (("cuda:1",), {}), (("cpu:0",), {}), (("meta",), {}),
+    ((_CPU,), {}), ((torch.device("cuda"),), {}), ((_CUDA0,), {}), ((torch.device("cpu", 0),), {}),
+    ((), {"device": _CPU}), ((), {"device": "cuda:0"}), ((), {"device": "cuda"}), ((), {"device": _CUDA0}),
+    ((None,), {}), ((), {"device": None, "init_scale": 8.0}),
+    (("cuda:0", 1024.0, 3.0, 0.25, 7, True), {}), ((_CPU, 2.0**10), {"growth_interval": 3}),
+    ((_CUDA0,), {"init_scale": 2.0**12, "backoff_factor": 0.125}), (("cuda", 64.0, 4.0), {}),
+    (("cuda",), {"enabled": False}), (("cuda:0",), {"enabled": False}), ((_CPU,), {"enabled": False}),
+    ((_CUDA0, 8.0, 2.0, 0.5, 10, False), {}), ((), {"device": "cpu:0", "enabled": False}),
+    # bad factors: torch refuses them (AssertionError) when enabled; the disabled "cuda" checks none
+    (("cpu",), {"growth_factor": 1.0}), ((_CPU,), {"backoff_factor": 1.0}), (("cuda:0",), {"growth_factor": 0.5}),
+    # ... and accepts them unchecked when disabled; ours refuses them always (ValueError)
+    (("cpu",), {"growth_factor": 0.5, "enabled": False}), (("cuda",), {"backoff_factor": 2.0}),
+]
+
+
+def _outcome(make):
+    """What a constructor call does: (scaler or None, error class or None, [warning messages])."""
+    import warnings
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            scaler, error = make(), None
+        except (TypeError, ValueError, AssertionError) as err:
+            scaler, error = None, type(err)
+    return scaler, error, [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
+
+
+@pytest.mark.parametrize("args, kwargs", DEVICE_FORMS)
+def test_every_device_form_side_by_side_with_torch(args, kwargs):
+    """Ours and torch's scaler on the same call: both accept it or both refuse it (torch's AssertionError is a
+    ValueError here), the same warning, the same enabled state, state dict, scaled loss and trajectory."""
+    theirs, their_error, their_warnings = _outcome(lambda: torch.amp.GradScaler(*args, **kwargs))
+    if their_error is not None:
+        ours, our_error, _ = _outcome(lambda: GradScaler(*args, **kwargs))
+        assert our_error is {AssertionError: ValueError}.get(their_error, their_error)
+        return
+    ours, our_error, our_warnings = _outcome(lambda: GradScaler(*args, **kwargs))
+    if our_error is not None:  # the one stricter check here: a disabled scaler's factors, which torch never reads
+        bad_factor = not kwargs.get("growth_factor", 2.0) > 1.0 or not 0 < kwargs.get("backoff_factor", 0.5) < 1
+        assert not theirs.is_enabled() and bad_factor and our_error is ValueError, (args, kwargs, our_error)
+        return
+    assert ours.is_enabled() == theirs.is_enabled()
+    assert len(our_warnings) == len(their_warnings)
+    assert all("CUDA is not available" in m for m in our_warnings + their_warnings)
+    assert ours._device is theirs._device or ours._device == theirs._device  # stored as given
+    assert ours.state_dict() == theirs.state_dict()
+    assert ours.get_scale() == theirs.get_scale()
+    loss = torch.tensor(3.0)
+    assert same_bits(ours.scale(loss), theirs.scale(loss))
+    assert _clean_iterations(ours, 8) == _clean_iterations(theirs, 8)
+
+
+def test_cuda_forms_without_cuda_as_torch_has_them():
+    """Without CUDA, torch disables only the str "cuda"; "cuda:0" and torch.device("cuda") scale a CPU loss."""
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available: no form is disabled")
+    for device in ("cuda:0", torch.device("cuda"), _CUDA0):
+        for make in (torch.amp.GradScaler, GradScaler):
+            scaler, error, warned = _outcome(lambda: make(device, init_scale=8.0))
+            assert error is None and not warned and scaler.is_enabled(), (make, device)
+            assert scaler.scale(torch.tensor(2.0)).item() == 16.0
+    scaler, error, warned = _outcome(lambda: GradScaler("cuda", init_scale=8.0))
+    assert not scaler.is_enabled() and len(warned) == 1 and scaler.scale(torch.tensor(2.0)).item() == 2.0
+
+
 @pytest.mark.parametrize("device, error", [
-    ("cuda:0", ValueError), ("cpu:1", ValueError), ("CUDA", ValueError), ("gpu", ValueError), ("", ValueError),
-    (torch.device("cpu"), TypeError), (True, TypeError), (b"cpu", TypeError), ([], TypeError)])
+    ("CUDA", ValueError), ("gpu", ValueError), ("", ValueError), ("cuda:x", ValueError),
+    (True, TypeError), (b"cpu", TypeError), ([], TypeError), (("cpu",), TypeError)])
 def test_bad_device(device, error):
+    """torch stores any device unchecked (and fails later, or never); ours names the argument at once."""
+    assert torch.amp.GradScaler(device, enabled=False)._device is device
     with pytest.raises(error, match="device"):
         GradScaler(device)
     with pytest.raises(error, match="device"):
         GradScaler(device=device, init_scale=8.0)
+
+
+def test_device_objects_and_indices_in_repr_and_pickle():
+    for device, shown in ((_CPU, "torch.device('cpu')"), (_CUDA0, "torch.device('cuda:0')"), ("cpu:0", "'cpu:0'")):
+        scaler = GradScaler(device, enabled=False) if "cuda" in str(device) else GradScaler(device, 8.0)
+        assert repr(scaler).startswith(f"GradScaler({shown}, ")
+        clone = pickle.loads(pickle.dumps(scaler))
+        assert clone._device == device and clone._device_type == torch.device(device).type
+
+
+def test_new_scale_tensor_checked_against_the_device_type():
+    """torch compares a tensor new_scale's device type with ``device`` as given, so after a torch.device or an
+    indexed str it refuses every tensor (a torch quirk); ours compares with the device's type."""
+    for device in (_CPU, "cpu:0", torch.device("cpu", 0)):
+        theirs = torch.amp.GradScaler(device, init_scale=4.0)
+        p, opt = _one_param_problem()
+        _scaled_backward(theirs, p)
+        theirs.step(opt)
+        with pytest.raises(AssertionError, match="new_scale"):
+            theirs.update(new_scale=torch.tensor(2.0))
+        ours = GradScaler(device, init_scale=4.0)
+        p, opt = _one_param_problem()
+        _scaled_backward(ours, p)
+        ours.step(opt)
+        ours.update(new_scale=torch.tensor(2.0))
+        assert ours.get_scale() == 2.0
+        with pytest.raises(ValueError, match=r"new_scale.*\(cpu\)"):
+            ours.update(new_scale=torch.tensor(2.0, device="meta"))
 
 
 def test_device_checks_new_scale_like_torch():

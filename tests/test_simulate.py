@@ -635,6 +635,36 @@ def test_an_op_without_a_real_kernel_runs_in_float32_and_is_recorded():
     assert torch.equal(got, round_to(torch.special.zeta(xr, xr), FP16)) and _is_in(again, FP16)
 
 
+def test_a_value_error_of_the_real_kernel_is_raised_and_forgets_nothing():
+    """Issue 29, item 8: torch.add(x, y, alpha=70000.) raises on the real float16 kernel ("cannot be converted to
+    c10::Half without overflow"): simulate raises the same error (it returned ±inf), and the op keeps its real
+    kernel for the rest of the process (a process-wide "no kernel" mark made x + 0.1 differ afterwards)."""
+    from mpt_lab import simulate as S
+
+    g = torch.Generator().manual_seed(29)
+    x, y = torch.randn(100_003, generator=g), torch.randn(100_003, generator=g)
+    with pytest.raises(RuntimeError) as real:
+        torch.add(x.half(), y.half(), alpha=70000.0)
+    assert "without overflow" in str(real.value)
+    for mode in ("all", "autocast"):
+        with simulate("FP16", mode=mode):
+            xs = x * 1.0 if mode == "all" else x.half().float()   # mode "autocast": the op sees tagged inputs
+            with pytest.raises(type(real.value), match="without overflow") as got:
+                torch.add(round_to(x, FP16), round_to(y, FP16), alpha=70000.0) if mode == "all" else \
+                    torch.add(nn.functional.linear(xs[:8].reshape(1, 8), torch.eye(8)), 1.0, alpha=70000.0)
+        assert str(got.value) == str(real.value)
+    assert not {k for k in S._NO_NATIVE_KERNEL if "add" in str(k[0])}
+    with simulate("FP16", mode="all") as sim:
+        got = x + 0.1
+    assert torch.equal(got, (x.half() + 0.1).float()), int((got != (x.half() + 0.1).float()).sum())
+    assert sim.no_native_kernel == set()
+    # a kernel that does not exist for the dtype still falls back (and is remembered), see the test below
+    assert S._missing_kernel(NotImplementedError('"zeta_cpu" not implemented for \'Half\''), torch.float16)
+    assert S._missing_kernel(RuntimeError("linalg.inv: Low precision dtypes not supported. Got Half"), torch.float16)
+    assert not S._missing_kernel(RuntimeError("value cannot be converted to type c10::Half without overflow"),
+                                 torch.float16)
+
+
 def test_autocast_mode_runs_fp16_ops_on_the_real_kernel():
     """Under torch.autocast("cpu", float16), ops on a float16 result (a Linear with 8 inputs here) run in
     float16: x + s rounds s, torch.add(.., alpha) rounds alpha; the simulation matches bit for bit."""

@@ -63,14 +63,17 @@ class Graph:
 
     @property
     def num_nodes(self) -> int:
+        """The number of nodes (rows of ``x``)."""
         return int(self.x.shape[0])
 
     @property
     def num_edges(self) -> int:
+        """The number of directed edges (columns of ``edge_index``)."""
         return int(self.edge_index.shape[1])
 
     @property
     def num_features(self) -> int:
+        """The number of input features per node (columns of ``x``)."""
         return int(self.x.shape[1])
 
     def nbytes(self) -> int:
@@ -79,10 +82,12 @@ class Graph:
                                                             self.val_mask, self.test_mask))
 
     def to(self, device) -> "Graph":
+        """A copy of the graph with every tensor on ``device`` (a torch.device or str)."""
         return Graph(*(t.to(device) for t in (self.edge_index, self.x, self.y, self.train_mask, self.val_mask,
                                                self.test_mask)), self.num_classes)
 
     def describe(self) -> str:
+        """One line: nodes, edges, features, classes and the sizes of the train/val/test splits."""
         return (f"{self.num_nodes:,} nodes, {self.num_edges:,} edges, {self.num_features} features, "
                 f"{self.num_classes} classes (train/val/test {int(self.train_mask.sum()):,}/"
                 f"{int(self.val_mask.sum()):,}/{int(self.test_mask.sum()):,})")

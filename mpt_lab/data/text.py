@@ -98,6 +98,7 @@ class TextCorpus:
 
     @property
     def vocab_size(self) -> int:
+        """The number of distinct token ids (the length of ``vocab``)."""
         return len(self.vocab)
 
     def decode(self, ids) -> str:

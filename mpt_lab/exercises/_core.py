@@ -10,7 +10,9 @@ import inspect
 import math
 import numbers
 import re
+import reprlib
 import textwrap
+import traceback
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -18,7 +20,7 @@ import numpy as np
 
 __all__ = ["Feedback", "Exercise", "EXERCISES", "register", "get_exercise", "check", "solution", "show",
            "list_exercises", "solution_dropdown", "SolutionDropdown", "UNANSWERED_VALUE", "UNANSWERED_FUNCTION",
-           "is_real", "expect_int", "expect_float", "as_list", "short"]
+           "is_real", "expect_int", "expect_float", "as_list", "entries_text", "short"]
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,8 @@ class Feedback:
 
     ``answered`` is False for an exercise not answered yet (see :func:`check`): it is falsy like a failure
     but renders neutrally (grey, "your answer goes here", no hint yet) instead of as a red ❌.
+    ``details`` is the traceback when the reader's function raised (its call is in ``message``), shown under the
+    message; "" otherwise.
     """
 
     exercise: str
@@ -34,6 +38,7 @@ class Feedback:
     message: str
     hint: str = ""
     answered: bool = True
+    details: str = ""
 
     def __bool__(self) -> bool:
         return self.passed
@@ -47,6 +52,8 @@ class Feedback:
     def __str__(self) -> str:
         icon, status, _ = self._status()
         head = f"{icon} {self.exercise} {status}: {self.message}"
+        if self.details:
+            head += "\n" + textwrap.indent(self.details.rstrip("\n"), "   ")
         return head if self.passed or not self.hint else f"{head}\n   hint: {self.hint}"
 
     __repr__ = __str__
@@ -54,6 +61,9 @@ class Feedback:
     def _repr_html_(self) -> str:
         icon, _, color = self._status()
         hint = "" if self.passed or not self.hint else f"<br><i>Hint:</i> {html.escape(self.hint)}"
+        if self.details:
+            hint = (f'<pre style="white-space:pre-wrap;font-size:85%;margin:4px 0">{html.escape(self.details)}</pre>'
+                    + hint)
         style = f"background:{color};padding:6px 10px;border-radius:4px"
         if not self.answered:
             style += ";color:#555;border:1px dashed #bbb"
@@ -127,9 +137,49 @@ UNANSWERED_FUNCTION = ("your answer goes here. Write the function's body (its fi
                        "NotImplementedError) and run the cell again.")
 
 
+_REPR = reprlib.Repr()
+_REPR.maxstring, _REPR.maxother, _REPR.maxlist, _REPR.maxtuple, _REPR.maxdict = 60, 60, 8, 8, 6
+
+
+def _argument_text(value: Any) -> str:
+    """A short, readable repr of one argument of the reader's function (arrays and tensors summarised)."""
+    if isinstance(value, float):
+        return repr(value)                                      # every digit: the exact value matters here
+    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+    if shape is not None and dtype is not None and hasattr(value, "tolist"):   # a NumPy array or a torch tensor
+        kind = "tensor" if type(value).__module__.startswith("torch") else "array"
+        try:
+            first = value.reshape(-1)[:6].tolist()
+        except Exception:  # noqa: BLE001 (a meta tensor, an odd array type: no values to show)
+            return f"{kind} of shape {tuple(shape)}, dtype {dtype}"
+        if math.prod(shape) <= 6 and len(shape) <= 1:
+            return f"{kind}({first!r}, dtype={dtype})"
+        shown = ", ".join(f"{v:g}" if isinstance(v, (int, float)) else repr(v) for v in first[:3])
+        return f"{kind} of shape {tuple(shape)}, dtype {dtype}: [{shown}, …]"
+    text = _REPR.repr(value)
+    return f"{type(value).__name__}(…)" if "\n" in text else text   # a model: its name, not its many lines
+
+
+def _call_text(fn: Callable, args: tuple, kwargs: dict) -> str:
+    """``name(arg, ..., key=value)`` for a call of the reader's function, as a message shows it."""
+    name = getattr(fn, "__name__", None) or type(fn).__name__
+    parts = [_argument_text(a) for a in args] + [f"{k}={_argument_text(v)}" for k, v in kwargs.items()]
+    return f"{name}({', '.join(parts)})"
+
+
+def _reader_traceback(err: BaseException, skip: int = 1) -> str:
+    """The traceback of ``err`` from the reader's own frame on (the first ``skip`` frames, the checker's wrapper,
+    left out)."""
+    tb = err.__traceback__
+    for _ in range(skip):
+        tb = tb.tb_next if tb is not None and tb.tb_next is not None else tb
+    return "".join(traceback.format_exception(type(err), err, tb))
+
+
 def _watch_first_call(fn: Callable) -> tuple:
-    """``fn`` wrapped so that it records whether its first call raised NotImplementedError: (wrapper, record)."""
-    record = {"calls": 0, "not_implemented": False}
+    """``fn`` wrapped so that it records whether its first call raised NotImplementedError, and the call and
+    traceback of the last exception it raised: (wrapper, record)."""
+    record = {"calls": 0, "not_implemented": False, "error": None}
 
     def watched(*args, **kwargs):
         record["calls"] += 1
@@ -138,16 +188,30 @@ def _watch_first_call(fn: Callable) -> tuple:
         except NotImplementedError:
             if record["calls"] == 1:
                 record["not_implemented"] = True
+            record["error"] = _raised(fn, args, kwargs)
+            raise
+        except Exception:
+            record["error"] = _raised(fn, args, kwargs)
             raise
 
     functools.update_wrapper(watched, fn, updated=())
     return watched, record
 
 
+def _raised(fn: Callable, args: tuple, kwargs: dict) -> tuple:
+    """(the exception being handled, the call that raised it, its traceback from the reader's frame on)."""
+    import sys
+
+    err = sys.exc_info()[1]
+    return err, _call_text(fn, args, kwargs), _reader_traceback(err)
+
+
 def check(exercise_id: str, answer: Any) -> Feedback:
     """Check ``answer`` for exercise ``exercise_id`` and return :class:`Feedback` (truthy when passed).
 
-    A wrong type of answer fails with a message saying what was expected; it does not raise. An answer that
+    A wrong type of answer fails with a message saying what was expected; it does not raise. A function that
+    raises fails with the call that raised (its arguments) in the message and the traceback, from the reader's
+    own code on, in ``Feedback.details``. An answer that
     is ``None``, or a function whose first call raises ``NotImplementedError`` (the notebooks' templates),
     is *not answered yet*: the Feedback is falsy, with ``answered=False``, and renders neutrally ("your answer
     goes here") without the hint. A function that raises ``NotImplementedError`` only on a later call has
@@ -164,13 +228,19 @@ def check(exercise_id: str, answer: Any) -> Feedback:
     record = None
     if callable(answer):
         answer, record = _watch_first_call(answer)
+    details = ""
     try:
-        passed, message = ex.checker(answer)
+        passed, message, *more = ex.checker(answer)   # (passed, message) or (passed, message, details)
+        details = more[0] if more else ""
     except Exception as err:  # a student's function may raise anything: report it, do not crash the notebook
-        passed, message = False, f"checking raised {type(err).__name__}: {err}"
+        raised = record["error"] if record is not None else None
+        if raised is not None and raised[0] is err:   # the reader's function raised: show its call and traceback
+            passed, message, details = False, f"{raised[1]} raised {type(err).__name__}: {err}", raised[2]
+        else:                                         # the check could not handle what the function returned
+            passed, message = False, f"checking raised {type(err).__name__}: {err}"
     if record is not None and record["not_implemented"]:
         return Feedback(ex.id, False, UNANSWERED_FUNCTION, answered=False)
-    return Feedback(ex.id, bool(passed), message, "" if passed else ex.hint)
+    return Feedback(ex.id, bool(passed), message, "" if passed else ex.hint, details=details)
 
 
 def solution(exercise_id: str) -> Any:
@@ -289,6 +359,19 @@ def as_list(answer):
     if isinstance(answer, np.ndarray):
         return answer.tolist() if answer.ndim == 1 else None
     return list(answer) if isinstance(answer, (list, tuple)) else None
+
+
+def entries_text(answer, values, n: int, ok) -> str:
+    """What a list answer that should hold ``n`` entries passing ``ok`` held instead, for a message: its type,
+    its number of entries, or which entries are of the wrong type."""
+    if values is None:
+        return type(answer).__name__
+    if len(values) != n:
+        return f"{len(values)} entries"
+    bad = [i for i, v in enumerate(values) if not ok(v)]
+    return (f"{n} entries, but entr{'y' if len(bad) == 1 else 'ies'} {', '.join(str(i + 1) for i in bad[:5])}"
+            f"{', …' if len(bad) > 5 else ''} {'is' if len(bad) == 1 else 'are'} "
+            f"{', '.join(sorted({type(values[i]).__name__ for i in bad}))}")
 
 
 def short(values, n: int = 6) -> str:

@@ -38,7 +38,13 @@ def _ex21_check(fn):
             if not is_real(got) or float(got) != want:
                 return False, (f"choose_scale({float(a)!r}, {fmax}) returned {got!r}; expected {want!r} "
                                f"(amax × S = {float(a) * want!r} ≤ {fmax}, and 2S would exceed it).")
-    return True, "the max-gradient rule is right for 918 cases (FP16, E4M3 and E5M2 limits, exact powers of two)."
+    for a in amaxes[::50]:                                  # without fmt_max: FP16's 65504, the default
+        want, got = _ex21_reference(float(a)), fn(float(a))
+        if not is_real(got) or float(got) != want:
+            return False, (f"choose_scale({float(a)!r}) returned {got!r}; expected {want!r}: without fmt_max the "
+                           "limit is FP16's 65504 (the default fmt_max=65504.0).")
+    return True, (f"the max-gradient rule is right for {3 * len(amaxes) + len(amaxes[::50])} cases (FP16, E4M3 and "
+                  "E5M2 limits, the default limit, exact powers of two).")
 
 
 register(Exercise(
@@ -97,7 +103,7 @@ def _ex22_check(fn):
         h = log2_histogram(torch.from_numpy(x.astype(np.float32)))
         for t in (-30, -24, -14, 0):
             want = h.fraction_below(2.0 ** t)
-            got = fn(h.exponents, h.counts, h.zeros, h.total, t)
+            got = fn(h.exponents.copy(), h.counts.copy(), h.zeros, h.total, t)   # copies: h stays as it is
             if not is_real(got) or not math.isclose(float(got), want, rel_tol=1e-12, abs_tol=1e-15):
                 return False, f"for threshold 2^{t} you return {got!r}; the share is {want!r}."
     return True, "your shares match Log2Histogram.fraction_below on 5 histograms and 4 thresholds."

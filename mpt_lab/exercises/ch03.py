@@ -22,18 +22,20 @@ def _ex31_reference(scale: float, tracker: int, found_inf: bool, growth_factor: 
     return scaling.update_scale(scale, tracker, found_inf, growth_factor, backoff_factor, growth_interval)
 
 
-def _ex31_diagnose(s: float, t: int, found: bool, interval: int, got: tuple, want: tuple) -> str:
+def _ex31_diagnose(s: float, t: int, found: bool, interval: int, got: tuple, want: tuple, growth: float = 2.0,
+                   backoff: float = 0.5) -> str:
     """What differs between the student's (scale, tracker) and torch's, for one update from the state (s, t)."""
     (s_you, t_you), (s_ref, t_ref) = got, want
-    where = (f"from scale {s!r}, tracker {t!r}, found_inf={found}, growth_interval={interval}: you return "
+    where = (f"from scale {s!r}, tracker {t!r}, found_inf={found}, growth_factor={growth!r}, "
+             f"backoff_factor={backoff!r}, growth_interval={interval}: you return "
              f"({s_you!r}, {t_you!r}), torch's GradScaler gives ({s_ref!r}, {t_ref!r}). ")
     if found:
         if float(s_you) == s_ref:
             return where + "An overflow must also restart the count of clean steps at 0."
         return where + "On an overflow the scale is multiplied by backoff_factor (and the step is skipped)."
     if t + 1 == interval:                                   # this clean step completes the interval: growth
-        if s_ref == s and float(s_you) == s * 2.0:
-            return where + (f"Growing would give {s * 2.0!r}, above the float32 maximum {FLOAT32_MAX!r}: torch "
+        if s_ref == s and float(s_you) == s * growth:
+            return where + (f"Growing would give {s * growth!r}, above the float32 maximum {FLOAT32_MAX!r}: torch "
                             "stores S in float32, so it keeps S as it is (and still restarts the count).")
         if float(s_you) == s_ref:
             return where + "After a growth the count of clean steps restarts at 0."
@@ -52,22 +54,24 @@ def _ex31_check(fn):
         return False, "expected a function update_scale(scale, tracker, found_inf, growth_factor, backoff_factor, " \
                       "growth_interval) -> (scale, tracker)"
     rng = np.random.default_rng(31)
-    # interval 1 last: with it the count is always 0, so a missing reset shows only in the other two runs, and
-    # it reaches the float32 ceiling fastest
-    for interval in (3, 50, 1):
+    # interval 1 last among torch's default factors: with it the count is always 0, so a missing reset shows only
+    # in the other two runs, and it reaches the float32 ceiling fastest.  Then other factors (powers of two, so
+    # that float64 products are float32 values): growth_factor and backoff_factor must be used, not 2 and 0.5.
+    runs = [(3, 2.0, 0.5), (50, 2.0, 0.5), (1, 2.0, 0.5), (2, 4.0, 0.25), (1, 8.0, 0.125)]
+    for interval, growth, backoff in runs:
         found = rng.random(600) < 0.04
         found[100:104] = True                              # consecutive overflows
         s, t = 2.0 ** 16, 0
         for f in found.tolist():
-            want = _ex31_reference(s, t, f, 2.0, 0.5, interval)
-            out = fn(s, t, f, 2.0, 0.5, interval)
+            want = _ex31_reference(s, t, f, growth, backoff, interval)
+            out = fn(s, t, f, growth, backoff, interval)
             if not (isinstance(out, tuple) and len(out) == 2 and is_real(out[0]) and is_real(out[1])):
                 return False, f"update_scale must return a (scale, tracker) tuple of two numbers, got {out!r}"
             if float(out[0]) != want[0] or out[1] != want[1]:
-                return False, _ex31_diagnose(s, t, f, interval, out, want)
+                return False, _ex31_diagnose(s, t, f, interval, out, want, growth, backoff)
             s, t = want
-    return True, ("your scaler follows torch.amp.GradScaler's rule over 1,800 recorded steps, the float32 "
-                  "ceiling included.")
+    return True, (f"your scaler follows torch.amp.GradScaler's rule over {600 * len(runs):,} recorded steps with "
+                  "three pairs of factors, the float32 ceiling included.")
 
 
 register(Exercise(

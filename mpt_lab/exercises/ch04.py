@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from fractions import Fraction
 
 import numpy as np
 
@@ -10,9 +11,29 @@ from ._core import Exercise, register, is_real
 
 
 def _ex41_reference(w: float, u: float) -> bool:
-    """Whether the update u survives when added to the FP16 weight w (reference solution of exercise 4.1)."""
+    """Whether the update u survives when added to the FP16 weight w (reference solution of exercise 4.1): the
+    exact sum w + u (a Fraction, never a float64 sum, which would round first) rounded once to FP16."""
     w16 = F.round_to(float(w), F.FP16)
-    return F.round_to(w16 + float(u), F.FP16) != w16
+    return F.round_to(Fraction(w16) + Fraction(float(u)), F.FP16) != w16
+
+
+def _ex41_double_rounding_cases(ws) -> list:
+    """(w, u, note) updates a hair above or below half the gap to w's neighbour, where rounding w + u to float32
+    (u = half a gap · (1 ± 2⁻¹⁹)) or float64 (1 ± 2⁻⁴⁹) first lands exactly on the FP16 midpoint, and the tie then
+    goes to the even neighbour: a double rounding answers wrongly on one side of every pair."""
+    cases = []
+    for w in ws:
+        for direction in (1.0, -1.0):
+            toward = float(np.nextafter(np.float16(w), np.float16(direction * np.inf)))
+            half = abs(toward - w) / 2
+            for k, sum_format in ((19, "float32"), (49, "float64")):
+                for side, where in ((1, "above"), (-1, "below")):
+                    u = direction * half * (1 + side * 2.0 ** -k)
+                    cases.append((w, u, f"u is 2^-{k} of half a gap {where} half the gap to w's neighbour: w + u "
+                                        f"rounded to {sum_format} first lands exactly on the FP16 midpoint, and the "
+                                        "tie goes to the even neighbour (a double rounding). Form w + u exactly, or "
+                                        "compare |u| with half the gap."))
+    return cases
 
 
 def _ex41_check(fn):
@@ -25,21 +46,26 @@ def _ex41_check(fn):
         half = F.ulp(w, F.FP16) / 2
         cases += [(w, half), (w, -half), (w, half * 1.001), (w, half * 0.999), (w, rng.standard_normal() * half * 3)]
     cases += [(1.0, 2.0**-11), (1.0, 2.0**-11 * 1.01), (1024.0, 0.5), (1025.0, 0.5), (1.0, -2.0**-12)]
-    for w, u in cases:
+    cases = [(w, u, "") for w, u in cases]
+    # double rounding: even and odd mantissas, powers of two (a smaller gap below), subnormals
+    cases += _ex41_double_rounding_cases([1.0, 1.0 + 2.0**-10, 1024.0, 1025.0, -3.0, 0.5 + 2.0**-11, 2.0**-14,
+                                          -(2.0**-15), 3 * 2.0**-24] + ws[:20].tolist())
+    for w, u, note in cases:
         want, got = _ex41_reference(w, u), fn(w, u)
         if not isinstance(got, (bool, np.bool_)) or bool(got) != want:
-            return False, f"survives({w!r}, {u!r}) returned {got!r}; expected {want}."
-    return True, f"right on all {len(cases)} cases, ties included."
+            return False, f"survives({w!r}, {u!r}) returned {got!r}; expected {want}." + (f" {note}" if note else "")
+    return True, f"right on all {len(cases)} cases, ties and near-ties included."
 
 
 register(Exercise(
     "4.1", "Does the update survive?",
-    "Write survives(w, u) -> bool: True when adding the update u to the FP16 weight w (round to nearest even) "
-    "changes the stored weight. Use only arithmetic and math/numpy (e.g. numpy.float16), not mpt_lab.",
+    "Write survives(w, u) -> bool: True when adding the update u (a float) to the FP16 weight w, the exact sum "
+    "w + u rounded once to FP16 (round to nearest even), changes the stored weight (w + u stays within FP16's "
+    "range). Use only arithmetic and math/numpy (e.g. numpy.float16), not mpt_lab.",
     _ex41_check,
     "An update is lost when w + u rounds back to w: compare |u| with half the gap between w and its neighbour "
-    "on that side. Exactly half a gap is a tie — what decides a tie under round-to-nearest-even? (numpy.float16 "
-    "can do the rounding for you, if you form w + u exactly first.)",
+    "on that side. Exactly half a gap is a tie — what decides a tie under round-to-nearest-even? (Letting "
+    "numpy.float16 round the float sum w + u rounds twice: that sum is rounded already.)",
     lambda: _ex41_reference,
     worked="""Under round-to-nearest the stored weight w + u is the FP16 value nearest to the exact sum. It is \
 still w when the sum is nearer to w than to the neighbour of w on the side u points to. So compare |u| with half \
@@ -69,9 +95,12 @@ def survives(w, u):
     return int(toward.view(np.uint16)) % 2 == 0      # a tie: it goes to the even mantissa
 ```
 
-Letting NumPy round the sum, `bool(np.float16(float(w16) + u) != w16)`, gives the same answers on every case \
-the checker tries. It can only go wrong for an update within a float64 rounding error of half a gap, where the \
-float64 sum, itself rounded, may land exactly on the FP16 midpoint."""))
+Why not let NumPy round the sum, `bool(np.float16(float(w16) + u) != w16)`? Because `float(w16) + u` is a \
+float64 sum, rounded before NumPy rounds it again to FP16: a double rounding. For w = 1 and u = 2⁻¹¹ + 2⁻⁶⁰, a \
+hair above half the gap, the exact sum rounds up to 1 + 2⁻¹⁰; but the float64 sum drops the 2⁻⁶⁰ and lands \
+exactly on the midpoint 1 + 2⁻¹¹, and the tie goes to the even neighbour, 1: the update is wrongly lost. A \
+float32 sum goes wrong already for u = 2⁻¹¹ + 2⁻³⁰. The checker tries such updates on both sides of half a gap; \
+comparing |u| with half the gap, as above, is exact: no sum is rounded."""))
 
 
 def _ex42_truth() -> float:

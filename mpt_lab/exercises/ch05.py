@@ -15,10 +15,14 @@ def _ex51_truth() -> dict:
 
 
 def _ex51_check(a):
-    if not isinstance(a, dict) or set(a) != {"FP16", "BF16"}:
-        return False, 'expected a dict {"FP16": value, "BF16": value}'
+    if not isinstance(a, dict):
+        return False, f'expected a dict {{"FP16": value, "BF16": value}}, got {type(a).__name__}'
+    if set(a) != {"FP16", "BF16"}:
+        return False, (f'expected the keys "FP16" and "BF16" (one value per accumulator), got the keys '
+                       f"{sorted(a, key=str)}")
     if not all(is_real(v) for v in a.values()):
-        return False, "expected a number for each accumulator"
+        return False, ("expected a number for each accumulator, got "
+                       + ", ".join(f"{type(v).__name__} for {k!r}" for k, v in a.items() if not is_real(v)))
     truth = _ex51_truth()
     wrong = [k for k in truth if float(a[k]) != truth[k]]
     if wrong:

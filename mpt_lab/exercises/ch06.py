@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from ._core import Exercise, register, is_real, as_list
+from ._core import Exercise, register, is_real, as_list, entries_text
 
 
 #: The ops of exercise 6.1 (names of :data:`mpt_lab.autocast.OPS`) and the expression each one stands for.
@@ -139,8 +139,8 @@ def _ex62_check(a):
     n = EX62["iterations"]
     values = as_list(a)
     if values is None or len(values) != n or not all(is_real(v) for v in values):
-        shape = f"{len(values)} entries" if values is not None else type(a).__name__
-        return False, f"expected a list of {n} numbers (the loss scale of iterations 1 to {n}), got {shape}"
+        return False, (f"expected a list of {n} numbers (the loss scale of iterations 1 to {n}), got "
+                       f"{entries_text(a, values, n, is_real)}")
     truth = _ex62_truth()
     for i, (got, want) in enumerate(zip(values, truth), 1):
         if float(got) != want:

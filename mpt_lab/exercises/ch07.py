@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 
 from ._core import Exercise, register, is_real
 
@@ -45,11 +46,18 @@ def _ex71_truth() -> dict:
 
 def _ex71_check(a):
     if not isinstance(a, dict) or set(a) != {"fp32", "mixed"} or not all(is_real(v) for v in a.values()):
-        got = f"a dict with keys {sorted(a, key=str)}" if isinstance(a, dict) else type(a).__name__
+        if not isinstance(a, dict):
+            got = type(a).__name__
+        elif set(a) != {"fp32", "mixed"}:
+            got = f"a dict with keys {sorted(a, key=str)}"
+        else:
+            got = ", ".join(f"{type(v).__name__} for {k!r}" for k, v in a.items() if not is_real(v))
         return False, f'expected a dict {{"fp32": number, "mixed": number}} (bytes per parameter), got {got}'
+    if not all(math.isfinite(float(v)) for v in a.values()):
+        return False, f"expected finite numbers of bytes, got {a!r}"
     truth = _ex71_truth()
     wrong = [f"{k!r} is too {'high' if a[k] > truth[k] else 'low'}" for k in ("fp32", "mixed")
-             if abs(float(a[k]) - truth[k]) >= 0.01]
+             if not abs(float(a[k]) - truth[k]) < 0.01]
     if wrong:
         return False, "; ".join(wrong) + " (measured on a real model after one Adam step)."
     return True, (f"FP32 training with Adam keeps {truth['fp32']:.2f} bytes per parameter, mixed precision with FP32 "

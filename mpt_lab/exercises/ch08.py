@@ -42,7 +42,7 @@ def _ex81_check(a):
     k, lost = int(a[0]), bool(a[1])
     truth_k, truth_lost = _ex81_truth()
     if k != truth_k:
-        return False, (f"g = 1/(V·N) does not lie in [2^{k}, 2^{k + 1}): it is "
+        return False, (f"g = 1/(C·B) does not lie in [2^{k}, 2^{k + 1}): it is "
                        f"{'larger' if k < truth_k else 'smaller'}.")
     if lost != truth_lost:
         return False, "the binade is right; whether FP16 rounds g to zero is not."

@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from .. import formats as F
-from ._core import Exercise, register, as_list, short
+from ._core import Exercise, register, as_list, entries_text, short
 
 
 #: Exercise 9.1's attention logits.
@@ -30,8 +30,8 @@ def _ex91_check(a):
     n = len(EX91_LOGITS)
     values = as_list(a)
     if values is None or len(values) != n or not all(isinstance(v, (bool, np.bool_)) for v in values):
-        shape = f"{len(values)} entries" if values is not None else type(a).__name__
-        return False, f"expected a list of {n} bools (True where exp overflows), one per logit, got {shape}"
+        return False, (f"expected a list of {n} bools (True where exp overflows), one per logit, got "
+                       f"{entries_text(a, values, n, lambda v: isinstance(v, (bool, np.bool_)))}")
     truth = _ex91_truth()
     wrong = sum(bool(v) != t for v, t in zip(values, truth))
     if wrong:

@@ -157,7 +157,7 @@ def _ex103_check(a):
     truth_n, truth_mean = _ex103_truth()
     if int(n) != truth_n:
         return False, (f"expected the smallest N that overflows: with N = {n} the sum is "
-                       f"{'still finite' if n < truth_n else 'finite already one rank earlier'}.")
+                       + ("still finite." if n < truth_n else "inf, but it overflows with fewer ranks already."))
     if float(mean) != truth_mean:
         return False, f"expected what every rank holds with pre-division at N = {n}: {mean!r} is not it."
     return True, (f"{truth_n} ranks: the partial sums pass 65504 at the last hop. Dividing first keeps the sum in "

@@ -29,9 +29,16 @@ def _report(model, loss_fn, batch, formats):
     from ..report import precision_report
 
     try:
-        return precision_report(model, loss_fn, batch, formats=formats), ""
-    except Exception as err:  # the reader's model, loss or batch: say what went wrong
-        return None, f"precision_report could not run your setup: {type(err).__name__}: {err}"
+        return precision_report(model, loss_fn, batch, formats=formats), "", ""
+    except Exception as err:  # the reader's model, loss or batch: say what went wrong, and where
+        return None, f"precision_report could not run your setup: {type(err).__name__}: {err}", _last_frames(err)
+
+
+def _last_frames(err: BaseException, n: int = 6) -> str:
+    """The traceback of ``err``, its last ``n`` frames (where the reader's loss_fn or model raised)."""
+    import traceback
+
+    return "".join(traceback.format_exception(type(err), err, err.__traceback__, limit=-n))
 
 
 # ---------------------------------------------------------------------------------------------------- 12.1
@@ -60,9 +67,9 @@ def _ex121_check(fn):
     if not isinstance(name, str) or name not in names:
         return False, (f"expected the name of one of your model's modules (as model.named_modules() gives it), got "
                        f"{name!r}")
-    r, msg = _report(model, loss_fn, batch, ("FP16", "BF16"))
+    r, msg, details = _report(model, loss_fn, batch, ("FP16", "BF16"))
     if r is None:
-        return False, msg
+        return False, msg, details
     over = r.forward_overflows("FP16")
     if not over:
         amax = max(m.activation.amax for m in r.modules)
@@ -127,9 +134,9 @@ def _ex122_check(fn):
     if not isinstance(scale, numbers.Real) or isinstance(scale, bool) or not (0 < float(scale) < math.inf) \
             or math.frexp(float(scale))[0] != 0.5:
         return False, f"expected a power of two as the loss scale (e.g. 2.0 ** 10), got {scale!r}"
-    r, msg = _report(model, loss_fn, batch, ("FP16",))
+    r, msg, details = _report(model, loss_fn, batch, ("FP16",))
     if r is None:
-        return False, msg
+        return False, msg, details
     low, high = r.loss_scale_window("FP16")
     if low is None:
         return False, "the report finds no non-zero gradient in your step: nothing to scale."

@@ -9,10 +9,14 @@
 
 ``--all`` runs every experiment that defines the profile in one process, writing ``OUT/NAME_PROFILE.json`` the
 moment each finishes (``OUT/NAME_smoke.json`` with ``--smoke``), and prints one line per experiment: ``done``,
-``skipped`` and why, or ``FAILED`` with the error; results already saved in OUT are skipped unless ``--force``.
-With ``--profile full`` the order is the priority order of :mod:`mpt_lab.experiments.budget` (what the book
-lacks most first), and ``--budget SECONDS`` skips an experiment whose expected seconds on one H100 exceed what
-is left of the budget, counted from the start of the command.  ``--summary F`` also writes every line's status,
+``skipped`` and why, ``FAILED`` with the error, or ``STOPPED`` at the deadline; results already saved in OUT are
+skipped unless ``--force``.  With ``--profile full`` the order is the priority order of
+:mod:`mpt_lab.experiments.budget` (what the book lacks most first), its benchmark rows (``benchmarks/roofline.py``,
+``benchmarks/memory_per_parameter.py``) run in that order too, each as a process of its own, and ``--budget
+SECONDS`` skips an experiment whose expected seconds on one H100 exceed what is left of the budget, counted from
+the start of the command.  ``--deadline SECONDS`` (from the start of the command) stops the experiment running
+then *between two steps*, keeping the arms it finished in ``OUT/NAME_PROFILE.partial.json``
+(:class:`~mpt_lab.experiments.runner.DeadlineReached`), and runs nothing after it.  ``--summary F`` also writes every line's status,
 expected and measured seconds as JSON.  ``--dry-run`` prints the plan (each experiment's expected seconds and
 command, and their sum) and runs nothing.  ``--smoke`` runs each experiment's full configuration cut to a couple
 of steps (:meth:`~mpt_lab.experiments.runner.Experiment.smoke_config`); it refuses to write under
@@ -29,7 +33,10 @@ import time
 from pathlib import Path
 
 from . import NAMES, PROFILES, get
-from .runner import SMOKE, results_dir, save_json
+from . import runner
+from .runner import SMOKE, DeadlineReached, partial_path, results_dir, save_json
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _line(symbol: str, name: str, text: str) -> None:
@@ -55,8 +62,9 @@ def _cuda() -> bool:
 
 
 def _warm_up(device_note: list) -> None:
-    """Compile the gradient-histogram kernel once for the device before the clock of the first experiment runs
-    (torch.compile: tens of seconds on a first call; the preflight compiles it into the on-disk cache)."""
+    """Make the gradient-histogram kernel ready for the device before the clock of the first experiment runs (on
+    CUDA a bucketize that needs no compilation; on a CPU torch.compile, tens of seconds on a first call), and say
+    how long it took."""
     import torch
 
     from ..device import default_device
@@ -68,6 +76,10 @@ def _warm_up(device_note: list) -> None:
 
 
 def main(argv=None) -> int:
+    """``python -m mpt_lab.experiments``: --list, --all (with --profile, --out, --budget, ...) or --unpack; the
+    module docstring describes each.  ``argv``: the arguments (None: ``sys.argv[1:]``).  Returns the exit status:
+    0 when everything asked for ran or was skipped with a reason, 1 when an experiment failed (``--unpack``: the
+    unpacker's status)."""
     from . import budget
 
     p = argparse.ArgumentParser(prog="python -m mpt_lab.experiments", description=__doc__.splitlines()[0])
@@ -86,16 +98,21 @@ def main(argv=None) -> int:
     p.add_argument("--budget", type=float, metavar="SECONDS",
                    help="with --all --profile full: skip experiments whose expected seconds (one H100) exceed "
                         "what is left")
+    p.add_argument("--deadline", type=float, metavar="SECONDS",
+                   help="with --all: stop between two steps this many seconds after the start, keeping the arms "
+                        "that finished (OUT/NAME_PROFILE.partial.json); nothing runs after it")
     p.add_argument("--summary", type=Path, metavar="FILE", help="with --all: also write the run's lines as JSON")
     p.add_argument("--into", type=Path, default=None, help="with --unpack: the folder (default book/results/)")
     argv = list(sys.argv[1:] if argv is None else argv)
     args = p.parse_args(argv)
     args.argv = argv
     if args.list:
-        width = max(map(len, NAMES))
+        width = max(map(len, [*NAMES, *budget.BENCHMARKS]))
         for name in NAMES:
             e = get(name)
             print(f"{name:<{width}}  profiles: {', '.join(e.profiles):<24} {e.title}")
+        for name, script in budget.BENCHMARKS.items():
+            print(f"{name:<{width}}  benchmark: {script}, run by --all --profile full (a GPU slot)")
         return 0
     if args.unpack:
         from .slot import main as slot_main
@@ -110,23 +127,28 @@ def main(argv=None) -> int:
                 "and no --smoke")
     if args.budget is not None and args.budget <= 0:
         p.error(f"--budget must be a positive number of seconds, got {args.budget}")
+    if args.deadline is not None and args.deadline < 0:
+        p.error(f"--deadline must be a number of seconds ≥ 0, got {args.deadline}")
     if args.smoke and args.out and results_dir().resolve() in [args.out.resolve(), *args.out.resolve().parents]:
         p.error(f"--smoke: smoke results must not be written under {results_dir()}")
     only = [n.strip() for n in args.only.split(",") if n.strip()]
-    unknown = [n for n in only if n not in NAMES]
+    benchmarks = budget.BENCHMARKS if args.profile == "full" else {}
+    unknown = [n for n in only if n not in NAMES and n not in benchmarks]
     if unknown:
-        p.error(f"--only: unknown experiments {unknown}; they are {', '.join(NAMES)}")
-    chosen = only or list(NAMES)
+        p.error(f"--only: unknown experiments {unknown}; they are {', '.join([*NAMES, *benchmarks])}")
+    chosen = only or [*NAMES, *benchmarks]
     names = budget.plan(chosen) if args.profile == "full" else chosen
     if args.profile == "full":
-        missing = [n for n in names if "full" in get(n).profiles and n not in budget.ESTIMATES]
+        missing = [n for n in names if n not in benchmarks and "full" in get(n).profiles and n not in budget.ESTIMATES]
         if missing:
             p.error(f"{', '.join(missing)}: a full profile but no row in mpt_lab.experiments.budget.ESTIMATES")
     tag = SMOKE if args.smoke else args.profile
     start = time.monotonic()
+    deadline = None if args.deadline is None else runner.deadline_clock() + args.deadline
     rows, failed = [], []
     if args.dry_run:
-        print(budget.table([n for n in names if "full" in get(n).profiles]) if args.profile == "full" else
+        print(budget.table([n for n in names if n in benchmarks or "full" in get(n).profiles])
+              if args.profile == "full" else
               f"--all --profile {args.profile}: {len(names)} experiments in the book's order")
     elif args.profile == "full" and not args.smoke and _cuda():
         notes: list = []
@@ -135,22 +157,33 @@ def main(argv=None) -> int:
         except Exception as err:  # the experiments fall back to the eager kernel themselves
             notes.append(f"histogram kernel warm-up failed: {type(err).__name__}: {err}")
         print(f"= {'; '.join(notes)} ({time.monotonic() - start:.0f} s since the start)", flush=True)
+    stopped = False
     for name in names:
-        e = get(name)
         row = {"experiment": name, "profile": tag}
         rows.append(row)
-        if args.profile not in e.profiles:
-            row["status"] = "skipped"
-            _line("-", name, f"skipped: no {args.profile} profile")
-            continue
-        config = e.smoke_config() if args.smoke else e.config_for(args.profile)
-        out = args.out / f"{name}_{tag}.json" if args.out else None
-        cmd = e.command(config, out)
+        if name in benchmarks:
+            bench_run = _benchmark_runner(name, benchmarks[name], args, tag)
+            config = cmd = None
+            out = args.out / f"{name}_{tag}.json" if args.out else None
+            cmd = bench_run["command"](out)
+        else:
+            e = get(name)
+            if args.profile not in e.profiles:
+                row["status"] = "skipped"
+                _line("-", name, f"skipped: no {args.profile} profile")
+                continue
+            config = e.smoke_config() if args.smoke else e.config_for(args.profile)
+            out = args.out / f"{name}_{tag}.json" if args.out else None
+            cmd = e.command(config, out)
         expected = budget.ESTIMATES[name].seconds if args.profile == "full" else None
         row.update(command=cmd, expected_seconds=expected)
         if args.dry_run:
             row["status"] = "planned"
             print(f"  {name}: {cmd}" + (f"   # expected {expected:.0f} s" if expected is not None else ""))
+            continue
+        if stopped:
+            row.update(status="skipped", reason="the deadline passed")
+            _line("-", name, "skipped: the deadline passed")
             continue
         if out.exists() and not args.force:
             row["status"] = "skipped"
@@ -172,8 +205,18 @@ def main(argv=None) -> int:
                                           if expected is not None and not args.smoke else ""), flush=True)
         t0, c0 = time.perf_counter(), time.process_time()
         try:
-            result = e.run(config, command=cmd, progress=False)
-            result.save(out)
+            if name in benchmarks:
+                bench_run["run"](out, deadline)
+            else:
+                result = e.run(config, command=cmd, progress=False, deadline=deadline, partial=partial_path(out))
+                result.save(out)
+        except DeadlineReached as stop:     # cooperative: stopped between two steps, the finished arms kept
+            row.update(status="stopped", seconds=time.perf_counter() - t0, arms_done=stop.arms,
+                       partial=str(stop.partial) if stop.partial else None)
+            _line("!", name, f"STOPPED at the deadline after {row['seconds']:.0f} s; arms kept: "
+                  + (f"{', '.join(stop.arms)} in {stop.partial}" if stop.arms else "none"))
+            failed.append(name)
+            stopped = True
         except KeyboardInterrupt:  # a hard time limit (the slot script's timeout sends SIGINT): keep what finished
             row.update(status="interrupted", seconds=time.perf_counter() - t0)
             _line("!", name, f"INTERRUPTED after {row['seconds']:.0f} s; the results that finished are saved")
@@ -196,8 +239,10 @@ def main(argv=None) -> int:
     if args.dry_run:
         return 0
     total = time.monotonic() - start
-    counts = {s: sum(r.get("status") == s for r in rows) for s in ("done", "skipped", "failed", "interrupted")}
-    print(f"= {counts['done']} done, {counts['skipped']} skipped, {counts['failed'] + counts['interrupted']} failed "
+    counts = {s: sum(r.get("status") == s for r in rows) for s in ("done", "skipped", "failed", "interrupted",
+                                                                   "stopped")}
+    print(f"= {counts['done']} done, {counts['skipped']} skipped, {counts['stopped']} stopped at the deadline, "
+          f"{counts['failed'] + counts['interrupted']} failed "
           f"in {total:.0f} s"
           + (f" (budget {args.budget:.0f} s)" if args.budget is not None else ""), flush=True)
     if args.summary:
@@ -206,6 +251,45 @@ def main(argv=None) -> int:
         print(f"failed: {', '.join(failed)}", file=sys.stderr)
         return 1
     return 0
+
+
+def _benchmark_runner(name: str, script: str, args, tag: str) -> dict:
+    """How ``--all`` runs the benchmark row ``name``: ``python SCRIPT --profile full [--smoke] --out OUT`` in a
+    process of its own (the repository root first on PYTHONPATH), with what is left of the deadline; its exit
+    status 3 is a stop at the deadline (:class:`DeadlineReached`, the finished arms in its partial file)."""
+    import os
+    import subprocess
+
+    def command(out) -> str:
+        parts = ["python", script, "--profile", "full"] + (["--smoke"] if args.smoke else []) + \
+            (["--out", str(out)] if out is not None else [])
+        return " ".join(parts)
+
+    def run(out, deadline) -> None:
+        argv = [sys.executable, str(ROOT / script), "--profile", "full", "--no-progress", "--out", str(out)]
+        if args.smoke:
+            argv.insert(4, "--smoke")
+        if deadline is not None:
+            left = deadline - runner.deadline_clock()
+            if left <= 0:
+                raise DeadlineReached("the deadline passed before it started", experiment=name)
+            argv += ["--deadline", f"{left:.1f}"]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+        proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True)
+        tail = (proc.stdout + proc.stderr).strip().splitlines()
+        for line in tail[-3:]:
+            print(f"    {line}", flush=True)
+        if proc.returncode == 3:
+            part = partial_path(out)
+            raise DeadlineReached("stopped at the deadline", experiment=name,
+                                  partial=part if part.exists() else None)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{script} exited with status {proc.returncode}: "
+                               + " | ".join(line for line in tail[-4:]))
+        if not Path(out).exists():
+            raise RuntimeError(f"{script} wrote no {out}")
+
+    return {"command": command, "run": run}
 
 
 def _write_summary(path: Path, rows: list, start: float, args) -> None:

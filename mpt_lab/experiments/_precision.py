@@ -118,6 +118,7 @@ class RecipeRun:
         self._sim = None
 
     def label(self) -> str:
+        """The recipe's label in the book's figures and tables (:data:`RECIPE_LABELS`, with this run's S)."""
         return RECIPE_LABELS[self.recipe].format(S=self.static_scale)
 
     def get_scale(self) -> float:

@@ -48,6 +48,10 @@ REDUCTION_OPS = {"mean loss": "cross_entropy", "log-sum-exp": "log_softmax", "La
 
 @dataclass
 class Config(ExperimentConfig):
+    """The sizes of the accumulation-error experiment: dot-product lengths and trials, the tensor-core model's K
+    and outputs, and the three FP16 reductions (each field's comment says what it is; :data:`PROFILES` holds each
+    profile's values)."""
+
     k_max: int = 16384                 # longest dot product (a power of two)
     trials: int = 64                   # dot products per K
     formats: tuple = ("FP16", "BF16", "FP32")

@@ -104,6 +104,10 @@ def accumulate_linears_(model: nn.Module, accumulator="FP32") -> nn.Module:
 
 @dataclass
 class Config(ExperimentConfig):
+    """The two training comparisons: the accumulators and weight arms to run, the MLP of the accumulator
+    comparison, and the steps of the BF16-weight comparison (each field's comment says what it is;
+    :data:`PROFILES` holds each profile's values)."""
+
     accumulators: tuple = tuple(ACCUMULATORS)
     weight_arms: tuple = tuple(WEIGHT_ARMS)
     hidden: int = 64                    # the accumulator comparison's MLP: width, hidden layers

@@ -50,6 +50,7 @@ class TimingTable(ExperimentResult):
     summary: dict = field(default_factory=dict)
 
     def row_text(self, row: dict) -> str:
+        """One row as a line of :meth:`describe` (subclasses say how their rows read)."""
         return str(row)
 
     def describe(self) -> str:

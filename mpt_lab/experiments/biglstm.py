@@ -102,6 +102,9 @@ def equivalent_shift(vocab_size: int, tokens_per_batch: int) -> int:
 
 @dataclass
 class Config(ExperimentConfig):
+    """The bigLSTM-shaped language model, its data, optimizer and loss scales, and the recipes (arms) to train
+    (each field's comment says what it is; :data:`PROFILES` holds each profile's values)."""
+
     model: str = "tiny"                # mpt_lab.models.lstm.CONFIGS
     max_vocab: int = 0                 # 0: every word of the training split
     batch_size: int = 20
@@ -317,16 +320,24 @@ def measure(config: Config, run: Run) -> dict:
         config = replace(config, grad_shift=k_auto)
     torch.manual_seed(config.seed)
     init_state = {k: v.clone() for k, v in build_lstm_lm(config.model, corpus.vocab_size).state_dict().items()}
-    out = {a: _train_arm(a, config, corpus, init_state, run) for a in config.arms}
+    out = {}
+    for a in config.arms:                  # each arm is kept the moment it finishes (a deadline keeps them)
+        out[a] = _train_arm(a, config, corpus, init_state, run)
+        run.arm_done(a, out[a])
     sweep = {}
     if config.sweep_shifts:
         fp32 = out.get("fp32") or _train_arm("fp32", replace(config, grad_shift=0), corpus, init_state, run)
+        if "fp32" not in out:
+            run.arm_done("sweep fp32", fp32)
         sweep = {"fp32": _tail_mean(fp32["losses"], 50), "fp16": {}, "zero_share": {}, "steps": config.steps,
                  "equivalent_shift": k_auto}
         shifts = set(config.sweep_shifts) | ({config.grad_shift} if "fp16" in out else set())
         for k in sorted(shifts):       # the main FP16 run joins the sweep at its own shift, at no cost
-            d = out["fp16"] if (k == config.grad_shift and "fp16" in out) else \
-                _train_arm("fp16", replace(config, grad_shift=k), corpus, init_state, run)
+            if k == config.grad_shift and "fp16" in out:
+                d = out["fp16"]
+            else:
+                d = _train_arm("fp16", replace(config, grad_shift=k), corpus, init_state, run)
+                run.arm_done(f"sweep fp16, shift {k}", d)
             sweep["fp16"][k] = _tail_mean(d["losses"], 50)
             sweep["zero_share"][k] = d["evals"][-1]["zero_share"]
     return {"vocab_size": corpus.vocab_size, "train_tokens": len(corpus.train), "sweep": sweep,

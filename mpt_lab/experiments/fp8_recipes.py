@@ -80,6 +80,9 @@ def lr_factor(step: int, steps: int, warmup: float = 0.1, floor: float = 0.1) ->
 # ----------------------------------------------------------------------------------------------------------
 @dataclass
 class Config(ExperimentConfig):
+    """The recipes to train and the two models' sizes, steps and learning rates (each field's comment says what
+    it is; :data:`PROFILES` holds each profile's values)."""
+
     recipes: tuple = RECIPE_ORDER      # names of TRAINING_RECIPES
     models: tuple = MODELS
     lm_dim: int = 64                   # the language model: width, blocks, heads, context (characters)
@@ -228,6 +231,7 @@ class FP8RecipesResult(ExperimentResult):
         return mean_over_layers(data[role])
 
     def label(self, recipe: str) -> str:
+        """The label a recipe has in the book's figures (its name when the result does not hold it)."""
         return self.recipes.get(recipe, {}).get("label", recipe)
 
     def describe(self) -> str:

@@ -87,6 +87,9 @@ VARIANTS: dict[str, tuple[str, str, dict]] = {
 
 @dataclass
 class Config(ExperimentConfig):
+    """The variants to train ("ours" first), their steps, data and learning rate (each field's comment says what
+    it is; :data:`PROFILES` holds each profile's values)."""
+
     variants: tuple = ("ours", "batch8", "sum", "shift12")   # ids of VARIANTS, "ours" first
     steps: int = 60                   # FP32 optimizer steps of each variant (all recorded)
     n_train: int = 4000               # at most this many generated images per variant (fewer when steps × batch is)
@@ -260,7 +263,11 @@ def _train_variant(vid: str, config: Config, run: Run) -> dict:
 
 def measure(config: Config, run: Run) -> dict:
     """Train every variant of ``config.variants`` briefly in FP32 and keep its activation-gradient histogram."""
-    return {"variants": {vid: _train_variant(vid, config, run) for vid in config.variants}}
+    variants = {}
+    for vid in config.variants:            # each variant is kept the moment it finishes (a deadline keeps them)
+        variants[vid] = _train_variant(vid, config, run)
+        run.arm_done(vid, variants[vid])
+    return {"variants": variants}
 
 
 EXPERIMENT = Experiment(NAME, Config, PROFILES, measure, GradientFactorsResult, __doc__, smoke=SMOKE)

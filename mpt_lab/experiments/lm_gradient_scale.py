@@ -51,6 +51,9 @@ NAME = "lm_gradient_scale"
 
 @dataclass
 class Config(ExperimentConfig):
+    """The grid of vocabularies and batch sizes, the model and its FP32 training (each field's comment says what
+    it is; :data:`PROFILES` holds each profile's values)."""
+
     model: str = "tiny"                # mpt_lab.models.lstm.CONFIGS
     vocabs: tuple = (1024, 4096)       # max_vocab of each grid point (0: every word of the training split)
     batch_sizes: tuple = (16, 64)      # sequences per batch of each grid point
@@ -252,11 +255,15 @@ def _train_point(config: Config, max_vocab: int, batch_size: int, run: Run, grad
 
 def measure(config: Config, run: Run) -> dict:
     """Train the grid's points in FP32 (then the first again with the shift check) and keep their histograms."""
-    points = [_train_point(config, v, b, run) for v, b in itertools.product(config.vocabs, config.batch_sizes)]
+    points = []
+    for v, b in itertools.product(config.vocabs, config.batch_sizes):   # each point kept the moment it finishes
+        points.append(_train_point(config, v, b, run))
+        run.arm_done(f"V {v}, batch {b}", points[-1])
     check = {}
     if config.shift_check:
         k, first = config.shift_check, points[0]
         d = _train_point(config, first["max_vocab"], first["batch_size"], run, grad_shift=k)
+        run.arm_done(f"shift check, k {k}", d)
         check = {"k": k, "vocab_size": d["vocab_size"], "tokens": d["tokens"], "init": d["init"],
                  "trained": d["trained"],
                  "exact": shifted_exactly(first["init"], d["init"], k) and shifted_exactly(first["trained"],

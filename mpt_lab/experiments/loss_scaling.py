@@ -31,6 +31,9 @@ NAME = "loss_scaling"
 
 @dataclass
 class Config(ExperimentConfig):
+    """The classifier, its training and the two scalers' settings (each field's comment says what it is;
+    :data:`PROFILES` holds each profile's values)."""
+
     steps: int = 1500
     batch_size: int = 64
     hidden: int = 256                 # two hidden layers of this width
@@ -72,6 +75,7 @@ class LossScalingResult(ExperimentResult):
 
     @property
     def overflow_steps(self) -> list:
+        """The steps at which mpt_lab's scaler found an inf/NaN gradient (and skipped the step)."""
         return [s for s, _, inf in self.history["mpt_lab"] if inf]
 
     def describe(self) -> str:

@@ -68,6 +68,9 @@ def swamped_fraction(weights: torch.Tensor, updates: torch.Tensor, fmt="FP16") -
 
 @dataclass
 class Config(ExperimentConfig):
+    """The three classifiers' training: steps, batch size, hidden width and learning rate (:data:`PROFILES` holds
+    each profile's values)."""
+
     steps: int = 10000
     batch_size: int = 64
     hidden: int = 64

@@ -20,7 +20,19 @@ scikit-learn's digits upsampled to ``image_size``² pixels (:func:`mpt_lab.data.
    the weights it casts);
 3. the size on disk of the model's ``state_dict`` saved with ``torch.save`` in FP32 and in FP16;
 4. a short training run in FP32 and in mixed precision from the same initial weights and batch order: test
-   accuracy, seconds per epoch, storage.
+   accuracy, seconds per epoch, storage;
+5. with ``time_layouts`` (the full profile), the step time of the FP32 and mixed ways in each of :data:`LAYOUTS`: channels-last memory format,
+   ``torch.backends.cudnn.benchmark`` (cuDNN times its algorithms on the first calls and keeps the fastest), both,
+   and for FP32 TF32 switched off (``layouts``).
+
+**What "FP32" is here.**  On CUDA the baseline keeps FP32 tensors, but PyTorch lets cuDNN compute float32
+convolutions on TF32 tensor cores by default (``torch.backends.cudnn.allow_tf32`` is True; the PyTorch CUDA notes,
+"TensorFloat-32 (TF32) on Ampere (and later) devices"), so on a GPU with TF32 the FP32 way's convolutions run in
+TF32 (10 mantissa bits); ``baseline`` says which it was, from the switches as the run starts (recorded in every
+provenance by the runner), and ``layouts["fp32"]["TF32 off"]`` times true FP32.  The exactness pass compares one
+batch's gradients with FP32's; for float16 it runs the backward through a loss scale (the largest power of two
+from 2¹⁶ down whose gradients are finite, as a GradScaler would settle; ``exactness_loss_scale``), so that what it
+measures is FP16's rounding and not the underflow of unscaled gradients.
 
 Mixed precision is ``torch.autocast`` with float16 and ``torch.amp.GradScaler`` on CUDA.  On a CPU it is
 bfloat16 autocast without a scaler (bfloat16 has FP32's exponent range), because the CPU float16 convolution
@@ -39,7 +51,7 @@ import io
 import math
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -51,13 +63,37 @@ from ..training import accuracy, autocast_to, backward_step
 from .runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
 
 __all__ = ["Config", "MemoryTradeoffsResult", "PROFILES", "WAYS", "CIFAR10_RESNET50", "RECOMPUTE_VS_PRECISION",
-           "config_for", "run", "main", "checkpoint_bytes", "step_flops", "NAME"]
+           "config_for", "run", "main", "checkpoint_bytes", "step_flops", "NAME", "LAYOUTS", "baseline_name"]
 
 NAME = "memory_tradeoffs"
 
 #: The four ways to train, in the order the result lists them: (mixed precision?, activation checkpointing?).
 WAYS = {"fp32": (False, False), "mixed": (True, False), "checkpoint": (False, True),
         "mixed+checkpoint": (True, True)}
+
+#: The timing variants of ``layouts``: name → (memory format, cudnn.benchmark, TF32 for cuDNN: None keeps the
+#: default).  "TF32 off" is timed for the FP32 way only (the mixed way's convolutions are 16-bit).
+LAYOUTS = {"default": ("contiguous", False, None), "channels_last": ("channels_last", False, None),
+           "cudnn.benchmark": ("contiguous", True, None), "channels_last + cudnn.benchmark": ("channels_last", True, None),
+           "TF32 off": ("contiguous", False, False)}
+
+
+def baseline_name(device_type: str, backends: dict | None) -> str:
+    """What the FP32 way computes: "FP32" on a CPU or with cuDNN's TF32 switched off; on CUDA with
+    ``cudnn_allow_tf32`` true (PyTorch's default), or with no switches recorded (results made before the runner
+    recorded them, by code that never changed them: PyTorch's defaults), "TF32 convolutions (cuDNN's default), FP32
+    storage".
+
+    Raises ValueError for a device type other than "cpu" and "cuda"."""
+    if device_type not in ("cpu", "cuda"):
+        raise ValueError(f"device_type must be 'cpu' or 'cuda', got {device_type!r}")
+    if device_type == "cpu":
+        return "FP32"
+    if backends is None:
+        return "TF32 convolutions (cuDNN's default, the switches not recorded), FP32 storage"
+    return "TF32 convolutions (cuDNN's default), FP32 storage" if backends.get("cudnn_allow_tf32", True) else \
+        "FP32 (cuDNN's TF32 off)"
+
 
 #: Manna (2018), github.com/suvojit-0x55aa/mixed-precision-pytorch, README: CIFAR-10, ResNet-50, batch 128,
 #: 200 epochs on one NVIDIA V100.  Cited, not computed; sizes in MB (10⁶ bytes) as reported.
@@ -78,6 +114,9 @@ RECOMPUTE_VS_PRECISION = {
 
 @dataclass
 class Config(ExperimentConfig):
+    """The network, the measurement and the training of the four ways (each field's comment says what it is;
+    :data:`PROFILES` holds each profile's values)."""
+
     image_size: int = 32        # the 8×8 digits are upsampled (bilinear) to image_size × image_size
     width: int = 16
     stages: int = 3
@@ -90,6 +129,7 @@ class Config(ExperimentConfig):
     momentum: float = 0.9
     mixed_dtype: str = "auto"   # "auto": float16 on CUDA, bfloat16 elsewhere; or "float16", "bfloat16"
     max_images: int = 0         # train and test on at most this many images of each split (0: all; smoke runs)
+    time_layouts: bool = False  # time the FP32 and mixed steps in each of LAYOUTS (the full profile)
 
     def validate(self) -> None:
         super().validate()
@@ -107,7 +147,7 @@ PROFILES = {
     "quick": {"image_size": 16, "width": 8, "batch_size": 32, "repeat": 3, "warmup": 1, "epochs": 4, "threads": 1},
     "cpu": {"image_size": 24, "width": 12, "batch_size": 64, "repeat": 3, "warmup": 1, "epochs": 4, "threads": 0},
     "full": {"image_size": 64, "width": 64, "stages": 4, "depth": 2, "batch_size": 256, "repeat": 10, "warmup": 3,
-             "epochs": 10},
+             "epochs": 10, "time_layouts": True},
 }
 
 #: ``--smoke``: one warm-up and one timed step per way, one epoch of two batches of 2 images on 4 training and 4
@@ -139,7 +179,11 @@ class MemoryTradeoffsResult(ExperimentResult):
     ``breakdown``: {"fp32", "mixed"} each {weights, gradients, optimizer_state, saved_for_backward} in bytes
     for one step on the measured batch; ``storage``: {fp32_bytes, fp16_bytes, ratio} of the checkpoint on disk;
     ``training``: {"fp32", "mixed"} each {accuracy (evaluated in the training precision), accuracy_fp32_eval,
-    epoch_seconds (median), epoch_times, final_loss, storage_bytes}."""
+    epoch_seconds (median), epoch_times, final_loss, storage_bytes}; ``baseline``: what the FP32 way computes
+    (:func:`baseline_name`); ``layouts``: {"fp32", "mixed"} each {variant of :data:`LAYOUTS`: {step_seconds,
+    step_times, memory_format, cudnn_benchmark, cudnn_allow_tf32}}; ``exactness_loss_scale``: the loss scale of
+    the mixed ways' exactness pass (1 for bfloat16).  Results saved before 2026-11-27 have none of the last three
+    (``baseline`` is then read from the device: :attr:`baseline_label`)."""
 
     mixed_dtype: str
     mixed_note: str
@@ -149,6 +193,18 @@ class MemoryTradeoffsResult(ExperimentResult):
     storage: dict
     training: dict
     breakdown: dict
+    baseline: str = ""
+    layouts: dict = field(default_factory=dict)
+    exactness_loss_scale: float | None = None
+
+    @property
+    def baseline_label(self) -> str:
+        """What the FP32 way computed: ``baseline``, or for a result made before it was recorded,
+        :func:`baseline_name` of its device with the switches its provenance recorded (none: PyTorch's defaults)."""
+        if self.baseline:
+            return self.baseline
+        kind = "cuda" if "CUDA" in str(self.provenance.get("device", "")) else "cpu"
+        return baseline_name(kind, self.provenance.get("backends"))
 
     def describe(self) -> str:
         w, t = self.ways, self.training
@@ -191,13 +247,15 @@ def step_flops(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, dtype=N
     return int(fwd.get_total_flops() + bwd.get_total_flops()), int(fwd.get_total_flops())
 
 
-def _grads(model, x, y, device, dtype):
-    """Loss and gradients of one forward/backward pass (no optimizer step, no loss scale)."""
+def _grads(model, x, y, device, dtype, scale: float = 1.0):
+    """Loss and gradients of one forward/backward pass (no optimizer step), the backward through the loss scale
+    ``scale`` and the gradients divided by it in FP32."""
     model.zero_grad(set_to_none=True)
     with autocast_to(device.type, dtype):
         loss = F.cross_entropy(model(x), y)
-    loss.backward()
-    return loss.detach().float(), [p.grad.detach().clone() for p in model.parameters()]
+    (loss * scale if scale != 1.0 else loss).backward()
+    return loss.detach().float(), [p.grad.detach().float() / scale if scale != 1.0 else p.grad.detach().clone()
+                                   for p in model.parameters()]
 
 
 def _precise_bn(model, x, batch_size, device, dtype):
@@ -218,24 +276,34 @@ def _precise_bn(model, x, batch_size, device, dtype):
         mod.momentum = mom
 
 
-def _exactness(init, xb, yb, device, dtype) -> dict:
-    """Per way: loss and gradients on one batch against plain FP32 (deterministic algorithms where they exist)."""
+def _exactness(init, xb, yb, device, dtype) -> tuple:
+    """Per way: loss and gradients on one batch against plain FP32 (deterministic algorithms where they exist);
+    the float16 ways' backward through a loss scale (see the module docstring).  Returns (per way, the scale)."""
     det_prev = (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
     try:
         ref_loss, ref = _grads(copy.deepcopy(init), xb, yb, device, None)
+        scale = 1.0
+        if dtype == torch.float16:                 # as a GradScaler settles: from 2^16 down to finite gradients
+            scale = 2.0 ** 16
+            while scale > 1.0:
+                m = copy.deepcopy(init)
+                _, g = _grads(m, xb, yb, device, dtype, scale)
+                if all(bool(torch.isfinite(t).all()) for t in g):
+                    break
+                scale /= 2.0
         out = {}
         for way, (mixed, ckpt) in WAYS.items():
             m = copy.deepcopy(init)
             m.checkpoint = ckpt
-            loss, g = _grads(m, xb, yb, device, dtype if mixed else None)
+            loss, g = _grads(m, xb, yb, device, dtype if mixed else None, scale if mixed else 1.0)
             same = bool(torch.equal(loss, ref_loss)) and all(torch.equal(a, b) for a, b in zip(g, ref))
             flat, flat_ref = torch.cat([a.float().reshape(-1) for a in g]), torch.cat([b.reshape(-1) for b in ref])
             den = float(flat_ref.norm())
             out[way] = {"bit_identical": same, "grad_rel_diff": float((flat - flat_ref).norm()) / den if den else 0.0,
                         "grad_cosine": float(torch.nn.functional.cosine_similarity(flat, flat_ref, dim=0)),
                         "loss": float(loss), "loss_diff": float(loss - ref_loss)}
-        return out
+        return out, scale
     finally:
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = det_prev
 
@@ -289,7 +357,10 @@ def measure(config: Config, run: Run) -> dict:
     idx = torch.randperm(len(xtr), generator=torch.Generator().manual_seed(config.seed))[:config.batch_size]
     xb, yb = xtr[idx.to(device)], ytr[idx.to(device)]
 
-    exact = _exactness(init, xb, yb, device, dtype)
+    from ..device import backends
+
+    baseline = baseline_name(device.type, backends())
+    exact, exact_scale = _exactness(init, xb, yb, device, dtype)
     ways = {}
     for way, (mixed, ckpt) in run.bar(WAYS.items(), desc="four ways"):
         m = copy.deepcopy(init)
@@ -305,6 +376,14 @@ def measure(config: Config, run: Run) -> dict:
     for w in ways.values():
         w["memory_saved"] = 1.0 - w["peak_bytes"] / ways["fp32"]["peak_bytes"]
         w["overhead"] = w["step_seconds"] / ways["fp32"]["step_seconds"] - 1.0
+
+    layouts = {}
+    variants = [(way, v) for way in ("fp32", "mixed") for v in LAYOUTS if not (way == "mixed" and v == "TF32 off")
+                and config.time_layouts]
+    for way, variant in run.bar(variants, desc="layouts"):
+        layouts.setdefault(way, {})[variant] = _layout_timing(init, xb, yb, device, dtype if way == "mixed" else None,
+                                                              use_scaler and way == "mixed", config, variant)
+        run.arm_done(f"{way}, {variant}", layouts[way][variant])
 
     breakdown = {"fp32": _breakdown(init, xb, yb, device, None, config),
                  "mixed": _breakdown(init, xb, yb, device, dtype, config)}
@@ -339,7 +418,33 @@ def measure(config: Config, run: Run) -> dict:
                            "epoch_times": times, "final_loss": losses[-1],
                            "storage_bytes": checkpoint_bytes(m, dtype if mixed else torch.float32)}
     return {"mixed_dtype": name, "mixed_note": note, "memory_method": method, "param_bytes": int(param_bytes),
-            "ways": ways, "storage": storage, "training": training, "breakdown": breakdown}
+            "ways": ways, "storage": storage, "training": training, "breakdown": breakdown, "baseline": baseline,
+            "layouts": layouts, "exactness_loss_scale": exact_scale}
+
+
+def _layout_timing(init, xb, yb, device, dtype, scaled: bool, config, variant: str) -> dict:
+    """The step time of one way (``dtype`` None: FP32) in one variant of :data:`LAYOUTS`; the switches restored."""
+    fmt, bench, tf32 = LAYOUTS[variant]
+    before = (torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32)
+    try:
+        torch.backends.cudnn.benchmark = bench
+        if tf32 is not None:
+            torch.backends.cudnn.allow_tf32 = tf32
+        m = copy.deepcopy(init)
+        x = xb
+        if fmt == "channels_last":
+            m = m.to(memory_format=torch.channels_last)
+            x = xb.contiguous(memory_format=torch.channels_last)
+        opt = torch.optim.SGD(m.parameters(), lr=config.lr, momentum=config.momentum)
+        scaler = torch.amp.GradScaler(device.type) if scaled else None
+        step = _make_step(m, opt, scaler, x, yb, device, dtype)
+        # cudnn.benchmark times its algorithms on the first calls of each shape: two more warm-up steps
+        timing = time_call(step, repeat=config.repeat, warmup=max(config.warmup, 1) + (2 if bench else 0),
+                           device=device)
+        return {"step_seconds": timing.median, "step_times": list(timing.times), "memory_format": fmt,
+                "cudnn_benchmark": bench, "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32)}
+    finally:
+        torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32 = before
 
 
 EXPERIMENT = Experiment(NAME, Config, PROFILES, measure, MemoryTradeoffsResult, __doc__, smoke=SMOKE)

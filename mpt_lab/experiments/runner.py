@@ -45,6 +45,13 @@ and the runner does the rest the same way for every experiment:
   :class:`~mpt_lab.histogram.Log2Histogram`, non-finite floats are written "inf", "-inf", "nan").
 * **the CLI**: ``python -m mpt_lab.experiments.NAME --profile P --out F --set key=value [--smoke]``;
   ``python -m mpt_lab.experiments --list`` and ``--all`` (see :mod:`mpt_lab.experiments.__main__`).
+* **deadlines and arms**: ``run(config, deadline=T)`` (``--deadline SECONDS`` on the command line) stops the run
+  *between steps* once the clock passes T: :meth:`Run.bar` checks it before each item and raises
+  :class:`DeadlineReached`.  An experiment that trains several arms (recipes, variants, points of a sweep) hands
+  each one to :meth:`Run.arm_done` the moment it finishes; with ``partial=PATH`` (``--out F`` writes
+  ``F`` with the suffix ``.partial.json``) the finished arms are written there at once, so a run stopped at its
+  deadline keeps them (the file says which arms finished and that the result is partial; a finished run removes
+  it).  Cooperative, not a signal: the GPU slot's hard time limit (SIGINT) stays only as a backstop.
 * **progress**: tqdm bars (``run.bar``) unless ``progress=False`` or the environment variable
   ``MPT_LAB_PROGRESS`` is "0" (the book build sets it: a rendered page shows one line of timing instead).
 * **several processes**: an experiment made with a ``launcher`` (``distributed``: torchrun) is measured in the
@@ -68,7 +75,8 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterable
 
 __all__ = ["PROFILES", "SMOKE", "ExperimentConfig", "ExperimentResult", "Experiment", "Run", "REGISTRY", "save_json",
-           "load_json", "results_dir", "result_path", "progress_enabled", "is_smoke"]
+           "load_json", "results_dir", "result_path", "progress_enabled", "is_smoke", "DeadlineReached",
+           "partial_path", "PARTIAL_SUFFIX", "deadline_clock"]
 
 #: Every profile an experiment may define, from the smallest to the largest.
 PROFILES = ("quick", "cpu", "long", "full")
@@ -253,6 +261,7 @@ class ExperimentResult:
     # --- what every result can say about itself --------------------------------------------------------
     @property
     def profile(self) -> str:
+        """The profile the result was run in ("quick", "cpu", "long", "full", "smoke" or "custom")."""
         return str(self.config.get("profile", "custom"))
 
     @property
@@ -262,6 +271,7 @@ class ExperimentResult:
 
     @property
     def seconds(self) -> float:
+        """Wall-clock seconds the run took (from the provenance; NaN when it does not say)."""
         return float(self.provenance.get("seconds", math.nan))
 
     def source(self) -> str:
@@ -313,6 +323,36 @@ class ExperimentResult:
             return cls.from_dict(json.load(f))
 
 
+# ----------------------------------------------------------------------------------------------- deadline
+#: What ``--out F`` becomes for the arms of a run that has not finished (:func:`partial_path`).
+PARTIAL_SUFFIX = ".partial.json"
+
+
+def partial_path(out) -> Path:
+    """Where the finished arms of a run whose result goes to ``out`` are kept until it finishes:
+    ``NAME_full.json`` → ``NAME_full.partial.json``."""
+    out = Path(out)
+    stem = out.name[:-len(".json")] if out.name.endswith(".json") else out.name
+    return out.with_name(stem + PARTIAL_SUFFIX)
+
+
+def deadline_clock() -> float:
+    """The clock of deadlines: Unix time in seconds (one clock for every process of a slot)."""
+    return time.time()
+
+
+class DeadlineReached(Exception):
+    """The run's deadline passed; raised between two steps (:meth:`Run.bar`, :meth:`Run.check_deadline`).
+
+    Attributes: ``experiment`` (its name), ``arms`` (the keys of the arms that finished before it, in order),
+    ``partial`` (the file that holds them, or None), ``seconds`` (how long the run had run).
+    """
+
+    def __init__(self, message: str, *, experiment: str = "", arms=(), partial=None, seconds: float = math.nan):
+        super().__init__(message)
+        self.experiment, self.arms, self.partial, self.seconds = experiment, list(arms), partial, seconds
+
+
 # ---------------------------------------------------------------------------------------------------- run
 class Run:
     """What a measured loop gets besides its config: the device, progress bars and a clock.
@@ -322,17 +362,57 @@ class Run:
     config : the experiment's Config
     device : torch.device
     progress : bool, whether :meth:`bar` shows bars
+    deadline : Unix time (seconds) at which the run stops between steps, or None
+    arms : dict key → the data of each arm that finished (:meth:`arm_done`), in order
     """
 
-    def __init__(self, config, device, progress: bool):
+    def __init__(self, config, device, progress: bool, *, deadline: float | None = None, on_arm=None):
         self.config, self.device, self.progress = config, device, progress
+        self.deadline = None if deadline is None else float(deadline)
+        self.arms: dict = {}
+        self._on_arm = on_arm
         self._t0 = time.perf_counter()
 
     def bar(self, iterable=None, *, desc: str | None = None, total: int | None = None, leave: bool = True):
-        """``tqdm.auto.tqdm(iterable, ...)`` when progress is on, else the iterable itself (or a no-op bar)."""
+        """``tqdm.auto.tqdm(iterable, ...)`` when progress is on, else the iterable itself (or a no-op bar).
+
+        With a deadline, iterating checks it before each item (:meth:`check_deadline`): a loop over steps stops
+        between two steps, raising :class:`DeadlineReached`."""
         from tqdm.auto import tqdm
 
-        return tqdm(iterable, desc=desc, total=total, disable=not self.progress, mininterval=1.0, leave=leave)
+        bar = tqdm(iterable, desc=desc, total=total, disable=not self.progress, mininterval=1.0, leave=leave)
+        if iterable is None or self.deadline is None:
+            return bar
+        return self._checked(bar)
+
+    def _checked(self, bar):
+        with contextlib.closing(bar):
+            for item in bar:
+                self.check_deadline()
+                yield item
+
+    def time_left(self) -> float:
+        """Seconds until the deadline (inf without one; negative once it has passed)."""
+        return math.inf if self.deadline is None else self.deadline - deadline_clock()
+
+    def check_deadline(self) -> None:
+        """Raise :class:`DeadlineReached` when the deadline has passed (call it between steps of a loop that does not
+        go through :meth:`bar`)."""
+        if self.deadline is not None and deadline_clock() >= self.deadline:
+            raise DeadlineReached(f"the deadline passed after {time.perf_counter() - self._t0:.0f} s; "
+                                  f"finished arms: {', '.join(self.arms) or 'none'}", arms=list(self.arms),
+                                  seconds=time.perf_counter() - self._t0)
+
+    def arm_done(self, key: str, data) -> None:
+        """Record that the arm ``key`` (a recipe, a variant, a point of a sweep) finished with ``data`` (anything a
+        result can store): kept in :attr:`arms` and, when the run keeps a partial file, written there at once.
+
+        Raises TypeError for a key that is not a str or data a result cannot store."""
+        if not isinstance(key, str):
+            raise TypeError(f"key must be a str, got {type(key).__name__}")
+        self.arms[key] = _decode(_encode(data))
+        if self._on_arm is not None:
+            self._on_arm(self)
 
     def sync(self) -> None:
         """Wait for the device's queued work (CUDA); a no-op on a CPU."""
@@ -499,7 +579,8 @@ class Experiment:
         return p if p in self.profiles else next(iter(self.profiles))
 
     # --- running ------------------------------------------------------------------------------------------
-    def run(self, config=None, *, progress: bool | None = None, command: str | None = None):
+    def run(self, config=None, *, progress: bool | None = None, command: str | None = None,
+            deadline: float | None = None, partial=None):
         """Run the experiment and return its Result.
 
         Parameters
@@ -507,6 +588,9 @@ class Experiment:
         config : a Config; default the Config of :func:`mpt_lab.profile`
         progress : show tqdm bars (default: yes, unless ``MPT_LAB_PROGRESS=0``)
         command : the command line to record (default :meth:`command` of ``config``)
+        deadline : Unix time (seconds, ``time.time()``) at which to stop between two steps, or None
+        partial : a path where the arms that finished (:meth:`Run.arm_done`) are written as they finish, as JSON
+            with the configuration and provenance and ``"partial": {...}``; removed when the run finishes
 
         Returns None in a process that does not report (see ``launcher`` in the class docstring).
 
@@ -516,10 +600,12 @@ class Experiment:
             ``config`` is not this experiment's Config.
         ValueError
             A field of ``config`` is impossible (named), or the profile is unknown.
+        DeadlineReached
+            The deadline passed before the run finished; its ``arms`` and ``partial`` say what was kept.
         """
         import torch
 
-        from ..device import cpu_flags, provenance, resolve
+        from ..device import backends, cpu_flags, provenance, resolve
 
         config = self._resolve(config)
         if self.launcher is not None:
@@ -528,24 +614,47 @@ class Experiment:
                 return launched
         device = resolve(config.device)
         show = progress_enabled(progress)
+        command = command or self.command(config)
+        cfg = _decode(_encode(dataclasses.asdict(config)))
+        flags = backends()                       # TF32 and cuDNN switches as the run starts (experiments restore theirs)
+        partial = None if partial is None else Path(partial)
+        started = deadline_clock()
+
+        def write_partial(run: Run, stopped: str | None = None) -> None:
+            prov = provenance(command=command, config=cfg, device=device)
+            prov.update(experiment=self.name, profile=config.profile, backends=flags,
+                        partial={"arms_done": list(run.arms), "stopped": stopped,
+                                 "seconds": deadline_clock() - started,
+                                 "note": "the arms that finished; not a result (the run did not finish)"})
+            save_json({"experiment": self.name, "partial": True, "config": cfg, "provenance": prov,
+                       "arms": run.arms}, partial)
+
         with _threads(config.threads):
             torch.manual_seed(config.seed)
-            run = Run(config, device, show)
-            own = self.measure(config, run)
+            run = Run(config, device, show, deadline=deadline, on_arm=write_partial if partial else None)
+            try:
+                own = self.measure(config, run)
+            except DeadlineReached as stop:
+                if partial is not None:
+                    write_partial(run, stopped=str(stop))
+                raise DeadlineReached(f"{self.name}: {stop}", experiment=self.name, arms=list(run.arms),
+                                      partial=partial if partial is not None and run.arms else None,
+                                      seconds=stop.seconds) from None
             seconds = run.elapsed()
         if own is None and self.launcher is not None:  # a launched process that does not report
             return None
         if not isinstance(own, dict):
             raise TypeError(f"{self.name}: measure must return a dict of result fields, got {type(own).__name__}")
-        cfg = _decode(_encode(dataclasses.asdict(config)))
-        prov = provenance(command=command or self.command(config), config=cfg, device=device)
-        prov.update(experiment=self.name, profile=config.profile, seconds=seconds)
+        prov = provenance(command=command, config=cfg, device=device)
+        prov.update(experiment=self.name, profile=config.profile, seconds=seconds, backends=flags)
         if config.profile == SMOKE:
             prov["smoke"] = {"of": "full", "overrides": _decode(_encode(self.smoke or {})),
                              "note": "a smoke run: the full profile cut short; its numbers are not a measurement"}
         if device.type == "cpu":
             prov["cpu_flags"] = cpu_flags()
         result = self.Result(config=cfg, provenance=prov, **_decode(_encode(own)))
+        if partial is not None and partial.exists():
+            partial.unlink()                     # the result supersedes the arms kept on the way
         if not show:
             print(f"{self.name} ({config.profile} profile): {seconds:.1f} s on {result.device}")
         return result
@@ -566,6 +675,9 @@ class Experiment:
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="override a configuration field (repeatable; tuples comma-separated)")
         p.add_argument("--no-progress", action="store_true", help="no progress bars")
+        p.add_argument("--deadline", type=float, metavar="SECONDS", default=None,
+                       help="stop between two steps this many seconds from now, keeping the arms that finished in "
+                            "OUT with the suffix .partial.json (exit status 3)")
         if self.smoke is not None:
             p.add_argument("--smoke", action="store_true",
                            help="the full profile cut to a smoke run (a couple of steps; its numbers mean nothing)")
@@ -587,9 +699,15 @@ class Experiment:
                 p.error(f"--set {key}: {err}")
         if cfg.profile == SMOKE and args.out and _inside(args.out, results_dir()):
             p.error(f"--smoke: a smoke result must not be written under {results_dir()}")
+        deadline = None if args.deadline is None else deadline_clock() + args.deadline
         try:
             result = self.run(cfg, progress=False if args.no_progress else None,
-                              command=self.command(cfg, args.out))
+                              command=self.command(cfg, args.out), deadline=deadline,
+                              partial=partial_path(args.out) if args.out else None)
+        except DeadlineReached as stop:
+            print(f"stopped at the deadline: {stop}" + (f"; the finished arms are in {stop.partial}" if stop.partial
+                                                        else ""))
+            return 3
         except ValueError as err:
             p.error(str(err))
         if result is None:  # a launched process that does not report (a rank other than 0)

@@ -9,7 +9,10 @@ provenance it was written with.  It refuses, before writing anything:
 
 * a member with an absolute path, a ``..``, a link or anything but a regular file;
 * a file under ``results/`` that is not named ``NAME_full.json`` for an experiment of
-  :data:`mpt_lab.experiments.NAMES`;
+  :data:`mpt_lab.experiments.NAMES` or a benchmark row of :data:`mpt_lab.experiments.budget.BENCHMARKS` (whose
+  result is checked as any result is, but not loaded by its class: the benchmark is a script), or
+  ``NAME_full.partial.json`` (the arms of a run stopped at its deadline: kept in the archive, listed, never
+  copied into ``book/results/``);
 * a result whose content disagrees with its name (another experiment, another profile), a smoke result
   (:func:`~mpt_lab.experiments.runner.is_smoke`), one without provenance (command, device, versions, date), one
   that its experiment's Result class cannot load, or one whose SHA-256 differs from the manifest's.
@@ -34,13 +37,16 @@ from pathlib import Path
 
 from .runner import is_smoke, results_dir
 
-__all__ = ["pack", "unpack", "check_archive", "MANIFEST", "RESULT_NAME"]
+__all__ = ["pack", "unpack", "check_archive", "partials", "MANIFEST", "RESULT_NAME", "PARTIAL_NAME"]
 
 #: The manifest's name inside the archive.
 MANIFEST = "manifest.json"
 
 #: What a result's file name must look like: ``NAME_full.json``.
 RESULT_NAME = re.compile(r"^(?P<name>[a-z0-9_]+)_full\.json$")
+
+#: The arms of a run stopped at its deadline: ``NAME_full.partial.json`` (never copied into book/results/).
+PARTIAL_NAME = re.compile(r"^(?P<name>[a-z0-9_]+)_full\.partial\.json$")
 
 #: What every result's provenance must hold.
 _PROVENANCE = ("command", "device", "versions", "date")
@@ -82,7 +88,9 @@ def pack(workdir, archive, *, extra: dict | None = None) -> Path:
                 prov = d.get("provenance", {})
                 results.append({"file": arc, "experiment": d.get("experiment"), "profile": prov.get("profile"),
                                 "device": prov.get("device"), "seconds": prov.get("seconds"),
-                                "date": prov.get("date")})
+                                "date": prov.get("date"), "partial": bool(d.get("partial")),
+                                **({"arms_done": prov.get("partial", {}).get("arms_done")} if d.get("partial")
+                                   else {})})
             except (ValueError, AttributeError):
                 results.append({"file": arc, "error": "not a result (JSON with provenance)"})
     try:
@@ -117,7 +125,9 @@ def check_archive(archive) -> tuple:
         message names the file and why).
     """
     from . import NAMES, get
+    from .budget import BENCHMARKS
 
+    known = set(NAMES) | set(BENCHMARKS)
     archive = Path(archive)
     if not archive.is_file():
         raise FileNotFoundError(f"no archive at {archive}")
@@ -139,10 +149,13 @@ def check_archive(archive) -> tuple:
             if m.name == MANIFEST:
                 manifest = json.loads(data)
             elif parts[0] == "results":
+                if len(parts) == 2 and PARTIAL_NAME.match(parts[-1]) and PARTIAL_NAME.match(parts[-1])["name"] in known:
+                    continue                                   # a stopped run's arms: listed by partials(), not copied
                 match = RESULT_NAME.match(parts[-1]) if len(parts) == 2 else None
-                if match is None or match["name"] not in NAMES:
+                if match is None or match["name"] not in known:
                     raise ValueError(f"{m.name}: only results named NAME_full.json, NAME an experiment of "
-                                     f"mpt_lab.experiments.NAMES, go to book/results/")
+                                     f"mpt_lab.experiments.NAMES or a benchmark of budget.BENCHMARKS, go to "
+                                     f"book/results/")
                 results[parts[-1]] = data
     if manifest is None:
         raise ValueError(f"{archive} has no {MANIFEST}: not a slot archive made by mpt_lab.experiments.slot.pack")
@@ -166,11 +179,40 @@ def check_archive(archive) -> tuple:
         missing = [k for k in _PROVENANCE if not prov.get(k)]
         if missing:
             raise ValueError(f"results/{fname} lacks the provenance {missing}")
+        if name in BENCHMARKS:                    # a script's result: the fields every result has
+            if not isinstance(d.get("config"), dict):
+                raise ValueError(f"results/{fname} has no configuration")
+            continue
         try:
             get(name).Result.from_dict(d)
         except (TypeError, ValueError) as err:
             raise ValueError(f"results/{fname} does not load as a {name} result: {err}") from None
     return manifest, results
+
+
+def partials(archive) -> list:
+    """The ``results/NAME_full.partial.json`` members of a slot's archive (runs stopped at their deadline, with
+    the arms they finished), as (member name, experiment, arms done) tuples.  Raises FileNotFoundError or
+    ValueError as :func:`check_archive`."""
+    archive = Path(archive)
+    if not archive.is_file():
+        raise FileNotFoundError(f"no archive at {archive}")
+    try:
+        tar = tarfile.open(archive, "r:*")
+    except tarfile.TarError as err:
+        raise ValueError(f"{archive} is not a tar archive ({err})") from None
+    out = []
+    with tar:
+        for m in tar.getmembers():
+            parts = Path(m.name).parts
+            if m.isfile() and len(parts) == 2 and parts[0] == "results" and PARTIAL_NAME.match(parts[1]):
+                try:
+                    d = json.loads(tar.extractfile(m).read())
+                    arms = list(d.get("arms", {}))
+                except ValueError:
+                    arms = []
+                out.append((m.name, PARTIAL_NAME.match(parts[1])["name"], arms))
+    return out
 
 
 def unpack(archive, into=None) -> list:
@@ -210,6 +252,9 @@ def main(argv=None) -> int:
         return 2
     for path in written:
         print(f"wrote {path}")
+    for member, name, arms in partials(args.archive):
+        print(f"kept in the archive, not copied: {member} ({name} stopped at its deadline; arms done: "
+              f"{', '.join(arms) or 'none'})")
     return 0
 
 

@@ -60,6 +60,9 @@ PAPER = {
 
 @dataclass
 class Config(ExperimentConfig):
+    """The detector, its training and what is recorded: phases, per-module histograms, evaluations, the size
+    sweep (each field's comment says what it is; :data:`PROFILES` holds each profile's values)."""
+
     steps: int = 2000                 # optimizer steps
     batch_size: int = 32
     n_train: int = 4000               # generated training images (cycled through in shuffled epochs)
@@ -156,6 +159,7 @@ class SSDHistogramResult(ExperimentResult):
 
     @property
     def final_map50(self) -> float:
+        """mAP@0.5 on the test images after the last step."""
         return float(self.map50[-1][1])
 
     def summary(self, fmt="FP16", which: str = "activation") -> HistogramSummary:
@@ -277,6 +281,7 @@ def _train(config: Config, run: Run, *, desc: str, evaluate: bool, weights: bool
 def measure(config: Config, run: Run) -> dict:
     """Train the detector in FP32 recording its gradient histograms, then the short runs of the size sweep."""
     out = _train(config, run, desc="SSD (FP32)", evaluate=True, weights=True)
+    run.arm_done("main", out)              # kept the moment it finishes (a deadline keeps it)
     out["map_evaluator"] = MAP_EVALUATOR
     out["sweep"] = {}
     for entry in config.sweep:
@@ -286,6 +291,7 @@ def measure(config: Config, run: Run) -> dict:
                       n_train=max(config.sweep_steps * config.batch_size // 2, config.batch_size))
         r = _train(cfg, run, desc=f"sweep {model}, {px} px", evaluate=False, weights=False)
         out["sweep"][f"{model}, {px} px"] = r["activation"]
+        run.arm_done(f"sweep {model}, {px} px", r["activation"])
     return out
 
 

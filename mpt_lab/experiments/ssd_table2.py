@@ -60,6 +60,9 @@ PAPER = {
 
 @dataclass
 class Config(ExperimentConfig):
+    """The detector, its training, the loss scales and the arms (recipes) to train (each field's comment says
+    what it is; :data:`PROFILES` holds each profile's values)."""
+
     steps: int = 1200
     batch_size: int = 32
     n_train: int = 6000
@@ -203,7 +206,11 @@ def measure(config: Config, run: Run) -> dict:
     test = detection_split("test", config.n_test, config.image_size, seed=config.seed)
     torch.manual_seed(config.seed)
     init_state = {k: v.clone() for k, v in build_ssd(config.model, image_size=config.image_size).state_dict().items()}
-    out = collect_arms({a: _train_arm(a, config, train, test, init_state, run) for a in config.arms})
+    arms = {}
+    for a in config.arms:                  # each arm is kept the moment it finishes (a deadline keeps them)
+        arms[a] = _train_arm(a, config, train, test, init_state, run)
+        run.arm_done(a, arms[a])
+    out = collect_arms(arms)
     return {**out, "map_evaluator": MAP_EVALUATOR}
 
 

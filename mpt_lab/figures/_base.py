@@ -63,6 +63,8 @@ def new_figure(figsize=(9, 4.5)) -> BookFigure:
 
 
 def format_color(fmt: F.FloatFormat) -> str:
+    """The book's colour of a format in every figure (a CSS colour string): :data:`FORMAT_COLORS`, dark grey for
+    a format it does not list."""
     return FORMAT_COLORS.get(fmt.name, "#333333")
 
 

@@ -65,7 +65,8 @@ def tradeoff_table(result):
             f"no: rel. diff. {w['grad_rel_diff']:.2g}, cos {w.get('grad_cosine', float('nan')):.3f}"
         flops = (f"{w['step_flops'] / base['step_flops']:.2f}×" if w.get("step_flops") and base.get("step_flops")
                  else "–")
-        rows.append([way, mib(w["peak_bytes"]), f"{100 * w['memory_saved']:.0f}%", f"{1e3 * w['step_seconds']:.1f}",
+        name = way if way != "fp32" or result.baseline_label == "FP32" else f"fp32: {result.baseline_label}"
+        rows.append([name, mib(w["peak_bytes"]), f"{100 * w['memory_saved']:.0f}%", f"{1e3 * w['step_seconds']:.1f}",
                      f"{100 * w['overhead']:+.0f}%", flops, same])
     caption = ("The usual verdict: recomputation is " + say(RECOMPUTE_VS_PRECISION["recomputation"])
                + "; lower precision is " + say(RECOMPUTE_VS_PRECISION["lower precision"]) + " (where 16-bit "
@@ -84,7 +85,7 @@ def training_table(result):
         raise TypeError(f"result must be a MemoryTradeoffsResult, got {type(result).__name__}")
     t = result.training
     rows = []
-    for k, label in (("fp32", "FP32"), ("mixed", f"mixed ({result.mixed_dtype})")):
+    for k, label in (("fp32", result.baseline_label), ("mixed", f"mixed ({result.mixed_dtype})")):
         rows.append([f"this book: {label}, ResNet on digits ({result.device}, {result.profile} profile)",
                      f"{100 * t[k]['accuracy']:.2f}%", f"{t[k]['epoch_seconds']:.3g}", mib(t[k]["storage_bytes"], 3)])
     c = CIFAR10_RESNET50

@@ -223,16 +223,19 @@ def speedup_table(results):
     tables = []
     for label, r in results.items():
         rows = []
+        sheet = r.datasheet is not None
         for row in r.rows:
             sp = r.speedup.get(row["precision"], {}).get(str(row["batch"]), 1.0)
             rows.append([row["precision"], row["batch"], f"{row['epoch_seconds']:.4g}", f"{sp:.2f}×",
-                         f"{row['tflops'] * 1e3:.3g}", f"{100 * row['fraction_of_peak']:.0f}%",
-                         mib(row["peak_bytes"], 1)])
+                         f"{row['tflops'] * 1e3:.3g}", f"{100 * row['fraction_of_peak']:.0f}%"]
+                        + ([f"{100 * row['fraction_of_datasheet_peak']:.0f}%"] if sheet else [])
+                        + [mib(row["peak_bytes"], 1)])
         c = r.config
         caption = (f"{label}: {r.device}, {r.profile} profile, {c['num_layers']} × Linear({c['width']}, "
-                   f"{c['width']})")
+                   f"{c['width']}); FLOPs: {r.flops_convention}")
         tables.append(table_html(["precision", "batch", "s / epoch", "speed-up vs FP32", "GFLOP/s",
-                                  "of matmul peak", "peak MiB"], rows, caption=caption))
+                                  "of measured matmul peak"] + (["of datasheet peak"] if sheet else [])
+                                 + ["peak MiB"], rows, caption=caption))
     return type(tables[0])("".join(tables))
 
 

@@ -319,10 +319,12 @@ class QuantizedTensor:
 
     @property
     def shape(self) -> torch.Size:
+        """The shape of the quantised tensor (that of its element codes)."""
         return self._codes().shape
 
     @property
     def device(self) -> torch.device:
+        """The device its codes are on."""
         return self._codes().device
 
 
@@ -350,6 +352,7 @@ class BlockScaledTensor(QuantizedTensor):
         return F.decode(self.element_codes, self.fmt)
 
     def scales(self) -> torch.Tensor:  # pragma: no cover - every subclass defines it
+        """The scale of each block as float64 values (each format's subclass says how it decodes them)."""
         raise NotImplementedError
 
     def _per_value(self, per_block: torch.Tensor) -> torch.Tensor:
