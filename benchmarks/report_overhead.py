@@ -20,10 +20,10 @@ layers and the output layer), with ``ranking="one"`` (one layer at a time) or "b
 seconds divided by the number of layers and by the median plain step.
 
 The goals (issue 33): the recording costs at most 1.5 plain steps and each format at most 1.5 more (per-format cost
-= (report with four formats − recording) / 4, from the medians); the layer ranking at most 2 steps per layer.  Both wall-clock times and
-the process's CPU times (``time.process_time``, all its threads) are saved: on a machine whose two cores other
-processes share, the CPU times are the steadier measure of the work done; the machine's 1-minute load average
-after each timed call is saved with them.
+= (report with four formats − recording) / 4, from the medians); the layer ranking at most 2 steps per layer.
+Both wall-clock times and the process's CPU times (``time.process_time``, all its threads) are saved: on a
+machine whose two cores other processes share, the CPU times are the steadier measure of the work done; the
+machine's 1-minute load average after each timed call is saved with them.
 
     python benchmarks/report_overhead.py --profile cpu --out book/results/report_overhead_cpu.json
     python benchmarks/report_overhead.py --profile quick       # a one-layer, 32-wide model: seconds
@@ -184,7 +184,8 @@ def measure(config: Config, run: Run) -> dict:
             secs = ranking["seconds"] if clock == "wall clock" else ranking["cpu_seconds"]
             summary[f"layer ranking per layer, {clock}"] = secs / ranking["layers"] / med[PLAIN]
     return {"load_average": {"start": load_start, "end": os.getloadavg()[0]}, "rows": rows, "summary": summary,
-            "goal": {"recording_in_steps": GOAL, "per_format_in_steps": GOAL, "ranking_per_layer_in_steps": RANKING_GOAL},
+            "goal": {"recording_in_steps": GOAL, "per_format_in_steps": GOAL,
+                     "ranking_per_layer_in_steps": RANKING_GOAL},
             "formats": list(DEFAULT_FORMATS), "parameters": sum(p.numel() for p in model.parameters()),
             "ranking": ranking}
 

@@ -671,11 +671,21 @@ class StepRecorder:
         for label, t, axis, pname in operands:
             row = {"module": module, "pass": where, "op": name, "gemm": kind, "operand": label, "parameter": pname,
                    "shape": tuple(t.shape), "histogram": self.hist(t),
-                   "gradient_operand": where == "backward" and self._is_gradient(t)}
+                   "gradient_operand": where == "backward" and self._is_gradient(t),
+                   "zero_rows": self._zero_rows(t, axis)}
             if self.block_formats:
                 row["blocks"] = self._blocks(t, axis)
             rows.append(row)
         self.gemm_records.extend(rows)
+
+    def _zero_rows(self, t, axis: int) -> float:
+        """The share of the operand's rows (its slices along the reduction axis: what row-wise scaling scales
+        together) whose values are all zero: their amax is 0, and a scale amax / max is 0 (torchao issue 3356)."""
+        if t.dim() == 0 or t.numel() == 0:
+            return 0.0
+        with exact_arithmetic():
+            a = t.detach().abs().amax(dim=axis % t.dim())
+            return float((a == 0).double().mean())
 
     def _is_gradient(self, t) -> bool:
         """Whether t is (a view of) a gradient that a node of this backward pass received."""

@@ -64,7 +64,7 @@ import numpy as np
 import torch
 
 from . import formats as F
-from ._report_record import BLOCK_FORMATS, LOSS_FN, StepRecorder, finite
+from ._report_record import BLOCK_FORMATS, StepRecorder, finite
 from .histogram import Log2Histogram, log2_histogram
 from .scaling import max_gradient_scale
 from .simulate import MODES, simulate
@@ -985,7 +985,7 @@ class PrecisionReport:
         event = next(((n, w) for n, w, ok in run.events if not ok), None)
         ops = self._new_nonfinite_ops(f)
         if ops:
-            i, o = ops[0]
+            _, o = ops[0]
             return Location(o["module"], o["pass"], op=o["op"], function=o["function"], node=o["node"],
                             origin=math.isfinite(o["in_amax"]))
         if event is None:
@@ -1226,7 +1226,9 @@ class PrecisionReport:
         ("forward", "input-gradient", "weight-gradient"; "input- and weight-gradient" for a convolution's
         backward), "operand" ("A", "B", "q", "k", "v", "grad", "input", "weight"), "parameter" (its name when the
         operand is a parameter or a view of one), "shape", "values", "amax", "underflow" (share of the non-zero
-        values that round to zero in ``fmt``), "overflow" (share of all values that round beyond its range).
+        values that round to zero in ``fmt``), "overflow" (share of all values that round beyond its range),
+        "zero_rows" (share of its rows along the reduction axis that are all zero: a row-wise scale amax / max
+        is 0 there, and x / 0 is NaN, torchao issue 3356).
         Operands of backward GEMMs that hold gradients are multiplied by ``loss_scale`` first (the others are
         activations and weights, which a loss scale does not touch): the gradient operand of a backward GEMM is
         the operand that is (a view of) a gradient the backward pass received ("gradient_operand" in the row).
@@ -1241,7 +1243,7 @@ class PrecisionReport:
             c = self._counts(h, f, scale)
             nz = c["normal"] + c["subnormal"] + c["underflow"] + c["overflow"]
             out.append({k: r[k] for k in ("module", "pass", "op", "gemm", "operand", "parameter", "shape",
-                                          "gradient_operand")}
+                                          "gradient_operand", "zero_rows")}
                        | {"values": h.total, "amax": h.amax, "underflow": c["underflow"] / nz if nz else 0.0,
                           "overflow": c["overflow"] / h.total if h.total else 0.0})
         return out
@@ -1371,8 +1373,9 @@ class PrecisionReport:
            underflow); or the loss-scale window is empty (low > high, or no scale keeps ``keep`` of the
            gradients);
         2. otherwise *keep these modules in FP32* when the forward pass overflows: the origins only
-           (:meth:`origins` of the format's step when it turns non-finite in forward, else the "origins" of
-           :meth:`forward_overflows`), never the modules that inherit the overflow; no loss scale is offered for
+           (:meth:`origins` of the format's step when it turns non-finite in forward; in mode "all" also the
+           "origins" of :meth:`forward_overflows`; under autocast an FP32 output beyond the range that autocast
+           keeps in FP32 is no fault), never the modules that inherit the overflow; no loss scale is offered for
            it (a loss scale multiplies gradients, not activations); the loss scale the gradients need once it is
            fixed is said apart.  Also when the format's backward turns non-finite at loss scale 1 although every
            FP32 gradient fits the format (an op inside the module overflows): that module;
@@ -1394,7 +1397,9 @@ class PrecisionReport:
 
     def _forward_origins(self, f: F.FloatFormat) -> list:
         """Names of the modules where the forward pass overflows ``f``: origins of the format's step when it turns
-        non-finite in forward, else the origins of the FP32 outputs cast to ``f``."""
+        non-finite in forward; in mode "all" (every op in ``f``) also the origins of the FP32 outputs cast to
+        ``f``.  Under autocast an FP32 output beyond ``f``'s range that the format's step keeps in FP32 is no
+        fault."""
         first = self.first_nonfinite(f.name)
         names = []
         if first is not None and first[1] == "forward":
@@ -1403,9 +1408,10 @@ class PrecisionReport:
                     names.append(o["module"])
             if not names:
                 names.append(first[0])
-        for n in self.forward_overflows(f.name, "origins"):
-            if n not in names:
-                names.append(n)
+        if self.mode == "all":
+            for n in self.forward_overflows(f.name, "origins"):
+                if n not in names:
+                    names.append(n)
         return names
 
     def _advice(self, fmt, keep: float) -> tuple:
@@ -1559,7 +1565,8 @@ class PrecisionReport:
             rows.append({"format": name, "max": f"{f.max:.5g}", "loss": _num(self.runs[name].loss),
                          "overflows": overflows,
                          "first": first.describe() if first else "none",
-                         "window": f"[{_pow2_text(low)}, {_pow2_text(high)}]" if low is None or high is None or low <= high else
+                         "window": f"[{_pow2_text(low)}, {_pow2_text(high)}]"
+                         if low is None or high is None or low <= high else
                          f"empty ({_pow2_text(low)} > {_pow2_text(high)})",
                          "scaler": "never clean" if sc["skipped"] is None else
                          f"{sc['skipped']} skipped → {_pow2_text(sc['scale'])}",

@@ -55,8 +55,8 @@ class PrecisionMonitor:
 
     Attributes
     ----------
-    history : list of dicts, one per :meth:`step`: "step", "loss", "scale" (the loss scale the step ran at), "next_scale"
-        (after the scaler's update), "skipped" (a gradient held inf/NaN; None without a scaler and without
+    history : list of dicts, one per :meth:`step`: "step", "loss", "scale" (the loss scale the step ran at),
+        "next_scale" (after the scaler's update), "skipped" (a gradient held inf/NaN; None without a scaler and without
         gradients), "activation_amax" (module → largest |output| of the step, inf/NaN when one was),
         "nonfinite_activations" (modules whose outputs held inf/NaN, in the order they ran), "gradient_amax"
         (parameter → largest |gradient| as backward produced it), "nonfinite_gradients", "gradient_zero" (share
@@ -266,8 +266,8 @@ class PrecisionMonitor:
                         + (f" (largest finite gradient {finite[top] / s:.4g} unscaled, at {top})" if top else ""))
                 else:
                     add(st, "gradient overflow",
-                        f"a gradient overflowed {self.fmt.name} at loss scale {s:g} (at "
-                        f"{r['nonfinite_gradients'][0]}); the scaler halves the scale and skips the step")
+                        f"a gradient overflowed {self.fmt.name} at the loss scale the step ran at ({s:g} at the first, "
+                        f"at {r['nonfinite_gradients'][0]}); the scaler halves the scale and skips the step")
                 run += 1
                 run_start = r if run == 1 else run_start
                 if run >= 3 and self.scaler is not None:

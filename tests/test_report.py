@@ -900,8 +900,9 @@ def test_predicted_fp16_underflow_matches_a_real_autocast_backward(kind):
         batch = (torch.randn(128, 32), torch.randint(0, 10, (128,)))
         factor = 2.0 ** -12
     else:
-        model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1),
-                              nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
+        model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                              nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                              nn.Linear(8, 10))
         batch = (torch.randn(16, 3, 16, 16), torch.randint(0, 10, (16,)))
         factor = 2.0 ** -6        # (at heavier underflow a real backward flushes more: zeros compound upstream)
 
@@ -1123,3 +1124,27 @@ def test_progress_bar(capsys):
     assert "precision report" in err
     with pytest.raises(TypeError, match="progress"):
         precision_report(model, ce, data(), progress="yes")
+
+
+def test_loss_scale_figure():
+    from mpt_lab.figures import plot_loss_scales
+    from mpt_lab.report import PrecisionMonitor
+
+    model = nn.Sequential(nn.Linear(8, 4))
+    scaler = torch.amp.GradScaler("cpu", init_scale=4.0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    with PrecisionMonitor(model, "FP16", scaler=scaler) as mon:
+        for _ in range(3):
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = ce(model, data()) * 1e8
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            mon.step(loss)
+    fig = plot_loss_scales({"a loop": mon})
+    ax = fig.axes[0]
+    assert ax.get_title() and "log2" in ax.get_ylabel() and ax.get_xlabel() == "training step"
+    assert list(ax.lines[0].get_ydata()) == [2.0, 1.0, 0.0] and ax.get_legend() is not None
+    with pytest.raises(TypeError, match="monitors"):
+        plot_loss_scales({})

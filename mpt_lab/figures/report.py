@@ -19,7 +19,7 @@ from matplotlib.figure import Figure
 from .. import formats as F
 from ._base import format_color, new_figure, pow2, table_html
 
-__all__ = ["plot_precision_report", "format_window", "report_table"]
+__all__ = ["plot_precision_report", "format_window", "report_table", "plot_loss_scales"]
 
 #: Formats whose window reaches beyond this many binades from 2⁰ (BF16, FP32) are listed, not drawn: the map
 #: would otherwise stretch to ±130 binades.
@@ -190,3 +190,46 @@ def report_table(reports: dict, formats=None):
         rows.append(row)
     align = ["left", "right", "right"] + ["left"] * (len(head) - 3)
     return table_html(head, rows, align=align)
+
+
+def plot_loss_scales(monitors: dict, title: str = "The loss scale over the steps of three training loops"):
+    """The loss scale per step of each :class:`~mpt_lab.report_monitor.PrecisionMonitor` (log2 axis), skipped
+    steps marked with crosses.
+
+    Parameters
+    ----------
+    monitors : dict label → PrecisionMonitor (with a scaler: steps without a scale are not drawn)
+    title : the figure's title
+
+    Returns
+    -------
+    Figure: x the step, y log2 of the loss scale the step ran at; a cross where the step was skipped (a gradient
+    held inf/NaN); the dashed line is scale 1.
+
+    Raises
+    ------
+    TypeError
+        ``monitors`` is not a non-empty dict of PrecisionMonitors.
+    """
+    from ..report_monitor import PrecisionMonitor
+
+    if not isinstance(monitors, dict) or not monitors or not all(isinstance(m, PrecisionMonitor)
+                                                                 for m in monitors.values()):
+        raise TypeError("monitors must be a non-empty dict of label → PrecisionMonitor")
+    fig = new_figure((8, 3.8))
+    ax = fig.add_subplot(1, 1, 1)
+    for i, (label, mon) in enumerate(monitors.items()):
+        steps = [r["step"] for r in mon.history if r["scale"] is not None]
+        scales = [math.log2(r["scale"]) for r in mon.history if r["scale"] is not None]
+        skipped = [(r["step"], math.log2(r["scale"])) for r in mon.history if r["scale"] is not None and r["skipped"]]
+        color = f"C{i}"
+        ax.plot(steps, scales, "-o", color=color, markersize=3, label=label)
+        if skipped:
+            ax.plot([s for s, _ in skipped], [v for _, v in skipped], "x", color=color, markersize=9)
+    ax.axhline(0.0, color="0.5", linestyle="--", linewidth=1)
+    ax.set_xlabel("training step")
+    ax.set_ylabel("log2 of the loss scale")
+    ax.set_title(title)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, fontsize=8,
+              title="× a skipped step (a gradient held inf/NaN)", title_fontsize=8)
+    return fig
