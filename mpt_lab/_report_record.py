@@ -31,9 +31,12 @@ view's base, where it is read instead (the whole base, or the view's elements of
 from __future__ import annotations
 
 import contextlib
+import os
+import random
 import weakref
 from collections.abc import Mapping
 
+import numpy as np
 import torch
 from torch.overrides import TorchFunctionMode
 
@@ -41,7 +44,8 @@ from ._torch_internals import TorchDispatchMode, current_autograd_node, current_
 from .formats import exact_arithmetic, exact_arithmetic_active
 from .histogram import Log2Histogram, log2_histogram
 
-__all__ = ["StepRecorder", "GEMM_OPERANDS", "LOSS_FN", "floating_tensors", "finite", "amax_of"]
+__all__ = ["StepRecorder", "GEMM_OPERANDS", "LOSS_FN", "BLOCK_FORMATS", "floating_tensors", "finite", "amax_of",
+           "block_statistics", "SavedState", "ProgressBar", "progress_wanted", "check_loss"]
 
 #: The label of ops and gradients computed outside every module (in ``loss_fn``, around the model call).
 LOSS_FN = "(loss_fn)"
@@ -276,6 +280,7 @@ class StepRecorder:
         return False
 
     def close(self) -> None:
+        """Leave the modes, remove every hook of the recorder and let go of the autograd nodes it kept."""
         while self._modes:
             self._modes.pop().__exit__(None, None, None)
         for h in self.handles:
@@ -559,9 +564,7 @@ class StepRecorder:
 
     def edge_amaxes(self) -> list:
         """The amax (float) of each of ``edge_hists``."""
-        if not self.edge_hists:
-            return []
-        return torch.stack([h._amax.to(torch.float32).reshape(()) for h in self.edge_hists]).tolist()
+        return [h.amax for h in self.edge_hists]
 
     # --- ops -----------------------------------------------------------------------------------------------
     def _amax_index(self, t: torch.Tensor) -> int:
@@ -797,3 +800,129 @@ def block_statistics(t: torch.Tensor, fmt: str, axis: int) -> dict:
     return {"n": err["n"], "flushed": flushed, "clipped": err["saturated"], "scale_spread": hi - lo,
             "scale_log2_range": (lo, hi), "rel_rms_error": rel, "snr_db": err["snr_db"],
             "nonfinite": err["nonfinite_out"]}
+
+
+# ---------------------------------------------------------------------------------------------- the state
+class SavedState:
+    """Everything the report could change, saved before and restored after: parameter values (also those written
+    through ``.data``) and storage, buffers, ``.grad`` of parameters and of every other leaf tensor the step
+    reaches (a batch that requires grad), training flags, grad mode, and the global random number generators
+    (torch CPU and CUDA, Python's, NumPy's)."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+        with torch.no_grad():
+            self.params = [(p, p.detach().clone(), p.grad, p.data) for p in model.parameters()]
+            self.buffers = [(b, b.detach().clone(), b.data) for b in model.buffers()]
+        self.training = [(m, m.training) for m in model.modules()]
+        self.grad_enabled = torch.is_grad_enabled()
+        self.leaves: dict = {}      # id -> (tensor, its .grad before the report)
+        self.torch_rng = torch.get_rng_state()
+        self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() \
+            else None
+        self.py_rng = random.getstate()
+        self.np_rng = np.random.get_state()
+
+    def reset_rng(self) -> None:
+        """The random state as it was (each step of the report draws the same dropout masks)."""
+        torch.set_rng_state(self.torch_rng)
+        if self.cuda_rng is not None:
+            torch.cuda.set_rng_state_all(self.cuda_rng)
+        random.setstate(self.py_rng)
+        np.random.set_state(self.np_rng)
+
+    def save_leaves(self, leaves) -> None:
+        """Remember the ``.grad`` of leaf tensors that are no parameters (first sight only) and clear it."""
+        for t in leaves:
+            if id(t) not in self.leaves:
+                self.leaves[id(t)] = (t, t.grad)
+            t.grad = None
+
+    def clear_grads(self) -> None:
+        """Set ``.grad`` of every parameter, and of the leaves :meth:`save_leaves` saw, to None."""
+        for p, _, _, _ in self.params:
+            p.grad = None
+        for t, _ in self.leaves.values():
+            t.grad = None
+
+    def restore_values(self) -> None:
+        """Parameters and buffers back to their saved values and storage where anything changed them (also
+        through ``.data``, which bypasses the version counter), without moving their version counters (a graph
+        the caller built before the report still runs backward); training flags and grad mode as they were."""
+        with torch.no_grad():
+            for t, saved, _, data in (*self.params, *((b, s, None, d) for b, s, d in self.buffers)):
+                if t.data_ptr() != data.data_ptr() or t.shape != data.shape or t.dtype != data.dtype:
+                    t.data = data
+                if not torch.equal(t.data, saved):
+                    t.data.copy_(saved)
+        for m, mode in self.training:
+            m.training = mode
+        torch.set_grad_enabled(self.grad_enabled)
+
+    def restore(self) -> None:
+        """Everything as it was: values (:meth:`restore_values`), every ``.grad`` and the random generators."""
+        self.restore_values()
+        for p, _, grad, _ in self.params:
+            p.grad = grad
+        for t, grad in self.leaves.values():
+            t.grad = grad
+        self.reset_rng()
+
+
+def progress_wanted(progress) -> bool:
+    """``progress`` when it is a bool; for None, whether the environment variable ``MPT_LAB_PROGRESS`` allows bars
+    (anything but "0", "false", "no", "off").  Raises TypeError for anything else."""
+    if progress is not None:
+        if not isinstance(progress, bool):
+            raise TypeError(f"progress must be a bool or None, got {type(progress).__name__}")
+        return progress
+    return os.environ.get("MPT_LAB_PROGRESS", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+class ProgressBar:
+    """A tqdm.auto bar over the module calls of every step of the report (or nothing)."""
+
+    def __init__(self, on: bool, desc: str):
+        self.bar = None
+        if on:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=None, desc=desc, unit="module", mininterval=0.5, leave=False)
+
+    def step(self, text: str) -> None:
+        """Name the step the bar counts now."""
+        if self.bar is not None:
+            self.bar.set_description_str(f"precision report: {text}")
+
+    def set_total(self, n: int) -> None:
+        """The number of module calls the bar expects in all."""
+        if self.bar is not None:
+            self.bar.total = n
+            self.bar.refresh()
+
+    def __call__(self, name) -> None:
+        """One more module call done (a :class:`StepRecorder` progress callback)."""
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def close(self) -> None:
+        """Close the bar."""
+        if self.bar is not None:
+            self.bar.close()
+
+
+def check_loss(loss, where: str) -> torch.Tensor:
+    """``loss`` if it is a scalar floating tensor that requires grad; TypeError / ValueError saying what it is
+    instead (``where`` names the step in the message)."""
+    if not isinstance(loss, torch.Tensor):
+        hint = " (for a Hugging Face model: loss_fn = lambda m, b: m(**b).loss)" if isinstance(loss, Mapping) else ""
+        raise TypeError(f"loss_fn must return the loss as a scalar torch.Tensor, got {type(loss).__name__}{hint}")
+    if loss.numel() != 1:
+        raise ValueError(f"loss_fn must return a scalar loss (one element), got a tensor of shape "
+                         f"{tuple(loss.shape)}; reduce it (e.g. .mean()) inside loss_fn")
+    if not loss.is_floating_point():
+        raise TypeError(f"loss_fn must return a floating-point loss, got dtype {loss.dtype}")
+    if not loss.requires_grad:
+        raise ValueError(f"the loss of {where} does not require grad: no trainable parameter of the model "
+                         "contributed to it (were all parameters frozen, or was it computed under no_grad?)")
+    return loss

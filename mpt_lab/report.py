@@ -55,16 +55,14 @@ import copy
 import html
 import math
 import numbers
-import os
-import random
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from . import formats as F
-from ._report_record import BLOCK_FORMATS, StepRecorder, finite
+from ._report_record import (BLOCK_FORMATS, ProgressBar, SavedState, StepRecorder, check_loss, finite,
+                             progress_wanted)
 from .histogram import Log2Histogram, log2_histogram
 from .scaling import max_gradient_scale
 from .simulate import MODES, simulate
@@ -221,71 +219,6 @@ class Location(tuple):
         return f"Location({self.module!r}, {self.where!r}{extra})"
 
 
-# ---------------------------------------------------------------------------------------------- the state
-class _SavedState:
-    """Everything the report could change, saved before and restored after: parameter values (also those written
-    through ``.data``) and storage, buffers, ``.grad`` of parameters and of every other leaf tensor the step
-    reaches (a batch that requires grad), training flags, grad mode, and the global random number generators
-    (torch CPU and CUDA, Python's, NumPy's)."""
-
-    def __init__(self, model: torch.nn.Module):
-        self.model = model
-        with torch.no_grad():
-            self.params = [(p, p.detach().clone(), p.grad, p.data) for p in model.parameters()]
-            self.buffers = [(b, b.detach().clone(), b.data) for b in model.buffers()]
-        self.training = [(m, m.training) for m in model.modules()]
-        self.grad_enabled = torch.is_grad_enabled()
-        self.leaves: dict = {}      # id -> (tensor, its .grad before the report)
-        self.torch_rng = torch.get_rng_state()
-        self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() \
-            else None
-        self.py_rng = random.getstate()
-        self.np_rng = np.random.get_state()
-
-    def reset_rng(self) -> None:
-        """The random state as it was (each step of the report draws the same dropout masks)."""
-        torch.set_rng_state(self.torch_rng)
-        if self.cuda_rng is not None:
-            torch.cuda.set_rng_state_all(self.cuda_rng)
-        random.setstate(self.py_rng)
-        np.random.set_state(self.np_rng)
-
-    def save_leaves(self, leaves) -> None:
-        """Remember the ``.grad`` of leaf tensors that are no parameters (first sight only) and clear it."""
-        for t in leaves:
-            if id(t) not in self.leaves:
-                self.leaves[id(t)] = (t, t.grad)
-            t.grad = None
-
-    def clear_grads(self) -> None:
-        for p, _, _, _ in self.params:
-            p.grad = None
-        for t, _ in self.leaves.values():
-            t.grad = None
-
-    def restore_values(self) -> None:
-        """Parameters and buffers back to their saved values and storage where anything changed them (also
-        through ``.data``, which bypasses the version counter), without moving their version counters (a graph
-        the caller built before the report still runs backward); training flags and grad mode as they were."""
-        with torch.no_grad():
-            for t, saved, _, data in (*self.params, *((b, s, None, d) for b, s, d in self.buffers)):
-                if t.data_ptr() != data.data_ptr() or t.shape != data.shape or t.dtype != data.dtype:
-                    t.data = data
-                if not torch.equal(t.data, saved):
-                    t.data.copy_(saved)
-        for m, mode in self.training:
-            m.training = mode
-        torch.set_grad_enabled(self.grad_enabled)
-
-    def restore(self) -> None:
-        self.restore_values()
-        for p, _, grad, _ in self.params:
-            p.grad = grad
-        for t, grad in self.leaves.values():
-            t.grad = grad
-        self.reset_rng()
-
-
 def _sum_hists(hists) -> Log2Histogram:
     out = Log2Histogram()
     for h in hists:
@@ -293,44 +226,10 @@ def _sum_hists(hists) -> Log2Histogram:
     return out
 
 
-def _progress_wanted(progress) -> bool:
-    if progress is not None:
-        if not isinstance(progress, bool):
-            raise TypeError(f"progress must be a bool or None, got {type(progress).__name__}")
-        return progress
-    return os.environ.get("MPT_LAB_PROGRESS", "1").strip().lower() not in ("0", "false", "no", "off")
-
-
-class _Bar:
-    """A tqdm.auto bar over the module calls of every step of the report (or nothing)."""
-
-    def __init__(self, on: bool, desc: str):
-        self.bar = None
-        if on:
-            from tqdm.auto import tqdm
-
-            self.bar = tqdm(total=None, desc=desc, unit="module", mininterval=0.5, leave=False)
-
-    def step(self, text: str) -> None:
-        if self.bar is not None:
-            self.bar.set_description_str(f"precision report: {text}")
-
-    def set_total(self, n: int) -> None:
-        if self.bar is not None:
-            self.bar.total = n
-            self.bar.refresh()
-
-    def __call__(self, name) -> None:
-        if self.bar is not None:
-            self.bar.update(1)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
 
 
 # -------------------------------------------------------------------------------------------- one step
-def _run_step(model, loss_fn, batch, state: _SavedState, named_modules: dict, *, fmt, mode: str, measure: str,
+def _run_step(model, loss_fn, batch, state: SavedState, named_modules: dict, *, fmt, mode: str, measure: str,
               params: dict, edges: bool = False, ops: bool = False, gemms: bool = False, block_formats=(),
               modules: bool = True, progress=None, where: str):
     """One ``loss_fn(model, batch)`` + ``backward()``, recorded by a :class:`~mpt_lab._report_record.StepRecorder`,
@@ -346,7 +245,7 @@ def _run_step(model, loss_fn, batch, state: _SavedState, named_modules: dict, *,
         with ctx:
             with rec:
                 try:
-                    loss = _check_loss(loss_fn(model, batch), where)
+                    loss = check_loss(loss_fn(model, batch), where)
                     value = float(loss.detach())
                     state.save_leaves(rec.before_backward(loss))
                     loss.backward()
@@ -454,7 +353,7 @@ def precision_report(model: torch.nn.Module, loss_fn, batch, *, formats=DEFAULT_
     for b in block_formats:
         if b not in BLOCK_FORMATS:
             raise ValueError(f"block_formats must name formats among {BLOCK_FORMATS}, got {b!r}")
-    show = _progress_wanted(progress)
+    show = progress_wanted(progress)
     fmts = _check_formats(formats)
     named_params = [(n, p) for n, p in model.named_parameters() if p.is_floating_point()]
     if not named_params:
@@ -463,8 +362,8 @@ def precision_report(model: torch.nn.Module, loss_fn, batch, *, formats=DEFAULT_
 
     named_modules = dict(model.named_modules())
     param_names = {id(p): n for n, p in named_params}
-    state = _SavedState(model)
-    bar = _Bar(show, "precision report")
+    state = SavedState(model)
+    bar = ProgressBar(show, "precision report")
     try:
         state.clear_grads()
         # --- the FP32 step, recorded ---------------------------------------------------------------------
@@ -625,21 +524,6 @@ def _check_formats(formats) -> list:
         if fmt.name not in out:
             out.append(fmt.name)
     return out
-
-
-def _check_loss(loss, where: str) -> torch.Tensor:
-    if not isinstance(loss, torch.Tensor):
-        hint = " (for a Hugging Face model: loss_fn = lambda m, b: m(**b).loss)" if isinstance(loss, Mapping) else ""
-        raise TypeError(f"loss_fn must return the loss as a scalar torch.Tensor, got {type(loss).__name__}{hint}")
-    if loss.numel() != 1:
-        raise ValueError(f"loss_fn must return a scalar loss (one element), got a tensor of shape "
-                         f"{tuple(loss.shape)}; reduce it (e.g. .mean()) inside loss_fn")
-    if not loss.is_floating_point():
-        raise TypeError(f"loss_fn must return a floating-point loss, got dtype {loss.dtype}")
-    if not loss.requires_grad:
-        raise ValueError(f"the loss of {where} does not require grad: no trainable parameter of the model "
-                         "contributed to it (were all parameters frozen, or was it computed under no_grad?)")
-    return loss
 
 
 def _add_context(err: BaseException, text: str) -> None:

@@ -244,7 +244,7 @@ def keep_wide(model: nn.Module, loss_fn, batch, recipe="nvfp4", *, tolerance: fl
     high-precision layers).
     """
     from .quantized_training import get_recipe
-    from .report import _Bar, _check_loss, _progress_wanted, _SavedState
+    from ._report_record import ProgressBar, SavedState, check_loss, progress_wanted
 
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -268,9 +268,9 @@ def keep_wide(model: nn.Module, loss_fn, batch, recipe="nvfp4", *, tolerance: fl
     if not [n for n, _ in linears if n not in skip]:
         raise ValueError(f"model ({type(model).__name__}) has no Linear layer to rank")
 
-    state = _SavedState(model)
+    state = SavedState(model)
     switches: dict = {}
-    bar = _Bar(_progress_wanted(progress), "keep_wide")
+    bar = ProgressBar(progress_wanted(progress), "keep_wide")
     try:
         for k, (name, lin) in enumerate(linears):
             parent_name, _, child = name.rpartition(".")
@@ -298,7 +298,7 @@ def keep_wide(model: nn.Module, loss_fn, batch, recipe="nvfp4", *, tolerance: fl
                 if record_order:
                     handles.append(sw.register_forward_hook(first_call(name)))
             try:
-                loss = _check_loss(loss_fn(model, batch), "keep_wide's step")
+                loss = check_loss(loss_fn(model, batch), "keep_wide's step")
                 value = float(loss.detach())
                 grads = torch.autograd.grad(loss, params, allow_unused=True)
             finally:
