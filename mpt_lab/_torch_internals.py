@@ -41,6 +41,22 @@ name here (torch's name)                    what mpt_lab uses it for
                                             when this torch has no such op (the callers then emulate).  Its
                                             CUDA path is tested by ``tests/test_quantized_training.py`` (skipped
                                             without such a GPU).
+``onednn_fp16_supported``,                  :func:`mpt_lab.device.cpu_kernels`: whether PyTorch sends float16
+``onednn_bf16_supported``                   (bfloat16) convolutions and matrix products on this CPU to oneDNN
+(``torch.ops.mkldnn._is_mkldnn_fp16_``       (its brgemm/AMX kernels, one FP32 accumulation and one rounding
+``supported``, ``…_bf16_supported``)        per output) or to ATen's own fallback (``thnn_conv2d``, which
+                                            rounds a convolution's weight gradient to float16 after every
+                                            image).  The answer follows the CPU and ``ONEDNN_MAX_CPU_ISA``; the
+                                            tests read it to compare :mod:`mpt_lab.simulate` with the kernel
+                                            that really runs.  False where this torch has no such query.
+``dispatch_op_names``,                      :func:`mpt_lab.autocast.autocast_lists`: PyTorch's own autocast op
+``dispatch_has_kernel``                     lists, read from its dispatcher (every ATen op that has a kernel
+(``torch._C._dispatch_get_all_op_names``,   for the ``AutocastCUDA`` or ``AutocastCPU`` dispatch key; the
+``torch._C._dispatch_has_kernel_for_        torch.amp documentation prints the same lists by hand).
+dispatch_key``)
+``aten_to_copy``                            :func:`mpt_lab.autocast.autocast_lists`: the ATen op every dtype
+(``torch.ops.aten._to_copy.default``)       cast goes through (``Tensor.to(dtype)``), which autocast calls
+                                            when it casts an op's inputs.
 ``foreach_max``, ``foreach_mul_``           :mod:`mpt_lab.scaling` (the inf/NaN check and the unscaling of
 (``torch._foreach_max``,                    :class:`~mpt_lab.scaling.GradScaler`): one multi-tensor kernel per
 ``torch._foreach_mul_``)                    device, the operations ``torch.amp.GradScaler`` uses, so the results
@@ -55,7 +71,8 @@ listed here so that one file says everything mpt_lab assumes about torch's inter
 * ``Tensor._version`` (version counter of in-place changes) and ``Tensor._base`` (the tensor a view was
   made from): :mod:`mpt_lab.simulate`, to know which tensors already hold values of the emulated format.
 * ``OpOverload._schema`` (argument aliasing: which arguments an op writes, which outputs are views) and
-  ``OpOverload.overloadpacket``: :mod:`mpt_lab.simulate`, to classify each ATen op once.
+  ``OpOverload.overloadpacket``: :mod:`mpt_lab.simulate`, to classify each ATen op once; ``_schema``'s
+  argument types also let :func:`mpt_lab.autocast.autocast_lists` build placeholder arguments for any op.
 * ``Tensor._values()`` of sparse gradients (their stored values, uncoalesced, as torch's GradScaler checks
   them): :mod:`mpt_lab.scaling` and :mod:`mpt_lab.master_weights`.
 * ``Module._parameters`` / ``Module._buffers`` and ``RNNBase._init_flat_weights()``:
@@ -82,12 +99,22 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode as current_d
 from torch.utils._pytree import tree_flatten
 
 __all__ = ["TorchDispatchMode", "tree_flatten", "current_autograd_node", "current_dispatch_mode", "FakeTensorMode",
-           "foreach_max",
-           "foreach_mul_", "scaled_mm"]
+           "foreach_max", "foreach_mul_", "scaled_mm", "onednn_fp16_supported", "onednn_bf16_supported",
+           "dispatch_op_names", "dispatch_has_kernel", "aten_to_copy"]
 
 #: ``current_autograd_node()`` is the autograd Node being executed by the engine in this thread, or None
 #: outside a backward pass.
 current_autograd_node = torch._C._current_autograd_node
+
+#: ``dispatch_op_names()`` -> list of every registered op's name, "aten::mm", "aten::softmax.int", ….
+dispatch_op_names = torch._C._dispatch_get_all_op_names
+
+#: ``dispatch_has_kernel(op_name, dispatch_key)`` -> bool: whether the op has its own kernel for that key
+#: (e.g. "AutocastCUDA"); a key's fallthrough does not count.
+dispatch_has_kernel = torch._C._dispatch_has_kernel_for_dispatch_key
+
+#: The ATen overload ``aten::_to_copy`` (``x.to(dtype)`` dispatches to it): a cast, as a dispatch mode sees it.
+aten_to_copy = torch.ops.aten._to_copy.default
 
 #: ``foreach_max(tensors)`` -> list of 0-dim tensors, the largest element of each (NaN if it holds one).
 foreach_max = torch._foreach_max
@@ -98,3 +125,22 @@ foreach_mul_ = torch._foreach_mul_
 #: ``scaled_mm(a, b, scale_a=, scale_b=, out_dtype=)`` -> a @ b from float8 operands on FP8 tensor cores
 #: (CUDA, compute capability ≥ 8.9); None if this torch build has no ``torch._scaled_mm``.
 scaled_mm = getattr(torch, "_scaled_mm", None)
+
+
+def _mkldnn_query(name: str):
+    fn = getattr(getattr(torch.ops, "mkldnn", None), name, None)
+
+    def query() -> bool:
+        """Whether PyTorch sends this type's convolutions and matrix products to oneDNN on this CPU."""
+        if fn is None or not torch.backends.mkldnn.is_available():
+            return False
+        return bool(fn())
+
+    return query
+
+
+#: ``onednn_fp16_supported()`` -> bool: PyTorch runs float16 convolutions (and oneDNN matmuls) on oneDNN here.
+onednn_fp16_supported = _mkldnn_query("_is_mkldnn_fp16_supported")
+
+#: ``onednn_bf16_supported()`` -> bool: the same for bfloat16.
+onednn_bf16_supported = _mkldnn_query("_is_mkldnn_bf16_supported")

@@ -79,7 +79,7 @@ import torch
 from mpt_lab.formats import BF16, FP16, FP32, FP64, FloatFormat, exact_arithmetic, get_format, round_to
 
 __all__ = ["ORDERS", "ROUNDINGS", "TENSOR_CORE_ACCUMULATOR", "dot", "matmul", "partial_sums", "unit_roundoff",
-           "tensor_core_dot", "compensated_update_"]
+           "any_order_bounds", "tensor_core_dot", "compensated_update_"]
 
 #: The summation orders :func:`dot` and :func:`matmul` accept.
 ORDERS = ("sequential", "pairwise", "blocked")
@@ -154,6 +154,53 @@ def unit_roundoff(fmt, rounding: str = "nearest_even") -> float:
     fmt = get_format(fmt)
     rounding = _check_rounding(rounding)
     return math.ldexp(1.0, (0 if rounding == "nearest_even" else 1) - fmt.precision)
+
+
+def any_order_bounds(exact, abs_sum, terms: int, *, fmt="FP16", accumulator="FP32"):
+    """What a kernel may return for a sum of ``terms`` exact products accumulated in ``accumulator`` (round to
+    nearest) in ANY order and then rounded once to ``fmt``: the interval ``[low, high]`` of ``fmt`` values.
+
+    Any summation order of k terms in a format of unit roundoff u is within γ_k·Σ|a_i b_i| of the exact sum,
+    γ_k = k·u / (1 − k·u) (Higham, "Accuracy and Stability of Numerical Algorithms", 2002, §3.1 and §4.2), and
+    rounding is monotone, so the result lies between the roundings to ``fmt`` of ``exact ∓ γ_k·Σ|a_i b_i|``
+    (float64's own γ_k is added, for an ``exact`` computed in float64 from exactly representable products).
+    A real float16 kernel outside this interval does not accumulate its products in ``accumulator`` and round
+    once (:func:`mpt_lab.simulate.fp16_convolution_probe` uses this to tell PyTorch's CPU kernels apart).
+
+    Parameters
+    ----------
+    exact, abs_sum : float64 torch tensors of one shape: Σ a_i b_i and Σ|a_i b_i| per output (float64 holds them
+        exactly enough for k up to millions)
+    terms : int ≥ 1, the k of each sum
+    fmt, accumulator : formats (names or :class:`~mpt_lab.formats.FloatFormat`)
+
+    Returns
+    -------
+    (low, high) : float64 tensors of ``fmt`` values, the shape of ``exact``
+
+    Raises
+    ------
+    TypeError
+        ``exact``/``abs_sum`` are not tensors, or ``terms`` is not an int.
+    ValueError
+        Shapes differ, ``terms`` < 1, or k·u ≥ 1.
+    """
+    if not (isinstance(exact, torch.Tensor) and isinstance(abs_sum, torch.Tensor)):
+        raise TypeError("exact and abs_sum must be torch tensors")
+    if exact.shape != abs_sum.shape:
+        raise ValueError(f"exact and abs_sum must have one shape, got {tuple(exact.shape)} and {tuple(abs_sum.shape)}")
+    if not isinstance(terms, int) or isinstance(terms, bool):
+        raise TypeError(f"terms must be an int, got {type(terms).__name__}")
+    if terms < 1:
+        raise ValueError(f"terms must be ≥ 1, got {terms}")
+    fmt, acc = _check_format(fmt, "fmt"), _check_format(accumulator, "accumulator")
+    gamma = 0.0
+    for u in (unit_roundoff(acc), 2.0 ** -53):
+        if terms * u >= 1:
+            raise ValueError(f"terms · u must be < 1 (terms = {terms}, u = {u})")
+        gamma += terms * u / (1 - terms * u)
+    exact, abs_sum = exact.double(), abs_sum.double()
+    return round_to(exact - gamma * abs_sum, fmt), round_to(exact + gamma * abs_sum, fmt)
 
 
 def _check_rounding(rounding) -> str:

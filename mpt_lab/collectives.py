@@ -3,8 +3,10 @@
 When N data-parallel ranks all-reduce their gradients in BF16 or FP16, every element of the result is a sum of N
 values rounded after each addition, in an order the collective's algorithm fixes.  This module computes those
 sums exactly, with :func:`mpt_lab.formats.round_to`, in the order of a ring all-reduce (:func:`ring_allreduce`,
-the algorithm of NCCL and gloo: Patarasuk & Yuan 2009, "Bandwidth optimal all-reduce algorithms") and of a binary
-tree (:func:`tree_allreduce`), so that the error of a low-precision reduction can be computed for clusters of any
+the algorithm of NCCL and gloo: Patarasuk & Yuan 2009, "Bandwidth optimal all-reduce algorithms") and of this
+book's binary tree over all ranks (:func:`tree_allreduce`: a binary heap, not NCCL's tree, which is a double
+binary tree across nodes with a chain of GPUs within each node: Jeaugey 2019, NCCL's ``src/graph/trees.cc`` and
+``connect.cc``), so that the error of a low-precision reduction can be computed for clusters of any
 size on a laptop (the distributed experiment checks it bit for bit against real all-reduces on 2 and 3
 processes).  It also gives FSDP2's division of the gradient sum around the reduction (:func:`fsdp_divide_factors`)
 and the relative error of a result (:func:`relative_error`).
@@ -63,10 +65,12 @@ def ring_order(n_ranks: int, chunk: int, direction: int = -1) -> list:
 def tree_children(n_ranks: int) -> list:
     """``children[r]``: the ranks whose partial sums rank r adds to its own in a binary-tree reduction.
 
-    The tree is a binary heap: rank r's children are 2r + 1 and 2r + 2 (those < N), rank 0 is the root.  This is
-    the shape of NCCL's tree all-reduce inside one chain of the double binary tree (each rank receives the
-    partial sums of up to two children, adds them to its own values in turn, and sends the result to its
-    parent; the root broadcasts the sum back down the tree).
+    The tree is this book's: a binary heap over all N ranks, rank r's children are 2r + 1 and 2r + 2 (those < N),
+    rank 0 is the root; each rank receives the partial sums of up to two children, adds them to its own values in
+    turn, and sends the result to its parent, and the root broadcasts the sum back down.  It is not NCCL's
+    tree: NCCL (since 2.4) builds a double binary tree across nodes, two complementary trees each carrying half
+    of the data (Jeaugey 2019; ``ncclGetDtree`` in ``src/graph/trees.cc``), and within a node chains the GPUs
+    (``src/graph/connect.cc``), so its order depends on the number of nodes and of GPUs per node.
 
     Raises ValueError for ``n_ranks`` < 1.
     """
@@ -151,7 +155,9 @@ def tree_allreduce(values, fmt="FP32", *, predivide=1.0, postdivide=1.0) -> np.n
     Each rank rounds its values to ``fmt`` (and pre-divides, as :func:`ring_allreduce`); from the leaves up, every
     rank adds the partial sums of its children (:func:`tree_children`: first 2r + 1, then 2r + 2) to its own,
     rounding after each addition; the root's total is divided by ``postdivide``, rounded, and broadcast (copies).
-    An element passes through ⌈log2(N + 1)⌉ levels of additions instead of the ring's N − 1 in sequence.
+    The tree is ⌊log2 N⌋ + 1 ranks tall, and a rank adds its two children in turn, so a value is rounded up to
+    2⌊log2 N⌋ times on its way to the root, against up to N − 1 times in a ring.  The order is this book's
+    binary heap, not NCCL's double binary tree (:func:`tree_children`).
 
     Parameters, return value and errors as :func:`ring_allreduce` (no ``direction``).
     """

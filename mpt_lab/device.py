@@ -34,8 +34,11 @@ from typing import Any, Callable
 
 import torch
 
-__all__ = ["default_device", "resolve", "synchronize", "describe", "cpu_flags", "versions", "backends", "provenance",
-           "PREFLIGHT_CHECKS", "Check", "needed_checks", "run_checks", "preflight", "main"]
+from ._torch_internals import onednn_bf16_supported, onednn_fp16_supported
+
+__all__ = ["default_device", "resolve", "synchronize", "describe", "cpu_flags", "CpuKernels", "cpu_kernels",
+           "versions", "backends", "provenance", "PREFLIGHT_CHECKS", "Check", "needed_checks", "run_checks",
+           "preflight", "main"]
 
 #: CPU instruction-set extensions that decide how fast FP16/BF16 run on a CPU (Linux names in /proc/cpuinfo).
 CPU_FEATURES = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_fp16", "f16c")
@@ -109,6 +112,54 @@ def cpu_flags() -> list:
     return []
 
 
+@dataclass(frozen=True)
+class CpuKernels:
+    """Which of PyTorch's CPU kernels compute float16 and bfloat16 in this process.
+
+    The same torch build takes different kernels on different CPUs, and so computes different float16 results:
+
+    * ``capability``: the instruction set of ATen's vectorised kernels (element-wise ops, reductions, its own
+      matrix products), ``torch.backends.cpu.get_cpu_capability()``: ``"AVX512"``, ``"AVX2"``, ``"DEFAULT"``
+      (no vectors) or another name; capped by the environment variable ``ATEN_CPU_CAPABILITY``.
+    * ``onednn_fp16`` / ``onednn_bf16``: whether PyTorch sends float16 (bfloat16) convolutions to oneDNN.  It
+      does where oneDNN has native kernels for the type (AVX-512 FP16 or AMX for float16; AVX-512 BF16, AMX, or
+      AVX-512 emulation for bfloat16), capped by ``ONEDNN_MAX_CPU_ISA``.  oneDNN's float16 convolution
+      accumulates in FP32 and rounds each output once, forward and backward; without it PyTorch runs ATen's
+      fallback (``thnn_conv2d``: im2col and a float16 GEMM per image), which rounds a weight gradient to float16
+      after each image of the batch and sums the overlapping input-gradient contributions (``col2im``) in
+      float16.  Measured with torch 2.13.0 on this project's CPUs (``tests/test_simulate.py``).
+
+    Source: PyTorch's ``aten/src/ATen/native/mkldnn`` (the ``mkldnn_fp16_device_check``) and
+    ``aten/src/ATen/native/ConvolutionMM2d.cpp`` (the fallback).
+    """
+
+    capability: str
+    onednn_fp16: bool
+    onednn_bf16: bool
+
+    @property
+    def fp16_convolution(self) -> str:
+        """``"onednn"`` (FP32 accumulation, one rounding per output) or ``"aten"`` (rounds per image)."""
+        return "onednn" if self.onednn_fp16 else "aten"
+
+    def describe(self) -> str:
+        """E.g. ``"ATen AVX512; oneDNN float16 and bfloat16"`` or ``"ATen AVX2; no oneDNN float16/bfloat16"``."""
+        have = [n for n, ok in (("float16", self.onednn_fp16), ("bfloat16", self.onednn_bf16)) if ok]
+        one = f"oneDNN {' and '.join(have)}" if have else "no oneDNN float16/bfloat16"
+        return f"ATen {self.capability}; {one}"
+
+
+def cpu_kernels() -> CpuKernels:
+    """The float16/bfloat16 kernels PyTorch uses on this CPU, in this process (see :class:`CpuKernels`).
+
+    Returns
+    -------
+    CpuKernels
+    """
+    return CpuKernels(capability=str(torch.backends.cpu.get_cpu_capability()),
+                      onednn_fp16=onednn_fp16_supported(), onednn_bf16=onednn_bf16_supported())
+
+
 def describe(device: Any = None) -> str:
     """One line naming the device, for the provenance of a result.
 
@@ -120,7 +171,8 @@ def describe(device: Any = None) -> str:
     Returns
     -------
     str, e.g. ``"NVIDIA H100 80GB HBM3 (sm_90, 79.2 GiB), CUDA 12.8"`` or
-    ``"CPU: AMD EPYC (2 cores, torch threads 1)"``.
+    ``"CPU: AMD EPYC 9B14 (2 cores, torch threads 1; ATen AVX2; no oneDNN float16/bfloat16)"``: on a CPU, the
+    kernels PyTorch uses for float16 and bfloat16 (:func:`cpu_kernels`), which decide its float16 results.
 
     Raises
     ------
@@ -139,7 +191,8 @@ def describe(device: Any = None) -> str:
         return (f"{p.name} (sm_{p.major}{p.minor}, {p.total_memory / 2**30:.1f} GiB), "
                 f"CUDA {torch.version.cuda}")
     if device.type == "cpu":
-        return f"CPU: {_cpu_name()} ({os.cpu_count()} cores, torch threads {torch.get_num_threads()})"
+        return (f"CPU: {_cpu_name()} ({os.cpu_count()} cores, torch threads {torch.get_num_threads()}; "
+                f"{cpu_kernels().describe()})")
     return str(device)
 
 

@@ -122,15 +122,21 @@ precision op reference (``torch.amp``).
 What the emulation does NOT model
 ---------------------------------
 * Accumulation inside a lower-precision op: a simulated matmul or convolution (:data:`LOWER_PRECISION_OPS`)
-  is computed in float32 and rounded *once* at the end.  Real kernels accumulate in FP32 too (tensor cores,
-  oneDNN, cuBLAS with FP32 compute) but in their own summation order and sometimes with FP16 partial results
-  (split-K, some CPU kernels), so results can differ by an ulp of the format now and then: measured on this
-  project's CPU (torch 2.13, float16 ``F.linear``, one thread), none of the values with 8 or 20 products per
-  dot product, about 1.5 in 10³ with 100 to 784, by at most one ulp of the largest output (a few ulps of a
-  small result of cancellation; ``tests/test_simulate.py`` checks it).  So a simulated pure-FP16 training run
-  leaves a real ``.half()`` run once such a flip happens.  With FP16/BF16 and
-  round-to-nearest-even, reductions (``sum``, ``mean``, norms, softmax, losses) run on the real kernel and
-  are exact; with other formats they are computed in float32 and rounded once.
+  is computed in float32 and rounded *once* at the end, the paper's "FP16 products accumulated into FP32,
+  written to FP16" (§3.3).  Real kernels accumulate in FP32 too, but in their own summation order, so a result
+  can differ from simulate's where the exact sum lies within FP32's error bound γ_k·Σ|a_i b_i| of an FP16
+  rounding midpoint (an ulp now and then; more after cancellation); ``tests/test_simulate.py`` checks every
+  layer of a real ``.half()`` forward and backward against that derived bound.  Which kernels run depends on
+  the CPU (:func:`mpt_lab.device.cpu_kernels`; torch 2.13): on CPUs with AVX-512 FP16 or AMX, oneDNN's float16
+  matrix products and convolutions (one FP32 accumulation, one rounding per output); on CPUs without them (AVX2
+  ones, e.g. AMD EPYC, or any CPU with ``ONEDNN_MAX_CPU_ISA=AVX2``), ATen's own float16 GEMM (the same kind)
+  and ATen's fallback convolution ``thnn_conv2d``, which is NOT what simulate computes in backward: it adds
+  each image's weight gradient to a float16 accumulator (a rounding per image of the batch) and sums the
+  overlapping input-gradient contributions (``col2im``) in float16.  So on such CPUs a real ``.half()`` conv
+  net's gradients differ from the simulated ones in the last bits of most values (seen: 213 of the 216
+  first-layer weight gradients of a small net at loss scale 2⁻¹⁴, and 1 of its 8 bias gradients rounding to
+  zero in one run and not in the other), while on CPUs with oneDNN float16 they agree bit for bit at the sizes
+  tested.  A simulated pure-FP16 training run leaves a real ``.half()`` run once such a difference happens.
 * Overflow inside a lower-precision op: a float32 accumulator cannot overflow at 65504; only the op's
   *result* overflows.  (Ops on the real kernel overflow where the kernel does.)
 * ``nn.LSTM`` / ``nn.GRU`` on a CPU in mode "all": the float32 model runs oneDNN's fused layer
@@ -175,7 +181,8 @@ from ._torch_internals import TorchDispatchMode, current_autograd_node
 from .formats import (FloatFormat, ROUNDING_MODES, round_tensor, exact_arithmetic, exact_arithmetic_active,
                       get_format)
 
-__all__ = ["simulate", "paused", "to_float32", "round_parameters_", "rounder", "MODES", "LOWER_PRECISION_OPS", "FLOAT32_OPS"]
+__all__ = ["simulate", "paused", "to_float32", "round_parameters_", "rounder", "fp16_convolution_probe", "MODES",
+           "LOWER_PRECISION_OPS", "FLOAT32_OPS"]
 
 MODES = ("autocast", "all")
 
@@ -901,3 +908,56 @@ def round_parameters_(model: torch.nn.Module, fmt="FP16", *, buffers: bool = Tru
             if t.is_floating_point():
                 t.copy_(r(t))
     return model
+
+
+def fp16_convolution_probe(batch: int = 6, seed: int = 0) -> dict:
+    """One float16 convolution's backward on this CPU's real kernel, against what simulate computes for it.
+
+    A 3 × 3 convolution (4 → 8 channels, 7 × 7 images, padding 1) of FP16 inputs, its output gradient at 2⁻¹²
+    of the inputs' scale: the weight gradient from PyTorch's real float16 kernel (``.half()``), from
+    :class:`simulate` (FP32 accumulation, one rounding), and the interval an FP32 accumulation in any order,
+    rounded once, can reach (:func:`mpt_lab.accumulation.any_order_bounds`).  oneDNN's float16 convolution (CPUs
+    with AVX-512 FP16 or AMX) stays inside it; ATen's fallback (CPUs without them, e.g. AVX2 ones, or with
+    ``ONEDNN_MAX_CPU_ISA`` below them) rounds the weight gradient after every image and leaves it.
+
+    Parameters
+    ----------
+    batch : int ≥ 2, images (the fallback rounds once per image)
+    seed : int, the inputs' seed
+
+    Returns
+    -------
+    dict with "kernels" (:meth:`mpt_lab.device.CpuKernels.describe`), "convolution" ("onednn" or "aten"),
+    "values" (weight-gradient values), "differ_from_simulate" (how many the real kernel gives otherwise than
+    simulate), "outside_fp32_bounds" (how many lie outside what an FP32 accumulation in any order can give).
+
+    Raises
+    ------
+    TypeError, ValueError
+        ``batch`` is not an int ≥ 2, or ``seed`` not an int.
+    """
+    from .accumulation import any_order_bounds
+    from .device import cpu_kernels
+
+    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 2:
+        raise ValueError(f"batch must be an int ≥ 2, got {batch!r}")
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, 4, 7, 7, generator=g).half()
+    w = (torch.randn(8, 4, 3, 3, generator=g) * 0.2).half()
+    go = (torch.randn(batch, 8, 7, 7, generator=g) * 2.0 ** -12).half()
+    wh = w.clone().requires_grad_()
+    torch.nn.functional.conv2d(x, wh, padding=1).backward(go)
+    real = wh.grad.float()
+    ws = w.float().requires_grad_()
+    with simulate("FP16", mode="all"):
+        torch.nn.functional.conv2d(x.float(), ws, padding=1).backward(go.float())
+    x64, go64 = x.double(), go.double()
+    exact = torch.nn.grad.conv2d_weight(x64, w.shape, go64, padding=1)
+    abs_sum = torch.nn.grad.conv2d_weight(x64.abs(), w.shape, go64.abs(), padding=1)
+    low, high = any_order_bounds(exact, abs_sum, go[:, 0].numel())
+    k = cpu_kernels()
+    return {"kernels": k.describe(), "convolution": k.fp16_convolution, "values": real.numel(),
+            "differ_from_simulate": int((real != ws.grad).sum()),
+            "outside_fp32_bounds": int(((real.double() < low) | (real.double() > high)).sum())}

@@ -274,7 +274,9 @@ def bits_html(x, fmt="FP32") -> HTML:
 def format_table_html(formats: Sequence = tuple(F.FORMATS)) -> HTML:
     """The catalogue as a table: bits, fields, bias, max, smallest normal/subnormal, epsilon, decimal digits.
 
-    Every number comes from :class:`mpt_lab.formats.FloatFormat`.
+    Every number comes from :class:`mpt_lab.formats.FloatFormat`.  The columns of powers of two (smallest normal,
+    smallest subnormal, epsilon) are written one way throughout, 2^k with the decimal value in parentheses; the
+    largest value in decimal (and as 2^k where it is one, E8M0).
     """
     header = ["format", "bits", "exponent bits", "mantissa bits", "bias", "max", "smallest normal",
               "smallest subnormal", "epsilon", "decimal digits", "inf", "NaN"]
@@ -282,11 +284,28 @@ def format_table_html(formats: Sequence = tuple(F.FORMATS)) -> HTML:
     for f in formats:
         f = F.get_format(f)
         s = f.summary()
-        rows.append([f.name, s["bits"], s["exponent"], s["mantissa"], s["bias"], _fmt_num(s["max"]),
-                     _fmt_num(s["smallest normal"]), _fmt_num(s["smallest subnormal"]),
-                     _fmt_num(s["epsilon"]), f"{s['decimal digits']:.2f}", "yes" if f.infinities else "no",
+        rows.append([f.name, s["bits"], s["exponent"], s["mantissa"], s["bias"], _max_cell(s["max"]),
+                     _pow2_cell(s["smallest normal"]), _pow2_cell(s["smallest subnormal"]),
+                     _pow2_cell(s["epsilon"]), f"{s['decimal digits']:.2f}", "yes" if f.infinities else "no",
                      _nan_codes(f)])
     return table_html(header, rows)
+
+
+def _pow2_cell(v) -> str:
+    """A power of two as "2^k (decimal)", the decimal with three significant digits; "–" for None."""
+    if v is None:
+        return "–"
+    mant, e = math.frexp(v)
+    if mant != 0.5:
+        raise ValueError(f"expected a power of two, got {v!r}")
+    return f"2^{e - 1} ({v:.3g})"
+
+
+def _max_cell(v: float) -> str:
+    """The largest value: its decimal digits when it has few, else three significant digits; a power of two
+    also as 2^k."""
+    text = f"{v:.10g}" if v < 1e7 and float(v) == float(f"{v:.10g}") else f"{v:.3g}"
+    return f"2^{math.frexp(v)[1] - 1} ({text})" if math.frexp(v)[0] == 0.5 else text
 
 
 def _nan_codes(f: F.FloatFormat) -> str:

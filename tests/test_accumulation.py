@@ -732,3 +732,39 @@ def test_compensated_update_rounds_every_operation_once(fmt):
         acc.compensated_update_(w, u if step % 2 else u.float(), c, fmt)
         same_bits(w.numpy(), [x for x, _ in want])
         same_bits(c.numpy(), [x for _, x in want])
+
+
+def test_any_order_bounds_hold_every_summation_order_and_are_not_vacuous():
+    """Every order of an FP32 sum of 6 FP16 products (all 720), rounded once to FP16, lies in the interval; and
+    the interval is narrow: one FP16 value wide for most sums, as the FP32 error is far below an FP16 ulp."""
+    import itertools
+
+    g = torch.Generator().manual_seed(3)
+    widths = []
+    for trial in range(40):
+        a = torch.randn(6, generator=g).half().double()
+        b = (torch.randn(6, generator=g) * (2.0 ** -trial if trial % 4 == 0 else 1.0)).half().double()
+        p = (a * b).tolist()                                   # exact in float64 (and in FP32)
+        exact, abs_sum = torch.tensor(math.fsum(p), dtype=torch.float64), torch.tensor(math.fsum(map(abs, p)),
+                                                                                     dtype=torch.float64)
+        low, high = acc.any_order_bounds(exact, abs_sum, 6)
+        for order in itertools.permutations(range(6)):
+            s = torch.zeros((), dtype=torch.float32)
+            for i in order:
+                s = s + torch.tensor(p[i], dtype=torch.float32)   # FP32 round to nearest at each addition
+            got = s.half().double()                               # one rounding to FP16 (float32 → float16)
+            assert low <= got <= high, (trial, order)
+        widths.append(int((high != low).item()))
+    assert sum(widths) < len(widths) / 2
+
+
+def test_any_order_bounds_bad_arguments():
+    t = torch.zeros(3, dtype=torch.float64)
+    with pytest.raises(TypeError, match="tensors"):
+        acc.any_order_bounds([0.0], t, 3)
+    with pytest.raises(ValueError, match="shape"):
+        acc.any_order_bounds(t, t[:2], 3)
+    with pytest.raises(ValueError, match="terms"):
+        acc.any_order_bounds(t, t, 0)
+    with pytest.raises(TypeError, match="terms"):
+        acc.any_order_bounds(t, t, 2.0)

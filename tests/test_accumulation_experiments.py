@@ -47,10 +47,21 @@ def test_error_result_fields_and_json(err, tmp_path):
     assert len(err.running["FP16"]) == len(err.running_ks) and err.running_ks[-1] == 64
     assert set(err.tensor_core["models"]) and err.tensor_core["ks"] == [32, 64]
     assert set(err.reductions) == {"mean loss", "log-sum-exp", "LayerNorm variance"}
+    for r in err.reductions.values():       # the first draw's error is one of those the largest is taken over
+        assert r["rows"] == 2 and all(r["first_errors"][a] <= r["errors"][a] for a in r["errors"])
     assert set(err.autocast) == set(accumulation_error.REDUCTION_OPS)
+    assert err.autocast["mean loss"] == {"cross_entropy": "float32", "mean": "float16"}
+    assert err.autocast["LayerNorm variance"] == {"layer_norm": "float32", "var": "float16"}
+    # zero-mean products: the same arms and K, errors against the sum's size
+    assert set(err.zero_mean) == set(err.error)
+    for v in err.zero_mean.values():
+        assert len(v["median"]) == len(err.ks) and all(0 <= m <= x for m, x in zip(v["median"], v["max"]))
+    assert math.isfinite(err.slope("FP16 sequential", 2, 64, inputs="zero-mean"))
+    with pytest.raises(ValueError, match="inputs"):
+        err.slope("FP16 sequential", inputs="both")
     path = err.save(tmp_path / "e.json")
     again = accumulation_error.AccumulationErrorResult.load(path)
-    assert again.error == err.error and again.reductions["mean loss"]["errors"] == err.reductions["mean loss"]["errors"]
+    assert again.error == err.error and again.zero_mean == err.zero_mean and again.reductions["mean loss"]["errors"] == err.reductions["mean loss"]["errors"]
     assert math.isfinite(err.slope("FP32 sequential", 2, 64))
     assert "median relative error" in err.describe()
 
@@ -144,9 +155,10 @@ def test_figures(err, train):
         assert isinstance(fig, Figure)
         for ax in fig.axes:
             assert ax.get_xlabel() and ax.get_title() or fig._suptitle is not None
-        assert any(ax.get_legend() is not None for ax in fig.axes)
+        assert any(ax.get_legend() is not None for ax in fig.axes) or fig.legends
     table = figures.reductions_table(err)
     assert "mean loss" in table and "float32" in table and "overflow" in table or "error" in table
+    assert "float16" in table and "largest over the 2 draws" in table   # mean and var by hand stay float16
     assert "Kahan" in figures.weights_table(train)
     g = tensor_core_accumulation.run(tensor_core_accumulation.config_for("quick"), progress=False)
     fig = figures.plot_gpu_accumulation(g)

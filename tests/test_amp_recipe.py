@@ -202,3 +202,123 @@ def test_autocast_probe():
         probe_autocast("cpu", torch.float16, input_dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="ops"):
         probe_autocast("cpu", ops=("conv7d",))
+
+
+def test_keep_in_float32_runs_a_module_outside_autocast():
+    """Under CPU FP16 autocast a Linear with FP32 weights still returns float16 (autocast casts per op); with
+    keep_in_float32 it returns float32 and its value is the FP32 product; the hooks come off again; its backward
+    runs too (issue 31, item 14)."""
+    from mpt_lab.autocast import keep_in_float32
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    x = torch.randn(4, 8)
+    with torch.autocast("cpu", dtype=torch.float16):
+        assert net[0](x).dtype == torch.float16
+    handle = keep_in_float32(net[0])
+    ref = torch.nn.functional.linear(x.half().float(), net[0].weight, net[0].bias)     # FP32, outside autocast
+    with torch.autocast("cpu", dtype=torch.float16):
+        h = net[0](x.half())                       # a float16 input is cast to float32 too
+        assert h.dtype == torch.float32 and torch.equal(h, ref)
+        out = net(x)
+        assert out.dtype == torch.float16 and torch.is_autocast_enabled("cpu")   # the rest still under autocast
+    out.float().sum().backward()
+    assert net[0].weight.grad.dtype == torch.float32 and torch.isfinite(net[0].weight.grad).all()
+    handle.remove()
+    with torch.autocast("cpu", dtype=torch.float16):
+        assert net[0](x).dtype == torch.float16
+    with pytest.raises(TypeError, match="module"):
+        keep_in_float32(lambda t: t)
+
+
+def test_autocast_step_reports_an_overflow_and_its_remedy():
+    """A last Linear whose FP32 output reaches 140,000 (7·10⁴ times a dropout-kept 2) overflows under FP16 autocast
+    and not outside it; autocast_step reports dtypes, finiteness and the loss with the given dropout masks, and
+    restores the random state."""
+    from mpt_lab.autocast import autocast_step, keep_in_float32
+
+    torch.manual_seed(1)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.5), torch.nn.Linear(4, 1))
+    with torch.no_grad():
+        net[0].weight.copy_(torch.eye(4))
+        net[0].bias.zero_()
+        net[2].weight.zero_()
+        net[2].weight[0, 0] = 7e4
+        net[2].bias.zero_()
+    batch = torch.ones(16, 4)
+
+    def loss_fn(m, b):              # × 1e-3: the gradients stay within FP16's range, only the forward overflows
+        return m(b).float().mean() * 1e-3
+
+    state = torch.get_rng_state()
+    plain = autocast_step(net, loss_fn, batch, watch=("2",), rng_state=state)
+    assert plain["outputs"]["2"]["dtype"] == "float16" and not plain["outputs"]["2"]["finite"]
+    assert not math.isfinite(plain["loss"]) and not plain["gradients_finite"]
+    assert torch.equal(torch.get_rng_state(), state) and all(p.grad is None for p in net.parameters())
+    handle = keep_in_float32(net[2])
+    fixed = autocast_step(net, loss_fn, batch, watch=("2",), rng_state=state)
+    handle.remove()
+    assert fixed["outputs"]["2"] == {"dtype": "float32", "finite": True, "amax": 1.4e5}
+    assert math.isfinite(fixed["loss"]) and fixed["gradients_finite"]
+    fp32 = autocast_step(net, loss_fn, batch, dtype=None, watch=("2",), rng_state=state)
+    assert fp32["outputs"]["2"] == fixed["outputs"]["2"]          # the same dropout masks as the autocast steps
+    with pytest.raises(ValueError, match="watch"):
+        autocast_step(net, loss_fn, batch, watch=("9",))
+    with pytest.raises(ValueError, match="device_type"):
+        autocast_step(net, loss_fn, batch, device_type="tpu")
+
+
+def test_autocast_lists_read_from_the_dispatcher():
+    """The lists agree with what the probe measures, op by op, and with the torch.amp documentation's groups."""
+    from mpt_lab.autocast import POLICIES, autocast_lists
+
+    cuda, cpu = autocast_lists("cuda", torch.float16), autocast_lists("cpu", torch.float16)
+    assert set(POLICIES) <= set(cuda.lists) and cuda.device_type == "cuda" and cuda.dtype == "float16"
+    for lists in (cuda, cpu):
+        names = [op for ops in lists.lists.values() for op in ops]
+        assert len(names) == len(set(names))                                  # every op in one group only
+        for op in ("mm", "matmul", "linear", "conv2d", "addmm", "bmm"):
+            assert lists.policy(op) == "lower_precision", op
+        for op in ("mse_loss", "nll_loss", "l1_loss"):
+            assert lists.policy(op) == "float32", op
+        for op in ("relu", "add", "mul", "elu", "mean", "var", "batch_norm"):
+            assert lists.policy(op) == "not listed", op
+    # CUDA runs exponentials, logs, sums and some normalisations in float32; the CPU's float32 list lacks them
+    for op in ("exp", "log", "softmax", "log_softmax", "sum", "layer_norm", "group_norm"):
+        assert cuda.policy(op) == "float32" and cpu.policy(op) == "not listed", op
+    assert {"addcmul", "addcdiv", "atan2", "dot", "index_put", "scatter_add", "tensordot"} <= set(cuda["promote"])
+    assert {"cat", "stack", "index_copy"} <= set(cpu["promote"])
+    assert "binary_cross_entropy" in cuda["banned"] and cpu.policy("binary_cross_entropy") == "float32"
+    assert cuda.policy("aten::softmax.int") == "float32" and cpu.policy("aten::softmax.int") == "not listed"
+    # the probe's dtypes follow from the lists: float16 inputs, one op each
+    single = {"exp": "exp", "sum": "sum", "softmax": "softmax", "log_softmax": "log_softmax", "relu": "relu",
+              "layer_norm": "layer_norm", "elu": "elu", "expm1": "expm1", "mean": "mean", "var": "var",
+              "batch_norm": "batch_norm", "add (x + x)": "add"}
+    for device, lists in (("cuda", cuda), ("cpu", cpu)):
+        probe = probe_autocast(device, torch.float16, input_dtype=torch.float16, ops=tuple(single))
+        for name, aten in single.items():
+            expected = "float32" if lists.policy(aten) == "float32" else "float16"
+            assert probe[name] == expected, (device, name)
+    with pytest.raises(ValueError, match="device_type"):
+        autocast_lists("tpu")
+    with pytest.raises(TypeError, match="dtype"):
+        autocast_lists("cuda", torch.float32)
+    with pytest.raises(TypeError, match="op"):
+        cuda.policy(3)
+
+
+def test_autocast_lists_table():
+    import re
+
+    from mpt_lab import figures
+    from mpt_lab.autocast import autocast_lists
+
+    lists = {"CUDA": autocast_lists("cuda", torch.float16), "CPU": autocast_lists("cpu", torch.float16)}
+    t = figures.autocast_lists_table(lists)
+    for group in ("lower_precision", "float32", "promote", "banned", "not listed"):
+        assert group in t
+    assert f"({len(lists['CUDA']['float32'])} ops)" in t and "softmax" in t and "cat, index_copy, stack" in t
+    examples = re.search(r"every other op \(([^)…]*)", t).group(1).rstrip(", ").split(", ")
+    assert all(l.policy(op) == "not listed" for l in lists.values() for op in examples), examples
+    with pytest.raises(TypeError, match="lists"):
+        figures.autocast_lists_table({})

@@ -102,8 +102,28 @@ def test_chapter_pages_show_their_results(book):
     assert len(IMG.findall(ch11)) >= 5 and "MXFP4" in ch11 and _shows_gpu_section(ch11, "fp8_recipes")
     ch12 = book.page("notebooks/12_your_model.html")
     assert len(IMG.findall(ch12)) >= 1 and "need a loss scale in FP16:" in ch12 and "precision_report" in ch12
+    ch13 = book.page("notebooks/13_four_bits.html")
+    assert len(IMG.findall(ch13)) >= 5 and "NVFP4 recipe" in ch13 and "stochastic" in ch13
+    assert "Saved long CPU result" in ch13 or "No long CPU result of <code>fourbit_ablation</code>" in ch13
     bib = book.page("book/bibliography.html")
     assert "Micikevicius" in bib
+
+
+def test_citations_link_to_their_bibliography_entries(book):
+    """A citation's link lands on its entry: every "bibliography.html#cite-…" anchor a page links to exists on the
+    bibliography page, and the introduction's {cite} roles and chapter 1's links use such anchors."""
+    bib = book.page("book/bibliography.html")
+    ids = set(re.findall(r'id="(cite-[\w-]+)"', bib))
+    assert "cite-micikevicius2018mixed" in ids and "Rouhani and others" not in bib
+    linked = set()
+    for page in sorted(book.html.rglob("*.html")):
+        for anchor in re.findall(r'href="[^"]*bibliography\.html#(cite-[\w-]+)"', page.read_text()):
+            assert anchor in ids, (page.name, anchor)
+            linked.add((page.name, anchor))
+    assert ("intro.html", "cite-micikevicius2018mixed") in linked
+    assert ("01_floating_point.html", "cite-ieee754-2019") in linked
+    intro = book.page("book/intro.html")
+    assert "Rouhani <em>et al.</em>, 2023a" in intro          # the MX specification, told apart from the 2023b paper
 
 
 def test_no_page_shows_tracebacks_or_source_file_names(book):

@@ -282,6 +282,13 @@ def test_result_provenance_json_and_figures(quick, tmp_path):
                 drawn |= {c.get_label() for c in ax.containers} | {c.get_label() for c in ax.collections}
                 assert {t.get_text() for t in ax.get_legend().get_texts()} <= drawn, fn.__name__
     assert "DDP, FP32 all-reduce" in figures.memory_table(r) and "bit for bit" in figures.reduction_table(r)
+    assert "KiB held" in figures.memory_table(r)                     # the figure's unit, KiB
+    lines = figures.plot_recipe_losses(r).axes[0].lines
+    styles = [(line.get_color(), line.get_linestyle(), line.get_linewidth()) for line in lines]
+    assert len(lines) == len(r.recipes) and len(set(styles)) == len(styles)       # no two recipes drawn alike
+    ax = figures.plot_memory_per_rank(r).axes[0]
+    top = max(p.get_y() + p.get_height() for p in ax.patches)
+    assert ax.get_ylim()[0] == 0 and ax.get_ylim()[1] >= 1.3 * top                # every bar whole, room above
     with pytest.raises(TypeError):
         figures.plot_reduction_error(object())
 

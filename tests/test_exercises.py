@@ -349,12 +349,27 @@ def test_hints_do_not_give_the_answer(ex_id):
 def test_5_1_autocast_policy():
     import torch
 
-    from mpt_lab.autocast import OPS, probe_autocast
+    from mpt_lab.autocast import OPS, RECIPE_OPS, autocast_lists, probe_autocast
 
     assert set(E.ch06.EX61_OPS) <= set(OPS) and all(k in E.EXERCISES["6.1"].prompt for k in E.ch06.EX61_OPS)
+    assert not set(E.ch06.EX61_OPS) & set(RECIPE_OPS)       # none of the asked ops is in the chapter's table
     sol = E.solution("6.1")
     truth = probe_autocast("cuda", torch.float16, input_dtype=torch.float16, ops=tuple(E.ch06.EX61_OPS)).ops
     assert sol == truth and {"float16", "float32"} == set(sol.values())
+    # solvable from the prompt: the rule applied to the lists the prompt prints gives the probed answer
+    lists = autocast_lists("cuda", torch.float16)
+    shown = E.show("6.1")
+    for policy in ("lower_precision", "float32", "promote"):
+        assert all(op in shown for op in lists[policy]), policy
+    for k, (expr, aten) in E.ch06.EX61_OPS.items():
+        assert expr in shown and all(f"aten::{op}" in shown for op in aten)
+        last = lists.policy(aten[-1])
+        rule = {"float32": "float32", "lower_precision": "float16", "not listed": "float16"}[last]
+        assert rule == sol[k], (k, last)
+    # what a loose rule ("exponentials, reductions, normalisations run in float32") would answer is wrong
+    loose = dict(sol, elu="float32", mean="float32", var="float32", batch_norm="float32")
+    fb = E.check("6.1", loose)
+    assert not fb and "4 of the 7" in fb.message
     assert E.check("6.1", {k: getattr(torch, v) for k, v in sol.items()})          # torch dtypes are accepted
     assert E.check("6.1", {k: f"torch.{v}" for k, v in sol.items()})
     all16 = {k: "float16" for k in sol}                     # "autocast means FP16 everywhere"
@@ -363,12 +378,12 @@ def test_5_1_autocast_policy():
     assert not fb and f"{n_wrong} of the {len(sol)}" in fb.message and "float16 inputs" in fb.message
     flipped = dict(sol, **{"mul + sum (a·Wh)": "float16"})  # the sum at the end of a chain runs in FP32
     assert not E.check("6.1", flipped)
-    fb = E.check("6.1", {k: v for k, v in sol.items() if k != "exp"})
-    assert not fb and "missing" in fb.message and "exp" in fb.message
+    fb = E.check("6.1", {k: v for k, v in sol.items() if k != "expm1"})
+    assert not fb and "missing" in fb.message and "expm1" in fb.message
     fb = E.check("6.1", dict(sol, conv2d="float16"))
     assert not fb and "not asked" in fb.message
-    fb = E.check("6.1", dict(sol, exp="half"))
-    assert not fb and "'exp'" in fb.message and '"float16" or "float32"' in fb.message
+    fb = E.check("6.1", dict(sol, expm1="half"))
+    assert not fb and "'expm1'" in fb.message and '"float16" or "float32"' in fb.message
 
 
 def test_5_2_gradscaler_trace():
@@ -441,35 +456,39 @@ def test_6_2_checkpoint_size():
 
 
 def test_7_prompts_follow_biglstm_and_answers_come_from_formats():
-    """8.1 and 8.2 follow bigLSTM's sampled softmax (8,193 classes) and its loss divided by 128 sequences
-    (issue 26, item 7): the typical logit gradient 1/(8,193 · 128) lies just below 2⁻²⁰, and FP16 keeps it."""
+    """8.1 and 8.2 follow bigLSTM's sampled softmax with TensorFlow's log-Q correction (issue 31, item 8): a word
+    that every sample contains has p ≈ 1/V, so its logit gradient is g = 1/(V·B), B = 128 sequences, in
+    [2⁻²⁷, 2⁻²⁶); FP16 loses it, and S = 4 is the smallest power of two that keeps it."""
     from mpt_lab import formats as F
-    from mpt_lab.experiments.biglstm import BIGLSTM
+    from mpt_lab.experiments.biglstm import BIGLSTM, sampled_softmax_gradients
 
     prompt = E.EXERCISES["8.1"].prompt
-    assert f"V = {BIGLSTM['vocab_size']:,}" in prompt and f"C = {BIGLSTM['softmax_classes']:,}" in prompt
-    assert f"B = {BIGLSTM['loss_divisor']:,}" in prompt and f"{BIGLSTM['sampled_classes']:,} sampled" in prompt
-    g = 1 / (BIGLSTM["softmax_classes"] * BIGLSTM["loss_divisor"])
+    assert f"V = {BIGLSTM['vocab_size']:,}" in prompt and f"B = {BIGLSTM['loss_divisor']:,}" in prompt
+    assert f"{BIGLSTM['sampled_classes']:,} of its" in prompt and "g = 1/(V·B)" in prompt
+    g = 1 / (BIGLSTM["vocab_size"] * BIGLSTM["loss_divisor"])
+    sim = sampled_softmax_gradients(steps=2, tokens=16)
+    assert abs(sim["normaliser"] - 1) < 0.05 and abs(sim["smallest_log2"] - math.log2(g)) < 0.1   # Z ≈ V, as said
     k, lost = E.solution("8.1")
     assert 2.0**k <= g < 2.0 ** (k + 1) and lost == (F.round_to(g, F.FP16) == 0)
-    assert k == -21 and not lost and F.round_to(g, F.FP16) == 2.0**-20         # kept, as a subnormal
+    assert k == -27 and lost
     assert E.check("8.1", [k, np.bool_(lost)])
-    fb = E.check("8.1", (k + 1, lost))                     # -20: misses that 8,193 is a hair above 2^13
-    assert not fb and "smaller" in fb.message
+    fb = E.check("8.1", (k + 1, lost))
+    assert not fb and "smaller" in fb.message and "1/(V·B)" in fb.message   # the prompt's name for g
     fb = E.check("8.1", (k, not lost))
     assert not fb and "binade is right" in fb.message
+    assert "1/(V·B)" in E.check("8.1", (k, lost)).message
     assert not E.check("8.1", (float(k), lost)) and not E.check("8.1", (k, 1))
     s = E.solution("8.2")
-    assert F.round_to(s * g, F.FP16) >= F.FP16.smallest_normal > F.round_to(s / 2 * g, F.FP16)
-    assert s == 64.0 and s * g < F.FP16.smallest_normal       # rounding helps by one binade, at the boundary
+    assert F.round_to(s * g, F.FP16) != 0 == F.round_to(s / 2 * g, F.FP16)
+    assert s == 4.0 and F.round_to(s * g, F.FP16) == F.FP16.smallest_subnormal
     assert E.check("8.2", int(s))
-    fb = E.check("8.2", 128.0)                               # the paper's S: normal with a binade to spare
+    fb = E.check("8.2", 128.0)                               # the paper's S keeps it too, but is not the smallest
     assert not fb and "not the smallest" in fb.message
     fb = E.check("8.2", s / 2)
     assert not fb and "too small" in fb.message
     fb = E.check("8.2", s * 1.5)
     assert not fb and "power of two" in fb.message
-    assert "128·g" in E.check("8.2", s).message and "1 binade above" in E.check("8.2", s).message
+    assert "S = 128, keeps g" in E.check("8.2", s).message
 
 
 def test_8_1_exp_overflow():
@@ -603,18 +622,27 @@ def test_worked_solutions_of_chapters_6_to_8_state_what_holds():
     from mpt_lab.autocast import RECIPE_OPS
     from mpt_lab.experiments.biglstm import BIGLSTM
 
-    # 6.1: each op's verdict in the reasoning is the probed dtype; the two ops missing from the chapter's table
+    # 6.1: each op's verdict in the reasoning is the probed dtype; the lists it names are the installed ones
+    from mpt_lab.autocast import autocast_lists
+
     truth = E.solution("6.1")
     worked = E.EXERCISES["6.1"].worked
-    for expr, ops in (("`x @ w`", ["matmul (@)"]), ("`relu`, `x + x`", ["relu", "add (x + x)"]),
-                      ("`exp`, `softmax`", ["exp", "softmax"]), ("`relu(linear(x, w))`", ["linear → relu"]),
-                      ("`softmax(linear(x, w))`", ["linear → softmax"]), ("`elu`", ["elu"]),
-                      ("`(x * x).sum(-1)`", ["mul + sum (a·Wh)"])):
+    for expr, ops in (("`F.elu(x)`", ["elu"]), ("`torch.expm1(x)`", ["expm1"]), ("`x.mean()`", ["mean"]),
+                      ("`x.var(-1)`", ["var"]), ("`F.batch_norm(x, None, None, training=True)`", ["batch_norm"]),
+                      ("`(x * x).sum(-1)`", ["mul + sum (a·Wh)"]), ("`F.elu(F.linear(x, w))`", ["linear → elu"])):
         verdict = re.search(re.escape(expr) + r":[^→]*→ (float16|float32)", worked).group(1)
         assert all(truth[op] == verdict for op in ops), (expr, verdict)
-    missing = [op for op in E.ch06.EX61_OPS if op not in RECIPE_OPS]
-    assert missing == ["elu", "mul + sum (a·Wh)"] and "seven of these ops" in E.EXERCISES["6.1"].prompt
-    assert len(E.ch06.EX61_OPS) - len(missing) == 7 and "not in it" in E.EXERCISES["6.1"].prompt
+    cuda, cpu = autocast_lists("cuda", torch.float16), autocast_lists("cpu", torch.float16)
+    for op in ("elu", "mean", "var", "batch_norm", "mul"):                        # "on no list"
+        assert cuda.policy(op) == "not listed", op
+    for op in ("expm1", "sum", "prod", "cumsum", "cumprod", "logsumexp", "norm", "layer_norm", "group_norm",
+               "rms_norm"):
+        assert cuda.policy(op) == "float32", op
+    assert cuda.policy("linear") == "lower_precision"
+    for op in ("sum", "softmax", "expm1"):                                          # "on a CPU ... on no list"
+        assert cpu.policy(op) == "not listed", op
+    assert not set(E.ch06.EX61_OPS) & set(RECIPE_OPS)
+    assert "None of them is in the chapter's probe table" in E.EXERCISES["6.1"].prompt
     # 6.2: the iterations the reasoning walks through
     c, trace = E.ch06.EX62, E.solution("6.2")
     assert c["growth_interval"] == 3 and c["overflows"] == (5, 6, 11) and c["iterations"] == 12
@@ -624,17 +652,17 @@ def test_worked_solutions_of_chapters_6_to_8_state_what_holds():
     # 7.1: the element sizes the reasoning adds up
     assert torch.empty((), dtype=torch.float32).element_size() == 4 == 2 * torch.empty((), dtype=torch.float16).element_size()
     # 8.1 and 8.2: the arithmetic of the reasoning
-    C, B = BIGLSTM["softmax_classes"], BIGLSTM["loss_divisor"]
-    assert C == 2**13 + 1 and B == 2**7 and C * B == 2**20 + 2**7 and BIGLSTM["sampled_classes"] == 2**13
-    g = 1 / (C * B)
-    assert F.round_to(g, F.FP16) == 2.0**-20 == 16 * F.FP16.smallest_subnormal
-    assert abs(F.round_to(g, F.FP16) / g - 1 - 2.0**-13) < 2.0**-24
-    naive = 1 / (BIGLSTM["vocab_size"] * BIGLSTM["tokens_per_batch"])
-    assert round(math.log2(naive)) == -31 and "2⁻³¹" in E.EXERCISES["8.1"].worked
-    assert 2.0**-14 - 64 * g < 2.0**-25 and 64 * g < 2.0**-14 <= 128 * g     # j = 6 rounds up to 2^-14
-    assert 32 * g < 2.0**-15 * (1 + 2.0**-12)
+    V, B = BIGLSTM["vocab_size"], BIGLSTM["loss_divisor"]
+    assert 2**19 < V < 2**20 and B == 2**7 and round(math.log2(V), 1) == 19.6
+    g = 1 / (V * B)
+    assert 2.0**-27 <= g < 2.0**-26 and round(math.log2(g), 1) == -26.6 and F.round_to(g, F.FP16) == 0
+    assert "2⁻²⁶·⁶" in E.EXERCISES["8.2"].worked and "19.6" in E.EXERCISES["8.1"].worked
+    assert 2 * g <= 2.0**-25 < 4 * g and round(4 * g / 2.0**-24, 2) == 0.66    # j = 1 lost, j = 2 rounds up
+    assert abs(F.FP16.smallest_subnormal / (4 * g) - 1.5) < 0.02               # "half again as large"
+    assert round(math.log2(128 * g), 1) == -19.6 and 4 < math.log2(128 * g) + 24 < 5   # "more than four binades"
+    assert round(100 * 2.0**-25 / (128 * g), 1) == 2.4                          # "2.4% of it"
     code = _worked_code("8.2")
-    assert "8193 * 128" in E.EXERCISES["8.2"].worked and code["answer"] == E.solution("8.2")
+    assert f"{V} * 128" in E.EXERCISES["8.2"].worked and code["answer"] == E.solution("8.2")
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -988,8 +1016,83 @@ def test_messages_say_what_was_wrong():
     fb = E.check("7.1", {"fp32": "16", "mixed": 20})
     assert "str for 'fp32'" in fb.message and "keys" not in fb.message
     k, lost = E.solution("8.1")
-    assert "g = 1/(C·B)" in E.check("8.1", (k + 3, lost)).message
+    assert "g = 1/(V·B)" in E.check("8.1", (k + 3, lost)).message
     n, mean = E.solution("10.3")
     fb = E.check("10.3", (n + 5, mean))
     assert "fewer ranks" in fb.message and "one rank earlier" not in fb.message
     assert "still finite" in E.check("10.3", (n - 1, mean)).message
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Chapter 13
+# ------------------------------------------------------------------------------------------------------------
+CH13 = ["13.1", "13.2"]
+
+
+def test_13_exercises_are_listed_with_prompt_hint_and_title():
+    assert E.list_exercises(13) == CH13
+    for k in CH13:
+        ex = E.EXERCISES[k]
+        assert ex.title and ex.hint and E.show(k).startswith(f"Exercise {k}: {ex.title}") and "Answer with" in ex.prompt
+
+
+@pytest.mark.parametrize("ex_id", CH13)
+@pytest.mark.parametrize("odd", ODD_ANSWERS, ids=lambda a: type(a).__name__)
+def test_13_wrong_types_fail_without_raising(ex_id, odd):
+    test_wrong_types_fail_without_raising(ex_id, odd)
+
+
+@pytest.mark.parametrize("ex_id", CH13)
+def test_13_hints_do_not_give_the_answer(ex_id):
+    sol = E.solution(ex_id)
+    hint = E.EXERCISES[ex_id].hint
+    for leak in [str(sol), str(list(sol))] + [f"{v:g}" for v in sol] + [f"{v:.3g}" for v in sol]:
+        if len(leak) > 1:
+            assert leak not in hint, (ex_id, leak)
+
+
+def test_13_1_stochastic_rounding_sum_is_the_exact_sum_on_average():
+    from mpt_lab import formats as F
+
+    rtn, mean, std = E.solution("13.1")
+    v, n = E.ch13.EX131_VALUE, E.ch13.EX131_TOKENS
+    assert rtn == 0.0 and mean == pytest.approx(n * v) and std == pytest.approx(0.5 * math.sqrt(n * 0.4 * 0.6))
+    # the package's own stochastic rounding agrees: 64 sums of n draws, mean within 4 standard errors of n·v
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    sums = [float(F.round_to(torch.full((n,), v), F.FP4_E2M1, rounding="stochastic", generator=g).sum())
+            for _ in range(64)]
+    assert abs(np.mean(sums) - mean) < 4 * std / 8 and 0.5 * std < np.std(sums) < 1.5 * std
+    assert not E.check("13.1", (n * 0.5, mean, std))                    # rounds up instead of to nearest
+    assert not E.check("13.1", (rtn, n * 0.5 * 0.5, std))               # p = 1/2
+    fb = E.check("13.1", (rtn, mean, std / 0.5))
+    assert not fb and "spacing" in fb.message                            # forgets the spacing of the two values
+    assert not E.check("13.1", (rtn, mean, 0.5 * n * 0.4 * 0.6))         # the variance, not the deviation
+    assert E.check("13.1", [np.float64(rtn), mean, std])
+
+
+def test_13_2_shares_come_from_quantize_nvfp4(monkeypatch):
+    from mpt_lab import microscaling
+
+    one, two = E.solution("13.2")
+    assert two == 0.0 and 0.5 < one < 1                                  # 2D tiles: the same values both ways
+    assert not E.check("13.2", (one, one)) and not E.check("13.2", (100 * one, 0.0))
+    fb = E.check("13.2", (1 - one, 0.0))
+    assert not fb and "1D" in fb.message
+    calls = []
+    real = microscaling.quantize_nvfp4
+    monkeypatch.setattr(microscaling, "quantize_nvfp4", lambda *a, **k: calls.append(k.get("blocks")) or real(*a, **k))
+    assert E.check("13.2", (one, two)) and set(calls) == {"1d", "2d"}
+
+
+@pytest.mark.parametrize("ex_id", CH13)
+def test_13_worked_solutions_explain_and_their_code_computes_the_answer(ex_id):
+    import warnings
+
+    ex, text, answer = _explained_solution(ex_id)
+    assert "{answer}" in ex.worked and str(answer) in text and len(ex.worked.split()) > 80
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        namespace = _run_worked(_fenced_python(ex_id), ex_id)
+    assert namespace["answer"] == pytest.approx(answer) and E.check(ex_id, namespace["answer"])

@@ -245,10 +245,16 @@ def test_loss_scaling_experiment(small_loss_scaling, tmp_path):
 
 def test_master_weights_stall_experiment(tmp_path):
     r = master_weights_stall.run(master_weights_stall.Config(profile="quick", steps=300, threads=1), progress=False)
-    assert set(r.losses) == set(master_weights_stall.RUNS) and len(r.swamped) == 300
-    assert sum(r.swamped) / 300 > 0.5
+    assert set(r.losses) == set(master_weights_stall.RUNS) and len(r.swamped) == 300 == len(r.underflowed)
+    assert sum(r.swamped) / 300 > 0.5 and 0 < sum(r.underflowed) / 300 < 0.5
     back = master_weights_stall.StallResult.load(r.save(tmp_path / "s.json"))
-    assert back.losses == r.losses and back.swamped == r.swamped
+    assert back.losses == r.losses and back.swamped == r.swamped and back.underflowed == r.underflowed
+    # the full profile (the saved GPU run) keeps its three runs; results saved without underflowed still load
+    assert master_weights_stall.config_for("full").masters_without_scale is False
+    d = r.to_dict()
+    d.pop("underflowed")
+    d["losses"].pop(master_weights_stall.RUNS[3])
+    assert master_weights_stall.StallResult.from_dict(d).underflowed == []
 
 
 def test_swamped_fraction():

@@ -51,7 +51,11 @@ def test_ulp_fixed_and_accumulation():
         figures.plot_ulp(["FP16"], lo_log2=3, hi_log2=1)
     with pytest.raises(ValueError):
         figures.plot_ulp(["FP17"])
-    _check_axes(figures.plot_fixed_vs_float())
+    fig = figures.plot_fixed_vs_float()
+    _check_axes(fig)
+    envelope = [l for l in fig.axes[0].get_lines() if l.get_label().startswith("FP16: largest error")]
+    x, y = envelope[0].get_xdata(), envelope[0].get_ydata()
+    assert len(envelope) == 1 and np.max(y[x >= 2.0 ** -14]) == 2.0 ** -11    # normal range: the tops reach 2^-11
     traj = {"a": 1 + 1e-4 * np.arange(11), "b": np.ones((11, 4))}
     _check_axes(figures.plot_accumulation(traj, exact=1 + 1e-4 * np.arange(11)))
     with pytest.raises(TypeError):
@@ -88,9 +92,11 @@ def test_every_run_of_a_multi_run_histogram_is_drawn():
 
 def test_kept_vs_scale():
     fig = figures.plot_kept_vs_scale(_histogram(), "FP16", log2_scales=range(0, 30))
-    (ax,) = _check_axes(fig)
+    ax, lx = fig.axes
+    assert ax.get_title() and ax.get_legend() is not None and lx.get_xlabel() and lx.get_yscale() == "log"
     kept = ax.get_lines()[0].get_ydata()
     assert kept[8] > kept[0]                                        # S = 2^8 keeps more than S = 1
+    assert all(float(t).is_integer() for t in lx.get_xticks())     # whole exponents of S
     with pytest.raises(TypeError):
         figures.plot_kept_vs_scale({"a": 1})
 
@@ -107,6 +113,7 @@ def test_losses_and_scale_history_from_results():
     cfg = loss_scaling.Config(profile="quick", steps=30, growth_interval=5, hidden=16, threads=1)
     r = loss_scaling.run(cfg, progress=False)
     (ax,) = _check_axes(figures.plot_scale_history(r))
+    assert all(float(t).is_integer() for t in ax.get_yticks())     # log2 S: whole exponents only
     assert len(ax.get_legend().get_texts()) >= 2
     (ax,) = _check_axes(figures.plot_losses(r.losses, smooth=5))
     assert len(ax.get_lines()) == 2

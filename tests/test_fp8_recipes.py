@@ -2,6 +2,7 @@
 JSON, figures, tables, bad configurations, the character transformer and its text; on a GPU with FP8 tensor
 cores, the tensor-core runs (skipped elsewhere)."""
 
+import copy
 import math
 
 import pytest
@@ -52,12 +53,39 @@ def test_tiny_experiment_runs_every_recipe(tiny):
     assert 0 <= tiny.underflow("lm", "fp8_unscaled") <= 1 and tiny.underflow("lm", "bf16") == 0
     assert tiny.snr("lm", "mxfp4", "w") < tiny.snr("lm", "bf16", "w")
     assert tiny.gap("lm", "bf16") == 0 and "fp8_recipes" in tiny.describe()
+    assert "FP8, delayed scaling" in tiny.describe() and "fp8_delayed" not in tiny.describe()   # labels, not keys
     with pytest.raises(ValueError, match="model"):
         tiny.final("cnn", "bf16")
     with pytest.raises(ValueError, match="recipe"):
         tiny.final("lm", "mxfp6")
     with pytest.raises(ValueError, match="role"):
         tiny.underflow("lm", "bf16", "y")
+
+
+def test_step_one_is_kept_apart(tiny):
+    """Statistics of step 1 alone ("first"), and of the recorded steps after it ("after_first"), add up to all of
+    them; at step 1 delayed scaling has no amax history and casts with scale 1, exactly as FP8 without scaling
+    (issue 31, item 11)."""
+    for recipe in ("fp8_unscaled", "fp8_delayed", "mxfp4"):
+        assert tiny.has_first("lm", recipe)
+        first, after, every = (tiny._counts("lm", recipe, s) for s in ("first", "after_first", "all"))
+        for layer, roles in every.items():
+            for role, c in roles.items():
+                assert all(first[layer][role][k] + after[layer][role][k] == pytest.approx(c[k]) for k in c)
+    assert tiny.underflow("lm", "fp8_delayed", "g", "first") == tiny.underflow("lm", "fp8_unscaled", "g", "first")
+    assert tiny.stats("lm", "fp8_delayed", "first")["all"]["g"] == tiny.stats("lm", "fp8_unscaled", "first")["all"]["g"]
+    with pytest.raises(ValueError, match="steps"):
+        tiny.stats("lm", "fp8_delayed", "last")
+    saved = copy.deepcopy(tiny)
+    for runs in saved.runs.values():                   # a result saved before step 1 was kept apart
+        for r in runs.values():
+            r.pop("stats_first")
+    assert not saved.has_first("lm", "fp8_delayed") and saved.underflow("lm", "fp8_delayed") >= 0
+    with pytest.raises(ValueError, match="step 1"):
+        saved.underflow("lm", "fp8_delayed", "g", "after_first")
+    from mpt_lab import figures
+
+    assert "after the first" in figures.fp8_results_table(tiny) and "step 1 included" in figures.fp8_results_table(saved)
 
 
 def test_tiny_experiment_is_reproducible_and_round_trips(tiny, tmp_path):

@@ -122,7 +122,16 @@ def run_all_cells(page, tries: int = 4) -> None:
     """Run > Run All Cells, again until a cell runs: a run asked for while the kernel's connection is still
     being set up (the status already reads idle) leaves every cell unrun, with no message."""
     started = r"() => [...document.querySelectorAll('.jp-InputArea-prompt')].some(e => /\[(\*|\d+)\]/.test(e.innerText))"
+    dialogs = []
     for _ in range(tries):
+        # a dialog JupyterLab opened meanwhile (seen on a loaded machine: it took every click) is read and closed
+        for _ in range(3):
+            dialog = page.locator(".jp-Dialog")
+            if not dialog.count():
+                break
+            dialogs.append(dialog.first.inner_text()[:300])
+            page.keyboard.press("Escape")
+            page.wait_for_timeout(500)
         page.locator(".jp-Notebook .jp-Cell").first.click()     # focus the notebook: the Run menu acts on it
         page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
         page.locator("li.lm-Menu-item[data-command='runmenu:run-all'], "                 # Run All Cells
@@ -132,7 +141,7 @@ def run_all_cells(page, tries: int = 4) -> None:
             return
         except Exception:   # playwright's TimeoutError
             continue
-    raise AssertionError(f"JupyterLab ran no cell after {tries} tries of Run All Cells")
+    raise AssertionError(f"JupyterLab ran no cell after {tries} tries of Run All Cells; dialogs closed: {dialogs}")
 
 
 @pytest.mark.slow

@@ -107,12 +107,15 @@ def test_tiny_run_all_ways_and_json_roundtrip(tmp_path):
     assert "<caption>The usual verdict: recomputation is lossless" in table
     t = figures.training_table(r)
     assert "MiB" in t and "90 MB as reported" in t and "85.8" not in t  # the source's MB quoted, not converted
+    assert f"(the FP32 weights cast to {r.mixed_dtype} at save)" in t    # the mixed checkpoint is a cast at save
     b = r.breakdown
     n_params = sum(p.numel() for p in build_resnet(4, 2, 1, seed=0).parameters())
     assert b["fp32"]["weights"] == b["mixed"]["weights"] == 4 * n_params == b["fp32"]["gradients"]
     assert b["fp32"]["optimizer_state"] == 4 * n_params                     # SGD momentum buffers, FP32
     assert 0 < b["mixed"]["saved_for_backward"] < b["fp32"]["saved_for_backward"]
     assert figures.breakdown_table(r).count("<tr>") == 1 + 5
+    for way in ("fp32", "mixed"):       # all that is saved for backward is alive at the end of the forward pass
+        assert b[way]["saved_for_backward"] < r.ways[way]["peak_bytes"]
     assert 0.9 < r.ways["mixed"]["grad_cosine"] <= 1.0 and r.ways["fp32"]["grad_cosine"] == pytest.approx(1.0)
     fig = figures.plot_tradeoffs(r)
     assert fig._suptitle.get_text() and all(ax.get_title() and ax.get_ylabel() for ax in fig.axes)

@@ -985,6 +985,25 @@ def test_one_scale_loses_what_per_tensor_scales_keep():
         M.one_scale_vs_per_tensor({"a": torch.ones(2)})
 
 
+def test_one_scale_energy_lost_is_the_square_share_of_the_values_lost():
+    """energy_lost_*: the share of Σx² in the values that round to zero, within a factor of 2 of the exact share
+    (the binade estimate), and exactly 0 when nothing is lost; checked value by value with round_to."""
+    from mpt_lab.formats import FP8_E4M3, round_to
+
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(20000, generator=g, dtype=torch.float64) * torch.exp2(torch.randint(-30, 0, (20000,), generator=g))
+    x = x.to(torch.float32)
+    h = log2_histogram(x)
+    out = M.one_scale_vs_per_tensor({"x": h}, "FP8_E4M3")["tensors"]["x"]
+    s = h.max_scale("FP8_E4M3")
+    lost = (round_to(x.double() * s, FP8_E4M3) == 0) & (x != 0)
+    exact = float((x.double()[lost] ** 2).sum() / (x.double() ** 2).sum())
+    assert out["lost_per_tensor"] == pytest.approx(float(lost.sum()) / int((x != 0).sum()), abs=1e-12)
+    assert exact > 0 and exact / 2 <= out["energy_lost_per_tensor"] <= 2 * exact
+    none = M.one_scale_vs_per_tensor({"y": log2_histogram(torch.ones(10))}, "FP8_E4M3")["tensors"]["y"]
+    assert none["energy_lost_per_tensor"] == 0 == none["lost_per_tensor"]
+
+
 def test_counts_and_layer_stats_by_hand():
     c = M.new_counts()
     t = torch.tensor([0.0, 1.0, 2.0 ** -30, 500.0, 3.0])

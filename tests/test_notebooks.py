@@ -35,39 +35,71 @@ def test_every_cell_has_a_unique_id(path: Path):
     assert all(ids) and len(set(ids)) == len(ids), f"{path.name}: cells without an id or with a repeated one"
 
 
-def _bibliography_labels() -> set:
-    """"Surname, year" of the first author of every entry of book/references.bib (as the chapters cite them)."""
+def _bibliography_labels() -> dict:
+    """"Surname, year" of the first author of every entry of book/references.bib, "Surname et al., year" for an
+    entry of more than two authors (or "and others"), as the chapters cite them → the anchors of the entries with
+    that label on the bibliography page ("cite-" + the key, as docutils writes an id: the ``bibtex_cite_id`` of
+    _config.yml)."""
     import codecs
 
     import latexcodec  # noqa: F401  (registers the "ulatex" codec; a dependency of pybtex)
+    from docutils.nodes import make_id
     from pybtex.database import parse_file
 
     from conftest import ROOT
 
-    out = set()
-    for entry in parse_file(ROOT / "book" / "references.bib").entries.values():
-        first = entry.persons["author"][0]
+    out = {}
+    for key, entry in parse_file(ROOT / "book" / "references.bib").entries.items():
+        authors = entry.persons["author"]
+        first = authors[0]
         name = " ".join(first.last_names) or " ".join(first.first_names)
-        out.add(f"{codecs.decode(name, 'ulatex').replace('{', '').replace('}', '')}, {entry.fields['year']}")
+        et_al = " et al." if len(authors) > 2 or any(str(a) == "others" for a in authors) else ""
+        label = f"{codecs.decode(name, 'ulatex').replace('{', '').replace('}', '')}{et_al}, {entry.fields['year']}"
+        out.setdefault(label, set()).add(make_id(f"cite-{key}"))
     return out
 
 
-CITATION = re.compile(r"\[\(([^\]]*)\)\]\(\.\./book/bibliography\.md\)")
+#: A link to the bibliography: "[(Author et al., 2018)](../book/bibliography.md#cite-key)", the parentheses
+#: inside or outside the brackets ("([A, 2022](…); [B, 2023](…))" cites two works), the anchor optional.
+CITATION = re.compile(r"\[\(?([^\[\]]*?)\)?\]\(\.\./book/bibliography\.md(?:#([\w-]+))?\)")
+#: Chapters whose citations link to their entry (an anchor on the bibliography page), not only to the page.
+ANCHORED = ("01_", "02_", "03_", "04_", "05_", "06_")
+
+
+def test_the_config_gives_bibliography_entries_the_anchors_the_chapters_use():
+    from conftest import ROOT
+
+    config = (ROOT / "_config.yml").read_text()
+    assert re.search(r'bibtex_cite_id:\s*"cite-\{key\}"', config)
+    labels = _bibliography_labels()
+    assert all(len(anchors) == 1 for anchors in labels.values()), "two entries read alike: give them 2023a/2023b"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_citations_read_in_jupyter_and_name_bibliography_entries(path: Path):
     """Chapters cite works as "(Author et al., year)" linked to the bibliography (a {cite} role shows raw in
-    Jupyter); each cited author and year is an entry of book/references.bib."""
+    Jupyter); each cited author and year is an entry of book/references.bib, and a link's anchor is that entry's
+    (chapters 1-6 link every citation to its entry)."""
     labels = _bibliography_labels()
     nb = nbformat.read(path, as_version=4)
     text = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
     assert "{cite}" not in text
-    for m in CITATION.finditer(text):
-        for item in m.group(1).split("; "):
+    links = list(CITATION.finditer(text))
+    assert links or not path.name.startswith(ANCHORED)
+    for m in links:
+        items, anchor = m.group(1).split("; "), m.group(2)
+        strict = anchor is not None or path.name.startswith(ANCHORED)
+        for item in items:
             author, year = item.rsplit(", ", 1)
-            author = author.replace(" et al.", "").split(" & ")[0]
-            assert f"{author}, {year}" in labels, f"{path.name} cites ({item}), which is not in references.bib"
+            author = author.split(" & ")[0]
+            if strict:      # "et al." exactly where the entry has more than two authors
+                assert f"{author}, {year}" in labels, f"{path.name} cites ({item}), not so in references.bib"
+            else:
+                assert f"{author.replace(' et al.', '')}, {year}" in {k.replace(" et al.", "") for k in labels}, \
+                    f"{path.name} cites ({item}), which is not in references.bib"
+        if strict:
+            assert len(items) == 1, f"{path.name}: one link per work, each to its entry: {m.group(0)}"
+            assert anchor in labels[f"{author}, {year}"], f"{path.name}: {m.group(0)} links to another entry"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)

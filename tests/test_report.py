@@ -202,6 +202,9 @@ def test_loss_scale_window_against_own_gradients(loss_factor):
     low, high = r.loss_scale_window("FP16")
     assert high == largest_pow2_scale(amax, FP16_MAX)
     assert r.loss_scale_window("FP8_E5M2")[1] == largest_pow2_scale(amax, 57344.0)
+    bf16 = precision_report(model, loss_fn, batch, formats=("BF16",)).loss_scale_window("BF16")[1]
+    assert bf16 == min(largest_pow2_scale(amax, float(torch.finfo(torch.bfloat16).max)), 2.0 ** 127)
+    assert bf16 <= 2.0 ** 127 and math.isfinite(float(torch.tensor(bf16, dtype=torch.float32)))  # a float32 scale
     flat = torch.cat([g.reshape(-1) for g in grads]).double()
     nz = flat[flat != 0]
 
@@ -450,12 +453,18 @@ def test_optimizer_eps_vanishes_and_updates_lost():
     assert fp16["eps"]["effect"] == "vanishes" and fp16["eps"]["rounded"] == 0.0
     bf16 = {c["name"]: c for c in r.optimizer_checks("BF16")["constants"]}
     assert bf16["betas[1]"]["rounded"] == float(torch.tensor(0.999).bfloat16()) == 1.0
+    assert bf16["betas[1]"]["effect"] == "degenerate" and bf16["betas[0]"]["effect"] == "changes"   # 0.9 → 0.898
+    with pytest.raises(ValueError, match="beta"):                     # what torch says of a β₂ of 1
+        torch.optim.Adam(model.parameters(), betas=(0.9, 1.0))
     # under autocast the optimizer steps FP32 weights: nothing of it is rounded, and the advice says nothing of it
     assert "eps" not in r.recommendation("FP16") and "master weights" not in r.recommendation("FP16")
+    assert "betas[1]" not in r.recommendation("BF16")
     assert "the optimizer in FP32 (Adam)" in r.recommendation("FP16")
     r_all = precision_report(model, ce, batch, formats=("FP16", "BF16"), optimizer=adam, mode="all")
     assert "eps rounds to 0" in r_all.recommendation("FP16") and "eps" not in r_all.recommendation("BF16")
     assert "optimizer Adam on FP16 weights" in r_all.recommendation("FP16")
+    assert "keep the optimizer's arithmetic in FP32 (betas[1] rounds to 1" in r_all.recommendation("BF16")
+    assert "betas[1]" not in r_all.recommendation("FP16")             # 0.999 stays below 1 in FP16
     assert not adam.state                                            # the optimizer never stepped
 
     # SGD with a tiny learning rate: the share of updates that round away on FP16 weights, by NumPy's float16

@@ -22,6 +22,7 @@ def test_tables():
     t = widgets.format_table_html()
     assert t.count("<tr>") == 1 + len(F.FORMATS)
     assert "65504" in t and "448" in t and "57344" in t
+    assert "2^-24 (5.96e-08)" in t and "2^-10 (0.000977)" in t and "0.0009765625" not in t   # one notation
     v = widgets.value_table_html([0.1, 65520.0], ["FP16", "FP8_E4M3"])
     assert v.count("<td style=\"text-align:left") == 4   # one row per (value, format): its first cell
     assert "inf" in v and "nan" in v

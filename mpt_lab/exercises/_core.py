@@ -83,6 +83,8 @@ class Exercise:
     worked : the worked solution, shown collapsed under the exercise (:func:`solution_dropdown`): paragraphs
         separated by blank lines, inline code in backticks, code blocks fenced with three backticks.  The
         answer's numbers come from ``solution`` at display time, written in the text as ``{answer}``.
+    details : optional ``() -> str``, the rest of the prompt, computed when :func:`show` shows it (data read
+        from the installed libraries, too slow to compute when the exercises are imported)
     """
 
     id: str
@@ -92,6 +94,7 @@ class Exercise:
     hint: str
     solution: Callable[[], Any]
     worked: str = ""
+    details: Callable[[], str] | None = None
 
 
 #: id → :class:`Exercise`, in the order the chapter modules register them.
@@ -249,9 +252,10 @@ def solution(exercise_id: str) -> Any:
 
 
 def show(exercise_id: str) -> str:
-    """The exercise's title and prompt."""
+    """The exercise's title and prompt (with its ``details``, when it has them)."""
     ex = get_exercise(exercise_id)
-    return f"Exercise {ex.id}: {ex.title}\n{ex.prompt}"
+    more = f"\n{ex.details()}" if ex.details is not None else ""
+    return f"Exercise {ex.id}: {ex.title}\n{ex.prompt}{more}"
 
 
 def list_exercises(chapter: int | None = None) -> list:

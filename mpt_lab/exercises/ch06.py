@@ -7,17 +7,16 @@ import math
 from ._core import Exercise, register, is_real, as_list, entries_text
 
 
-#: The ops of exercise 6.1 (names of :data:`mpt_lab.autocast.OPS`) and the expression each one stands for.
+#: The ops of exercise 6.1 (names of :data:`mpt_lab.autocast.OPS`; none of them is in the chapter's table of
+#: :data:`~mpt_lab.autocast.RECIPE_OPS`): the expression each one stands for and the ATen ops it calls, in order.
 EX61_OPS = {
-    "matmul (@)": "x @ w",
-    "relu": "torch.relu(x)",
-    "add (x + x)": "x + x",
-    "exp": "torch.exp(x)",
-    "softmax": "torch.softmax(x, -1)",
-    "linear → relu": "torch.relu(F.linear(x, w))",
-    "linear → softmax": "torch.softmax(F.linear(x, w), -1)",
-    "elu": "F.elu(x)",
-    "mul + sum (a·Wh)": "(x * x).sum(-1)",
+    "elu": ("F.elu(x)", ("elu",)),
+    "expm1": ("torch.expm1(x)", ("expm1",)),
+    "mean": ("x.mean()", ("mean",)),
+    "var": ("x.var(-1)", ("var",)),
+    "batch_norm": ("F.batch_norm(x, None, None, training=True)", ("batch_norm",)),
+    "mul + sum (a·Wh)": ("(x * x).sum(-1)", ("mul", "sum")),
+    "linear → elu": ("F.elu(F.linear(x, w))", ("linear", "elu")),
 }
 
 
@@ -29,6 +28,25 @@ def _ex61_truth() -> dict:
     from ..autocast import probe_autocast
 
     return dict(probe_autocast("cuda", torch.float16, input_dtype=torch.float16, ops=tuple(EX61_OPS)).ops)
+
+
+def _ex61_lists() -> str:
+    """Autocast's CUDA float16 lists of the installed PyTorch, as the prompt prints them."""
+    import textwrap
+
+    import torch
+
+    from ..autocast import autocast_lists
+
+    lists = autocast_lists("cuda", torch.float16)
+    what = {"lower_precision": "cast to float16 (lower_precision)", "float32": "run in float32 (float32)",
+            "promote": "run in the widest dtype of their inputs (promote)", "banned": "refused (banned)"}
+    out = [f"Autocast's CUDA lists in the installed PyTorch {torch.__version__.split('+')[0]} "
+           "(mpt_lab.autocast.autocast_lists(\"cuda\"), read from its dispatcher), ATen op names:"]
+    for policy, words in what.items():
+        if lists[policy]:
+            out.append(textwrap.fill(f"{words}: {', '.join(lists[policy])}.", width=110, subsequent_indent="    "))
+    return "\n".join(out)
 
 
 def _dtype_name(value):
@@ -61,52 +79,61 @@ def _ex61_check(a):
     if wrong:
         return False, (f"{len(wrong)} of the {len(keys)} dtypes are not what torch.autocast('cuda', "
                        "dtype=torch.float16) returns from float16 inputs.")
-    low = [k for k in keys if truth[k] == "float16"]
-    return True, (f"all {len(keys)} right: autocast's CUDA policy returns float16 for {', '.join(low)} and runs "
-                  "the others in float32, even from float16 inputs.")
+    high = [k for k in keys if truth[k] == "float32"]
+    return True, (f"all {len(keys)} right: from float16 inputs autocast's CUDA policy returns float32 only for "
+                  f"{', '.join(high)} (a float32-list op is the last one they call); the others run in float16.")
 
 
 register(Exercise(
-    "6.1", "Read autocast's CUDA policy",
+    "6.1", "Read autocast's CUDA lists",
     "Under torch.autocast(\"cuda\", dtype=torch.float16), with float16 inputs x [8, 16] and w [16, 16], which "
-    "dtype does each of these ops return? " + "; ".join(f"{k!r}: {v}" for k, v in EX61_OPS.items())
-    + ". Answer with a dict {op name: \"float16\" or \"float32\"} with exactly these keys (the names of "
-    "mpt_lab.autocast.OPS). Predict first. The chapter's table shows seven of these ops; elu and mul + sum are "
-    "not in it: reason them out from autocast's rules (the hint), then check your whole answer here.",
+    "dtype does each of these ops return? "
+    + "; ".join(f"{k!r}: {expr} (calls {', then '.join(f'aten::{o}' for o in aten)})"
+                for k, (expr, aten) in EX61_OPS.items())
+    + ". Autocast casts the inputs of an op on its lower_precision list to float16, runs an op on its float32 "
+    "list in float32, runs an op on its promote list in the widest dtype of its inputs, and leaves every other "
+    "op alone: it runs in the dtype of its inputs. Find each ATen op in the lists printed below. Answer with a "
+    "dict {op name: \"float16\" or \"float32\"} with exactly these keys (the names of mpt_lab.autocast.OPS). "
+    "None of them is in the chapter's probe table.",
     _ex61_check,
-    "Autocast sorts ops into three groups on CUDA: ops it casts to float16 (matrix products, convolutions), "
-    "ops it runs in float32 whatever their input (exponentials, reductions, normalisations, losses), and ops "
-    "it leaves alone, which return their input's dtype. For a chain, the last op decides.",
+    "Look up every ATen op an expression calls, by its exact name: an op's name on no list means autocast "
+    "leaves it alone, whatever it computes inside. In a chain, each op sees the dtype the one before returned; "
+    "the last op decides.",
     _ex61_truth,
-    worked="""Autocast on CUDA sorts ops into three groups (the `torch.amp` autocast op reference): ops it casts \
-to float16 before running them (matrix products, convolutions), ops it runs in float32 whatever the dtype of \
-their inputs (exponentials, logs, reductions such as sums, softmax, normalisations, losses), and every other op, \
-which autocast leaves alone and which returns the dtype of its inputs. With float16 inputs, the third group \
-returns float16.
+    worked="""Autocast decides per ATen op, by name, from its lists (printed with the prompt, read from the \
+installed PyTorch by `mpt_lab.autocast.autocast_lists`; the torch.amp documentation's "Autocast Op Reference" \
+prints the same lists). An op on the lower_precision list has its inputs cast to float16; an op on the float32 \
+list runs in float32 (its inputs cast up, or a float32 result requested from the kernel); an op on the promote \
+list runs in the widest dtype among its inputs; and every other op is left alone and returns the dtype of its \
+inputs, here float16. What an op computes inside does not matter, only its name on the list.
 
-Op by op:
+Op by op, with float16 inputs:
 
-`x @ w`: a matrix product, cast to float16 → float16.
+`F.elu(x)`: calls `aten::elu`, on no list → float16. ELU computes exp(x) − 1, and `expm1` is on the float32 \
+list, but autocast sees only `aten::elu`: the kernel inside is not dispatched through autocast.
 
-`relu`, `x + x`: not on either list, run in their inputs' dtype → float16.
+`torch.expm1(x)`: `aten::expm1` is on the float32 list → float32.
 
-`exp`, `softmax`: on the float32 list → float32, even from float16 inputs.
+`x.mean()`: `aten::mean` is on no list → float16. Of the plain reductions only `sum` and `prod` are on the \
+CUDA float32 list (beside `cumsum`, `cumprod`, `logsumexp` and the norms); a mean and a variance are not.
 
-`relu(linear(x, w))`: linear gives float16, relu keeps it → float16. In a chain the last op decides.
+`x.var(-1)`: `aten::var`, on no list → float16.
 
-`softmax(linear(x, w))`: linear gives float16, softmax runs in float32 → float32.
+`F.batch_norm(x, None, None, training=True)`: `aten::batch_norm`, on no list → float16. The normalisations \
+on the float32 list are `layer_norm`, `group_norm` and `rms_norm`, not batch norm.
 
-`elu`: an element-wise activation like relu, on neither list → float16 (it is not in the chapter's table: this \
-is the rule applied to an op you have not seen).
+`(x * x).sum(-1)`: `aten::mul` is on no list and returns float16, then `aten::sum` is on the float32 list → \
+float32. This is the attention score a·Wh of a graph attention layer (chapter 9).
 
-`(x * x).sum(-1)`: the product is element-wise and stays float16, then the sum, a reduction, runs in float32 \
-→ float32. This is the attention score a·Wh of a graph attention layer (chapter 9).
+`F.elu(F.linear(x, w))`: `aten::linear` runs in float16 (lower_precision), then `aten::elu`, on no list, keeps \
+float16 → float16. In a chain the last op decides.
 
 The reference answer, probed from PyTorch's own dispatcher (`mpt_lab.autocast.probe_autocast` on fake CUDA \
 tensors, so no GPU is needed): {answer}
 
-Note that on a CPU the float32 list is shorter (the chapter's table): there softmax of float16 inputs stays \
-float16. Probe the ops of your own model on the device you train on."""))
+On a CPU the lists differ (the chapter prints both): there `sum`, `softmax` and `expm1` are on no list and \
+stay float16. Look up the ops of your own model in the lists of the device you train on.""",
+    details=_ex61_lists))
 
 
 #: Exercise 6.2's GradScaler and overflow pattern (iterations counted from 1).

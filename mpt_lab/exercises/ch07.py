@@ -15,7 +15,8 @@ def _tensor_bytes(t) -> int:
 def _ex71_truth() -> dict:
     """Bytes per parameter of weights, gradients and Adam's state after one step of a real model (an MLP of
     82,240 parameters): FP32 training from its tensors' ``element_size()``, mixed precision from
-    :meth:`mpt_lab.master_weights.MasterWeightTrainer.memory_per_parameter`."""
+    :meth:`mpt_lab.master_weights.MasterWeightTrainer.memory_per_parameter`; bytes per parameter, rounded to
+    4 decimals."""
     import torch
     import torch.nn.functional as Fn
     from torch import nn
@@ -41,7 +42,7 @@ def _ex71_truth() -> dict:
         trainer = MasterWeightTrainer(model(), adam, Fn.mse_loss)
         trainer.train_step(x, y)
         mixed = trainer.memory_per_parameter()["total"]
-    return {"fp32": fp32, "mixed": mixed}
+    return {"fp32": round(fp32, 4), "mixed": round(mixed, 4)}     # bytes per parameter, to 4 decimals
 
 
 def _ex71_check(a):
@@ -95,10 +96,11 @@ answer = {"fp32": fp32 + fp32 + 2 * fp32,                      # weight, gradien
           "mixed": fp32 + fp16 + fp16 + fp32 + 2 * fp32}       # master, FP16 copy and gradient, FP32 gradient, Adam
 ```
 
-Measured on a real model after one Adam step (Adam's one step counter per tensor adds the last digits): \
-{answer}. So the FP32 masters cost memory: per parameter, mixed precision keeps more than FP32 training. What \
-it saves is elsewhere: the activations the backward pass keeps are stored in 16 bits, and for most models they \
-take far more memory than the parameters (the chapter's breakdown table)."""))
+Measured on a real model after one Adam step, in bytes per parameter (Adam's one step counter per tensor adds \
+the last digits): {answer}. So the FP32 masters cost memory: per parameter, mixed precision keeps more than FP32 \
+training. What it saves is elsewhere: the activations the backward pass keeps are stored in 16 bits, and in the chapter's \
+ResNet they take far more memory than the parameters (its breakdown table); how much depends on the model and \
+the batch."""))
 
 
 def _ex72_models() -> dict:

@@ -34,6 +34,8 @@ packs and unpacks its results.
   accumulator model, error against K.
 * ``fp8_recipes``: a small transformer and the digits MLP trained in FP32, BF16, FP16, FP8 (unscaled, current,
   delayed), MXFP8/6/4, NVFP4 and BF16 weights with stochastic rounding.
+* ``fourbit_ablation``: NVIDIA's NVFP4 training recipe on a small transformer, ingredient by ingredient (BF16,
+  FP8, MXFP4, NVFP4 and the recipe less one ingredient at a time, over seeds), and what each ingredient fixes.
 """
 
 from __future__ import annotations
@@ -46,7 +48,8 @@ from .runner import (PROFILES, REGISTRY, Experiment, ExperimentConfig, Experimen
 #: The experiments, in the order of the book's chapters.
 NAMES = ("ssd_histogram", "gradient_factors", "loss_scaling", "master_weights_stall", "amp_recipe",
          "memory_tradeoffs", "lm_gradient_scale", "biglstm", "ssd_table2", "message_passing", "gat_amp",
-         "distributed", "fp8_recipes", "accumulation_error", "accumulation_training", "tensor_core_accumulation")
+         "distributed", "fp8_recipes", "accumulation_error", "accumulation_training", "tensor_core_accumulation",
+         "fourbit_ablation")
 
 
 def get(name: str) -> Experiment:

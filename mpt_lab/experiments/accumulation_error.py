@@ -9,6 +9,9 @@ stated), against exact float64/``math.fsum`` references; nothing is timed.
   (:func:`~mpt_lab.accumulation.partial_sums` gives every K of one run) and pairwise; the relative error of
   each dot product, its median and largest value over the trials.  The running sum in FP16 shows where the
   accumulator's ulp swallows the addends.
+* **Zero-mean products**: the same with entries uniform in [-1, 1), so that the products have both signs and
+  mean zero and the sum grows only like √K.  Its exact value can be near zero, so the error is measured
+  against the sum's typical size, the root sum of squares of the products: |ŝ − s| / √(Σ (a_k b_k)²).
 * **Tensor cores**: FP8 E4M3 matrices (uniform [0, 1) values rounded to E4M3) multiplied with the
   accumulator DeepSeek-V3 reports for Hopper's FP8 tensor cores (arXiv:2412.19437, §3.3.2 and §3.5.2:
   ~14 bits, groups of 32 aligned products truncated, promotion to FP32 every N_C = 128 elements), modelled by
@@ -41,9 +44,11 @@ __all__ = ["NAME", "Config", "PROFILES", "AccumulationErrorResult", "run", "conf
            "REDUCTION_OPS"]
 
 NAME = "accumulation_error"
-#: The reductions and the autocast op (a name of :data:`mpt_lab.autocast.OPS`) that performs each.
-REDUCTION_OPS = {"mean loss": "cross_entropy", "log-sum-exp": "log_softmax", "LayerNorm variance": "layer_norm",
-                 "plain sum": "sum"}
+#: The reductions and the ops (names of :data:`mpt_lab.autocast.OPS`) that perform each: the library's op
+#: (cross_entropy averages the per-token losses, log_softmax and layer_norm hold the other two), then the same
+#: reduction written by hand (``losses.mean()``, ``torch.logsumexp``, ``x.var()``).
+REDUCTION_OPS = {"mean loss": ("cross_entropy", "mean"), "log-sum-exp": ("log_softmax", "logsumexp"),
+                 "LayerNorm variance": ("layer_norm", "var"), "plain sum": ("sum",)}
 
 
 @dataclass
@@ -89,14 +94,18 @@ PROFILES = {
 class AccumulationErrorResult(ExperimentResult):
     """``ks``: the K of the curves (powers of two); ``error``: "FORMAT order" (e.g. "FP16 sequential") →
     {"median", "max"} lists over ``ks`` (relative error);
+    ``zero_mean``: the same for zero-mean products (entries uniform in [-1, 1)), "FORMAT order" → {"median",
+    "max"} lists over ``ks`` of |ŝ − s| / √(Σ (a_k b_k)²);
     ``unit_roundoff``: format → u; ``running``: the FP16 and exact running sums of one positive dot product at
     every K (``running_ks``); ``tensor_core``: {"ks", "models": name → {"max_relative", "median_relative"}
     lists over ks}; ``reductions``: name → {"exact", "FP32", "FP16 sequential",
-    "FP16 pairwise": values (first row), "errors": arm → largest relative error over the rows}; ``autocast``:
-    reduction → the dtype CUDA float16 autocast returns for its op from float16 inputs."""
+    "FP16 pairwise": values (first row), "first_errors": arm → the relative error of those values, "errors":
+    arm → largest relative error over the rows, "rows": how many draws, "size"}; ``autocast``: reduction → {op
+    name: the dtype CUDA float16 autocast returns for it from float16 inputs}."""
 
     ks: list
     error: dict
+    zero_mean: dict
     unit_roundoff: dict
     running_ks: list
     running: dict
@@ -104,10 +113,14 @@ class AccumulationErrorResult(ExperimentResult):
     reductions: dict
     autocast: dict
 
-    def slope(self, arm: str, k_min: int = 16, k_hi: int | None = None, stat: str = "median") -> float:
-        """Least-squares slope of log2(error) against log2(K) over ks in [k_min, k_hi]."""
+    def slope(self, arm: str, k_min: int = 16, k_hi: int | None = None, stat: str = "median", *,
+              inputs: str = "one-signed") -> float:
+        """Least-squares slope of log2(error) against log2(K) over ks in [k_min, k_hi], for the one-signed
+        products (``error``) or, with ``inputs="zero-mean"``, the zero-mean ones (``zero_mean``)."""
+        if inputs not in ("one-signed", "zero-mean"):
+            raise ValueError(f"inputs must be 'one-signed' or 'zero-mean', got {inputs!r}")
         ks = np.asarray(self.ks, dtype=float)
-        e = np.asarray(self.error[arm][stat], dtype=float)
+        e = np.asarray((self.error if inputs == "one-signed" else self.zero_mean)[arm][stat], dtype=float)
         keep = (ks >= k_min) & (ks <= (k_hi or ks.max())) & (e > 0)
         return float(np.polyfit(np.log2(ks[keep]), np.log2(e[keep]), 1)[0])
 
@@ -157,6 +170,26 @@ def _error_vs_k(config: Config, run: Run, rng) -> tuple:
                        "exact": [float(exact[0, k - 1]) for k in running_ks]}
     error = {arm: {s: [r[s] for r in rows] for s in ("median", "max")} for arm, rows in arms.items()}
     return ks, error, running_ks, running
+
+
+def _zero_mean_vs_k(config: Config, run: Run, rng, ks: list) -> dict:
+    """Dot products of zero-mean FP16 values (uniform in [-1, 1)): |ŝ − s| / √(Σ p²) per K, median and max."""
+    a = round_to(rng.uniform(-1.0, 1.0, (config.trials, config.k_max)).astype(np.float32), FP16)
+    b = round_to(rng.uniform(-1.0, 1.0, (config.trials, config.k_max)).astype(np.float32), FP16)
+    p = a.astype(np.float64) * b
+    exact, size = np.cumsum(p, axis=1), np.sqrt(np.cumsum(p * p, axis=1))
+
+    def errors(got, k):
+        e = np.abs(np.asarray(got, dtype=np.float64) - exact[:, k - 1]) / size[:, k - 1]
+        return {"median": float(np.median(e)), "max": float(np.max(e))}
+
+    arms = {}
+    for fmt in run.bar(config.formats, desc="zero-mean products"):
+        seq = acc.partial_sums(a, b, accumulator=fmt)
+        arms[f"{fmt} sequential"] = [errors(seq[:, k - 1], k) for k in ks]
+        arms[f"{fmt} pairwise"] = [errors(acc.dot(a[:, :k], b[:, :k], accumulator=fmt, order="pairwise"), k)
+                                   for k in ks]
+    return {arm: {s: [r[s] for r in rows] for s in ("median", "max")} for arm, rows in arms.items()}
 
 
 def _tensor_core(config: Config, run: Run, rng) -> dict:
@@ -222,8 +255,10 @@ def _reductions(config: Config, run: Run, rng) -> dict:
     out["LayerNorm variance"] = (exact, vals)
     result = {}
     for name, (exact, vals) in out.items():
-        errs = {h: float(np.max(np.abs(v - exact) / np.abs(exact))) for h, v in vals.items()}
-        result[name] = {"exact": float(exact[0]), **{h: float(v[0]) for h, v in vals.items()}, "errors": errs,
+        rel = {h: np.abs(v - exact) / np.abs(exact) for h, v in vals.items()}
+        result[name] = {"exact": float(exact[0]), **{h: float(v[0]) for h, v in vals.items()},
+                        "first_errors": {h: float(e[0]) for h, e in rel.items()},
+                        "errors": {h: float(np.max(e)) for h, e in rel.items()}, "rows": config.rows,
                         "size": {"mean loss": config.tokens, "log-sum-exp": config.vocab,
                                  "LayerNorm variance": config.width}[name]}
     return result
@@ -232,17 +267,19 @@ def _reductions(config: Config, run: Run, rng) -> dict:
 def _autocast() -> dict:
     from ..autocast import probe_autocast
 
-    probe = probe_autocast("cuda", torch.float16, input_dtype=torch.float16, ops=tuple(REDUCTION_OPS.values()))
-    return {name: probe.ops[op] for name, op in REDUCTION_OPS.items()}
+    ops = tuple(op for pair in REDUCTION_OPS.values() for op in pair)
+    probe = probe_autocast("cuda", torch.float16, input_dtype=torch.float16, ops=ops)
+    return {name: {op: probe.ops[op] for op in pair} for name, pair in REDUCTION_OPS.items()}
 
 
 def measure(config: Config, run: Run) -> dict:
     rng = np.random.default_rng(config.seed)
     ks, error, running_ks, running = _error_vs_k(config, run, rng)
-    return {"ks": ks, "error": error, "running_ks": running_ks, "running": running,
+    tensor_core, reductions = _tensor_core(config, run, rng), _reductions(config, run, rng)
+    zero_mean = _zero_mean_vs_k(config, run, np.random.default_rng([config.seed, 1]), ks)   # a stream of its own
+    return {"ks": ks, "error": error, "zero_mean": zero_mean, "running_ks": running_ks, "running": running,
             "unit_roundoff": {f: acc.unit_roundoff(get_format(f)) for f in config.formats},
-            "tensor_core": _tensor_core(config, run, rng), "reductions": _reductions(config, run, rng),
-            "autocast": _autocast()}
+            "tensor_core": tensor_core, "reductions": reductions, "autocast": _autocast()}
 
 
 #: ``--smoke``: the full profile cut to a few trials or steps (shapes unchanged).

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..bench import datasheet_peaks, matmul_peak_tflops, peak_memory, profile_steps, time_call
-from ..device import cpu_flags, describe
+from ..device import cpu_kernels, describe
 from ..training import CAPTURES, StaticStep, autocast_to, backward_step
 from .runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
 
@@ -222,21 +222,20 @@ class AmpRecipeResult(ExperimentResult):
 
 
 
-def _cpu_note(peaks: dict, flags: list) -> str:
+def _cpu_note(peaks: dict, kernels) -> str:
+    """What the measured CPU peaks mean, from the kernels PyTorch ran (:class:`mpt_lab.device.CpuKernels`)."""
     g = {k: v * 1e3 for k, v in peaks.items()}
     s = (f"On this CPU a matrix product runs at {g.get('float32', math.nan):.1f} GFLOP/s in float32, "
          f"{g.get('bfloat16', math.nan):.1f} in bfloat16 and {g.get('float16', math.nan):.1f} in float16 "
-         f"(measured).  ")
-    has_bf16 = any(f in flags for f in ("avx512_bf16", "amx_bf16"))
-    has_fp16 = any(f in flags for f in ("avx512_fp16", "amx_fp16"))
-    s += ("bfloat16 is fast because the CPU has bfloat16 dot-product instructions "
-          f"({', '.join(f for f in flags if 'bf16' in f)}) that oneDNN uses; " if has_bf16 else
-          "bfloat16 is slow too: this CPU has no bfloat16 dot-product instructions (no avx512_bf16 or amx_bf16); ")
-    s += ("float16 has native instructions too, so a slow float16 points at the kernel library." if has_fp16 else
-          "float16 is slow because the CPU has no float16 arithmetic instructions (no avx512_fp16 or amx_fp16; "
-          "f16c only converts), so torch's float16 matrix products take a generic path that converts element by "
-          "element.  A 'speed-up' below 1 is a slow-down on this machine; on a GPU both 16-bit types use "
-          "tensor cores.  Sizes are shrunk from the recipe's 4096 to keep the CPU run short.")
+         f"(measured; kernels: {kernels.describe()}).  ")
+    s += ("bfloat16 runs on oneDNN's kernel, fast where the CPU has bfloat16 dot-product instructions "
+          "(AVX-512 BF16 or AMX) and oneDNN may use them; " if kernels.onednn_bf16 else
+          "bfloat16 is slow: oneDNN has no bfloat16 kernel here, so torch takes a generic path; ")
+    s += ("float16 runs on oneDNN's kernel too (AVX-512 FP16 or AMX)." if kernels.onednn_fp16 else
+          "float16 is slow because oneDNN has no float16 kernel here (a CPU without AVX-512 FP16 or AMX, or "
+          "ONEDNN_MAX_CPU_ISA below them), so torch's float16 matrix products take a generic path that converts "
+          "element by element.  A 'speed-up' below 1 is a slow-down on this machine; on a GPU both 16-bit types "
+          "use tensor cores.  Sizes are shrunk from the recipe's 4096 to keep the CPU run short.")
     return s
 
 
@@ -363,7 +362,7 @@ def measure(config: Config, run: Run) -> dict:
     gbase = {r["batch"]: r["step_seconds"] for r in graphed if r["precision"] == "fp32"}
     graphed_speedup = {p: {str(r["batch"]): gbase[r["batch"]] / r["step_seconds"] for r in graphed
                            if r["precision"] == p} for p in config.precisions if p != "fp32" and graphed}
-    note = _cpu_note(peaks, cpu_flags()) if device.type == "cpu" else (
+    note = _cpu_note(peaks, cpu_kernels()) if device.type == "cpu" else (
         f"CUDA: float32 matmul TF32 allowed = {torch.backends.cuda.matmul.allow_tf32}; "
         "batch sizes that are multiples of 8 let float16/bfloat16 products use tensor cores fully.")
     return {"rows": rows, "speedup": speedup, "matmul_tflops": peaks, "note": note,

@@ -15,13 +15,16 @@ scaling).
 
 How far below ours were bigLSTM's gradients?  Most activation-gradient values of a language model are the softmax
 gradients (p − y)/D per logit, p a word's probability and D the divisor of the loss.  Our models take a full
-softmax over their V words (p ~ 1/V) and the mean over the N tokens of a batch (D = N).  bigLSTM did neither
-(:data:`BIGLSTM`, from Jozefowicz et al.'s released code): its sampled softmax normalises over the correct word
-and 8,192 sampled words (p ~ 1/8,193, not 1/793,471), and its loss is the mean over the 128 sequences of a batch
-of the sum over 20 time steps (D = 128, not 2,560).  So its typical logit gradient 1/(8,193 · 128) ≈ 2⁻²⁰ is where
-ours already are (:func:`equivalent_shift` gives 0 for the book's runs): the softmax alone does not explain
-why bigLSTM needed a loss scale.  An estimate with p ~ 1/V and D = 2,560 tokens (an earlier version of this
-book) put it 11 binades lower.
+softmax over their V words (p ~ 1/V untrained) and the mean over the N tokens of a batch (D = N).  bigLSTM did
+neither (:data:`BIGLSTM`, from Jozefowicz et al.'s released code): it called TensorFlow's
+``tf.nn.sampled_softmax_loss`` with its defaults, which samples 8,192 of its 793,471 words per step from a
+log-uniform law and subtracts the log of each word's expected count Q from its logit (``subtract_log_q=True``), so
+that the sampled softmax estimates the full one: an untrained model gives a sampled word p = (1/Q)/Z with Z ≈ V;
+and its loss is the mean over the 128 sequences of a batch of the sum over 20 time steps (D = 128, not 2,560).
+:func:`sampled_softmax_gradients` simulates its first step: the median sampled-logit gradient lies near 2⁻²², two
+binades below our untrained models' 1/(V·N) (:func:`equivalent_shift` gives 2 for the quick and cpu profiles), and
+about a fifth of them, the frequent words' 1/(V·128) ≈ 2⁻²⁶·⁶, round to zero in FP16.  (An estimate with p ~ 1/8,193
+for every sampled word, which ignores the log-Q correction, put the median at 2⁻²⁰, where ours are.)
 
 ``grad_shift = k`` (see :mod:`mpt_lab.experiments._precision`) multiplies the loss by 2⁻ᵏ and Adagrad's eps
 and initial accumulator by 2⁻ᵏ and 4⁻ᵏ: the FP32 run is bit-identical for every k, while the FP16 runs see
@@ -30,7 +33,8 @@ mean over N tokens divides every logit gradient by N; :mod:`~mpt_lab.experiments
 and that 2ᵏ times the vocabulary moves the median by about k binades too).  The default ``grad_shift = 11`` is
 large enough for FP16 without loss scaling to fall behind plainly within the quick and cpu profiles' 120 steps;
 ``sweep_shifts`` reruns FP16 without loss scaling at smaller shifts, so the chapter can show how the run falls
-behind as k grows.  ``grad_shift = -1`` ("auto") uses :func:`equivalent_shift`, which is 0 for our models.
+behind as k grows (the cpu profile at every k from 6 to 11, the quick profile at 0, 6 and 11 only).
+``grad_shift = -1`` ("auto") uses :func:`equivalent_shift`, 2 for the quick and cpu profiles.
 
 Without a shift (the "long" profile): what decides whether FP16 without scaling fails is not how many values it
 loses (nine in ten at k = 6 in the cpu profile, without harm) but how much of the update: a word's
@@ -45,6 +49,7 @@ all four arms stays near 20 CPU seconds::
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 import warnings
@@ -60,7 +65,8 @@ from ._precision import RECIPES, RecipeRun, collect_arms, gradient_shares, shift
 from .runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
 
 __all__ = ["Config", "BigLSTMResult", "PROFILES", "PAPER", "BIGLSTM", "config_for", "run", "main",
-           "equivalent_shift", "perplexity", "lm_windows", "lm_optimizer", "lm_step", "lost_mass",
+           "equivalent_shift", "sampled_softmax_gradients", "log_uniform_probability", "perplexity", "lm_windows",
+           "lm_optimizer", "lm_step", "lost_mass",
            "NAME"]
 
 NAME = "biglstm"
@@ -77,27 +83,136 @@ PAPER = {
 
 #: bigLSTM as Jozefowicz et al. (2016) trained it: the One Billion Word vocabulary of 793,471 words; from
 #: their released code (github.com/rafaljozefowicz/lm, ``language_model.py``, also in the fork
-#: github.com/okuchaiev/f-lm): ``num_sampled = 8192`` words per step for the sampled softmax (so it normalises over
-#: the correct word and 8,192 sampled ones), ``batch_size = 128`` sequences unrolled over ``num_steps = 20`` time
+#: github.com/okuchaiev/f-lm): ``num_sampled = 8192`` words per step for ``tf.nn.sampled_softmax_loss`` with its
+#: defaults (a softmax over the correct word and 8,192 sampled ones, ``softmax_classes``, each logit lowered by
+#: log Q: :func:`sampled_softmax_gradients`), ``batch_size = 128`` sequences unrolled over ``num_steps = 20`` time
 #: steps, and the loss ``reduce_mean(per-token loss) * num_steps``: the mean over the 128 sequences of the sum over
 #: the 20 steps, so each logit gradient is divided by ``loss_divisor`` = 128, not by the 2,560 tokens.
 BIGLSTM = {"vocab_size": 793471, "sampled_classes": 8192, "softmax_classes": 8192 + 1, "sequences": 128,
            "bptt": 20, "tokens_per_batch": 128 * 20, "loss_divisor": 128}
 
 
-def equivalent_shift(vocab_size: int, tokens_per_batch: int) -> int:
-    """round(log₂(8193 · 128 / (vocab_size · tokens_per_batch))), at least 0: how many binades bigLSTM's typical
-    softmax gradient (p − y)/128, p ~ 1/8,193 (a sampled softmax over the correct word and 8,192 sampled ones;
-    the loss divided by its 128 sequences, :data:`BIGLSTM`), sat below that of a model with a full softmax over
-    ``vocab_size`` words and the mean over ``tokens_per_batch`` tokens (p ~ 1/V, divided by N).
+def log_uniform_probability(ids, range_max: int):
+    """The base distribution of TensorFlow's ``log_uniform_candidate_sampler`` (the default sampler of
+    ``tf.nn.sampled_softmax_loss``): P(k) = (log(k + 2) − log(k + 1)) / log(range_max + 1) for the ids
+    k = 0 … range_max − 1, a Zipf-like law for a vocabulary sorted by decreasing frequency (TensorFlow's API
+    documentation of ``tf.random.log_uniform_candidate_sampler``).
 
-    It is 0 for every model of the book (bigLSTM's 2⁻²⁰ is where ours already are).  Raises ValueError for
+    ``ids``: int or array of ints in [0, range_max); returns float64 of the same shape.  Raises ValueError for
+    ``range_max`` < 1 or ids outside the range.
+    """
+    import numpy as np
+
+    if not isinstance(range_max, int) or range_max < 1:
+        raise ValueError(f"range_max must be an int ≥ 1, got {range_max!r}")
+    k = np.asarray(ids, dtype=np.float64)
+    if k.size and (k.min() < 0 or k.max() >= range_max):
+        raise ValueError(f"ids must lie in [0, {range_max}), got values from {k.min():g} to {k.max():g}")
+    return (np.log(k + 2.0) - np.log(k + 1.0)) / math.log(range_max + 1.0)
+
+
+def sampled_softmax_gradients(*, vocab_size: int = BIGLSTM["vocab_size"],
+                              num_sampled: int = BIGLSTM["sampled_classes"],
+                              loss_divisor: int = BIGLSTM["loss_divisor"], steps: int = 8, tokens: int = 64,
+                              seed: int = 0) -> dict:
+    """bigLSTM's logit gradients at initialisation, simulated as TensorFlow's ``tf.nn.sampled_softmax_loss``
+    computes them with the defaults that Jozefowicz et al.'s code uses (:data:`BIGLSTM`).
+
+    Per training step the default sampler, ``log_uniform_candidate_sampler(unique=True, range_max=vocab_size)``,
+    draws ids k = ⌊exp(u · log(vocab_size + 1))⌋ − 1 (u uniform in [0, 1), as TensorFlow's ``LogUniformSampler``)
+    until ``num_sampled`` distinct words are drawn, after ``tries`` draws; each word's expected count is
+    Q = 1 − (1 − P(k))^tries (TensorFlow's ``ExpectedCountHelper``, :func:`log_uniform_probability`).  One sample
+    serves the whole batch.  For each of ``tokens`` correct words (drawn from the same Zipf-like law: the
+    sampler assumes the words follow it), ``_compute_sampled_logits`` with ``subtract_log_q=True`` and
+    ``remove_accidental_hits=True`` gives the logits [z_true − log Q_true, z_j − log Q_j …], a sampled word equal
+    to the correct one pushed to −FLOAT_MAX; a softmax cross-entropy over these 1 + ``num_sampled`` logits
+    follows.  The gradient of the loss with respect to a sampled logit is p_j / ``loss_divisor`` (the loss is
+    the mean over 128 sequences of the sum over their time steps).  The model is untrained: every model logit
+    z is equal, so p_j = (1/Q_j) / Z with Z = 1/Q_true + Σ 1/Q_j over the sample (the log-Q correction makes
+    the sampled softmax estimate the full one: E[Σ 1/Q_j] ≈ ``vocab_size``).
+
+    Returns
+    -------
+    dict with "gradients" (float64 array of |∂loss/∂logit| of every (token, sampled word) pair, accidental hits
+    left out, ``steps · tokens · num_sampled`` values less the hits), "median_log2" (log₂ of their median),
+    "lost" (the share FP16 rounds to zero: |g| ≤ 2⁻²⁵, by :func:`mpt_lab.formats.round_to`), "lost_128" (the
+    same after a loss scale of 128), "lost_mass" (the share of their sum Σ|g| that FP16 rounds to zero),
+    "smallest_log2", "largest_log2", "normaliser" (the mean of Z / ``vocab_size``), "tries" (mean draws per
+    step), "frequent_log2" (log₂ 1/(vocab_size · loss_divisor): a word with Q ≈ 1 and Z ≈ vocab_size), and
+    "config".  Deterministic for a given ``seed``.
+
+    Raises ValueError for sizes < 1 or ``num_sampled`` ≥ ``vocab_size``.
+
+    Sources: TensorFlow's API documentation of ``tf.nn.sampled_softmax_loss`` and
+    ``tf.random.log_uniform_candidate_sampler``, and its ``nn_impl.py`` (``_compute_sampled_logits``) and
+    ``range_sampler.cc``; Jozefowicz et al.'s ``language_model.py`` (github.com/rafaljozefowicz/lm).
+    """
+    import numpy as np
+
+    from .. import formats as F
+
+    for name, v in (("vocab_size", vocab_size), ("num_sampled", num_sampled), ("loss_divisor", loss_divisor),
+                    ("steps", steps), ("tokens", tokens)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{name} must be an int ≥ 1, got {v!r}")
+    if num_sampled >= vocab_size:
+        raise ValueError(f"num_sampled must be < vocab_size, got {num_sampled} ≥ {vocab_size}")
+    rng = np.random.default_rng(seed)
+    log_range = math.log(vocab_size + 1.0)
+
+    def draw(n):
+        return (np.floor(np.exp(rng.random(n) * log_range)).astype(np.int64) - 1) % vocab_size
+
+    grads, normalisers, tries_all = [], [], []
+    for _ in range(steps):
+        vals = draw(2 * num_sampled)
+        while True:                                   # unique=True: draw until num_sampled distinct words
+            uniq, first = np.unique(vals, return_index=True)
+            if len(uniq) >= num_sampled:
+                break
+            vals = np.concatenate([vals, draw(num_sampled)])
+        order = np.sort(first)[:num_sampled]          # the first num_sampled distinct words, in draw order
+        sampled, tries = vals[order], int(order[-1]) + 1
+        q_s = -np.expm1(tries * np.log1p(-log_uniform_probability(sampled, vocab_size)))
+        true = draw(tokens)
+        q_t = -np.expm1(tries * np.log1p(-log_uniform_probability(true, vocab_size)))
+        inv = 1.0 / q_s                               # exp(−log Q_j): the sampled logits after the log-Q correction
+        hit = true[:, None] == sampled[None, :]       # accidental hits: their logits go to −FLOAT_MAX, p = 0
+        z = 1.0 / q_t + inv.sum() - (hit * inv).sum(axis=1)
+        p = inv[None, :] / z[:, None]
+        grads.append((p / loss_divisor)[~hit])
+        normalisers.append(z / vocab_size)
+        tries_all.append(tries)
+    g = np.concatenate(grads)
+    zero = F.round_to(g, F.FP16) == 0
+    zero_128 = F.round_to(128.0 * g, F.FP16) == 0
+    return {"gradients": g, "median_log2": float(np.log2(np.median(g))), "lost": float(zero.mean()),
+            "lost_128": float(zero_128.mean()), "lost_mass": float(g[zero].sum() / g.sum()),
+            "smallest_log2": float(np.log2(g.min())), "largest_log2": float(np.log2(g.max())),
+            "normaliser": float(np.concatenate(normalisers).mean()), "tries": float(np.mean(tries_all)),
+            "frequent_log2": -math.log2(vocab_size * loss_divisor),
+            "config": {"vocab_size": vocab_size, "num_sampled": num_sampled, "loss_divisor": loss_divisor,
+                       "steps": steps, "tokens": tokens, "seed": seed}}
+
+
+@functools.lru_cache(maxsize=1)
+def _biglstm_median_log2() -> float:
+    return sampled_softmax_gradients()["median_log2"]
+
+
+def equivalent_shift(vocab_size: int, tokens_per_batch: int) -> int:
+    """round(log₂(1/(vocab_size · tokens_per_batch)) − m), at least 0, with m the log₂ of the median of bigLSTM's
+    sampled-logit gradients at initialisation (:func:`sampled_softmax_gradients`, its defaults: TensorFlow's
+    sampled softmax with the log-Q correction, 8,192 words sampled from bigLSTM's 793,471, the loss divided by
+    128): how many binades that median sat below the wrong-word logit gradients 1/(V·N) of an untrained model
+    with a full softmax over ``vocab_size`` words and the mean over ``tokens_per_batch`` tokens.
+
+    It is 2 for the quick and cpu profiles' V = 4,000 words and N = 256 tokens.  Raises ValueError for
     non-positive sizes.
     """
     if vocab_size < 1 or tokens_per_batch < 1:
         raise ValueError(f"vocab_size and tokens_per_batch must be ≥ 1, got {vocab_size}, {tokens_per_batch}")
-    big = BIGLSTM["softmax_classes"] * BIGLSTM["loss_divisor"]
-    return max(0, round(math.log2(big / (vocab_size * tokens_per_batch))))
+    return max(0, round(-math.log2(vocab_size * tokens_per_batch) - _biglstm_median_log2()))
 
 
 @dataclass
@@ -115,7 +230,7 @@ class Config(ExperimentConfig):
     static_scale: float = 128.0        # the paper's S for bigLSTM
     init_scale: float = 2.0 ** 16      # GradScaler (torch's defaults)
     growth_interval: int = 2000
-    grad_shift: int = 11               # loss × 2^-grad_shift (FP32 unchanged); -1: equivalent_shift (auto, 0 here)
+    grad_shift: int = 11               # loss × 2^-grad_shift (FP32 unchanged); -1: equivalent_shift (auto)
     arms: tuple = RECIPES            # the recipes to run, one arm each
     eval_every: int = 200              # validation perplexity and histogram shares every N steps
     hist_every: int = 1                # record gradient histograms on every N-th step
@@ -141,8 +256,11 @@ PROFILES = {
     # smaller shifts)
     "quick": {"max_vocab": 4000, "batch_size": 16, "bptt": 16, "steps": 120, "arms": ("fp32", "fp16", "fp16_static"),
               "eval_every": 30, "hist_every": 4, "valid_tokens": 4000, "threads": 1, "sweep_shifts": (0, 6)},
-    "cpu": {"max_vocab": 4000, "batch_size": 16, "bptt": 16, "steps": 120, "growth_interval": 40, "eval_every": 40,
-            "hist_every": 4, "valid_tokens": 6000, "threads": 0, "sweep_shifts": (0, 6, 8)},
+    # cpu: every shift from 6 to 11 (11 is the main FP16 run's), to show how the run falls behind between them; the
+    # dynamic-scaling arm is left to the long and full profiles to keep chapter 8 within its 240 s
+    "cpu": {"max_vocab": 4000, "batch_size": 16, "bptt": 16, "steps": 120, "arms": ("fp32", "fp16", "fp16_static"),
+            "growth_interval": 40, "eval_every": 40, "hist_every": 4, "valid_tokens": 6000, "threads": 0,
+            "sweep_shifts": (0, 6, 7, 8, 9, 10)},
     # bigLSTM's result with no shift at all: 4096 × 16 = 65,536 tokens per batch, 2^8 times the cpu profile's, so the
     # softmax gradients p/N of words with p < 2^-9 fall below FP16's 2^-25 by themselves; the vocabulary (2048
     # words) and the "lean" model keep a step cheap (≈ 20 CPU seconds for the four arms, 150 steps ≤ 60 minutes)

@@ -315,6 +315,12 @@ ESTIMATES: dict[str, Estimate] = {
         cpu_seconds=14, gpu=False,
         basis="estimated from 35.5 s measured on an H100 machine's host with a larger MLP; the arithmetic of "
               "mpt_lab.accumulation runs on the CPU"),
+    "fourbit_ablation": Estimate(
+        19, "ch. 13: the four-bit ablation (its full profile is its cpu profile; the long CPU run is the big one)",
+        cpu_seconds=120, gpu=False,
+        basis="the cpu profile: 9 arms x 2 seeds x 120 steps of the 2-block width-64 transformer on 512 characters, "
+              "~2,000 operators a step of the emulated four-bit recipes (launch-bound on a GPU); ~100 s of CPU "
+              "time on the project's 2-core CPU, and the diagnostics"),
 }
 
 #: The rows that are benchmarks (``script``), not experiments: name → script.

@@ -22,9 +22,12 @@ The models:
 Measured per model and recipe: the training loss of every step, the validation loss (in the recipe's own
 forward arithmetic) at ``evals`` points, and on every ``stats_every``-th step per Linear layer and operand
 (input x, weight w, output gradient g) the share of non-zero values that underflowed to zero, the share that
-saturated and the signal-to-noise ratio.  From the FP32 language-model run: log2 histograms of every Linear
-layer's x, w and g (:class:`~mpt_lab.histogram.Log2Histogram`), and from its last recorded step the error of
-MX quantisation against block size (8 … 256 and one scale per tensor) and of E8M0 against FP32 block scales.
+saturated and the signal-to-noise ratio.  Step 1 is recorded too, and kept apart as well ("stats_first"): delayed
+scaling has no amax history there and casts with scale 1, so :meth:`FP8RecipesResult.stats` offers the steps after
+the first (``steps="after_first"``), the steady state, beside all of them.  From the FP32 language-model run: log2
+histograms of every Linear layer's x, w and g (:class:`~mpt_lab.histogram.Log2Histogram`), and from its last
+recorded step the error of MX quantisation against block size (8 … 256 and one scale per tensor) and of E8M0
+against FP32 block scales.
 From the delayed-scaling run: the amax history and scale of a few tensors over training.
 
 On a CUDA GPU with FP8 tensor cores (compute capability ≥ 8.9, e.g. H100) and ``hardware=True`` the FP8
@@ -169,8 +172,9 @@ class FP8RecipesResult(ExperimentResult):
     """``recipes``: name → the recipe as data (labels, formats, scaling, bits per value); ``models``: model →
     {"parameters", "linears" (their names, in order), "tokens_per_step", "loss_unit", ...}; ``runs``: model →
     run name (a recipe, or ``<recipe>_hw`` for the tensor-core runs) → {"losses" [steps] training loss,
-    "evals" [{"step", "valid_loss", ("accuracy")}], "stats" layer → role → counts
-    (:func:`mpt_lab.microscaling.layer_stats` reads them), "skipped" steps (FP16's scaler),
+    "evals" [{"step", "valid_loss", ("accuracy")}], "stats" layer → role → counts of every recorded step
+    (:func:`mpt_lab.microscaling.layer_stats` reads them), "stats_first" the same of step 1 alone (absent from
+    results saved before it was recorded), "skipped" steps (FP16's scaler),
     "diverged", "seconds", "cpu_seconds", "gemms"}; ``histograms``: layer → role → Log2Histogram of the FP32
     language-model run; ``block_sweep``: role → layer → format → {block size or "tensor": SNR dB} and
     ``block_scales``: role → layer → format → {"e8m0", "fp32", ("nvfp4")} SNR dB (the last recorded step of
@@ -202,22 +206,48 @@ class FP8RecipesResult(ExperimentResult):
         """final(recipe) − final(reference), in nats."""
         return self.final(model, recipe) - self.final(model, reference)
 
-    def stats(self, model: str, recipe: str) -> dict:
+    #: Which recorded steps :meth:`stats` sums: all of them (step 1 and every ``stats_every``-th), step 1 alone,
+    #: or the steps after the first (the steady state: delayed scaling has no amax history at step 1).
+    STEPS = ("all", "first", "after_first")
+
+    def has_first(self, model: str, recipe: str) -> bool:
+        """Whether the run kept step 1's statistics apart (results saved before it did not)."""
+        return "stats_first" in self._run(model, recipe)
+
+    def _counts(self, model: str, recipe: str, steps: str) -> dict:
+        if steps not in self.STEPS:
+            raise ValueError(f"steps must be one of {self.STEPS}, got {steps!r}")
+        run = self._run(model, recipe)
+        if steps == "all":
+            return run["stats"]
+        if "stats_first" not in run:
+            raise ValueError(f"the {recipe} run of {model} did not keep step 1 apart (a result saved before it "
+                             f"did): only steps='all' is available")
+        first = run["stats_first"]
+        if steps == "first":
+            return first
+        return {layer: {role: {k: v - first.get(layer, {}).get(role, {}).get(k, 0) for k, v in c.items()}
+                        for role, c in roles.items()} for layer, roles in run["stats"].items()}
+
+    def stats(self, model: str, recipe: str, steps: str = "all") -> dict:
         """Shares and SNR per layer and role, and over all layers under "all"
-        (:func:`mpt_lab.microscaling.layer_stats`)."""
-        return layer_stats(self._run(model, recipe)["stats"])
+        (:func:`mpt_lab.microscaling.layer_stats`), over the recorded ``steps`` (:attr:`STEPS`: "all",
+        "first" or "after_first"; ValueError for the last two on a result without step 1 kept apart)."""
+        return layer_stats(self._counts(model, recipe, steps))
 
-    def underflow(self, model: str, recipe: str, role: str = "g") -> float:
-        """Share of the non-zero values of ``role`` (over all layers) that the recipe turned into zeros."""
+    def underflow(self, model: str, recipe: str, role: str = "g", steps: str = "all") -> float:
+        """Share of the non-zero values of ``role`` (over all layers) that the recipe turned into zeros, over the
+        recorded ``steps`` (see :meth:`stats`)."""
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {role!r}")
-        return self.stats(model, recipe)["all"][role]["underflow"]
+        return self.stats(model, recipe, steps)["all"][role]["underflow"]
 
-    def snr(self, model: str, recipe: str, role: str) -> float:
-        """Signal-to-noise ratio (dB) of ``role`` over all layers."""
+    def snr(self, model: str, recipe: str, role: str, steps: str = "all") -> float:
+        """Signal-to-noise ratio (dB) of ``role`` over all layers, over the recorded ``steps`` (see
+        :meth:`stats`)."""
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {role!r}")
-        return self.stats(model, recipe)["all"][role]["snr_db"]
+        return self.stats(model, recipe, steps)["all"][role]["snr_db"]
 
     def block_snr(self, role: str, which: str = "sweep") -> dict:
         """Mean SNR (dB) over the Linear layers of the FP32 language model's ``role`` ("x", "w", "g"):
@@ -238,7 +268,7 @@ class FP8RecipesResult(ExperimentResult):
         parts = []
         for model, runs in self.runs.items():
             unit = self.models.get(model, {}).get("loss_unit", "nats")
-            finals = ", ".join(f"{r} {self.final(model, r):.3f}" for r in runs)
+            finals = ", ".join(f"{self.label(r)} {self.final(model, r):.3f}" for r in runs)
             parts.append(f"{model} (validation loss, {unit}): {finals}")
         return f"fp8_recipes ({self.profile} profile, {self.device}): " + "; ".join(parts)
 
@@ -387,7 +417,7 @@ def _train(task: _Task, init_state: dict, run_name: str, recipe: str, config: Co
         if spec.loss_scaling == "dynamic" else None
     batches = task.batches(torch.Generator().manual_seed(config.seed + 3))
     eval_at = _eval_steps(task.steps, config.evals)
-    losses, evals, skipped, diverged = [], [], [], False
+    losses, evals, skipped, diverged, first_stats = [], [], [], False, None
     t0, cpu0 = run.elapsed(), time.process_time()
     label = f"{task.model_name}: {spec.label}" + (" (tensor cores)" if hardware else "")
     for step in run.bar(range(1, task.steps + 1), desc=label, leave=False):
@@ -413,6 +443,8 @@ def _train(task: _Task, init_state: dict, run_name: str, recipe: str, config: Co
             round_weights_(params, "stochastic" if spec.weights == "bf16_sr" else "nearest_even", generator=sr_gen)
         if quantizer is not None:
             quantizer.step()
+            if step == 1:                 # step 1 apart: delayed scaling has no amax history yet (scale 1)
+                first_stats = copy.deepcopy(quantizer.stats)
         value = float(loss.detach())
         losses.append(value)
         if not math.isfinite(value) and scaler is None:
@@ -425,6 +457,7 @@ def _train(task: _Task, init_state: dict, run_name: str, recipe: str, config: Co
             evals.append({"step": step, **task.evaluate(model)})
     out = {"losses": losses, "evals": evals, "skipped": skipped, "diverged": diverged,
            "stats": quantizer.stats if quantizer is not None else {},
+           "stats_first": first_stats if first_stats is not None else {},
            "gemms": dict(quantizer.gemms) if quantizer is not None else {},
            "seconds": run.elapsed() - t0, "cpu_seconds": time.process_time() - cpu0}
     extras = {}

@@ -4,10 +4,10 @@ Micikevicius et al. (ICLR 2018): bigLSTM (Jozefowicz et al. 2016) trained in FP1
 after a while.  Almost all activation-gradient values of a language model with a full softmax are the softmax
 gradients of the mean cross-entropy, (p − y)/N per logit, and a word's probability p is of the order of 1/V, so
 most values are near 1/(V·N): the larger the vocabulary and the batch, the further the histogram sits below
-FP16's smallest subnormal 2⁻²⁴.  (bigLSTM itself normalised over 8,193 sampled classes and divided its loss by
-128 sequences: :data:`mpt_lab.experiments.biglstm.BIGLSTM`, which puts its typical logit gradient where our
-models have theirs.)  Chapter 8's small runs reach the paper's failure only after every gradient is shifted down
-by 2⁻ᵏ (``grad_shift``,
+FP16's smallest subnormal 2⁻²⁴.  (bigLSTM itself used TensorFlow's sampled softmax with its log-Q correction and
+divided its loss by 128 sequences: :func:`mpt_lab.experiments.biglstm.sampled_softmax_gradients` simulates its
+first step, whose median logit gradient lies about two binades below our untrained models'.)  Chapter 8's small
+runs reach the paper's failure only after every gradient is shifted down by 2⁻ᵏ (``grad_shift``,
 :mod:`mpt_lab.experiments._precision`); this experiment measures that a shift k is the same kind of change as a
 2ᵏ times larger batch or vocabulary.
 

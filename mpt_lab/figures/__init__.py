@@ -14,6 +14,9 @@
   agreement across ranks (ch. 10);
 * :mod:`~mpt_lab.figures.fp8`: training in FP8, MX and NVFP4 recipes, per-layer underflow and SNR, delayed
   scaling's amax history, error against block size (ch. 11);
+* :mod:`~mpt_lab.figures.fourbit`: NVIDIA's NVFP4 training recipe ingredient by ingredient: the ablation's
+  table and curves, stochastic rounding's bias, the Hadamard transform against outliers, 1D weight mismatch,
+  layer sensitivity (ch. 13);
 * :mod:`~mpt_lab.figures.report`: a precision report's modules × magnitude heat maps with each format's window,
   and a table of several models' reports (ch. 12);
 * :func:`show_saved`: a saved GPU ("full") or long CPU result of an experiment, or the command that makes it.
@@ -44,16 +47,16 @@ from .graphs import (code_table, gat_budget_table, gat_memory_table, message_pas
 from .memory import breakdown_table, plot_tradeoffs, tradeoff_table, training_table
 from .report import plot_loss_scales, plot_precision_report, report_table
 from .scaling import (divergence_table, gradient_scale_table, plot_divergence, plot_gradient_scale,
-                      plot_gradient_shift, plot_scale_history, plot_shift_sweep)
-from .training import autocast_table, plot_losses, plot_master_weight_loop, speedup_table
+                      plot_gradient_shift, plot_sampled_softmax, plot_scale_history, plot_shift_sweep)
+from .training import autocast_lists_table, autocast_table, plot_losses, plot_master_weight_loop, speedup_table
 
 __all__ = ["show_saved", "BookFigure", "HTML", "table_html", "running_mean", "FORMAT_COLORS",
            "plot_format_ranges", "plot_ulp", "plot_fixed_vs_float", "plot_accumulation", "round_to_speed_table",
            "plot_gradient_histogram", "plot_kept_vs_scale", "plot_detection_samples", "plot_training",
            "histogram_table", "phases_table", "sweep_table", "plot_gradient_factors", "gradient_factors_table",
            "plot_scale_history", "plot_divergence", "plot_shift_sweep", "divergence_table",
-           "plot_gradient_scale", "gradient_scale_table", "plot_gradient_shift",
-           "plot_losses", "plot_master_weight_loop", "speedup_table", "autocast_table",
+           "plot_gradient_scale", "gradient_scale_table", "plot_gradient_shift", "plot_sampled_softmax",
+           "plot_losses", "plot_master_weight_loop", "speedup_table", "autocast_table", "autocast_lists_table",
            "plot_tradeoffs", "tradeoff_table", "training_table", "breakdown_table",
            "plot_gat_training", "plot_gat_memory", "plot_attention_overflow", "plot_gat_memory_fit",
            "gat_memory_table", "gat_budget_table",
@@ -70,6 +73,13 @@ from .distributed import plot_reduction_orders  # noqa: E402
 from .fp8 import fp8_recipe_table, plot_mx_block  # noqa: E402
 
 __all__ += ["plot_reduction_orders", "plot_mx_block", "fp8_recipe_table"]
+
+# Chapter 13: four-bit training (issue 34).
+from .fourbit import (ablation_table, mismatch_table, outlier_table, plot_fourbit_training,  # noqa: E402
+                      plot_hadamard_outliers, plot_layer_sensitivity, plot_outliers, plot_sr_bias)
+
+__all__ += ["ablation_table", "plot_fourbit_training", "plot_sr_bias", "plot_hadamard_outliers", "plot_outliers",
+            "outlier_table", "mismatch_table", "plot_layer_sensitivity"]
 
 #: What each saved profile is, in the words a reader needs.
 _PROFILE_WORDS = {"full": ("GPU", "On a machine with a CUDA GPU"),

@@ -26,36 +26,45 @@ def _check(result, *fields):
 
 
 def plot_error_vs_k(result) -> Figure:
-    """Median relative error of a dot product against K, per accumulator and order, log-log, with the √K
-    guide u·√K of each format and its swamping point K = 2ᵖ marked.
+    """Median error of a dot product against K, per accumulator and order, log-log, in two panels: one-signed
+    products (uniform [0, 1) values; the error relative to the sum, with each format's swamping point K = 2ᵖ
+    marked) and zero-mean products (uniform [-1, 1) values; the error relative to the sum's typical size
+    √Σ(a_k b_k)²), each with the guide u·√K of each format.  The legend sits below the panels.
 
     Parameters
     ----------
     result : :class:`~mpt_lab.experiments.accumulation_error.AccumulationErrorResult`
     """
-    _check(result, "ks", "error", "unit_roundoff")
-    fig = new_figure((9, 5))
-    ax = fig.add_subplot()
+    _check(result, "ks", "error", "zero_mean", "unit_roundoff")
+    fig = new_figure((12, 5.6))
+    axes = fig.subplots(1, 2, sharey=True)
     ks = np.asarray(result.ks, dtype=float)
-    for arm, stats in result.error.items():
-        fmt, order = arm.split(" ", 1)
-        e = np.asarray(stats["median"], dtype=float)
-        keep = e > 0
-        ax.loglog(ks[keep], e[keep], _ORDER_STYLE.get(order, "-"), color=FORMAT_COLORS.get(fmt, "#333"), lw=1.8,
-                  marker="o", ms=3, label=f"{fmt} accumulator, {order}")
-    for fmt, u in result.unit_roundoff.items():
-        ax.loglog(ks, u * np.sqrt(ks), ":", color=FORMAT_COLORS.get(fmt, "#333"), lw=1,
-                  label=f"{fmt}: u·√K (u = 2⁻{F.get_format(fmt).precision})")
-        p = F.get_format(fmt).precision
-        if 2 ** p <= ks.max():
-            ax.axvline(2 ** p, color=FORMAT_COLORS.get(fmt, "#333"), lw=0.8, alpha=0.5)
-            ax.text(2 ** p, 0.98, f" K = 2^{p}", color=FORMAT_COLORS.get(fmt, "#333"), fontsize="small", va="top",
-                    transform=ax.get_xaxis_transform())
-    ax.set_xlabel("K, products in the dot product")
-    ax.set_ylabel("relative error of the dot product (median of trials)")
-    ax.set_title("Dot products of K uniform [0, 1) FP16 values: error against K")
-    ax.legend(fontsize="x-small", ncol=2)
-    ax.grid(alpha=0.3, which="both")
+    panels = ((axes[0], result.error, "one-signed products: a, b uniform in [0, 1)",
+               "relative error |ŝ − s| / |s| (median of trials)"),
+              (axes[1], result.zero_mean, "zero-mean products: a, b uniform in [−1, 1)",
+               "error relative to the sum's size, |ŝ − s| / √Σ(a·b)² (median)"))
+    for i, (ax, arms, title, ylabel) in enumerate(panels):
+        for arm, stats in arms.items():
+            fmt, order = arm.split(" ", 1)
+            e = np.asarray(stats["median"], dtype=float)
+            keep = e > 0
+            ax.loglog(ks[keep], e[keep], _ORDER_STYLE.get(order, "-"), color=FORMAT_COLORS.get(fmt, "#333"),
+                      lw=1.8, marker="o", ms=3, label=f"{fmt} accumulator, {order}" if i == 0 else None)
+        for fmt, u in result.unit_roundoff.items():
+            ax.loglog(ks, u * np.sqrt(ks), ":", color=FORMAT_COLORS.get(fmt, "#333"), lw=1,
+                      label=f"{fmt}: u·√K (u = 2⁻{F.get_format(fmt).precision})" if i == 0 else None)
+            p = F.get_format(fmt).precision
+            if i == 0 and 2 ** p <= ks.max():
+                ax.axvline(2 ** p, color=FORMAT_COLORS.get(fmt, "#333"), lw=0.8, alpha=0.5)
+                ax.text(2 ** p, 0.98, f" K = 2^{p}", color=FORMAT_COLORS.get(fmt, "#333"), fontsize="small",
+                        va="top", transform=ax.get_xaxis_transform())
+        ax.set_xlabel("K, products in the dot product")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.grid(alpha=0.3, which="both")
+        ax.yaxis.set_tick_params(labelleft=True)
+    fig.suptitle("Dot products of K FP16 values, accumulated sequentially or pairwise: error against K")
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncol=3, fontsize="small")
     return fig
 
 
@@ -102,7 +111,7 @@ def plot_tensor_core_model(result) -> Figure:
     _check(result, "tensor_core")
     tc = result.tensor_core
     ks = np.asarray(tc["ks"], dtype=float)
-    fig = new_figure((10, 4.2))
+    fig = new_figure((10, 5))
     axes = fig.subplots(1, 2, sharey=True)
     colors = ["#1f77b4", "#ff7f0e", "#d62728", "#2ca02c"]
     for ax, stat, what in ((axes[0], "median_relative", "median"), (axes[1], "max_relative", "largest")):
@@ -110,21 +119,24 @@ def plot_tensor_core_model(result) -> Figure:
             e = np.asarray(m[stat], dtype=float)
             keep = e > 0
             ax.loglog(ks[keep], e[keep], "-o", ms=3, color=c, label=name)
-        ax.plot([4096], [0.02], "k*", ms=12, label="DeepSeek-V3: “nearly 2%” at K = 4096")
         _k_ticks(ax, ks)
         ax.set_xlabel("K, products per output")
         ax.set_title(f"{what} relative error over the outputs")
         ax.grid(alpha=0.3, which="both")
+    # the report's figure is a maximum: it belongs on the panel of largest errors only
+    axes[1].plot([4096], [0.02], "k*", ms=12, label="DeepSeek-V3: “maximum relative error of nearly 2%” at K = 4096")
     axes[0].set_ylabel("relative error |ĉ − c| / |c|")
-    axes[1].legend(fontsize="x-small")
+    handles, labels = axes[1].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncol=3, fontsize="small")
     fig.suptitle("FP8 E4M3 products of uniform [0, 1) values: accumulator models against K")
     return fig
 
 
 def reductions_table(result) -> HTML:
     """Each reduction computed with an FP16 accumulator (sequential, pairwise) and an FP32 one: the value of
-    the first draw, the largest relative error over the draws, and the dtype CUDA float16 autocast gives the
-    matching op.
+    the first draw with its relative error, the largest relative error over all the draws, and the dtype CUDA
+    float16 autocast gives, from float16 inputs, the library op that performs it and the same reduction
+    written by hand.
 
     Parameters
     ----------
@@ -132,19 +144,25 @@ def reductions_table(result) -> HTML:
     """
     _check(result, "reductions", "autocast")
     arms = ("FP32", "FP16 sequential", "FP16 pairwise")
+
+    def err_text(e):
+        return "overflow (inf)" if not np.isfinite(e) else f"{100 * e:.2g}%"
+
     rows = []
     for name, r in result.reductions.items():
         cells = [html.escape(f"{name} ({r['size']:,} values)"), f"{r['exact']:.6g}"]
         for a in arms:
-            err = r["errors"][a]
-            e = "overflow (inf)" if not np.isfinite(err) else f"{100 * err:.2g}%"
-            cells.append(f"{r[a]:.6g}<br><small>error {e}</small>")
-        cells.append(html.escape(result.autocast.get(name, "–")))
+            cells.append(f"{r[a]:.6g}<br><small>error {err_text(r['first_errors'][a])}; largest over the "
+                         f"{r['rows']} draws {err_text(r['errors'][a])}</small>")
+        ops = result.autocast.get(name, {})
+        cells.append("<br>".join(f"<code>{html.escape(op)}</code>: {html.escape(dt)}" for op, dt in ops.items())
+                     or "–")
         rows.append(cells)
-    return table_html(["reduction", "exact", "FP32 accumulator", "FP16 accumulator, sequential",
-                       "FP16 accumulator, pairwise", "autocast (CUDA, FP16) runs it in"], rows,
-                      caption="A reduction's sum in an FP16 accumulator against FP32 (first draw; largest error "
-                              "over the draws)")
+    return table_html(["reduction", "exact (first draw)", "FP32 accumulator", "FP16 accumulator, sequential",
+                       "FP16 accumulator, pairwise", "CUDA FP16 autocast, from FP16 inputs"], rows,
+                      caption="A reduction's sum in an FP16 accumulator against FP32: the value of the first draw "
+                              "and its relative error, and the largest relative error over all the draws; the "
+                              "last column names the library op and the hand-written one (mpt_lab.autocast.OPS)")
 
 
 def weights_table(result) -> HTML:
@@ -172,7 +190,7 @@ def plot_gpu_accumulation(result) -> Figure:
     ks = np.asarray(result.ks, dtype=float)
     panels = [("FP16 inputs: torch.matmul", result.fp16)] + ([("FP8 E4M3 inputs: torch._scaled_mm", result.fp8)]
                                                               if result.fp8 else [])
-    fig = new_figure((10 if len(panels) == 2 else 6, 4.4))
+    fig = new_figure((11 if len(panels) == 2 else 6, 5.6))
     axes = np.atleast_1d(fig.subplots(1, len(panels), sharey=True))
     for ax, (title, runs) in zip(axes, panels):
         for name, v in runs.items():
@@ -185,7 +203,8 @@ def plot_gpu_accumulation(result) -> Figure:
         ax.set_xlabel("K, products per output")
         ax.set_title(title)
         ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize="x-small")
+        # each panel's own legend, below it: inside, it would cover the curves
+        ax.legend(fontsize="x-small", loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
     axes[0].set_ylabel("relative error, median over outputs")
     fig.suptitle(f"Uniform [0, 1) matrices on {result.device_name}: measured against each accumulator model")
     return fig

@@ -15,7 +15,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from ._base import mib, new_figure, recipe_style, running_mean, table_html
+from ._base import new_figure, recipe_style, running_mean, table_html
 
 __all__ = ["plot_recipe_losses", "plot_memory_per_rank", "plot_reduction_error", "plot_flag_agreement",
            "plot_reduction_orders", "memory_table", "reduction_table"]
@@ -38,8 +38,9 @@ def _recipe_color(name: str) -> str:
 def plot_recipe_losses(result, *, smooth: int = 5, title: str | None = None) -> Figure:
     """The training loss of every recipe (left) and how far each recipe ended from DDP in FP32 (right).
 
-    Left: the loss of the global batch per step (the ranks' mean), running mean over ``smooth`` steps; DDP solid,
-    FSDP2 dashed, coloured by the 16-bit format involved (blue FP32 only, green BF16, red FP16).  Right: the
+    Left: the loss of the global batch per step (the ranks' mean), running mean over ``smooth`` steps; DDP solid
+    or dash-dotted, FSDP2 dashed or dotted (each recipe its own style), coloured by the 16-bit format involved
+    (blue FP32 only, green BF16, red FP16).  Right: the
     relative difference ‖θ − θ_DDP FP32‖₂ / ‖θ_DDP FP32‖₂ of the final parameters, per recipe; "bit-identical"
     where it is exactly 0.
 
@@ -49,11 +50,15 @@ def plot_recipe_losses(result, *, smooth: int = 5, title: str | None = None) -> 
     fig = new_figure((12.5, 4.8))
     ax, bx = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
     names = list(result.recipes)
+    styles = {"ddp": ["-", "-.", (0, (6, 2, 1, 2, 1, 2))], "fsdp": ["--", ":", (0, (3, 1, 1, 1))]}
+    used: dict = {}
     for name in names:
         r = result.recipes[name]
         x, mean = running_mean(r["losses"], smooth)
-        ax.plot(x, mean, ls="-" if r["wrapper"] == "ddp" else "--", color=_recipe_color(name),
-                lw=2.0 if r["wrapper"] == "ddp" else 1.4, label=r["label"])
+        color = _recipe_color(name)
+        k = used[r["wrapper"], color] = used.get((r["wrapper"], color), -1) + 1   # no two lines share a style
+        ax.plot(x, mean, ls=styles[r["wrapper"]][k % 3], color=color, lw=2.0 if r["wrapper"] == "ddp" else 1.4,
+                label=r["label"])
     ax.set_xlabel("step")
     ax.set_ylabel(f"training loss (cross-entropy, nats)\nrunning mean of {smooth} steps")
     ax.set_title(f"Loss per recipe, {result.world_size} ranks ({result.backend})")
@@ -111,26 +116,32 @@ def plot_memory_per_rank(result, *, rank: int = 0, title: str | None = None) -> 
     gathered = np.array([m["gathered"] for _, _, m, _ in rows]) / 2**10
     ax.bar(x, gathered, bottom=bottom, color="none", edgecolor="#333333", hatch="//",
            label="all-gathered layer in param_dtype (FSDP2, transient)")
+    top = float((bottom + gathered).max()) if len(rows) else 1.0
     ax.set_xticks(x, [r["label"] for _, r, _, _ in rows], rotation=25, ha="right", fontsize="small")
     ax.set_ylabel(f"bytes held by rank {rank} (KiB)")
     ax.set_xlabel("recipe")
     ax.set_title(title or f"Memory per rank: DDP replicates, FSDP2 shards over {result.world_size} ranks")
-    ax.margins(y=0.08)
-    ax.legend(fontsize="small")
+    ax.set_ylim(0, 1.45 * top)                         # every bar whole, and room above them for the legend
+    ax.legend(fontsize="small", loc="upper right", ncol=2)
     ax.grid(alpha=0.3, axis="y")
     return fig
 
 
 def memory_table(result, *, rank: int = 0):
-    """HTML table of :func:`plot_memory_per_rank`'s numbers (MiB) and each total against DDP FP32's."""
+    """HTML table of :func:`plot_memory_per_rank`'s numbers, in KiB (2¹⁰ bytes) as the figure, and each total against
+    DDP FP32's."""
     _check(result)
     rows = list(_memory_rows(result, rank))
     ref = next((t for n, _, _, t in rows if n == "ddp_fp32"), rows[0][3])
-    body = [[html.escape(r["label"]), mib(m["params"], 3), mib(m["grads"], 3), mib(m["optimizer"], 3), mib(t, 3),
-             f"{t / ref:.2f}", mib(m["gathered"], 3) if m["gathered"] else "–"] for _, r, m, t in rows]
+
+    def kib(b):
+        return f"{b / 2**10:,.1f}"
+
+    body = [[html.escape(r["label"]), kib(m["params"]), kib(m["grads"]), kib(m["optimizer"]), kib(t),
+             f"{t / ref:.2f}", kib(m["gathered"]) if m["gathered"] else "–"] for _, r, m, t in rows]
     return table_html(["recipe", "parameters", "gradients", "optimizer state", "total", "÷ DDP FP32",
                        "all-gathered layer"], body,
-                      caption=f"MiB held by rank {rank} of {result.world_size} between steps "
+                      caption=f"KiB held by rank {rank} of {result.world_size} between steps "
                               f"({result.recipes[rows[0][0]]['parameters']:,} parameters)")
 
 
@@ -312,7 +323,7 @@ def plot_reduction_orders(n_ranks: int = 6, *, chunk: int = 0, title: str | None
     bx.set_xlim(-1.25, 1.25)
     bx.set_ylim(-2.15, 1.35)
     bx.axis("off")
-    bx.set_title(f"Binary tree: tree_children({n_ranks}) = {children}", fontsize="medium")
+    bx.set_title(f"This book's binary tree, not NCCL's:\ntree_children({n_ranks}) = {children}", fontsize="medium")
     fig.suptitle(title or f"In which order {n_ranks} ranks' values are added\n(orange: where a sum starts, "
                           "green: where it ends)")
     return fig

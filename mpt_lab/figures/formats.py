@@ -131,7 +131,10 @@ def plot_fixed_vs_float(int_bits: int = 7, frac_bits: int = 8, fmt="FP16", *, lo
 
     Fixed point (step 2^−frac_bits) has a constant absolute error, so its relative error explodes for small
     values and it saturates above 2^int_bits; floating point keeps the relative error near 2^−(m+1) across
-    its whole normal range.  Errors of exactly zero are drawn at the bottom of the axes.
+    its whole normal range.  Errors of exactly zero are drawn at the bottom of the axes.  Beside the sampled
+    errors (dots), each format's largest possible error at each |x|, half its spacing there relative to |x|, is
+    drawn as a thin line: the floating-point one reaches 2^−(m+1) at every power of two of the normal range,
+    where a sample just above the power of two would hit it.
 
     Returns
     -------
@@ -150,6 +153,17 @@ def plot_fixed_vs_float(int_bits: int = 7, frac_bits: int = 8, fmt="FP16", *, lo
             label=f"fixed point Q{int_bits}.{frac_bits} ({1 + int_bits + frac_bits} bits)")
     ax.plot(x, np.maximum(np.abs(fl - x) / x, floor), ".", ms=1.5, color=format_color(fmt),
             label=f"{fmt.name} ({fmt.bits} bits), round to nearest even")
+    # the largest error at each |x|: half the spacing there, over |x| (the sawtooth's tops), on a grid that holds
+    # every power of two of the range and the value just below each
+    k = np.arange(np.ceil(lo_log2), np.floor(hi_log2) + 1)
+    grid = np.unique(np.concatenate([np.exp2(k), np.exp2(k) * (1 - 2.0 ** -20), x]))
+    grid = grid[(grid >= 2.0 ** lo_log2) & (grid <= 2.0 ** hi_log2)]
+    in_range = grid <= fmt.max
+    ax.plot(grid[in_range], (F.ulp(grid[in_range], fmt) / 2 / grid[in_range]), "-", lw=0.7, color=format_color(fmt),
+            alpha=0.8, label=f"{fmt.name}: largest error at |x|, half its ulp over |x|")
+    fixed_ok = grid < 2.0 ** int_bits
+    ax.plot(grid[fixed_ok], 2.0 ** -(frac_bits + 1) / grid[fixed_ok], "-", lw=0.7, color="#ff7f0e", alpha=0.8,
+            label=f"Q{int_bits}.{frac_bits}: largest error, 2^-{frac_bits + 1} over |x|")
     ax.axhline(fmt.epsilon / 2, color=format_color(fmt), ls="--", lw=1, label=f"{fmt.name} unit roundoff 2^-{fmt.precision}")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")

@@ -148,6 +148,23 @@ def fp8_recipe_table(result):
                       align=["left", "left", "left", "right"])
 
 
+def _steady_steps(result, pairs) -> str:
+    """"after_first" when every (model, recipe) of ``pairs`` kept step 1's statistics apart, else "all" (a result
+    saved before runs did): which recorded steps the FP8 figures and tables sum."""
+    ok = all(result.has_first(m, n) for m, n in pairs) if hasattr(result, "has_first") else False
+    return "after_first" if ok else "all"
+
+
+#: What the statistics of the FP8 tables and figures cover, by :func:`_steady_steps`.
+STEPS_NOTE = {
+    "after_first": "statistics of the recorded steps after the first (at step 1 delayed scaling has no amax "
+                   "history yet and casts with scale 1; that step is left out)",
+    "all": "statistics of every recorded step, step 1 included: there delayed scaling has no amax history yet and "
+           "casts with scale 1, so its shares include that step (this result was saved before step 1 was kept "
+           "apart; a GPU slot that reruns it separates them)",
+}
+
+
 def fp8_results_table(result, *, tolerance: float | None = None, reference: str = "bf16"):
     """Per recipe and model: the final validation loss and its gap to ``reference`` in one column (✓ within
     ``tolerance``), the share of output-gradient values lost to underflow (and the steps FP16's scaler skipped),
@@ -161,6 +178,7 @@ def fp8_results_table(result, *, tolerance: float | None = None, reference: str 
         header += [f"{short}: validation loss (− {result.label(reference)})", f"{short}: gradients lost"]
     if "mlp" in models:
         header.append("MLP: accuracy")
+    steps = _steady_steps(result, [(m, n) for m in models for n, r in result.runs[m].items() if r["stats"]])
     rows = []
     for name in _recipe_names(result):
         row = [html.escape(result.label(name))]
@@ -172,7 +190,7 @@ def fp8_results_table(result, *, tolerance: float | None = None, reference: str 
                 else math.nan
             ok = "" if tolerance is None or not math.isfinite(gap) else (" ✓" if abs(gap) <= tolerance else "")
             stats = result.runs[m][name]["stats"]
-            lost = result.underflow(m, name, "g") if stats else None
+            lost = result.underflow(m, name, "g", steps) if stats else None
             skipped = len(result.runs[m][name]["skipped"])
             row += [f"{loss:.3f}" + (" (diverged)" if result.runs[m][name]["diverged"] else "")
                     + (f" ({_signed(gap)}){ok}" if math.isfinite(gap) else ""),
@@ -182,7 +200,8 @@ def fp8_results_table(result, *, tolerance: float | None = None, reference: str 
             acc = ev[-1].get("accuracy") if ev else None
             row.append(pct(acc, 3))
         rows.append(row)
-    cap = f"✓: within {tolerance:g} nats of {result.label(reference)}" if tolerance is not None else ""
+    cap = (f"✓: within {tolerance:g} nats of {result.label(reference)}. " if tolerance is not None else "") + \
+        f"Gradients lost: the share of non-zero output-gradient values rounded to zero, {STEPS_NOTE[steps]}."
     return table_html(header, rows, cap)
 
 
@@ -248,12 +267,13 @@ def plot_recipe_snr(result, model: str = "lm", *, recipes=None, title: str | Non
     names = [n for n in (recipes or runs) if n in runs and runs[n]["stats"]]
     if not names:
         raise ValueError("no recipe with statistics (FP32 has none)")
+    steps = _steady_steps(result, [(model, n) for n in names])
     fig = new_figure((12.5, 4.8))
     ax = fig.add_subplot()
     x = np.arange(len(names))
     w = 0.26
     for j, role in enumerate(("x", "w", "g")):
-        snr = [result.snr(model, n, role) for n in names]
+        snr = [result.snr(model, n, role, steps) for n in names]
         ax.bar(x + (j - 1) * w, [s if math.isfinite(s) else np.nan for s in snr], w, color=_ROLE_COLORS[role],
                label=f"SNR of {_ROLE_LABELS[role]}")
         for xi, s in zip(x, snr):
@@ -263,7 +283,7 @@ def plot_recipe_snr(result, model: str = "lm", *, recipes=None, title: str | Non
     ax.set_ylabel("signal-to-noise ratio (dB)")
     ax.grid(alpha=0.3, axis="y")
     bx = ax.twinx()
-    bx.plot(x, [100 * result.underflow(model, n, "g") for n in names], "kD", ms=6,
+    bx.plot(x, [100 * result.underflow(model, n, "g", steps) for n in names], "kD", ms=6,
             label="output-gradient values lost to underflow (%)")
     bx.set_ylabel("gradient values lost (%)")
     bx.set_ylim(0, 100)
@@ -271,7 +291,9 @@ def plot_recipe_snr(result, model: str = "lm", *, recipes=None, title: str | Non
     h2, l2 = bx.get_legend_handles_labels()
     fig.legend(h1 + h2, l1 + l2, loc="outside lower center", ncol=4, fontsize="small")
     ax.set_title(title or f"What each recipe keeps of the {model.upper()}'s operands (all Linear layers; "
-                          "6 dB per bit of precision)")
+                          "6 dB per bit of precision; "
+                          + ("recorded steps after the first)" if steps == "after_first" else
+                             "every recorded step, step 1 included)"))
     return fig
 
 

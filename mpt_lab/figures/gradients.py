@@ -14,6 +14,7 @@ import math
 from typing import Sequence
 
 import numpy as np
+from matplotlib.ticker import MaxNLocator
 from matplotlib.figure import Figure
 
 from .. import formats as F
@@ -126,11 +127,12 @@ def plot_kept_vs_scale(hist: Log2Histogram, fmt="FP16", *, log2_scales: Sequence
     """Share of non-zero values kept (normal or subnormal), lost to zero and overflowed, against log2 S.
 
     Computed exactly from the histogram with :meth:`Log2Histogram.fractions`; the largest S without overflow
-    (:meth:`Log2Histogram.max_scale`) is marked.
+    (:meth:`Log2Histogram.max_scale`) is marked.  A second panel draws the lost and overflowed shares on a log
+    axis, where a first overflow of a few values, invisible on the linear axis, shows.
 
     Returns
     -------
-    Figure; x = log2 S, y = percentage of the non-zero finite values.
+    Figure; x = log2 S (whole exponents), y = percentage of the non-zero finite values (linear above, log below).
     """
     if not isinstance(hist, Log2Histogram):
         raise TypeError(f"hist must be a Log2Histogram, got {type(hist).__name__}")
@@ -144,21 +146,27 @@ def plot_kept_vs_scale(hist: Log2Histogram, fmt="FP16", *, log2_scales: Sequence
     kept = np.array([r["normal"] + r["subnormal"] for r in rows]) / nz * 100
     under = np.array([r["underflow"] for r in rows]) / nz * 100
     over = np.array([r["overflow"] for r in rows]) / nz * 100
-    fig = new_figure((9, 4.2))
-    ax = fig.add_subplot()
+    fig = new_figure((9, 6.4))
+    ax, lx = fig.subplots(2, 1, sharex=True, height_ratios=[1.4, 1])
     ax.plot(js, kept, "o-", ms=3, color="#2ca02c", label="kept (normal or subnormal)")
-    ax.plot(js, under, "s-", ms=3, color="0.4", label="lost: rounds to zero")
-    ax.plot(js, over, "^-", ms=3, color="#d62728", label="overflow")
+    for a in (ax, lx):
+        a.plot(js, under, "s-", ms=3, color="0.4", label="lost: rounds to zero")
+        a.plot(js, over, "^-", ms=3, color="#d62728", label="overflow")
     smax = hist.max_scale(fmt)
     if np.isfinite(smax):
-        ax.axvline(np.log2(smax), color="black", ls="--", lw=1,
-                   label=f"largest S without overflow: 2^{int(np.log2(smax))}")
-    ax.set_xlabel("log₂ S   (loss scale S)")
+        for a in (ax, lx):
+            a.axvline(np.log2(smax), color="black", ls="--", lw=1,
+                      label=f"largest S without overflow: 2^{int(np.log2(smax))}")
+    lx.set_yscale("log")
+    lx.set_xlabel("log₂ S   (loss scale S)")
+    lx.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel(f"share of non-zero values in {fmt.name} (%)")
+    lx.set_ylabel("lost or overflowed (%, log)")
     ax.set_title(title or f"What a loss scale S keeps in {fmt.name}")
     ax.set_ylim(-2, 102)
     ax.legend(fontsize="small", loc="center left")
     ax.grid(alpha=0.3)
+    lx.grid(alpha=0.3, which="both")
     return fig
 
 
@@ -240,7 +248,9 @@ def plot_training(result, *, title: str | None = None, smooth: int = 25) -> Figu
         ax2 = ax.twinx()
         s, m = zip(*result.map50)
         by = result.map_evaluator.split(" (")[0]          # "pycocotools 2.0.11 COCOeval", or the old evaluator
-        ax2.plot(s, m, "o-", color="#d62728", label=f"mAP@0.5 (test split; {by})")
+        # measured only at these steps: markers, joined by a dotted line that is not a measurement
+        ax2.plot(s, m, "o:", ms=6, color="#d62728",
+                 label=f"mAP@0.5 at the {len(s)} steps evaluated (test split; {by})")
         ax2.set_ylabel("mAP@0.5 (0–1)")
         ax2.set_ylim(0, 1)
         h2, l2 = ax2.get_legend_handles_labels()
@@ -282,20 +292,20 @@ def histogram_table(results: dict, fmt="FP16"):
         return [fn(k) for k in results]
 
     rows = [
-        ["exactly zero", pct(PAPER["zeros"]), pct(PAPER["paper_zeros"]), *ours(lambda k: pct(sums[k].zeros))],
-        ["in [2⁻³², 2⁻³⁰)", pct(PAPER["share_2^-32_to_2^-30"]), "–",
+        ["exactly zero (of all values)", pct(PAPER["zeros"]), pct(PAPER["paper_zeros"]), *ours(lambda k: pct(sums[k].zeros))],
+        ["in [2⁻³², 2⁻³⁰) (of all values)", pct(PAPER["share_2^-32_to_2^-30"]), "–",
          *ours(lambda k: pct(sums[k].share_2_32_to_2_30))],
-        ["in [2⁻³⁴, 2⁻³²)", "–", pct(PAPER["paper_share_2^-34_to_2^-32"]),
+        ["in [2⁻³⁴, 2⁻³²) (of all values)", "–", pct(PAPER["paper_share_2^-34_to_2^-32"]),
          *ours(lambda k: pct(results[k].activation.fraction_between(2.0 ** -34, 2.0 ** -32)))],
-        ["non-zero, below the smallest subnormal 2⁻²⁴", "–", "“many values” (§3.2)",
+        ["non-zero, below the smallest subnormal 2⁻²⁴ (of all values)", "–", "“many values” (§3.2)",
          *ours(lambda k: pct(sums[k].below_smallest_subnormal))],
-        ["lost in FP16 (rounds to 0: 0 < |x| ≤ 2⁻²⁵)", "–", "–", *ours(lambda k: pct(sums[k].lost))],
-        ["… of which ≥ 2⁻²⁷", "–", "these matter for training (§3.2)",
+        ["lost in FP16 (rounds to 0: 0 < |x| ≤ 2⁻²⁵; of all values)", "–", "–", *ours(lambda k: pct(sums[k].lost))],
+        ["… of which ≥ 2⁻²⁷ (of all values)", "–", "these matter for training (§3.2)",
          *ours(lambda k: pct(sums[k].lost_that_matters))],
-        ["lost with S = 8", "–", f"S = {PAPER['sufficient_scale']} was enough to match FP32 (§3.2)",
+        ["lost with S = 8 (of all values)", "–", f"S = {PAPER['sufficient_scale']} was enough to match FP32 (§3.2)",
          *ours(lambda k: pct(sums[k].lost_at_8))],
-        ["of the values lost at S = 1, kept by S = 8", "–", "–", *ours(lambda k: pct(sums[k].recovered_by_8))],
-        ["of the values lost at S = 1, kept by S = 2¹⁵", f"all but {pct(PAPER['lost_after_2^15'])} (guide)", "–",
+        ["kept by S = 8 (of the values lost at S = 1)", "–", "–", *ours(lambda k: pct(sums[k].recovered_by_8))],
+        ["kept by S = 2¹⁵ (of the values lost at S = 1)", f"all but {pct(PAPER['lost_after_2^15'])} (guide)", "–",
          *ours(lambda k: pct(sums[k].recovered_by_2_15))],
         ["median binade of the non-zero values", "–", "–", *ours(lambda k: binade(sums[k].median_binade))],
         ["largest power-of-two S with no overflow, over every gradient (activation and weight)", "–", "–",

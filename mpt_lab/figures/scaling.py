@@ -9,12 +9,13 @@ blog post on the paper, Micikevicius et al. 2017, draws its training-loss curves
 from __future__ import annotations
 
 import numpy as np
+from matplotlib.ticker import MaxNLocator
 from matplotlib.figure import Figure
 
 from ._base import FORMAT_COLORS, binade, new_figure, pct, power_text, running_mean, table_html
 
 __all__ = ["plot_scale_history", "plot_divergence", "plot_shift_sweep", "divergence_table", "plot_gradient_scale",
-           "gradient_scale_table", "plot_gradient_shift"]
+           "gradient_scale_table", "plot_gradient_shift", "plot_sampled_softmax"]
 
 _STYLES = ["-", "--", ":", "-."]
 
@@ -50,6 +51,7 @@ def plot_scale_history(result, *, title: str | None = None) -> Figure:
             ax.plot(steps[inf], scales[inf], "v", color="#d62728", ms=7, label="overflow: step skipped, S halved")
     ax.set_xlabel("step")
     ax.set_ylabel("log₂ S   (loss scale)")
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))      # S is a power of two: whole exponents only
     ax.set_title(title or "Dynamic loss scaling: grow after N clean steps, back off on overflow")
     ax.legend(fontsize="small", loc="lower right")
     ax.grid(alpha=0.3)
@@ -131,7 +133,7 @@ def plot_shift_sweep(result, *, title: str | None = None) -> Figure:
     ax.axhline(float(sweep["fp32"]), color="#1f77b4", lw=2, label="FP32 (identical for every k)")
     if sweep.get("equivalent_shift") is not None:
         ax.axvline(sweep["equivalent_shift"], color="0.4", ls=":",
-                   label=f"bigLSTM's softmax gradients (sampled softmax): k = {sweep['equivalent_shift']}")
+                   label=f"bigLSTM's median sampled-logit gradient (simulated): k = {sweep['equivalent_shift']}")
     ax.set_xlabel("gradient shift k (every gradient × 2⁻ᵏ)")
     ax.set_ylabel("final training loss (nats per token)")
     ax.grid(alpha=0.3)
@@ -400,4 +402,63 @@ def plot_gradient_shift(hist, k: int, scale: float = 128.0, *, label: str = "", 
                Patch(color="#2ca02c", alpha=0.15, label="FP16 normal: ≥ 2⁻¹⁴")]
     fig.legend(handles=handles, loc="outside lower center", ncol=5, fontsize="small")
     fig.suptitle(title or "The gradient shift and the loss scale move the whole histogram: what FP16 keeps")
+    return fig
+
+
+def plot_sampled_softmax(sim: dict, *, ours_log2: float | None = None, ours_label: str = "",
+                         title: str | None = None) -> Figure:
+    """bigLSTM's sampled-logit gradients at initialisation, as simulated, against FP16's ranges.
+
+    Parameters
+    ----------
+    sim : the dict of :func:`mpt_lab.experiments.biglstm.sampled_softmax_gradients` ("gradients", "median_log2",
+        "lost", "lost_128")
+    ours_log2 : log₂ of another model's logit gradient to mark (e.g. 1/(V·N) of the book's model), or None
+    ours_label : what that line is
+
+    Returns
+    -------
+    Figure; x = log₂|logit gradient| (bin e: 2ᵉ ≤ |g| < 2ᵉ⁺¹), y = share of the sampled-logit gradients (%);
+    the bars FP16 rounds to zero (|g| < 2⁻²⁵) are red.
+
+    Raises TypeError for a ``sim`` without "gradients".
+    """
+    from matplotlib.patches import Patch
+
+    from ..histogram import log2_histogram
+
+    if not isinstance(sim, dict) or "gradients" not in sim:
+        raise TypeError("sim must be the dict of mpt_lab.experiments.biglstm.sampled_softmax_gradients()")
+    h = log2_histogram(np.asarray(sim["gradients"], dtype=np.float64))
+    keep = h.counts > 0
+    e, share = h.exponents[keep], 100.0 * h.counts[keep] / max(h.total, 1)
+    lo, hi = min(int(e.min()), -27) - 1, max(int(e.max()), -14) + 2
+    fig = new_figure((9.5, 4.4))
+    ax = fig.add_subplot()
+    fp16 = FORMAT_COLORS["FP16"]
+    ax.axvspan(lo, -25, color=fp16, alpha=0.10, lw=0)
+    ax.axvspan(-25, -14, color="#ffbf00", alpha=0.12, lw=0)
+    ax.axvspan(-14, hi, color="#2ca02c", alpha=0.07, lw=0)
+    lost = e <= -26
+    ax.bar(e[~lost], share[~lost], width=1.0, align="edge", color="#1f77b4", edgecolor="white", lw=0.3)
+    ax.bar(e[lost], share[lost], width=1.0, align="edge", color=fp16, edgecolor="white", lw=0.3)
+    lines = [ax.axvline(sim["median_log2"], color="k", ls="--", lw=1.5,
+                        label=f"median: 2^{sim['median_log2']:.1f}")]
+    if ours_log2 is not None:
+        lines.append(ax.axvline(ours_log2, color="#9467bd", ls=":", lw=2,
+                                label=ours_label or f"ours: 2^{ours_log2:.1f}"))
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(0, share.max() * 1.25)
+    ax.set_xlabel("log₂|logit gradient|   (bin e: 2ᵉ ≤ |g| < 2ᵉ⁺¹)")
+    ax.set_ylabel("share of sampled-logit gradients (%)")
+    ax.grid(axis="y", alpha=0.3)
+    handles = [Patch(color="#1f77b4", label="kept by FP16"),
+               Patch(color=fp16, label=f"rounded to zero by FP16 ({_share(sim['lost'])})"),
+               Patch(color="#ffbf00", alpha=0.25, label="FP16 subnormal"),
+               Patch(color="#2ca02c", alpha=0.15, label="FP16 normal"), *lines]
+    fig.legend(handles=handles, loc="outside lower center", ncol=3, fontsize="small")
+    c = sim.get("config", {})
+    ax.set_title(title or (f"bigLSTM's sampled-logit gradients at its first step, simulated "
+                           f"({c.get('num_sampled', '?'):,} of {c.get('vocab_size', '?'):,} words sampled, "
+                           f"log-Q correction, loss ÷ {c.get('loss_divisor', '?')})"), fontsize="medium")
     return fig

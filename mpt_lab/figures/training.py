@@ -16,7 +16,7 @@ from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Patch
 
 from ._base import FORMAT_COLORS, mib, new_figure, running_mean, table_html
 
-__all__ = ["plot_losses", "plot_master_weight_loop", "speedup_table", "autocast_table"]
+__all__ = ["plot_losses", "plot_master_weight_loop", "speedup_table", "autocast_table", "autocast_lists_table"]
 
 _STYLES = ["-", "--", ":", "-."]
 
@@ -252,3 +252,40 @@ def autocast_table(probes: dict):
     first = next(iter(probes.values()))
     rows = [[html.escape(op)] + [html.escape(p.ops.get(op, "–")) for p in probes.values()] for op in first.ops]
     return table_html(["op"] + list(probes), rows)
+
+
+#: What each of autocast's groups does, as the lists table says it.
+_POLICY_WORDS = {"lower_precision": "cast to the lower-precision dtype", "float32": "run in float32",
+                 "promote": "run in the widest dtype of their inputs", "banned": "refused (an error)",
+                 "undetermined": "listed; the probe could not tell the group"}
+
+
+def autocast_lists_table(lists: dict):
+    """Autocast's op lists side by side (an HTML table): one row per group, one column per device.
+
+    Parameters
+    ----------
+    lists : dict column title → :class:`mpt_lab.autocast.AutocastLists` (from
+        :func:`mpt_lab.autocast.autocast_lists`)
+
+    Raises
+    ------
+    TypeError
+        ``lists`` is not a non-empty dict of AutocastLists.
+    """
+    if not isinstance(lists, dict) or not lists or not all(hasattr(v, "lists") for v in lists.values()):
+        raise TypeError("lists must be a non-empty dict of column title → AutocastLists")
+    groups = [g for g in _POLICY_WORDS if any(l.lists.get(g) for l in lists.values())]
+    rows = []
+    for g in groups:
+        cells = [f"<b>{html.escape(g)}</b><br><small>{html.escape(_POLICY_WORDS[g])}</small>"]
+        for l in lists.values():
+            ops = l.lists.get(g, ())
+            cells.append(f"<small>{html.escape(', '.join(ops)) if ops else '–'}</small><br>"
+                         f"<small>({len(ops)} ops)</small>")
+        rows.append(cells)
+    rows.append(["<b>not listed</b><br><small>left alone: the dtype of their inputs</small>"]
+                + ["<small>every other op (relu, add, …)</small>"] * len(lists))
+    return table_html(["group"] + list(lists), rows, align=["left"] * (1 + len(lists)),
+                      caption="Autocast's op lists (ATen op names), read from the installed PyTorch's dispatcher by "
+                              "mpt_lab.autocast.autocast_lists")

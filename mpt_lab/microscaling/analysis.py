@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from .. import formats as F
@@ -264,7 +265,10 @@ def one_scale_vs_per_tensor(histograms: dict, fmt="FP8_E5M2") -> dict:
     -------
     dict with "one_scale" (log2 S), and "tensors": name → {"amax_log2": binade of the tensor's amax,
     "per_tensor_log2": log2 of its own scale, "lost_one_scale" / "lost_per_tensor": share of its non-zero
-    values that underflow to zero}.
+    values that underflow to zero, "energy_lost_one_scale" / "energy_lost_per_tensor": the share of its sum of
+    squares Σx² that those values carry (which values underflow is exact; their squares are estimated per binade
+    as 4^(k + ½) for the binade [2ᵏ, 2ᵏ⁺¹), within a factor of 2 per value): what the lost values alone cost a
+    signal-to-noise ratio, which weighs values by their square}.
     """
     if not isinstance(histograms, dict) or not histograms or \
             not all(isinstance(h, Log2Histogram) for h in histograms.values()):
@@ -280,12 +284,28 @@ def one_scale_vs_per_tensor(histograms: dict, fmt="FP8_E5M2") -> dict:
         nz = 1.0 - fr["zero"] - fr["nonfinite"]
         return fr["underflow"] / nz if nz > 0 else 0.0
 
+    def energy_lost(h, s):
+        """Share of Σx² in the values that round to zero after × s: the binades wholly below half the smallest
+        subnormal, and the exact ties at half of it (fine bin 0 of the binade just above: fraction zero)."""
+        k = h.exponents + round(math.log2(s))
+        w = np.exp2(2.0 * h.exponents + 1.0)                       # 4^(e + ½) per value of binade e
+        total = float((h.counts * w).sum())
+        if total <= 0:
+            return 0.0
+        half_sub = fmt.emin - fmt.mantissa_bits - 1                  # half the smallest subnormal: 2^half_sub
+        below = k <= half_sub - 1
+        ties = (k == half_sub)
+        lost_e = float((h.counts[below] * w[below]).sum()) + float((h.fine[ties, 0] * w[ties]).sum())
+        return lost_e / total
+
     rows = {}
     for name, h in histograms.items():
         s = h.max_scale(fmt)
         rows[name] = {"amax_log2": math.frexp(h.amax)[1] - 1 if h.amax > 0 else None,
                       "per_tensor_log2": int(math.log2(s)) if math.isfinite(s) else None,
                       "lost_one_scale": lost(h, s_all) if math.isfinite(s_all) else 0.0,
-                      "lost_per_tensor": lost(h, s) if math.isfinite(s) else 0.0}
+                      "lost_per_tensor": lost(h, s) if math.isfinite(s) else 0.0,
+                      "energy_lost_one_scale": energy_lost(h, s_all) if math.isfinite(s_all) else 0.0,
+                      "energy_lost_per_tensor": energy_lost(h, s) if math.isfinite(s) else 0.0}
     return {"format": fmt.name, "one_scale": int(math.log2(s_all)) if math.isfinite(s_all) else None,
             "tensors": rows}
