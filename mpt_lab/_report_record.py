@@ -888,11 +888,12 @@ class ProgressBar:
             from tqdm.auto import tqdm
 
             self.bar = tqdm(total=None, desc=desc, unit="module", mininterval=0.5, leave=False)
+        self.desc = desc
 
     def step(self, text: str) -> None:
-        """Name the step the bar counts now."""
+        """Name the step the bar counts now (after the bar's own description)."""
         if self.bar is not None:
-            self.bar.set_description_str(f"precision report: {text}")
+            self.bar.set_description_str(f"{self.desc}: {text}")
 
     def set_total(self, n: int) -> None:
         """The number of module calls the bar expects in all."""

@@ -1130,9 +1130,15 @@ def test_progress_bar(capsys):
     model = nn.Sequential(nn.Linear(8, 4))
     precision_report(model, ce, data(), formats=("FP16",), progress=True)
     err = capsys.readouterr().err
-    assert "precision report" in err
+    assert "precision report: FP16 step" in err                       # the bar names the step it counts
     with pytest.raises(TypeError, match="progress"):
         precision_report(model, ce, data(), progress="yes")
+    from mpt_lab.report import keep_wide
+
+    keep_wide(nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 4)), ce,
+              (torch.randn(8, 16), torch.randint(0, 4, (8,))), "fp8_current", all_but_one=False, progress=True)
+    err = capsys.readouterr().err
+    assert "keep_wide: one layer at a time" in err and "precision report" not in err   # its own name
 
 
 def test_loss_scale_figure():
