@@ -24,6 +24,10 @@ name here (torch's name)                    what mpt_lab uses it for
 ``current_autograd_node``                   :class:`mpt_lab.simulate.simulate`: whether an op runs inside a
 (``torch._C._current_autograd_node``)       backward pass (autograd's engine is executing a node), which the
                                             autocast emulation treats differently from forward ops.
+``current_dispatch_mode``                   :mod:`mpt_lab._report_record` (the precision report): whether its own
+(``torch.utils._python_dispatch.``          op recorder is the innermost dispatch mode, before it steps aside for
+``_get_current_dispatch_mode``)             the report's histograms (a compiled kernel runs eagerly, op by op,
+                                            under an active mode).
 ``FakeTensorMode``                          :mod:`mpt_lab.autocast` (and the experiments that use its probe):
 (``torch._subclasses.fake_tensor``)         run ops on fake CUDA tensors (shapes and dtypes, no data) to learn
                                             which dtype ``torch.autocast("cuda")`` gives each, on a machine
@@ -91,11 +95,12 @@ from __future__ import annotations
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import _get_current_dispatch_mode as current_dispatch_mode
 from torch.utils._pytree import tree_flatten
 
-__all__ = ["TorchDispatchMode", "tree_flatten", "current_autograd_node", "FakeTensorMode", "foreach_max",
-           "foreach_mul_", "scaled_mm", "onednn_fp16_supported", "onednn_bf16_supported", "dispatch_op_names",
-           "dispatch_has_kernel", "aten_to_copy"]
+__all__ = ["TorchDispatchMode", "tree_flatten", "current_autograd_node", "current_dispatch_mode", "FakeTensorMode",
+           "foreach_max", "foreach_mul_", "scaled_mm", "onednn_fp16_supported", "onednn_bf16_supported",
+           "dispatch_op_names", "dispatch_has_kernel", "aten_to_copy"]
 
 #: ``current_autograd_node()`` is the autograd Node being executed by the engine in this thread, or None
 #: outside a backward pass.

@@ -1,27 +1,43 @@
-"""A precision report for any PyTorch model: what one training step would do in FP16, BF16 or FP8.
+"""A precision report for any PyTorch model: what one training step would do in FP16, BF16 or FP8, where it
+first goes wrong (the module and the op), and why.
 
 :func:`precision_report` runs one FP32 forward and backward of ``loss_fn(model, batch)`` while recording, for
 every module (named as in ``model.named_modules()``) the log2 histogram of its forward output (its
-*activation*) and of the gradient of the loss with respect to that output (its *activation gradient*), and
-for every parameter the histograms of its weight and its weight gradient.  Then, for each format, it runs the
-same step again under that format's numerics (:class:`mpt_lab.simulate.simulate`, autocast by default) and
-notes where values first become inf/NaN.  The model is left exactly as it was found.
+*activation*) and of the gradient of the loss with respect to that output (its *activation gradient*), for
+every parameter the histograms of its weight and its weight gradient, the gradient of every tensor of the
+autograd graph (functional intermediates inside a ``forward`` too), and the operands of every matrix product
+(forward, input-gradient and weight-gradient GEMMs).  Then, for each format, it runs the same step again under
+that format's numerics (:class:`mpt_lab.simulate.simulate`, autocast by default) and notes where values first
+become inf/NaN.  When something overflows or turns non-finite, the step is run once more with every ATen op
+recorded (a ``TorchDispatchMode``: matrix products, attention, softmax, ``log``, in-place ops, forward and
+backward), each attributed to the module whose ``forward`` ran it, so that the report names the *origin*: the
+op whose inputs are finite and in range and whose output is not.  The model is left exactly as it was found.
 
 From these numbers the :class:`PrecisionReport` answers the questions people bring to issue trackers:
 
-* :meth:`PrecisionReport.forward_overflows`: which modules' outputs overflow the format (T5's feed-forward
-  output in FP16, Hugging Face transformers issue 5651);
-* :meth:`PrecisionReport.first_nonfinite`: where the step first produces inf/NaN in that format ("FP16 gives
-  NaN where FP32 works", PyTorch issue 40497);
+* :meth:`PrecisionReport.forward_overflows`: which modules' outputs overflow the format, and which of them is
+  the origin and which only inherit it (T5's feed-forward output in FP16, Hugging Face transformers issue
+  5651);
+* :meth:`PrecisionReport.first_nonfinite` and :meth:`PrecisionReport.origins`: where the step first produces
+  inf/NaN in that format, module, pass and op ("FP16 gives NaN where FP32 works", PyTorch issue 40497; an inf
+  inside a layer between its submodules, transformers issue 12225);
 * :meth:`PrecisionReport.loss_scale_window`: the loss scales that keep the gradients (the max-gradient rule of
-  Micikevicius et al. 2018 §3.2 above, the underflow share below) and what a dynamic scaler starting at 2¹⁶
-  would do (:meth:`PrecisionReport.dynamic_scaler`; fairseq issue 512's falling loss scale);
+  Micikevicius et al. 2018 §3.2 above, the underflow share below), :meth:`PrecisionReport.window_ends` the
+  gradients that set each end, and what a dynamic scaler starting at 2¹⁶ would do
+  (:meth:`PrecisionReport.dynamic_scaler`; fairseq issue 512's falling loss scale);
 * :meth:`PrecisionReport.shares`: per module, the share of activations, activation gradients, weights and
-  weight gradients that overflow, underflow to zero or become subnormal;
+  weight gradients that overflow, underflow to zero or become subnormal; :meth:`PrecisionReport.gemm_operands`
+  the same for the operands of every GEMM, and :meth:`PrecisionReport.block_operands` what MXFP8, MXFP4 and
+  NVFP4 block quantisation does to them (``block_formats=``);
 * :meth:`PrecisionReport.optimizer_checks`: optimizer constants (Adam's ``eps``) that vanish or change in the
   format (PyTorch issue 147437), and the share of the step's updates that weights stored in the format without
   FP32 master weights would lose (Micikevicius et al. 2018 §3.1);
-* :meth:`PrecisionReport.recommendation`: one sentence per format, derived from the numbers above.
+* :meth:`PrecisionReport.recommendation`: one sentence per format, derived from the numbers above, true in the
+  setting it states (autocast with FP32 weights, or weights and every op in the format; which optimizer).
+
+Two more tools live beside it: :func:`mpt_lab.report_layers.keep_wide` (which Linear layers a block-format
+recipe must leave in BF16) and :class:`mpt_lab.report_monitor.PrecisionMonitor` (loss scale, skipped steps,
+amax histories and underflow shares over the steps of a user's own training loop).  Both are re-exported here.
 
 Presentation: ``str(report)`` (plain-text tables), ``_repr_html_`` (the same in a notebook),
 :meth:`PrecisionReport.to_dict` (JSON-ready, with provenance) and :meth:`PrecisionReport.plot` (modules × log2
@@ -34,27 +50,26 @@ estimated.  The module needs only torch (no Hugging Face library).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import html
 import math
 import numbers
-import random
-import weakref
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from . import formats as F
+from ._report_record import BLOCK_FORMATS, ProgressBar, SavedState, StepRecorder, check_loss, finite, progress_wanted
 from .device import provenance
 from .histogram import Log2Histogram, log2_histogram
 from .master_weights import swamped
 from .scaling import max_gradient_scale
-from .simulate import MODES, paused, simulate
+from .simulate import MODES, simulate
 
-__all__ = ["precision_report", "PrecisionReport", "ModuleRecord", "ParameterRecord", "FormatRun",
-           "DEFAULT_FORMATS", "KINDS"]
+__all__ = ["precision_report", "PrecisionReport", "ModuleRecord", "ParameterRecord", "FormatRun", "Location",
+           "DEFAULT_FORMATS", "KINDS", "BLOCK_FORMATS", "keep_wide", "LayerRanking", "PrecisionMonitor"]
 
 #: The formats a report analyses unless told otherwise.
 DEFAULT_FORMATS = ("FP16", "BF16", "FP8_E4M3", "FP8_E5M2")
@@ -65,6 +80,10 @@ KINDS = ("activation", "activation_gradient", "weight", "weight_gradient")
 
 #: The dynamic loss scaler a report predicts: torch.amp.GradScaler's defaults (start at 2¹⁶, halve on overflow).
 SCALER_INIT = 2.0 ** 16
+
+#: The largest power of two a float32 loss scale holds (torch.amp.GradScaler keeps its scale in float32).
+_MAX_SCALE = 2.0 ** 127
+
 
 # --------------------------------------------------------------------------------------------------- records
 @dataclass
@@ -80,9 +99,10 @@ class ModuleRecord:
     calls : int, forward calls during the step
     activation : Log2Histogram of every floating tensor in the module's outputs (all calls; tensors inside
         tuples, lists and dicts — Hugging Face ``ModelOutput`` — included)
-    activation_gradient : Log2Histogram of the gradients of the loss with respect to those outputs (empty when
-        no gradient reached them; the loss itself, when a module returns it, gets none: its gradient is
-        backward's seed 1, not a value the step computes)
+    activation_gradient : Log2Histogram of the gradients of the loss with respect to those outputs (every call;
+        also when an in-place op changed an output that is a view afterwards; empty when no gradient reached
+        them; the loss itself, when a module returns it, gets none: its gradient is backward's seed 1, not a
+        value the step computes)
     parameters : names of the parameters that belong to this module itself (not to its children)
     """
 
@@ -138,6 +158,14 @@ class FormatRun:
     events : list of (module name, "forward" | "backward", finite) in the order the step produced them: a module's
         output (forward) or the gradient of its output (backward), and whether all its values were finite
     nonfinite_parameter_gradients : names of the parameters whose gradient held inf/NaN after the step
+    ops : None, or (when the step was recorded op by op) a list of dicts, one per ATen op in execution order:
+        "pass" ("forward" | "backward"), "module" (the enclosing module's name; "(loss_fn)" outside the model),
+        "function" (the torch function that issued it, e.g. "F.scaled_dot_product_attention", or None), "op"
+        (the ATen op, e.g. "bmm"), "node" (backward: the autograd node, e.g. "BmmBackward0"), "in_amax",
+        "out_amax" (largest |value| of its floating inputs and outputs; inf/NaN when one is)
+    held : None, or per gradient of the FP32 step (:attr:`PrecisionReport.edges`, in the order backward produced
+        them) whether the same gradient held the format's values in this step (under autocast, a float32 op's
+        gradients do not); None for FP32, or when the two backward passes differed
     """
 
     format: str
@@ -145,134 +173,51 @@ class FormatRun:
     loss: float
     events: list
     nonfinite_parameter_gradients: list
+    ops: list | None = None
+    held: list | None = None
 
 
-# --------------------------------------------------------------------------------------------------- hooks
-def _floating_tensors(obj, depth: int = 0):
-    """The floating tensors of a module's output: a tensor, or (nested) tuples, lists and Mapping values
-    (Hugging Face ``ModelOutput`` is an ordered dict).  Other objects (caches, ints, None) are skipped."""
-    if isinstance(obj, torch.Tensor):
-        if obj.is_floating_point():
-            yield obj
-    elif depth < 6 and isinstance(obj, (tuple, list)):
-        for o in obj:
-            yield from _floating_tensors(o, depth + 1)
-    elif depth < 6 and isinstance(obj, Mapping):
-        for o in obj.values():
-            yield from _floating_tensors(o, depth + 1)
+class Location(tuple):
+    """Where a step first holds inf/NaN: a ``(module, pass)`` pair (``pass`` is "forward" or "backward"), with
+    the op as extra attributes.
 
-
-class _Recorder:
-    """Forward hooks on every module, gradient hooks on every module output, for one step.
-
-    ``measure(t)`` turns a tensor (a forward output, or the gradient of one) into a record: a Log2Histogram
-    for the FP32 step, whether all its values are finite for a format's step.  The same tensor (same object, same version) output
-    by several modules (a container returning its last child's output) is measured once; its gradient too.
-
-    Gradients are read by a pre-hook on the autograd node that produced the output (``grad_fn``): those run
-    after every tensor hook (PyTorch's documented hook order), so they see the gradient exactly as the step
-    uses it — also the rounding that :class:`~mpt_lab.simulate.simulate` applies in a tensor hook.  An output
-    changed in place later (``ReLU(inplace=True)``) keeps the node it had, so its gradient is the one with
-    respect to the value the module returned.
+    Attributes
+    ----------
+    module : str, the innermost module whose ``forward`` ran the op (backward: created the autograd node);
+        "(loss_fn)" outside the model
+    where : "forward" or "backward" (the second element)
+    op : str or None, the ATen op (e.g. "mul", "bmm", "_scaled_dot_product_flash_attention_for_cpu"); None when
+        only module outputs were watched
+    function : str or None, the torch function that issued it (e.g. "F.scaled_dot_product_attention")
+    node : str or None, the autograd node whose backward ran it (backward only)
+    origin : bool or None, whether the op's inputs were all finite (the op made the first inf/NaN itself)
     """
 
-    def __init__(self, named_modules: dict, measure):
-        self.measure = measure
-        self.names = {id(m): n for n, m in named_modules.items()}
-        self.handles: list = []
-        self.calls: dict = {}           # name -> number of forward calls
-        self.order: list = []           # names in order of their first returned forward call
-        self.forward: dict = {}         # name -> list of measures of outputs
-        self.backward: dict = {}        # name -> list of measures of output gradients
-        self.events: list = []          # (name, "forward"|"backward", measure) in time order
-        self.unique_forward: list = []  # measures of distinct output tensors
-        self.unique_backward: list = []
-        self._seen_out: dict = {}       # (id, version) -> (weakref, measure)
-        self._grad_targets: dict = {}   # (id(node), output_nr) -> list of names
-        self._nodes: dict = {}          # id(node) -> node (kept alive until the step ends)
-        for n, m in named_modules.items():
-            self.handles.append(m.register_forward_hook(self._hook))
+    def __new__(cls, module: str, where: str, *, op=None, function=None, node=None, origin=None):
+        self = super().__new__(cls, (module, where))
+        self.module, self.where, self.op, self.function, self.node, self.origin = module, where, op, function, \
+            node, origin
+        return self
 
-    def _hook(self, module, inputs, output):
-        name = self.names.get(id(module))
-        if name is None:
-            return
-        if name not in self.calls:
-            self.calls[name] = 0
-            self.order.append(name)
-        self.calls[name] += 1
-        for t in _floating_tensors(output):
-            try:
-                key = (id(t), t._version)
-            except RuntimeError:   # inference tensors have no version counter
-                key = (id(t), None)
-            seen = self._seen_out.get(key)
-            if seen is not None and seen[0]() is t:
-                rec = seen[1]
-            else:
-                rec = self.measure(t)
-                self.unique_forward.append(rec)
-                self._seen_out[key] = (weakref.ref(t), rec)
-            self.forward.setdefault(name, []).append(rec)
-            self.events.append((name, "forward", rec))
-            if t.requires_grad and torch.is_grad_enabled():
-                self._watch_gradient(name, t)
+    def __getnewargs_ex__(self):
+        return (self.module, self.where), {"op": self.op, "function": self.function, "node": self.node,
+                                           "origin": self.origin}
 
-    def _watch_gradient(self, name: str, t: torch.Tensor) -> None:
-        node = t.grad_fn
-        if node is None:  # a leaf returned as output (a module that returns a parameter)
-            self.handles.append(t.register_hook(lambda g, name=name: self._record_grads([name], g)))
-            return
-        key = (id(node), t.output_nr)
-        names = self._grad_targets.get(key)
-        if names is not None:
-            if name not in names:
-                names.append(name)
-            return
-        self._grad_targets[key] = [name]
-        if id(node) not in self._nodes:
-            self._nodes[id(node)] = node
-            self.handles.append(node.register_prehook(self._node_prehook(id(node))))
+    def describe(self) -> str:
+        """E.g. "bmm of F.scaled_dot_product_attention in attn (forward)", "Tensor.mul in 3 (forward)", "mul in
+        1 (backward)" or "3 (forward)"."""
+        where = f"{self.module or '(model)'} ({self.where})"
+        if self.op is None:
+            return where
+        if self.function and self.function.rpartition(".")[2].strip("_") == self.op.strip("_"):
+            return f"{self.function} in {where}"
+        fn = f" of {self.function}" if self.function else ""
+        return f"{self.op}{fn} in {where}"
 
-    def _node_prehook(self, node_id: int):
-        def prehook(grad_outputs):
-            for nr, g in enumerate(grad_outputs):
-                names = self._grad_targets.get((node_id, nr))
-                if names is not None and g is not None and g.is_floating_point():
-                    self._record_grads(names, g)
-            return None
-        return prehook
-
-    def _record_grads(self, names, g):
-        rec = self.measure(g)
-        self.unique_backward.append(rec)
-        for name in names:
-            self.backward.setdefault(name, []).append(rec)
-            self.events.append((name, "backward", rec))
-
-    def ignore_gradient_of(self, t: torch.Tensor) -> None:
-        """Record no gradient for ``t`` (the loss: its gradient is backward's seed, 1, not a computed value)."""
-        if t.grad_fn is not None:
-            self._grad_targets.pop((id(t.grad_fn), t.output_nr), None)
-
-    def close(self) -> None:
-        for h in self.handles:
-            h.remove()
-        self.handles = []
-        self._nodes.clear()
-        self._seen_out.clear()
-
-
-def _finite(t: torch.Tensor) -> bool:
-    """Whether every value of t is finite, computed unrounded: one fast pass (the sum is non-finite when a value
-    is), confirmed value by value only when the sum is not finite (a sum of finite values can overflow)."""
-    with paused():
-        if t.numel() == 0:
-            return True
-        t = t.detach()
-        if bool(torch.isfinite(t.sum())):
-            return True
-        return bool(torch.isfinite(t).all())
+    def __repr__(self) -> str:
+        extra = "" if self.op is None else f", op={self.op!r}" + (f", function={self.function!r}" if self.function
+                                                                   else "")
+        return f"Location({self.module!r}, {self.where!r}{extra})"
 
 
 def _sum_hists(hists) -> Log2Histogram:
@@ -282,52 +227,280 @@ def _sum_hists(hists) -> Log2Histogram:
     return out
 
 
-# ---------------------------------------------------------------------------------------------- the state
-class _SavedState:
-    """Everything the report could change, saved before and restored after: parameter values, buffers, .grad,
-    training flags, and the global random number generators (torch CPU and CUDA, Python's, NumPy's)."""
 
-    def __init__(self, model: torch.nn.Module):
-        self.model = model
-        with torch.no_grad():
-            self.params = [(p, p.detach().clone(), p.grad, p._version) for p in model.parameters()]
-            self.buffers = [(b, b.detach().clone()) for b in model.buffers()]
-        self.training = [(m, m.training) for m in model.modules()]
-        self.torch_rng = torch.get_rng_state()
-        self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() \
-            else None
-        self.py_rng = random.getstate()
-        self.np_rng = np.random.get_state()
 
-    def reset_rng(self) -> None:
-        """The random state as it was (each step of the report draws the same dropout masks)."""
-        torch.set_rng_state(self.torch_rng)
-        if self.cuda_rng is not None:
-            torch.cuda.set_rng_state_all(self.cuda_rng)
-        random.setstate(self.py_rng)
-        np.random.set_state(self.np_rng)
+# -------------------------------------------------------------------------------------------- one step
+def _run_step(model, loss_fn, batch, state: SavedState, named_modules: dict, *, fmt, mode: str, measure: str,
+              params: dict, edges: bool = False, ops: bool = False, gemms: bool = False, block_formats=(),
+              modules: bool = True, progress=None, where: str):
+    """One ``loss_fn(model, batch)`` + ``backward()``, recorded by a :class:`~mpt_lab._report_record.StepRecorder`,
+    inside ``simulate(fmt, mode=mode)`` when ``fmt`` is given (then ``edges`` records, per gradient of the step,
+    whether it holds ``fmt`` values).  Returns (recorder, loss value)."""
+    state.reset_rng()
+    sim = simulate(fmt, mode=mode) if fmt is not None else None
+    rec = StepRecorder(named_modules, measure=measure, edges=edges, ops=ops, gemms=gemms,
+                       block_formats=block_formats, params=params, progress=progress, modules=modules,
+                       tag=sim.holds if sim is not None else None)
+    ctx = sim if sim is not None else contextlib.nullcontext()
+    try:
+        with ctx:
+            with rec:
+                try:
+                    loss = check_loss(loss_fn(model, batch), where)
+                    value = float(loss.detach())
+                    state.save_leaves(rec.before_backward(loss))
+                    loss.backward()
+                except Exception as err:
+                    _add_context(err, f"(raised by loss_fn(model, batch) or its backward in precision_report's {where}"
+                                      + (f", run inside simulate({fmt!r}, mode={mode!r})" if fmt is not None else "")
+                                      + "; the model was restored to its state before the report)")
+                    raise
+                del loss
+                rec.stop_ops()
+    finally:
+        rec.close()
+    return rec, value
 
-    def clear_grads(self) -> None:
-        for p, _, _, _ in self.params:
-            p.grad = None
 
-    def restore_values(self) -> None:
-        """Parameters back to their saved values where something wrote to them (their version counter moved),
-        buffers always (kernels such as batch norm's update running statistics without moving it)."""
-        with torch.no_grad():
-            for p, saved, _, version in self.params:
-                if p._version != version:
-                    p.copy_(saved)
-            for b, saved in self.buffers:
-                b.copy_(saved)
-        for m, mode in self.training:
-            m.training = mode
+def _op_keys(ops: list) -> list:
+    """A key per op that names the same op in two runs of the step: (pass, module, function, op, occurrence)."""
+    counts: dict = {}
+    keys = []
+    for o in ops:
+        k = (o["pass"], o["module"], o["function"], o["op"])
+        c = counts.get(k, 0)
+        counts[k] = c + 1
+        keys.append((*k, c))
+    return keys
 
-    def restore(self) -> None:
-        self.restore_values()
-        for p, _, grad, _ in self.params:
-            p.grad = grad
-        self.reset_rng()
+
+# ------------------------------------------------------------------------------------------------ the entry
+def precision_report(model: torch.nn.Module, loss_fn, batch, *, formats=DEFAULT_FORMATS, optimizer=None,
+                     mode: str = "autocast", block_formats=(), ops="auto", progress=None) -> PrecisionReport:
+    """What one training step of ``model`` would do in each of ``formats``: a :class:`PrecisionReport`.
+
+    Runs ``loss = loss_fn(model, batch); loss.backward()`` once in FP32 while recording per module the log2
+    histograms (with amax) of its outputs and of their gradients, per parameter of its weight and gradient, the
+    gradient of every tensor of the autograd graph (functional intermediates too), and the operands of every
+    GEMM; then once per format inside ``simulate(fmt, mode=mode)`` (:mod:`mpt_lab.simulate`) noting where values
+    become inf/NaN.  With ``ops="auto"``, a step in which something overflows (an FP32 module output beyond a
+    format's range, or an inf/NaN in a format's step) is run once more with every ATen op recorded, forward and
+    backward, each attributed to its module (see :meth:`PrecisionReport.origins`).  Each step starts from the
+    same random state (the same dropout masks).  No optimizer step is taken on the model.
+
+    Side effects: none.  Parameters (also values written through ``.data`` inside ``loss_fn``) and their
+    storage, buffers (e.g. BatchNorm's running statistics), every ``.grad`` (of parameters and of any other leaf
+    tensor the step reaches, such as a batch that requires grad), the modules' training flags, grad mode, hooks
+    (all of the report's are removed) and the global random states (torch's CPU and CUDA generators, Python's
+    ``random``, NumPy's) are as they were, also when an error is raised.  Version counters of parameters are not
+    moved (a graph built before the report can still run backward).
+
+    Parameters
+    ----------
+    model : torch.nn.Module with at least one parameter, in the mode it trains in (``train()``)
+    loss_fn : callable ``loss_fn(model, batch) -> loss``, a scalar floating tensor that requires grad; for a
+        Hugging Face model ``lambda m, b: m(**b).loss``
+    batch : anything ``loss_fn`` accepts (passed as is)
+    formats : format names or FloatFormats with a zero (default FP16, BF16, FP8_E4M3, FP8_E5M2)
+    optimizer : torch.optim.Optimizer or None; when given, its constants and its step's updates are checked in
+        each format (:meth:`PrecisionReport.optimizer_checks`), on a copy (the optimizer is not changed)
+    mode : "autocast" (default: mixed precision, as ``torch.autocast``, FP32 weights and optimizer) or "all"
+        (every op and the weights in the format, as ``model.half()``), as :class:`mpt_lab.simulate.simulate`
+    block_formats : names among :data:`BLOCK_FORMATS` ("MXFP8", "MXFP4", "NVFP4"): measure what block
+        quantisation along each product's reduction axis does to every GEMM operand of the FP32 step
+        (:meth:`PrecisionReport.block_operands`; costs an exact quantisation per operand and format)
+    ops : "auto" (default: op-level recording when something overflows or turns non-finite), True (always), or
+        False (never: module outputs only)
+    progress : bool or None, a ``tqdm.auto`` bar over the module calls of every step (None: unless the
+        environment variable ``MPT_LAB_PROGRESS`` is "0")
+
+    Returns
+    -------
+    PrecisionReport
+
+    Raises
+    ------
+    TypeError
+        ``model`` is not a Module, ``loss_fn`` is not callable, ``optimizer`` is not an Optimizer, ``loss_fn``
+        returned something other than a floating tensor, ``formats`` is not a format or a sequence of them,
+        ``progress`` is not a bool.
+    ValueError
+        The model has no parameters; an unknown format, or one without zero (E8M0); an unknown ``mode``,
+        ``ops`` or block format; the loss is not a scalar, or does not require grad.
+    Exception
+        Whatever ``loss_fn(model, batch)`` raises (a batch the model rejects): the model's own error, re-raised
+        with a note saying which step of the report ran it (the model restored first).
+
+    Source: Micikevicius et al., "Mixed Precision Training", ICLR 2018 (§3.1 master weights, §3.2 loss scaling,
+    Figure 2's gradient histograms).
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if not callable(loss_fn):
+        raise TypeError(f"loss_fn must be callable as loss_fn(model, batch), got {type(loss_fn).__name__}")
+    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer or None, got {type(optimizer).__name__}")
+    if not isinstance(mode, str) or mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if ops not in ("auto", True, False) or isinstance(ops, int) and not isinstance(ops, bool):
+        raise ValueError(f"ops must be 'auto', True or False, got {ops!r}")
+    if isinstance(block_formats, str):
+        block_formats = (block_formats,)
+    try:
+        block_formats = tuple(block_formats)
+    except TypeError:
+        raise TypeError(f"block_formats must be a sequence of names among {BLOCK_FORMATS}, "
+                        f"got {type(block_formats).__name__}") from None
+    for b in block_formats:
+        if b not in BLOCK_FORMATS:
+            raise ValueError(f"block_formats must name formats among {BLOCK_FORMATS}, got {b!r}")
+    show = progress_wanted(progress)
+    fmts = _check_formats(formats)
+    named_params = [(n, p) for n, p in model.named_parameters() if p.is_floating_point()]
+    if not named_params:
+        raise ValueError(f"model ({type(model).__name__}) has no parameters (no floating-point ones): there is no "
+                         "training step to report on")
+
+    named_modules = dict(model.named_modules())
+    param_names = {id(p): n for n, p in named_params}
+    state = SavedState(model)
+    bar = ProgressBar(show, "precision report")
+    try:
+        state.clear_grads()
+        # --- the FP32 step, recorded ---------------------------------------------------------------------
+        bar.step("FP32 step")
+        rec, loss_value = _run_step(model, loss_fn, batch, state, named_modules, fmt=None, mode=mode,
+                                    measure="histogram", edges=True, gemms=True, block_formats=block_formats,
+                                    params=param_names, ops=ops is True, progress=bar, where="FP32 step")
+        calls = sum(rec.calls.values())
+        bar.set_total(calls * (1 + sum(1 for f in fmts if f != "FP32")))
+        modules = []
+        for i, name in enumerate(rec.order):
+            m = named_modules[name]
+            own = [f"{name}.{pn}" if name else pn for pn, _ in m.named_parameters(recurse=False)]
+            modules.append(ModuleRecord(name, type(m).__name__, i, rec.calls[name],
+                                        _sum_hists(rec.forward.get(name, [])), _sum_hists(rec.backward.get(name, [])),
+                                        own))
+        aliases: dict = {}
+        for n, p in model.named_parameters(remove_duplicate=False):
+            aliases.setdefault(id(p), []).append(n)
+        parameters = []
+        for n, p in named_params:       # histograms the step made already (GEMM operands, gradients) are reused
+            mod = n.rpartition(".")[0]
+            grad = p.grad
+            gh = rec.parameter_gradient(n) if grad is not None else None
+            parameters.append(ParameterRecord(n, mod, tuple(p.shape), str(p.dtype), p.requires_grad,
+                                              [a for a in aliases[id(p)] if a != n], rec.hist(p),
+                                              (gh if gh is not None else log2_histogram(grad)) if grad is not None
+                                              else None))
+        canonical = {p.name for p in parameters}
+        for m in modules:
+            m.parameters = [n for n in m.parameters if n in canonical]
+        # every gradient of the step: the gradient of each tensor of the graph once (parameters' included)
+        edges = {"list": list(rec.edge_list), "hists": list(rec.edge_hists), "amax": rec.edge_amaxes()}
+        gradients = _sum_hists(edges["hists"])
+        activations = _sum_hists(rec.unique_forward)
+        fp32_events = list(rec.events)
+        gemm_rows = rec.gemm_records
+        fp32_ops = rec.op_table() if ops is True else None
+        optimizer_info = _optimizer_info(optimizer, fmts) if optimizer is not None else None
+        state.clear_grads()
+        state.restore_values()
+        del rec
+        # --- each format's step ----------------------------------------------------------------------------
+        runs = {}
+        for name in fmts:
+            if name == "FP32":
+                continue
+            bar.step(f"{name} step")
+            rec, fmt_loss = _run_step(model, loss_fn, batch, state, named_modules, fmt=name, mode=mode,
+                                      measure="finite", edges=True, ops=ops is True, progress=bar,
+                                      params=param_names, where=f"{name} step")
+            events = [(n, w, bool(h)) for n, w, h in rec.events]
+            tags = _align_tags(edges["list"], rec.edge_tags)
+            bad = [n for n, p in named_params if p.grad is not None and not finite(p.grad)]
+            run_ops = rec.op_table() if ops is True else None
+            state.clear_grads()
+            state.restore_values()
+            del rec
+            if ops == "auto" and (bad or not math.isfinite(fmt_loss) or not all(f for _, _, f in events)):
+                bar.step(f"{name} step, op by op")
+                rec, _ = _run_step(model, loss_fn, batch, state, named_modules, fmt=name, mode=mode, measure="finite",
+                                   ops=True, modules=False, params=param_names, where=f"{name} step (op by op)")
+                run_ops = rec.op_table()
+                state.clear_grads()
+                state.restore_values()
+                del rec
+            runs[name] = FormatRun(name, mode, fmt_loss, events, bad, run_ops, tags)
+        # --- the FP32 step op by op, when something overflows a format or a format's step went non-finite -------
+        if fp32_ops is None and ops == "auto":
+            need = any(r.ops is not None for r in runs.values())
+            if not need:
+                need = any(h.nonfinite for _, _, h in fp32_events) or any(
+                    _hist_overflows(m.activation, F.get_format(name)) for name in fmts if name != "FP32"
+                    for m in modules)
+            if need:
+                bar.step("FP32 step, op by op")
+                rec, _ = _run_step(model, loss_fn, batch, state, named_modules, fmt=None, mode=mode,
+                                   measure="histogram", ops=True, modules=False, params=param_names,
+                                   where="FP32 step (op by op)")
+                fp32_ops = rec.op_table()
+                state.clear_grads()
+                state.restore_values()
+                del rec
+        if "FP32" in fmts:
+            runs["FP32"] = FormatRun("FP32", mode, loss_value,
+                                     [(n, w, h.nonfinite == 0) for n, w, h in fp32_events],
+                                     [p.name for p in parameters if p.gradient is not None and p.gradient.nonfinite],
+                                     fp32_ops, None)
+        runs = {name: runs[name] for name in fmts}
+        dev = next(iter(model.parameters())).device
+        prov = provenance(config={"model": type(model).__name__, "formats": fmts, "mode": mode,
+                                  "optimizer": type(optimizer).__name__ if optimizer is not None else None,
+                                  "block_formats": list(block_formats)},
+                          device=dev)
+        return PrecisionReport(model_type=type(model).__name__, formats=fmts, mode=mode, loss=loss_value,
+                               modules=modules, parameters=parameters, runs=runs, fp32_events=fp32_events,
+                               gradients=gradients, activations=activations, optimizer_info=optimizer_info,
+                               provenance=prov, n_parameters=sum(p.numel() for _, p in named_params),
+                               training=model.training, edges=edges, gemms=gemm_rows, fp32_ops=fp32_ops,
+                               block_formats=list(block_formats))
+    finally:
+        state.restore()
+        bar.close()
+
+
+def _align_tags(fp32_edges: list, tags: list):
+    """Per FP32 gradient edge, whether the same edge of a format's step held the format's values; None when the
+    two backward passes did not visit the same edges in the same order."""
+    if len(fp32_edges) != len(tags):
+        return None
+    out = []
+    for (n1, r1, *_), (n2, r2, t) in zip(fp32_edges, tags):
+        if n1 != n2 or r1 != r2:
+            return None
+        out.append(t)
+    return out
+
+
+def _hist_overflows(h: Log2Histogram, fmt: F.FloatFormat, scale: float = 1.0) -> bool:
+    """Whether some value of h, times scale, overflows fmt when rounded (becomes inf/NaN, or beyond max)."""
+    if h.total == 0:
+        return False
+    if h.category_counts(fmt, scale)["overflow"] > 0:
+        return True
+    a = h.amax * scale
+    if a == 0 or not math.isfinite(a):
+        return not math.isfinite(a)
+    return _beyond(a, fmt)
+
+
+def _beyond(a: float, fmt: F.FloatFormat) -> bool:
+    """Whether |a| rounds beyond fmt's range (inf, NaN, or a value above max); NaN/inf count as beyond."""
+    if not math.isfinite(a):
+        return True
+    r = F.round_to(abs(a), fmt)       # covers E4M3's (464, 480), which category_counts counts as normal
+    return not math.isfinite(r) or r > fmt.max
 
 
 # ------------------------------------------------------------------------------------------------- checks
@@ -350,21 +523,6 @@ def _check_formats(formats) -> list:
         if fmt.name not in out:
             out.append(fmt.name)
     return out
-
-
-def _check_loss(loss, where: str) -> torch.Tensor:
-    if not isinstance(loss, torch.Tensor):
-        hint = " (for a Hugging Face model: loss_fn = lambda m, b: m(**b).loss)" if isinstance(loss, Mapping) else ""
-        raise TypeError(f"loss_fn must return the loss as a scalar torch.Tensor, got {type(loss).__name__}{hint}")
-    if loss.numel() != 1:
-        raise ValueError(f"loss_fn must return a scalar loss (one element), got a tensor of shape "
-                         f"{tuple(loss.shape)}; reduce it (e.g. .mean()) inside loss_fn")
-    if not loss.is_floating_point():
-        raise TypeError(f"loss_fn must return a floating-point loss, got dtype {loss.dtype}")
-    if not loss.requires_grad:
-        raise ValueError(f"the loss of {where} does not require grad: no trainable parameter of the model "
-                         "contributed to it (were all parameters frozen, or was it computed under no_grad?)")
-    return loss
 
 
 def _add_context(err: BaseException, text: str) -> None:
@@ -393,12 +551,22 @@ def _num(x) -> str:
     return f"{x:.3g}"
 
 
-def _pct(v) -> str:
+def _pct(v, digits: int = 3) -> str:
     if v is None or (isinstance(v, float) and not math.isfinite(v)):
         return "–"
     if v == 0:
         return "0"
-    return f"{100 * v:.3g}%"
+    return f"{100 * v:.{digits}g}%"
+
+
+def _pct_below(v: float, bound: float) -> str:
+    """v as a percentage with enough digits that it reads below ``bound`` (v < bound): never "99.9% (fewer
+    than 99.9%)"."""
+    for d in range(3, 12):
+        s = f"{100 * v:.{d}g}"
+        if float(s) < 100 * bound:
+            return s + "%"
+    return f"{100 * v!r}%"
 
 
 def _json_float(x):
@@ -437,15 +605,26 @@ class PrecisionReport:
     parameters : list of :class:`ParameterRecord`, in ``model.named_parameters()`` order
     runs : dict format name → :class:`FormatRun`
     fp32_events : list of (module, "forward" | "backward", Log2Histogram) of the FP32 step, in time order
-    gradients : Log2Histogram of every gradient of the step: each distinct module output's gradient once, and
-        every parameter gradient
+    fp32_ops : None, or the FP32 step op by op (as :attr:`FormatRun.ops`, with the FP32 amaxes)
+    gradients : Log2Histogram of every gradient of the step: the gradient of every tensor of the autograd graph
+        once (module outputs, functional intermediates, the ops of ``loss_fn``, parameters; not the loss's own
+        seed 1); :meth:`gradients_in` keeps those a format's step holds in that format
+    edges : the gradients one by one, in the order backward produced them: dict "list" (per gradient: the
+        autograd node whose output it belongs to, its output index, the module whose backward computed it —
+        for a parameter its module —, the index of its histogram, the parameter's name or None), "hists" (the
+        distinct histograms) and "amax" (theirs)
     activations : Log2Histogram of every distinct module output of the step
     weights : Log2Histogram of every parameter's values
+    gemms : list of dicts, one per operand of every matrix product of the FP32 step (forward, input-gradient and
+        weight-gradient GEMMs, attention, convolutions): "module", "pass", "op", "gemm", "operand", "parameter",
+        "shape", "histogram" and, with ``block_formats``, "blocks"
+    block_formats : the block formats measured on the GEMM operands
     provenance : dict, where the report came from (:func:`mpt_lab.device.provenance`)
     """
 
     def __init__(self, *, model_type, formats, mode, loss, modules, parameters, runs, fp32_events, gradients,
-                 activations, optimizer_info, provenance, n_parameters, training):
+                 activations, optimizer_info, provenance, n_parameters, training, edges=None, gemms=None,
+                 fp32_ops=None, block_formats=()):
         self.model_type = model_type
         self.formats = list(formats)
         self.mode = mode
@@ -454,9 +633,13 @@ class PrecisionReport:
         self.parameters = parameters
         self.runs = runs
         self.fp32_events = fp32_events
+        self.fp32_ops = fp32_ops
         self.gradients = gradients
+        self.edges = edges if edges is not None else {"list": [], "hists": [], "amax": []}
         self.activations = activations
         self.weights = _sum_hists(p.weight for p in parameters)
+        self.gemms = gemms or []
+        self.block_formats = list(block_formats)
         self._optimizer = optimizer_info
         self.provenance = provenance
         self.n_parameters = n_parameters
@@ -488,8 +671,7 @@ class PrecisionReport:
         a = h.amax * scale
         if a == 0 or not math.isfinite(a):
             return not math.isfinite(a)
-        r = F.round_to(a, fmt)       # covers E4M3's (464, 480), which category_counts counts as normal
-        return not math.isfinite(r) or r > fmt.max
+        return _beyond(a, fmt)
 
     def _kept(self, h: Log2Histogram, fmt: F.FloatFormat, scale: float = 1.0) -> float:
         """Share of h's non-zero finite values that do not round to zero in fmt after × scale (NaN if none)."""
@@ -502,8 +684,13 @@ class PrecisionReport:
         by = {p.name: p for p in self.parameters}
         return [by[n] for n in m.parameters if n in by]
 
-    # --- what the report answers -----------------------------------------------------------------------------
-    def forward_overflows(self, fmt) -> list:
+    @staticmethod
+    def _within(name: str, ancestor: str) -> bool:
+        """Whether module ``name`` is ``ancestor`` or lies inside it."""
+        return ancestor == "" or name == ancestor or name.startswith(ancestor + ".")
+
+    # --- forward overflows: origins and what inherits them ----------------------------------------------------
+    def forward_overflows(self, fmt, which: str = "all") -> list:
         """The modules whose forward outputs overflow ``fmt``, in execution order.
 
         Definition: the names (as ``model.named_modules()``) of the modules of which some output value of the
@@ -511,37 +698,261 @@ class PrecisionReport:
         — i.e. |x| ≥ max + ½ulp(max) for formats with infinities (FP16: |x| ≥ 65520 becomes inf).  A module
         called several times is listed once, at its first call.  The values are those of the FP32 step (what
         a cast of each output would do), not those of the step in ``fmt``'s numerics (see
-        :meth:`first_nonfinite`).  The cure: run these modules in FP32, or use a format with a wider range
-        (BF16).
+        :meth:`first_nonfinite`).
+
+        ``which`` selects by role (:meth:`overflow_roles`): "all" (default), "origins" (the modules where the
+        overflow starts: an op inside them has inputs in range and an output beyond it; the cure belongs
+        there: run them in FP32, or use a format with a wider range such as BF16), "inherited" (modules that
+        only pass on values that overflowed before them; no cure belongs there) or "containing" (modules that
+        contain an origin, such as the container that returns its output).
+
+        Raises ValueError when ``fmt`` was not analysed by this report, or for another ``which``.
+        """
+        f = self._fmt(fmt)
+        if which not in ("all", "origins", "inherited", "containing"):
+            raise ValueError(f"which must be 'all', 'origins', 'inherited' or 'containing', got {which!r}")
+        over = [m.name for m in self.modules if self._overflows(m.activation, f)]
+        if which == "all":
+            return over
+        roles = self.overflow_roles(f.name)
+        want = {"origins": "origin", "inherited": "inherited", "containing": "contains origin"}[which]
+        return [n for n in over if roles.get(n) == want]
+
+    def _cast_origin_ops(self, f: F.FloatFormat) -> list | None:
+        """Forward ops of the FP32 step whose inputs fit ``f`` and whose output does not (None: not recorded)."""
+        if self.fp32_ops is None:
+            return None
+        return [o for o in self.fp32_ops if o["pass"] == "forward" and _beyond(o["out_amax"], f)
+                and not _beyond(o["in_amax"], f)]
+
+    def overflow_roles(self, fmt) -> dict:
+        """For each module whose FP32 outputs overflow ``fmt`` (:meth:`forward_overflows`): "origin", "contains
+        origin" or "inherited".
+
+        With the step recorded op by op (:attr:`fp32_ops`): an *origin* op is a forward op whose floating
+        inputs all fit ``fmt`` and whose output does not; a module is an "origin" when it is the innermost
+        module that ran such an op, "contains origin" when an origin lies inside it, and "inherited" otherwise
+        (its inputs had overflowed already).  Without op records (``ops=False``), from module outputs alone: an
+        overflowing module is "inherited" when a module outside it overflowed before it finished, else
+        "contains origin" when one of its submodules overflowed, else "origin".
 
         Raises ValueError when ``fmt`` was not analysed by this report.
         """
         f = self._fmt(fmt)
-        return [m.name for m in self.modules if self._overflows(m.activation, f)]
+        key = ("roles", f.name)
+        if key in self._cache:
+            return self._cache[key]
+        over = [m.name for m in self.modules if self._overflows(m.activation, f)]
+        roles = {}
+        ops = self._cast_origin_ops(f)
+        if ops is not None:
+            origin_modules = []
+            for o in ops:
+                if o["module"] not in origin_modules:
+                    origin_modules.append(o["module"])
+            for n in over:
+                if n in origin_modules:
+                    roles[n] = "origin"
+                elif any(self._within(o, n) for o in origin_modules):
+                    roles[n] = "contains origin"
+                else:
+                    roles[n] = "inherited"
+            # an origin op in a module whose output does not overflow (e.g. a loss in FP32 of an overflowing op)
+        else:
+            done = []
+            for n in over:
+                if any(not self._within(d, n) for d in done):
+                    roles[n] = "inherited"
+                elif any(self._within(d, n) and d != n for d in done):
+                    roles[n] = "contains origin"
+                else:
+                    roles[n] = "origin"
+                done.append(n)
+        self._cache[key] = roles
+        return roles
+
+    # --- non-finite values in a format's step ------------------------------------------------------------------
+    def _fp32_finite_keys(self) -> dict | None:
+        if self.fp32_ops is None:
+            return None
+        key = ("fp32keys",)
+        if key not in self._cache:
+            self._cache[key] = {k: math.isfinite(o["out_amax"])
+                                for k, o in zip(_op_keys(self.fp32_ops), self.fp32_ops)}
+        return self._cache[key]
+
+    def _new_nonfinite_ops(self, f: F.FloatFormat) -> list | None:
+        """(index, op) of the ops of ``f``'s step whose output holds inf/NaN while the same op's output in the FP32
+        step is finite (for FP32 itself: every op with a non-finite output); None without op records."""
+        run = self.runs[f.name]
+        if run.ops is None:
+            return None
+        ref = self._fp32_finite_keys() if f.name != "FP32" else None
+        out = []
+        for i, (k, o) in enumerate(zip(_op_keys(run.ops), run.ops)):
+            if math.isfinite(o["out_amax"]):
+                continue
+            if ref is not None and ref.get(k) is False:      # non-finite in FP32 too (a -inf attention mask)
+                continue
+            out.append((i, o))
+        return out
+
+    def origins(self, fmt) -> list:
+        """The ops where ``fmt``'s step first makes inf or NaN: their floating inputs are all finite, their output
+        is not (and, for a format other than FP32, the same op's output in the FP32 step is finite), in execution
+        order.  Needs the step recorded op by op (``ops="auto"`` does it when something is non-finite); [] when
+        the step stays finite or was not recorded op by op.
+
+        Returns
+        -------
+        list of dicts with "pass", "module", "function", "op", "node" (as :attr:`FormatRun.ops`), "in_amax" and
+        "out_amax" of the format's step, and "fp32_out_amax" (the op's largest output magnitude in the FP32 step,
+        when recorded: above ``fmt``'s max for an overflow, finite and below it for a NaN made by the format's
+        rounding).
+
+        Raises ValueError when ``fmt`` was not analysed by this report.
+        """
+        f = self._fmt(fmt)
+        ops = self._new_nonfinite_ops(f)
+        if not ops:
+            return []
+        fp32 = None
+        if self.fp32_ops is not None and f.name != "FP32":
+            fp32 = {k: o for k, o in zip(_op_keys(self.fp32_ops), self.fp32_ops)}
+        keys = _op_keys(self.runs[f.name].ops)
+        out = []
+        for i, o in ops:
+            if not math.isfinite(o["in_amax"]):
+                continue
+            d = dict(o)
+            ref = fp32.get(keys[i]) if fp32 is not None else None
+            d["fp32_out_amax"] = ref["out_amax"] if ref is not None else None
+            out.append(d)
+        return out
+
+    def inherited(self, fmt) -> list:
+        """The modules of ``fmt``'s step whose outputs or output gradients hold inf/NaN without an origin inside
+        them (:meth:`origins`): they pass on what went wrong before them.  Names in the order the step produced
+        their first non-finite value, each with its pass: a list of (module, "forward" | "backward").
+
+        Raises ValueError when ``fmt`` was not analysed by this report.
+        """
+        f = self._fmt(fmt)
+        origin_modules = {(o["module"], o["pass"]) for o in self.origins(f.name)}
+        out = []
+        for name, where, ok in self.runs[f.name].events:
+            if ok or (name, where) in out:
+                continue
+            if any(self._within(m, name) and w == where for m, w in origin_modules):
+                continue
+            out.append((name, where))
+        return out
 
     def first_nonfinite(self, fmt):
-        """``(module name, "forward" | "backward")`` of the first module whose output, or whose output's
-        gradient, holds inf or NaN in the step run under ``fmt``'s numerics; None if none does.
+        """Where the step run under ``fmt``'s numerics first holds inf or NaN: a :class:`Location`, the pair
+        ``(module name, "forward" | "backward")`` with the op as attributes (``.op``, ``.function``, ``.node``,
+        ``.origin``), or None if every module output and output gradient stays finite.
 
         Definition: the step of :func:`precision_report` (``loss_fn(model, batch)`` then ``backward()``) run
         inside ``simulate(fmt, mode=report.mode)`` at loss scale 1; "first" in the order the step computes the
-        values: forward outputs in execution order, then output gradients in the order backward produces them.
-        A module whose gradient is recorded is the one that produced the output (a container that returns its
-        child's output shares it).  For ``"FP32"`` this is the FP32 step itself.
+        values.  With the step recorded op by op, the first ATen op whose output holds inf/NaN (and, for a format
+        other than FP32, whose FP32 output is finite: an attention mask's -inf is no fault), named with the
+        innermost module that ran it (backward: whose forward created its autograd node); without op records,
+        the first module output (forward, in execution order) or output gradient (backward, in the order backward
+        produces them) that holds inf/NaN.  For ``"FP32"`` this is the FP32 step itself.
 
         Raises ValueError when ``fmt`` was not analysed by this report.
         """
         f = self._fmt(fmt)
-        for name, where, finite in self.runs[f.name].events:
-            if not finite:
-                return (name, where)
-        return None
+        run = self.runs[f.name]
+        event = next(((n, w) for n, w, ok in run.events if not ok), None)
+        ops = self._new_nonfinite_ops(f)
+        if ops:
+            _, o = ops[0]
+            return Location(o["module"], o["pass"], op=o["op"], function=o["function"], node=o["node"],
+                            origin=math.isfinite(o["in_amax"]))
+        if event is None:
+            return None
+        return Location(*event)
+
+    # --- the loss scale ---------------------------------------------------------------------------------------
+    def _held(self, f: F.FloatFormat) -> list:
+        """Indices (into ``edges["list"]``) of the gradients that ``f``'s step held in ``f``: all of them for FP32,
+        for mode "all", or when the format's backward differed from the FP32 one."""
+        key = ("held", f.name)
+        if key not in self._cache:
+            edges = self.edges["list"]
+            run = self.runs.get(f.name)
+            held = run.held if run is not None else None
+            if f.name == "FP32" or held is None:
+                self._cache[key] = list(range(len(edges)))
+            else:
+                self._cache[key] = [i for i, h in enumerate(held) if h]
+        return self._cache[key]
+
+    def gradients_in(self, fmt) -> Log2Histogram:
+        """The gradients of the step (values of the FP32 step) that ``fmt``'s step holds in ``fmt``, each distinct
+        gradient once: under autocast those of the tensors autocast keeps in ``fmt`` (outputs of its
+        lower-precision ops and of ops on them), not those of float32 ops (softmax, the loss) nor the FP32 master
+        weights' (their lower-precision copies' gradients are counted); in mode "all" (and for FP32) all of
+        :attr:`gradients`.  These are the gradients a loss scale must keep in range.
+
+        Raises ValueError when ``fmt`` was not analysed by this report.
+        """
+        f = self._fmt(fmt)
+        key = ("gradients_in", f.name)
+        if key not in self._cache:
+            idx = sorted({self.edges["list"][i][3] for i in self._held(f)})
+            self._cache[key] = _sum_hists(self.edges["hists"][j] for j in idx) if idx else Log2Histogram()
+        return self._cache[key]
+
+    def gradients_by_module(self, fmt) -> dict:
+        """:meth:`gradients_in` ``fmt`` split by the module whose backward computed them (a parameter's gradient
+        by the module that holds it; "(loss_fn)" for those computed outside the model): dict module →
+        Log2Histogram.
+
+        Raises ValueError when ``fmt`` was not analysed by this report.
+        """
+        f = self._fmt(fmt)
+        key = ("by_module", f.name)
+        if key not in self._cache:
+            seen, out = set(), {}
+            for i in self._held(f):
+                _, _, module, j, _ = self.edges["list"][i]
+                if j in seen:
+                    continue
+                seen.add(j)
+                h = self.edges["hists"][j]
+                out[module] = h if module not in out else out[module] + h
+            self._cache[key] = out
+        return self._cache[key]
+
+    def largest_gradients(self, fmt, n: int = 5) -> list:
+        """The ``n`` largest gradients of :meth:`gradients_in` ``fmt`` by amax: dicts "amax", "module", "node" (the
+        autograd node whose output it is the gradient of; None for a parameter's), "output" (that node's output
+        index, or the parameter's name).
+
+        Raises ValueError when ``fmt`` was not analysed by this report.
+        """
+        f = self._fmt(fmt)
+        rows, seen = [], set()
+        for i in self._held(f):
+            node, nr, module, j, param = self.edges["list"][i]
+            if j in seen:
+                continue
+            seen.add(j)
+            a = self.edges["amax"][j]
+            rows.append({"amax": a, "module": module, "node": None if param is not None else node,
+                         "output": param if param is not None else nr})
+        rows.sort(key=lambda d: -d["amax"] if d["amax"] == d["amax"] else -math.inf)
+        return rows[:n]
 
     def loss_scale_window(self, fmt, keep: float = 0.999) -> tuple:
         """``(low, high)``: the loss scales, powers of two, that suit the step's gradients in ``fmt``.
 
-        Definitions (over every gradient of the step, :attr:`gradients`: each distinct module output's gradient
-        once and every parameter gradient, as the FP32 step computed them):
+        Definitions (over the gradients of the step that ``fmt``'s step holds in ``fmt``, :meth:`gradients_in`:
+        the gradient of every tensor of the autograd graph once, functional intermediates included, as the FP32
+        step computed them; under autocast without those of float32 ops, which a loss scale cannot overflow):
 
         * ``high`` is the max-gradient rule of Micikevicius et al. 2018 §3.2:
           :func:`mpt_lab.scaling.max_gradient_scale` of the largest |gradient|, the largest power of two S
@@ -554,6 +965,7 @@ class PrecisionReport:
         ``low > high`` means that no single loss scale both keeps ``keep`` of the gradients and keeps the
         largest one finite: the gradients span more binades than the format has (per-tensor or block
         scaling is needed).  ``(None, None)`` when the step has no non-zero finite gradient.
+        :meth:`window_ends` names the gradients that set each end.
 
         Parameters
         ----------
@@ -566,14 +978,12 @@ class PrecisionReport:
             ``keep`` not a real number in (0, 1]; ``fmt`` not analysed by this report.
         """
         f = self._fmt(fmt)
-        if isinstance(keep, bool) or not isinstance(keep, numbers.Real) or not (0 < float(keep) <= 1):
-            raise ValueError(f"keep must be a share in (0, 1], got {keep!r}")
-        keep = float(keep)
-        g = self.gradients
+        keep = _check_keep(keep)
+        g = self.gradients_in(f.name)
         amax = g.amax
         if amax == 0 or not math.isfinite(amax):
             return (None, None)
-        high = min(max_gradient_scale(amax, f), 2.0 ** 127)
+        high = min(max_gradient_scale(amax, f), _MAX_SCALE)
         lo_j, hi_j = -1074, 1023          # kept share grows with the scale: bisect on the exponent
         if self._kept(g, f, math.ldexp(1.0, hi_j)) < keep:
             return (None, high)
@@ -588,14 +998,44 @@ class PrecisionReport:
             low = math.ldexp(1.0, lo_j)
         return (low, high)
 
+    def window_ends(self, fmt, keep: float = 0.999) -> dict:
+        """The gradients that set the ends of :meth:`loss_scale_window`.
+
+        Returns
+        -------
+        dict with
+        "high": the largest gradient (it alone decides the max-gradient rule), as :meth:`largest_gradients`; None
+            without gradients;
+        "low": at half the low end (the largest scale that keeps fewer than ``keep``), the modules whose gradients
+            lose the most values, up to five: dicts "module", "lost" (values that round to zero), "share" (of all
+            values lost at that scale); [] when the low end is None or the smallest possible scale.
+
+        Raises ValueError as :meth:`loss_scale_window`.
+        """
+        f = self._fmt(fmt)
+        low, _ = self.loss_scale_window(f.name, keep)
+        high_tensor = next((dict(d) for d in self.largest_gradients(f.name) if math.isfinite(d["amax"])), None)
+        lows = []
+        if low is not None and low > math.ldexp(1.0, -1074):
+            s = low / 2
+            counts = [(self._counts(h, f, s)["underflow"], m) for m, h in self.gradients_by_module(f.name).items()
+                      if h.total]
+            total = self._counts(self.gradients_in(f.name), f, s)["underflow"]
+            counts.sort(key=lambda x: -x[0])
+            for n, m in counts[:5]:
+                if n:
+                    lows.append({"module": m, "lost": n, "share": n / total if total else float("nan")})
+        return {"high": high_tensor, "low": lows}
+
     def dynamic_scaler(self, fmt, init_scale: float = SCALER_INIT, keep: float = 0.999) -> dict:
         """What a dynamic loss scaler (torch.amp.GradScaler's rule: start at ``init_scale``, halve and skip the
         step whenever a gradient overflows) would do on this step in ``fmt``.
 
-        Predicted from the FP32 step's gradients (:attr:`gradients`): the step at scale S overflows when some
-        gradient × S rounds beyond ``fmt``'s range (exact counts); the scaler tries init_scale, init_scale/2, …
-        until a step is clean.  When the step in ``fmt``'s numerics already overflows in forward
-        (:meth:`first_nonfinite` is a forward output), no loss scale helps: every step is skipped.
+        Predicted from the FP32 step's gradients (:meth:`gradients_in`, functional intermediates included): the
+        step at scale S overflows when some gradient × S rounds beyond ``fmt``'s range (exact counts); the
+        scaler tries init_scale, init_scale/2, … until a step is clean.  When the step in ``fmt``'s numerics
+        already overflows in forward (:meth:`first_nonfinite` is a forward op), no loss scale helps: every step
+        is skipped.
 
         Returns
         -------
@@ -611,9 +1051,10 @@ class PrecisionReport:
         out = {"init_scale": float(init_scale), "skipped": None, "scale": None, "in_window": False, "reason": ""}
         first = self.first_nonfinite(f.name)
         if first is not None and first[1] == "forward":
-            out["reason"] = f"the forward pass overflows in {f.name} (at {first[0] or '(model)'}): every step is skipped"
+            out["reason"] = (f"the forward pass overflows in {f.name} (at {first.describe()}): every step is "
+                             "skipped")
             return out
-        g = self.gradients
+        g = self.gradients_in(f.name)
         if g.nonfinite:
             out["reason"] = "the FP32 gradients already hold inf/NaN: every step is skipped"
             return out
@@ -631,6 +1072,7 @@ class PrecisionReport:
                          + ("" if out["in_window"] else f", below the window's low end {_pow2_text(low)}"))
         return out
 
+    # --- shares ---------------------------------------------------------------------------------------------
     def shares(self, fmt, loss_scale: float = 1.0) -> dict:
         """Per module, the shares of its values that ``fmt`` would keep, lose or change.
 
@@ -659,8 +1101,86 @@ class PrecisionReport:
             out[m.name] = row
         return out
 
+    def gemm_operands(self, fmt, loss_scale: float = 1.0) -> list:
+        """Every operand of every matrix product of the FP32 step, with the shares ``fmt`` would lose.
+
+        One row per operand of each GEMM (forward; input-gradient and weight-gradient GEMMs of backward;
+        attention's q, k, v; convolutions), in execution order: dict "module", "pass", "op", "gemm"
+        ("forward", "input-gradient", "weight-gradient"; "input- and weight-gradient" for a convolution's
+        backward), "operand" ("A", "B", "q", "k", "v", "grad", "input", "weight"), "parameter" (its name when the
+        operand is a parameter or a view of one), "shape", "values", "amax", "underflow" (share of the non-zero
+        values that round to zero in ``fmt``), "overflow" (share of all values that round beyond its range),
+        "zero_rows" (share of its rows along the reduction axis that are all zero: a row-wise scale amax / max
+        is 0 there, and x / 0 is NaN, torchao issue 3356).
+        Operands of backward GEMMs that hold gradients are multiplied by ``loss_scale`` first (the others are
+        activations and weights, which a loss scale does not touch): the gradient operand of a backward GEMM is
+        the operand that is (a view of) a gradient the backward pass received ("gradient_operand" in the row).
+
+        Raises ValueError when ``fmt`` was not analysed or ``loss_scale`` is not a positive power of two.
+        """
+        f = self._fmt(fmt)
+        out = []
+        for r in self.gemms:
+            h = r["histogram"]
+            scale = loss_scale if _is_gradient_operand(r) else 1.0
+            c = self._counts(h, f, scale)
+            nz = c["normal"] + c["subnormal"] + c["underflow"] + c["overflow"]
+            out.append({k: r[k] for k in ("module", "pass", "op", "gemm", "operand", "parameter", "shape",
+                                          "gradient_operand", "zero_rows")}
+                       | {"values": h.total, "amax": h.amax, "underflow": c["underflow"] / nz if nz else 0.0,
+                          "overflow": c["overflow"] / h.total if h.total else 0.0})
+        return out
+
+    def gemm_summary(self, fmt, loss_scale: float = 1.0) -> dict:
+        """The operands of :meth:`gemm_operands` pooled by GEMM kind: dict kind → {"operands", "values",
+        "underflow" (share of the non-zero values that round to zero), "overflow" (share of all values)}.
+
+        Raises ValueError as :meth:`gemm_operands`.
+        """
+        f = self._fmt(fmt)
+        out: dict = {}
+        for g in self.gemms:
+            d = out.setdefault(g["gemm"], {"operands": 0, "values": 0, "under": 0, "nz": 0, "over": 0})
+            c = self._counts(g["histogram"], f, loss_scale if _is_gradient_operand(g) else 1.0)
+            d["operands"] += 1
+            d["values"] += g["histogram"].total
+            d["under"] += c["underflow"]
+            d["nz"] += c["normal"] + c["subnormal"] + c["underflow"] + c["overflow"]
+            d["over"] += c["overflow"]
+        return {k: {"operands": d["operands"], "values": d["values"],
+                    "underflow": d["under"] / d["nz"] if d["nz"] else 0.0,
+                    "overflow": d["over"] / d["values"] if d["values"] else 0.0} for k, d in out.items()}
+
+    def block_operands(self, block_format: str) -> list:
+        """What ``block_format`` ("MXFP8", "MXFP4" or "NVFP4") does to every GEMM operand of the FP32 step,
+        quantised along the product's reduction axis (:func:`mpt_lab._report_record.block_statistics`): one row
+        per operand as :meth:`gemm_operands` (module, pass, op, gemm, operand, parameter, shape) with "flushed"
+        (share of the non-zero values that become zero inside their block), "clipped" (share of the values beyond
+        their block scale's range, clamped), "scale_spread" (binades between the smallest and the largest block
+        scale), "rel_rms_error" (√(Σ(Q(x) − x)² / Σx²), the error against FP32) and "snr_db".
+
+        Raises ValueError when the report did not measure ``block_format`` (``block_formats=`` of
+        :func:`precision_report`).
+        """
+        if block_format not in self.block_formats:
+            raise ValueError(f"block_format: {block_format!r} was not measured by this report; it measured "
+                             f"{self.block_formats} (pass block_formats=... to precision_report)")
+        out = []
+        for r in self.gemms:
+            s = r.get("blocks", {}).get(block_format)
+            if s is None:
+                continue
+            out.append({k: r[k] for k in ("module", "pass", "op", "gemm", "operand", "parameter", "shape")}
+                       | {k: s[k] for k in ("n", "flushed", "clipped", "scale_spread", "rel_rms_error", "snr_db")})
+        return out
+
+    # --- the optimizer ----------------------------------------------------------------------------------------
     def optimizer_checks(self, fmt) -> dict | None:
         """Checks of the optimizer given to :func:`precision_report` in ``fmt`` (None when none was given).
+
+        They describe an optimizer whose arithmetic and weights are in ``fmt`` (weights stored in the format,
+        ``mode="all"``, as ``model.half()`` with its optimizer); under autocast the optimizer steps FP32 weights
+        and none of this applies (:meth:`recommendation` says so).
 
         Returns
         -------
@@ -699,19 +1219,35 @@ class PrecisionReport:
         updates = {"error": info["error"]} if "error" in info else dict(info["updates"][f.name])
         return {"optimizer": info["type"], "constants": constants, "updates": updates}
 
+    # --- advice -----------------------------------------------------------------------------------------------
     #: The verdicts of :meth:`verdict`, in the order the rules of :meth:`recommendation` test them.
-    VERDICTS = ("needs per-tensor or block scaling", "keep modules in FP32", "trains as is", "needs a loss scale")
+    VERDICTS = ("needs per-tensor or block scaling", "keep modules in FP32", "trains as is", "needs a loss scale",
+                "needs FP32 master weights or optimizer")
+
+    def setting(self, fmt) -> str:
+        """The setting every verdict for ``fmt`` assumes, in words: autocast (FP32 weights, the optimizer in
+        FP32) or every op and the weights in ``fmt``; the optimizer given (or that none was).
+
+        Raises ValueError when ``fmt`` was not analysed by this report.
+        """
+        f = self._fmt(fmt)
+        opt = self._optimizer["type"] if self._optimizer is not None else None
+        if self.mode == "autocast":
+            return (f"autocast to {f.name}: FP32 weights, the optimizer in FP32"
+                    + (f" ({opt})" if opt else " (none given)") + ", loss scale 1")
+        return (f"every op and the weights in {f.name} (as model.half()), "
+                + (f"optimizer {opt} on {f.name} weights" if opt else "no optimizer given") + ", loss scale 1")
 
     def verdict(self, fmt, keep: float = 0.999) -> str:
-        """The rule of :meth:`recommendation` that applies to ``fmt``, in a few words: one of :attr:`VERDICTS`
-        ("needs per-tensor or block scaling", "keep modules in FP32", "trains as is", "needs a loss scale").
+        """The rule of :meth:`recommendation` that applies to ``fmt``, in a few words: one of :attr:`VERDICTS`.
 
         Raises ValueError when ``fmt`` was not analysed by this report.
         """
         return self._advice(fmt, keep)[0]
 
     def recommendation(self, fmt, keep: float = 0.999) -> str:
-        """One sentence: what the step needs to train in ``fmt``, derived from the numbers of this report.
+        """One sentence: what the step needs to train in ``fmt``, derived from the numbers of this report, in the
+        setting it ends with (:meth:`setting`).
 
         The rules, in order (``keep`` as in :meth:`loss_scale_window`):
 
@@ -719,42 +1255,70 @@ class PrecisionReport:
            less than ``keep`` of the non-zero activations or weights survive rounding to ``fmt`` (they
            underflow); or the loss-scale window is empty (low > high, or no scale keeps ``keep`` of the
            gradients);
-        2. otherwise *keep these modules in FP32* when some modules overflow in forward
-           (:meth:`forward_overflows`, plus the module of :meth:`first_nonfinite` when it is a forward output),
-           with the loss scale the gradients need when 1 is not in the window;
+        2. otherwise *keep these modules in FP32* when the forward pass overflows: the origins only
+           (:meth:`origins` of the format's step when it turns non-finite in forward; in mode "all" also the
+           "origins" of :meth:`forward_overflows`; under autocast an FP32 output beyond the range that autocast
+           keeps in FP32 is no fault), never the modules that inherit the overflow; no loss scale is offered for
+           it (a loss scale multiplies gradients, not activations); the loss scale the gradients need once it is
+           fixed is said apart.  Also when the format's backward turns non-finite at loss scale 1 although every
+           FP32 gradient fits the format (an op inside the module overflows): that module;
         3. *trains as is* when loss scale 1 lies in the window (low ≤ 1 ≤ high), or the step has no non-zero
            gradient;
-        4. *needs a loss scale in [low, high]* otherwise.
+        4. *needs a loss scale in [low, high]* otherwise, naming the gradients that set each end
+           (:meth:`window_ends`).
 
-        When an optimizer was given: "; keep the optimizer's arithmetic in FP32" if one of its constants
-        vanishes or becomes degenerate in ``fmt`` (:meth:`optimizer_checks`), and "; keep FP32 master weights"
-        if more than 1 − ``keep`` of the step's updates
-        would be lost by weights stored in ``fmt``.  :meth:`verdict` names the rule that applied.
+        The optimizer, in the setting "all" (weights in ``fmt``) only: "keep the optimizer's arithmetic in FP32"
+        when one of its constants vanishes or becomes degenerate in ``fmt`` (:meth:`optimizer_checks`), "keep
+        FP32 master weights" when more than 1 − ``keep`` of the step's updates would be lost by weights stored
+        in ``fmt`` (rule 5, *needs FP32 master weights or optimizer*, replaces rule 3); without an optimizer the
+        sentence says that these were not checked.  Under autocast the optimizer steps FP32 weights: nothing of
+        it is rounded.  :meth:`verdict` names the rule that applied.
 
         Raises ValueError when ``fmt`` was not analysed by this report.
         """
         return self._advice(fmt, keep)[1]
 
+    def _forward_origins(self, f: F.FloatFormat) -> list:
+        """Names of the modules where the forward pass overflows ``f``: origins of the format's step when it turns
+        non-finite in forward; in mode "all" (every op in ``f``) also the origins of the FP32 outputs cast to
+        ``f``.  Under autocast an FP32 output beyond ``f``'s range that the format's step keeps in FP32 is no
+        fault."""
+        first = self.first_nonfinite(f.name)
+        names = []
+        if first is not None and first[1] == "forward":
+            for o in self.origins(f.name):
+                if o["pass"] == "forward" and o["module"] not in names:
+                    names.append(o["module"])
+            if not names:
+                names.append(first[0])
+        if self.mode == "all":
+            for n in self.forward_overflows(f.name, "origins"):
+                if n not in names:
+                    names.append(n)
+        return names
+
     def _advice(self, fmt, keep: float) -> tuple:
         """(verdict, recommendation) of ``fmt``: see :meth:`recommendation`."""
         f = self._fmt(fmt)
+        keep = _check_keep(keep)
+        key = ("advice", f.name, keep)
+        if key in self._cache:
+            return self._cache[key]
         low, high = self.loss_scale_window(f.name, keep)
-        over = self.forward_overflows(f.name)
         first = self.first_nonfinite(f.name)
-        if first is not None and first[1] == "forward" and first[0] not in over:
-            over = over + [first[0]]
         w_over = [p.name for p in self.parameters if self._overflows(p.weight, f)]
         act_kept = self._kept(self.activations, f)
         w_kept = self._kept(self.weights, f)
-        k = f"{100 * keep:g}%"
+        k = _pct(keep, digits=6)
         per_tensor = None
         if w_over:
             per_tensor = f"{len(w_over)} weight tensor(s) overflow {f.name} (e.g. {w_over[0]})"
         elif math.isfinite(act_kept) and act_kept < keep:
-            per_tensor = (f"only {100 * act_kept:.3g}% of the non-zero activations stay non-zero in {f.name} "
-                          f"(fewer than {k})")
+            per_tensor = (f"only {_pct_below(act_kept, keep)} of the non-zero activations stay non-zero in "
+                          f"{f.name}, fewer than {k}")
         elif math.isfinite(w_kept) and w_kept < keep:
-            per_tensor = f"only {100 * w_kept:.3g}% of the non-zero weights stay non-zero in {f.name} (fewer than {k})"
+            per_tensor = (f"only {_pct_below(w_kept, keep)} of the non-zero weights stay non-zero in {f.name}, "
+                          f"fewer than {k}")
         elif high is not None and low is None:
             per_tensor = f"no loss scale keeps {k} of the non-zero gradients"
         elif low is not None and low > high:
@@ -762,51 +1326,109 @@ class PrecisionReport:
                           f"largest gradient overflows above {_pow2_text(high)}")
         scale_ok = low is None or low <= 1.0 <= high
         window = f"[{_pow2_text(low)}, {_pow2_text(high)}]"
-        if per_tensor is not None:
-            verdict, text = self.VERDICTS[0], f"needs per-tensor or block scaling: {per_tensor}"
-        elif over:
-            names = ", ".join(n or "(model)" for n in over[:4]) + (f" and {len(over) - 4} more" if len(over) > 4
-                                                                   else "")
-            amax = self._by_name[over[0]].activation.amax
-            first_words = "its outputs reach" if len(over) == 1 else f"the first, {over[0] or '(model)'}, reaches"
+        origins = self._forward_origins(f)
+        backward_fault = (first is not None and first[1] == "backward" and scale_ok
+                          and not self.gradients_in(f.name).nonfinite)
+        forward_fails = first is not None and first[1] == "forward"
+        if origins and (forward_fails or per_tensor is None):
+            names = ", ".join(n or "(model)" for n in origins[:4]) + (f" and {len(origins) - 4} more"
+                                                                       if len(origins) > 4 else "")
+            rec = self._by_name.get(origins[0])
+            amax = rec.activation.amax if rec is not None else float("nan")
+            inherited = [n for n in self.forward_overflows(f.name, "inherited")]
+            if forward_fails:
+                inherited += [n for n, w in self.inherited(f.name) if w == "forward" and n not in inherited]
+            if forward_fails and rec is not None and not _beyond(amax, f):
+                where = f"its {f.name} step turns inf/NaN at {first.describe()}"
+            else:
+                where = ("its output reaches" if len(origins) == 1 else
+                         f"the first, {origins[0] or '(model)'}, reaches") + f" {amax:.5g} > {f.name}'s max {f.max:g}"
+            how = ("with autocast disabled around it" if self.mode == "autocast"
+                   else "its weights and its ops in FP32")
             verdict = self.VERDICTS[1]
-            text = (f"keep {names} in FP32 ({first_words} {amax:.5g} > {f.name}'s max {f.max:g})"
-                    + ("" if scale_ok else f", and use a loss scale in {window}"))
+            text = (f"keep {names} in FP32 ({how}; {where}"
+                    + (f"; {len(inherited)} module(s) after it only inherit the overflow" if inherited else "")
+                    + "); no loss scale cures a forward overflow"
+                    + ("" if scale_ok or per_tensor is not None else
+                       f"; once it is fixed, the gradients need a loss scale in {window}")
+                    + (f"; besides, one scale cannot serve: {per_tensor}" if per_tensor is not None else ""))
+        elif per_tensor is not None:
+            verdict, text = self.VERDICTS[0], f"needs per-tensor or block scaling: {per_tensor}"
+        elif backward_fault:
+            verdict = self.VERDICTS[1]
+            text = (f"keep {first[0] or '(model)'} in FP32: its backward turns inf/NaN in {f.name} at loss scale 1 "
+                    f"({first.describe()}) although every FP32 gradient fits {f.name}")
         elif scale_ok:
             verdict = self.VERDICTS[2]
             text = ("trains as is: no output overflows and "
                     + ("the step has no non-zero gradient to scale" if low is None else
                        f"at loss scale 1 at least {k} of the non-zero gradients stay non-zero and none overflows"))
         else:
-            verdict, text = self.VERDICTS[3], f"needs a loss scale in {window}"
-        opt = self.optimizer_checks(f.name)
-        if opt is not None:
-            vanish = [c["name"] for c in opt["constants"] if c["effect"] == "vanishes"]
-            one = [c["name"] for c in opt["constants"] if c["effect"] == "degenerate"]
-            if vanish or one:
-                why = [f"{', '.join(vanish)} rounds to 0"] if vanish else []
-                why += [f"{', '.join(one)} rounds to 1, which turns its moving average off"] if one else []
-                text += f"; keep the optimizer's arithmetic in FP32 ({'; '.join(why)})"
-            u = opt["updates"]
-            if "share_lost" in u and math.isfinite(u["share_lost"]) and u["share_lost"] > 1 - keep:
-                text += (f"; keep FP32 master weights ({100 * u['share_lost']:.3g}% of the step's updates round "
-                         f"away on {f.name} weights)")
-        return verdict, text + "."
+            verdict, text = self.VERDICTS[3], f"needs a loss scale in {window}" + self._ends_text(f, keep)
+        extra = []
+        if self.mode == "all":
+            opt = self.optimizer_checks(f.name)
+            if opt is None:
+                extra.append(f"not checked: whether the optimizer's constants and its updates survive on {f.name} "
+                             "weights (pass optimizer= to precision_report)")
+            else:
+                vanish = [c["name"] for c in opt["constants"] if c["effect"] == "vanishes"]
+                one = [c["name"] for c in opt["constants"] if c["effect"] == "degenerate"]
+                if vanish or one:
+                    why = [f"{', '.join(vanish)} rounds to 0"] if vanish else []
+                    why += [f"{', '.join(one)} rounds to 1, which turns its moving average off"] if one else []
+                    extra.append(f"keep the optimizer's arithmetic in FP32 ({'; '.join(why)})")
+                u = opt["updates"]
+                if "share_lost" in u and math.isfinite(u["share_lost"]) and u["share_lost"] > 1 - keep:
+                    extra.append(f"keep FP32 master weights ({_pct(u['share_lost'])} of the step's updates round "
+                                 f"away on {f.name} weights)")
+                elif "error" in u:
+                    extra.append(f"not checked: the optimizer's updates (its step could not run on a copy: "
+                                 f"{u['error']})")
+            if verdict == self.VERDICTS[2] and any(e.startswith("keep") for e in extra):
+                verdict = self.VERDICTS[4]
+                text = "activations and gradients fit" + text[len("trains as is"):]
+        text = "; ".join([text, *extra]) + f" [setting: {self.setting(f.name)}]."
+        self._cache[key] = (verdict, text)
+        return verdict, text
+
+    def _ends_text(self, f: F.FloatFormat, keep: float) -> str:
+        ends = self.window_ends(f.name, keep)
+        parts = []
+        if ends["low"]:
+            top = ends["low"][0]
+            parts.append(f"below the low end most lost gradients are in {top['module'] or '(model)'} "
+                         f"({_pct(top['share'])} of them)")
+        if ends["high"] is not None:
+            h = ends["high"]
+            what = (f"the gradient of {h['output']}" if h["node"] is None
+                    else f"a gradient in {h['module'] or '(model)'} (of {h['node']})")
+            parts.append(f"the high end is set by {what}, up to {h['amax']:.3g}")
+        return (" (" + "; ".join(parts) + ")") if parts else ""
 
     # --- presentation -----------------------------------------------------------------------------------------
     def summary(self, fmt, keep: float = 0.999) -> dict:
-        """The per-format answers as one dict: max, loss, forward_overflows, first_nonfinite,
-        loss_scale_window, dynamic_scaler, optimizer, verdict, recommendation (JSON-ready)."""
+        """The per-format answers as one dict: max, loss, forward_overflows (all, origins, inherited),
+        first_nonfinite (module, pass, op, function), origins, loss_scale_window, window_ends, dynamic_scaler,
+        optimizer, setting, verdict, recommendation (JSON-ready)."""
         f = self._fmt(fmt)
         low, high = self.loss_scale_window(f.name, keep)
         first = self.first_nonfinite(f.name)
         return {"max": f.max, "loss": _json_float(self.runs[f.name].loss),
                 "forward_overflows": self.forward_overflows(f.name),
+                "forward_overflow_origins": self.forward_overflows(f.name, "origins"),
+                "forward_overflows_inherited": self.forward_overflows(f.name, "inherited"),
                 "first_nonfinite": list(first) if first else None,
+                "first_nonfinite_op": ({"op": first.op, "function": first.function, "node": first.node,
+                                        "origin": first.origin} if first is not None and first.op else None),
+                "origins": [{k: o[k] for k in ("pass", "module", "function", "op", "node", "in_amax", "out_amax",
+                                               "fp32_out_amax")} for o in self.origins(f.name)],
+                "inherited": [list(x) for x in self.inherited(f.name)],
                 "loss_scale_window": [_json_float(low), _json_float(high)], "keep": keep,
+                "window_ends": self.window_ends(f.name, keep),
                 "dynamic_scaler": self.dynamic_scaler(f.name, keep=keep),
                 "nonfinite_parameter_gradients": list(self.runs[f.name].nonfinite_parameter_gradients),
-                "optimizer": self.optimizer_checks(f.name),
+                "optimizer": self.optimizer_checks(f.name), "setting": self.setting(f.name),
                 "verdict": self.verdict(f.name, keep), "recommendation": self.recommendation(f.name, keep)}
 
     def _summary_rows(self):
@@ -815,13 +1437,19 @@ class PrecisionReport:
             f = F.get_format(name)
             low, high = self.loss_scale_window(name)
             over = self.forward_overflows(name)
+            origins = self.forward_overflows(name, "origins")
             first = self.first_nonfinite(name)
             sc = self.dynamic_scaler(name)
+            if over:
+                o = ", ".join(n or "(model)" for n in origins[:2]) + (" …" if len(origins) > 2 else "")
+                overflows = f"{len(over)}" + (f" (origin: {o})" if origins else "")
+            else:
+                overflows = "0"
             rows.append({"format": name, "max": f"{f.max:.5g}", "loss": _num(self.runs[name].loss),
-                         "overflows": (f"{len(over)}: {over[0] or '(model)'}" + (" …" if len(over) > 1 else ""))
-                         if over else "0",
-                         "first": f"{first[0] or '(model)'} ({first[1]})" if first else "none",
-                         "window": f"[{_pow2_text(low)}, {_pow2_text(high)}]" if low is None or high is None or low <= high else
+                         "overflows": overflows,
+                         "first": first.describe() if first else "none",
+                         "window": f"[{_pow2_text(low)}, {_pow2_text(high)}]"
+                         if low is None or high is None or low <= high else
                          f"empty ({_pow2_text(low)} > {_pow2_text(high)})",
                          "scaler": "never clean" if sc["skipped"] is None else
                          f"{sc['skipped']} skipped → {_pow2_text(sc['scale'])}",
@@ -834,6 +1462,7 @@ class PrecisionReport:
 
     def _module_rows(self):
         shares = {name: self.shares(name) for name in self.formats}
+        roles = {name: self.overflow_roles(name) for name in self.formats}
         rows = []
         for m in self.modules:
             r = [m.label, m.type, str(m.calls), _num(m.activation.amax),
@@ -841,7 +1470,10 @@ class PrecisionReport:
             for name in self.formats:
                 s = shares[name][m.name]
                 a, g = s["activation"], s["activation_gradient"]
-                r.append(_pct(a["overflow"]) if a else "–")
+                role = roles[name].get(m.name)
+                tag = {"origin": " (origin)", "inherited": " (inherited)", "contains origin": " (contains)"}.get(
+                    role, "")
+                r.append((_pct(a["overflow"]) if a else "–") + tag)
                 r.append(_pct(g["underflow"]) if g else "–")
             rows.append(r)
         return rows
@@ -887,8 +1519,9 @@ class PrecisionReport:
 
     def to_dict(self, keep: float = 0.999) -> dict:
         """The report as a JSON-ready dict (``json.dumps(..., allow_nan=False)`` works): provenance, the model,
-        per format :meth:`summary`, and per module and parameter the histograms (counts per binade, zeros,
-        non-finite, amax) and the shares of :meth:`shares` per format.  Infinities are written "inf", NaN None.
+        per format :meth:`summary` and the pooled GEMM shares (:meth:`gemm_summary`), per module and parameter the
+        histograms (counts per binade, zeros, non-finite, amax) and the shares of :meth:`shares` per format, and
+        the block statistics of every GEMM operand (when measured).  Infinities are written "inf", NaN None.
         """
         def clean(obj):
             if isinstance(obj, float):
@@ -904,7 +1537,7 @@ class PrecisionReport:
             "provenance": self.provenance,
             "model": {"type": self.model_type, "parameters": self.n_parameters, "training": self.training},
             "mode": self.mode, "loss": self.loss,
-            "formats": {name: self.summary(name, keep) for name in self.formats},
+            "formats": {name: self.summary(name, keep) | {"gemms": self.gemm_summary(name)} for name in self.formats},
             "modules": [{"name": m.name, "type": m.type, "order": m.order, "calls": m.calls,
                          "activation": _coarse(m.activation), "activation_gradient": _coarse(m.activation_gradient),
                          "parameters": m.parameters,
@@ -913,6 +1546,7 @@ class PrecisionReport:
                             "requires_grad": p.requires_grad, "aliases": p.aliases, "weight": _coarse(p.weight),
                             "gradient": _coarse(p.gradient)} for p in self.parameters],
             "gradients": _coarse(self.gradients), "activations": _coarse(self.activations),
+            "blocks": {b: self.block_operands(b) for b in self.block_formats},
         })
 
     def plot(self, formats=None, *, loss_scale: float = 1.0, max_modules: int = 80):
@@ -924,162 +1558,21 @@ class PrecisionReport:
         return plot_precision_report(self, formats, loss_scale=loss_scale, max_modules=max_modules)
 
 
+def _is_gradient_operand(row: dict) -> bool:
+    return bool(row.get("gradient_operand"))
+
+
+def _check_keep(keep) -> float:
+    if isinstance(keep, bool) or not isinstance(keep, numbers.Real) or not (0 < float(keep) <= 1):
+        raise ValueError(f"keep must be a share in (0, 1], got {keep!r}")
+    return float(keep)
+
+
 def _text_table(head, rows) -> list:
     widths = [max(len(str(h)), *(len(str(r[i])) for r in rows)) if rows else len(str(h)) for i, h in enumerate(head)]
     line = lambda cells: "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w)  # noqa: E731
                                    for i, (c, w) in enumerate(zip(cells, widths)))
     return [line(head), "  ".join("-" * w for w in widths)] + [line(r) for r in rows]
-
-
-# ------------------------------------------------------------------------------------------------ the entry
-def precision_report(model: torch.nn.Module, loss_fn, batch, *, formats=DEFAULT_FORMATS, optimizer=None,
-                     mode: str = "autocast") -> PrecisionReport:
-    """What one training step of ``model`` would do in each of ``formats``: a :class:`PrecisionReport`.
-
-    Runs ``loss = loss_fn(model, batch); loss.backward()`` once in FP32 while recording per module the log2
-    histograms (with amax) of its outputs and of their gradients, and per parameter of its weight and gradient;
-    then once per format inside ``simulate(fmt, mode=mode)`` (:mod:`mpt_lab.simulate`) noting where values
-    become inf/NaN.  Each step starts from the same random state (the same dropout masks).  No optimizer step
-    is taken on the model.
-
-    Side effects: none.  Parameters, buffers (e.g. BatchNorm's running statistics), every ``.grad``, the
-    modules' training flags, hooks (all of the report's are removed) and the global random states (torch's
-    CPU and CUDA generators, Python's ``random``, NumPy's) are as they were, also when an error is raised.
-
-    Parameters
-    ----------
-    model : torch.nn.Module with at least one parameter, in the mode it trains in (``train()``)
-    loss_fn : callable ``loss_fn(model, batch) -> loss``, a scalar floating tensor that requires grad; for a
-        Hugging Face model ``lambda m, b: m(**b).loss``
-    batch : anything ``loss_fn`` accepts (passed as is)
-    formats : format names or FloatFormats with a zero (default FP16, BF16, FP8_E4M3, FP8_E5M2)
-    optimizer : torch.optim.Optimizer or None; when given, its constants and its step's updates are checked in
-        each format (:meth:`PrecisionReport.optimizer_checks`), on a copy (the optimizer is not changed)
-    mode : "autocast" (default: mixed precision, as ``torch.autocast``) or "all" (every op in the format, as
-        ``model.half()``), as :class:`mpt_lab.simulate.simulate`
-
-    Returns
-    -------
-    PrecisionReport
-
-    Raises
-    ------
-    TypeError
-        ``model`` is not a Module, ``loss_fn`` is not callable, ``optimizer`` is not an Optimizer, ``loss_fn``
-        returned something other than a floating tensor, ``formats`` is not a format or a sequence of them.
-    ValueError
-        The model has no parameters; an unknown format, or one without zero (E8M0); an unknown ``mode``; the
-        loss is not a scalar, or does not require grad.
-    Exception
-        Whatever ``loss_fn(model, batch)`` raises (a batch the model rejects): the model's own error, re-raised
-        with a note saying which step of the report ran it (the model restored first).
-
-    Source: Micikevicius et al., "Mixed Precision Training", ICLR 2018 (§3.1 master weights, §3.2 loss scaling,
-    Figure 2's gradient histograms).
-    """
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    if not callable(loss_fn):
-        raise TypeError(f"loss_fn must be callable as loss_fn(model, batch), got {type(loss_fn).__name__}")
-    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(f"optimizer must be a torch.optim.Optimizer or None, got {type(optimizer).__name__}")
-    if not isinstance(mode, str) or mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    fmts = _check_formats(formats)
-    named_params = [(n, p) for n, p in model.named_parameters() if p.is_floating_point()]
-    if not named_params:
-        raise ValueError(f"model ({type(model).__name__}) has no parameters (no floating-point ones): there is no "
-                         "training step to report on")
-
-    named_modules = dict(model.named_modules())
-    state = _SavedState(model)
-    try:
-        state.clear_grads()
-        # --- the FP32 step, recorded ---------------------------------------------------------------------
-        state.reset_rng()
-        rec = _Recorder(named_modules, log2_histogram)
-        try:
-            try:
-                loss = _check_loss(loss_fn(model, batch), "the FP32 step")
-                loss_value = float(loss.detach())
-                rec.ignore_gradient_of(loss)
-                loss.backward()
-            except Exception as err:
-                _add_context(err, "(raised by loss_fn(model, batch) or its backward in precision_report's FP32 step; "
-                                  "the model was restored to its state before the report)")
-                raise
-            del loss
-        finally:
-            rec.close()
-        modules = []
-        for i, name in enumerate(rec.order):
-            m = named_modules[name]
-            own = [f"{name}.{pn}" if name else pn for pn, _ in m.named_parameters(recurse=False)]
-            modules.append(ModuleRecord(name, type(m).__name__, i, rec.calls[name],
-                                        _sum_hists(rec.forward.get(name, [])), _sum_hists(rec.backward.get(name, [])),
-                                        own))
-        aliases: dict = {}
-        for n, p in model.named_parameters(remove_duplicate=False):
-            aliases.setdefault(id(p), []).append(n)
-        parameters = []
-        for n, p in named_params:
-            mod = n.rpartition(".")[0]
-            grad = p.grad
-            parameters.append(ParameterRecord(n, mod, tuple(p.shape), str(p.dtype), p.requires_grad,
-                                              [a for a in aliases[id(p)] if a != n], log2_histogram(p.detach()),
-                                              log2_histogram(grad) if grad is not None else None))
-        # a tied parameter belongs to the module of its first name; modules list only their own
-        canonical = {p.name for p in parameters}
-        for m in modules:
-            m.parameters = [n for n in m.parameters if n in canonical]
-        gradients = _sum_hists(rec.unique_backward) + _sum_hists(p.gradient for p in parameters
-                                                                   if p.gradient is not None)
-        activations = _sum_hists(rec.unique_forward)
-        fp32_events = [(n, w, h) for n, w, h in rec.events]
-        optimizer_info = _optimizer_info(optimizer, fmts) if optimizer is not None else None
-        state.clear_grads()
-        state.restore_values()
-        # --- each format's step ----------------------------------------------------------------------------
-        runs = {}
-        for name in fmts:
-            if name == "FP32":
-                runs[name] = FormatRun(name, mode, loss_value,
-                                       [(n, w, h.nonfinite == 0) for n, w, h in fp32_events],
-                                       [p.name for p in parameters if p.gradient is not None and p.gradient.nonfinite])
-                continue
-            state.reset_rng()
-            rec = _Recorder(named_modules, _finite)
-            try:
-                with simulate(name, mode=mode):
-                    try:
-                        loss = _check_loss(loss_fn(model, batch), f"the {name} step")
-                        fmt_loss = float(loss.detach())
-                        rec.ignore_gradient_of(loss)
-                        loss.backward()
-                    except Exception as err:
-                        _add_context(err, f"(raised by loss_fn(model, batch) or its backward in precision_report's "
-                                          f"{name} step, run inside simulate({name!r}, mode={mode!r}); the model "
-                                          "was restored to its state before the report)")
-                        raise
-                    del loss
-            finally:
-                rec.close()
-            events = list(rec.events)
-            bad = [n for n, p in named_params if p.grad is not None and not _finite(p.grad)]
-            runs[name] = FormatRun(name, mode, fmt_loss, events, bad)
-            state.clear_grads()
-            state.restore_values()
-        dev = next(iter(model.parameters())).device
-        prov = provenance(config={"model": type(model).__name__, "formats": fmts, "mode": mode,
-                                  "optimizer": type(optimizer).__name__ if optimizer is not None else None},
-                          device=dev)
-        return PrecisionReport(model_type=type(model).__name__, formats=fmts, mode=mode, loss=loss_value,
-                               modules=modules, parameters=parameters, runs=runs, fp32_events=fp32_events,
-                               gradients=gradients, activations=activations, optimizer_info=optimizer_info,
-                               provenance=prov, n_parameters=sum(p.numel() for _, p in named_params),
-                               training=model.training)
-    finally:
-        state.restore()
 
 
 def _step_twin(optimizer: torch.optim.Optimizer, dtype) -> list:
@@ -1150,3 +1643,8 @@ def _optimizer_info(optimizer: torch.optim.Optimizer, fmts) -> dict:
         c["share_lost"] = c["lost"] / c["nonzero"] if c["nonzero"] else float("nan")
     info["updates"] = counts
     return info
+
+
+# the layer ranking and the monitor over steps live in their own modules; re-exported here
+from .report_layers import LayerRanking, keep_wide  # noqa: E402
+from .report_monitor import PrecisionMonitor  # noqa: E402

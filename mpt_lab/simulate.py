@@ -484,6 +484,13 @@ class simulate(TorchDispatchMode):
         e = self._entry(t)
         return e is not None and e[2] is None
 
+    def holds(self, t: object) -> bool:
+        """Whether tensor ``t`` holds values this block produced in ``fmt``: the output of an op that computes in
+        ``fmt`` (see the module docstring), or a gradient rounded to it, unchanged since.  Under autocast these
+        are the tensors a real run would keep in float16/bfloat16 (a float32 op's output is not one).  Only
+        meaningful while the block is active."""
+        return isinstance(t, torch.Tensor) and self._tagged(t)
+
     def _tag(self, t, bump: int = 0, rounded=None) -> None:
         try:
             v = t._version + bump

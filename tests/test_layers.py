@@ -37,7 +37,7 @@ FLOORS = (
                   "mpt_lab.collectives", "mpt_lab.autocast", "mpt_lab.accumulation")),
     ("recipes", ("mpt_lab.recipes",)),
     ("training", ("mpt_lab.master_weights", "mpt_lab.quantized_training", "mpt_lab.training")),
-    ("report", ("mpt_lab.report",)),
+    ("report", ("mpt_lab.report", "mpt_lab._report_record", "mpt_lab.report_layers", "mpt_lab.report_monitor")),
     ("harness", ("mpt_lab.harness",)),
     ("experiments", ("mpt_lab.experiments",)),
     ("figures, widgets, exercises", ("mpt_lab.figures", "mpt_lab.widgets", "mpt_lab.exercises")),

@@ -16,6 +16,7 @@ from torch import nn
 
 from mpt_lab.histogram import log2_histogram
 from mpt_lab.report import PrecisionReport, precision_report
+from mpt_lab.simulate import simulate
 
 FP16_MAX = 65504.0
 
@@ -118,7 +119,17 @@ def test_first_overflowing_module_matches_float16_casts():
     assert expected and expected[0] == "3"                       # the planted Scale
     assert r.forward_overflows("FP16") == expected
     assert r.forward_overflows("BF16") == []
-    assert r.recommendation("FP16").startswith("keep 3, 4, (model) in FP32")
+    # the origin is the Scale (its input fits FP16, its output does not); the Linear after it only inherits the
+    # overflow, the Sequential contains the origin; the advice names the origin alone, and offers no loss scale
+    x = batch[0]
+    with torch.no_grad():
+        into3 = model[2](model[1](model[0](x)))
+    assert float(into3.abs().max()) < FP16_MAX < float(model[3](into3).abs().max())
+    assert r.overflow_roles("FP16") == {"3": "origin", "4": "inherited", "": "contains origin"}
+    assert r.forward_overflows("FP16", "origins") == ["3"] and r.forward_overflows("FP16", "inherited") == ["4"]
+    rec = r.recommendation("FP16")
+    assert rec.startswith("keep 3 in FP32") and "keep 3, 4" not in rec and "loss scale in" not in rec
+    assert "1 module(s) after it only inherit" in rec and "autocast" in rec
     assert r.verdict("FP16") == "keep modules in FP32" and r.verdict("BF16") == "trains as is"
 
 
@@ -133,7 +144,10 @@ def test_first_nonfinite_forward_matches_real_autocast():
     for h in handles:
         h.remove()
     first = next(name for name, t in fwd if not bool(torch.isfinite(t).all()))
-    assert r.first_nonfinite("FP16") == (first, "forward") == ("3", "forward")
+    loc = r.first_nonfinite("FP16")
+    assert loc == (first, "forward") == ("3", "forward")
+    assert (loc.op, loc.function, loc.origin) == ("mul", "Tensor.mul", True)    # Scale's x * c, op by op
+    assert [(o["module"], o["op"], o["pass"]) for o in r.origins("FP16")] == [("3", "mul", "forward")]
     assert not math.isfinite(r.runs["FP16"].loss) and not math.isfinite(float(loss.detach()))
     assert r.dynamic_scaler("FP16")["skipped"] is None          # no loss scale cures a forward overflow
 
@@ -150,10 +164,14 @@ def test_first_nonfinite_backward_matches_real_autocast():
     loss.backward()
     for h in handles:
         h.remove()
-    assert all(bool(torch.isfinite(t).all()) for _, t in fwd)
+    assert all(bool(torch.isfinite(t).all()) for _, t in fwd)   # the forward pass stays finite
     first = next(name for name, g in grads if not bool(torch.isfinite(g).all()))
-    assert first == "0"                                           # the Linear before the amplifier
-    assert r.first_nonfinite("FP16") == (first, "backward")
+    assert first == "0"                 # the gradient of the amplifier's input (module 0's output) is the first inf,
+    amp_out = next(g for name, g in grads if name == "1")
+    assert bool(torch.isfinite(amp_out).all())                    # that of its output is finite: the amplifier's
+    loc = r.first_nonfinite("FP16")                               # backward makes it
+    assert loc == ("1", "backward") and loc.op == "mul" and loc.node == "_GradAmpBackward" and loc.origin
+    assert r.inherited("FP16") == [("0", "backward")]
     assert r.first_nonfinite("BF16") is None
     assert r.forward_overflows("FP16") == []
     assert "0.weight" in r.runs["FP16"].nonfinite_parameter_gradients
@@ -438,9 +456,15 @@ def test_optimizer_eps_vanishes_and_updates_lost():
     assert bf16["betas[1]"]["effect"] == "degenerate" and bf16["betas[0]"]["effect"] == "changes"   # 0.9 → 0.898
     with pytest.raises(ValueError, match="beta"):                     # what torch says of a β₂ of 1
         torch.optim.Adam(model.parameters(), betas=(0.9, 1.0))
-    assert "eps" in r.recommendation("FP16") and "eps" not in r.recommendation("BF16")
-    assert "keep the optimizer's arithmetic in FP32 (betas[1] rounds to 1" in r.recommendation("BF16")
-    assert "betas[1]" not in r.recommendation("FP16")                 # 0.999 stays below 1 in FP16
+    # under autocast the optimizer steps FP32 weights: nothing of it is rounded, and the advice says nothing of it
+    assert "eps" not in r.recommendation("FP16") and "master weights" not in r.recommendation("FP16")
+    assert "betas[1]" not in r.recommendation("BF16")
+    assert "the optimizer in FP32 (Adam)" in r.recommendation("FP16")
+    r_all = precision_report(model, ce, batch, formats=("FP16", "BF16"), optimizer=adam, mode="all")
+    assert "eps rounds to 0" in r_all.recommendation("FP16") and "eps" not in r_all.recommendation("BF16")
+    assert "optimizer Adam on FP16 weights" in r_all.recommendation("FP16")
+    assert "keep the optimizer's arithmetic in FP32 (betas[1] rounds to 1" in r_all.recommendation("BF16")
+    assert "betas[1]" not in r_all.recommendation("FP16")             # 0.999 stays below 1 in FP16
     assert not adam.state                                            # the optimizer never stepped
 
     # SGD with a tiny learning rate: the share of updates that round away on FP16 weights, by NumPy's float16
@@ -458,7 +482,11 @@ def test_optimizer_eps_vanishes_and_updates_lost():
         lost += int(((d != 0) & ((w16.astype(np.float64) + d).astype(np.float16) == w16)).sum())
     u = r.optimizer_checks("FP16")["updates"]
     assert (u["nonzero"], u["lost"]) == (nonzero, lost) and 0 < lost < nonzero
-    assert ("keep FP32 master weights" in r.recommendation("FP16")) == (lost / nonzero > 0.001)
+    assert "master weights" not in r.recommendation("FP16")           # autocast keeps FP32 weights
+    r_all = precision_report(model, ce, batch, formats=("FP16",), optimizer=sgd, mode="all")
+    assert ("keep FP32 master weights" in r_all.recommendation("FP16")) == (lost / nonzero > 0.001)
+    if lost / nonzero > 0.001:
+        assert r_all.verdict("FP16") != "trains as is"
 
 
 # ------------------------------------------------------------------------------------------ presentation
@@ -469,16 +497,18 @@ def test_presentation():
     assert "Sequential" in text and "FP16" in text and "loss-scale window" in text
     assert all(f"{name}:" in text for name in ("FP16", "BF16"))
     page = r._repr_html_()
-    assert "<table" in page and "keep 3, 4, (model) in FP32" in page
+    assert "<table" in page and "keep 3 in FP32" in page and "(origin)" in page and "(inherited)" in page
     d = r.to_dict()
     json.dumps(d, allow_nan=False)
     assert {"command", "device", "versions", "date"} <= set(d["provenance"])
     assert d["formats"]["FP16"]["forward_overflows"] == ["3", "4", ""]
     assert d["formats"]["FP16"]["first_nonfinite"] == ["3", "forward"]
+    assert d["formats"]["FP16"]["first_nonfinite_op"]["op"] == "mul"
+    assert d["formats"]["FP16"]["forward_overflow_origins"] == ["3"]
     from mpt_lab.figures import report_table
 
     table = report_table({"planted": r})
-    assert "<table" in table and "keep modules in FP32" in table and "<code>3</code> (forward)" in table
+    assert "<table" in table and "keep modules in FP32" in table and "<code>3</code>" in table
     fig = r.plot()
     axes = [a for a in fig.axes if a.get_xlabel()]
     assert fig._suptitle is not None and len(axes) >= 2
@@ -554,8 +584,583 @@ def test_overhead_benchmark_runs(tmp_path):
     cpu = [rows[k]["cpu_median_s"] for k in rows]
     assert summary["FP32 recording, CPU time"] == pytest.approx(cpu[1] / cpu[0])
     assert summary["each format, CPU time"] == pytest.approx((cpu[2] - cpu[1]) / 4 / cpu[0])
-    assert res["goal"] == {"recording_in_steps": 1.5, "per_format_in_steps": 1.5}
+    assert res["goal"] == {"recording_in_steps": 1.5, "per_format_in_steps": 1.5, "ranking_per_layer_in_steps": 2.0}
+    rk = res["ranking"]
+    assert rk["mode"] == "both" and rk["layers"] == 5 and rk["steps"] >= 1 + 2 * 5 + 1  # 4 Conv1D + lm_head
+    assert summary["layer ranking per layer, wall clock"] == pytest.approx(rk["seconds"] / 5 / plain)
     assert res["formats"] == ["FP16", "BF16", "FP8_E4M3", "FP8_E5M2"] and res["parameters"] > 0
     assert set(res["load_average"]) == {"start", "end"}
     with pytest.raises(ValueError, match="config.width"):
         mod.Config(width=30, heads=4).validate()
+
+
+# ------------------------------------------------------------------------------- the three recorded defects
+def test_defect_view_output_changed_in_place_keeps_its_gradient():
+    """Defect 1: a Linear with bias on a 3-D input returns a view; ReLU(inplace=True) (or h *= c) makes autograd
+    rebase it, and the node the output was made by never runs.  Its gradient is still recorded, exactly."""
+    torch.manual_seed(13)
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(inplace=True), nn.Linear(4, 1))
+    x = torch.randn(2, 3, 4)
+    r = precision_report(model, lambda m, b: m(b).sum(), x, formats=("FP16",))
+    pre = model[0](x).detach().requires_grad_()
+    g, = torch.autograd.grad(model[2](torch.relu(pre)).sum(), [pre])
+    lin = next(m for m in r.modules if m.name == "0")
+    assert lin.activation_gradient.total == 24 and lin.activation_gradient == log2_histogram(g)
+
+
+class ScaledInPlace(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 1)
+
+    def forward(self, x):
+        h = self.a(x)
+        h *= 1000.0                       # in place on the view the Linear returned
+        return self.b(h)
+
+
+def test_defect_in_place_scaling_sets_the_window_top():
+    torch.manual_seed(14)
+    model = ScaledInPlace()
+    x = torch.randn(2, 3, 4)
+
+    def loss_fn(m, b):
+        return m(b).sum() * 100.0
+
+    r = precision_report(model, loss_fn, x, formats=("FP16",))
+    # oracle: every gradient autocast keeps in FP16 (the Linear outputs, h, the weights'), by autograd
+    twin = copy.deepcopy(model)
+    pre = twin.a(x).detach().requires_grad_()
+    post = pre * 1000.0
+    out = twin.b(post)
+    grads = torch.autograd.grad(out.sum() * 100.0, [pre, post, out, *twin.b.parameters()])
+    amax = max(float(g.abs().max()) for g in grads)
+    a = next(m for m in r.modules if m.name == "a")
+    assert a.activation_gradient == log2_histogram(grads[0])          # the missed gradient, found
+    assert a.activation_gradient.amax > FP16_MAX / 128
+    assert r.loss_scale_window("FP16")[1] == largest_pow2_scale(amax, FP16_MAX)
+
+
+class CalledTwice(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l = nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.l(x)
+        torch.relu_(h)                    # the first call's output (a view) changed in place
+        return self.l(h)
+
+
+def test_defect_a_linear_called_twice_records_both_output_gradients():
+    torch.manual_seed(15)
+    model = CalledTwice()
+    x = torch.randn(2, 3, 4)
+    r = precision_report(model, lambda m, b: m(b).pow(2).sum(), x, formats=("FP16",))
+    h1 = model.l(x).detach().requires_grad_()
+    h2 = model.l(torch.relu(h1))
+    g1, g2 = torch.autograd.grad(h2.pow(2).sum(), [h1, h2])
+    lin = next(m for m in r.modules if m.name == "l")
+    assert lin.calls == 2 and lin.activation_gradient == log2_histogram([g1, g2])
+
+
+class Intermediate(nn.Module):
+    """The largest gradient sits on functional intermediates inside forward: (lin(x) · 10⁻³) · 10³."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin, self.out = nn.Linear(8, 8), nn.Linear(8, 4)
+        self.keep = False
+
+    def forward(self, x):
+        t1 = self.lin(x)
+        t2 = t1 * 1e-3
+        t3 = t2 * 1000.0
+        if self.keep:                     # the test's own look at the intermediates
+            self.seen = (t1, t2, t3)
+        return self.out(t3)
+
+
+def test_defect_gradients_of_functional_intermediates_set_the_window_and_the_scaler():
+    torch.manual_seed(16)
+    model = Intermediate()
+    batch = data()
+
+    def loss_fn(m, b):
+        return ce(m, b) * 300.0
+
+    r = precision_report(model, loss_fn, batch, formats=("FP16",))
+    twin = copy.deepcopy(model)
+    twin.keep = True
+    logits = twin(batch[0])
+    grads = torch.autograd.grad(Fn.cross_entropy(logits, batch[1]) * 300.0, [*twin.seen, logits, *twin.parameters()])
+    del twin.seen
+    amax = max(float(g.abs().max()) for g in grads)
+    module_amax = max(float(g.abs().max()) for g in (grads[0], grads[3], *grads[4:]))
+    assert amax == float(grads[1].abs().max()) > 100 * module_amax       # the intermediate t2's gradient
+    high = r.loss_scale_window("FP16")[1]
+    assert high == largest_pow2_scale(amax, FP16_MAX)
+    assert r.largest_gradients("FP16", 1)[0]["amax"] == pytest.approx(amax)
+    scale = r.dynamic_scaler("FP16")["scale"]
+    assert scale == min(high, 2.0 ** 16)
+
+    def simulated_step_finite(s):
+        m = copy.deepcopy(model)
+        with simulate("FP16"):
+            (loss_fn(m, batch) * s).backward()
+        return all(bool(torch.isfinite(p.grad).all()) for p in m.parameters())
+
+    assert simulated_step_finite(scale / 2) and not simulated_step_finite(scale * 4)
+
+
+def test_defect_side_effects_of_the_batch_and_of_writes_through_data():
+    """Defect 3: a batch that requires grad keeps its .grad; parameters written through .data inside loss_fn
+    are restored; no version counter moves (a graph built before the report still runs backward)."""
+    torch.manual_seed(17)
+    model = nn.Sequential(nn.Linear(4, 3), nn.Tanh(), nn.Linear(3, 1))
+    x = torch.randn(5, 4, requires_grad=True)
+    graph = model(x).sum()                       # built before the report, run after it
+    x.grad = torch.full_like(x, 0.5)
+    old_grad, old_value = x.grad, x.grad.clone()
+    y = torch.randn(5, 4, requires_grad=True)    # a second leaf without .grad
+
+    def loss_fn(m, b):
+        m[0].weight.data.add_(1.0)               # bypasses autograd's version counter
+        return m(b[0]).pow(2).mean() + b[1].sum() * 0.0
+
+    weights = [p.detach().clone() for p in model.parameters()]
+    versions = [p._version for p in model.parameters()]
+    precision_report(model, loss_fn, (x, y), formats=("FP16", "BF16"))
+    assert x.grad is old_grad and torch.equal(x.grad, old_value) and y.grad is None
+    assert all(torch.equal(p, w) for p, w in zip(model.parameters(), weights))
+    assert [p._version for p in model.parameters()] == versions
+    graph.backward()                             # no "modified by an inplace operation"
+    assert torch.equal(x.grad, old_value + torch.autograd.grad(model(x).sum(), [x])[0])
+
+
+# ------------------------------------------------------------------------------- planted faults, op by op
+class Attention(nn.Module):
+    """Self-attention whose scores and dropout run in F.scaled_dot_product_attention, not in a module."""
+
+    def __init__(self, d=16, heads=2, p=0.5):
+        super().__init__()
+        self.qkv, self.proj, self.heads, self.p = nn.Linear(d, 3 * d), nn.Linear(d, d), heads, p
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = (z.reshape(b, t, self.heads, d // self.heads).transpose(1, 2) for z in self.qkv(x).split(d, -1))
+        o = Fn.scaled_dot_product_attention(q, k, v, dropout_p=self.p if self.training else 0.0)
+        self.seen = [z.detach() for z in (q, k, v, o)]
+        return self.proj(o.transpose(1, 2).reshape(b, t, d))
+
+
+class AttentionNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inp, self.attn, self.head = nn.Linear(8, 16), Attention(), nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.attn(self.inp(x))).mean(1))
+
+
+def test_overflow_inside_scaled_dot_product_attention_found_at_that_op():
+    """Planted: values near FP16's max and attention dropout (×2 at p = 0.5) make the output of an SDPA call
+    inside a module's forward overflow FP16 while its inputs fit.  The report finds it at that call, with its
+    module path; the modules after it are inherited and absent from the advice."""
+    torch.manual_seed(18)
+    net = AttentionNet()
+    with torch.no_grad():
+        net.attn.qkv.weight[:32] *= 8.0            # peaked attention
+        net.attn.qkv.weight[32:] *= 4e4            # values near FP16's max
+    x, y = torch.randn(4, 6, 8), torch.randint(0, 4, (4,))
+    torch.manual_seed(1)
+    r = precision_report(net, ce, (x, y), formats=("FP16", "BF16"))
+    # the test's own answer: in FP32 the inputs fit FP16 and the output does not; real CPU autocast makes inf there
+    torch.manual_seed(1)
+    with torch.no_grad():
+        ce(net, (x, y))
+    q, k, v, o = net.attn.seen
+    assert max(float(t.abs().max()) for t in (q, k, v)) < FP16_MAX < float(o.abs().max())
+    twin = copy.deepcopy(net)
+    torch.manual_seed(1)
+    with torch.autocast("cpu", dtype=torch.float16):
+        ce(twin, (x, y))
+    assert twin.attn.seen[3].dtype == torch.float16 and bool(torch.isinf(twin.attn.seen[3]).any())
+    loc = r.first_nonfinite("FP16")
+    assert loc == ("attn", "forward") and loc.function == "F.scaled_dot_product_attention" and loc.origin
+    assert all(o["module"] == "attn" and o["function"] == "F.scaled_dot_product_attention"
+               for o in r.origins("FP16")) and r.origins("FP16")
+    assert r.inherited("FP16")[0] == ("attn.proj", "forward")    # (tanh turns the inf into 1 after it)
+    rec = r.recommendation("FP16")
+    assert rec.startswith("keep attn in FP32") and "attn.proj" not in rec and "1 module(s) after it only inherit" in rec
+    assert "no loss scale cures a forward overflow" in rec
+    assert r.first_nonfinite("BF16") is None
+    # module hooks alone see the first inf at the module after the attention (why the report records ops)
+    assert next((n, w) for n, w, ok in r.runs["FP16"].events if not ok) == ("attn.proj", "forward")
+    torch.manual_seed(1)
+    r0 = precision_report(net, ce, (x, y), formats=("FP16",), ops=False)
+    assert r0.first_nonfinite("FP16") == ("attn.proj", "forward") and r0.first_nonfinite("FP16").op is None
+
+
+def test_gemm_operands_and_their_shares():
+    torch.manual_seed(19)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
+    x, y = data(64)
+
+    def loss_fn(m, b):                          # gradients small enough that FP16 flushes some of them
+        return ce(m, b) * 2.0 ** -20
+
+    r = precision_report(model, loss_fn, (x, y), formats=("FP16",))
+    rows = r.gemm_operands("FP16")
+    kinds = [(row["module"], row["gemm"], row["operand"]) for row in rows]
+    assert kinds.count(("0", "forward", "A")) == 1 and ("2", "weight-gradient", "A") in kinds
+    assert {row["gemm"] for row in rows} == {"forward", "input-gradient", "weight-gradient"}
+    assert not any(row["module"] == "0" and row["gemm"] == "input-gradient" for row in rows)   # x needs no grad
+    fwd = next(row for row in rows if row["module"] == "0" and row["gemm"] == "forward" and row["operand"] == "A")
+    assert fwd["values"] == x.numel() and fwd["amax"] == float(x.abs().max())
+    w = next(row for row in rows if row["module"] == "2" and row["gemm"] == "forward" and row["operand"] == "B")
+    assert w["parameter"] == "2.weight" and w["amax"] == float(model[2].weight.abs().max())
+    # the output gradient of the last layer, as its weight-gradient GEMM reads it: share flushed by FP16
+    twin = copy.deepcopy(model)
+    logits = twin(x)
+    g, = torch.autograd.grad(Fn.cross_entropy(logits, y) * 2.0 ** -20, [logits])
+    nz = g != 0
+    own = float(((g.half() == 0) & nz).sum()) / float(nz.sum())
+    grad_rows = [row for row in rows if row["module"] == "2" and row["gemm"] != "forward" and row["gradient_operand"]]
+    assert grad_rows and all(row["underflow"] == pytest.approx(own) for row in grad_rows) and own > 0
+    summary = r.gemm_summary("FP16")
+    assert set(summary) == {"forward", "input-gradient", "weight-gradient"}
+    assert r.gemm_summary("FP16", loss_scale=2.0 ** 10)["weight-gradient"]["underflow"] < \
+        summary["weight-gradient"]["underflow"]
+
+
+def test_block_format_statistics_of_gemm_operands():
+    from mpt_lab.microscaling import quantize_mx, quantize_nvfp4
+
+    torch.manual_seed(20)
+    model = nn.Sequential(nn.Linear(64, 32), nn.Tanh(), nn.Linear(32, 4))
+    x, y = torch.randn(48, 64), torch.randint(0, 4, (48,))
+    x[:, 5] *= 300.0                                  # an outlier feature: its blocks flush their small values
+    r = precision_report(model, ce, (x, y), formats=("BF16",), block_formats=("MXFP8", "MXFP4", "NVFP4"))
+    for fmt, q in (("NVFP4", quantize_nvfp4(x, axis=-1)), ("MXFP4", quantize_mx(x, "MXFP4", 32, -1)),
+                   ("MXFP8", quantize_mx(x, "MXFP8_E4M3", 32, -1))):
+        row = next(b for b in r.block_operands(fmt) if b["module"] == "0" and b["gemm"] == "forward"
+                   and b["operand"] == "A")
+        xq = q.dequantize(torch.float64)
+        x64 = x.double()
+        flushed = float(((xq == 0) & (x64 != 0)).sum()) / float((x64 != 0).sum())
+        rel = float(((xq - x64) ** 2).sum().sqrt() / (x64 ** 2).sum().sqrt())
+        assert row["flushed"] == pytest.approx(flushed) and row["rel_rms_error"] == pytest.approx(rel)
+        assert row["clipped"] == pytest.approx(float(q.saturated(x).double().mean()))
+    nv = next(b for b in r.block_operands("NVFP4") if b["module"] == "0" and b["operand"] == "A")
+    mx8 = next(b for b in r.block_operands("MXFP8") if b["module"] == "0" and b["operand"] == "A")
+    assert nv["flushed"] > 0.05 > mx8["flushed"]                 # 4 bits lose the small values beside the outlier
+    assert nv["scale_spread"] > 5                               # outlier blocks against the others
+    with pytest.raises(ValueError, match="block_format"):
+        r.block_operands("MXFP6")
+    with pytest.raises(ValueError, match="block_formats"):
+        precision_report(model, ce, (x, y), formats=("BF16",), block_formats=("FP4",))
+
+
+# ------------------------------------------------------------------------------- predictions against real runs
+def _real_autocast_flush_share(model, loss_fn, batch):
+    """The test's own measurement: the share of the non-zero FP32 activation gradients (module outputs, leaf
+    modules) that a real CPU FP16 autocast backward makes zero."""
+    def grads(m, autocast):
+        got, handles = {}, []
+        leaves = [(n, mod) for n, mod in m.named_modules() if not any(True for _ in mod.children())]
+
+        def hook(name):
+            def h(mod, inp, out):
+                if out.requires_grad:
+                    out.register_hook(lambda g: got.__setitem__(name, g.detach().clone()))
+            return h
+
+        for n, mod in leaves:
+            handles.append(mod.register_forward_hook(hook(n)))
+        if autocast:
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = loss_fn(m, batch)
+        else:
+            loss = loss_fn(m, batch)
+        loss.backward()
+        for h in handles:
+            h.remove()
+        return got                                        # each leaf module runs once
+
+    torch.manual_seed(0)
+    g32 = grads(copy.deepcopy(model), False)
+    torch.manual_seed(0)
+    g16 = grads(copy.deepcopy(model), True)
+    assert set(g32) == set(g16)
+    nz = flushed = 0
+    for name, a in g32.items():
+        b = g16[name]
+        m = a != 0
+        nz += int(m.sum())
+        flushed += int((m & (b.float() == 0)).sum())
+    return flushed / nz
+
+
+@pytest.mark.parametrize("kind", ["mlp", "cnn"])
+def test_predicted_fp16_underflow_matches_a_real_autocast_backward(kind):
+    torch.manual_seed(21)
+    if kind == "mlp":
+        model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
+        batch = (torch.randn(128, 32), torch.randint(0, 10, (128,)))
+        factor = 2.0 ** -12
+    else:
+        model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                              nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                              nn.Linear(8, 10))
+        batch = (torch.randn(16, 3, 16, 16), torch.randint(0, 10, (16,)))
+        factor = 2.0 ** -6        # (at heavier underflow a real backward flushes more: zeros compound upstream)
+
+    def loss_fn(m, b):
+        return Fn.cross_entropy(m(b[0]).float(), b[1]) * factor
+
+    r = precision_report(model, loss_fn, batch, formats=("FP16",))
+    leaves = [m for m in r.modules if not any(True for _ in model.get_submodule(m.name).children())]
+    pooled = sum((m.activation_gradient for m in leaves), log2_histogram(torch.zeros(0)))
+    c = pooled.category_counts("FP16")
+    predicted = c["underflow"] / (c["normal"] + c["subnormal"] + c["underflow"] + c["overflow"])
+    measured = _real_autocast_flush_share(model, loss_fn, batch)
+    assert 0.05 < measured < 0.95 and abs(predicted - measured) < 0.01
+
+
+# ------------------------------------------------------------------------------- which layers to keep wide
+def _dead_channel_mlp():
+    torch.manual_seed(22)
+    model = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 128), nn.GELU(), nn.Linear(128, 128),
+                          nn.GELU(), nn.Linear(128, 10))
+    with torch.no_grad():
+        model[2].weight[5].zero_()
+        model[2].bias[5] = -20.0                 # GELU(-20) = 0: channel 5 of layer 4's input is dead,
+        model[4].weight[:, 5] = 1e6              # so these weights change nothing in FP32 and set NVFP4's scales
+    return model
+
+
+def _gradient_error(model, loss_fn, batch, ref):
+    m = copy.deepcopy(model)
+    grads = torch.autograd.grad(loss_fn(m, batch), list(m.parameters()))
+    num = sum(float(((g.double() - r.double()) ** 2).sum()) for g, r in zip(grads, ref))
+    return math.sqrt(num / sum(float((r.double() ** 2).sum()) for r in ref))
+
+
+def test_keep_wide_ranks_the_planted_layer_first_and_its_set_holds_in_a_real_recipe_run():
+    from mpt_lab.quantized_training import four_bit_recipe, quantize_linears_
+    from mpt_lab.report import keep_wide
+
+    model = _dead_channel_mlp()
+    batch = (torch.randn(256, 64), torch.randint(0, 10, (256,)))
+    recipe = four_bit_recipe()                                   # NVIDIA's NVFP4 recipe, stochastic rounding too
+    ref = torch.autograd.grad(ce(model, batch), list(model.parameters()))
+    # the test's own answer: each layer alone on the recipe, with quantize_linears_
+    alone = {}
+    for name in ("0", "2", "4", "6"):
+        m = copy.deepcopy(model)
+        quantize_linears_(m, recipe, skip=[n for n in ("0", "2", "4", "6") if n != name])
+        alone[name] = _gradient_error(m, ce, batch, ref)
+    assert max(alone, key=alone.get) == "4" and alone["4"] > 3 * max(v for k, v in alone.items() if k != "4")
+    before = [p.detach().clone() for p in model.parameters()]
+    hooks = hook_counts(model)
+    r = keep_wide(model, ce, batch, recipe, tolerance=0.25, progress=False)
+    assert r.ranking[0] == "4" and r.layers == ["0", "2", "4", "6"]
+    assert all(r.one[n]["gradient"] == pytest.approx(alone[n], rel=1e-6) for n in alone)   # the same draws
+    assert r.keep == ["4"] and r.within and r.kept["gradient"] <= 0.25 < r.every["gradient"]
+    assert not r.last_layers() and r.positions() == [2] and r.share_kept() == 0.25
+    # the kept set in a real recipe run: "4" with the BF16 recipe, the others with NVFP4's
+    m = copy.deepcopy(model)
+    quantize_linears_(m, recipe, skip=r.keep)
+    quantize_linears_(m, "bf16", skip=[n for n, mod in m.named_modules() if isinstance(mod, nn.Linear)
+                                       and n not in r.keep])
+    assert _gradient_error(m, ce, batch, ref) <= 0.25
+    # the model is as it was: its own Linear layers, weights, no grads, no hooks
+    assert all(type(model[i]) is nn.Linear for i in (0, 2, 4, 6))
+    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
+    assert all(p.grad is None for p in model.parameters()) and hook_counts(model) == hooks
+
+
+def test_keep_wide_on_a_transformer_language_model():
+    from mpt_lab.models import CharTransformerLM
+    from mpt_lab.quantized_training import four_bit_recipe, quantize_linears_
+    from mpt_lab.report import keep_wide
+
+    torch.manual_seed(23)
+    lm = CharTransformerLM(40, dim=32, layers=2, heads=2, context=16)
+    ids = torch.randint(0, 40, (4, 16))
+
+    def loss_fn(m, b):
+        return Fn.cross_entropy(m(b[:, :-1]).reshape(-1, 40), b[:, 1:].reshape(-1))
+
+    recipe = four_bit_recipe(stochastic_gradients=False)      # deterministic: the test's run matches exactly
+    r = keep_wide(lm, loss_fn, ids, recipe, tolerance=0.2, progress=False)
+    assert r.layers[-1] == "head" and len(r.layers) == 9 and r.within
+    assert sorted(r.ranking) == sorted(r.layers)
+    ref = torch.autograd.grad(loss_fn(lm, ids), list(lm.parameters()))
+    m = copy.deepcopy(lm)
+    quantize_linears_(m, recipe, skip=r.keep)
+    if r.keep:
+        quantize_linears_(m, "bf16", skip=[n for n, mod in m.named_modules() if isinstance(mod, nn.Linear)
+                                           and n not in r.keep])
+    assert _gradient_error(m, loss_fn, ids, ref) == pytest.approx(r.kept["gradient"], rel=1e-6)
+
+
+def test_keep_wide_bad_input():
+    from mpt_lab.report import keep_wide
+
+    model = nn.Sequential(nn.Linear(4, 4))
+    with pytest.raises(ValueError, match="tolerance"):
+        keep_wide(model, lambda m, b: m(b).sum(), torch.randn(2, 4), tolerance=0)
+    with pytest.raises(ValueError, match="metric"):
+        keep_wide(model, lambda m, b: m(b).sum(), torch.randn(2, 4), metric="l1")
+    with pytest.raises(ValueError, match="not Linear"):
+        keep_wide(model, lambda m, b: m(b).sum(), torch.randn(2, 4), skip=["1"])
+    with pytest.raises(ValueError, match="no Linear"):
+        keep_wide(nn.Sequential(nn.Conv1d(1, 1, 1)), lambda m, b: m(b).sum(), torch.randn(1, 1, 4))
+    with pytest.raises(ValueError, match="recipe"):
+        keep_wide(model, lambda m, b: m(b).sum(), torch.randn(2, 4), "fp5")
+
+
+# ------------------------------------------------------------------------------- the monitor over steps
+def test_monitor_explains_a_collapsing_scale_and_leaves_no_hooks():
+    from mpt_lab.report import PrecisionMonitor
+
+    torch.manual_seed(24)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    with torch.no_grad():
+        model[2].weight.mul_(1e6)                  # planted: the last layer's outputs overflow FP16
+    x, y = data(32)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.float16):
+        assert not bool(torch.isfinite(copy.deepcopy(model)(x)).all())   # the test's own check
+    hooks = hook_counts(model)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu")
+    with PrecisionMonitor(model, "FP16", scaler=scaler, optimizer=opt) as mon:
+        assert hook_counts(model) != hooks
+        for _ in range(4):
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = Fn.cross_entropy(model(x).float(), y)
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            mon.step(loss)
+    assert hook_counts(model) == hooks
+    assert mon.scales() == [2.0 ** 16, 2.0 ** 15, 2.0 ** 14, 2.0 ** 13] and mon.skipped_steps() == [0, 1, 2, 3]
+    found = {d["finding"]: d for d in mon.diagnose()}
+    assert found["forward overflow"]["text"].startswith("steps 0–3: the forward pass holds inf/NaN from 2 on")
+    assert found["collapse"]["text"].endswith("fell from 65536 to 4096")
+    assert mon.history[0]["nonfinite_activations"] == ["2"]
+    # hooks go also when the loop raises
+    with pytest.raises(RuntimeError, match="planted"):
+        with PrecisionMonitor(model, "FP16"):
+            raise RuntimeError("planted")
+    assert hook_counts(model) == hooks
+
+
+def test_monitor_scale_below_one_and_a_vanishing_eps():
+    from mpt_lab.report import PrecisionMonitor
+
+    torch.manual_seed(25)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    x, y = data(32)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    scaler = torch.amp.GradScaler("cpu", init_scale=4.0)
+    with PrecisionMonitor(model, "FP16", scaler=scaler) as mon:
+        for _ in range(5):
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = Fn.cross_entropy(model(x).float(), y) * 1e8     # gradients beyond FP16 unscaled
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            mon.step(loss)
+    assert mon.scales() == [4.0, 2.0, 1.0, 0.5, 0.25] and mon.skipped_steps() == [0, 1, 2, 3, 4]
+    below = [d for d in mon.diagnose() if d["finding"] == "scale below 1"]
+    assert below and below[0]["step"] == 3
+    # Adam on FP16 weights: eps = 1e-8 is 0 in FP16 and a weight with a tiny gradient becomes inf
+    half = nn.Sequential(nn.Linear(8, 4)).half()
+    with torch.no_grad():
+        half[0].weight[0, 0] = 0.0
+    adam = torch.optim.Adam(half.parameters(), lr=1e-3)
+    with PrecisionMonitor(half, "FP16", optimizer=adam) as mon:
+        for _ in range(2):
+            adam.zero_grad()
+            loss = (half(x.half()).float() * 1e-6).sum()
+            loss.backward()
+            adam.step()
+            mon.step(loss)
+    findings = [d["finding"] for d in mon.diagnose()]
+    assert findings[:2] == ["nonfinite weights", "optimizer constant"]
+    assert F_round(1e-8) == 0.0
+
+
+def F_round(v):
+    from mpt_lab.formats import round_to
+
+    return round_to(v, "FP16")
+
+
+# ------------------------------------------------------------------------------- advice in its setting
+def test_advice_states_its_setting_and_never_contradicts_itself():
+    from mpt_lab.report import _pct_below
+
+    torch.manual_seed(26)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
+    batch = data()
+    r = precision_report(model, ce, batch, formats=("FP16", "BF16"), mode="all")
+    for f in ("FP16", "BF16"):
+        rec = r.recommendation(f)
+        assert "not checked: whether the optimizer's constants and its updates survive" in rec
+        assert f"every op and the weights in {f}" in rec and "no optimizer given" in rec
+    ra = precision_report(model, ce, batch, formats=("FP16",), optimizer=torch.optim.SGD(model.parameters(), lr=1e-6))
+    assert "master weights" not in ra.recommendation("FP16") and "autocast to FP16" in ra.recommendation("FP16")
+    assert _pct_below(0.99899, 0.999) == "99.899%" and float(_pct_below(0.9989999, 0.999)[:-1]) < 99.9
+    # the window's ends name the gradients that set them
+    r = precision_report(model, lambda m, b: ce(m, b) * 2.0 ** -22, batch, formats=("FP16",))
+    ends = r.window_ends("FP16")
+    grads = all_gradients(model, lambda m, b: ce(m, b) * 2.0 ** -22, batch)
+    assert ends["high"]["amax"] == pytest.approx(max(float(g.abs().max()) for g in grads))
+    assert ends["low"] and abs(sum(d["share"] for d in ends["low"]) - 1) < 1e-9 or ends["low"][0]["share"] <= 1
+    rec = r.recommendation("FP16")
+    assert rec.startswith("needs a loss scale in") and "the high end is set by" in rec and "most lost" in rec
+
+
+def test_progress_bar(capsys):
+    model = nn.Sequential(nn.Linear(8, 4))
+    precision_report(model, ce, data(), formats=("FP16",), progress=True)
+    err = capsys.readouterr().err
+    assert "precision report: FP16 step" in err                       # the bar names the step it counts
+    with pytest.raises(TypeError, match="progress"):
+        precision_report(model, ce, data(), progress="yes")
+    from mpt_lab.report import keep_wide
+
+    keep_wide(nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 4)), ce,
+              (torch.randn(8, 16), torch.randint(0, 4, (8,))), "fp8_current", all_but_one=False, progress=True)
+    err = capsys.readouterr().err
+    assert "keep_wide: one layer at a time" in err and "precision report" not in err   # its own name
+
+
+def test_loss_scale_figure():
+    from mpt_lab.figures import plot_loss_scales
+    from mpt_lab.report import PrecisionMonitor
+
+    model = nn.Sequential(nn.Linear(8, 4))
+    scaler = torch.amp.GradScaler("cpu", init_scale=4.0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    with PrecisionMonitor(model, "FP16", scaler=scaler) as mon:
+        for _ in range(3):
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = ce(model, data()) * 1e8
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            mon.step(loss)
+    fig = plot_loss_scales({"a loop": mon})
+    ax = fig.axes[0]
+    assert ax.get_title() and "log2" in ax.get_ylabel() and ax.get_xlabel() == "training step"
+    assert list(ax.lines[0].get_ydata()) == [2.0, 1.0, 0.0] and ax.get_legend() is not None
+    with pytest.raises(TypeError, match="monitors"):
+        plot_loss_scales({})

@@ -10,7 +10,8 @@ from collections.abc import Callable
 
 import torch
 
-from ..report import precision_report
+from ..quantized_training import four_bit_recipe
+from ..report import keep_wide, precision_report
 from ._core import Exercise, register
 
 
@@ -168,3 +169,153 @@ register(Exercise(
             "above the window it comes down into it (`report.dynamic_scaler('FP16')` says after how many skipped "
             "steps); started below, as torch's default 2^16 is here, it overflows nothing and climbs only by one "
             "doubling per growth interval. A static scale must be chosen from numbers like these.")))
+
+
+# ---------------------------------------------------------------------------------------------------- 12.3
+
+
+def overflow_between_submodules() -> tuple[torch.nn.Module, Callable, tuple, str]:
+    """Reference for exercise 12.3: a residual block whose two children stay inside FP16's range while the sum in
+    its own forward (x + fc2(...)) does not."""
+
+    class Residual(torch.nn.Module):
+        def __init__(self, d=16):
+            super().__init__()
+            self.ln = torch.nn.LayerNorm(d)
+            self.fc1, self.fc2 = torch.nn.Linear(d, 4 * d), torch.nn.Linear(4 * d, d)
+
+        def forward(self, x):
+            return x + self.fc2(torch.relu(self.fc1(self.ln(x))))   # the add: no module of its own
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), Residual(), torch.nn.Linear(16, 4))
+    with torch.no_grad():
+        model[0].bias.fill_(4e4)                  # the residual stream near 40,000
+        model[1].fc2.bias.fill_(4e4)              # and the block's last layer too: each fits, their sum does not
+    x, y = torch.randn(32, 8), torch.randint(0, 4, (32,))
+
+    def loss_fn(m, b):
+        return torch.nn.functional.cross_entropy(m(b[0]), b[1])
+
+    return model, loss_fn, (x, y), "1"
+
+
+def _ex123_check(fn):
+    out, msg = _setup(fn, 4, "(model, loss_fn, batch, module_name)")
+    if out is None:
+        return False, msg
+    model, loss_fn, batch, name = out
+    names = dict(model.named_modules())
+    if not isinstance(name, str) or name not in names:
+        return False, (f"expected the name of one of your model's modules (as model.named_modules() gives it), got "
+                       f"{name!r}")
+    children = [f"{name}.{c}" if name else c for c, _ in names[name].named_children()]
+    if not children:
+        return False, f"{name!r} has no submodules: plant the overflow between the submodules of a module that has some"
+
+    try:
+        r = precision_report(model, loss_fn, batch, formats=("FP16", "BF16"), mode="all", progress=False)
+    except Exception as err:
+        return False, f"precision_report could not run your setup: {type(err).__name__}: {err}"
+    loc = r.first_nonfinite("FP16")
+    if loc is None:
+        return False, "nothing turns inf or NaN in the FP16 step (every op and weight in FP16): make a sum overflow."
+    if loc.module != name:
+        return False, f"the FP16 step first turns inf/NaN in {loc.describe()}, not inside {name!r}."
+    over_children = [c for c in children if c in r.forward_overflows("FP16")]
+    if over_children:
+        return False, (f"a submodule of {name!r} overflows itself ({over_children[0]!r}): the overflow should arise "
+                       "between the submodules, from an op of the module's own forward.")
+    if r.first_nonfinite("BF16") is not None:
+        return False, "BF16 turns inf/NaN too: keep the values within BF16's range."
+    return True, (f"the FP16 step first overflows at {loc.describe()}: an op in the forward of {name!r} itself, "
+                  f"while each of its submodules ({', '.join(children)}) stays within FP16's range. Module hooks "
+                  f"see only the module's output; the op shows where it happens. The report says: {r.recommendation('FP16')}")
+
+
+register(Exercise(
+    "12.3", "An overflow between submodules",
+    "Write between() that returns (model, loss_fn, batch, module_name): a model in which, with every op and weight "
+    "in FP16, the first inf appears in an op of module_name's own forward (an addition, a product, a "
+    "scaled_dot_product_attention call; not one of its submodules), while none of its submodules' outputs overflows "
+    "FP16 and BF16 stays finite, as in the Pegasus layer of transformers issue 12225. The check runs precision_report "
+    "(mode='all') and compares its first_nonfinite('FP16') with your module_name.",
+    _ex123_check,
+    "A residual connection adds two tensors that each fit FP16; make both large (a bias near 40,000 does it) and their "
+    "sum passes 65,504 inside the block's forward.",
+    lambda: overflow_between_submodules,
+    worked=("A pre-LayerNorm residual block computes x + fc2(relu(fc1(ln(x)))) in its own forward: the addition "
+            "belongs to no submodule. With the stream and fc2's output both near 40,000, each fits FP16 and their "
+            "sum, near 80,000, does not.\n\n```python\n{answer}\n```\n\n"
+            "Module hooks see fc2's output (finite) and the block's output (inf); the op-level record names the "
+            "addition (`Tensor.add`, or `Tensor.__add__`) inside the block. Under autocast the residual stream of "
+            "such a model is often FP32 (an FP16 product plus an FP32 input is computed in FP32): the same sum then "
+            "does not overflow, which is why the exercise runs every op in FP16.")))
+
+
+# ---------------------------------------------------------------------------------------------------- 12.4
+def breaks_nvfp4() -> tuple[torch.nn.Module, Callable, tuple, str]:
+    """Reference for exercise 12.4: an MLP whose third Linear layer has large weights on an input channel that is
+    always zero: nothing in FP32, everything in NVFP4 (the tensor scale follows them and the other weights'
+    block scales fall to E4M3's smallest, flushing them)."""
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 64), torch.nn.GELU(),
+                                torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 10))
+    with torch.no_grad():
+        model[2].weight[3].zero_()
+        model[2].bias[3] = -20.0                  # GELU(-20) = 0: input channel 3 of layer 4 is always zero
+        model[4].weight[:, 3] = 1e6
+    x, y = torch.randn(128, 32), torch.randint(0, 10, (128,))
+
+    def loss_fn(m, b):
+        return torch.nn.functional.cross_entropy(m(b[0]), b[1])
+
+    return model, loss_fn, (x, y), "4"
+
+
+def _ex124_check(fn):
+    out, msg = _setup(fn, 4, "(model, loss_fn, batch, layer_name)")
+    if out is None:
+        return False, msg
+    model, loss_fn, batch, name = out
+
+    linears = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    if len(linears) < 2:
+        return False, "expected a model with at least two nn.Linear layers to rank"
+    if name not in linears:
+        return False, f"expected the name of one of your model's nn.Linear layers {linears}, got {name!r}"
+
+    try:
+        r = keep_wide(model, loss_fn, batch, four_bit_recipe(), tolerance=0.25, progress=False)
+    except Exception as err:
+        return False, f"keep_wide could not run your setup: {type(err).__name__}: {err}"
+    first, second = r.ranking[0], r.ranking[1]
+    if first != name:
+        return False, (f"keep_wide ranks {first!r} first (keeping it in BF16 saves {r.score[first]:.3g} of the "
+                       f"gradient error), not {name!r} ({r.score[name]:.3g}).")
+    if r.score[first] < 2 * max(r.score[second], 0.0):
+        return False, (f"{name!r} is ranked first, but {second!r} comes close ({r.score[second]:.3g} against "
+                       f"{r.score[first]:.3g}): make {name!r} the one that breaks the recipe.")
+    return True, (f"keep_wide ranks {name!r} first: with every layer on NVIDIA's NVFP4 recipe the step's gradients are "
+                  f"{r.every['gradient']:.3g} off FP32 (relative L2), and keeping {name!r} in BF16 brings that to "
+                  f"{r.all_but_one[name]['gradient']:.3g}. The smallest set within 0.25: {r.keep}.")
+
+
+register(Exercise(
+    "12.4", "The layer that breaks NVFP4",
+    "Write breaks() that returns (model, loss_fn, batch, layer_name): a model with several nn.Linear layers, one of "
+    "which (layer_name) NVIDIA's NVFP4 recipe (mpt_lab.quantized_training.four_bit_recipe()) breaks: keep_wide must "
+    "rank it first, with at least twice the score of the second. The check runs keep_wide (tolerance 0.25 on the "
+    "relative gradient error).",
+    _ex124_check,
+    "NVFP4 scales each tensor by its amax / (448 · 6) and each block of 16 by an E4M3 scale of at least 2^-6 of "
+    "that: a few huge weights make every other block's scale too coarse, and its values round to zero. Put them "
+    "where they change nothing in FP32 (on an input channel that is always zero).",
+    lambda: breaks_nvfp4,
+    worked=("One layer gets weights of 10^6 on an input channel that the previous layer never activates (GELU of "
+            "-20 is zero), so its FP32 output is unchanged. NVFP4's tensor scale follows that amax; every other "
+            "16 x 16 weight tile then needs a block scale below E4M3's 2^-6 floor, and its values round to zero: "
+            "the layer's output collapses to its bias.\n\n```python\n{answer}\n```\n\n"
+            "keep_wide measures it: quantising that layer alone moves the step's gradients far more than any other, "
+            "and keeping it in BF16 saves most of the error of the full recipe.")))

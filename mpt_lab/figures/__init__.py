@@ -83,7 +83,7 @@ from .graphs import (
     plot_gat_training,
 )
 from .memory import breakdown_table, plot_tradeoffs, tradeoff_table, training_table
-from .report import plot_precision_report, report_table
+from .report import plot_loss_scales, plot_precision_report, report_table
 from .scaling import (
     divergence_table,
     gradient_scale_table,
@@ -112,7 +112,7 @@ __all__ = ["show_saved", "BookFigure", "HTML", "table_html", "running_mean", "FO
            "plot_fp8_training", "fp8_results_table", "plot_layer_quantization", "plot_recipe_snr",
            "plot_amax_history", "plot_block_size_error", "block_scale_table", "one_scale_table", "hardware_table",
            "plot_error_vs_k", "plot_running_sum", "plot_tensor_core_model", "reductions_table", "weights_table",
-           "plot_gpu_accumulation", "plot_precision_report", "report_table"]
+           "plot_gpu_accumulation", "plot_precision_report", "report_table", "plot_loss_scales"]
 
 # Chapters 10 and 11's diagrams and the FP8 recipe table (issue 26, items 17 and 18), kept on their own lines.
 from ..experiments import get, result_path

@@ -20,9 +20,10 @@ from matplotlib.lines import Line2D
 
 from .. import formats as F
 from ..report import PrecisionReport
+from ..report_monitor import PrecisionMonitor
 from ._base import format_color, new_figure, pow2, table_html
 
-__all__ = ["plot_precision_report", "format_window", "report_table"]
+__all__ = ["plot_precision_report", "format_window", "report_table", "plot_loss_scales"]
 
 #: Formats whose window reaches beyond this many binades from 2⁰ (BF16, FP32) are listed, not drawn: the map
 #: would otherwise stretch to ±130 binades.
@@ -158,7 +159,8 @@ def report_table(reports: dict, formats=None):
     -------
     HTML table (:func:`~mpt_lab.figures._base.table_html`): model, parameters, modules, then per format the
     report's verdict (:meth:`~mpt_lab.report.PrecisionReport.verdict`), its loss-scale window [low, high] (powers
-    of two) and the first module whose output or gradient turns inf/NaN in the format's step ("–": none).  The
+    of two) and where the format's step first turns inf/NaN: the module, the pass and, when the step was recorded op
+    by op, the ATen op ("–": nowhere).  The
     full sentences are each report's :meth:`~mpt_lab.report.PrecisionReport.recommendation`.
 
     Raises
@@ -179,8 +181,52 @@ def report_table(reports: dict, formats=None):
         for f in fmts:
             low, high = r.loss_scale_window(f)
             first = r.first_nonfinite(f)
+            op = getattr(first, "op", None)
             row += [html.escape(r.verdict(f)), f"[{pow2(low)}, {pow2(high)}]",
-                    "–" if first is None else f"<code>{html.escape(first[0] or '(model)')}</code> ({first[1]})"]
+                    "–" if first is None else f"<code>{html.escape(first[0] or '(model)')}</code> ({first[1]}"
+                    + (f", <code>{html.escape(op)}</code>" if op else "") + ")"]
         rows.append(row)
     align = ["left", "right", "right"] + ["left"] * (len(head) - 3)
     return table_html(head, rows, align=align)
+
+
+def plot_loss_scales(monitors: dict, title: str = "The loss scale over the steps of three training loops"):
+    """The loss scale per step of each :class:`~mpt_lab.report_monitor.PrecisionMonitor` (log2 axis), skipped
+    steps marked with crosses.
+
+    Parameters
+    ----------
+    monitors : dict label → PrecisionMonitor (with a scaler: steps without a scale are not drawn)
+    title : the figure's title
+
+    Returns
+    -------
+    Figure: x the step, y log2 of the loss scale the step ran at; a cross where the step was skipped (a gradient
+    held inf/NaN); the dashed line is scale 1.
+
+    Raises
+    ------
+    TypeError
+        ``monitors`` is not a non-empty dict of PrecisionMonitors.
+    """
+
+    if not isinstance(monitors, dict) or not monitors or not all(isinstance(m, PrecisionMonitor)
+                                                                 for m in monitors.values()):
+        raise TypeError("monitors must be a non-empty dict of label → PrecisionMonitor")
+    fig = new_figure((8, 3.8))
+    ax = fig.add_subplot(1, 1, 1)
+    for i, (label, mon) in enumerate(monitors.items()):
+        steps = [r["step"] for r in mon.history if r["scale"] is not None]
+        scales = [math.log2(r["scale"]) for r in mon.history if r["scale"] is not None]
+        skipped = [(r["step"], math.log2(r["scale"])) for r in mon.history if r["scale"] is not None and r["skipped"]]
+        color = f"C{i}"
+        ax.plot(steps, scales, "-o", color=color, markersize=3, label=label)
+        if skipped:
+            ax.plot([s for s, _ in skipped], [v for _, v in skipped], "x", color=color, markersize=9)
+    ax.axhline(0.0, color="0.5", linestyle="--", linewidth=1)
+    ax.set_xlabel("training step")
+    ax.set_ylabel("log2 of the loss scale")
+    ax.set_title(title)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, fontsize=8,
+              title="× a skipped step (a gradient held inf/NaN)", title_fontsize=8)
+    return fig
