@@ -139,6 +139,10 @@ def test_results_and_recipe_tables_fit_the_page(tiny):
     recipes = figures.fp8_recipe_table(tiny)
     assert re.findall(r"<th style[^>]*>(.*?)</th>", recipes) == ["recipe", "forward / backward", "scaling", "bits per value"]
     assert "E8M0 per 32 values" in recipes and recipes.count("<tr>") == results.count("<tr>")
+    # a gap that rounds to the tolerance shows a fourth digit, so that the reader sees why it has no ✓ (or has one)
+    gap = tiny.gap("lm", "mxfp4")
+    near = figures.fp8_results_table(tiny, tolerance=round(abs(gap), 3))
+    assert f"{gap:+.4f}" in near and f"{gap:+.4f}" not in results
 
 
 def test_mx_block_diagram_shows_the_real_scale_and_codes():

@@ -165,7 +165,7 @@ STEPS_NOTE = {
                    "history yet and casts with scale 1; that step is left out)",
     "all": "statistics of every recorded step, step 1 included: there delayed scaling has no amax history yet and "
            "casts with scale 1, so its shares include that step (this result was saved before step 1 was kept "
-           "apart; a GPU slot that reruns it separates them)",
+           "apart; a GPU run saved again will separate them)",
 }
 
 
@@ -183,6 +183,9 @@ def fp8_results_table(result: ExperimentResult, *, tolerance: float | None = Non
     if "mlp" in models:
         header.append("MLP: accuracy")
     steps = _steady_steps(result, [(m, n) for m in models for n, r in result.runs[m].items() if r["stats"]])
+    def near(gap):       # a gap that rounds to the tolerance shows a fourth digit, so that its ✓ (or none) reads
+        return 4 if tolerance is not None and abs(round(abs(gap), 3) - tolerance) < 1e-9 else 3
+
     rows = []
     for name in _recipe_names(result):
         row = [html.escape(result.label(name))]
@@ -197,7 +200,7 @@ def fp8_results_table(result: ExperimentResult, *, tolerance: float | None = Non
             lost = result.underflow(m, name, "g", steps) if stats else None
             skipped = len(result.runs[m][name]["skipped"])
             row += [f"{loss:.3f}" + (" (diverged)" if result.runs[m][name]["diverged"] else "")
-                    + (f" ({_signed(gap)}){ok}" if math.isfinite(gap) else ""),
+                    + (f" ({_signed(gap, near(gap))}){ok}" if math.isfinite(gap) else ""),
                     pct(lost, 3) + (f"; {skipped} steps skipped" if skipped else "")]
         if "mlp" in models:
             ev = result.runs["mlp"].get(name, {}).get("evals", [{}])

@@ -127,8 +127,12 @@ def plot_attention_overflow(demo: dict, *, title: str | None = None) -> Figure:
     ax1.legend(fontsize="small")
     x = np.arange(e.size)
     w = 0.27
-    naive = np.nan_to_num(np.asarray(demo["naive_fp16"], dtype=float), nan=-0.05)
-    ax2.bar(x - w, naive, w, color=FORMAT_COLORS["FP16"], alpha=0.5, label="naive exp/Σexp in FP16 (NaN drawn below 0)")
+    naive = np.asarray(demo["naive_fp16"], dtype=float)
+    nan = np.isnan(naive)
+    ax2.bar(x - w, np.where(nan, 0.0, naive), w, color=FORMAT_COLORS["FP16"], alpha=0.5, label="naive exp/Σexp in FP16")
+    if nan.any():      # NaN is no probability: a marker on the axis, not a bar
+        ax2.plot(x[nan] - w, np.zeros(nan.sum()), "X", ms=9, color="black", clip_on=False, zorder=5,
+                 label="naive in FP16: NaN (inf / inf)")
     ax2.bar(x, demo["max_subtracted_fp16"], w, color=FORMAT_COLORS["FP16"], label="max subtracted, FP16 (PyG)")
     ax2.bar(x + w, demo["fp32"], w, color=FORMAT_COLORS["FP32"], label="FP32 reference")
     ax2.set_xticks(x, [f"{v:g}" for v in e])
