@@ -603,6 +603,10 @@ def test_chapters_6_to_8_have_worked_solutions(ex_id):
         fns = [v for v in namespace.values()
                if getattr(getattr(v, "__code__", None), "co_filename", "") == f"<worked solution {ex_id}>"]
         assert fns and E.check(ex_id, fns[-1]).passed, ex_id
+    elif isinstance(sol, dict) and "{answer_items}" in ex.worked:   # a dict answer inserted as "key: value, ..."
+        assert "```python" not in ex.worked and all(f"{k}: {v}" in text for k, v in sol.items())
+        if "answer" in namespace:
+            assert E.check(ex_id, namespace["answer"]).passed, ex_id
     else:                                                      # a value exercise: the answer inserted, never typed
         assert "{answer}" in ex.worked and "```python" not in ex.worked
         assert (repr(sol) if isinstance(sol, float) else str(sol)) in text

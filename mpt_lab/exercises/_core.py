@@ -318,6 +318,9 @@ class SolutionDropdown:
         if callable(answer) and asked and getattr(answer, "__name__", "").startswith("_"):
             shown = re.sub(rf"\b{re.escape(answer.__name__)}\b", asked.group(1), shown)
         worked = ex.worked.replace("{answer}", shown) if ex.worked else ""
+        if isinstance(answer, dict):     # "{answer_items}": a dict answer as "key: value, ...", for prose
+            worked = worked.replace("{answer_items}", ", ".join(
+                f"{k}: {v if isinstance(v, str) else _answer_text(v)}" for k, v in answer.items()))
         self.text = worked or f"The reference answer:\n\n```python\n{_answer_text(answer)}\n```"
 
     def __repr__(self) -> str:

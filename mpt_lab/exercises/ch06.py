@@ -121,7 +121,7 @@ float32. This is the attention score a·Wh of a graph attention layer (chapter 9
 float16 → float16. In a chain the last op decides.
 
 The reference answer, probed from PyTorch's own dispatcher (`mpt_lab.autocast.probe_autocast` on fake CUDA \
-tensors, so no GPU is needed): {answer}
+tensors, so no GPU is needed): {answer_items}.
 
 On a CPU the lists differ (the chapter prints both): there `sum`, `softmax` and `expm1` are on no list and \
 stay float16. Look up the ops of your own model in the lists of the device you train on.""",

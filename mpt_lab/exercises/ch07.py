@@ -98,7 +98,7 @@ answer = {"fp32": fp32 + fp32 + 2 * fp32,                      # weight, gradien
 ```
 
 Measured on a real model after one Adam step, in bytes per parameter (Adam's one step counter per tensor adds \
-the last digits): {answer}. So the FP32 masters cost memory: per parameter, mixed precision keeps more than FP32 \
+the last digits): {answer_items}. So the FP32 masters cost memory: per parameter, mixed precision keeps more than FP32 \
 training. What it saves is elsewhere: the activations the backward pass keeps are stored in 16 bits, and in the chapter's \
 ResNet they take far more memory than the parameters (its breakdown table); how much depends on the model and \
 the batch."""))

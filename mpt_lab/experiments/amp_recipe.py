@@ -247,11 +247,11 @@ def _cpu_note(peaks: dict, kernels) -> str:
     s += ("bfloat16 runs on oneDNN's kernel, fast where the CPU has bfloat16 dot-product instructions "
           "(AVX-512 BF16 or AMX) and oneDNN may use them; " if kernels.onednn_bf16 else
           "bfloat16 is slow: oneDNN has no bfloat16 kernel here, so torch takes a generic path; ")
-    s += ("float16 runs on oneDNN's kernel too (AVX-512 FP16 or AMX)." if kernels.onednn_fp16 else
-          "float16 is slow because oneDNN has no float16 kernel here (a CPU without AVX-512 FP16 or AMX, or "
-          "ONEDNN_MAX_CPU_ISA below them), so torch's float16 matrix products take a generic path that converts "
+    s += ("float16 runs on oneDNN's kernel too (the CPU has AVX-512 FP16)." if kernels.onednn_fp16 else
+          "float16 is slow because oneDNN has no float16 kernel here (a CPU without AVX-512 FP16, or "
+          "ONEDNN_MAX_CPU_ISA below it), so torch's float16 matrix products take a generic path that converts "
           "element by element.  A 'speed-up' below 1 is a slow-down on this machine; on a GPU both 16-bit types "
-          "use tensor cores.  Sizes are shrunk from the recipe's 4096 to keep the CPU run short.")
+          "use tensor cores.  Sizes are shrunk from the PyTorch AMP tutorial's 4096 to keep the CPU run short.")
     return s
 
 

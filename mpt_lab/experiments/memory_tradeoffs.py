@@ -35,8 +35,11 @@ from 2¹⁶ down whose gradients are finite, as a GradScaler would settle; ``exa
 measures is FP16's rounding and not the underflow of unscaled gradients.
 
 Mixed precision is ``torch.autocast`` with float16 and ``torch.amp.GradScaler`` on CUDA.  On a CPU it is
-bfloat16 autocast without a scaler (bfloat16 has FP32's exponent range), because the CPU float16 convolution
-kernels are about 100× slower than FP32 ones; the result says which was used (``mixed_dtype``).
+bfloat16 autocast without a scaler (bfloat16 has FP32's exponent range), CPU autocast's default dtype (float16
+convolutions are slow only where oneDNN has no float16 kernel: :func:`mpt_lab.device.cpu_kernels`); the result says
+which was used (``mixed_dtype``).  The four ways' steps are timed in interleaved rounds (one step of each way per
+round, ``repeat`` rounds after warm-up; the median per way), so that a change in the load of a shared machine
+falls on all four alike.
 
 Peak memory: on CUDA the caching allocator's counters; a CPU has no such counter, and
 :func:`mpt_lab.bench.peak_memory` counts the live tensor storage instead (see its docstring).
@@ -145,8 +148,8 @@ class Config(ExperimentConfig):
 
 
 PROFILES = {
-    "quick": {"image_size": 16, "width": 8, "batch_size": 32, "repeat": 3, "warmup": 1, "epochs": 4, "threads": 1},
-    "cpu": {"image_size": 24, "width": 12, "batch_size": 64, "repeat": 3, "warmup": 1, "epochs": 4, "threads": 0},
+    "quick": {"image_size": 16, "width": 8, "batch_size": 32, "repeat": 5, "warmup": 1, "epochs": 4, "threads": 1},
+    "cpu": {"image_size": 24, "width": 12, "batch_size": 64, "repeat": 5, "warmup": 1, "epochs": 4, "threads": 0},
     "full": {"image_size": 64, "width": 64, "stages": 4, "depth": 2, "batch_size": 256, "repeat": 10, "warmup": 3,
              "epochs": 10, "time_layouts": True},
 }
@@ -331,7 +334,8 @@ def measure(config: Config, run: Run) -> dict:
     note = ("float16 autocast with torch.amp.GradScaler" if use_scaler else
             "bfloat16 autocast without a loss scaler (bfloat16 has FP32's exponent range)")
     if device.type == "cpu":
-        note += ("; on a CPU the float16 convolution kernels are ~100x slower than FP32, so CPU runs use bfloat16"
+        note += ("; CPU runs use bfloat16, CPU autocast's default (float16 convolutions are slow only where oneDNN "
+                 "has no float16 kernel)"
                  if not use_scaler else "; float16 on a CPU is slow (no fast kernels): times are not representative")
     method = ("torch.cuda max_memory_allocated - memory_allocated around one step" if device.type == "cuda" else
               "mpt_lab.bench.peak_memory: live bytes of the tensor storages created by ATen ops during one step "
@@ -346,18 +350,24 @@ def measure(config: Config, run: Run) -> dict:
 
     baseline = baseline_name(device.type, backends())
     exact, exact_scale = _exactness(init, xb, yb, device, dtype)
-    ways = {}
-    for way, (mixed, ckpt) in run.bar(WAYS.items(), desc="four ways"):
+    ways, steps = {}, {}
+    for way, (mixed, ckpt) in WAYS.items():
         m = copy.deepcopy(init)
         m.checkpoint = ckpt
         opt = torch.optim.SGD(m.parameters(), lr=config.lr, momentum=config.momentum)
         scaler = torch.amp.GradScaler(device.type) if (mixed and use_scaler) else None
-        step = _make_step(m, opt, scaler, xb, yb, device, dtype if mixed else None)
-        timing = time_call(step, repeat=config.repeat, warmup=max(config.warmup, 1), device=device)
+        steps[way] = (m, opt, _make_step(m, opt, scaler, xb, yb, device, dtype if mixed else None))
+        time_call(steps[way][2], repeat=1, warmup=max(config.warmup, 1) - 1, device=device)   # warm-up
+    times = {way: [] for way in WAYS}
+    for _ in run.bar(range(config.repeat), desc="four ways, timed rounds"):   # interleaved: one step of each
+        for way, (_, _, step) in steps.items():
+            times[way].append(time_call(step, repeat=1, warmup=0, device=device).median)
+    for way, (mixed, _) in WAYS.items():
+        m, opt, step = steps[way]
         opt.zero_grad(set_to_none=True)
         flops, fwd_flops = step_flops(m, xb, yb, dtype if mixed else None)
-        ways[way] = {"peak_bytes": int(peak_memory(step, device)), "step_seconds": timing.median,
-                     "step_times": list(timing.times), "step_flops": flops, "forward_flops": fwd_flops, **exact[way]}
+        ways[way] = {"peak_bytes": int(peak_memory(step, device)), "step_seconds": statistics.median(times[way]),
+                     "step_times": times[way], "step_flops": flops, "forward_flops": fwd_flops, **exact[way]}
     for w in ways.values():
         w["memory_saved"] = 1.0 - w["peak_bytes"] / ways["fp32"]["peak_bytes"]
         w["overhead"] = w["step_seconds"] / ways["fp32"]["step_seconds"] - 1.0

@@ -69,8 +69,8 @@ def tradeoff_table(result: MemoryTradeoffsResult) -> HTML:
                      f"{100 * w['overhead']:+.0f}%", flops, same])
     caption = ("The usual verdict: recomputation is " + say(RECOMPUTE_VS_PRECISION["recomputation"])
                + "; lower precision is " + say(RECOMPUTE_VS_PRECISION["lower precision"]) + " (where 16-bit "
-               "arithmetic is fast it even saves time). The time columns are measured on the machine that ran this table: without fast "
-               "16-bit kernels (most CPUs) lower precision costs time instead.")
+               "arithmetic is fast it even saves time). The time columns are measured on the machine that ran this table "
+               "(median of interleaved rounds); whether lower precision saves time there depends on its 16-bit kernels.")
     return table_html(["way", "peak MiB", "memory saved", "ms / step", "time overhead", "FLOPs / step vs FP32",
                        "gradients = FP32's?"], rows, caption=caption)
 

@@ -15,7 +15,7 @@ from matplotlib.ticker import MaxNLocator
 
 from ..harness.runner import ExperimentResult
 from ..histogram import Log2Histogram, log2_histogram, lost_mass, lost_share
-from ._base import FORMAT_COLORS, HTML, binade, new_figure, pct, power_text, recipe_style, running_mean, table_html
+from ._base import FORMAT_COLORS, HTML, new_figure, pct, power_text, recipe_style, running_mean, table_html
 
 __all__ = ["plot_scale_history", "plot_divergence", "plot_shift_sweep", "divergence_table", "plot_gradient_scale",
            "gradient_scale_table", "plot_gradient_shift", "plot_sampled_softmax"]
@@ -132,7 +132,12 @@ def plot_shift_sweep(result: ExperimentResult, *, title: str | None = None) -> F
     zeros = [100 * float(sweep["zero_share"][str(k)]) for k in ks]
     fig = new_figure((9, 4.4))
     ax = fig.add_subplot()
-    ax.plot(ks, loss, "o-", color="#d62728", lw=2, label=f"{recipe_style('fp16_unscaled')[0]}: final loss")
+    runs = [[ks[0]]]                      # lines join neighbouring shifts only: none across an unmeasured k
+    for a in ks[1:]:
+        runs[-1].append(a) if a == runs[-1][-1] + 1 else runs.append([a])
+    for i, run in enumerate(runs):
+        ax.plot(run, [loss[ks.index(a)] for a in run], "o-", color="#d62728", lw=2,
+                label=f"{recipe_style('fp16_unscaled')[0]}: final loss (lines join neighbouring k)" if i == 0 else None)
     ax.axhline(float(sweep["fp32"]), color="#1f77b4", lw=2, label="FP32 (identical for every k)")
     if sweep.get("equivalent_shift") is not None:
         ax.axvline(sweep["equivalent_shift"], color="0.4", ls=":",
@@ -141,7 +146,9 @@ def plot_shift_sweep(result: ExperimentResult, *, title: str | None = None) -> F
     ax.set_ylabel("final training loss (nats per token)")
     ax.grid(alpha=0.3)
     bx = ax.twinx()
-    bx.plot(ks, zeros, "s--", color="0.5", label="FP16 run: activation-gradient values = 0 (%)")
+    for i, run in enumerate(runs):
+        bx.plot(run, [zeros[ks.index(a)] for a in run], "s--", color="0.5",
+                label="FP16 run: activation-gradient values = 0 (%)" if i == 0 else None)
     bx.set_ylabel("activation-gradient values = 0 (%)")
     bx.set_ylim(0, 100)
     h1, l1 = ax.get_legend_handles_labels()
@@ -271,7 +278,7 @@ def plot_gradient_scale(result: ExperimentResult, *, which: str = "trained", tit
     bx.set_ylabel("share of values (%)")
     bx.set_title("A shift k against 2ᵏ times the vocabulary or batch")
     bx.grid(alpha=0.3)
-    bx.legend(fontsize="x-small", loc="upper left")
+    bx.legend(fontsize="x-small", loc="upper center", bbox_to_anchor=(0.5, -0.16))   # below: no data covered
     _plot_lost_against_shift(cx, result, which, vocabs)
     fig.suptitle(title or f"What sets a language model's gradient scale ({which} histograms, FP32, "
                           f"{result.profile} profile)")
@@ -308,19 +315,19 @@ def _sup(k: int) -> str:
 
 def gradient_scale_table(result: ExperimentResult, *, which: str = "trained") -> HTML:
     """Per point of an :class:`~mpt_lab.experiments.lm_gradient_scale.LMGradientScaleResult`: V, N, log₂(V·N),
-    the median binade and the share FP16 loses at the first step and over the recorded steps, the loss
+    log₂ of the median (2 decimals, as the comparisons and the figure give it) and the share FP16 loses at the first step and over the recorded steps, the loss
     (an HTML table); below it, each comparison of a shifted point with a measured one."""
     init, trained = _gradient_scale_points(result, "init"), _gradient_scale_points(result, which)
-    rows = [[f"{a['vocab_size']:,}", f"{a['tokens']:,}", f"{a['log2_vn']:.1f}", binade(a["median_binade"]),
-             binade(b["median_binade"]), pct(a["lost"]), pct(b["lost"]), f"{b['loss']:.2f}"]
+    rows = [[f"{a['vocab_size']:,}", f"{a['tokens']:,}", f"{a['log2_vn']:.1f}", f"{a['median_log2']:.2f}",
+             f"{b['median_log2']:.2f}", _share(a["lost"]), _share(b["lost"]), f"{b['loss']:.2f}"]
             for a, b in zip(init, trained)]
-    points = table_html(["V (words)", "N (tokens per batch)", "log₂(V·N)", "median, first step",
-                         "median, trained", "lost in FP16, first step", "lost in FP16, trained",
+    points = table_html(["V (words)", "N (tokens per batch)", "log₂(V·N)", "log₂ median, first step",
+                         "log₂ median, trained", "lost in FP16, first step", "lost in FP16, trained",
                          "loss, trained (nats per token)"], rows)
     comps = [[("vocabulary" if c["axis"] == "V" else "batch") + f" × 2<sup>{c['k']}</sup>",
               f"{c['base'][0]:,} × {c['base'][1]:,} → {c['target'][0]:,} × {c['target'][1]:,}",
-              f"{c['shifted_median']:.2f}", f"{c['measured_median']:.2f}", pct(c["shifted_lost"]),
-              pct(c["measured_lost"])] for c in result.comparisons(which)]
+              f"{c['shifted_median']:.2f}", f"{c['measured_median']:.2f}", _share(c["shifted_lost"]),
+              _share(c["measured_lost"])] for c in result.comparisons(which)]
     if not comps:
         return points
     shifts = table_html(["larger by", "V × N → V × N", "log₂ median, shifted", "log₂ median, measured",
