@@ -65,14 +65,22 @@ CONFIGS = {
     "FP16 accumulator, pairwise": {"accumulator": "FP16", "order": "pairwise"},
     "FP16 accumulator, Kahan": {"accumulator": "FP16", "compensated": True},
     "14-bit accumulator toward zero, FP32 products, blocked 128": {
-        "accumulator": NARROW, "products": "FP32", "order": "blocked", "block_size": 128,
-        "rounding": "toward_zero"},
+        "accumulator": NARROW,
+        "products": "FP32",
+        "order": "blocked",
+        "block_size": 128,
+        "rounding": "toward_zero",
+    },
 }
 GOAL_ROW = next(iter(CONFIGS))
-INPUTS = {"simulated": "standard normal values rounded to FP16 (torch.float16)",
-          "simulated_float32_inputs": "the same standard normal values before rounding (torch.float32)"}
-MPTORCH = {"measured": False,
-           "why": "pip install mptorch: no matching distribution on the package registry (checked 2026-11-26)"}
+INPUTS = {
+    "simulated": "standard normal values rounded to FP16 (torch.float16)",
+    "simulated_float32_inputs": "the same standard normal values before rounding (torch.float32)",
+}
+MPTORCH = {
+    "measured": False,
+    "why": "pip install mptorch: no matching distribution on the package registry (checked 2026-11-26)",
+}
 
 
 def _jsonable(kw: dict) -> dict:
@@ -81,17 +89,20 @@ def _jsonable(kw: dict) -> dict:
 
 @dataclass
 class Config(ExperimentConfig):
-    device: str = "cpu"                         # the arithmetic is timed on the CPU
-    shape: tuple = (256, 1024, 256)             # (M, K, N): (M×K)@(K×N)
-    repeat: int = 5                             # timed calls of each (the median is kept)
+    device: str = "cpu"  # the arithmetic is timed on the CPU
+    shape: tuple = (256, 1024, 256)  # (M, K, N): (M×K)@(K×N)
+    repeat: int = 5  # timed calls of each (the median is kept)
 
     def validate(self) -> None:
         super().validate()
         self.check_positive("repeat")
         self.check_choices("device", ("cpu",))
         s = self.shape
-        if not (isinstance(s, (tuple, list)) and len(s) == 3
-                and all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in s)):
+        if not (
+            isinstance(s, (tuple, list))
+            and len(s) == 3
+            and all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in s)
+        ):
             raise ValueError(f"config.shape must be three ints ≥ 1 (M, K, N), got {s!r}")
 
 
@@ -113,11 +124,15 @@ class AccumulationSpeedResult(TimingTable):
     mptorch: dict = field(default_factory=lambda: dict(MPTORCH))
 
     def row_text(self, r: dict) -> str:
-        text = (f"{r['name']:60s} float32 {r['float32_s'] * 1e3:8.2f} ms  simulated {r['simulated_s'] * 1e3:9.1f} ms"
-                f"  ratio {r['ratio']:7.1f} (CPU time: {r['cpu_ratio']:7.1f})")
-        if "inputs_ratio" in r:   # results saved before issue 29 timed FP16-valued inputs only
-            text += (f"\n{'':60s} float32 operands {r['simulated_float32_inputs_s'] * 1e3:9.1f} ms: "
-                     f"{r['inputs_ratio']:.2f}× the FP16-valued ones (CPU time: {r['inputs_cpu_ratio']:.2f}×)")
+        text = (
+            f"{r['name']:60s} float32 {r['float32_s'] * 1e3:8.2f} ms  simulated {r['simulated_s'] * 1e3:9.1f} ms"
+            f"  ratio {r['ratio']:7.1f} (CPU time: {r['cpu_ratio']:7.1f})"
+        )
+        if "inputs_ratio" in r:  # results saved before issue 29 timed FP16-valued inputs only
+            text += (
+                f"\n{'':60s} float32 operands {r['simulated_float32_inputs_s'] * 1e3:9.1f} ms: "
+                f"{r['inputs_ratio']:.2f}× the FP16-valued ones (CPU time: {r['inputs_cpu_ratio']:.2f}×)"
+            )
         return text
 
     def describe(self) -> str:
@@ -125,8 +140,10 @@ class AccumulationSpeedResult(TimingTable):
         lines.append(f"goal ≤ {g['goal']:.0f}× by wall clock: {'met' if g['met'] else 'not met'}")
         if self.general_path:
             p = self.general_path
-            lines.append(f"float32 operands ≤ {p['goal']:.0f}× FP16 values: by wall clock in {p['met_wall']} of "
-                         f"{len(p['rows'])} rows, by CPU time in {p['met_cpu']}")
+            lines.append(
+                f"float32 operands ≤ {p['goal']:.0f}× FP16 values: by wall clock in {p['met_wall']} of "
+                f"{len(p['rows'])} rows, by CPU time in {p['met_cpu']}"
+            )
         lines.append(f"mptorch: not measured ({self.mptorch['why']})")
         return "\n".join(lines)
 
@@ -142,32 +159,56 @@ def measure(config: Config, run: Run) -> dict:
     A32, B32 = A.float(), B.float()
     rows = []
     for name, kw in run.bar(CONFIGS.items(), desc="accumulation.matmul against float32", total=len(CONFIGS)):
-        times = interleaved({"float32": lambda: A32 @ B32,
-                             "simulated": lambda kw=kw: accumulation.matmul(A, B, **kw),
-                             "simulated_float32_inputs": lambda kw=kw: accumulation.matmul(F32A, F32B, **kw)},
-                            config.repeat)
+        times = interleaved(
+            {
+                "float32": lambda: A32 @ B32,
+                "simulated": lambda kw=kw: accumulation.matmul(A, B, **kw),
+                "simulated_float32_inputs": lambda kw=kw: accumulation.matmul(F32A, F32B, **kw),
+            },
+            config.repeat,
+        )
         (t32, c32), (tsim, csim) = times["float32"], times["simulated"]
         tf, cf = times["simulated_float32_inputs"]
-        row = {"name": name, "keywords": _jsonable(kw), "float32_s": statistics.median(t32),
-               "simulated_s": statistics.median(tsim), "float32_cpu_s": statistics.median(c32),
-               "simulated_cpu_s": statistics.median(csim), "float32_times_s": t32, "simulated_times_s": tsim,
-               "simulated_float32_inputs_s": statistics.median(tf), "simulated_float32_inputs_cpu_s":
-               statistics.median(cf), "simulated_float32_inputs_times_s": tf}
+        row = {
+            "name": name,
+            "keywords": _jsonable(kw),
+            "float32_s": statistics.median(t32),
+            "simulated_s": statistics.median(tsim),
+            "float32_cpu_s": statistics.median(c32),
+            "simulated_cpu_s": statistics.median(csim),
+            "float32_times_s": t32,
+            "simulated_times_s": tsim,
+            "simulated_float32_inputs_s": statistics.median(tf),
+            "simulated_float32_inputs_cpu_s": statistics.median(cf),
+            "simulated_float32_inputs_times_s": tf,
+        }
         row["ratio"] = row["simulated_s"] / row["float32_s"]
         row["cpu_ratio"] = row["simulated_cpu_s"] / row["float32_cpu_s"]
         row["inputs_ratio"] = row["simulated_float32_inputs_s"] / row["simulated_s"]
         row["inputs_cpu_ratio"] = row["simulated_float32_inputs_cpu_s"] / row["simulated_cpu_s"]
         rows.append(row)
     first = rows[0]
-    general = {"goal": GENERAL_GOAL, "rows": {r["name"]: {"ratio": r["inputs_ratio"], "cpu_ratio": r["inputs_cpu_ratio"]}
-                                              for r in rows}}
+    general = {
+        "goal": GENERAL_GOAL,
+        "rows": {r["name"]: {"ratio": r["inputs_ratio"], "cpu_ratio": r["inputs_cpu_ratio"]} for r in rows},
+    }
     general["met_wall"] = sum(r["inputs_ratio"] <= GENERAL_GOAL for r in rows)
     general["met_cpu"] = sum(r["inputs_cpu_ratio"] <= GENERAL_GOAL for r in rows)
-    return {"load_average": {"start": load_start, "end": os.getloadavg()[0]}, "rows": rows,
-            "summary": {"wall clock": first["ratio"], "CPU time": first["cpu_ratio"]},
-            "goal": {"row": first["name"], "ratio": first["ratio"], "cpu_ratio": first["cpu_ratio"], "goal": GOAL,
-                     "met": first["ratio"] <= GOAL},
-            "general_path": general, "inputs": dict(INPUTS), "mptorch": dict(MPTORCH)}
+    return {
+        "load_average": {"start": load_start, "end": os.getloadavg()[0]},
+        "rows": rows,
+        "summary": {"wall clock": first["ratio"], "CPU time": first["cpu_ratio"]},
+        "goal": {
+            "row": first["name"],
+            "ratio": first["ratio"],
+            "cpu_ratio": first["cpu_ratio"],
+            "goal": GOAL,
+            "met": first["ratio"] <= GOAL,
+        },
+        "general_path": general,
+        "inputs": dict(INPUTS),
+        "mptorch": dict(MPTORCH),
+    }
 
 
 BENCHMARK = Benchmark("accumulation_speed", Config, PROFILES, measure, AccumulationSpeedResult, __doc__)

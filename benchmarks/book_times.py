@@ -62,8 +62,10 @@ class BookTimesResult(ExperimentResult):
 
     def describe(self) -> str:
         lines = [f"{name:36s} {s:7.1f} s" for name, s in sorted(self.notebook_seconds.items())]
-        lines.append(f"whole build (clean clone, {self.profile} profile): {self.build_seconds:.0f} s; exit status "
-                     f"{self.returncode}; within budget: {self.within_budget}")
+        lines.append(
+            f"whole build (clean clone, {self.profile} profile): {self.build_seconds:.0f} s; exit status "
+            f"{self.returncode}; within budget: {self.within_budget}"
+        )
         return "\n".join(lines)
 
 
@@ -77,35 +79,47 @@ def measure(config: Config, run: Run) -> dict:
     try:
         clone = work / "repo"
         subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
-        commit = subprocess.run(["git", "-C", str(clone), "rev-parse", "HEAD"], capture_output=True, text=True,
-                                check=True).stdout.strip()
+        commit = subprocess.run(
+            ["git", "-C", str(clone), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
         env = dict(os.environ, MPT_LAB_PROFILE=profile, PYTHONHASHSEED="0")
         env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
-        env["PYTHONPATH"] = str(clone)      # the clone's mpt_lab, whatever this environment has installed
+        env["PYTHONPATH"] = str(clone)  # the clone's mpt_lab, whatever this environment has installed
         load_before = os.getloadavg()
         t0 = time.perf_counter()
-        res = subprocess.run([str(jb), "build", str(clone), "-W", "-n", "--keep-going"], capture_output=True,
-                             text=True, env=env)
+        res = subprocess.run(
+            [str(jb), "build", str(clone), "-W", "-n", "--keep-going"], capture_output=True, text=True, env=env
+        )
         seconds = time.perf_counter() - t0
         load_after = os.getloadavg()
     finally:
         shutil.rmtree(work, ignore_errors=True)
     log = res.stdout + res.stderr
-    notebooks = {Path(m.group(1)).stem: float(m.group(2))
-                 for m in re.finditer(r"(\S+\.ipynb): Executed notebook in ([0-9.]+) seconds", log)}
+    notebooks = {
+        Path(m.group(1)).stem: float(m.group(2))
+        for m in re.finditer(r"(\S+\.ipynb): Executed notebook in ([0-9.]+) seconds", log)
+    }
     budget = BUDGETS[profile]
-    within = {"notebooks": all(v <= budget["notebook"] for v in notebooks.values()),
-              "book": None if budget["book"] is None else seconds <= budget["book"]}
-    return {"commit": commit, "returncode": res.returncode, "build_seconds": seconds, "notebook_seconds": notebooks,
-            "budget_seconds": budget, "within_budget": within,
-            "load_average": {"before": [round(v, 2) for v in load_before], "after": [round(v, 2) for v in load_after]},
-            "log_tail": _failure(log) if res.returncode else ""}
+    within = {
+        "notebooks": all(v <= budget["notebook"] for v in notebooks.values()),
+        "book": None if budget["book"] is None else seconds <= budget["book"],
+    }
+    return {
+        "commit": commit,
+        "returncode": res.returncode,
+        "build_seconds": seconds,
+        "notebook_seconds": notebooks,
+        "budget_seconds": budget,
+        "within_budget": within,
+        "load_average": {"before": [round(v, 2) for v in load_before], "after": [round(v, 2) for v in load_after]},
+        "log_tail": _failure(log) if res.returncode else "",
+    }
 
 
 def _failure(log: str) -> str:
     """What a failed build's log says first about the failure (the cell that raised, with its error), else its end."""
     first = min((i for i in (log.find("CellExecutionError"), log.find("Traceback")) if i >= 0), default=-1)
-    return log[max(0, first - 500):first + 3000] if first >= 0 else log[-2000:]
+    return log[max(0, first - 500) : first + 3000] if first >= 0 else log[-2000:]
 
 
 BENCHMARK = Benchmark("book_times", Config, PROFILES, measure, BookTimesResult, __doc__)

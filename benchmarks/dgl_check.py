@@ -50,7 +50,7 @@ VERSIONS = ("2.1.0", "1.1.3")
 FIXES = {"torchdata.datapipes": "torchdata==0.9.0", "pandas": "pandas", "pydantic": "pydantic", "yaml": "pyyaml"}
 
 #: Run inside the throw-away environment; prints one JSON object.
-PROBE = r'''
+PROBE = r"""
 import json, sys, traceback
 out = {}
 def err(e):
@@ -108,17 +108,24 @@ for name in ("float16", "bfloat16", "float32"):
         ex[f"UDF dot ({name})"] = attempt(udf_dot)
 out["examples_cpu"] = ex
 print(json.dumps(out))
-'''
+"""
 
 
 def _pip(venv: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "--disable-pip-version-check", *args],
-                          capture_output=True, text=True, timeout=900)
+    return subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "pip", "--disable-pip-version-check", *args],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
 
 
 def _pip_tail(res: subprocess.CompletedProcess, n: int = 6) -> list:
-    lines = [line for line in (res.stdout + res.stderr).splitlines()
-             if line.strip() and "is ignored: it is neither" not in line]
+    lines = [
+        line
+        for line in (res.stdout + res.stderr).splitlines()
+        if line.strip() and "is ignored: it is neither" not in line
+    ]
     return lines[-n:]
 
 
@@ -135,17 +142,23 @@ def check_version(version: str, base_python: str, workdir: Path) -> dict:
     _pip(venv, "install", "--dry-run", "--quiet", "--report", str(report), f"dgl=={version}")
     would = []
     if report.exists():
-        would = [f"{i['metadata']['name']}=={i['metadata']['version']}" for i in json.loads(report.read_text())["install"]]
+        would = [
+            f"{i['metadata']['name']}=={i['metadata']['version']}" for i in json.loads(report.read_text())["install"]
+        ]
     rec["would_install"] = would
     no_deps = any(w.split("==")[0].lower() == "torch" for w in would)
     rec["no_deps"] = no_deps
     inst = _pip(venv, "install", f"dgl=={version}", *(["--no-deps"] if no_deps else []))
-    rec["pip_install"] = {"command": f"pip install dgl=={version}" + (" --no-deps" if no_deps else ""),
-                          "returncode": inst.returncode, "tail": _pip_tail(inst)}
+    rec["pip_install"] = {
+        "command": f"pip install dgl=={version}" + (" --no-deps" if no_deps else ""),
+        "returncode": inst.returncode,
+        "tail": _pip_tail(inst),
+    }
     attempts = []
     for _ in range(len(FIXES) + 2):
-        res = subprocess.run([str(venv / "bin" / "python"), "-c", PROBE], capture_output=True, text=True,
-                             timeout=600, cwd=str(workdir))
+        res = subprocess.run(
+            [str(venv / "bin" / "python"), "-c", PROBE], capture_output=True, text=True, timeout=600, cwd=str(workdir)
+        )
         try:
             probe = json.loads(res.stdout.strip().splitlines()[-1])
         except (IndexError, json.JSONDecodeError):
@@ -162,8 +175,9 @@ def check_version(version: str, base_python: str, workdir: Path) -> dict:
     for lib in sorted((site / "dgl").glob("**/lib*_pytorch_*.so")):
         name, _, ver = lib.stem.rpartition("_pytorch_")
         shipped.setdefault(name, []).append(ver)
-    rec["shipped_torch_builds"] = {k: sorted(v, key=lambda s: tuple(int(p) for p in s.split(".") if p.isdigit()))
-                                   for k, v in shipped.items()}
+    rec["shipped_torch_builds"] = {
+        k: sorted(v, key=lambda s: tuple(int(p) for p in s.split(".") if p.isdigit())) for k, v in shipped.items()
+    }
     rec["import"] = attempts[-1]["import"]
     rec["torch"] = attempts[-1]["torch"]
     rec["examples_cpu"] = probe.get("examples_cpu")
@@ -172,7 +186,7 @@ def check_version(version: str, base_python: str, workdir: Path) -> dict:
 
 @dataclass
 class Config(ExperimentConfig):
-    versions: tuple = VERSIONS    # the DGL versions to check
+    versions: tuple = VERSIONS  # the DGL versions to check
 
 
 PROFILES = {"cpu": {}}
@@ -190,10 +204,13 @@ class DglCheckResult(ExperimentResult):
         lines = []
         for v, r in self.results.items():
             imp = r["import"]
-            lines.append(f"DGL {v}: import " + ("ok" if imp["ok"] else
-                                                f"failed: {imp['exception']}: {imp['message'][:200]}"))
-            lines += [f"   {k}: " + (e["dtype"] if e["ok"] else f"{e['exception']}: {e['message'][:160]}")
-                      for k, e in (r["examples_cpu"] or {}).items()]
+            lines.append(
+                f"DGL {v}: import " + ("ok" if imp["ok"] else f"failed: {imp['exception']}: {imp['message'][:200]}")
+            )
+            lines += [
+                f"   {k}: " + (e["dtype"] if e["ok"] else f"{e['exception']}: {e['message'][:160]}")
+                for k, e in (r["examples_cpu"] or {}).items()
+            ]
         return "\n".join(lines)
 
 

@@ -74,13 +74,13 @@ def make_step(model: torch.nn.Module, case: str, ids: torch.Tensor, lr: float):
 
 @dataclass
 class Config(ExperimentConfig):
-    vocab_size: int = 96          # characters (random token ids: speed does not depend on the text)
-    dim: int = 256                # model width; the MLP is 4·dim wide
-    layers: int = 4               # transformer blocks
+    vocab_size: int = 96  # characters (random token ids: speed does not depend on the text)
+    dim: int = 256  # model width; the MLP is 4·dim wide
+    layers: int = 4  # transformer blocks
     heads: int = 4
-    context: int = 128            # tokens per sequence
-    batch: int = 16               # sequences per step
-    repeat: int = 7               # timed steps of each case (the median is kept)
+    context: int = 128  # tokens per sequence
+    batch: int = 16  # sequences per step
+    repeat: int = 7  # timed steps of each case (the median is kept)
     cases: tuple = CASES
 
     def validate(self) -> None:
@@ -93,8 +93,10 @@ class Config(ExperimentConfig):
             raise ValueError(f"config.dim ({self.dim}) must be divisible by config.heads ({self.heads})")
 
 
-PROFILES = {"quick": {"dim": 32, "layers": 1, "heads": 2, "context": 32, "batch": 2, "repeat": 1, "threads": 1},
-            "cpu": {"threads": 1}}
+PROFILES = {
+    "quick": {"dim": 32, "layers": 1, "heads": 2, "context": 32, "batch": 2, "repeat": 1, "threads": 1},
+    "cpu": {"threads": 1},
+}
 
 
 @dataclass
@@ -108,29 +110,42 @@ class FourbitSpeedResult(TimingTable):
 
     def row_text(self, r: dict) -> str:
         ratio = "" if r["case"] == "fp32" else f"   {r['vs_fp32']:.2f}× FP32 (CPU time {r['vs_fp32_cpu']:.2f}×)"
-        return (f"{r['case']:13s} step {r['step_s'] * 1e3:8.1f} ms (CPU {r['step_cpu_s'] * 1e3:8.1f} ms){ratio}"
-                f"   {r['recipe']}")
+        return (
+            f"{r['case']:13s} step {r['step_s'] * 1e3:8.1f} ms (CPU {r['step_cpu_s'] * 1e3:8.1f} ms){ratio}"
+            f"   {r['recipe']}"
+        )
 
 
 def measure(config: Config, run: Run) -> dict:
     """Time a training step of each case (see the module docstring)."""
     load_start = os.getloadavg()[0]
     g = torch.Generator().manual_seed(config.seed)
-    model = CharTransformerLM(config.vocab_size, dim=config.dim, layers=config.layers, heads=config.heads,
-                              context=config.context)
+    model = CharTransformerLM(
+        config.vocab_size, dim=config.dim, layers=config.layers, heads=config.heads, context=config.context
+    )
     ids = torch.randint(0, config.vocab_size, (config.batch, config.context + 1), generator=g)
     steps, described = {}, {}
     for case in run.bar(config.cases, desc="building the cases"):
         steps[case], _ = make_step(model, case, ids, lr=1e-3)
         recipe = recipe_of(case)
-        described[case] = "FP32" if recipe is None else recipe.label + (
-            f" ({', '.join(f'{k} {v}' for k, v in recipe.gemms.describe().items())})" if recipe.gemms else "")
+        described[case] = (
+            "FP32"
+            if recipe is None
+            else recipe.label
+            + (f" ({', '.join(f'{k} {v}' for k, v in recipe.gemms.describe().items())})" if recipe.gemms else "")
+        )
     times = interleaved(steps, config.repeat)
     rows = []
     base_wall, base_cpu = (statistics.median(t) for t in times["fp32"])
     for case, (wall, cpu) in times.items():
-        row = {"case": case, "recipe": described[case], "step_s": statistics.median(wall),
-               "step_cpu_s": statistics.median(cpu), "times_s": wall, "cpu_times_s": cpu}
+        row = {
+            "case": case,
+            "recipe": described[case],
+            "step_s": statistics.median(wall),
+            "step_cpu_s": statistics.median(cpu),
+            "times_s": wall,
+            "cpu_times_s": cpu,
+        }
         row["vs_fp32"], row["vs_fp32_cpu"] = row["step_s"] / base_wall, row["step_cpu_s"] / base_cpu
         rows.append(row)
     summary = {}
@@ -139,10 +154,17 @@ def measure(config: Config, run: Run) -> dict:
             summary[f"{r['case']} / fp32"] = r["vs_fp32"]
             summary[f"{r['case']} / fp32 (CPU time)"] = r["vs_fp32_cpu"]
     linears = sum(isinstance(mod, torch.nn.Linear) for mod in model.modules())
-    return {"load_average": {"start": load_start, "end": os.getloadavg()[0], "cpus": os.cpu_count()},
-            "model": {"name": "CharTransformerLM", "parameters": sum(p.numel() for p in model.parameters()),
-                      "linear_layers": linears, "tokens_per_step": config.batch * config.context},
-            "rows": rows, "summary": summary}
+    return {
+        "load_average": {"start": load_start, "end": os.getloadavg()[0], "cpus": os.cpu_count()},
+        "model": {
+            "name": "CharTransformerLM",
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "linear_layers": linears,
+            "tokens_per_step": config.batch * config.context,
+        },
+        "rows": rows,
+        "summary": summary,
+    }
 
 
 BENCHMARK = Benchmark("fourbit_speed", Config, PROFILES, measure, FourbitSpeedResult, __doc__)

@@ -35,11 +35,44 @@ from mpt_lab._torch_internals import TorchDispatchMode  # noqa: E402
 from mpt_lab.harness.runner import _parse_like  # noqa: E402
 
 #: Operators that make no kernel on a GPU (views, metadata): not counted.
-_NO_KERNEL = {"view", "_unsafe_view", "reshape", "expand", "t", "transpose", "permute", "unsqueeze", "squeeze",
-              "select", "slice", "as_strided", "alias", "detach", "split", "split_with_sizes", "unbind", "chunk",
-              "_reshape_alias", "view_as", "lift_fresh", "empty", "empty_like", "empty_strided", "set_",
-              "unfold", "diagonal", "narrow", "numpy_T", "_to_copy_meta", "is_nonzero", "sym_size", "sym_stride",
-              "sym_numel", "sym_storage_offset", "_local_scalar_dense"}
+_NO_KERNEL = {
+    "view",
+    "_unsafe_view",
+    "reshape",
+    "expand",
+    "t",
+    "transpose",
+    "permute",
+    "unsqueeze",
+    "squeeze",
+    "select",
+    "slice",
+    "as_strided",
+    "alias",
+    "detach",
+    "split",
+    "split_with_sizes",
+    "unbind",
+    "chunk",
+    "_reshape_alias",
+    "view_as",
+    "lift_fresh",
+    "empty",
+    "empty_like",
+    "empty_strided",
+    "set_",
+    "unfold",
+    "diagonal",
+    "narrow",
+    "numpy_T",
+    "_to_copy_meta",
+    "is_nonzero",
+    "sym_size",
+    "sym_stride",
+    "sym_numel",
+    "sym_storage_offset",
+    "_local_scalar_dense",
+}
 
 
 class OpCounter(TorchDispatchMode):
@@ -64,8 +97,13 @@ def count(name: str, overrides: dict) -> dict:
     t0, c0 = time.perf_counter(), time.process_time()
     with FlopCounterMode(display=False) as flops, ops:
         e.run(cfg, progress=False)
-    return {"ops": sum(ops.counts.values()), "gflop": flops.get_total_flops() / 1e9,
-            "wall": time.perf_counter() - t0, "cpu": time.process_time() - c0, "top": ops.counts.most_common(8)}
+    return {
+        "ops": sum(ops.counts.values()),
+        "gflop": flops.get_total_flops() / 1e9,
+        "wall": time.perf_counter() - t0,
+        "cpu": time.process_time() - c0,
+        "top": ops.counts.most_common(8),
+    }
 
 
 def _pairs(items, cfg):
@@ -80,8 +118,13 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("name", choices=experiments.NAMES)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override for both counts")
-    p.add_argument("--vary", action="append", default=[], metavar="KEY=VALUE",
-                   help="the second count's values (fields of work, e.g. steps=3)")
+    p.add_argument(
+        "--vary",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="the second count's values (fields of work, e.g. steps=3)",
+    )
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -89,17 +132,24 @@ def main(argv=None) -> int:
     base_cfg = experiments.get(args.name).smoke_config()
     base = _pairs(args.set, base_cfg)
     a = count(args.name, base)
-    print(f"{args.name} smoke {base}: {a['ops']} ops, {a['gflop']:.3f} GFLOP, {a['wall']:.1f} s wall, "
-          f"{a['cpu']:.1f} s CPU; top {a['top']}")
+    print(
+        f"{args.name} smoke {base}: {a['ops']} ops, {a['gflop']:.3f} GFLOP, {a['wall']:.1f} s wall, "
+        f"{a['cpu']:.1f} s CPU; top {a['top']}"
+    )
     if args.vary:
         vary = _pairs(args.vary, base_cfg)
         b = count(args.name, {**base, **vary})
-        units = {k: (v - getattr(dataclasses.replace(base_cfg, **base), k)) for k, v in vary.items()
-                 if isinstance(v, (int, float))}
+        units = {
+            k: (v - getattr(dataclasses.replace(base_cfg, **base), k))
+            for k, v in vary.items()
+            if isinstance(v, (int, float))
+        }
         n = max(sum(units.values()), 1)
         print(f"{args.name} varied {vary}: {b['ops']} ops, {b['gflop']:.3f} GFLOP, {b['wall']:.1f} s wall")
-        print(f"per unit of {units}: {(b['ops'] - a['ops']) / n:.0f} ops, {(b['gflop'] - a['gflop']) / n:.4f} GFLOP, "
-              f"{(b['wall'] - a['wall']) / n:.3f} s CPU wall")
+        print(
+            f"per unit of {units}: {(b['ops'] - a['ops']) / n:.0f} ops, {(b['gflop'] - a['gflop']) / n:.4f} GFLOP, "
+            f"{(b['wall'] - a['wall']) / n:.3f} s CPU wall"
+        )
     return 0
 
 

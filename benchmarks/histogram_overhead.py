@@ -29,7 +29,7 @@ class Config(ExperimentConfig):
     batch_size: int = 32
     model: str = "small"
     image_size: int = 64
-    repeat: int = 15             # timed steps per variant (the median is kept)
+    repeat: int = 15  # timed steps per variant (the median is kept)
 
     def validate(self) -> None:
         super().validate()
@@ -73,8 +73,10 @@ def measure(config: Config, run: Run) -> dict:
     # interleave once more to check the plain time did not drift
     timings["plain (again)"] = time_call(step, repeat=repeat, warmup=1)
     plain = min(timings["plain"].median, timings["plain (again)"].median)
-    return {"timings_s": {k: v.as_dict() for k, v in timings.items()},
-            "ratio_to_plain_step": {k: v.median / plain for k, v in timings.items() if not k.startswith("plain")}}
+    return {
+        "timings_s": {k: v.as_dict() for k, v in timings.items()},
+        "ratio_to_plain_step": {k: v.median / plain for k, v in timings.items() if not k.startswith("plain")},
+    }
 
 
 BENCHMARK = Benchmark("histogram_overhead", Config, PROFILES, measure, HistogramOverheadResult, __doc__)

@@ -32,9 +32,9 @@ from mpt_lab.harness.runner import ExperimentConfig, ExperimentResult, Run, run_
 @dataclass
 class Config(ExperimentConfig):
     width: int = 8192
-    layers: int = 15               # 15 × 8192 × 8193 = 1.007e9 parameters
+    layers: int = 15  # 15 × 8192 × 8193 = 1.007e9 parameters
     batch: int = 16
-    steps: int = 2                 # Adam's state exists from the first step
+    steps: int = 2  # Adam's state exists from the first step
     modes: tuple = MEMORY_MODES
 
     def validate(self) -> None:
@@ -63,11 +63,16 @@ class MemoryPerParameterResult(ExperimentResult):
     zero: dict = field(default_factory=dict)
 
     def describe(self) -> str:
-        parts = [f"{m}: resident {d['resident_per_parameter']:.2f}, peak {d['peak_per_parameter']:.2f} B/param"
-                 for m, d in self.modes.items()]
+        parts = [
+            f"{m}: resident {d['resident_per_parameter']:.2f}, peak {d['peak_per_parameter']:.2f} B/param"
+            for m, d in self.modes.items()
+        ]
         n = next(iter(self.modes.values()))["parameters"] if self.modes else 0
-        return (f"memory per parameter ({self.profile} profile, {self.device}, {n:,} parameters): "
-                + "; ".join(parts) + f"; ZeRO's accounting {self.zero.get('total')} B/param")
+        return (
+            f"memory per parameter ({self.profile} profile, {self.device}, {n:,} parameters): "
+            + "; ".join(parts)
+            + f"; ZeRO's accounting {self.zero.get('total')} B/param"
+        )
 
 
 def measure(config: Config, run: Run) -> dict:
@@ -77,12 +82,17 @@ def measure(config: Config, run: Run) -> dict:
         run.arm_done(mode, modes[mode])
         if run.device.type == "cuda":
             torch.cuda.empty_cache()
-    return {"modes": modes, "zero": {**ZERO_BYTES_PER_PARAMETER, "total": sum(ZERO_BYTES_PER_PARAMETER.values()),
-                                     "source": "Rajbhandari et al. 2020 (ZeRO), §3.1: 2Ψ + 2Ψ + KΨ = 16Ψ, K = 12"}}
+    return {
+        "modes": modes,
+        "zero": {
+            **ZERO_BYTES_PER_PARAMETER,
+            "total": sum(ZERO_BYTES_PER_PARAMETER.values()),
+            "source": "Rajbhandari et al. 2020 (ZeRO), §3.1: 2Ψ + 2Ψ + KΨ = 16Ψ, K = 12",
+        },
+    }
 
 
-BENCHMARK = Benchmark("memory_per_parameter", Config, PROFILES, measure, MemoryPerParameterResult, __doc__,
-                      smoke=SMOKE)
+BENCHMARK = Benchmark("memory_per_parameter", Config, PROFILES, measure, MemoryPerParameterResult, __doc__, smoke=SMOKE)
 main = BENCHMARK.main
 
 if __name__ == "__main__":

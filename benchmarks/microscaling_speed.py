@@ -43,7 +43,7 @@ from mpt_lab.harness.benchmark import Benchmark, TimingTable
 from mpt_lab.harness.runner import ExperimentConfig, Run, run_main
 from mpt_lab.microscaling import quantize_mx
 
-COLS = 4000                 # 125 blocks of 32 per row
+COLS = 4000  # 125 blocks of 32 per row
 
 
 def data(n: int, seed: int = 0) -> dict:
@@ -76,15 +76,18 @@ def torchao_to_mx():
 
 
 def measure_row(x: torch.Tensor, fmt, dist: str, repeat: int, ao) -> dict:
-    fns = {"cast": lambda: x.to(torch.float8_e4m3fn if fmt.name == "FP8_E4M3" else torch.float8_e5m2),
-           "quantize_mx": lambda: quantize_mx(x, fmt)}
+    fns = {
+        "cast": lambda: x.to(torch.float8_e4m3fn if fmt.name == "FP8_E4M3" else torch.float8_e5m2),
+        "quantize_mx": lambda: quantize_mx(x, fmt),
+    }
     same = None
     if ao is not None:
         fns["torchao"] = lambda: ao(x, fmt)
         ours = quantize_mx(x, fmt)
         s, d = ao(x, fmt)
-        same = bool(torch.equal(s.view(torch.uint8), ours.scale_codes)
-                    and torch.equal(d.view(torch.uint8), ours.element_codes))
+        same = bool(
+            torch.equal(s.view(torch.uint8), ours.scale_codes) and torch.equal(d.view(torch.uint8), ours.element_codes)
+        )
     times = interleaved(fns, repeat)
     row = {"data": dist, "format": fmt.name, "n": x.numel(), "same_as_torchao": same}
     for name, (wall, cpu) in times.items():
@@ -101,8 +104,8 @@ def measure_row(x: torch.Tensor, fmt, dist: str, repeat: int, ao) -> dict:
 
 @dataclass
 class Config(ExperimentConfig):
-    n: int = 10_000_000           # float32 values per row, as a (n // 4000) × 4000 matrix
-    repeat: int = 7               # timed calls of each (the median is kept)
+    n: int = 10_000_000  # float32 values per row, as a (n // 4000) × 4000 matrix
+    repeat: int = 7  # timed calls of each (the median is kept)
     formats: tuple = ("FP8_E4M3",)  # MXFP8 element formats: FP8_E4M3, FP8_E5M2
 
     def validate(self) -> None:
@@ -129,8 +132,7 @@ class MicroscalingSpeedResult(TimingTable):
             if f"{name}_s" in r:
                 parts.append(f"{name} {r[f'{name}_s'] * 1e3:8.2f} ms (CPU {r[f'{name}_cpu_s'] * 1e3:7.2f})")
         ratios = [f"{k[:-8]}/cast {r[k]:.2f} (CPU {r[k + '_cpu']:.2f})" for k in r if k.endswith("_vs_cast")]
-        same = "" if r["same_as_torchao"] is None else ("  same codes" if r["same_as_torchao"] else
-                                                         "  DIFFERENT codes")
+        same = "" if r["same_as_torchao"] is None else ("  same codes" if r["same_as_torchao"] else "  DIFFERENT codes")
         return "  ".join(parts + ratios) + same
 
 
@@ -139,14 +141,20 @@ def measure(config: Config, run: Run) -> dict:
     load_start = os.getloadavg()[0]
     ao, ao_what = torchao_to_mx()
     combos = [(dist, x, name) for dist, x in data(config.n, config.seed).items() for name in config.formats]
-    rows = [measure_row(x, get_format(name), dist, config.repeat, ao)
-            for dist, x, name in run.bar(combos, desc="quantize_mx against a cast")]
+    rows = [
+        measure_row(x, get_format(name), dist, config.repeat, ao)
+        for dist, x, name in run.bar(combos, desc="quantize_mx against a cast")
+    ]
     summary = {}
     for r in rows:
         for key in [k for k in r if k.endswith("_vs_cast") or k.endswith("_vs_cast_cpu")]:
             summary[f"{r['data']} {r['format']} {key}"] = r[key]
-    return {"load_average": {"start": load_start, "end": os.getloadavg()[0], "cpus": os.cpu_count()},
-            "rows": rows, "summary": summary, "torchao": ao_what}
+    return {
+        "load_average": {"start": load_start, "end": os.getloadavg()[0], "cpus": os.cpu_count()},
+        "rows": rows,
+        "summary": summary,
+        "torchao": ao_what,
+    }
 
 
 BENCHMARK = Benchmark("microscaling_speed", Config, PROFILES, measure, MicroscalingSpeedResult, __doc__)

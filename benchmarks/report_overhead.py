@@ -68,8 +68,15 @@ def gpt2(layers: int, width: int, heads: int, vocab: int, positions: int):
     import transformers
 
     transformers.logging.set_verbosity_error()
-    cfg = transformers.GPT2Config(n_layer=layers, n_embd=width, n_head=heads, vocab_size=vocab,
-                                  n_positions=positions, bos_token_id=0, eos_token_id=0)
+    cfg = transformers.GPT2Config(
+        n_layer=layers,
+        n_embd=width,
+        n_head=heads,
+        vocab_size=vocab,
+        n_positions=positions,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     model = transformers.GPT2LMHeadModel(cfg)
     model.train()
     return model
@@ -77,16 +84,16 @@ def gpt2(layers: int, width: int, heads: int, vocab: int, positions: int):
 
 @dataclass
 class Config(ExperimentConfig):
-    device: str = "cpu"          # the model runs on the CPU
+    device: str = "cpu"  # the model runs on the CPU
     layers: int = 12
     width: int = 768
     heads: int = 12
     vocab: int = 50257
-    batch: int = 4               # sequences
-    tokens: int = 128            # tokens per sequence
-    repeat: int = 3              # timed calls per variant (the median is kept)
-    ranking: str = "one"         # the layer ranking: "none", "one" (one layer at a time) or "both" (and all but one)
-    tolerance: float = 0.1       # the ranking's tolerance on the gradient error
+    batch: int = 4  # sequences
+    tokens: int = 128  # tokens per sequence
+    repeat: int = 3  # timed calls per variant (the median is kept)
+    ranking: str = "one"  # the layer ranking: "none", "one" (one layer at a time) or "both" (and all but one)
+    tolerance: float = 0.1  # the ranking's tolerance on the gradient error
 
     def validate(self) -> None:
         super().validate()
@@ -99,9 +106,20 @@ class Config(ExperimentConfig):
             raise ValueError(f"config.width must be a multiple of config.heads, got {self.width} and {self.heads}")
 
 
-PROFILES = {"quick": {"layers": 1, "width": 32, "heads": 2, "vocab": 64, "batch": 2, "tokens": 8, "repeat": 1,
-                      "threads": 1, "ranking": "both"},
-            "cpu": {"threads": 2}}
+PROFILES = {
+    "quick": {
+        "layers": 1,
+        "width": 32,
+        "heads": 2,
+        "vocab": 64,
+        "batch": 2,
+        "tokens": 8,
+        "repeat": 1,
+        "threads": 1,
+        "ranking": "both",
+    },
+    "cpu": {"threads": 2},
+}
 
 
 @dataclass
@@ -118,8 +136,10 @@ class ReportOverheadResult(TimingTable):
     ranking: dict = field(default_factory=dict)
 
     def row_text(self, r: dict) -> str:
-        return (f"{r['variant']:32s} median {r['median_s']:8.2f} s (CPU time {r['cpu_median_s']:8.2f} s)   "
-                f"all: {', '.join(f'{t:.2f}' for t in r['times_s'])}; load {r['load_average_1min_after_each']}")
+        return (
+            f"{r['variant']:32s} median {r['median_s']:8.2f} s (CPU time {r['cpu_median_s']:8.2f} s)   "
+            f"all: {', '.join(f'{t:.2f}' for t in r['times_s'])}; load {r['load_average_1min_after_each']}"
+        )
 
 
 def measure(config: Config, run: Run) -> dict:
@@ -128,8 +148,9 @@ def measure(config: Config, run: Run) -> dict:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         model = gpt2(config.layers, config.width, config.heads, config.vocab, max(config.tokens, 128))
-        ids = torch.randint(0, config.vocab, (config.batch, config.tokens),
-                            generator=torch.Generator().manual_seed(config.seed + 1))
+        ids = torch.randint(
+            0, config.vocab, (config.batch, config.tokens), generator=torch.Generator().manual_seed(config.seed + 1)
+        )
         data = {"input_ids": ids, "labels": ids}
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
@@ -154,27 +175,53 @@ def measure(config: Config, run: Run) -> dict:
                 fn()
                 loads[name].append(round(os.getloadavg()[0], 2))
                 bar.update()
+
             return call
 
-        log2_histogram(torch.ones(4))       # compile the histogram kernel once, before timing
+        log2_histogram(torch.ones(4))  # compile the histogram kernel once, before timing
         times = interleaved({k: with_load(k, fn) for k, fn in variants.items()}, config.repeat)
         bar.close()
         ranking = {}
         if config.ranking != "none":
-
             w0, c0 = time.perf_counter(), time.process_time()
-            r = keep_wide(model, loss_fn, data, four_bit_recipe(), tolerance=config.tolerance,
-                          all_but_one=config.ranking == "both", progress=run.progress)
+            r = keep_wide(
+                model,
+                loss_fn,
+                data,
+                four_bit_recipe(),
+                tolerance=config.tolerance,
+                all_but_one=config.ranking == "both",
+                progress=run.progress,
+            )
             c1, w1 = time.process_time(), time.perf_counter()
-            ranking = {"mode": config.ranking, "recipe": r.recipe, "layers": len(r.layers), "steps": r.steps,
-                       "seconds": w1 - w0, "cpu_seconds": c1 - c0, "load_average_1min_after": os.getloadavg()[0],
-                       "keep": r.keep, "within": r.within, "last_layers": r.last_layers(),
-                       "positions": r.positions(), "every": r.every, "kept": r.kept, "tolerance": r.tolerance}
+            ranking = {
+                "mode": config.ranking,
+                "recipe": r.recipe,
+                "layers": len(r.layers),
+                "steps": r.steps,
+                "seconds": w1 - w0,
+                "cpu_seconds": c1 - c0,
+                "load_average_1min_after": os.getloadavg()[0],
+                "keep": r.keep,
+                "within": r.within,
+                "last_layers": r.last_layers(),
+                "positions": r.positions(),
+                "every": r.every,
+                "kept": r.kept,
+                "tolerance": r.tolerance,
+            }
     rows = []
     for k, (wall, cpu) in times.items():
-        rows.append({"variant": k, "median_s": statistics.median(wall), "cpu_median_s": statistics.median(cpu),
-                     "times_s": wall, "cpu_times_s": cpu,
-                     "load_average_1min_after_each": loads[k][1:]})   # [0]: the untimed warm-up call
+        rows.append(
+            {
+                "variant": k,
+                "median_s": statistics.median(wall),
+                "cpu_median_s": statistics.median(cpu),
+                "times_s": wall,
+                "cpu_times_s": cpu,
+                "load_average_1min_after_each": loads[k][1:],
+            }
+        )  # [0]: the untimed warm-up call
     summary = {}
     for clock, key in (("wall clock", "median_s"), ("CPU time", "cpu_median_s")):
         med = {r["variant"]: r[key] for r in rows}
@@ -183,11 +230,15 @@ def measure(config: Config, run: Run) -> dict:
         if ranking:
             secs = ranking["seconds"] if clock == "wall clock" else ranking["cpu_seconds"]
             summary[f"layer ranking per layer, {clock}"] = secs / ranking["layers"] / med[PLAIN]
-    return {"load_average": {"start": load_start, "end": os.getloadavg()[0]}, "rows": rows, "summary": summary,
-            "goal": {"recording_in_steps": GOAL, "per_format_in_steps": GOAL,
-                     "ranking_per_layer_in_steps": RANKING_GOAL},
-            "formats": list(DEFAULT_FORMATS), "parameters": sum(p.numel() for p in model.parameters()),
-            "ranking": ranking}
+    return {
+        "load_average": {"start": load_start, "end": os.getloadavg()[0]},
+        "rows": rows,
+        "summary": summary,
+        "goal": {"recording_in_steps": GOAL, "per_format_in_steps": GOAL, "ranking_per_layer_in_steps": RANKING_GOAL},
+        "formats": list(DEFAULT_FORMATS),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "ranking": ranking,
+    }
 
 
 BENCHMARK = Benchmark("report_overhead", Config, PROFILES, measure, ReportOverheadResult, __doc__)

@@ -37,7 +37,7 @@ DATASHEET_KEY = {"fp32": "fp32", "tf32": "tf32", "bf16": "bf16", "fp16": "fp16",
 
 
 def parse_shape(text: str) -> tuple:
-    """"MxNxK" → (m, n, k).  Raises ValueError for anything else."""
+    """ "MxNxK" → (m, n, k).  Raises ValueError for anything else."""
     parts = str(text).lower().split("x")
     if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
         raise ValueError(f"a shape must be MxNxK with positive integers, got {text!r}")
@@ -46,13 +46,13 @@ def parse_shape(text: str) -> tuple:
 
 @dataclass
 class Config(ExperimentConfig):
-    sizes: tuple = (4096, 8192, 16384)       # square products n × n × n
-    shapes: tuple = ("512x4096x4096",)       # m × n × k products (the AMP recipe's batch of 512 at width 4096)
+    sizes: tuple = (4096, 8192, 16384)  # square products n × n × n
+    shapes: tuple = ("512x4096x4096",)  # m × n × k products (the AMP recipe's batch of 512 at width 4096)
     kinds: tuple = GEMM_KINDS
-    copy_mib: int = 1024                     # MiB copied device to device for the bandwidth
-    repeat: int = 5                          # timed batches per product (the fastest is kept)
-    min_seconds: float = 0.05                # each timed batch repeats the product for at least this long
-    sample_interval: float = 0.05            # seconds between clock and power samples
+    copy_mib: int = 1024  # MiB copied device to device for the bandwidth
+    repeat: int = 5  # timed batches per product (the fastest is kept)
+    min_seconds: float = 0.05  # each timed batch repeats the product for at least this long
+    sample_interval: float = 0.05  # seconds between clock and power samples
 
     def validate(self) -> None:
         super().validate()
@@ -70,10 +70,22 @@ class Config(ExperimentConfig):
 
 
 PROFILES = {
-    "quick": {"sizes": (64, 128), "shapes": ("16x64x64",), "copy_mib": 4, "repeat": 2, "min_seconds": 0.005,
-              "threads": 1},
-    "cpu": {"sizes": (256, 512), "shapes": ("64x512x512",), "copy_mib": 64, "repeat": 3, "min_seconds": 0.02,
-            "threads": 1},
+    "quick": {
+        "sizes": (64, 128),
+        "shapes": ("16x64x64",),
+        "copy_mib": 4,
+        "repeat": 2,
+        "min_seconds": 0.005,
+        "threads": 1,
+    },
+    "cpu": {
+        "sizes": (256, 512),
+        "shapes": ("64x512x512",),
+        "copy_mib": 64,
+        "repeat": 3,
+        "min_seconds": 0.02,
+        "threads": 1,
+    },
     "full": {},
 }
 
@@ -101,10 +113,12 @@ class RooflineResult(ExperimentResult):
     def describe(self) -> str:
         peaks = ", ".join(f"{k} {v:.3g}" for k, v in self.peaks.items() if v)
         missing = [r["kind"] for r in self.gemm if r["tflops"] is None]
-        return (f"roofline ({self.profile} profile, {self.device_name}): best TFLOP/s {peaks}; copy "
-                f"{self.copy.get('gb_s', float('nan')):.3g} GB/s"
-                + (f"; not here: {', '.join(sorted(set(missing)))}" if missing else "")
-                + f"; clocks: {self.sampler.get('source') or self.sampler.get('absent')}")
+        return (
+            f"roofline ({self.profile} profile, {self.device_name}): best TFLOP/s {peaks}; copy "
+            f"{self.copy.get('gb_s', float('nan')):.3g} GB/s"
+            + (f"; not here: {', '.join(sorted(set(missing)))}" if missing else "")
+            + f"; clocks: {self.sampler.get('source') or self.sampler.get('absent')}"
+        )
 
 
 def _intensity(kind: str, m: int, n: int, k: int) -> float:
@@ -125,21 +139,30 @@ def measure(config: Config, run: Run) -> dict:
             sampler.mark(label)
             row = gemm_tflops(kind, m, n, k, device, repeat=config.repeat, min_seconds=config.min_seconds)
             row["intensity"] = _intensity(kind, m, n, k)
-            row["fraction_of_datasheet"] = (row["tflops"] / sheet[DATASHEET_KEY[kind]]
-                                            if sheet and row["tflops"] is not None else None)
+            row["fraction_of_datasheet"] = (
+                row["tflops"] / sheet[DATASHEET_KEY[kind]] if sheet and row["tflops"] is not None else None
+            )
             row["clocks"] = sampler.summary(label)
             rows.append(row)
             if device.type == "cuda":
                 torch.cuda.empty_cache()
         sampler.mark("copy")
-        copy = copy_bandwidth(device, config.copy_mib * 2 ** 20, repeat=config.repeat)
+        copy = copy_bandwidth(device, config.copy_mib * 2**20, repeat=config.repeat)
         copy["clocks"] = sampler.summary("copy")
-    peaks = {kind: max((r["tflops"] for r in rows if r["kind"] == kind and r["tflops"]), default=None)
-             for kind in config.kinds}
+    peaks = {
+        kind: max((r["tflops"] for r in rows if r["kind"] == kind and r["tflops"]), default=None)
+        for kind in config.kinds
+    }
     ridge = {kind: p * 1e12 / (copy["gb_s"] * 1e9) for kind, p in peaks.items() if p}
-    return {"gemm": rows, "peaks": peaks, "copy": copy, "ridge": ridge, "datasheet": sheet,
-            "sampler": sampler.summary() if sampler.source else {"source": None, "absent": sampler.absent},
-            "device_name": name}
+    return {
+        "gemm": rows,
+        "peaks": peaks,
+        "copy": copy,
+        "ridge": ridge,
+        "datasheet": sheet,
+        "sampler": sampler.summary() if sampler.source else {"source": None, "absent": sampler.absent},
+        "device_name": name,
+    }
 
 
 BENCHMARK = Benchmark("roofline", Config, PROFILES, measure, RooflineResult, __doc__, smoke=SMOKE)

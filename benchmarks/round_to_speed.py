@@ -43,18 +43,25 @@ from mpt_lab.harness.runner import ExperimentConfig, Run, run_main
 
 FORMATS = (FP16, BF16, FP8_E4M3, FP8_E5M2, FP6_E3M2, FP6_E2M3, FP4_E2M1)
 ROUNDINGS = ("nearest_even", "stochastic")
-NP_DTYPES = {FP16: np.float16, BF16: ml_dtypes.bfloat16, FP8_E4M3: ml_dtypes.float8_e4m3fn,
-             FP8_E5M2: ml_dtypes.float8_e5m2, FP6_E3M2: ml_dtypes.float6_e3m2fn,
-             FP6_E2M3: ml_dtypes.float6_e2m3fn, FP4_E2M1: ml_dtypes.float4_e2m1fn}
-TORCH_DTYPES = {FP16: torch.float16, BF16: torch.bfloat16, FP8_E4M3: torch.float8_e4m3fn,
-                FP8_E5M2: torch.float8_e5m2}
+NP_DTYPES = {
+    FP16: np.float16,
+    BF16: ml_dtypes.bfloat16,
+    FP8_E4M3: ml_dtypes.float8_e4m3fn,
+    FP8_E5M2: ml_dtypes.float8_e5m2,
+    FP6_E3M2: ml_dtypes.float6_e3m2fn,
+    FP6_E2M3: ml_dtypes.float6_e2m3fn,
+    FP4_E2M1: ml_dtypes.float4_e2m1fn,
+}
+TORCH_DTYPES = {FP16: torch.float16, BF16: torch.bfloat16, FP8_E4M3: torch.float8_e4m3fn, FP8_E5M2: torch.float8_e5m2}
 
 
 def data(n: int, seed: int = 0) -> dict:
     """name -> n float32 values: "normal" (standard normal) and "wide" (normal times 2^k, k in -30 … 11)."""
     rng = np.random.default_rng(seed)
-    return {"normal": rng.standard_normal(n).astype(np.float32),
-            "wide": (rng.standard_normal(n) * np.exp2(rng.integers(-30, 12, n))).astype(np.float32)}
+    return {
+        "normal": rng.standard_normal(n).astype(np.float32),
+        "wide": (rng.standard_normal(n) * np.exp2(rng.integers(-30, 12, n))).astype(np.float32),
+    }
 
 
 def native_cast(x, fmt):
@@ -64,9 +71,11 @@ def native_cast(x, fmt):
             dt = TORCH_DTYPES[fmt]
             return (lambda: x.to(dt).to(torch.float32)), f"t.to(torch.{str(dt).split('.')[-1]}).to(torch.float32)"
         xn, dt = x.numpy(), NP_DTYPES[fmt]
-        return ((lambda: torch.from_numpy(xn.astype(dt).astype(np.float32))),
-                f"torch.from_numpy(t.numpy().astype(ml_dtypes.{dt.__name__}).astype(np.float32)) "
-                f"(torch has no {dt.__name__})")
+        return (
+            (lambda: torch.from_numpy(xn.astype(dt).astype(np.float32))),
+            f"torch.from_numpy(t.numpy().astype(ml_dtypes.{dt.__name__}).astype(np.float32)) "
+            f"(torch has no {dt.__name__})",
+        )
     dt = NP_DTYPES[fmt]
     lib = "np" if dt is np.float16 else "ml_dtypes"
     return (lambda: x.astype(dt).astype(np.float32)), f"x.astype({lib}.{dt.__name__}).astype(np.float32)"
@@ -88,15 +97,27 @@ def measure_row(x, fmt, rounding: str, dist: str, repeat: int, seed: int) -> dic
         def ours():
             return round_to(x, fmt, rounding="stochastic", generator=gen)
     else:
+
         def ours():
             return round_to(x, fmt)
+
     same = _same(ours(), native()) if rounding == "nearest_even" else None
     times = interleaved({"native": native, "round_to": ours}, repeat)
     t_native, t_ours = times["native"][0], times["round_to"][0]
     med_n, med_o = statistics.median(t_native), statistics.median(t_ours)
-    return {"input": "torch" if tensor else "numpy", "format": fmt.name, "rounding": rounding, "data": dist,
-            "native": what, "native_s": med_n, "round_to_s": med_o, "ratio": med_o / med_n,
-            "same_values": same, "native_times_s": t_native, "round_to_times_s": t_ours}
+    return {
+        "input": "torch" if tensor else "numpy",
+        "format": fmt.name,
+        "rounding": rounding,
+        "data": dist,
+        "native": what,
+        "native_s": med_n,
+        "round_to_s": med_o,
+        "ratio": med_o / med_n,
+        "same_values": same,
+        "native_times_s": t_native,
+        "round_to_times_s": t_ours,
+    }
 
 
 def summary(rows: list) -> dict:
@@ -110,8 +131,8 @@ def summary(rows: list) -> dict:
 
 @dataclass
 class Config(ExperimentConfig):
-    n: int = 10_000_000           # float32 values per row
-    repeat: int = 7               # timed calls of each (the median is kept)
+    n: int = 10_000_000  # float32 values per row
+    repeat: int = 7  # timed calls of each (the median is kept)
     formats: tuple = tuple(f.name for f in FORMATS)
     roundings: tuple = ROUNDINGS
     inputs: tuple = ("torch", "numpy")
@@ -136,15 +157,22 @@ class RoundToSpeedResult(TimingTable):
 
     def row_text(self, r: dict) -> str:
         same = "" if r["same_values"] is None else ("  same" if r["same_values"] else "  differs")
-        return (f"{r['input']:5s} {r['format']:9s} {r['rounding']:12s} {r['data']:6s} native "
-                f"{r['native_s'] * 1e3:8.2f} ms  round_to {r['round_to_s'] * 1e3:8.2f} ms  ratio {r['ratio']:6.2f}{same}")
+        return (
+            f"{r['input']:5s} {r['format']:9s} {r['rounding']:12s} {r['data']:6s} native "
+            f"{r['native_s'] * 1e3:8.2f} ms  round_to {r['round_to_s'] * 1e3:8.2f} ms  ratio {r['ratio']:6.2f}{same}"
+        )
 
 
 def measure(config: Config, run: Run) -> dict:
     """Measure every row (see the module docstring)."""
     load_start = os.getloadavg()[0]
-    combos = [(dist, xn, inp, get_format(f), rounding) for dist, xn in data(config.n, config.seed).items()
-              for inp in config.inputs for f in config.formats for rounding in config.roundings]
+    combos = [
+        (dist, xn, inp, get_format(f), rounding)
+        for dist, xn in data(config.n, config.seed).items()
+        for inp in config.inputs
+        for f in config.formats
+        for rounding in config.roundings
+    ]
     rows = []
     for dist, xn, inp, fmt, rounding in run.bar(combos, desc="round_to against the native casts"):
         x = torch.from_numpy(xn) if inp == "torch" else xn

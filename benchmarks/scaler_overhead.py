@@ -52,11 +52,11 @@ OPTIMIZERS = {
 class Config(ExperimentConfig):
     batch: int = 64
     inputs: int = 128
-    hidden: int = 256            # width of the hidden layers
-    depth: int = 2               # number of hidden layers
-    steps: int = 20              # training steps per timed call
-    repeat: int = 21             # timed calls per variant
-    optimizer: str = "sgd"       # sgd: update() on the host; adam-fused: update() on the device
+    hidden: int = 256  # width of the hidden layers
+    depth: int = 2  # number of hidden layers
+    steps: int = 20  # training steps per timed call
+    repeat: int = 21  # timed calls per variant
+    optimizer: str = "sgd"  # sgd: update() on the host; adam-fused: update() on the device
 
     def validate(self) -> None:
         super().validate()
@@ -81,11 +81,15 @@ class ScalerOverheadResult(ExperimentResult):
 
     def describe(self) -> str:
         steps = self.config["steps"]
-        lines = [f"{name:26s} median {tm['median'] / steps * 1e6:9.1f} µs/step   "
-                 f"min {tm['min'] / steps * 1e6:9.1f} µs/step" for name, tm in self.timings_s.items()]
+        lines = [
+            f"{name:26s} median {tm['median'] / steps * 1e6:9.1f} µs/step   min {tm['min'] / steps * 1e6:9.1f} µs/step"
+            for name, tm in self.timings_s.items()
+        ]
         r = self.ratio_ours_vs_torch
-        lines.append(f"mpt_lab GradScaler / torch.amp.GradScaler = {r:.3f} (goal ≤ {self.goal:.2f}: "
-                     f"{'met' if r <= self.goal else 'NOT met'}); {self.overhead_per_step_s * 1e6:+.1f} µs/step")
+        lines.append(
+            f"mpt_lab GradScaler / torch.amp.GradScaler = {r:.3f} (goal ≤ {self.goal:.2f}: "
+            f"{'met' if r <= self.goal else 'NOT met'}); {self.overhead_per_step_s * 1e6:+.1f} µs/step"
+        )
         lines.append(f"mpt_lab StaticLossScaler / torch.amp.GradScaler = {self.ratio_static_vs_torch:.3f}")
         return "\n".join(lines)
 
@@ -118,6 +122,7 @@ def measure(config: Config, run: Run) -> dict:
                     scaler.scale(loss).backward()
                     scaler.step(opt)
                     scaler.update()
+
         return fn
 
     fns = {name: make_fn(make) for name, make in scalers.items()}
@@ -126,14 +131,18 @@ def measure(config: Config, run: Run) -> dict:
     times: dict[str, list[float]] = {name: [] for name in fns}
     names = list(fns)
     for r in range(config.repeat):  # alternate the variants, reversing the order every other round
-        for name in (names if r % 2 == 0 else names[::-1]):
+        for name in names if r % 2 == 0 else names[::-1]:
             times[name] += time_call(fns[name], repeat=1, warmup=0).times
     timings = {name: Timing(tuple(t), 1).as_dict() for name, t in times.items()}
     med = {name: t["median"] for name, t in timings.items()}
     ref = med["torch.amp.GradScaler"]
-    return {"timings_s": timings, "ratio_ours_vs_torch": med["mpt_lab GradScaler"] / ref,
-            "ratio_static_vs_torch": med["mpt_lab StaticLossScaler"] / ref,
-            "overhead_per_step_s": (med["mpt_lab GradScaler"] - ref) / config.steps, "goal": GOAL}
+    return {
+        "timings_s": timings,
+        "ratio_ours_vs_torch": med["mpt_lab GradScaler"] / ref,
+        "ratio_static_vs_torch": med["mpt_lab StaticLossScaler"] / ref,
+        "overhead_per_step_s": (med["mpt_lab GradScaler"] - ref) / config.steps,
+        "goal": GOAL,
+    }
 
 
 BENCHMARK = Benchmark("scaler_overhead", Config, PROFILES, measure, ScalerOverheadResult, __doc__)

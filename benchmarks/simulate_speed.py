@@ -31,11 +31,20 @@ def models(batch: int) -> dict:
     """name -> (model, input, target): a 3-layer MLP on 256 features and a 2-conv net on 3×32×32 images."""
     g = torch.Generator().manual_seed(0)
     mlp = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
-    conv = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                         nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                         nn.Flatten(), nn.Linear(32 * 8 * 8, 10))
-    return {"mlp": (mlp, torch.randn(batch, 256, generator=g), torch.randint(0, 10, (batch,), generator=g)),
-            "conv": (conv, torch.randn(batch, 3, 32, 32, generator=g), torch.randint(0, 10, (batch,), generator=g))}
+    conv = nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(32 * 8 * 8, 10),
+    )
+    return {
+        "mlp": (mlp, torch.randn(batch, 256, generator=g), torch.randint(0, 10, (batch,), generator=g)),
+        "conv": (conv, torch.randn(batch, 3, 32, 32, generator=g), torch.randint(0, 10, (batch,), generator=g)),
+    }
 
 
 def _step(model, x, y, opt, ctx=None, update_inside=False):
@@ -53,15 +62,16 @@ def _step(model, x, y, opt, ctx=None, update_inside=False):
                 opt.step()
         if not update_inside:
             opt.step()
+
     return fn
 
 
 @dataclass
 class Config(ExperimentConfig):
     batch: int = 64
-    repeat: int = 7              # timed calls per case (the real float16 step: a third of them)
-    fmt: str = "FP16"            # the format to emulate
-    half: bool = True            # also time the (slow) real float16 step
+    repeat: int = 7  # timed calls per case (the real float16 step: a third of them)
+    fmt: str = "FP16"  # the format to emulate
+    half: bool = True  # also time the (slow) real float16 step
 
     def validate(self) -> None:
         super().validate()
@@ -81,10 +91,13 @@ class SimulateSpeedResult(ExperimentResult):
     ratio_vs_fp32: dict = field(default_factory=dict)
 
     def describe(self) -> str:
-        lines = [f"{name:36s} median {tm['median'] * 1e3:9.2f} ms   min {tm['min'] * 1e3:9.2f} ms"
-                 for name, tm in self.timings_s.items()]
-        lines += [f"{name}: {case} / fp32 = {r:.2f}" for name, rs in self.ratio_vs_fp32.items()
-                  for case, r in rs.items()]
+        lines = [
+            f"{name:36s} median {tm['median'] * 1e3:9.2f} ms   min {tm['min'] * 1e3:9.2f} ms"
+            for name, tm in self.timings_s.items()
+        ]
+        lines += [
+            f"{name}: {case} / fp32 = {r:.2f}" for name, rs in self.ratio_vs_fp32.items() for case, r in rs.items()
+        ]
         return "\n".join(lines)
 
 
@@ -97,11 +110,13 @@ def measure(config: Config, run: Run) -> dict:
         m = copy.deepcopy(model)
         cases["fp32"] = _step(m, x, y, torch.optim.SGD(m.parameters(), lr=0.01))
         m = round_parameters_(copy.deepcopy(model), fmt)
-        cases[f"simulate {fmt} all"] = _step(m, x, y, torch.optim.SGD(m.parameters(), lr=0.01),
-                                             simulate(fmt, "all"), update_inside=True)
+        cases[f"simulate {fmt} all"] = _step(
+            m, x, y, torch.optim.SGD(m.parameters(), lr=0.01), simulate(fmt, "all"), update_inside=True
+        )
         m = copy.deepcopy(model)
-        cases[f"simulate {fmt} autocast"] = _step(m, x, y, torch.optim.SGD(m.parameters(), lr=0.01),
-                                                  simulate(fmt, "autocast"))
+        cases[f"simulate {fmt} autocast"] = _step(
+            m, x, y, torch.optim.SGD(m.parameters(), lr=0.01), simulate(fmt, "autocast")
+        )
         if config.half:
             m = copy.deepcopy(model).half()
             cases["real float16 (.half())"] = _step(m, x.half(), y, torch.optim.SGD(m.parameters(), lr=0.01))

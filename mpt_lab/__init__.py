@@ -60,9 +60,11 @@ def profile() -> str:
     value = os.environ.get("MPT_LAB_PROFILE", "").strip().lower()
     if value:
         if value == "long":
-            raise ValueError("MPT_LAB_PROFILE=long is not a notebook profile: long runs take up to an hour each "
-                             "and are run once from the command line (python -m mpt_lab.experiments.NAME "
-                             "--profile long --out book/results/NAME_long.json); chapters show the saved result")
+            raise ValueError(
+                "MPT_LAB_PROFILE=long is not a notebook profile: long runs take up to an hour each "
+                "and are run once from the command line (python -m mpt_lab.experiments.NAME "
+                "--profile long --out book/results/NAME_long.json); chapters show the saved result"
+            )
         if value not in LIVE_PROFILES:
             raise ValueError(f"MPT_LAB_PROFILE must be one of {LIVE_PROFILES}, got {value!r}")
         return value
@@ -73,9 +75,29 @@ def profile() -> str:
 
 #: Submodules reachable as attributes without an explicit import (``mpt_lab.device.describe()``), imported on
 #: first use so that ``import mpt_lab`` stays light (and ``mpt_lab.formats`` works without torch).
-SUBMODULES = ("formats", "histogram", "scaling", "master_weights", "simulate", "microscaling", "quantized_training",
-              "collectives", "autocast", "training", "report", "experiments", "figures", "device", "bench", "widgets",
-              "exercises", "models", "data", "harness", "recipes")
+SUBMODULES = (
+    "formats",
+    "histogram",
+    "scaling",
+    "master_weights",
+    "simulate",
+    "microscaling",
+    "quantized_training",
+    "collectives",
+    "autocast",
+    "training",
+    "report",
+    "experiments",
+    "figures",
+    "device",
+    "bench",
+    "widgets",
+    "exercises",
+    "models",
+    "data",
+    "harness",
+    "recipes",
+)
 
 
 def __getattr__(name: str):

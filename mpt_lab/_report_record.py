@@ -47,8 +47,20 @@ from .formats import exact_arithmetic, exact_arithmetic_active
 from .histogram import Log2Histogram, log2_histogram
 from .microscaling import quantization_error, quantize_mx, quantize_nvfp4
 
-__all__ = ["StepRecorder", "GEMM_OPERANDS", "LOSS_FN", "BLOCK_FORMATS", "floating_tensors", "finite", "amax_of",
-           "block_statistics", "SavedState", "ProgressBar", "progress_wanted", "check_loss"]
+__all__ = [
+    "StepRecorder",
+    "GEMM_OPERANDS",
+    "LOSS_FN",
+    "BLOCK_FORMATS",
+    "floating_tensors",
+    "finite",
+    "amax_of",
+    "block_statistics",
+    "SavedState",
+    "ProgressBar",
+    "progress_wanted",
+    "check_loss",
+]
 
 #: The label of ops and gradients computed outside every module (in ``loss_fn``, around the model call).
 LOSS_FN = "(loss_fn)"
@@ -72,11 +84,9 @@ GEMM_OPERANDS = {
     "_scaled_dot_product_efficient_attention": ((0, -1, "q"), (1, -1, "k"), (2, -2, "v")),
     "_scaled_dot_product_cudnn_attention": ((0, -1, "q"), (1, -1, "k"), (2, -2, "v")),
     "_scaled_dot_product_fused_attention_overrideable": ((0, -1, "q"), (1, -1, "k"), (2, -2, "v")),
-    "_scaled_dot_product_flash_attention_for_cpu_backward": ((0, -1, "grad"), (1, -1, "q"), (2, -1, "k"),
-                                                              (3, -2, "v")),
+    "_scaled_dot_product_flash_attention_for_cpu_backward": ((0, -1, "grad"), (1, -1, "q"), (2, -1, "k"), (3, -2, "v")),
     "_scaled_dot_product_flash_attention_backward": ((0, -1, "grad"), (1, -1, "q"), (2, -1, "k"), (3, -2, "v")),
-    "_scaled_dot_product_efficient_attention_backward": ((0, -1, "grad"), (1, -1, "q"), (2, -1, "k"),
-                                                          (3, -2, "v")),
+    "_scaled_dot_product_efficient_attention_backward": ((0, -1, "grad"), (1, -1, "q"), (2, -1, "k"), (3, -2, "v")),
     "convolution": ((0, 1, "input"), (1, 1, "weight")),
     "_convolution": ((0, 1, "input"), (1, 1, "weight")),
     "mkldnn_convolution": ((0, 1, "input"), (1, 1, "weight")),
@@ -84,11 +94,36 @@ GEMM_OPERANDS = {
 }
 _ATTENTION_BACKWARD = {k for k in GEMM_OPERANDS if k.startswith("_scaled_dot_product") and k.endswith("backward")}
 #: Ops whose outputs hold no values yet (uninitialised memory): not recorded.
-_UNINITIALISED = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "empty_permuted",
-                            "resize_", "resize_as_", "set_"})
+_UNINITIALISED = frozenset(
+    {
+        "empty",
+        "empty_like",
+        "empty_strided",
+        "new_empty",
+        "new_empty_strided",
+        "empty_permuted",
+        "resize_",
+        "resize_as_",
+        "set_",
+    }
+)
 #: In-place ops that overwrite what they write without reading it: its old values are no input.
-_OVERWRITES = frozenset({"copy_", "fill_", "zero_", "bernoulli_", "uniform_", "normal_", "random_", "exponential_",
-                         "geometric_", "cauchy_", "log_normal_", "fill_diagonal_"})
+_OVERWRITES = frozenset(
+    {
+        "copy_",
+        "fill_",
+        "zero_",
+        "bernoulli_",
+        "uniform_",
+        "normal_",
+        "random_",
+        "exponential_",
+        "geometric_",
+        "cauchy_",
+        "log_normal_",
+        "fill_diagonal_",
+    }
+)
 
 
 # ------------------------------------------------------------------------------------------------ helpers
@@ -166,7 +201,7 @@ class _DispatchMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if exact_arithmetic_active():      # histograms, rounding, the report's own measurements
+        if exact_arithmetic_active():  # histograms, rounding, the report's own measurements
             return func(*args, **kwargs)
         return self.rec._dispatch(func, args, kwargs)
 
@@ -214,9 +249,20 @@ class StepRecorder:
         for a step recorded op by op)
     """
 
-    def __init__(self, named_modules: dict, *, measure: str = "histogram", edges: bool = False, ops: bool = False,
-                 gemms: bool = False, block_formats=(), params: dict | None = None, progress=None,
-                 modules: bool = True, tag=None):
+    def __init__(
+        self,
+        named_modules: dict,
+        *,
+        measure: str = "histogram",
+        edges: bool = False,
+        ops: bool = False,
+        gemms: bool = False,
+        block_formats=(),
+        params: dict | None = None,
+        progress=None,
+        modules: bool = True,
+        tag=None,
+    ):
         self.named_modules = named_modules
         self.names = {id(m): n for n, m in named_modules.items()}
         self.histogram = measure == "histogram"
@@ -227,35 +273,35 @@ class StepRecorder:
         self.tag = tag
         self.modules = modules
         self.labelling = edges or ops or gemms
-        self._grads: dict = {}          # id -> weakref of the gradients backward received (GEMM operands)
+        self._grads: dict = {}  # id -> weakref of the gradients backward received (GEMM operands)
         self.handles: list = []
-        self._stack: list = []          # names of the modules whose forward is running
-        self._function = None           # the torch function running (function mode)
-        self._labels: dict = {}         # id(node) -> (module, function)
-        self._keep: list = []           # nodes kept alive while the step runs (ids stay unique)
-        self._hist_cache: dict = {}     # id(base) -> (weakref, version, histogram)
-        self._amax_cache: dict = {}     # id(tensor) -> (weakref, version, amax tensor)
+        self._stack: list = []  # names of the modules whose forward is running
+        self._function = None  # the torch function running (function mode)
+        self._labels: dict = {}  # id(node) -> (module, function)
+        self._keep: list = []  # nodes kept alive while the step runs (ids stay unique)
+        self._hist_cache: dict = {}  # id(base) -> (weakref, version, histogram)
+        self._amax_cache: dict = {}  # id(tensor) -> (weakref, version, amax tensor)
         # module outputs and their gradients
         self.calls: dict = {}
         self.order: list = []
-        self.forward: dict = {}         # name -> [measure]
-        self.backward: dict = {}        # name -> [measure]
-        self.events: list = []          # (name, "forward"|"backward", measure)
+        self.forward: dict = {}  # name -> [measure]
+        self.backward: dict = {}  # name -> [measure]
+        self.events: list = []  # (name, "forward"|"backward", measure)
         self.unique_forward: list = []
         self._seen_out: dict = {}
-        self._targets: dict = {}        # edge -> list of watch entries
-        self._hooked: set = set()       # ids of nodes with our pre-hook
-        self._edge_measure: dict = {}   # edge -> measure (edges of watched outputs, or every edge)
+        self._targets: dict = {}  # edge -> list of watch entries
+        self._hooked: set = set()  # ids of nodes with our pre-hook
+        self._edge_measure: dict = {}  # edge -> measure (edges of watched outputs, or every edge)
         self._seed = None
         # every gradient (edges): the gradient of every tensor of the graph, in the order backward produces them
-        self.edge_list: list = []       # (node name, output_nr, module, index into edge_hists, parameter or None)
-        self.edge_hists: list = []      # distinct gradient histograms
+        self.edge_list: list = []  # (node name, output_nr, module, index into edge_hists, parameter or None)
+        self.edge_hists: list = []  # distinct gradient histograms
         self._hist_index: dict = {}
-        self.edge_tags: list = []       # (node name, output_nr, held in the format) of a format's step
-        self._acc_names: dict = {}      # id(AccumulateGrad node) -> (module, parameter name)
+        self.edge_tags: list = []  # (node name, output_nr, held in the format) of a format's step
+        self._acc_names: dict = {}  # id(AccumulateGrad node) -> (module, parameter name)
         # ops and GEMMs
-        self.op_records: list = []      # (pass, module, function, op, node, in_amax index, out_amax index)
-        self._amaxes: list = []         # 0-d tensors (stacked at the end)
+        self.op_records: list = []  # (pass, module, function, op, node, in_amax index, out_amax index)
+        self._amaxes: list = []  # 0-d tensors (stacked at the end)
         self.gemm_records: list = []
         self.block_cache: dict = {}
         self._modes: list = []
@@ -359,8 +405,8 @@ class StepRecorder:
             return None
         if self._stack and self._stack[-1] == name:
             self._stack.pop()
-        elif name in self._stack:              # an exception unwound a child without its hook
-            del self._stack[len(self._stack) - 1 - self._stack[::-1].index(name):]
+        elif name in self._stack:  # an exception unwound a child without its hook
+            del self._stack[len(self._stack) - 1 - self._stack[::-1].index(name) :]
         outs = list(floating_tensors(output))
         grad = torch.is_grad_enabled()
         if self.labelling and grad:
@@ -427,13 +473,13 @@ class StepRecorder:
     # --- gradients of module outputs -----------------------------------------------------------------------
     def _watch(self, name: str, t: torch.Tensor) -> None:
         node = t.grad_fn
-        if node is None:     # a leaf returned as output (a module that returns a parameter)
+        if node is None:  # a leaf returned as output (a module that returns a parameter)
             entry = {"names": [name], "done": False}
             self.handles.append(t.register_hook(lambda g, entry=entry: self._emit(entry, self._grad_measure(g))))
             return
         edge = (id(node), t.output_nr)
         for entry in self._targets.get(edge, ()):
-            if entry.get("direct") == edge:       # the same output tensor (a container returning its child's)
+            if entry.get("direct") == edge:  # the same output tensor (a container returning its child's)
                 if name not in entry["names"]:
                     entry["names"].append(name)
                 return
@@ -444,8 +490,12 @@ class StepRecorder:
         if base is not None and base.grad_fn is not None:
             bedge = (id(base.grad_fn), base.output_nr)
             if t.numel() != base.numel() or t.stride() != base.stride():
-                entry["slice"] = (tuple(t.size()), tuple(t.stride()), t.storage_offset() - base.storage_offset(),
-                                  tuple(base.stride()))
+                entry["slice"] = (
+                    tuple(t.size()),
+                    tuple(t.stride()),
+                    t.storage_offset() - base.storage_offset(),
+                    tuple(base.stride()),
+                )
             entry["base"] = bedge
             self._targets.setdefault(bedge, []).append(entry)
             self._hook_node(base.grad_fn)
@@ -501,7 +551,7 @@ class StepRecorder:
                         continue
                     if entry.get("direct") == edge:
                         self._emit(entry, m)
-                    elif "slice" not in entry:            # the view covers its base: the same values
+                    elif "slice" not in entry:  # the view covers its base: the same values
                         self._emit(entry, m)
                     else:
                         size, stride, off, bstride = entry["slice"]
@@ -510,6 +560,7 @@ class StepRecorder:
                                 part = g.as_strided(size, stride, g.storage_offset() + off)
                             self._emit(entry, self._grad_measure(part))
             return None
+
         return prehook
 
     def _emit(self, entry: dict, m) -> None:
@@ -543,8 +594,10 @@ class StepRecorder:
                 if pname is None:
                     leaves.append(v)
                 if self.edges:
-                    self._acc_names[id(n)] = ((pname.rpartition(".")[0] if pname is not None else LOSS_FN),
-                                              pname if pname is not None else "(a leaf tensor)")
+                    self._acc_names[id(n)] = (
+                        (pname.rpartition(".")[0] if pname is not None else LOSS_FN),
+                        pname if pname is not None else "(a leaf tensor)",
+                    )
                     self._hook_node(n)
                 continue
             if self.labelling and id(n) not in self._labels:
@@ -573,7 +626,7 @@ class StepRecorder:
     def _amax_index(self, t: torch.Tensor) -> int:
         """Index (into ``_amaxes``) of max |t|, computed once per tensor and version."""
         base = t._base
-        if base is not None and t.numel() == base.numel():   # a view of all of its base: the same values
+        if base is not None and t.numel() == base.numel():  # a view of all of its base: the same values
             t = base
         key = id(t)
         ver = _version(t)
@@ -644,8 +697,18 @@ class StepRecorder:
                 out = max(out, v)
             return out
 
-        return [{"pass": w, "module": m if m is not None else LOSS_FN, "function": f, "op": o, "node": nd,
-                 "in_amax": mx(i), "out_amax": mx(j)} for w, m, f, o, nd, i, j in self.op_records]
+        return [
+            {
+                "pass": w,
+                "module": m if m is not None else LOSS_FN,
+                "function": f,
+                "op": o,
+                "node": nd,
+                "in_amax": mx(i),
+                "out_amax": mx(j),
+            }
+            for w, m, f, o, nd, i, j in self.op_records
+        ]
 
     # --- GEMMs ---------------------------------------------------------------------------------------------
     def _record_gemm(self, name: str, spec, args, node) -> None:
@@ -675,10 +738,18 @@ class StepRecorder:
             kind = "weight-gradient" if self._is_weight_gradient(name, operands, module) else "input-gradient"
         rows = []
         for label, t, axis, pname in operands:
-            row = {"module": module, "pass": where, "op": name, "gemm": kind, "operand": label, "parameter": pname,
-                   "shape": tuple(t.shape), "histogram": self.hist(t),
-                   "gradient_operand": where == "backward" and self._is_gradient(t),
-                   "zero_rows": self._zero_rows(t, axis)}
+            row = {
+                "module": module,
+                "pass": where,
+                "op": name,
+                "gemm": kind,
+                "operand": label,
+                "parameter": pname,
+                "shape": tuple(t.shape),
+                "histogram": self.hist(t),
+                "gradient_operand": where == "backward" and self._is_gradient(t),
+                "zero_rows": self._zero_rows(t, axis),
+            }
             if self.block_formats:
                 row["blocks"] = self._blocks(t, axis)
             rows.append(row)
@@ -768,7 +839,6 @@ def block_statistics(t: torch.Tensor, fmt: str, axis: int) -> dict:
     32) or "NVFP4" (FP4 E2M1, blocks of 16 with E4M3 scales and an FP32 tensor scale).
     """
 
-
     x = t.detach().to(torch.float32)
     if x.dim() == 0:
         x = x.reshape(1)
@@ -798,9 +868,16 @@ def block_statistics(t: torch.Tensor, fmt: str, axis: int) -> dict:
     flushed = err["underflow"] * err["n"] / nz if nz else 0.0
     sig = float((x.double() ** 2).sum())
     rel = math.sqrt(err["mse"] * err["n"] / sig) if sig > 0 and math.isfinite(err["mse"]) else math.nan
-    return {"n": err["n"], "flushed": flushed, "clipped": err["saturated"], "scale_spread": hi - lo,
-            "scale_log2_range": (lo, hi), "rel_rms_error": rel, "snr_db": err["snr_db"],
-            "nonfinite": err["nonfinite_out"]}
+    return {
+        "n": err["n"],
+        "flushed": flushed,
+        "clipped": err["saturated"],
+        "scale_spread": hi - lo,
+        "scale_log2_range": (lo, hi),
+        "rel_rms_error": rel,
+        "snr_db": err["snr_db"],
+        "nonfinite": err["nonfinite_out"],
+    }
 
 
 # ---------------------------------------------------------------------------------------------- the state
@@ -817,10 +894,11 @@ class SavedState:
             self.buffers = [(b, b.detach().clone(), b.data) for b in model.buffers()]
         self.training = [(m, m.training) for m in model.modules()]
         self.grad_enabled = torch.is_grad_enabled()
-        self.leaves: dict = {}      # id -> (tensor, its .grad before the report)
+        self.leaves: dict = {}  # id -> (tensor, its .grad before the report)
         self.torch_rng = torch.get_rng_state()
-        self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() \
-            else None
+        self.cuda_rng = (
+            torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+        )
         self.py_rng = random.getstate()
         self.np_rng = np.random.get_state()
 
@@ -886,7 +964,6 @@ class ProgressBar:
     def __init__(self, on: bool, desc: str):
         self.bar = None
         if on:
-
             self.bar = tqdm(total=None, desc=desc, unit="module", mininterval=0.5, leave=False)
         self.desc = desc
 
@@ -919,11 +996,15 @@ def check_loss(loss, where: str) -> torch.Tensor:
         hint = " (for a Hugging Face model: loss_fn = lambda m, b: m(**b).loss)" if isinstance(loss, Mapping) else ""
         raise TypeError(f"loss_fn must return the loss as a scalar torch.Tensor, got {type(loss).__name__}{hint}")
     if loss.numel() != 1:
-        raise ValueError(f"loss_fn must return a scalar loss (one element), got a tensor of shape "
-                         f"{tuple(loss.shape)}; reduce it (e.g. .mean()) inside loss_fn")
+        raise ValueError(
+            f"loss_fn must return a scalar loss (one element), got a tensor of shape "
+            f"{tuple(loss.shape)}; reduce it (e.g. .mean()) inside loss_fn"
+        )
     if not loss.is_floating_point():
         raise TypeError(f"loss_fn must return a floating-point loss, got dtype {loss.dtype}")
     if not loss.requires_grad:
-        raise ValueError(f"the loss of {where} does not require grad: no trainable parameter of the model "
-                         "contributed to it (were all parameters frozen, or was it computed under no_grad?)")
+        raise ValueError(
+            f"the loss of {where} does not require grad: no trainable parameter of the model "
+            "contributed to it (were all parameters frozen, or was it computed under no_grad?)"
+        )
     return loss

@@ -98,9 +98,21 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._python_dispatch import _get_current_dispatch_mode as current_dispatch_mode
 from torch.utils._pytree import tree_flatten
 
-__all__ = ["TorchDispatchMode", "tree_flatten", "current_autograd_node", "current_dispatch_mode", "FakeTensorMode",
-           "foreach_max", "foreach_mul_", "scaled_mm", "onednn_fp16_supported", "onednn_bf16_supported",
-           "dispatch_op_names", "dispatch_has_kernel", "aten_to_copy"]
+__all__ = [
+    "TorchDispatchMode",
+    "tree_flatten",
+    "current_autograd_node",
+    "current_dispatch_mode",
+    "FakeTensorMode",
+    "foreach_max",
+    "foreach_mul_",
+    "scaled_mm",
+    "onednn_fp16_supported",
+    "onednn_bf16_supported",
+    "dispatch_op_names",
+    "dispatch_has_kernel",
+    "aten_to_copy",
+]
 
 #: ``current_autograd_node()`` is the autograd Node being executed by the engine in this thread, or None
 #: outside a backward pass.

@@ -80,8 +80,20 @@ from torch import nn
 
 from mpt_lab.formats import BF16, FP16, FP32, FP64, FloatFormat, FormatLike, exact_arithmetic, get_format, round_to
 
-__all__ = ["AccumulatedLinear", "accumulate_linears_", "ORDERS", "ROUNDINGS", "TENSOR_CORE_ACCUMULATOR", "dot", "matmul", "partial_sums", "unit_roundoff",
-           "any_order_bounds", "tensor_core_dot", "compensated_update_"]
+__all__ = [
+    "AccumulatedLinear",
+    "accumulate_linears_",
+    "ORDERS",
+    "ROUNDINGS",
+    "TENSOR_CORE_ACCUMULATOR",
+    "dot",
+    "matmul",
+    "partial_sums",
+    "unit_roundoff",
+    "any_order_bounds",
+    "tensor_core_dot",
+    "compensated_update_",
+]
 
 #: The summation orders :func:`dot` and :func:`matmul` accept.
 ORDERS = ("sequential", "pairwise", "blocked")
@@ -95,8 +107,8 @@ TENSOR_CORE_ACCUMULATOR = FloatFormat("TC14", 8, 13, 127, source="DeepSeek-V3 §
 # Products held at once (a chunk of the K axis times the outputs): 2**21 float64 values are 16 MiB.
 _CHUNK_ELEMENTS = 1 << 21
 _NATIVE = {FP16: torch.float16, BF16: torch.bfloat16, FP32: torch.float32}
-_SAFE_HI = 2.0 ** 990      # Dekker's split is exact below this magnitude ...
-_SAFE_LO = 2.0 ** -960     # ... and the low part of a product above this one is not subnormal
+_SAFE_HI = 2.0**990  # Dekker's split is exact below this magnitude ...
+_SAFE_LO = 2.0**-960  # ... and the low part of a product above this one is not subnormal
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -118,8 +130,9 @@ def _lsb_exponent(fmt: FloatFormat) -> int:
 
 def _contains(small: FloatFormat, big: FloatFormat) -> bool:
     """Whether every finite value of ``small`` is a value of ``big`` (so a cast from one to the other is exact)."""
-    return (small.mantissa_bits <= big.mantissa_bits and _lsb_exponent(small) >= _lsb_exponent(big)
-            and small.max <= big.max)
+    return (
+        small.mantissa_bits <= big.mantissa_bits and _lsb_exponent(small) >= _lsb_exponent(big) and small.max <= big.max
+    )
 
 
 def _native(fmt: FloatFormat):
@@ -136,9 +149,11 @@ def _check_format(fmt, argname: str) -> FloatFormat:
     if _same(fmt, FP64):
         return fmt
     if fmt.precision > 51 or fmt.emax >= 999 or _lsb_exponent(fmt) < -1000:
-        raise ValueError(f"{argname}: {fmt.name} must have at most 51 bits of precision and values within "
-                         f"[2**-1000, 2**1000) (or be FP64), so that float64 carries them and their roundings "
-                         f"exactly; got precision {fmt.precision}, exponents {_lsb_exponent(fmt)} … {fmt.emax}")
+        raise ValueError(
+            f"{argname}: {fmt.name} must have at most 51 bits of precision and values within "
+            f"[2**-1000, 2**1000) (or be FP64), so that float64 carries them and their roundings "
+            f"exactly; got precision {fmt.precision}, exponents {_lsb_exponent(fmt)} … {fmt.emax}"
+        )
     return fmt
 
 
@@ -158,7 +173,9 @@ def unit_roundoff(fmt: FormatLike, rounding: str = "nearest_even") -> float:
     return math.ldexp(1.0, (0 if rounding == "nearest_even" else 1) - fmt.precision)
 
 
-def any_order_bounds(exact: np.ndarray, abs_sum: np.ndarray, terms: int, *, fmt: FormatLike="FP16", accumulator: FormatLike="FP32") -> tuple[np.ndarray, np.ndarray]:
+def any_order_bounds(
+    exact: np.ndarray, abs_sum: np.ndarray, terms: int, *, fmt: FormatLike = "FP16", accumulator: FormatLike = "FP32"
+) -> tuple[np.ndarray, np.ndarray]:
     """What a kernel may return for a sum of ``terms`` exact products accumulated in ``accumulator`` (round to
     nearest) in ANY order and then rounded once to ``fmt``: the interval ``[low, high]`` of ``fmt`` values.
 
@@ -197,7 +214,7 @@ def any_order_bounds(exact: np.ndarray, abs_sum: np.ndarray, terms: int, *, fmt:
         raise ValueError(f"terms must be ≥ 1, got {terms}")
     fmt, acc = _check_format(fmt, "fmt"), _check_format(accumulator, "accumulator")
     gamma = 0.0
-    for u in (unit_roundoff(acc), 2.0 ** -53):
+    for u in (unit_roundoff(acc), 2.0**-53):
         if terms * u >= 1:
             raise ValueError(f"terms · u must be < 1 (terms = {terms}, u = {u})")
         gamma += terms * u / (1 - terms * u)
@@ -225,8 +242,8 @@ def _to_odd(hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
     Where lo ≠ 0 and hi's last mantissa bit is 0, hi moves one ulp toward lo: the neighbour of hi + lo with an
     odd last bit (Boldo & Melquiond 2008)."""
     bits = hi.view(_INT_OF[hi.dtype])
-    fix = (lo != 0) & ((bits & 1) == 0)                      # lo is 0 wherever hi is not finite
-    away = np.signbit(lo) == np.signbit(hi)                  # |hi + lo| > |hi|: one ulp up in magnitude
+    fix = (lo != 0) & ((bits & 1) == 0)  # lo is 0 wherever hi is not finite
+    away = np.signbit(lo) == np.signbit(hi)  # |hi + lo| > |hi|: one ulp up in magnitude
     step = away.astype(bits.dtype)
     step *= 2
     step -= 1
@@ -277,7 +294,7 @@ def _float32_work(*formats: FloatFormat) -> bool:
     values at least 2**-147 apart, so float32 rounded to odd keeps two bits beyond it everywhere (its
     subnormals included) and the second rounding is exact (Boldo & Melquiond 2008)."""
     fmt = formats[0]
-    return (all(_contains(f, FP32) for f in formats) and fmt.precision <= 22 and _lsb_exponent(fmt) >= -147)
+    return all(_contains(f, FP32) for f in formats) and fmt.precision <= 22 and _lsb_exponent(fmt) >= -147
 
 
 def _two_product(a: np.ndarray, b: np.ndarray):
@@ -360,23 +377,23 @@ class _Via32:
         """Products of rows k0 … k1−1, rounded to ``dtype``: a view of a buffer that the next call overwrites."""
         m = k1 - k0
         x, y, hi, out = self.x[k0:k1], self.y[k0:k1], self.hi[:m], self.out[:m]
-        torch.mul(x, y, out=hi)                          # RN32(p): one float32 multiplication
-        out.copy_(hi)                                    # RN_d(hi): torch's conversion, nearest even
+        torch.mul(x, y, out=hi)  # RN32(p): one float32 multiplication
+        out.copy_(hi)  # RN_d(hi): torch's conversion, nearest even
         size = hi.numel()
         low = hi.numpy().reshape(-1).view(np.int32)
-        np.bitwise_and(low, self.mask, out=low)          # hi is not needed any more: its bits, in place
-        idx = np.flatnonzero(np.equal(low, 0, out=self.flag[:size]))   # NumPy's nonzero: faster than torch's
+        np.bitwise_and(low, self.mask, out=low)  # hi is not needed any more: its bits, in place
+        idx = np.flatnonzero(np.equal(low, 0, out=self.flag[:size]))  # NumPy's nonzero: faster than torch's
         if idx.size:
             xs, ys = x.numpy().reshape(-1), y.numpy().reshape(-1)
             a, b = xs[self.xmap[idx]], ys[self.ymap[idx]]
             with np.errstate(over="ignore", invalid="ignore"):
-                h = a * b                                # hi again (NumPy's float32 product: RN32 too)
-                rest = a.astype(np.float64) * b - h      # p − hi, exact
-            bad = np.flatnonzero((rest != 0) & np.isfinite(rest))   # exact products, ±inf, NaN: right already
+                h = a * b  # hi again (NumPy's float32 product: RN32 too)
+                rest = a.astype(np.float64) * b - h  # p − hi, exact
+            bad = np.flatnonzero((rest != 0) & np.isfinite(rest))  # exact products, ±inf, NaN: right already
             if bad.size:
                 n = np.nextafter(h[bad], np.copysign(np.float32(np.inf), rest[bad]).astype(np.float32))
-                if self.dtype is torch.float16:          # NumPy's float32 → float16 rounds to nearest even
-                    with np.errstate(over="ignore"):     # beyond 65520: inf, as it should
+                if self.dtype is torch.float16:  # NumPy's float32 → float16 rounds to nearest even
+                    with np.errstate(over="ignore"):  # beyond 65520: inf, as it should
                         out.numpy().reshape(-1)[idx[bad]] = n.astype(np.float16)
                 else:
                     bits = torch.from_numpy(n).to(self.dtype).view(torch.int16).numpy()
@@ -422,11 +439,11 @@ class _Engine:
         self.out_shape = np.broadcast_shapes(X.shape[1:], Y.shape[1:])
         # the cheapest dtype in which every product is exact
         if _representable(X, torch.float16) and _representable(Y, torch.float16):
-            self.exact = torch.float32     # 11-bit significands: 22-bit products within float32's normal range
+            self.exact = torch.float32  # 11-bit significands: 22-bit products within float32's normal range
         elif _representable(X, torch.float32) and _representable(Y, torch.float32):
-            self.exact = torch.float64     # 24-bit significands: 48-bit products within float64's normal range
+            self.exact = torch.float64  # 24-bit significands: 48-bit products within float64's normal range
         else:
-            self.exact = None              # float64 values: Dekker's TwoProduct
+            self.exact = None  # float64 values: Dekker's TwoProduct
         native_prod = _native(plan.prod)
         # the fast path: FP16 values whose products are rounded to a native dtype and added in a native dtype;
         # torch's CPU kernels compute a float16·float16 (float32·float32) product in float32, where it is exact,
@@ -434,7 +451,8 @@ class _Engine:
         # too: an IEEE float32 multiplication is their exact product rounded once.
         self.fused = plan.native is not None and (
             (self.exact is torch.float32 and native_prod is not None)
-            or (self.exact is torch.float64 and native_prod is torch.float32))
+            or (self.exact is torch.float64 and native_prod is torch.float32)
+        )
         # float32 values whose products are rounded to FP16 or BF16: through float32, where that is exact
         # (:class:`_Via32`), instead of the bit path on float64 products
         self.via32 = self.exact is torch.float64 and native_prod in _MIDPOINT_ZERO_BITS
@@ -442,7 +460,7 @@ class _Engine:
             work = torch.float16 if native_prod is torch.float16 else torch.float32
             self.X, self.Y = X.to(work), Y.to(work)
         elif self.via32:
-            self.X = X.to(torch.float32).contiguous()   # float32 values: exact
+            self.X = X.to(torch.float32).contiguous()  # float32 values: exact
             self.Y = Y.to(torch.float32).contiguous()
         else:
             self.X = X.to(self.exact or torch.float64)
@@ -471,9 +489,9 @@ class _Engine:
                 prod = torch.empty(shape, dtype=self.native_prod)
                 self._buffers = (prod, prod if self.native_prod is p.native else torch.empty(shape, dtype=p.native))
             prod, out = (b[:n] for b in self._buffers)
-            torch.mul(x, y, out=prod)                   # exact product, one rounding to the products format
+            torch.mul(x, y, out=prod)  # exact product, one rounding to the products format
             if out is not prod:
-                out.copy_(prod)                         # products ⊆ accumulator: exact
+                out.copy_(prod)  # products ⊆ accumulator: exact
             return out
         native_prod = self.native_prod
         if self.via32:
@@ -486,11 +504,11 @@ class _Engine:
             q = via(k0, k1)
             if p.native is None:
                 return q.to(torch.float64).numpy().astype(self.work, copy=False)
-            return q if out is None else out[:k1 - k0].copy_(q)   # products ⊆ accumulator: exact
+            return q if out is None else out[: k1 - k0].copy_(q)  # products ⊆ accumulator: exact
         if self.exact is torch.float32 and native_prod is not None:
-            q = (x * y).to(native_prod)                 # exact product, one rounding (a native cast from float32)
+            q = (x * y).to(native_prod)  # exact product, one rounding (a native cast from float32)
         elif self.exact is torch.float64 and native_prod is torch.float32:
-            q = (x * y).to(torch.float32)               # exact product, one rounding
+            q = (x * y).to(torch.float32)  # exact product, one rounding
         elif self.exact is not None:
             e = (x * y).to(torch.float64).numpy()
             if _same(p.prod, FP64):
@@ -585,9 +603,9 @@ class _Engine:
     def _levels(self, P):
         while P.shape[0] > 1:
             n = P.shape[0]
-            pairs = self.add(P[0:n - 1:2], P[1:n:2])
+            pairs = self.add(P[0 : n - 1 : 2], P[1:n:2])
             if n % 2:
-                last = P[n - 1:n]
+                last = P[n - 1 : n]
                 pairs = torch.cat([pairs, last]) if isinstance(P, torch.Tensor) else np.concatenate([pairs, last])
             P = pairs
         return P[0].clone() if isinstance(P, torch.Tensor) else P[0].copy()  # never a view of a product buffer
@@ -606,7 +624,7 @@ class _Engine:
                 k += 1
                 if k % self.p.block_size == 0 or k == self.K:
                     if native32:
-                        total.add_(s.to(torch.float32))   # FP32 addition, exact cast of s
+                        total.add_(s.to(torch.float32))  # FP32 addition, exact cast of s
                     else:
                         sv = s.to(torch.float64).numpy() if isinstance(s, torch.Tensor) else s.astype(np.float64)
                         total = _round_sum(total, sv, FP32, "nearest_even")
@@ -663,8 +681,9 @@ def _plan(accumulator, products, order, block_size, compensated, rounding) -> _P
             raise ValueError(f"block_size must be ≥ 1, got {block_size}")
         block_size = int(block_size)
     elif block_size is not None:
-        raise ValueError(f"block_size is only used with order='blocked'; got block_size={block_size!r} "
-                         f"with order={order!r}")
+        raise ValueError(
+            f"block_size is only used with order='blocked'; got block_size={block_size!r} with order={order!r}"
+        )
     if not isinstance(compensated, (bool, np.bool_)):
         raise TypeError(f"compensated must be a bool, got {type(compensated).__name__}")
     if compensated and order != "sequential":
@@ -717,8 +736,17 @@ def _keywords_documented(fn):
 
 @exact_arithmetic
 @_keywords_documented
-def dot(a: ArrayLike, b: ArrayLike, *, accumulator: FormatLike="FP32", products: FormatLike | None=None, order: str="sequential", block_size: int | None=None, compensated: bool=False,
-        rounding: str="nearest_even") -> np.ndarray:
+def dot(
+    a: ArrayLike,
+    b: ArrayLike,
+    *,
+    accumulator: FormatLike = "FP32",
+    products: FormatLike | None = None,
+    order: str = "sequential",
+    block_size: int | None = None,
+    compensated: bool = False,
+    rounding: str = "nearest_even",
+) -> np.ndarray:
     """Dot products over the last axis, ``Σ_k a[..., k]·b[..., k]``, with every product and addition rounded.
 
     Each exact product is rounded once to ``products``; the products are added in ``order`` with every
@@ -757,8 +785,17 @@ def dot(a: ArrayLike, b: ArrayLike, *, accumulator: FormatLike="FP32", products:
 
 @exact_arithmetic
 @_keywords_documented
-def matmul(A: ArrayLike, B: ArrayLike, *, accumulator: FormatLike="FP32", products: FormatLike | None=None, order: str="sequential", block_size: int | None=None, compensated: bool=False,
-           rounding: str="nearest_even") -> np.ndarray | torch.Tensor:
+def matmul(
+    A: ArrayLike,
+    B: ArrayLike,
+    *,
+    accumulator: FormatLike = "FP32",
+    products: FormatLike | None = None,
+    order: str = "sequential",
+    block_size: int | None = None,
+    compensated: bool = False,
+    rounding: str = "nearest_even",
+) -> np.ndarray | torch.Tensor:
     """Matrix product ``A @ B`` with each output element computed exactly as :func:`dot` computes it.
 
     Parameters
@@ -785,24 +822,32 @@ def matmul(A: ArrayLike, B: ArrayLike, *, accumulator: FormatLike="FP32", produc
     (x, kind, device), (y, kind_b, device_b) = _operand(A, "A"), _operand(B, "B")
     _same_kind(kind, kind_b, device, device_b)
     if x.ndim < 2 or y.ndim < 2:
-        raise ValueError(f"A and B need shapes (..., M, K) and (..., K, N); got {tuple(x.shape)} and "
-                         f"{tuple(y.shape)}")
+        raise ValueError(f"A and B need shapes (..., M, K) and (..., K, N); got {tuple(x.shape)} and {tuple(y.shape)}")
     if x.shape[-1] != y.shape[-2]:
         raise ValueError(f"B: its K (second to last axis, {y.shape[-2]}) must equal A's last axis ({x.shape[-1]})")
     try:
         lead = np.broadcast_shapes(x.shape[:-2], y.shape[:-2])
     except ValueError:
-        raise ValueError(f"A and B: batch axes {tuple(x.shape[:-2])} and {tuple(y.shape[:-2])} "
-                         "do not broadcast") from None
+        raise ValueError(
+            f"A and B: batch axes {tuple(x.shape[:-2])} and {tuple(y.shape[:-2])} do not broadcast"
+        ) from None
     x, y = _pad(x, y)
-    X = torch.movedim(x, -1, 0).unsqueeze(-1)          # (K, ..., M, 1)
-    Y = torch.movedim(y, -2, 0).unsqueeze(-2)          # (K, ..., 1, N)
+    X = torch.movedim(x, -1, 0).unsqueeze(-1)  # (K, ..., M, 1)
+    Y = torch.movedim(y, -2, 0).unsqueeze(-2)  # (K, ..., 1, N)
     engine = _Engine(plan, X, Y)
     return _finish(engine.run(), plan, kind, device, (*lead, x.shape[-2], y.shape[-1]))
 
 
 @exact_arithmetic
-def partial_sums(a: ArrayLike, b: ArrayLike, *, accumulator: FormatLike="FP32", products: FormatLike | None=None, compensated: bool=False, rounding: str="nearest_even") -> np.ndarray:
+def partial_sums(
+    a: ArrayLike,
+    b: ArrayLike,
+    *,
+    accumulator: FormatLike = "FP32",
+    products: FormatLike | None = None,
+    compensated: bool = False,
+    rounding: str = "nearest_even",
+) -> np.ndarray:
     """Every running sum of the sequential order: ``out[..., k]`` is ``dot(a[..., :k+1], b[..., :k+1], ...)``.
 
     This is where swamping shows: once the running sum's half ulp exceeds the products, ``out`` stops
@@ -826,8 +871,7 @@ def partial_sums(a: ArrayLike, b: ArrayLike, *, accumulator: FormatLike="FP32", 
     engine, kind, device, lead = _dot_engine(a, b, plan)
     _, history = engine.sequential(record=True)
     if history:
-        stacked = (torch.stack(history, -1) if isinstance(history[0], torch.Tensor)
-                   else np.stack(history, -1))
+        stacked = torch.stack(history, -1) if isinstance(history[0], torch.Tensor) else np.stack(history, -1)
     else:
         stacked = np.zeros((*lead, 0))
     return _finish(stacked, plan, kind, device, (*lead, engine.K))
@@ -844,15 +888,17 @@ def _dot_engine(a, b, plan: _Plan):
     (x, kind, device), (y, kind_b, device_b) = _operand(a, "a"), _operand(b, "b")
     _same_kind(kind, kind_b, device, device_b)
     if x.ndim == 0 or y.ndim == 0:
-        raise ValueError(f"a and b need a last axis K (shape (..., K)); got shapes {tuple(x.shape)} and "
-                         f"{tuple(y.shape)}")
+        raise ValueError(
+            f"a and b need a last axis K (shape (..., K)); got shapes {tuple(x.shape)} and {tuple(y.shape)}"
+        )
     if x.shape[-1] != y.shape[-1]:
         raise ValueError(f"b: its last axis (K = {y.shape[-1]}) must equal a's (K = {x.shape[-1]})")
     try:
         lead = tuple(np.broadcast_shapes(x.shape[:-1], y.shape[:-1]))
     except ValueError:
-        raise ValueError(f"a and b: leading axes {tuple(x.shape[:-1])} and {tuple(y.shape[:-1])} "
-                         "do not broadcast") from None
+        raise ValueError(
+            f"a and b: leading axes {tuple(x.shape[:-1])} and {tuple(y.shape[:-1])} do not broadcast"
+        ) from None
     x, y = _pad(x, y)
     if not lead:  # one dot product: a unit axis, as NumPy's 0-d arithmetic returns scalars
         x, y = x[None], y[None]
@@ -884,7 +930,9 @@ def _aligned_group_sums(p: np.ndarray, group: int, bits: int) -> np.ndarray:
     return (np.trunc(g / quantum) * quantum).sum(axis=-1)  # ≤ bits + log2(group) bits: exact in float64
 
 
-def tensor_core_dot(a: ArrayLike, b: ArrayLike, *, group: int = 32, bits: int = 14, promote_every: int | None = None) -> np.ndarray:
+def tensor_core_dot(
+    a: ArrayLike, b: ArrayLike, *, group: int = 32, bits: int = 14, promote_every: int | None = None
+) -> np.ndarray:
     """A model of FP8 tensor-core accumulation as DeepSeek-V3 describes Hopper's (arXiv:2412.19437, §3.5.2).
 
     "After aligning 32 mantissa products by right-shifting based on the maximum exponent, the Tensor Core only
@@ -934,7 +982,9 @@ def tensor_core_dot(a: ArrayLike, b: ArrayLike, *, group: int = 32, bits: int = 
     if x.ndim == 0 or y.ndim == 0 or x.shape[-1] != y.shape[-1]:
         raise ValueError(f"a and b need shapes (..., K) with the same K; got {tuple(x.shape)} and {tuple(y.shape)}")
     if not (_representable(x, torch.float32) and _representable(y, torch.float32)):
-        raise ValueError("a and b must hold float32 values (FP8, FP16, BF16 or FP32), whose products are exact in float64")
+        raise ValueError(
+            "a and b must hold float32 values (FP8, FP16, BF16 or FP32), whose products are exact in float64"
+        )
     p = x.double().numpy() * y.double().numpy()
     sums = _aligned_group_sums(p, group, bits)
     acc = FloatFormat(f"TC{bits}", 8, bits - 1, 127)
@@ -942,12 +992,15 @@ def tensor_core_dot(a: ArrayLike, b: ArrayLike, *, group: int = 32, bits: int = 
     # each exact group sum (float64: exact, see _aligned_group_sums) is added to the accumulator and the sum
     # rounded toward zero once: "products" FP64 keep the group sums as they are (an FP32 rounding to nearest of
     # a sum wider than 24 bits, or below FP32's normal range, would round twice)
-    return np.asarray(dot(sums, np.ones_like(sums), accumulator=acc, products=FP64, rounding="toward_zero", **kw),
-                      dtype=np.float32)
+    return np.asarray(
+        dot(sums, np.ones_like(sums), accumulator=acc, products=FP64, rounding="toward_zero", **kw), dtype=np.float32
+    )
 
 
 @exact_arithmetic
-def compensated_update_(weights: torch.Tensor, update: torch.Tensor, compensation: torch.Tensor, fmt: FormatLike="BF16") -> None:
+def compensated_update_(
+    weights: torch.Tensor, update: torch.Tensor, compensation: torch.Tensor, fmt: FormatLike = "BF16"
+) -> None:
     """Add ``update`` to low-precision ``weights`` with Kahan compensation, every operation rounded to ``fmt``.
 
     The step of optimizers that keep BF16 weights without FP32 master weights and carry the rounding error in
@@ -980,10 +1033,10 @@ def compensated_update_(weights: torch.Tensor, update: torch.Tensor, compensatio
         if t.shape != weights.shape:
             raise ValueError(f"{name} must have the weights' shape {tuple(weights.shape)}, got {tuple(t.shape)}")
 
-    def f64(t: torch.Tensor) -> np.ndarray:   # every float dtype's values are float64 values: exact
+    def f64(t: torch.Tensor) -> np.ndarray:  # every float dtype's values are float64 values: exact
         return t.detach().to("cpu", torch.float64).numpy().reshape(-1)
 
-    def add(u: np.ndarray, v: np.ndarray) -> np.ndarray:   # fmt(u + v): the exact sum rounded once
+    def add(u: np.ndarray, v: np.ndarray) -> np.ndarray:  # fmt(u + v): the exact sum rounded once
         return _round_sum(u, v, fmt, "nearest_even")
 
     with torch.no_grad():

@@ -43,8 +43,18 @@ from ._torch_internals import (
     tree_flatten,
 )
 
-__all__ = ["OPS", "RECIPE_OPS", "GRAPH_OPS", "AutocastProbe", "probe_autocast", "keep_in_float32", "autocast_step",
-           "POLICIES", "AutocastLists", "autocast_lists"]
+__all__ = [
+    "OPS",
+    "RECIPE_OPS",
+    "GRAPH_OPS",
+    "AutocastProbe",
+    "probe_autocast",
+    "keep_in_float32",
+    "autocast_step",
+    "POLICIES",
+    "AutocastLists",
+    "autocast_lists",
+]
 
 
 def _pyg_utils():
@@ -87,12 +97,37 @@ OPS = {
 }
 
 #: The ops of the PyTorch AMP recipe's chapter: products, activations, reductions, losses.
-RECIPE_OPS = ("linear", "matmul (@)", "conv2d", "addmm", "relu", "add (x + x)", "exp", "sum", "softmax",
-              "log_softmax", "layer_norm", "cross_entropy", "mse_loss", "linear → relu", "linear → softmax")
+RECIPE_OPS = (
+    "linear",
+    "matmul (@)",
+    "conv2d",
+    "addmm",
+    "relu",
+    "add (x + x)",
+    "exp",
+    "sum",
+    "softmax",
+    "log_softmax",
+    "layer_norm",
+    "cross_entropy",
+    "mse_loss",
+    "linear → relu",
+    "linear → softmax",
+)
 
 #: The ops of a graph attention (GAT) layer.
-GRAPH_OPS = ("linear", "mul + sum (a·Wh)", "leaky_relu", "exp", "softmax", "scatter max (PyG)", "scatter sum (PyG)",
-             "softmax over edges (PyG)", "elu", "log_softmax")
+GRAPH_OPS = (
+    "linear",
+    "mul + sum (a·Wh)",
+    "leaky_relu",
+    "exp",
+    "softmax",
+    "scatter max (PyG)",
+    "scatter sum (PyG)",
+    "softmax over edges (PyG)",
+    "elu",
+    "log_softmax",
+)
 
 
 @dataclass(frozen=True)
@@ -100,32 +135,53 @@ class AutocastProbe:
     """What :func:`probe_autocast` saw: per op the output dtype name (e.g. "float16") or "error: Name"."""
 
     device_type: str
-    dtype: str            # the autocast dtype
-    input_dtype: str      # the dtype of the floating inputs
-    method: str           # "real tensors" or "fake CUDA tensors"
+    dtype: str  # the autocast dtype
+    input_dtype: str  # the dtype of the floating inputs
+    method: str  # "real tensors" or "fake CUDA tensors"
     ops: dict
 
     def __getitem__(self, op: str) -> str:
         return self.ops[op]
 
 
-_SHAPES = {"x": (8, 16), "w": (16, 16), "b": (16,), "img": (1, 3, 8, 8), "k": (4, 3, 3, 3), "y": (8,),
-           "e": (64, 2), "idx": (64,)}
-_INTEGER = {"y": 16, "idx": 16}        # int64 inputs and their range
+_SHAPES = {
+    "x": (8, 16),
+    "w": (16, 16),
+    "b": (16,),
+    "img": (1, 3, 8, 8),
+    "k": (4, 3, 3, 3),
+    "y": (8,),
+    "e": (64, 2),
+    "idx": (64,),
+}
+_INTEGER = {"y": 16, "idx": 16}  # int64 inputs and their range
 
 
 def _inputs(dtype: torch.dtype, device: str, fake: bool) -> dict:
     """The probe's inputs on ``device``; on fake tensors only shapes and dtypes (values are never computed)."""
     if fake:
-        return {k: torch.zeros(s, dtype=torch.int64, device=device) if k in _INTEGER else
-                torch.empty(s, dtype=dtype, device=device) for k, s in _SHAPES.items()}
+        return {
+            k: torch.zeros(s, dtype=torch.int64, device=device)
+            if k in _INTEGER
+            else torch.empty(s, dtype=dtype, device=device)
+            for k, s in _SHAPES.items()
+        }
     g = torch.Generator().manual_seed(0)
-    return {k: torch.randint(0, _INTEGER[k], s, generator=g).to(device) if k in _INTEGER else
-            torch.randn(s, generator=g).to(device, dtype) for k, s in _SHAPES.items()}
+    return {
+        k: torch.randint(0, _INTEGER[k], s, generator=g).to(device)
+        if k in _INTEGER
+        else torch.randn(s, generator=g).to(device, dtype)
+        for k, s in _SHAPES.items()
+    }
 
 
-def probe_autocast(device_type: str = "cpu", dtype: torch.dtype = torch.float16, *,
-                   input_dtype: torch.dtype = torch.float32, ops: dict | None=None) -> AutocastProbe:
+def probe_autocast(
+    device_type: str = "cpu",
+    dtype: torch.dtype = torch.float16,
+    *,
+    input_dtype: torch.dtype = torch.float32,
+    ops: dict | None = None,
+) -> AutocastProbe:
     """Run each op under ``torch.autocast(device_type, dtype)`` and record its output dtype.
 
     Parameters
@@ -181,8 +237,13 @@ def probe_autocast(device_type: str = "cpu", dtype: torch.dtype = torch.float16,
         t = _inputs(input_dtype, device_type, fake=False)
         with torch.autocast(device_type, dtype=dtype):
             probe(t)
-    return AutocastProbe(device_type, str(dtype).replace("torch.", ""), str(input_dtype).replace("torch.", ""),
-                         "fake CUDA tensors" if fake else "real tensors", out)
+    return AutocastProbe(
+        device_type,
+        str(dtype).replace("torch.", ""),
+        str(input_dtype).replace("torch.", ""),
+        "fake CUDA tensors" if fake else "real tensors",
+        out,
+    )
 
 
 # ------------------------------------------------------------------------- one module outside autocast
@@ -229,8 +290,9 @@ def keep_in_float32(module: torch.nn.Module) -> _Float32Handle:
         if stack:
             stack.pop().__exit__(None, None, None)
 
-    return _Float32Handle([module.register_forward_pre_hook(enter),
-                           module.register_forward_hook(leave, always_call=True)])
+    return _Float32Handle(
+        [module.register_forward_pre_hook(enter), module.register_forward_hook(leave, always_call=True)]
+    )
 
 
 def _first_tensor(output):
@@ -241,8 +303,16 @@ def _first_tensor(output):
     return next((v for v in values if isinstance(v, torch.Tensor)), None)
 
 
-def autocast_step(model: torch.nn.Module, loss_fn: Callable, batch: tuple, *, device_type: str = "cpu",
-                  dtype: torch.dtype | None = torch.float16, watch: Sequence[str]=(), rng_state: torch.Tensor | None = None) -> dict:
+def autocast_step(
+    model: torch.nn.Module,
+    loss_fn: Callable,
+    batch: tuple,
+    *,
+    device_type: str = "cpu",
+    dtype: torch.dtype | None = torch.float16,
+    watch: Sequence[str] = (),
+    rng_state: torch.Tensor | None = None,
+) -> dict:
     """One forward and backward pass of ``loss_fn(model, batch)`` under ``torch.autocast(device_type, dtype)``
     (``dtype=None``: without autocast, in the model's own dtypes), watching some modules' outputs.
 
@@ -273,13 +343,18 @@ def autocast_step(model: torch.nn.Module, loss_fn: Callable, batch: tuple, *, de
         raise ValueError(f"watch: the model has no submodules {missing}")
     seen, hooks = {}, []
     for name in names:
+
         def record(mod, args, output, name=name):
             t = _first_tensor(output)
             if t is not None:
                 v = t.detach()
                 fin = torch.isfinite(v)
-                seen[name] = {"dtype": str(v.dtype).replace("torch.", ""), "finite": bool(fin.all()),
-                              "amax": float(v[fin].abs().max()) if bool(fin.any()) else float("nan")}
+                seen[name] = {
+                    "dtype": str(v.dtype).replace("torch.", ""),
+                    "finite": bool(fin.all()),
+                    "amax": float(v[fin].abs().max()) if bool(fin.any()) else float("nan"),
+                }
+
         hooks.append(modules[name].register_forward_hook(record))
     saved = torch.get_rng_state()
     try:
@@ -442,20 +517,22 @@ def _watch(op, dtypes: list, device: str, autocast_dtype, enabled: bool) -> dict
 
 def _classify(op, device: str, low) -> str:
     """The group of one op with an autocast kernel: what autocast does that the plain call does not."""
+
     def both(dtypes):
         return _watch(op, dtypes, device, low, True), _watch(op, dtypes, device, low, False)
 
-    on, off = both([torch.float32])                   # float32 inputs: autocast casts them down?
+    on, off = both([torch.float32])  # float32 inputs: autocast casts them down?
     if low in (on["seen"] | on["returned"]) - (off["seen"] | off["returned"]):
         return "lower_precision"
-    on, off = both([low])                             # low-precision inputs: autocast runs the op in float32?
-    if (torch.float32 in (on["seen"] | on["returned"]) - (off["seen"] | off["returned"])
-            or (on["returned"] == {torch.float32} and off["returned"] == {low})):
+    on, off = both([low])  # low-precision inputs: autocast runs the op in float32?
+    if torch.float32 in (on["seen"] | on["returned"]) - (off["seen"] | off["returned"]) or (
+        on["returned"] == {torch.float32} and off["returned"] == {low}
+    ):
         return "float32"
     banned = [e for e in (on["error"],) if e and "autocast" in e]
     if banned and not (off["error"] and "autocast" in off["error"]):
         return "banned"
-    on, off = both([low, torch.float32])              # mixed inputs: autocast casts up to the widest?
+    on, off = both([low, torch.float32])  # mixed inputs: autocast casts up to the widest?
     if (low, torch.float32) in on["casts"] - off["casts"]:
         return "promote"
     return "undetermined"
@@ -477,7 +554,7 @@ def _lists(device_type: str, dtype) -> dict:
         found = set(overloads.values())
         if len(found) == 1:
             out[found.pop()].add(base)
-        else:                                           # overloads in different groups: name each one
+        else:  # overloads in different groups: name each one
             for name, policy in overloads.items():
                 out[policy].add(name)
     return {p: tuple(sorted(ops)) for p, ops in out.items() if ops or p in POLICIES}

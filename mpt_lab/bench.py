@@ -47,10 +47,29 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from ._torch_internals import TorchDispatchMode, scaled_mm, tree_flatten
 from .device import DeviceLike, default_device
 
-__all__ = ["checkpoint_bytes", "Timing", "time_call", "interleaved", "peak_memory", "track_peak_memory", "matmul_peak_tflops", "TIMERS",
-           "DATASHEET", "datasheet_peaks", "GEMM_KINDS", "gemm_tflops", "copy_bandwidth", "GpuSampler", "count_ops",
-           "profile_steps", "profile_calls", "READBACK_OP", "MEMORY_MODES", "ZERO_BYTES_PER_PARAMETER",
-           "memory_per_parameter"]
+__all__ = [
+    "checkpoint_bytes",
+    "Timing",
+    "time_call",
+    "interleaved",
+    "peak_memory",
+    "track_peak_memory",
+    "matmul_peak_tflops",
+    "TIMERS",
+    "DATASHEET",
+    "datasheet_peaks",
+    "GEMM_KINDS",
+    "gemm_tflops",
+    "copy_bandwidth",
+    "GpuSampler",
+    "count_ops",
+    "profile_steps",
+    "profile_calls",
+    "READBACK_OP",
+    "MEMORY_MODES",
+    "ZERO_BYTES_PER_PARAMETER",
+    "memory_per_parameter",
+]
 
 TIMERS = ("wall", "cuda_event", "auto")
 
@@ -61,7 +80,7 @@ class Timing:
 
     times: tuple
     warmup: int
-    method: str = "wall"      # "wall" (perf_counter, CUDA synchronised) or "cuda_event"
+    method: str = "wall"  # "wall" (perf_counter, CUDA synchronised) or "cuda_event"
 
     @property
     def median(self) -> float:
@@ -126,8 +145,9 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_call(fn: Callable[[], object], *, repeat: int = 7, warmup: int = 2, device: DeviceLike=None,
-              timer: str = "wall") -> Timing:
+def time_call(
+    fn: Callable[[], object], *, repeat: int = 7, warmup: int = 2, device: DeviceLike = None, timer: str = "wall"
+) -> Timing:
     """Time ``fn()`` ``repeat`` times after ``warmup`` untimed calls.
 
     Parameters
@@ -213,7 +233,7 @@ class _StorageTracker:
                 return out
 
         self.mode = _Mode()
-        self.live = {}          # id(storage object) -> nbytes
+        self.live = {}  # id(storage object) -> nbytes
         self.current = 0
         self.peak = 0
         self.active = True
@@ -265,8 +285,11 @@ class track_peak_memory:
         if self.device.type not in ("cpu", "cuda"):
             raise ValueError(f"device must be a CPU or CUDA device, got {self.device}")
         self.peak_bytes = None
-        self.method = ("torch.cuda.max_memory_allocated - memory_allocated at entry" if self.device.type == "cuda"
-                       else "peak of live tensor storage made under a TorchDispatchMode")
+        self.method = (
+            "torch.cuda.max_memory_allocated - memory_allocated at entry"
+            if self.device.type == "cuda"
+            else "peak of live tensor storage made under a TorchDispatchMode"
+        )
 
     def __enter__(self):
         if self.device.type == "cuda":
@@ -288,7 +311,7 @@ class track_peak_memory:
         return False
 
 
-def peak_memory(fn: Callable[[], object], device: DeviceLike=None) -> int:
+def peak_memory(fn: Callable[[], object], device: DeviceLike = None) -> int:
     """Peak tensor memory (bytes) allocated while ``fn()`` runs, above what was allocated when it started.
 
     CUDA: ``torch.cuda.reset_peak_memory_stats`` then ``max_memory_allocated`` minus ``memory_allocated`` at
@@ -308,8 +331,16 @@ def peak_memory(fn: Callable[[], object], device: DeviceLike=None) -> int:
 _DTYPES = {torch.float32, torch.float16, torch.bfloat16, torch.float64}
 
 
-def matmul_peak_tflops(device: DeviceLike=None, dtype: torch.dtype=torch.float32, n: int | None = None, *, layout: str = "best",
-                       repeat: int = 5, warmup: int = 2, min_seconds: float = 0.05) -> float:
+def matmul_peak_tflops(
+    device: DeviceLike = None,
+    dtype: torch.dtype = torch.float32,
+    n: int | None = None,
+    *,
+    layout: str = "best",
+    repeat: int = 5,
+    warmup: int = 2,
+    min_seconds: float = 0.05,
+) -> float:
     """Measured throughput (TFLOP/s) of an ``n × n`` by ``n × n`` matrix product in ``dtype`` on ``device``.
 
     Counts 2·n³ floating-point operations per product and takes the fastest of ``repeat`` timed batches (a
@@ -349,9 +380,9 @@ def matmul_peak_tflops(device: DeviceLike=None, dtype: torch.dtype=torch.float32
     b = torch.randn(n, n, device=device, dtype=torch.float32, generator=g).to(dtype)
     ops = {"nn": lambda: torch.matmul(a, b), "nt": lambda: F.linear(a, b)}
     best = 0.0
-    for name in (("nn", "nt") if layout == "best" else (layout,)):
+    for name in ("nn", "nt") if layout == "best" else (layout,):
         op = ops[name]
-        t = time_call(op, repeat=1, warmup=1, device=device).median   # one call, to size the batches
+        t = time_call(op, repeat=1, warmup=1, device=device).median  # one call, to size the batches
         k = max(1, int(min_seconds / max(t, 1e-9)))
 
         def batch(op=op, k=k):
@@ -359,7 +390,7 @@ def matmul_peak_tflops(device: DeviceLike=None, dtype: torch.dtype=torch.float32
                 op()
 
         timing = time_call(batch, repeat=repeat, warmup=min(warmup, 1), device=device, timer="auto")
-        best = max(best, 2.0 * n ** 3 * k / timing.min / 1e12)
+        best = max(best, 2.0 * n**3 * k / timing.min / 1e12)
     return best
 
 
@@ -371,13 +402,26 @@ def matmul_peak_tflops(device: DeviceLike=None, dtype: torch.dtype=torch.float32
 #: datasheet): the same compute as the H100 SXM (the same GH100 die), 4.8 TB/s of HBM3e.  The PCIe boards
 #: (H100 PCIe, H200 NVL) are slower and are not listed: their names do not match the keys below.
 DATASHEET = {
-    "H100 80GB HBM3": {"name": "NVIDIA H100 SXM5 80 GB", "fp32": 67.0, "tf32": 494.5, "bf16": 989.5,
-                       "fp16": 989.5, "fp8": 1979.0, "hbm_tb_s": 3.35,
-                       "source": "NVIDIA H100 Tensor Core GPU datasheet, H100 SXM, dense (half the 'with sparsity' "
-                                 "figures)"},
-    "H200": {"name": "NVIDIA H200 SXM 141 GB", "fp32": 67.0, "tf32": 494.5, "bf16": 989.5, "fp16": 989.5,
-             "fp8": 1979.0, "hbm_tb_s": 4.8,
-             "source": "NVIDIA H200 Tensor Core GPU datasheet, H200 SXM, dense (half the 'with sparsity' figures)"},
+    "H100 80GB HBM3": {
+        "name": "NVIDIA H100 SXM5 80 GB",
+        "fp32": 67.0,
+        "tf32": 494.5,
+        "bf16": 989.5,
+        "fp16": 989.5,
+        "fp8": 1979.0,
+        "hbm_tb_s": 3.35,
+        "source": "NVIDIA H100 Tensor Core GPU datasheet, H100 SXM, dense (half the 'with sparsity' figures)",
+    },
+    "H200": {
+        "name": "NVIDIA H200 SXM 141 GB",
+        "fp32": 67.0,
+        "tf32": 494.5,
+        "bf16": 989.5,
+        "fp16": 989.5,
+        "fp8": 1979.0,
+        "hbm_tb_s": 4.8,
+        "source": "NVIDIA H200 Tensor Core GPU datasheet, H200 SXM, dense (half the 'with sparsity' figures)",
+    },
 }
 
 
@@ -405,7 +449,7 @@ def _gemm_op(kind: str, m: int, n: int, k: int, device: torch.device):
     context manager for the switches it needs; raises RuntimeError (with why) where the kind does not exist."""
     g = torch.Generator(device=device).manual_seed(0)
     a = torch.randn(m, k, device=device, generator=g)
-    b = torch.randn(n, k, device=device, generator=g)          # b as n×k: a @ b.T, the layout nn.Linear uses
+    b = torch.randn(n, k, device=device, generator=g)  # b as n×k: a @ b.T, the layout nn.Linear uses
     if kind in ("fp32", "tf32"):
         if kind == "tf32" and device.type != "cuda":
             raise RuntimeError("TF32 is a mode of CUDA tensor cores; a CPU has no such switch")
@@ -429,20 +473,21 @@ def _gemm_op(kind: str, m: int, n: int, k: int, device: torch.device):
         raise RuntimeError("this torch has no torch._scaled_mm")
     if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
         raise RuntimeError("the GPU has no FP8 tensor cores (compute capability < 8.9)")
-    a8 = a.to(torch.float8_e4m3fn)                                 # row-major
-    b8 = b.to(torch.float8_e4m3fn).t()                             # column-major k×n, as _scaled_mm wants
+    a8 = a.to(torch.float8_e4m3fn)  # row-major
+    b8 = b.to(torch.float8_e4m3fn).t()  # column-major k×n, as _scaled_mm wants
     one = torch.ones((), device=device)
     fast = kind == "fp8_fast"
 
     def op():
         return scaled_mm(a8, b8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16, use_fast_accum=fast)
 
-    op()                                                           # raises here where the op has no kernel
+    op()  # raises here where the op has no kernel
     return op, contextlib.nullcontext
 
 
-def gemm_tflops(kind: str, m: int, n: int, k: int, device: DeviceLike=None, *, repeat: int = 5,
-                min_seconds: float = 0.05) -> dict:
+def gemm_tflops(
+    kind: str, m: int, n: int, k: int, device: DeviceLike = None, *, repeat: int = 5, min_seconds: float = 0.05
+) -> dict:
     """Throughput of one m×k by k×n matrix product (``a @ b.T``, as ``nn.Linear`` calls it) in ``kind``.
 
     Counts 2·m·n·k FLOPs per product; times batches of products that last ≥ ``min_seconds`` each
@@ -493,7 +538,7 @@ def gemm_tflops(kind: str, m: int, n: int, k: int, device: DeviceLike=None, *, r
     return row
 
 
-def copy_bandwidth(device: DeviceLike=None, nbytes: int = 2 ** 30, *, repeat: int = 5) -> dict:
+def copy_bandwidth(device: DeviceLike = None, nbytes: int = 2**30, *, repeat: int = 5) -> dict:
     """Bandwidth of a device-to-device copy of ``nbytes`` bytes (``dst.copy_(src)``), counting the bytes read and
     the bytes written (2 · nbytes per copy): the memory roof of a roofline.
 
@@ -508,8 +553,12 @@ def copy_bandwidth(device: DeviceLike=None, nbytes: int = 2 ** 30, *, repeat: in
     src = torch.ones(nbytes // 4, device=device)
     dst = torch.empty_like(src)
     timing = time_call(lambda: dst.copy_(src), repeat=repeat, warmup=2, device=device, timer="auto")
-    return {"nbytes": src.numel() * 4, "seconds": timing.min, "gb_s": 2 * src.numel() * 4 / timing.min / 1e9,
-            "timer": timing.method}
+    return {
+        "nbytes": src.numel() * 4,
+        "seconds": timing.min,
+        "gb_s": 2 * src.numel() * 4 / timing.min / 1e9,
+        "timer": timing.method,
+    }
 
 
 class GpuSampler:
@@ -531,7 +580,7 @@ class GpuSampler:
         if not isinstance(interval, (int, float)) or interval <= 0:
             raise ValueError(f"interval must be a positive number of seconds, got {interval!r}")
         self.index, self.interval = int(index), float(interval)
-        self.samples: list = []           # (label, {field: value})
+        self.samples: list = []  # (label, {field: value})
         self.source, self.absent = None, ""
         self._label = ""
         self._stop = None
@@ -550,10 +599,13 @@ class GpuSampler:
             h = pynvml.nvmlDeviceGetHandleByIndex(self.index)
 
             def read_nvml():
-                return {"sm_clock_mhz": float(pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM)),
-                        "mem_clock_mhz": float(pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_MEM)),
-                        "power_w": pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0,
-                        "temperature_c": float(pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU))}
+                return {
+                    "sm_clock_mhz": float(pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM)),
+                    "mem_clock_mhz": float(pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_MEM)),
+                    "power_w": pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0,
+                    "temperature_c": float(pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU)),
+                }
+
             read_nvml()
             return read_nvml, "pynvml"
         except Exception:  # no pynvml, or no NVML behind it: try the command-line tool
@@ -561,13 +613,18 @@ class GpuSampler:
         smi = shutil.which("nvidia-smi")
         if smi is None:
             return None, "neither pynvml nor nvidia-smi is present"
-        cmd = [smi, f"--id={self.index}", "--query-gpu=clocks.sm,clocks.mem,power.draw,temperature.gpu",
-               "--format=csv,noheader,nounits"]
+        cmd = [
+            smi,
+            f"--id={self.index}",
+            "--query-gpu=clocks.sm,clocks.mem,power.draw,temperature.gpu",
+            "--format=csv,noheader,nounits",
+        ]
 
         def read_smi():
             out = subprocess.run(cmd, capture_output=True, text=True, timeout=5).stdout.strip().split(",")
             vals = [float(v) if v.strip() not in ("", "[N/A]", "N/A") else float("nan") for v in out]
             return dict(zip(self.FIELDS, vals))
+
         try:
             read_smi()
         except Exception as err:  # the tool exists but cannot read this GPU
@@ -654,7 +711,7 @@ def _union_seconds(intervals) -> float:
     return total
 
 
-def profile_steps(fn: Callable[[], object], steps: int, device: DeviceLike=None, *, top: int = 12) -> dict:
+def profile_steps(fn: Callable[[], object], steps: int, device: DeviceLike = None, *, top: int = 12) -> dict:
     """Run ``fn()`` ``steps`` times under ``torch.profiler`` and say where the time went.
 
     Returns a dict:
@@ -706,15 +763,21 @@ def profile_steps(fn: Callable[[], object], steps: int, device: DeviceLike=None,
         entry["seconds"] += (e.time_range.end - e.time_range.start) / 1e6
     busy_s = _union_seconds(busy) / 1e6 if cuda else None
     ranked = dict(sorted(kernels.items(), key=lambda kv: (-kv[1]["count"], kv[0]))[:top])
-    return {"steps": steps, "wall_seconds": wall, "device_busy_seconds": busy_s,
-            "busy_fraction": None if busy_s is None else min(1.0, busy_s / wall),
-            "sync_seconds": sync, "host_seconds_per_step": max(0.0, wall - sync) / steps,
-            "readbacks_per_step": readbacks / steps,
-            "kernels_per_step": sum(k["count"] for k in kernels.values()) / steps,
-            "kernels": ranked, "what": "CUDA kernels" if cuda else "CPU ATen operators"}
+    return {
+        "steps": steps,
+        "wall_seconds": wall,
+        "device_busy_seconds": busy_s,
+        "busy_fraction": None if busy_s is None else min(1.0, busy_s / wall),
+        "sync_seconds": sync,
+        "host_seconds_per_step": max(0.0, wall - sync) / steps,
+        "readbacks_per_step": readbacks / steps,
+        "kernels_per_step": sum(k["count"] for k in kernels.values()) / steps,
+        "kernels": ranked,
+        "what": "CUDA kernels" if cuda else "CPU ATen operators",
+    }
 
 
-def profile_calls(calls: dict, device: DeviceLike=None) -> dict:
+def profile_calls(calls: dict, device: DeviceLike = None) -> dict:
     """Run each callable of ``calls`` (label → callable with no arguments) once, in order, in one
     ``torch.profiler`` window, and say which kernels each launched: each call runs inside
     ``torch.profiler.record_function(label)`` and is synchronised before its range closes, so every kernel that
@@ -756,8 +819,13 @@ def profile_calls(calls: dict, device: DeviceLike=None) -> dict:
 #: ZeRO's accounting of mixed-precision training with Adam (Rajbhandari et al. 2020, §3.1): per parameter, an
 #: FP16 copy of the parameters (2 bytes) and of the gradients (2), and the optimizer states: an FP32 copy of the
 #: parameters (4), momentum (4) and variance (4): "2Ψ + 2Ψ + KΨ = 16Ψ bytes", K = 12.
-ZERO_BYTES_PER_PARAMETER = {"16-bit parameters": 2, "16-bit gradients": 2, "FP32 master parameters": 4,
-                            "momentum": 4, "variance": 4}
+ZERO_BYTES_PER_PARAMETER = {
+    "16-bit parameters": 2,
+    "16-bit gradients": 2,
+    "FP32 master parameters": 4,
+    "momentum": 4,
+    "variance": 4,
+}
 
 #: The trainings of :func:`memory_per_parameter`: "fp32" (FP32 parameters, gradients and Adam), "amp" (FP32
 #: parameters and Adam, the forward under float16 autocast, ``torch.amp.GradScaler``), "bf16_master" (BF16
@@ -773,7 +841,9 @@ def _adam(params, device: torch.device):
         return torch.optim.Adam(params, lr=1e-4), "Adam"
 
 
-def memory_per_parameter(mode: str, width: int, layers: int, batch: int, steps: int = 2, device: DeviceLike=None) -> dict:
+def memory_per_parameter(
+    mode: str, width: int, layers: int, batch: int, steps: int = 2, device: DeviceLike = None
+) -> dict:
     """Train a stack of ``layers`` × ``Linear(width, width)`` (ReLU between) with Adam for ``steps`` steps in
     ``mode`` (one of :data:`MEMORY_MODES`) and measure its memory per parameter.
 
@@ -817,7 +887,7 @@ def memory_per_parameter(mode: str, width: int, layers: int, batch: int, steps: 
             masters = [p.detach().float() for p in params]
             for m in masters:
                 m.requires_grad_(True)
-            opts = [_adam([m], device)[0] for m in masters]        # one tensor at a time: no FP32 gradient set
+            opts = [_adam([m], device)[0] for m in masters]  # one tensor at a time: no FP32 gradient set
             out["optimizer"] = f"{_adam([masters[0]], device)[1]} on FP32 master copies, one tensor at a time"
         else:
             params = list(model.parameters())
@@ -847,10 +917,19 @@ def memory_per_parameter(mode: str, width: int, layers: int, batch: int, steps: 
                             m.grad = None
                             p.copy_(m)
         _sync(device)
-        states = [t for o in ([opt] if not opts else opts) for st in o.state.values() for t in st.values()
-                  if isinstance(t, torch.Tensor) and t.dim() > 0]
-        out["breakdown_bytes"] = {"parameters": nbytes(params), "gradients": nbytes(p.grad for p in params),
-                                  "master parameters": nbytes(masters), "optimizer state": nbytes(states)}
+        states = [
+            t
+            for o in ([opt] if not opts else opts)
+            for st in o.state.values()
+            for t in st.values()
+            if isinstance(t, torch.Tensor) and t.dim() > 0
+        ]
+        out["breakdown_bytes"] = {
+            "parameters": nbytes(params),
+            "gradients": nbytes(p.grad for p in params),
+            "master parameters": nbytes(masters),
+            "optimizer state": nbytes(states),
+        }
         out["parameters"] = sum(p.numel() for p in params)
         out["loss"] = float(loss.detach())
         if cuda:
@@ -871,8 +950,10 @@ def memory_per_parameter(mode: str, width: int, layers: int, batch: int, steps: 
         with track_peak_memory("cpu") as t:
             train()
         out["peak_bytes"] = t.peak_bytes
-        out["method"] = ("CPU: resident = the bytes of parameters, gradients, master copies and optimizer state; "
-                         "peak = live tensor storage made inside the run (track_peak_memory)")
+        out["method"] = (
+            "CPU: resident = the bytes of parameters, gradients, master copies and optimizer state; "
+            "peak = live tensor storage made inside the run (track_peak_memory)"
+        )
     n = out["parameters"]
     out["resident_per_parameter"] = out["resident_bytes"] / n
     out["peak_per_parameter"] = out["peak_bytes"] / n
@@ -885,8 +966,10 @@ def checkpoint_bytes(model: torch.nn.Module, dtype: torch.dtype = torch.float32)
     (integer buffers such as BatchNorm's ``num_batches_tracked`` are kept)."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    sd = {k: (v.detach().to("cpu", dtype) if v.is_floating_point() else v.detach().cpu())
-          for k, v in model.state_dict().items()}
+    sd = {
+        k: (v.detach().to("cpu", dtype) if v.is_floating_point() else v.detach().cpu())
+        for k, v in model.state_dict().items()
+    }
     buf = io.BytesIO()
     torch.save(sd, buf)
     return buf.getbuffer().nbytes

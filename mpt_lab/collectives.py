@@ -23,8 +23,15 @@ from numpy.typing import ArrayLike
 from . import formats as F
 from .formats import FormatLike
 
-__all__ = ["COMM_FORMATS", "ring_order", "tree_children", "ring_allreduce", "tree_allreduce", "fsdp_divide_factors",
-           "relative_error"]
+__all__ = [
+    "COMM_FORMATS",
+    "ring_order",
+    "tree_children",
+    "ring_allreduce",
+    "tree_allreduce",
+    "fsdp_divide_factors",
+    "relative_error",
+]
 
 #: The formats gradients are summed in, by their torch dtypes.
 COMM_FORMATS = {"FP32": torch.float32, "BF16": torch.bfloat16, "FP16": torch.float16}
@@ -111,7 +118,9 @@ def _postdivide(total: np.ndarray, fmt, postdivide) -> np.ndarray:
     return total if postdivide == 1.0 else F.round_to(total / postdivide, fmt)
 
 
-def ring_allreduce(values: ArrayLike, fmt: FormatLike="FP32", *, predivide: float=1.0, postdivide: float=1.0, direction: int = -1) -> np.ndarray:
+def ring_allreduce(
+    values: ArrayLike, fmt: FormatLike = "FP32", *, predivide: float = 1.0, postdivide: float = 1.0, direction: int = -1
+) -> np.ndarray:
     """What every rank holds after a ring all-reduce (sum) of ``values[r]`` in the format ``fmt``.
 
     Follows the summation order of :func:`ring_order`: each rank rounds its values to ``fmt`` (and divides them by
@@ -143,7 +152,7 @@ def ring_allreduce(values: ArrayLike, fmt: FormatLike="FP32", *, predivide: floa
         raise ValueError(f"direction must be -1 (gloo) or +1 (NCCL), got {direction!r}")
     n, m = x.shape
     cols = np.arange(m)
-    chunk = cols // max(1, -(-m // n))                 # chunk c holds elements [c·⌈M/N⌉, (c+1)·⌈M/N⌉)
+    chunk = cols // max(1, -(-m // n))  # chunk c holds elements [c·⌈M/N⌉, (c+1)·⌈M/N⌉)
     with np.errstate(invalid="ignore"):
         total = x[(chunk + direction) % n, cols]
         for hop in range(2, n + 1):
@@ -151,7 +160,9 @@ def ring_allreduce(values: ArrayLike, fmt: FormatLike="FP32", *, predivide: floa
     return _postdivide(total, fmt, postdivide)
 
 
-def tree_allreduce(values: ArrayLike, fmt: FormatLike="FP32", *, predivide: float=1.0, postdivide: float=1.0) -> np.ndarray:
+def tree_allreduce(
+    values: ArrayLike, fmt: FormatLike = "FP32", *, predivide: float = 1.0, postdivide: float = 1.0
+) -> np.ndarray:
     """What every rank holds after a binary-tree all-reduce (sum) of ``values[r]`` in the format ``fmt``.
 
     Each rank rounds its values to ``fmt`` (and pre-divides, as :func:`ring_allreduce`); from the leaves up, every
@@ -166,10 +177,10 @@ def tree_allreduce(values: ArrayLike, fmt: FormatLike="FP32", *, predivide: floa
     x, fmt = _compress(values, fmt, predivide)
     n = x.shape[0]
     part = x.copy()
-    depth = max(0, n.bit_length() - 1)               # the deepest level holding a rank
+    depth = max(0, n.bit_length() - 1)  # the deepest level holding a rank
     with np.errstate(invalid="ignore"):
-        for level in range(depth - 1, -1, -1):       # children (level + 1) are complete before their parents
-            lo, hi = 2 ** level - 1, min(2 ** (level + 1) - 1, n)
+        for level in range(depth - 1, -1, -1):  # children (level + 1) are complete before their parents
+            lo, hi = 2**level - 1, min(2 ** (level + 1) - 1, n)
             for first_child in (1, 2):
                 parents = np.arange(lo, hi)
                 parents = parents[2 * parents + first_child < n]

@@ -22,8 +22,20 @@ import torch
 from . import __version__, profile
 from ._torch_internals import onednn_bf16_supported, onednn_fp16_supported
 
-__all__ = ["DeviceLike", "default_device", "resolve", "synchronize", "describe", "cpu_flags", "CpuKernels", "cpu_kernels",
-           "versions", "backends", "provenance", "main"]
+__all__ = [
+    "DeviceLike",
+    "default_device",
+    "resolve",
+    "synchronize",
+    "describe",
+    "cpu_flags",
+    "CpuKernels",
+    "cpu_kernels",
+    "versions",
+    "backends",
+    "provenance",
+    "main",
+]
 
 #: What every function that takes a device accepts: a ``torch.device``, a name ("cpu", "cuda", "cuda:1",
 #: "auto"), or None for the default (:func:`resolve`).
@@ -145,8 +157,11 @@ def cpu_kernels() -> CpuKernels:
     -------
     CpuKernels
     """
-    return CpuKernels(capability=str(torch.backends.cpu.get_cpu_capability()),
-                      onednn_fp16=onednn_fp16_supported(), onednn_bf16=onednn_bf16_supported())
+    return CpuKernels(
+        capability=str(torch.backends.cpu.get_cpu_capability()),
+        onednn_fp16=onednn_fp16_supported(),
+        onednn_bf16=onednn_bf16_supported(),
+    )
 
 
 def describe(device: Any = None) -> str:
@@ -177,18 +192,23 @@ def describe(device: Any = None) -> str:
     if device.type == "cuda":
         idx = device.index if device.index is not None else torch.cuda.current_device()
         p = torch.cuda.get_device_properties(idx)
-        return (f"{p.name} (sm_{p.major}{p.minor}, {p.total_memory / 2**30:.1f} GiB), "
-                f"CUDA {torch.version.cuda}")
+        return f"{p.name} (sm_{p.major}{p.minor}, {p.total_memory / 2**30:.1f} GiB), CUDA {torch.version.cuda}"
     if device.type == "cpu":
-        return (f"CPU: {_cpu_name()} ({os.cpu_count()} cores, torch threads {torch.get_num_threads()}; "
-                f"{cpu_kernels().describe()})")
+        return (
+            f"CPU: {_cpu_name()} ({os.cpu_count()} cores, torch threads {torch.get_num_threads()}; "
+            f"{cpu_kernels().describe()})"
+        )
     return str(device)
 
 
 def versions() -> dict:
     """Versions of Python and the libraries that results depend on."""
-    out = {"python": sys.version.split()[0], "torch": torch.__version__, "numpy": numpy.__version__,
-           "platform": platform.platform()}
+    out = {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "numpy": numpy.__version__,
+        "platform": platform.platform(),
+    }
     if torch.version.cuda:
         out["cuda"] = torch.version.cuda
     if torch.cuda.is_available() and torch.backends.cudnn.is_available():
@@ -217,14 +237,19 @@ def backends() -> dict:
     saved "FP32" time says whether TF32 was allowed.  The values are the same on a CPU build (they then decide
     nothing)."""
     m = torch.backends.cuda.matmul
-    out = {"cuda_matmul_allow_tf32": bool(m.allow_tf32), "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
-           "float32_matmul_precision": torch.get_float32_matmul_precision(),
-           "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
-           "cudnn_deterministic": bool(torch.backends.cudnn.deterministic),
-           "cuda_matmul_allow_fp16_reduced_precision_reduction": bool(m.allow_fp16_reduced_precision_reduction),
-           "cuda_matmul_allow_bf16_reduced_precision_reduction": bool(m.allow_bf16_reduced_precision_reduction)}
-    for name, obj in (("cuda_matmul_fp32_precision", m), ("cudnn_conv_fp32_precision",
-                                                          getattr(torch.backends.cudnn, "conv", None))):
+    out = {
+        "cuda_matmul_allow_tf32": bool(m.allow_tf32),
+        "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
+        "cudnn_deterministic": bool(torch.backends.cudnn.deterministic),
+        "cuda_matmul_allow_fp16_reduced_precision_reduction": bool(m.allow_fp16_reduced_precision_reduction),
+        "cuda_matmul_allow_bf16_reduced_precision_reduction": bool(m.allow_bf16_reduced_precision_reduction),
+    }
+    for name, obj in (
+        ("cuda_matmul_fp32_precision", m),
+        ("cudnn_conv_fp32_precision", getattr(torch.backends.cudnn, "conv", None)),
+    ):
         try:
             value = getattr(obj, "fp32_precision", None) if obj is not None else None
         except Exception:  # pragma: no cover - an older torch without the setting
@@ -249,10 +274,16 @@ def provenance(command: str | None = None, config: dict | None = None, device: A
     """
     if command is None:
         command = " ".join([os.path.basename(sys.executable)] + sys.argv)
-    return {"command": command, "device": describe(device), "versions": versions(),
-            "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "profile": _profile_or_none(), "config": dict(config or {}), "backends": backends(),
-            "load_average": _load_average()}
+    return {
+        "command": command,
+        "device": describe(device),
+        "versions": versions(),
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "profile": _profile_or_none(),
+        "config": dict(config or {}),
+        "backends": backends(),
+        "load_average": _load_average(),
+    }
 
 
 def _load_average() -> list | None:

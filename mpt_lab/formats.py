@@ -79,10 +79,37 @@ except ImportError:  # pragma: no cover
     _ml_dtypes = None
 
 __all__ = [
-    "FloatFormat", "Decomposition", "FORMATS", "ROUNDING_MODES",
-    "FP64", "FP32", "TF32", "FP16", "BF16", "FP8_E4M3", "FP8_E5M2", "FP6_E3M2", "FP6_E2M3", "FP4_E2M1", "E8M0",
-    "get_format", "decompose", "compose", "encode", "decode", "round_to", "values", "ulp", "round_fixed",
-    "accumulate", "FormatLike", "exact_arithmetic", "exact_arithmetic_active", "round_tensor", "floor_log2", "ML_FLOAT_DTYPES",
+    "FloatFormat",
+    "Decomposition",
+    "FORMATS",
+    "ROUNDING_MODES",
+    "FP64",
+    "FP32",
+    "TF32",
+    "FP16",
+    "BF16",
+    "FP8_E4M3",
+    "FP8_E5M2",
+    "FP6_E3M2",
+    "FP6_E2M3",
+    "FP4_E2M1",
+    "E8M0",
+    "get_format",
+    "decompose",
+    "compose",
+    "encode",
+    "decode",
+    "round_to",
+    "values",
+    "ulp",
+    "round_fixed",
+    "accumulate",
+    "FormatLike",
+    "exact_arithmetic",
+    "exact_arithmetic_active",
+    "round_tensor",
+    "floor_log2",
+    "ML_FLOAT_DTYPES",
 ]
 
 ROUNDING_MODES = ("nearest_even", "toward_zero", "stochastic")
@@ -229,18 +256,29 @@ class FloatFormat:
         return self.name
 
     def __repr__(self) -> str:
-        return (f"FloatFormat({self.name!r}, exponent_bits={self.exponent_bits}, mantissa_bits={self.mantissa_bits}, "
-                f"bias={self.bias}, max={self.max!r})")
+        return (
+            f"FloatFormat({self.name!r}, exponent_bits={self.exponent_bits}, mantissa_bits={self.mantissa_bits}, "
+            f"bias={self.bias}, max={self.max!r})"
+        )
 
     def summary(self) -> dict:
         """The format's parameters as a dict (one row of the book's format table)."""
         return {
-            "format": self.name, "bits": self.bits, "sign": int(self.signed), "exponent": self.exponent_bits,
-            "mantissa": self.mantissa_bits, "bias": self.bias, "emin": self.emin, "emax": self.emax,
-            "max": self.max, "smallest normal": self.smallest_normal,
+            "format": self.name,
+            "bits": self.bits,
+            "sign": int(self.signed),
+            "exponent": self.exponent_bits,
+            "mantissa": self.mantissa_bits,
+            "bias": self.bias,
+            "emin": self.emin,
+            "emax": self.emax,
+            "max": self.max,
+            "smallest normal": self.smallest_normal,
             "smallest subnormal": self.smallest_subnormal if (self.subnormals and self.mantissa_bits) else None,
-            "epsilon": self.epsilon, "decimal digits": round(self.decimal_digits, 2),
-            "infinities": self.infinities, "NaN": self.nan,
+            "epsilon": self.epsilon,
+            "decimal digits": round(self.decimal_digits, 2),
+            "infinities": self.infinities,
+            "NaN": self.nan,
         }
 
 
@@ -259,16 +297,40 @@ FP8_E5M2 = FloatFormat("FP8_E5M2", 5, 2, 15, source="OCP OFP8 2023, E5M2")
 FP6_E3M2 = FloatFormat("FP6_E3M2", 3, 2, 3, infinities=False, nan="none", source="OCP MX v1.0, FP6 E3M2")
 FP6_E2M3 = FloatFormat("FP6_E2M3", 2, 3, 1, infinities=False, nan="none", source="OCP MX v1.0, FP6 E2M3")
 FP4_E2M1 = FloatFormat("FP4_E2M1", 2, 1, 1, infinities=False, nan="none", source="OCP MX v1.0, FP4 E2M1")
-E8M0 = FloatFormat("E8M0", 8, 0, 127, signed=False, infinities=False, nan="single", subnormals=False,
-                   source="OCP MX v1.0, E8M0 shared scale")
+E8M0 = FloatFormat(
+    "E8M0",
+    8,
+    0,
+    127,
+    signed=False,
+    infinities=False,
+    nan="single",
+    subnormals=False,
+    source="OCP MX v1.0, E8M0 shared scale",
+)
 
-FORMATS: dict[str, FloatFormat] = {f.name: f for f in
-                                   (FP64, FP32, TF32, FP16, BF16, FP8_E4M3, FP8_E5M2, FP6_E3M2, FP6_E2M3, FP4_E2M1, E8M0)}
+FORMATS: dict[str, FloatFormat] = {
+    f.name: f for f in (FP64, FP32, TF32, FP16, BF16, FP8_E4M3, FP8_E5M2, FP6_E3M2, FP6_E2M3, FP4_E2M1, E8M0)
+}
 
-_ALIASES = {"FLOAT64": "FP64", "DOUBLE": "FP64", "FLOAT32": "FP32", "FLOAT": "FP32", "FLOAT16": "FP16",
-            "HALF": "FP16", "BFLOAT16": "BF16", "E4M3": "FP8_E4M3", "E4M3FN": "FP8_E4M3", "FP8_E4M3FN": "FP8_E4M3",
-            "E5M2": "FP8_E5M2", "E3M2": "FP6_E3M2", "E2M3": "FP6_E2M3", "E2M1": "FP4_E2M1", "FP4": "FP4_E2M1",
-            "FP8_E8M0": "E8M0"}
+_ALIASES = {
+    "FLOAT64": "FP64",
+    "DOUBLE": "FP64",
+    "FLOAT32": "FP32",
+    "FLOAT": "FP32",
+    "FLOAT16": "FP16",
+    "HALF": "FP16",
+    "BFLOAT16": "BF16",
+    "E4M3": "FP8_E4M3",
+    "E4M3FN": "FP8_E4M3",
+    "FP8_E4M3FN": "FP8_E4M3",
+    "E5M2": "FP8_E5M2",
+    "E3M2": "FP6_E3M2",
+    "E2M3": "FP6_E2M3",
+    "E2M1": "FP4_E2M1",
+    "FP4": "FP4_E2M1",
+    "FP8_E8M0": "E8M0",
+}
 
 
 def get_format(fmt: Any, argname: str = "fmt") -> FloatFormat:
@@ -320,7 +382,7 @@ class _ExactBlock:
         _EXACT_DEPTH.reset(self._token)
 
 
-def exact_arithmetic(fn: Callable | None=None) -> Callable | contextlib.AbstractContextManager:
+def exact_arithmetic(fn: Callable | None = None) -> Callable | contextlib.AbstractContextManager:
     """Mark code that must run its torch ops exactly as written; modes that emulate low precision honour it.
 
     The rounding of this module is exact integer and float arithmetic on bit patterns; inside a block of
@@ -349,8 +411,10 @@ def exact_arithmetic(fn: Callable | None=None) -> Callable | contextlib.Abstract
     if fn is None:
         return _ExactBlock()
     if not callable(fn):
-        raise TypeError(f"fn must be callable (exact_arithmetic is a decorator or, without fn, a context manager), "
-                        f"got {type(fn).__name__}")
+        raise TypeError(
+            f"fn must be callable (exact_arithmetic is a decorator or, without fn, a context manager), "
+            f"got {type(fn).__name__}"
+        )
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -368,8 +432,20 @@ def exact_arithmetic_active() -> bool:
 def _ml_float_dtypes() -> tuple:
     if _ml_dtypes is None:
         return ()
-    names = ("bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e4m3b11fnuz",
-             "float8_e4m3", "float8_e3m4", "float8_e8m0fnu", "float6_e2m3fn", "float6_e3m2fn", "float4_e2m1fn")
+    names = (
+        "bfloat16",
+        "float8_e4m3fn",
+        "float8_e5m2",
+        "float8_e4m3fnuz",
+        "float8_e5m2fnuz",
+        "float8_e4m3b11fnuz",
+        "float8_e4m3",
+        "float8_e3m4",
+        "float8_e8m0fnu",
+        "float6_e2m3fn",
+        "float6_e3m2fn",
+        "float4_e2m1fn",
+    )
     return tuple(np.dtype(getattr(_ml_dtypes, n)) for n in names if hasattr(_ml_dtypes, n))
 
 
@@ -421,8 +497,9 @@ class _Input:
             self.kind, self.dtype, self.shape = "float", None, ()
             self.work = np.asarray([float(x)], dtype=np.float64)
         else:
-            raise TypeError(f"{argname} must be a float, a NumPy float array or a torch floating tensor, "
-                            f"got {type(x).__name__}")
+            raise TypeError(
+                f"{argname} must be a float, a NumPy float array or a torch floating tensor, got {type(x).__name__}"
+            )
 
     @property
     def is_torch(self) -> bool:
@@ -449,8 +526,10 @@ class _Input:
 def _check_has_values(t, argname: str) -> None:
     """Refuse tensors without data (device "meta": a shape and a dtype only) before anything reads them."""
     if t.device.type == "meta":
-        raise ValueError(f"{argname} is a meta tensor (a shape and dtype without values); "
-                         "pass a tensor on a real device (cpu, cuda, ...)")
+        raise ValueError(
+            f"{argname} is a meta tensor (a shape and dtype without values); "
+            "pass a tensor on a real device (cpu, cuda, ...)"
+        )
 
 
 def floor_log2(num: int, den: int) -> int:
@@ -560,14 +639,17 @@ def _make_generator(generator, tensor_like):
             return g
         if isinstance(generator, torch.Generator):
             return generator
-        raise TypeError("generator must be None, an int seed or a torch.Generator for tensor input, "
-                        f"got {type(generator).__name__}")
+        raise TypeError(
+            f"generator must be None, an int seed or a torch.Generator for tensor input, got {type(generator).__name__}"
+        )
     if generator is None or (isinstance(generator, numbers.Integral) and not isinstance(generator, bool)):
         return np.random.default_rng(generator)
     if isinstance(generator, np.random.Generator):
         return generator
-    raise TypeError("generator must be None, an int seed or a numpy.random.Generator for NumPy input, "
-                    f"got {type(generator).__name__}")
+    raise TypeError(
+        "generator must be None, an int seed or a numpy.random.Generator for NumPy input, "
+        f"got {type(generator).__name__}"
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -589,8 +671,14 @@ def _make_generator(generator, tensor_like):
 def _contains(fmt: FloatFormat, nbits: int) -> bool:
     """Whether every value of the IEEE binary{nbits} working type is a value of fmt (no rounding needed)."""
     m_in, b_in = _MANT_OF[nbits], _BIAS_OF[nbits]
-    return (fmt.mantissa_bits >= m_in and fmt.subnormals and fmt.infinities and fmt.signed
-            and fmt.emin - fmt.mantissa_bits <= 1 - b_in - m_in and fmt.emax >= b_in)
+    return (
+        fmt.mantissa_bits >= m_in
+        and fmt.subnormals
+        and fmt.infinities
+        and fmt.signed
+        and fmt.emin - fmt.mantissa_bits <= 1 - b_in - m_in
+        and fmt.emax >= b_in
+    )
 
 
 @functools.cache
@@ -606,8 +694,7 @@ def _path(fmt: FloatFormat, nbits: int) -> str:
     emin_b, emax_b = fmt.emin + b_in, fmt.emax + b_in
     if emin_b - m >= 1 and emax_b + 1 + (m_in - m) <= (1 << ebits_in) - 2:
         return "add"
-    if (fmt.exponent_bits == ebits_in and fmt.bias == b_in and fmt.subnormals and fmt.signed
-            and fmt.infinities):
+    if fmt.exponent_bits == ebits_in and fmt.bias == b_in and fmt.subnormals and fmt.signed and fmt.infinities:
         return "int"
     return "wide"
 
@@ -662,10 +749,11 @@ class _Plan:
             self.overflow, self.scale = "nan", math.ldexp(1.0, big_exp - (fmt.emax - m))
         else:
             self.overflow = "mask"
-        self.fill = (math.inf if fmt.infinities else math.nan if fmt.nan != "none" else fmt.max)
+        self.fill = math.inf if fmt.infinities else math.nan if fmt.nan != "none" else fmt.max
         self.top = fmt.max + math.ldexp(1.0, fmt.emax - m)  # the first value beyond max on fmt's grid
-        self.restore_inf = self.overflow == "clip" and rounding == "toward_zero" and not saturate \
-            and self.fill != fmt.max
+        self.restore_inf = (
+            self.overflow == "clip" and rounding == "toward_zero" and not saturate and self.fill != fmt.max
+        )
 
 
 @functools.cache
@@ -807,9 +895,17 @@ class _TorchOps(_Ops):
 
 
 if torch is not None:
-    for _name, _fn in (("band", torch.bitwise_and), ("shr", torch.bitwise_right_shift),
-                       ("shl", torch.bitwise_left_shift), ("add", torch.add), ("sub", torch.sub), ("mul", torch.mul),
-                       ("copysign", torch.copysign), ("absolute", torch.abs), ("clip", torch.clamp)):
+    for _name, _fn in (
+        ("band", torch.bitwise_and),
+        ("shr", torch.bitwise_right_shift),
+        ("shl", torch.bitwise_left_shift),
+        ("add", torch.add),
+        ("sub", torch.sub),
+        ("mul", torch.mul),
+        ("copysign", torch.copysign),
+        ("absolute", torch.abs),
+        ("clip", torch.clamp),
+    ):
         setattr(_TorchOps, _name, staticmethod(_fn))
 
 
@@ -1058,8 +1154,11 @@ def _bernoulli_dyadic(num: np.ndarray, k: np.ndarray, rand: _RandomBits) -> np.n
     return up
 
 
-_KERNELS = {("add", "nearest_even"): _kernel_add_nearest, ("add", "stochastic"): _kernel_add_truncate,
-            ("add", "toward_zero"): _kernel_add_truncate}
+_KERNELS = {
+    ("add", "nearest_even"): _kernel_add_nearest,
+    ("add", "stochastic"): _kernel_add_truncate,
+    ("add", "toward_zero"): _kernel_add_truncate,
+}
 
 
 class _Scratch:
@@ -1114,8 +1213,10 @@ def _slice_scratch(S: _Scratch, c: int) -> _Scratch:
 #: (NumPy arrays: ml_dtypes' types).  torch's float8_e4m3fn conversion saturates, so it serves E4M3 only
 #: with ``saturate=True``; float64 inputs never take a cast (torch and ml_dtypes convert float64 to the
 #: narrow types through float32, rounding twice).
-_NATIVE_CASTS = {"torch": {FP16: "float16", BF16: "bfloat16", FP8_E5M2: "float8_e5m2", FP8_E4M3: "float8_e4m3fn"},
-                 "numpy": {BF16: "bfloat16"}}
+_NATIVE_CASTS = {
+    "torch": {FP16: "float16", BF16: "bfloat16", FP8_E5M2: "float8_e5m2", FP8_E4M3: "float8_e4m3fn"},
+    "numpy": {BF16: "bfloat16"},
+}
 #: Where a cast is faster than the bit path on a CPU (measured with benchmarks/round_to_speed.py): torch's
 #: conversions from float8 back to float32 are slow there, and NumPy's float16 conversion and ml_dtypes'
 #: float8/6/4 ones are slower than the bit path.  On other devices (CUDA) every exact cast is taken.
@@ -1143,8 +1244,12 @@ def _native_dtype(xf, fmt: FloatFormat, rounding: str, saturate: bool):
         pass
     lib = "torch" if tensor else "numpy"
     name, dt = _NATIVE_CASTS[lib].get(fmt), None
-    if name is not None and not (fmt == FP8_E4M3 and not saturate) and _native_enabled() \
-            and (key[2] != "cpu" or fmt in _NATIVE_ON_CPU[lib]):
+    if (
+        name is not None
+        and not (fmt == FP8_E4M3 and not saturate)
+        and _native_enabled()
+        and (key[2] != "cpu" or fmt in _NATIVE_ON_CPU[lib])
+    ):
         if tensor and xf.dtype == torch.float32 and hasattr(torch, name):
             dt = getattr(torch, name)
         elif not tensor and xf.dtype == np.float32 and _ml_dtypes is not None:
@@ -1174,13 +1279,15 @@ def _probe() -> np.ndarray:
     neighbours) near the extremes of each castable format, subnormals, overflow, ±0, ±inf, NaN."""
     rng = np.random.default_rng(1234)
     with np.errstate(over="ignore"):  # 2^127 · normal values, 2 · max of FP16 in float32: inf, on purpose
-        parts = [rng.integers(0, 1 << 32, 1 << 14, dtype=np.uint64).astype(np.uint32).view(np.float32),
-                 (rng.standard_normal(1 << 14) * np.exp2(rng.integers(-150, 128, 1 << 14))).astype(np.float32)]
+        parts = [
+            rng.integers(0, 1 << 32, 1 << 14, dtype=np.uint64).astype(np.uint32).view(np.float32),
+            (rng.standard_normal(1 << 14) * np.exp2(rng.integers(-150, 128, 1 << 14))).astype(np.float32),
+        ]
         for fmt in _NATIVE_CASTS["torch"]:  # exact midpoints between neighbouring values, and either side
             m = fmt.mantissa_bits
             k = np.arange(-(1 << (m + 1)), 1 << (m + 1), dtype=np.float64)
             for e in (fmt.emin - m, fmt.emin, 0, fmt.emax - 1, fmt.emax):
-                mid = ((k + 0.5) * 2.0 ** (e - m) if e > fmt.emin - m else (k + 0.5) * 2.0 ** e).astype(np.float32)
+                mid = ((k + 0.5) * 2.0 ** (e - m) if e > fmt.emin - m else (k + 0.5) * 2.0**e).astype(np.float32)
                 parts += [mid, np.nextafter(mid, np.float32(0)), np.nextafter(mid, np.float32(np.inf))]
             parts.append(np.array([fmt.max, -fmt.max, fmt.max * (1 + 2.0 ** -(m + 1)), 2 * fmt.max], np.float32))
     parts.append(np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 3.4e38, -3.4e38, 1e-45], np.float32))
@@ -1207,14 +1314,20 @@ def _check_native(lib: str, device, fmt: FloatFormat, saturate: bool) -> bool:
             dt = np.dtype(getattr(_ml_dtypes, name))
         want = _round_bits(p, fmt, "nearest_even", saturate, None)
         inplace = p.clone() if lib == "torch" else p.copy()
-        if not (_same_bits(_round_native(p, fmt, dt, saturate), want)
-                and _same_bits(_round_native(inplace, fmt, dt, saturate, out=inplace), want)):
+        if not (
+            _same_bits(_round_native(p, fmt, dt, saturate), want)
+            and _same_bits(_round_native(inplace, fmt, dt, saturate, out=inplace), want)
+        ):
             raise RuntimeError("the conversion disagrees with the bit path")
         return True
     except Exception as err:  # a build without the dtype, a conversion that differs, ...
         where = f"{lib} on {device}" if device is not None else lib
-        warnings.warn(f"the {name} conversion ({where}) is not used for {fmt.name} rounding "
-                      f"({type(err).__name__}: {err}); the bit path is used instead", RuntimeWarning, stacklevel=4)
+        warnings.warn(
+            f"the {name} conversion ({where}) is not used for {fmt.name} rounding "
+            f"({type(err).__name__}: {err}); the bit path is used instead",
+            RuntimeWarning,
+            stacklevel=4,
+        )
         return False
 
 
@@ -1245,8 +1358,9 @@ def _round_work(xf, fmt: FloatFormat, rounding: str, saturate: bool, generator, 
             y = y.to(torch.float32) if tensor else y.astype(np.float32)
         return y if out is None else _assign(out, y)
     if fmt.nan == "none" and _has_nan(xf):
-        raise ValueError(f"x contains NaN, which {fmt.name} cannot encode (it has no NaN); "
-                         "remove or replace NaNs before rounding")
+        raise ValueError(
+            f"x contains NaN, which {fmt.name} cannot encode (it has no NaN); remove or replace NaNs before rounding"
+        )
     dt = _native_dtype(xf, fmt, rounding, saturate)
     if dt is not None:
         return _round_native(xf, fmt, dt, saturate, out)
@@ -1270,20 +1384,33 @@ def _unsigned_or_no_zero(xf, y, fmt: FloatFormat) -> None:
     a positive value below the smallest normal 2^emin rounds to it, the nearest value (in place)."""
     if not fmt.subnormals:  # ±0 from the bit path: the nearest values are ±2^emin
         small = (y.abs() if _is_tensor(y) else np.abs(y)) < fmt.smallest_normal
-        s = torch.full_like(y, fmt.smallest_normal).copysign_(y) if _is_tensor(y) \
+        s = (
+            torch.full_like(y, fmt.smallest_normal).copysign_(y)
+            if _is_tensor(y)
             else np.copysign(fmt.smallest_normal, y).astype(y.dtype)
+        )
         if _is_tensor(y):
             y.copy_(torch.where(small, s, y))
         else:
             np.copyto(y, s, where=small)
     if not fmt.signed:
-        bits = xf.view(torch.int32 if xf.dtype == torch.float32 else torch.int64) if _is_tensor(xf) \
+        bits = (
+            xf.view(torch.int32 if xf.dtype == torch.float32 else torch.int64)
+            if _is_tensor(xf)
             else xf.view(_NP_INT[_nbits(xf)])
+        )
         _put_(y, (bits < 0) | (xf == 0), float("nan"))
 
 
 @exact_arithmetic
-def round_to(x: float | np.ndarray | torch.Tensor, fmt: FormatLike, *, rounding: str = "nearest_even", saturate: bool = False, generator: torch.Generator | None=None) -> float | np.ndarray | torch.Tensor:
+def round_to(
+    x: float | np.ndarray | torch.Tensor,
+    fmt: FormatLike,
+    *,
+    rounding: str = "nearest_even",
+    saturate: bool = False,
+    generator: torch.Generator | None = None,
+) -> float | np.ndarray | torch.Tensor:
     """Round ``x`` to the values of ``fmt`` and return them in ``x``'s own type.
 
     Parameters
@@ -1337,8 +1464,14 @@ def round_to(x: float | np.ndarray | torch.Tensor, fmt: FormatLike, *, rounding:
     return inp.restore(y)
 
 
-def round_tensor(t: torch.Tensor, fmt: FloatFormat, rounding: str = "nearest_even", saturate: bool = False, generator: torch.Generator | None=None,
-                  out: torch.Tensor | None=None) -> torch.Tensor:
+def round_tensor(
+    t: torch.Tensor,
+    fmt: FloatFormat,
+    rounding: str = "nearest_even",
+    saturate: bool = False,
+    generator: torch.Generator | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """:func:`round_to` of a floating tensor, without its argument checks, for :mod:`mpt_lab.simulate`'s
     rounding of every op's results: the same paths, with less per-call overhead.  With ``out`` (a tensor of
     t's shape and dtype, e.g. t itself for rounding in place) the result is written there.
@@ -1365,8 +1498,9 @@ def _exact_work(inp: _Input, fmt: FloatFormat, rounding: str, generator):
 # Codes: encode / decode
 # ----------------------------------------------------------------------------------------------------------
 def _code_dtype_numpy(fmt: FloatFormat):
-    return np.dtype(np.uint8 if fmt.bits <= 8 else np.uint16 if fmt.bits <= 16 else np.uint32 if fmt.bits <= 32
-                    else np.uint64)
+    return np.dtype(
+        np.uint8 if fmt.bits <= 8 else np.uint16 if fmt.bits <= 16 else np.uint32 if fmt.bits <= 32 else np.uint64
+    )
 
 
 def _code_dtype_torch(fmt: FloatFormat):
@@ -1378,8 +1512,11 @@ def _own_codes(x, inp: _Input, fmt: FloatFormat):
     if fmt not in (FP16, FP32, FP64):
         return None
     if inp.is_torch:
-        tdt, ints = {16: (torch.float16, torch.int16), 32: (torch.float32, torch.int32),
-                     64: (torch.float64, torch.int64)}[fmt.bits]
+        tdt, ints = {
+            16: (torch.float16, torch.int16),
+            32: (torch.float32, torch.int32),
+            64: (torch.float64, torch.int64),
+        }[fmt.bits]
         if inp.dtype != tdt:
             return None
         c = x.detach().contiguous().view(ints)
@@ -1448,7 +1585,14 @@ def _codes_from_values(v, fmt: FloatFormat, signs=None):
 
 
 @exact_arithmetic
-def encode(x: float | np.ndarray | torch.Tensor, fmt: FormatLike, *, rounding: str = "nearest_even", saturate: bool = False, generator: torch.Generator | None=None) -> int | np.ndarray | torch.Tensor:
+def encode(
+    x: float | np.ndarray | torch.Tensor,
+    fmt: FormatLike,
+    *,
+    rounding: str = "nearest_even",
+    saturate: bool = False,
+    generator: torch.Generator | None = None,
+) -> int | np.ndarray | torch.Tensor:
     """Integer codes (bit patterns) of ``x`` rounded to ``fmt``.
 
     Parameters are those of :func:`round_to`.  A code holds sign | biased exponent | mantissa from the most
@@ -1506,10 +1650,10 @@ def _codes_input(codes, fmt: FloatFormat, argname: str = "codes"):
             raise ValueError(f"{argname} must lie in [0, 2**{fmt.bits}) for {fmt.name}, got {codes}")
         arr = np.asarray(int(codes), dtype=np.uint64)
     else:
-        raise TypeError(f"{argname} must be an int, an integer NumPy array or an integer tensor, "
-                        f"got {type(codes).__name__}")
-    if arr.size and (arr.dtype.kind == "i" and arr.min() < 0 or
-                     fmt.bits < 64 and int(arr.max()) >= (1 << fmt.bits)):
+        raise TypeError(
+            f"{argname} must be an int, an integer NumPy array or an integer tensor, got {type(codes).__name__}"
+        )
+    if arr.size and (arr.dtype.kind == "i" and arr.min() < 0 or fmt.bits < 64 and int(arr.max()) >= (1 << fmt.bits)):
         raise ValueError(f"{argname} must lie in [0, 2**{fmt.bits}) for {fmt.name}")
     return arr.reshape(-1).astype(np.uint64 if fmt.bits == 64 else np.int64), kind, arr.shape
 
@@ -1612,8 +1756,11 @@ class Decomposition:
         self._scalar = scalar
         tensor = _is_tensor(code)
         shape = None if tensor else np.shape(code)
-        c = code.to(torch.int64) if tensor else \
-            np.asarray(code).reshape(-1).astype(np.uint64 if fmt.bits == 64 else np.int64)
+        c = (
+            code.to(torch.int64)
+            if tensor
+            else np.asarray(code).reshape(-1).astype(np.uint64 if fmt.bits == 64 else np.int64)
+        )
         e, m = fmt.exponent_bits, fmt.mantissa_bits
         self.code = code
         self.sign = ((c >> (e + m)) & 1) if fmt.signed else c * 0
@@ -1675,9 +1822,9 @@ class Decomposition:
         out = []
         for v in flat.tolist():
             s = format(v & ((1 << fmt.bits) - 1), f"0{fmt.bits}b")
-            parts = ([s[0]] if fmt.signed else []) + [s[int(fmt.signed):int(fmt.signed) + e]]
+            parts = ([s[0]] if fmt.signed else []) + [s[int(fmt.signed) : int(fmt.signed) + e]]
             if m:
-                parts.append(s[int(fmt.signed) + e:])
+                parts.append(s[int(fmt.signed) + e :])
             out.append(" ".join(parts))
         if self._scalar:
             return out[0]
@@ -1685,21 +1832,34 @@ class Decomposition:
 
     def as_dict(self) -> dict:
         """All fields as a dict (the scalar case is what the book prints)."""
-        return {"format": self.fmt.name, "value": self.value, "bits": self.bits, "kind": self.kind,
-                "sign": self.sign, "exponent": self.exponent, "unbiased_exponent": self.unbiased_exponent,
-                "mantissa": self.mantissa, "significand": self.significand, "code": self.code}
+        return {
+            "format": self.fmt.name,
+            "value": self.value,
+            "bits": self.bits,
+            "kind": self.kind,
+            "sign": self.sign,
+            "exponent": self.exponent,
+            "unbiased_exponent": self.unbiased_exponent,
+            "mantissa": self.mantissa,
+            "significand": self.significand,
+            "code": self.code,
+        }
 
     def __repr__(self) -> str:
         if not self._scalar:
             return f"Decomposition({self.fmt.name}, shape={tuple(np.shape(self.value))})"
         d = self.as_dict()
-        return (f"Decomposition({self.fmt.name}: value={d['value']!r}, bits='{d['bits']}', kind={d['kind']}, "
-                f"sign={d['sign']}, exponent={d['exponent']} (e={d['unbiased_exponent']}), "
-                f"mantissa={d['mantissa']}, significand={d['significand']!r})")
+        return (
+            f"Decomposition({self.fmt.name}: value={d['value']!r}, bits='{d['bits']}', kind={d['kind']}, "
+            f"sign={d['sign']}, exponent={d['exponent']} (e={d['unbiased_exponent']}), "
+            f"mantissa={d['mantissa']}, significand={d['significand']!r})"
+        )
 
 
 @exact_arithmetic
-def decompose(x: float | np.ndarray | torch.Tensor, fmt: FormatLike, *, rounding: str = "nearest_even", saturate: bool = False) -> Decomposition:
+def decompose(
+    x: float | np.ndarray | torch.Tensor, fmt: FormatLike, *, rounding: str = "nearest_even", saturate: bool = False
+) -> Decomposition:
     """Split ``x``, rounded to ``fmt``, into sign, biased exponent and mantissa (IEEE 754-2019 §3.4).
 
     Parameters
@@ -1730,7 +1890,9 @@ def decompose(x: float | np.ndarray | torch.Tensor, fmt: FormatLike, *, rounding
 
 
 @exact_arithmetic
-def compose(sign: int | ArrayLike, exponent: int | ArrayLike, mantissa: int | ArrayLike, fmt: FormatLike) -> float | np.ndarray:
+def compose(
+    sign: int | ArrayLike, exponent: int | ArrayLike, mantissa: int | ArrayLike, fmt: FormatLike
+) -> float | np.ndarray:
     """The value (float64) with the given sign bit, biased exponent field and mantissa field.
 
     Parameters
@@ -1778,8 +1940,11 @@ def compose(sign: int | ArrayLike, exponent: int | ArrayLike, mantissa: int | Ar
         conv[name] = t
     e, m = fmt.exponent_bits, fmt.mantissa_bits
     if fmt.bits == 64 and not tensor:
-        code = (conv["sign"].astype(np.uint64) << np.uint64(63)) | (conv["exponent"].astype(np.uint64) << np.uint64(52)) \
+        code = (
+            (conv["sign"].astype(np.uint64) << np.uint64(63))
+            | (conv["exponent"].astype(np.uint64) << np.uint64(52))
             | conv["mantissa"].astype(np.uint64)
+        )
     else:
         code = (conv["sign"] << (e + m)) | (conv["exponent"] << m) | conv["mantissa"]
     val = _decode_work(code, fmt)
@@ -1904,7 +2069,15 @@ def round_fixed(x: float | ArrayLike, int_bits: int, frac_bits: int) -> float | 
     return inp.restore(y.astype(inp.work.dtype))
 
 
-def accumulate(start: float, increment: float | ArrayLike, steps: int, fmt: FormatLike, *, rounding: str = "nearest_even", generator: torch.Generator | None=None) -> np.ndarray:
+def accumulate(
+    start: float,
+    increment: float | ArrayLike,
+    steps: int,
+    fmt: FormatLike,
+    *,
+    rounding: str = "nearest_even",
+    generator: torch.Generator | None = None,
+) -> np.ndarray:
     """Add ``increment`` to ``start`` ``steps`` times, rounding to ``fmt`` after every addition.
 
     This is a weight receiving the same small update on every step (w ← fmt(w + u)), the situation of the

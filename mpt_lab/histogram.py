@@ -34,12 +34,22 @@ import torch
 from . import formats as F
 from .device import DeviceLike
 
-__all__ = ["Log2Histogram", "log2_histogram", "GradientHistogram", "KMIN", "KMAX", "check_kernel", "quantile_binade",
-           "lost_share", "lost_mass", "gradient_shares"]
+__all__ = [
+    "Log2Histogram",
+    "log2_histogram",
+    "GradientHistogram",
+    "KMIN",
+    "KMAX",
+    "check_kernel",
+    "quantile_binade",
+    "lost_share",
+    "lost_mass",
+    "gradient_shares",
+]
 
-KMIN, KMAX = -149, 127           # binades of FP32: 2^-149 (smallest subnormal) … 2^127
-NBINADES = KMAX - KMIN + 1        # 277
-NSTATES = 25                      # 0: fraction is zero (an exact power of two); 1 + L: L leading ones, 0 ≤ L ≤ 23
+KMIN, KMAX = -149, 127  # binades of FP32: 2^-149 (smallest subnormal) … 2^127
+NBINADES = KMAX - KMIN + 1  # 277
+NSTATES = 25  # 0: fraction is zero (an exact power of two); 1 + L: L leading ones, 0 ≤ L ≤ 23
 _ZERO = NBINADES * NSTATES
 _NONFINITE = _ZERO + 1
 NFINE = _ZERO + 2
@@ -57,10 +67,10 @@ def _fine_indices_eager(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     e = b >> 23
     nonfinite = e == 255
     sub = e == 0
-    bs = torch.where(sub, (x.abs() * 4294967296.0).view(torch.int32), b)   # subnormals × 2^32
+    bs = torch.where(sub, (x.abs() * 4294967296.0).view(torch.int32), b)  # subnormals × 2^32
     e2 = (bs >> 23) - sub.to(torch.int32) * 32
     frac = bs & 0x7FFFFF
-    d = 0x800000 - frac                                       # 2^23 · (1 − fraction) ∈ (0, 2^23]
+    d = 0x800000 - frac  # 2^23 · (1 − fraction) ∈ (0, 2^23]
     ed = (d.to(torch.float32).view(torch.int32) >> 23) - 127  # floor(log2 d)
     not_pow2 = ((d & (d - 1)) != 0).to(torch.int32)
     # leading ones L = 23 − ceil(log2 d); state = L + 1, or 0 when the fraction is zero (d = 2^23)
@@ -85,13 +95,13 @@ def _bin_starts() -> np.ndarray:
         # bit k + 149 and its fraction the bits below it
         base, bits = ((k + 127) << 23, 23) if k >= -126 else (1 << (k + 149), k + 149)
         row = (k - KMIN) * NSTATES
-        starts[row] = base                                    # state 0: fraction 0, the power of two itself
-        for lead in range(NSTATES - 1):                       # state lead + 1: that many leading ones of the fraction
-            if lead == 0:                                     # top fraction bit 0, fraction not 0
+        starts[row] = base  # state 0: fraction 0, the power of two itself
+        for lead in range(NSTATES - 1):  # state lead + 1: that many leading ones of the fraction
+            if lead == 0:  # top fraction bit 0, fraction not 0
                 first = 1
-            elif lead <= bits:                                # the fraction starts with `lead` ones, then a 0
+            elif lead <= bits:  # the fraction starts with `lead` ones, then a 0
                 first = (1 << bits) - (1 << (bits - lead))
-            else:                                             # more leading ones than fraction bits: empty
+            else:  # more leading ones than fraction bits: empty
                 first = 1 << bits
             starts[row + 1 + lead] = base + min(first, 1 << bits)
     return starts
@@ -102,10 +112,11 @@ def _kernel_probes() -> list:
     4,099 random bit patterns (every class of float32; vectorised loop and scalar tail).  Inductor's code for
     this kernel has been seen to be wrong (indices past the histogram) with ``ATEN_CPU_CAPABILITY=avx2`` on an
     AVX-512 CPU while right on 7 values, so the probe covers the vector loops too."""
-    special = torch.tensor([0.0, -0.0, -1.5, 2.0 ** -140, -(2.0 ** -149), float("inf"), float("-inf"),
-                            float("nan"), 3.0e38, 1.0e-3])
+    special = torch.tensor(
+        [0.0, -0.0, -1.5, 2.0**-140, -(2.0**-149), float("inf"), float("-inf"), float("nan"), 3.0e38, 1.0e-3]
+    )
     g = torch.Generator().manual_seed(0)
-    bits = torch.randint(-2 ** 31, 2 ** 31 - 1, (4099,), generator=g, dtype=torch.int64).to(torch.int32)
+    bits = torch.randint(-(2**31), 2**31 - 1, (4099,), generator=g, dtype=torch.int64).to(torch.int32)
     return [special, bits.view(torch.float32), torch.randn(4099, generator=g) * 1e-3]
 
 
@@ -115,10 +126,12 @@ def _search_tables(device) -> tuple[torch.Tensor, torch.Tensor]:
     key = torch.device(device)
     if key not in _SEARCH_TABLES:
         starts = _bin_starts()
-        bounds = np.concatenate([[1], starts[1:], [0x7F800000]])          # bucket 0: zero; bucket ZERO + 1: inf/NaN
+        bounds = np.concatenate([[1], starts[1:], [0x7F800000]])  # bucket 0: zero; bucket ZERO + 1: inf/NaN
         lut = np.concatenate([[_ZERO], np.arange(_ZERO), [_NONFINITE]])
-        _SEARCH_TABLES[key] = (torch.from_numpy(bounds.astype(np.int32)).to(key),
-                               torch.from_numpy(lut.astype(np.int32)).to(key))
+        _SEARCH_TABLES[key] = (
+            torch.from_numpy(bounds.astype(np.int32)).to(key),
+            torch.from_numpy(lut.astype(np.int32)).to(key),
+        )
     return _SEARCH_TABLES[key]
 
 
@@ -133,9 +146,9 @@ def _fine_indices_search(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     finite |x| is the amax of |x| with inf and NaN set to zero.  Five kernels, about 36 bytes of memory traffic a
     value.  Used on CUDA, where it needs no compilation (see :func:`_kernel`)."""
     bounds, lut = _search_tables(x.device)
-    b = x.view(torch.int32) & 0x7FFFFFFF                  # |x|'s bit pattern
+    b = x.view(torch.int32) & 0x7FFFFFFF  # |x|'s bit pattern
     idx = lut[torch.bucketize(b, bounds, out_int32=True, right=True)]
-    amax = torch.nan_to_num(b.view(torch.float32), nan=0.0, posinf=0.0).amax()   # largest finite |x|
+    amax = torch.nan_to_num(b.view(torch.float32), nan=0.0, posinf=0.0).amax()  # largest finite |x|
     return idx, amax
 
 
@@ -171,8 +184,11 @@ def _kernel(device="cpu"):
     if kind not in _compiled:
         if not _compile_wanted(kind):
             setting = os.environ.get("MPT_LAB_COMPILE", "1").strip().lower()
-            _compiled[kind] = _fine_indices_search if (kind == "cuda" and setting not in ("0", "false", "no", "off")) \
+            _compiled[kind] = (
+                _fine_indices_search
+                if (kind == "cuda" and setting not in ("0", "false", "no", "off"))
                 else _fine_indices_eager
+            )
         else:
             try:
                 dev = torch.device(kind)
@@ -187,9 +203,12 @@ def _kernel(device="cpu"):
                         raise RuntimeError(f"compiled kernel disagrees with the eager one on {probe.numel()} values")
                 _compiled[kind] = fn
             except Exception as err:  # no C++ compiler, unsupported platform, …
-                warnings.warn(f"torch.compile unavailable for the histogram kernel on {kind} ({type(err).__name__}: "
-                              f"{err}); using the uncompiled bucketize kernel (the same bins, slower)", RuntimeWarning,
-                              stacklevel=3)
+                warnings.warn(
+                    f"torch.compile unavailable for the histogram kernel on {kind} ({type(err).__name__}: "
+                    f"{err}); using the uncompiled bucketize kernel (the same bins, slower)",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
                 _compiled[kind] = _fine_indices_search
     return _compiled[kind]
 
@@ -202,13 +221,19 @@ def check_kernel(device: DeviceLike, n: int = 1 << 18) -> str:
     Returns one line naming the kernel.  Raises RuntimeError on a difference."""
     device = torch.device(device)
     g = torch.Generator().manual_seed(0)
-    bits = torch.randint(-2 ** 31, 2 ** 31 - 1, (n,), generator=g, dtype=torch.int64).to(torch.int32)
-    edges = torch.tensor([0, 1, 0x7FFFFF, 0x800000, 0x3F800000, 0x3FFFFFFF, 0x7F7FFFFF, 0x7F800000, 0x7FC00000],
-                         dtype=torch.int32)
-    x = torch.cat([bits, edges, edges | torch.tensor(-2 ** 31, dtype=torch.int32)]).view(torch.float32)
+    bits = torch.randint(-(2**31), 2**31 - 1, (n,), generator=g, dtype=torch.int64).to(torch.int32)
+    edges = torch.tensor(
+        [0, 1, 0x7FFFFF, 0x800000, 0x3F800000, 0x3FFFFFFF, 0x7F7FFFFF, 0x7F800000, 0x7FC00000], dtype=torch.int32
+    )
+    x = torch.cat([bits, edges, edges | torch.tensor(-(2**31), dtype=torch.int32)]).view(torch.float32)
     kernel = _kernel(device)
-    what = ("the bucketize kernel" if kernel is _fine_indices_search else
-            "the eager kernel" if kernel is _fine_indices_eager else "the compiled kernel")
+    what = (
+        "the bucketize kernel"
+        if kernel is _fine_indices_search
+        else "the eager kernel"
+        if kernel is _fine_indices_eager
+        else "the compiled kernel"
+    )
     got = kernel(x.to(device))
     want = _fine_indices_eager(x)
     if not (torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1])):
@@ -236,8 +261,9 @@ def _as_tensor(t, argname="tensors") -> torch.Tensor:
         if not (t.is_floating_point()):
             raise TypeError(f"{argname} must hold floating-point tensors, got dtype {t.dtype}")
         if t.device.type == "meta":
-            raise ValueError(f"{argname} holds a meta tensor (a shape and dtype without values); there is "
-                             "nothing to count")
+            raise ValueError(
+                f"{argname} holds a meta tensor (a shape and dtype without values); there is nothing to count"
+            )
         return t
     if isinstance(t, np.ndarray):
         if t.dtype.kind != "f":
@@ -254,8 +280,9 @@ def _log2_of_power_of_two(value, argname: str) -> int:
         raise ValueError(f"{argname} must be a positive finite power of two, got {value!r}")
     mant, ex = math.frexp(v)
     if mant != 0.5:
-        raise ValueError(f"{argname} must be a power of two (histograms hold binades; loss scales are powers of "
-                         f"two), got {value!r}")
+        raise ValueError(
+            f"{argname} must be a power of two (histograms hold binades; loss scales are powers of two), got {value!r}"
+        )
     return ex - 1
 
 
@@ -337,8 +364,10 @@ class Log2Histogram:
             return NotImplemented
         diff = self._fine - other._fine.to(self._fine.device)
         if bool((diff < 0).any()):
-            raise ValueError("other has counts that self does not have: subtract only an earlier state of the "
-                             "same recording (h_later - h_earlier)")
+            raise ValueError(
+                "other has counts that self does not have: subtract only an earlier state of the "
+                "same recording (h_later - h_earlier)"
+            )
         return Log2Histogram(diff, self._amax.clone())
 
     def __radd__(self, other):
@@ -356,8 +385,7 @@ class Log2Histogram:
         return bool(torch.equal(self._fine.cpu(), other._fine.cpu())) and self.amax == other.amax
 
     def __repr__(self) -> str:
-        return (f"Log2Histogram(total={self.total}, zeros={self.zeros}, nonfinite={self.nonfinite}, "
-                f"amax={self.amax!r})")
+        return f"Log2Histogram(total={self.total}, zeros={self.zeros}, nonfinite={self.nonfinite}, amax={self.amax!r})"
 
     # --- counts ----------------------------------------------------------------------------------------
     @property
@@ -435,9 +463,9 @@ class Log2Histogram:
         j = _log2_of_power_of_two(scale, "scale")
         fine = self.fine
         m, emin, emax = fmt.mantissa_bits, fmt.emin, fmt.emax
-        kk = self.exponents + j                                     # binade after scaling
+        kk = self.exponents + j  # binade after scaling
         state = np.arange(NSTATES)
-        ones = np.where(state == 0, -1, state - 1)                  # leading ones (−1: fraction is zero)
+        ones = np.where(state == 0, -1, state - 1)  # leading ones (−1: fraction is zero)
         out = dict.fromkeys(FRACTION_KEYS, 0)
         kkg = kk[:, None] + np.zeros_like(state)[None, :]
         onesg = np.broadcast_to(ones, fine.shape)
@@ -447,8 +475,8 @@ class Log2Histogram:
         over = (kkg > emax) | ((kkg == emax) & (onesg >= (m + 1 if top_all_ones else m)))
         normal = ~over & (kkg >= emin)
         sub_zone = ~over & (kkg < emin)
-        d = emin - kkg                                              # binades below emin (≥ 1 in sub_zone)
-        p_eff = m - d                                               # fraction bits a subnormal keeps there
+        d = emin - kkg  # binades below emin (≥ 1 in sub_zone)
+        p_eff = m - d  # fraction bits a subnormal keeps there
         rounds_to_normal = sub_zone & (d == 1) & (onesg >= m)
         underflow = sub_zone & ((p_eff <= -2) | ((p_eff == -1) & (onesg == -1)))
         subnormal = sub_zone & ~rounds_to_normal & ~underflow
@@ -511,8 +539,13 @@ class Log2Histogram:
         """A JSON-ready dict (sparse fine counts); :meth:`from_dict` inverts it exactly."""
         f = self._fine.cpu().numpy()
         nz = np.nonzero(f)[0]
-        return {"kmin": KMIN, "kmax": KMAX, "nstates": NSTATES, "amax": self.amax,
-                "fine": {str(int(i)): int(f[i]) for i in nz}}
+        return {
+            "kmin": KMIN,
+            "kmax": KMAX,
+            "nstates": NSTATES,
+            "amax": self.amax,
+            "fine": {str(int(i)): int(f[i]) for i in nz},
+        }
 
     @classmethod
     def from_dict(cls, d: dict) -> Log2Histogram:
@@ -574,7 +607,7 @@ def quantile_binade(h: Log2Histogram, q: float) -> int | None:
 def lost_share(h: Log2Histogram, shift: int = 0) -> float:
     """Share of all values of ``h`` that FP16 rounds to zero after the gradient shift 2⁻ˢʰⁱᶠᵗ (non-zero values
     with |x · 2⁻ˢʰⁱᶠᵗ| ≤ 2⁻²⁵); NaN for an empty histogram."""
-    return float(h.fractions("FP16", scale=2.0 ** -shift)["underflow"])
+    return float(h.fractions("FP16", scale=2.0**-shift)["underflow"])
 
 
 def lost_mass(h: Log2Histogram, shift: int = 0) -> float:
@@ -597,8 +630,12 @@ def gradient_shares(h: Log2Histogram) -> dict:
     the binade k, 2ᵏ ≤ |x| < 2ᵏ⁺¹, of the median non-zero finite value; None when there is none)."""
     if h.total == 0:
         return {"zero_share": 0.0, "fp16_underflow": 0.0, "nonfinite": 0.0, "median_log2": None}
-    return {"zero_share": float(h.fraction_zero()), "fp16_underflow": float(h.fractions("FP16")["underflow"]),
-            "nonfinite": float(h.nonfinite) / float(h.total), "median_log2": h.median_binade()}
+    return {
+        "zero_share": float(h.fraction_zero()),
+        "fp16_underflow": float(h.fractions("FP16")["underflow"]),
+        "nonfinite": float(h.nonfinite) / float(h.total),
+        "median_log2": h.median_binade(),
+    }
 
 
 def _list_names(named: dict, limit: int = 30) -> str:
@@ -696,28 +733,35 @@ class GradientHistogram:
         self.model, self.kind, self.per_module = model, kind, bool(per_module)
         named = dict(model.named_modules())
         if modules is None:
-            chosen = [n for n, m in named.items() if not any(True for _ in m.children())] if kind == "activation" \
+            chosen = (
+                [n for n, m in named.items() if not any(True for _ in m.children())]
+                if kind == "activation"
                 else list(named)
+            )
         elif callable(modules):
             chosen = [n for n, m in named.items() if modules(n, m)]
         else:
-            if isinstance(modules, str):       # one name, not its characters
+            if isinstance(modules, str):  # one name, not its characters
                 modules = [modules]
             if not isinstance(modules, Iterable):
-                raise TypeError("modules must be None, a module name (str), an iterable of names or a callable "
-                                f"(name, module) -> bool, got {type(modules).__name__}")
+                raise TypeError(
+                    "modules must be None, a module name (str), an iterable of names or a callable "
+                    f"(name, module) -> bool, got {type(modules).__name__}"
+                )
             chosen = list(modules)
             bad = [n for n in chosen if not isinstance(n, str)]
             if bad:
                 raise TypeError(f"modules must hold module names (str), got {type(bad[0]).__name__} {bad[0]!r}")
             unknown = [n for n in chosen if n not in named]
             if unknown:
-                raise ValueError(f"modules: no module named {', '.join(map(repr, unknown))} in the model; "
-                                 f"its modules are {_list_names(named)}")
+                raise ValueError(
+                    f"modules: no module named {', '.join(map(repr, unknown))} in the model; "
+                    f"its modules are {_list_names(named)}"
+                )
         self.module_names = chosen
         self._named = named
         self._handles: list = []
-        self._session = 0          # counts the with-blocks; a hook records only during the block that made it
+        self._session = 0  # counts the with-blocks; a hook records only during the block that made it
         self._live: int | None = None
         self.enabled = True
         self.reset()
@@ -745,15 +789,22 @@ class GradientHistogram:
 
     def _warn_if_unused(self) -> None:
         if self._session == 0:
-            warnings.warn(f"this GradientHistogram({self.kind!r}) was never started, so it holds nothing: it "
-                          "records only while active, inside `with GradientHistogram(model, ...) as gh:` (run "
-                          "the forward and backward passes inside the block)", UserWarning, stacklevel=3)
+            warnings.warn(
+                f"this GradientHistogram({self.kind!r}) was never started, so it holds nothing: it "
+                "records only while active, inside `with GradientHistogram(model, ...) as gh:` (run "
+                "the forward and backward passes inside the block)",
+                UserWarning,
+                stacklevel=3,
+            )
         elif self._live is None and self.calls == 0:
-            warnings.warn(f"this GradientHistogram({self.kind!r}) recorded no gradient: run the forward and "
-                          "backward passes inside its `with` block (and not while it is paused)",
-                          UserWarning, stacklevel=3)
+            warnings.warn(
+                f"this GradientHistogram({self.kind!r}) recorded no gradient: run the forward and "
+                "backward passes inside its `with` block (and not while it is paused)",
+                UserWarning,
+                stacklevel=3,
+            )
 
-    def underflow_share(self, fmt: F.FormatLike="FP16", scale: float = 1.0) -> float:
+    def underflow_share(self, fmt: F.FormatLike = "FP16", scale: float = 1.0) -> float:
         """Share of the recorded gradient values (of all of them, zeros included) that multiplying by the loss
         scale ``scale`` and rounding to ``fmt`` flushes to zero: non-zero values that become 0.
 
@@ -782,13 +833,14 @@ class GradientHistogram:
         TypeError
             ``fmt`` or ``scale`` of the wrong type.
         """
-        low = sorted(str(d).replace("torch.", "") for d in self.dtypes
-                     if d not in (torch.float32, torch.float64))
+        low = sorted(str(d).replace("torch.", "") for d in self.dtypes if d not in (torch.float32, torch.float64))
         if low:
-            raise ValueError(f"the recorded gradients include {', '.join(low)} tensors, recorded during a low "
-                             "precision run: values that format flushed to zero are zeros already and cannot be "
-                             "told from true zeros, so their underflow share reads 0.  Record the same model in a "
-                             "float32 run (no autocast, no scaler) and ask underflow_share(fmt, scale=S)")
+            raise ValueError(
+                f"the recorded gradients include {', '.join(low)} tensors, recorded during a low "
+                "precision run: values that format flushed to zero are zeros already and cannot be "
+                "told from true zeros, so their underflow share reads 0.  Record the same model in a "
+                "float32 run (no autocast, no scaler) and ask underflow_share(fmt, scale=S)"
+            )
         return self.histogram.fractions(fmt, scale)["underflow"]
 
     def pause(self) -> None:
@@ -815,6 +867,7 @@ class GradientHistogram:
                 return
             for o in {id(o): o for o in _grad_tensors(output)}.values():  # a tensor returned twice: once
                 o.register_hook(lambda g, name=name: self._record(name, g, session))
+
         return hook
 
     def __enter__(self) -> GradientHistogram:

@@ -65,6 +65,7 @@ _HALF_DTYPES = {torch.float16: "FP16", torch.bfloat16: "BF16"}
 #: The public scaler methods the loop calls (torch.amp.GradScaler's names).
 _SCALER_METHODS = ("scale", "unscale_", "step", "update", "get_scale", "is_enabled")
 
+
 def swamped(weights: torch.Tensor, updates: torch.Tensor, fmt: str | formats.FloatFormat = "FP16") -> torch.Tensor:
     """Where a non-zero update vanishes when added to a weight stored in ``fmt``: ``round(w + u) == w``, the sum
     w + u exact and rounded once (round to nearest, ties to even).  The one place this book writes the rule
@@ -94,11 +95,13 @@ def swamped(weights: torch.Tensor, updates: torch.Tensor, fmt: str | formats.Flo
         Different shapes, or a format with 52 mantissa bits or more.
     """
     if not isinstance(weights, torch.Tensor) or not isinstance(updates, torch.Tensor):
-        raise TypeError(f"weights and updates must be tensors, got {type(weights).__name__} and "
-                        f"{type(updates).__name__}")
+        raise TypeError(
+            f"weights and updates must be tensors, got {type(weights).__name__} and {type(updates).__name__}"
+        )
     if weights.shape != updates.shape:
-        raise ValueError(f"weights and updates must have the same shape, got {tuple(weights.shape)} and "
-                         f"{tuple(updates.shape)}")
+        raise ValueError(
+            f"weights and updates must have the same shape, got {tuple(weights.shape)} and {tuple(updates.shape)}"
+        )
     fmt = formats.get_format(fmt)
     if fmt.mantissa_bits >= 52:
         raise ValueError(f"fmt must have fewer than 52 mantissa bits (float64 forms the sum), got {fmt.name}")
@@ -106,10 +109,10 @@ def swamped(weights: torch.Tensor, updates: torch.Tensor, fmt: str | formats.Flo
     u = updates.detach().to(torch.float64).to(w.device)
     s = w + u
     bb = s - w
-    err = (w - (s - bb)) + (u - bb)                  # TwoSum: w + u == s + err exactly
+    err = (w - (s - bb)) + (u - bb)  # TwoSum: w + u == s + err exactly
     rounded = formats.round_to(s, fmt)
     inexact = (err != 0) & torch.isfinite(s)
-    if bool(inexact.any()):                          # a float64 sum on a midpoint of fmt: the error picks the side
+    if bool(inexact.any()):  # a float64 sum on a midpoint of fmt: the error picks the side
         si, ei = s[inexact], err[inexact]
         up, down = torch.nextafter(si, si.new_tensor(math.inf)), torch.nextafter(si, si.new_tensor(-math.inf))
         tie = formats.round_to(up, fmt) != formats.round_to(down, fmt)
@@ -270,22 +273,34 @@ class MasterWeightTrainer:
     ['loss', 'scale', 'skipped', 'step']
     """
 
-    def __init__(self, model: nn.Module, optimizer, loss_fn: Callable, *,
-                 scaler: GradScaler | StaticLossScaler | torch.amp.GradScaler | None = None,
-                 half_dtype: torch.dtype = torch.float16,
-                 trace: bool = False, max_grad_norm: float | None = None, cast_scaled_loss: bool = False) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer,
+        loss_fn: Callable,
+        *,
+        scaler: GradScaler | StaticLossScaler | torch.amp.GradScaler | None = None,
+        half_dtype: torch.dtype = torch.float16,
+        trace: bool = False,
+        max_grad_norm: float | None = None,
+        cast_scaled_loss: bool = False,
+    ) -> None:
         # ---- argument checks (before changing the model) ------------------------------------------
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         if not (isinstance(optimizer, torch.optim.Optimizer) or callable(optimizer)):
-            raise TypeError("optimizer must be a torch.optim.Optimizer over the FP32 parameters or a callable "
-                            f"params -> Optimizer, got {type(optimizer).__name__}")
+            raise TypeError(
+                "optimizer must be a torch.optim.Optimizer over the FP32 parameters or a callable "
+                f"params -> Optimizer, got {type(optimizer).__name__}"
+            )
         if not callable(loss_fn):
             raise TypeError(f"loss_fn must be callable (prediction, targets) -> loss, got {type(loss_fn).__name__}")
         missing = [] if scaler is None else [n for n in _SCALER_METHODS if not callable(getattr(scaler, n, None))]
         if missing:
-            raise TypeError("scaler must be None or a loss scaler (mpt_lab.scaling.GradScaler, StaticLossScaler, "
-                            f"torch.amp.GradScaler); {type(scaler).__name__} has no {', '.join(missing)}")
+            raise TypeError(
+                "scaler must be None or a loss scaler (mpt_lab.scaling.GradScaler, StaticLossScaler, "
+                f"torch.amp.GradScaler); {type(scaler).__name__} has no {', '.join(missing)}"
+            )
         if not isinstance(half_dtype, torch.dtype):
             raise TypeError(f"half_dtype must be a torch.dtype, got {type(half_dtype).__name__}")
         if half_dtype not in _HALF_DTYPES:
@@ -306,15 +321,19 @@ class MasterWeightTrainer:
             opt_params = [p for g in optimizer.param_groups for p in g["params"]]
             ids = {id(p) for p in originals}
             if any(p.dtype != torch.float32 for p in opt_params):
-                raise ValueError("optimizer must be built over the FP32 master weights (float32 parameters), "
-                                 f"found {sorted({_dtype_name(p.dtype) for p in opt_params})}; build it over "
-                                 "the FP32 model's parameters before creating the trainer, or pass a factory")
+                raise ValueError(
+                    "optimizer must be built over the FP32 master weights (float32 parameters), "
+                    f"found {sorted({_dtype_name(p.dtype) for p in opt_params})}; build it over "
+                    "the FP32 model's parameters before creating the trainer, or pass a factory"
+                )
             if any(id(p) not in ids for p in opt_params):
                 raise ValueError("optimizer holds tensors that are not trainable parameters of model")
             missing = ids - {id(p) for p in opt_params}
             if missing:
-                raise ValueError(f"optimizer does not update {len(missing)} trainable parameter(s) of model "
-                                 "(set requires_grad=False on parameters that should stay frozen)")
+                raise ValueError(
+                    f"optimizer does not update {len(missing)} trainable parameter(s) of model "
+                    "(set requires_grad=False on parameters that should stay frozen)"
+                )
 
         self.model = model
         self.loss_fn = loss_fn
@@ -356,8 +375,9 @@ class MasterWeightTrainer:
         else:
             self.optimizer = optimizer(list(self.masters))
             if not isinstance(self.optimizer, torch.optim.Optimizer):
-                raise TypeError("optimizer factory must return a torch.optim.Optimizer, "
-                                f"got {type(self.optimizer).__name__}")
+                raise TypeError(
+                    f"optimizer factory must return a torch.optim.Optimizer, got {type(self.optimizer).__name__}"
+                )
             mids = {id(m) for m in self.masters}
             if {id(p) for g in self.optimizer.param_groups for p in g["params"]} != mids:
                 raise ValueError("optimizer factory must build the optimizer over exactly the masters it is given")
@@ -370,14 +390,16 @@ class MasterWeightTrainer:
             tensors = [tensors]
         tensors = [t for t in tensors if t is not None]
         first = tensors[0] if tensors else None
-        trace.append({
-            "step": step,
-            "name": STEP_NAMES[step][index].format(half=self._half_name),
-            "dtype": _dtype_name(first.dtype) if first is not None else None,
-            "shape": tuple(first.shape) if first is not None else None,
-            "tensors": len(tensors),
-            "numel": sum(t.numel() for t in tensors),
-        })
+        trace.append(
+            {
+                "step": step,
+                "name": STEP_NAMES[step][index].format(half=self._half_name),
+                "dtype": _dtype_name(first.dtype) if first is not None else None,
+                "shape": tuple(first.shape) if first is not None else None,
+                "tensors": len(tensors),
+                "numel": sum(t.numel() for t in tensors),
+            }
+        )
 
     def train_step(self, inputs: torch.Tensor | tuple, targets: torch.Tensor) -> dict[str, Any]:
         """One iteration of the loop, steps (1)–(8), on one batch.
@@ -431,9 +453,10 @@ class MasterWeightTrainer:
         # ---- (4) compute the FP32 loss and multiply it by the loss scale S ----------------------------
         loss = self.loss_fn(prediction, _cast_floats(targets, torch.float32))
         if not isinstance(loss, torch.Tensor) or not loss.is_floating_point() or loss.numel() != 1:
-            raise ValueError("loss_fn must return a one-element floating tensor, got "
-                             + (f"shape {tuple(loss.shape)} {loss.dtype}" if isinstance(loss, torch.Tensor)
-                                else type(loss).__name__))
+            raise ValueError(
+                "loss_fn must return a one-element floating tensor, got "
+                + (f"shape {tuple(loss.shape)} {loss.dtype}" if isinstance(loss, torch.Tensor) else type(loss).__name__)
+            )
         loss = loss.reshape(()).float()
         scaled_loss = scaler.scale(loss) if scaler is not None else loss
         scale_used = scaler.get_scale() if scaler is not None else 1.0
@@ -468,10 +491,10 @@ class MasterWeightTrainer:
 
         # ---- (8) update the FP32 masters with the FP32 gradients (skipped on inf/NaN) -----------------
         if scaler is not None:
-            scaler.step(self.optimizer)      # calls optimizer.step() unless a gradient was inf/NaN
+            scaler.step(self.optimizer)  # calls optimizer.step() unless a gradient was inf/NaN
             # the trainer's one host synchronisation for the check (step() read the scaler's own already)
             skipped = checked and bool(found_inf.item())
-            scaler.update()                  # GradScaler: back S off on overflow, grow it after N clean steps
+            scaler.update()  # GradScaler: back S off on overflow, grow it after N clean steps
         else:
             self.optimizer.step()
             skipped = False
@@ -589,5 +612,7 @@ class MasterWeightTrainer:
 
     def __repr__(self) -> str:
         n = sum(m.numel() for m in self.masters)
-        return (f"MasterWeightTrainer({type(self.model).__name__}, {n} parameters, "
-                f"{type(self.optimizer).__name__}, scaler={self.scaler!r}, half_dtype={self.half_dtype})")
+        return (
+            f"MasterWeightTrainer({type(self.model).__name__}, {n} parameters, "
+            f"{type(self.optimizer).__name__}, scaler={self.scaler!r}, half_dtype={self.half_dtype})"
+        )

@@ -113,9 +113,26 @@ from .recipes import (
     get_recipe,
 )
 
-__all__ = ["TrainingRecipe", "TRAINING_RECIPES", "SCALINGS", "WEIGHT_STORAGE", "get_recipe", "Quantizer",
-           "QuantLinear", "quantize_linears_", "quantized_layers", "round_weights_", "ROLES", "hardware_fp8_available",
-           "OperandQuant", "GemmQuant", "GemmRecipe", "OPERAND_FORMATS", "GEMMS", "four_bit_recipe"]
+__all__ = [
+    "TrainingRecipe",
+    "TRAINING_RECIPES",
+    "SCALINGS",
+    "WEIGHT_STORAGE",
+    "get_recipe",
+    "Quantizer",
+    "QuantLinear",
+    "quantize_linears_",
+    "quantized_layers",
+    "round_weights_",
+    "ROLES",
+    "hardware_fp8_available",
+    "OperandQuant",
+    "GemmQuant",
+    "GemmRecipe",
+    "OPERAND_FORMATS",
+    "GEMMS",
+    "four_bit_recipe",
+]
 
 #: The operands of a Linear layer that a recipe quantises: its input, its weight, its output gradient.
 ROLES = ("x", "w", "g")
@@ -128,7 +145,7 @@ _PER_TENSOR = {"bf16": BF16, "fp8_e4m3": FP8_E4M3, "fp8_e5m2": FP8_E5M2}
 # ----------------------------------------------------------------------------------------------------------
 # the quantizer: one per model, shared by its QuantLinear layers
 # ----------------------------------------------------------------------------------------------------------
-def hardware_fp8_available(device: torch.device | str | None=None) -> bool:
+def hardware_fp8_available(device: torch.device | str | None = None) -> bool:
     """Whether ``device`` (default: the current CUDA device) is a CUDA GPU with FP8 tensor cores (compute
     capability ≥ 8.9) and torch has ``_scaled_mm``."""
     if not torch.cuda.is_available():
@@ -165,8 +182,17 @@ class Quantizer:
         (after the Hadamard transform and quantisation; the product is ``A @ B.T``), filled while ``capture``
     """
 
-    def __init__(self, recipe, *, history_len: int = 16, margin: int = 0, amax_compute_algo: str = "max",
-                 scale_rounding: str = "floor", hardware: bool = False, seed: int = 0):
+    def __init__(
+        self,
+        recipe,
+        *,
+        history_len: int = 16,
+        margin: int = 0,
+        amax_compute_algo: str = "max",
+        scale_rounding: str = "floor",
+        hardware: bool = False,
+        seed: int = 0,
+    ):
         self.recipe = get_recipe(recipe)
         if scale_rounding not in SCALE_ROUNDINGS:
             raise ValueError(f"scale_rounding must be one of {SCALE_ROUNDINGS}, got {scale_rounding!r}")
@@ -179,8 +205,9 @@ class Quantizer:
         self.scale_rounding = scale_rounding
         self.delayed = None
         if self.recipe.scaling == "delayed":
-            self.delayed = DelayedScaling(history_len, margin, self.recipe.forward, self.recipe.backward,
-                                          amax_compute_algo=amax_compute_algo)
+            self.delayed = DelayedScaling(
+                history_len, margin, self.recipe.forward, self.recipe.backward, amax_compute_algo=amax_compute_algo
+            )
         self.enabled = True
         self.recording = False
         self.capture = False
@@ -188,13 +215,16 @@ class Quantizer:
         self.stats: dict = {}
         self.gemms = {"hardware": 0, "emulated": 0}
         fp8 = self.recipe.forward in (FP8_E4M3, FP8_E5M2) and self.recipe.backward in (FP8_E4M3, FP8_E5M2)
-        self.hardware = bool(hardware and fp8 and not self.recipe.per_axis and self.recipe.gemms is None
-                             and hardware_fp8_available())
+        self.hardware = bool(
+            hardware and fp8 and not self.recipe.per_axis and self.recipe.gemms is None and hardware_fp8_available()
+        )
         self.layers: list[str] = []
 
     def __repr__(self) -> str:
-        return (f"Quantizer({self.recipe.name!r}, layers={len(self.layers)}, enabled={self.enabled}, "
-                f"hardware={self.hardware})")
+        return (
+            f"Quantizer({self.recipe.name!r}, layers={len(self.layers)}, enabled={self.enabled}, "
+            f"hardware={self.hardware})"
+        )
 
     def step(self) -> None:
         """End a training step: the delayed-scaling histories advance (call it after ``optimizer.step()``)."""
@@ -202,8 +232,9 @@ class Quantizer:
             self.delayed.update()
 
     # --- quantising one operand ---------------------------------------------------------------------------
-    def quantize(self, t: torch.Tensor, layer: str, role: str, *, axis: int = -1, record: bool = True,
-                 update: bool = True) -> tuple[torch.Tensor, ScaledTensor | None]:
+    def quantize(
+        self, t: torch.Tensor, layer: str, role: str, *, axis: int = -1, record: bool = True, update: bool = True
+    ) -> tuple[torch.Tensor, ScaledTensor | None]:
         """The fake-quantised ``t`` (float32, t's shape) as operand ``role`` of ``layer``, blocks along ``axis``,
         and for per-tensor recipes its :class:`~mpt_lab.microscaling.ScaledTensor` (None for block recipes).
 
@@ -217,11 +248,17 @@ class Quantizer:
         record = record and self.recording
         if r.per_axis:
             if not record:
-                tq = (fake_quantize_mx(t, fmt, r.block_size, axis, scale_rounding=self.scale_rounding)
-                      if r.scaling == "mx" else fake_quantize_nvfp4(t, axis=axis))
+                tq = (
+                    fake_quantize_mx(t, fmt, r.block_size, axis, scale_rounding=self.scale_rounding)
+                    if r.scaling == "mx"
+                    else fake_quantize_nvfp4(t, axis=axis)
+                )
                 return tq, None
-            obj = (quantize_mx(t, fmt, r.block_size, axis, scale_rounding=self.scale_rounding)
-                   if r.scaling == "mx" else quantize_nvfp4(t, axis=axis))
+            obj = (
+                quantize_mx(t, fmt, r.block_size, axis, scale_rounding=self.scale_rounding)
+                if r.scaling == "mx"
+                else quantize_nvfp4(t, axis=axis)
+            )
             tq = obj.dequantize(torch.float32)
             self._record(layer, role, t, tq, obj.saturated(t))
             return tq, None
@@ -229,12 +266,12 @@ class Quantizer:
             name = f"{layer}.{role}"
             if update:
                 q, scale = self.delayed.quantize(t, name, backward=role == "g")
-            else:                       # evaluation: the stale scale, as DelayedScaling casts, nothing recorded
+            else:  # evaluation: the stale scale, as DelayedScaling casts, nothing recorded
                 scale = torch.tensor(self.delayed.scale(name) if name in self.delayed.names else 1.0)
                 q = F.round_to(t.to(torch.float32) * scale.to(t.device), fmt, saturate=r.saturate)
         elif r.scaling == "current":
             q, scale = quantize_per_tensor(t, fmt, saturate=r.saturate)
-        else:                                                   # "none": the scale is 1
+        else:  # "none": the scale is 1
             q, scale = quantize_per_tensor(t, fmt, amax=fmt.max, saturate=r.saturate)
         st = ScaledTensor(q, scale, fmt, torch.float32)
         tq = st.dequantize()
@@ -252,8 +289,15 @@ class Quantizer:
             self._generators[key] = torch.Generator(device).manual_seed(self.seed)
         return self._generators[key]
 
-    def quantize_operand(self, t: torch.Tensor, op: OperandQuant, *, layer: str | None = None,
-                         role: str | None = None, record: bool = False) -> torch.Tensor:
+    def quantize_operand(
+        self,
+        t: torch.Tensor,
+        op: OperandQuant,
+        *,
+        layer: str | None = None,
+        role: str | None = None,
+        record: bool = False,
+    ) -> torch.Tensor:
         """``t`` (a matrix, float32) quantised as ``op`` says along its last dimension and dequantised: float32, t's
         shape, no autograd history.
 
@@ -269,7 +313,7 @@ class Quantizer:
         record = record and self.recording
         if op.format in _PER_TENSOR:
             fmt = _PER_TENSOR[op.format]
-            amax = fmt.max if op.format == "bf16" else None                  # BF16: the scale is 1
+            amax = fmt.max if op.format == "bf16" else None  # BF16: the scale is 1
             q, scale = quantize_per_tensor(t, fmt, amax=amax, rounding=op.rounding, generator=gen)
             st = ScaledTensor(q, scale, fmt, torch.float32)
             tq = st.dequantize()
@@ -290,8 +334,15 @@ class Quantizer:
         self._record(layer, role, t, tq, obj.saturated(t))
         return tq
 
-    def gemm_operands(self, gemm: GemmQuant, a: torch.Tensor, b: torch.Tensor, *, layer: str | None = None,
-                      roles: tuple = (None, None)) -> tuple[torch.Tensor, torch.Tensor]:
+    def gemm_operands(
+        self,
+        gemm: GemmQuant,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        *,
+        layer: str | None = None,
+        roles: tuple = (None, None),
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The two operands of ``gemm`` as its product reads them: A (P, L) and B (Q, L), float32, both along
         their last dimension L (the reduction), first rotated by the random Hadamard transform of ``gemm.hadamard``
         values with the recipe's ``hadamard_seed`` (both zero-padded to a multiple of it first; zeros add
@@ -311,8 +362,16 @@ class Quantizer:
         add_counts(self.stats.setdefault(layer, {}).setdefault(role, new_counts()), t, tq, saturated)
 
     # --- the products -------------------------------------------------------------------------------------
-    def matmul(self, a: torch.Tensor, b: torch.Tensor, sa: ScaledTensor | None = None,
-               sb: ScaledTensor | None = None, *, ta: bool = False, tb: bool = False) -> torch.Tensor:
+    def matmul(
+        self,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        sa: ScaledTensor | None = None,
+        sb: ScaledTensor | None = None,
+        *,
+        ta: bool = False,
+        tb: bool = False,
+    ) -> torch.Tensor:
         """op(a) @ op(b) (op: transpose where ``ta`` / ``tb``) in FP32 from the dequantised operands, or, with
         :attr:`hardware`, on FP8 tensor cores from their scaled tensors ``sa``, ``sb`` (same layout as a, b)."""
         A, B = (a.t() if ta else a), (b.t() if tb else b)
@@ -336,11 +395,12 @@ def _scaled_mm_product(sa: ScaledTensor, ta: bool, sb: ScaledTensor, tb: bool) -
     second column-major), the decode scales 1/scale, an FP32 result."""
     qa = sa.q.t() if ta else sa.q
     qb = sb.q.t() if tb else sb.q
-    fa = qa.contiguous().to(_FLOAT8[sa.fmt.name])                  # row-major
-    fb = qb.t().contiguous().to(_FLOAT8[sb.fmt.name]).t()          # column-major
+    fa = qa.contiguous().to(_FLOAT8[sa.fmt.name])  # row-major
+    fb = qb.t().contiguous().to(_FLOAT8[sb.fmt.name]).t()  # column-major
     one = torch.ones((), dtype=torch.float32, device=fa.device)
-    return scaled_mm(fa, fb, scale_a=one / sa.scale.to(fa.device), scale_b=one / sb.scale.to(fa.device),
-                     out_dtype=torch.float32)
+    return scaled_mm(
+        fa, fb, scale_a=one / sa.scale.to(fa.device), scale_b=one / sb.scale.to(fa.device), out_dtype=torch.float32
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -367,14 +427,14 @@ class _QuantLinearFn(torch.autograd.Function):
         q = layer.quantizer
         a, b = ctx.saved_tensors
         g = gy.reshape(-1, gy.shape[-1]).to(torch.float32)
-        if q.recipe.per_axis:                   # block scaling: each operand along its product's reduction axis
-            gq_n, _ = q.quantize(g, layer.name, "g", axis=-1)                            # dgrad: over N
+        if q.recipe.per_axis:  # block scaling: each operand along its product's reduction axis
+            gq_n, _ = q.quantize(g, layer.name, "g", axis=-1)  # dgrad: over N
             wq_n, _ = q.quantize(b, layer.name, "w", axis=0, record=False)
             gx = gq_n @ wq_n
-            gq_m, _ = q.quantize(g, layer.name, "g", axis=0, record=False)               # wgrad: over M
+            gq_m, _ = q.quantize(g, layer.name, "g", axis=0, record=False)  # wgrad: over M
             xq_m, _ = q.quantize(a, layer.name, "x", axis=0, record=False)
             gw = gq_m.t() @ xq_m
-        else:                                   # per tensor: the forward casts are reused
+        else:  # per tensor: the forward casts are reused
             xs, ws = ctx.scaled
             gq, gs = q.quantize(g, layer.name, "g")
             gx = q.matmul(gq, b, gs, ws)
@@ -387,8 +447,9 @@ def _reusable(first: GemmQuant, op1: OperandQuant, second: GemmQuant, op2: Opera
     """Whether an operand quantised for one GEMM is, value for value, what the other GEMM would quantise: the same
     quantisation, deterministic, no Hadamard transform in either GEMM, and values that do not depend on the
     dimension they are quantised along (per tensor, or 2D blocks)."""
-    return (op1 == op2 and op1.rounding == "nearest_even" and op1.axis_free and not first.hadamard
-            and not second.hadamard)
+    return (
+        op1 == op2 and op1.rounding == "nearest_even" and op1.axis_free and not first.hadamard and not second.hadamard
+    )
 
 
 class _GemmLinearFn(torch.autograd.Function):
@@ -424,15 +485,15 @@ class _GemmLinearFn(torch.autograd.Function):
         spec = q.recipe.gemms
         x2, w, xq, wq = ctx.saved_tensors
         g = gy.reshape(-1, gy.shape[-1]).to(torch.float32)
-        if wq is None:                                               # dgrad: A = g (M, N), B = wᵀ (K, N)
+        if wq is None:  # dgrad: A = g (M, N), B = wᵀ (K, N)
             gq, wtq = q.gemm_operands(spec.dgrad, g, w.t(), layer=layer.name, roles=("g", None))
-        else:                                                        # the fprop's Q(w), transposed
+        else:  # the fprop's Q(w), transposed
             gq = q.quantize_operand(g.contiguous(), spec.dgrad.a, layer=layer.name, role="g", record=True)
             wtq = wq.t()
         gx = gq @ wtq.t()
-        if xq is None:                                               # wgrad: A = gᵀ (N, M), B = xᵀ (K, M)
+        if xq is None:  # wgrad: A = gᵀ (N, M), B = xᵀ (K, M)
             gtq, xtq = q.gemm_operands(spec.wgrad, g.t(), x2.t())
-        else:                                                        # the fprop's Q(x), transposed
+        else:  # the fprop's Q(x), transposed
             gtq, xtq = q.quantize_operand(g.t().contiguous(), spec.wgrad.a), xq.t()
         gw = gtq @ xtq.t()
         q.gemms["emulated"] += 2
@@ -484,8 +545,10 @@ class QuantLinear(nn.Module):
         self.quantizer = quantizer
 
     def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"recipe={self.quantizer.recipe.name!r}")
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+            f"recipe={self.quantizer.recipe.name!r}"
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.quantizer.enabled or not self.quantizer.recipe.quantized:
@@ -497,7 +560,9 @@ class QuantLinear(nn.Module):
             return _quant_linear_eval(x, self.weight, self.bias, self)
 
 
-def quantize_linears_(model: nn.Module, recipe: str | Recipe, *, skip: Iterable[str]=(), **quantizer_options: Any) -> Quantizer:
+def quantize_linears_(
+    model: nn.Module, recipe: str | Recipe, *, skip: Iterable[str] = (), **quantizer_options: Any
+) -> Quantizer:
     """Replace every ``nn.Linear`` of ``model`` (in place) by a :class:`QuantLinear` of ``recipe``.
 
     Parameters
@@ -547,7 +612,13 @@ def quantized_layers(model: nn.Module) -> list:
 # weights stored in BF16
 # ----------------------------------------------------------------------------------------------------------
 @torch.no_grad()
-def round_weights_(params: Iterable[torch.Tensor], rounding: str = "stochastic", *, fmt: F.FormatLike=BF16, generator: torch.Generator | None = None) -> None:
+def round_weights_(
+    params: Iterable[torch.Tensor],
+    rounding: str = "stochastic",
+    *,
+    fmt: F.FormatLike = BF16,
+    generator: torch.Generator | None = None,
+) -> None:
     """Round parameters in place to ``fmt`` (default BF16): weights *stored* in BF16, without FP32 masters.
 
     Call it after ``optimizer.step()``: the step adds its FP32 update to the BF16 weight and this rounds the

@@ -79,9 +79,30 @@ import torch
 from .formats import BF16, FP4_E2M1, FP6_E3M2, FP8_E4M3, FP8_E5M2, FP16, FloatFormat
 from .microscaling import BLOCK_LAYOUTS, MX_FORMATS, ROUNDINGS, SCALE_ROUNDINGS, SCHEMES, RandomHadamard
 
-__all__ = ["Recipe", "TrainingRecipe", "LossScaling", "TensorScaling", "WeightStorage", "Distribution", "RECIPES",
-           "AMP", "LOSS_SCALING", "QUANTIZED", "DISTRIBUTED", "get_recipe", "renamed", "OLD_LOSS_SCALING_NAMES", "SCALINGS", "WEIGHT_STORAGE",
-           "OperandQuant", "GemmQuant", "GemmRecipe", "OPERAND_FORMATS", "GEMMS", "four_bit_recipe"]
+__all__ = [
+    "Recipe",
+    "TrainingRecipe",
+    "LossScaling",
+    "TensorScaling",
+    "WeightStorage",
+    "Distribution",
+    "RECIPES",
+    "AMP",
+    "LOSS_SCALING",
+    "QUANTIZED",
+    "DISTRIBUTED",
+    "get_recipe",
+    "renamed",
+    "OLD_LOSS_SCALING_NAMES",
+    "SCALINGS",
+    "WEIGHT_STORAGE",
+    "OperandQuant",
+    "GemmQuant",
+    "GemmRecipe",
+    "OPERAND_FORMATS",
+    "GEMMS",
+    "four_bit_recipe",
+]
 
 
 class LossScaling(str, enum.Enum):
@@ -205,8 +226,7 @@ class Recipe:
         for name in ("name", "label", "color", "linestyle"):
             if not isinstance(getattr(self, name), str):
                 raise TypeError(f"{name} must be a str, got {type(getattr(self, name)).__name__}")
-        for name, enum_type in (("scaling", TensorScaling), ("loss_scaling", LossScaling),
-                                ("weights", WeightStorage)):
+        for name, enum_type in (("scaling", TensorScaling), ("loss_scaling", LossScaling), ("weights", WeightStorage)):
             v = getattr(self, name)
             try:
                 object.__setattr__(self, name, enum_type(v))
@@ -244,10 +264,16 @@ class Recipe:
 
     def describe(self) -> dict:
         """The recipe as plain data (format names, scaling, block size, loss scaling, weights, bits per value)."""
-        d = {"label": self.label, "forward": self.forward.name if self.forward else "FP32",
-             "backward": self.backward.name if self.backward else "FP32", "scaling": self.scaling.value,
-             "block_size": self.block_size, "loss_scaling": self.loss_scaling.value, "weights": self.weights.value,
-             "bits": self.bits_per_value()}
+        d = {
+            "label": self.label,
+            "forward": self.forward.name if self.forward else "FP32",
+            "backward": self.backward.name if self.backward else "FP32",
+            "scaling": self.scaling.value,
+            "block_size": self.block_size,
+            "loss_scaling": self.loss_scaling.value,
+            "weights": self.weights.value,
+            "bits": self.bits_per_value(),
+        }
         if self.gemms is not None:
             d["gemms"] = self.gemms.describe()
         return d
@@ -257,7 +283,7 @@ class Recipe:
         if self.forward is None:
             return 32.0
         if self.per_axis:
-            return self.forward.bits + 8 / self.block_size     # NVFP4's FP32 tensor scale is negligible
+            return self.forward.bits + 8 / self.block_size  # NVFP4's FP32 tensor scale is negligible
         return float(self.forward.bits)
 
 
@@ -362,7 +388,7 @@ class GemmQuant:
         if not isinstance(self.hadamard, int) or isinstance(self.hadamard, bool):
             raise TypeError(f"hadamard must be an int (0: no transform), got {type(self.hadamard).__name__}")
         if self.hadamard:
-            RandomHadamard(self.hadamard)                       # raises for a size that is no power of two
+            RandomHadamard(self.hadamard)  # raises for a size that is no power of two
 
     def describe(self) -> str:
         """One line: the two operands' quantisation and the random Hadamard transform's block size, if any."""
@@ -409,10 +435,19 @@ class GemmRecipe:
         return {name: getattr(self, name).describe() for name in GEMMS}
 
 
-def four_bit_recipe(fmt: str = "nvfp4", *, hadamard: bool = True, weights_2d: bool = True,
-                    stochastic_gradients: bool = True, hadamard_block: int | None = None, hadamard_seed: int = 0,
-                    scale_rounding: str = "floor", sr_scale_rounding: str = "rceil", name: str | None = None,
-                    label: str | None = None) -> Recipe:
+def four_bit_recipe(
+    fmt: str = "nvfp4",
+    *,
+    hadamard: bool = True,
+    weights_2d: bool = True,
+    stochastic_gradients: bool = True,
+    hadamard_block: int | None = None,
+    hadamard_seed: int = 0,
+    scale_rounding: str = "floor",
+    sr_scale_rounding: str = "rceil",
+    name: str | None = None,
+    label: str | None = None,
+) -> Recipe:
     """NVIDIA's four-bit training recipe for every quantised Linear layer, or the recipe less some of its
     ingredients (NVIDIA, "Pretraining Large Language Models with NVFP4", arXiv:2509.25149, §4)::
 
@@ -455,8 +490,11 @@ def four_bit_recipe(fmt: str = "nvfp4", *, hadamard: bool = True, weights_2d: bo
         fmt not "nvfp4" or "mxfp4"; a flag not a bool; a bad hadamard_block, seed or scale rule.
     """
     fmt = _check_str(fmt, "fmt", ("nvfp4", "mxfp4"))
-    for argname, v in (("hadamard", hadamard), ("weights_2d", weights_2d),
-                       ("stochastic_gradients", stochastic_gradients)):
+    for argname, v in (
+        ("hadamard", hadamard),
+        ("weights_2d", weights_2d),
+        ("stochastic_gradients", stochastic_gradients),
+    ):
         if not isinstance(v, bool):
             raise TypeError(f"{argname} must be a bool, got {type(v).__name__}")
     block = 16 if fmt == "nvfp4" else 32
@@ -468,8 +506,12 @@ def four_bit_recipe(fmt: str = "nvfp4", *, hadamard: bool = True, weights_2d: bo
         return OperandQuant(fmt, blocks, rounding, rule if fmt == "mxfp4" else "floor")
 
     w = op("2d" if weights_2d else "1d")
-    gemms = GemmRecipe(fprop=GemmQuant(op(), w), dgrad=GemmQuant(op(rounding=grad_rounding), w),
-                       wgrad=GemmQuant(op(rounding=grad_rounding), op(), hadamard=d), hadamard_seed=hadamard_seed)
+    gemms = GemmRecipe(
+        fprop=GemmQuant(op(), w),
+        dgrad=GemmQuant(op(rounding=grad_rounding), w),
+        wgrad=GemmQuant(op(rounding=grad_rounding), op(), hadamard=d),
+        hadamard_seed=hadamard_seed,
+    )
     missing = [tag for tag, on in (("rht", hadamard), ("2d", weights_2d), ("sr", stochastic_gradients)) if not on]
     name = name if name is not None else f"{fmt}_recipe" + "".join(f"-{m}" for m in missing)
     if label is None:
@@ -485,44 +527,104 @@ def _registry() -> dict:
     r = [
         # plain precision, real autocast or emulated: chapters 6, 8, 9, 11
         Recipe("fp32", "FP32", color="#1f77b4", linestyle="-"),
-        Recipe("fp16", "FP16 + dynamic loss scaling", FP16, FP16, saturate=False, loss_scaling=_DYNAMIC,
-               autocast=_FP16, color="#d62728", linestyle="--"),
-        Recipe("fp16_unscaled", "FP16, no loss scaling", FP16, FP16, saturate=False, autocast=_FP16,
-               color="#ff7f0e", linestyle="-."),
-        Recipe("fp16_static", "FP16, static loss scale", FP16, FP16, saturate=False, loss_scaling=_STATIC,
-               autocast=_FP16, color="#e377c2", linestyle=":"),
+        Recipe(
+            "fp16",
+            "FP16 + dynamic loss scaling",
+            FP16,
+            FP16,
+            saturate=False,
+            loss_scaling=_DYNAMIC,
+            autocast=_FP16,
+            color="#d62728",
+            linestyle="--",
+        ),
+        Recipe(
+            "fp16_unscaled",
+            "FP16, no loss scaling",
+            FP16,
+            FP16,
+            saturate=False,
+            autocast=_FP16,
+            color="#ff7f0e",
+            linestyle="-.",
+        ),
+        Recipe(
+            "fp16_static",
+            "FP16, static loss scale",
+            FP16,
+            FP16,
+            saturate=False,
+            loss_scaling=_STATIC,
+            autocast=_FP16,
+            color="#e377c2",
+            linestyle=":",
+        ),
         Recipe("bf16", "BF16", BF16, BF16, autocast=_BF16, color="#2ca02c", linestyle=":"),
         # quantised GEMM operands, emulated: chapter 11
         Recipe("fp8_unscaled", "FP8, no scaling", FP8_E4M3, FP8_E5M2, color="#7f7f7f"),
         Recipe("fp8_current", "FP8, current scaling", FP8_E4M3, FP8_E5M2, "current", color="#9467bd"),
-        Recipe("fp8_delayed", "FP8, delayed scaling", FP8_E4M3, FP8_E5M2, "delayed", color="#c5b0d5",
-               linestyle="--"),
+        Recipe("fp8_delayed", "FP8, delayed scaling", FP8_E4M3, FP8_E5M2, "delayed", color="#c5b0d5", linestyle="--"),
         Recipe("mxfp8", "MXFP8 (E4M3)", FP8_E4M3, FP8_E4M3, "mx", 32, color="#8c564b"),
         Recipe("mxfp6", "MXFP6 (E3M2)", FP6_E3M2, FP6_E3M2, "mx", 32, color="#e377c2"),
         Recipe("mxfp4", "MXFP4 (E2M1)", FP4_E2M1, FP4_E2M1, "mx", 32, color="#ff7f0e"),
         Recipe("nvfp4", "NVFP4", FP4_E2M1, FP4_E2M1, "nvfp4", 16, color="#bcbd22"),
-        Recipe("bf16_sr", "BF16 weights, stochastic rounding", BF16, BF16, weights="bf16_sr", color="#98df8a",
-               linestyle="--"),
-        Recipe("bf16_rne", "BF16 weights, round to nearest", BF16, BF16, weights="bf16_rne", color="#17becf",
-               linestyle=":"),
+        Recipe(
+            "bf16_sr",
+            "BF16 weights, stochastic rounding",
+            BF16,
+            BF16,
+            weights="bf16_sr",
+            color="#98df8a",
+            linestyle="--",
+        ),
+        Recipe(
+            "bf16_rne", "BF16 weights, round to nearest", BF16, BF16, weights="bf16_rne", color="#17becf", linestyle=":"
+        ),
         # across processes: chapter 10 (DDP solid, FSDP2 dashed; coloured by the 16-bit format involved)
         Recipe("ddp_fp32", "DDP, FP32 all-reduce", distribution=Distribution("ddp"), color="#1f77b4"),
-        Recipe("ddp_bf16_hook", "DDP + bf16_compress_hook", distribution=Distribution("ddp", "bfloat16", "bf16"),
-               color="#2ca02c"),
-        Recipe("ddp_fp16_hook", "DDP + fp16_compress_hook", distribution=Distribution("ddp", "float16", "fp16"),
-               color="#d62728"),
-        Recipe("ddp_amp_fp16", "DDP, FP16 autocast + GradScaler", loss_scaling=_DYNAMIC, autocast=_FP16,
-               distribution=Distribution("ddp"), color="#d62728"),
+        Recipe(
+            "ddp_bf16_hook",
+            "DDP + bf16_compress_hook",
+            distribution=Distribution("ddp", "bfloat16", "bf16"),
+            color="#2ca02c",
+        ),
+        Recipe(
+            "ddp_fp16_hook",
+            "DDP + fp16_compress_hook",
+            distribution=Distribution("ddp", "float16", "fp16"),
+            color="#d62728",
+        ),
+        Recipe(
+            "ddp_amp_fp16",
+            "DDP, FP16 autocast + GradScaler",
+            loss_scaling=_DYNAMIC,
+            autocast=_FP16,
+            distribution=Distribution("ddp"),
+            color="#d62728",
+        ),
         Recipe("fsdp_fp32", "FSDP2, FP32", distribution=Distribution("fsdp"), color="#1f77b4", linestyle="--"),
-        Recipe("fsdp_bf16_fp32", "FSDP2, param BF16 / reduce FP32",
-               distribution=Distribution("fsdp", param_dtype="bfloat16", reduce_dtype="float32"), color="#2ca02c",
-               linestyle="--"),
-        Recipe("fsdp_bf16_bf16", "FSDP2, param BF16 / reduce BF16",
-               distribution=Distribution("fsdp", "bfloat16", param_dtype="bfloat16", reduce_dtype="bfloat16"),
-               color="#2ca02c", linestyle="--"),
-        Recipe("fsdp_fp16_fp32", "FSDP2, param FP16 / reduce FP32 + GradScaler", loss_scaling=_DYNAMIC,
-               distribution=Distribution("fsdp", param_dtype="float16", reduce_dtype="float32"), color="#d62728",
-               linestyle="--"),
+        Recipe(
+            "fsdp_bf16_fp32",
+            "FSDP2, param BF16 / reduce FP32",
+            distribution=Distribution("fsdp", param_dtype="bfloat16", reduce_dtype="float32"),
+            color="#2ca02c",
+            linestyle="--",
+        ),
+        Recipe(
+            "fsdp_bf16_bf16",
+            "FSDP2, param BF16 / reduce BF16",
+            distribution=Distribution("fsdp", "bfloat16", param_dtype="bfloat16", reduce_dtype="bfloat16"),
+            color="#2ca02c",
+            linestyle="--",
+        ),
+        Recipe(
+            "fsdp_fp16_fp32",
+            "FSDP2, param FP16 / reduce FP32 + GradScaler",
+            loss_scaling=_DYNAMIC,
+            distribution=Distribution("fsdp", param_dtype="float16", reduce_dtype="float32"),
+            color="#d62728",
+            linestyle="--",
+        ),
     ]
     return {x.name: x for x in r}
 
@@ -537,11 +639,31 @@ AMP = ("fp32", "fp16", "bf16")
 #: with a static loss scale S, with dynamic loss scaling.
 LOSS_SCALING = ("fp32", "fp16_unscaled", "fp16_static", "fp16")
 #: The recipes whose GEMM operands :mod:`mpt_lab.quantized_training` quantises, in the order of chapter 11's tables.
-QUANTIZED = ("fp32", "bf16", "fp16", "fp8_unscaled", "fp8_current", "fp8_delayed", "mxfp8", "mxfp6", "mxfp4",
-             "nvfp4", "bf16_sr", "bf16_rne")
+QUANTIZED = (
+    "fp32",
+    "bf16",
+    "fp16",
+    "fp8_unscaled",
+    "fp8_current",
+    "fp8_delayed",
+    "mxfp8",
+    "mxfp6",
+    "mxfp4",
+    "nvfp4",
+    "bf16_sr",
+    "bf16_rne",
+)
 #: The recipes across processes (chapter 10), in the order of its legend.
-DISTRIBUTED = ("ddp_fp32", "ddp_bf16_hook", "ddp_fp16_hook", "ddp_amp_fp16", "fsdp_fp32", "fsdp_bf16_fp32",
-               "fsdp_bf16_bf16", "fsdp_fp16_fp32")
+DISTRIBUTED = (
+    "ddp_fp32",
+    "ddp_bf16_hook",
+    "ddp_fp16_hook",
+    "ddp_amp_fp16",
+    "fsdp_fp32",
+    "fsdp_bf16_fp32",
+    "fsdp_bf16_bf16",
+    "fsdp_fp16_fp32",
+)
 
 
 #: Recipe names in results saved before the one registry: the divergence experiments (bigLSTM, SSD's Table 2)

@@ -68,8 +68,20 @@ from .master_weights import swamped
 from .scaling import max_gradient_scale
 from .simulate import MODES, simulate
 
-__all__ = ["precision_report", "PrecisionReport", "ModuleRecord", "ParameterRecord", "FormatRun", "Location",
-           "DEFAULT_FORMATS", "KINDS", "BLOCK_FORMATS", "keep_wide", "LayerRanking", "PrecisionMonitor"]
+__all__ = [
+    "precision_report",
+    "PrecisionReport",
+    "ModuleRecord",
+    "ParameterRecord",
+    "FormatRun",
+    "Location",
+    "DEFAULT_FORMATS",
+    "KINDS",
+    "BLOCK_FORMATS",
+    "keep_wide",
+    "LayerRanking",
+    "PrecisionMonitor",
+]
 
 #: The formats a report analyses unless told otherwise.
 DEFAULT_FORMATS = ("FP16", "BF16", "FP8_E4M3", "FP8_E5M2")
@@ -79,10 +91,10 @@ DEFAULT_FORMATS = ("FP16", "BF16", "FP8_E4M3", "FP8_E5M2")
 KINDS = ("activation", "activation_gradient", "weight", "weight_gradient")
 
 #: The dynamic loss scaler a report predicts: torch.amp.GradScaler's defaults (start at 2¹⁶, halve on overflow).
-SCALER_INIT = 2.0 ** 16
+SCALER_INIT = 2.0**16
 
 #: The largest power of two a float32 loss scale holds (torch.amp.GradScaler keeps its scale in float32).
-_MAX_SCALE = 2.0 ** 127
+_MAX_SCALE = 2.0**127
 
 
 # --------------------------------------------------------------------------------------------------- records
@@ -195,13 +207,23 @@ class Location(tuple):
 
     def __new__(cls, module: str, where: str, *, op=None, function=None, node=None, origin=None):
         self = super().__new__(cls, (module, where))
-        self.module, self.where, self.op, self.function, self.node, self.origin = module, where, op, function, \
-            node, origin
+        self.module, self.where, self.op, self.function, self.node, self.origin = (
+            module,
+            where,
+            op,
+            function,
+            node,
+            origin,
+        )
         return self
 
     def __getnewargs_ex__(self):
-        return (self.module, self.where), {"op": self.op, "function": self.function, "node": self.node,
-                                           "origin": self.origin}
+        return (self.module, self.where), {
+            "op": self.op,
+            "function": self.function,
+            "node": self.node,
+            "origin": self.origin,
+        }
 
     def describe(self) -> str:
         """E.g. "bmm of F.scaled_dot_product_attention in attn (forward)", "Tensor.mul in 3 (forward)", "mul in
@@ -215,8 +237,9 @@ class Location(tuple):
         return f"{self.op}{fn} in {where}"
 
     def __repr__(self) -> str:
-        extra = "" if self.op is None else f", op={self.op!r}" + (f", function={self.function!r}" if self.function
-                                                                   else "")
+        extra = (
+            "" if self.op is None else f", op={self.op!r}" + (f", function={self.function!r}" if self.function else "")
+        )
         return f"Location({self.module!r}, {self.where!r}{extra})"
 
 
@@ -227,20 +250,43 @@ def _sum_hists(hists) -> Log2Histogram:
     return out
 
 
-
-
 # -------------------------------------------------------------------------------------------- one step
-def _run_step(model, loss_fn, batch, state: SavedState, named_modules: dict, *, fmt, mode: str, measure: str,
-              params: dict, edges: bool = False, ops: bool = False, gemms: bool = False, block_formats=(),
-              modules: bool = True, progress=None, where: str):
+def _run_step(
+    model,
+    loss_fn,
+    batch,
+    state: SavedState,
+    named_modules: dict,
+    *,
+    fmt,
+    mode: str,
+    measure: str,
+    params: dict,
+    edges: bool = False,
+    ops: bool = False,
+    gemms: bool = False,
+    block_formats=(),
+    modules: bool = True,
+    progress=None,
+    where: str,
+):
     """One ``loss_fn(model, batch)`` + ``backward()``, recorded by a :class:`~mpt_lab._report_record.StepRecorder`,
     inside ``simulate(fmt, mode=mode)`` when ``fmt`` is given (then ``edges`` records, per gradient of the step,
     whether it holds ``fmt`` values).  Returns (recorder, loss value)."""
     state.reset_rng()
     sim = simulate(fmt, mode=mode) if fmt is not None else None
-    rec = StepRecorder(named_modules, measure=measure, edges=edges, ops=ops, gemms=gemms,
-                       block_formats=block_formats, params=params, progress=progress, modules=modules,
-                       tag=sim.holds if sim is not None else None)
+    rec = StepRecorder(
+        named_modules,
+        measure=measure,
+        edges=edges,
+        ops=ops,
+        gemms=gemms,
+        block_formats=block_formats,
+        params=params,
+        progress=progress,
+        modules=modules,
+        tag=sim.holds if sim is not None else None,
+    )
     ctx = sim if sim is not None else contextlib.nullcontext()
     try:
         with ctx:
@@ -251,9 +297,12 @@ def _run_step(model, loss_fn, batch, state: SavedState, named_modules: dict, *, 
                     state.save_leaves(rec.before_backward(loss))
                     loss.backward()
                 except Exception as err:
-                    _add_context(err, f"(raised by loss_fn(model, batch) or its backward in precision_report's {where}"
-                                      + (f", run inside simulate({fmt!r}, mode={mode!r})" if fmt is not None else "")
-                                      + "; the model was restored to its state before the report)")
+                    _add_context(
+                        err,
+                        f"(raised by loss_fn(model, batch) or its backward in precision_report's {where}"
+                        + (f", run inside simulate({fmt!r}, mode={mode!r})" if fmt is not None else "")
+                        + "; the model was restored to its state before the report)",
+                    )
                     raise
                 del loss
                 rec.stop_ops()
@@ -275,8 +324,18 @@ def _op_keys(ops: list) -> list:
 
 
 # ------------------------------------------------------------------------------------------------ the entry
-def precision_report(model: torch.nn.Module, loss_fn, batch, *, formats=DEFAULT_FORMATS, optimizer=None,
-                     mode: str = "autocast", block_formats=(), ops="auto", progress=None) -> PrecisionReport:
+def precision_report(
+    model: torch.nn.Module,
+    loss_fn,
+    batch,
+    *,
+    formats=DEFAULT_FORMATS,
+    optimizer=None,
+    mode: str = "autocast",
+    block_formats=(),
+    ops="auto",
+    progress=None,
+) -> PrecisionReport:
     """What one training step of ``model`` would do in each of ``formats``: a :class:`PrecisionReport`.
 
     Runs ``loss = loss_fn(model, batch); loss.backward()`` once in FP32 while recording per module the log2
@@ -349,8 +408,9 @@ def precision_report(model: torch.nn.Module, loss_fn, batch, *, formats=DEFAULT_
     try:
         block_formats = tuple(block_formats)
     except TypeError:
-        raise TypeError(f"block_formats must be a sequence of names among {BLOCK_FORMATS}, "
-                        f"got {type(block_formats).__name__}") from None
+        raise TypeError(
+            f"block_formats must be a sequence of names among {BLOCK_FORMATS}, got {type(block_formats).__name__}"
+        ) from None
     for b in block_formats:
         if b not in BLOCK_FORMATS:
             raise ValueError(f"block_formats must name formats among {BLOCK_FORMATS}, got {b!r}")
@@ -358,8 +418,10 @@ def precision_report(model: torch.nn.Module, loss_fn, batch, *, formats=DEFAULT_
     fmts = _check_formats(formats)
     named_params = [(n, p) for n, p in model.named_parameters() if p.is_floating_point()]
     if not named_params:
-        raise ValueError(f"model ({type(model).__name__}) has no parameters (no floating-point ones): there is no "
-                         "training step to report on")
+        raise ValueError(
+            f"model ({type(model).__name__}) has no parameters (no floating-point ones): there is no "
+            "training step to report on"
+        )
 
     named_modules = dict(model.named_modules())
     param_names = {id(p): n for n, p in named_params}
@@ -369,30 +431,60 @@ def precision_report(model: torch.nn.Module, loss_fn, batch, *, formats=DEFAULT_
         state.clear_grads()
         # --- the FP32 step, recorded ---------------------------------------------------------------------
         bar.step("FP32 step")
-        rec, loss_value = _run_step(model, loss_fn, batch, state, named_modules, fmt=None, mode=mode,
-                                    measure="histogram", edges=True, gemms=True, block_formats=block_formats,
-                                    params=param_names, ops=ops is True, progress=bar, where="FP32 step")
+        rec, loss_value = _run_step(
+            model,
+            loss_fn,
+            batch,
+            state,
+            named_modules,
+            fmt=None,
+            mode=mode,
+            measure="histogram",
+            edges=True,
+            gemms=True,
+            block_formats=block_formats,
+            params=param_names,
+            ops=ops is True,
+            progress=bar,
+            where="FP32 step",
+        )
         calls = sum(rec.calls.values())
         bar.set_total(calls * (1 + sum(1 for f in fmts if f != "FP32")))
         modules = []
         for i, name in enumerate(rec.order):
             m = named_modules[name]
             own = [f"{name}.{pn}" if name else pn for pn, _ in m.named_parameters(recurse=False)]
-            modules.append(ModuleRecord(name, type(m).__name__, i, rec.calls[name],
-                                        _sum_hists(rec.forward.get(name, [])), _sum_hists(rec.backward.get(name, [])),
-                                        own))
+            modules.append(
+                ModuleRecord(
+                    name,
+                    type(m).__name__,
+                    i,
+                    rec.calls[name],
+                    _sum_hists(rec.forward.get(name, [])),
+                    _sum_hists(rec.backward.get(name, [])),
+                    own,
+                )
+            )
         aliases: dict = {}
         for n, p in model.named_parameters(remove_duplicate=False):
             aliases.setdefault(id(p), []).append(n)
         parameters = []
-        for n, p in named_params:       # histograms the step made already (GEMM operands, gradients) are reused
+        for n, p in named_params:  # histograms the step made already (GEMM operands, gradients) are reused
             mod = n.rpartition(".")[0]
             grad = p.grad
             gh = rec.parameter_gradient(n) if grad is not None else None
-            parameters.append(ParameterRecord(n, mod, tuple(p.shape), str(p.dtype), p.requires_grad,
-                                              [a for a in aliases[id(p)] if a != n], rec.hist(p),
-                                              (gh if gh is not None else log2_histogram(grad)) if grad is not None
-                                              else None))
+            parameters.append(
+                ParameterRecord(
+                    n,
+                    mod,
+                    tuple(p.shape),
+                    str(p.dtype),
+                    p.requires_grad,
+                    [a for a in aliases[id(p)] if a != n],
+                    rec.hist(p),
+                    (gh if gh is not None else log2_histogram(grad)) if grad is not None else None,
+                )
+            )
         canonical = {p.name for p in parameters}
         for m in modules:
             m.parameters = [n for n in m.parameters if n in canonical]
@@ -413,9 +505,21 @@ def precision_report(model: torch.nn.Module, loss_fn, batch, *, formats=DEFAULT_
             if name == "FP32":
                 continue
             bar.step(f"{name} step")
-            rec, fmt_loss = _run_step(model, loss_fn, batch, state, named_modules, fmt=name, mode=mode,
-                                      measure="finite", edges=True, ops=ops is True, progress=bar,
-                                      params=param_names, where=f"{name} step")
+            rec, fmt_loss = _run_step(
+                model,
+                loss_fn,
+                batch,
+                state,
+                named_modules,
+                fmt=name,
+                mode=mode,
+                measure="finite",
+                edges=True,
+                ops=ops is True,
+                progress=bar,
+                params=param_names,
+                where=f"{name} step",
+            )
             events = [(n, w, bool(h)) for n, w, h in rec.events]
             tags = _align_tags(edges["list"], rec.edge_tags)
             bad = [n for n, p in named_params if p.grad is not None and not finite(p.grad)]
@@ -425,8 +529,20 @@ def precision_report(model: torch.nn.Module, loss_fn, batch, *, formats=DEFAULT_
             del rec
             if ops == "auto" and (bad or not math.isfinite(fmt_loss) or not all(f for _, _, f in events)):
                 bar.step(f"{name} step, op by op")
-                rec, _ = _run_step(model, loss_fn, batch, state, named_modules, fmt=name, mode=mode, measure="finite",
-                                   ops=True, modules=False, params=param_names, where=f"{name} step (op by op)")
+                rec, _ = _run_step(
+                    model,
+                    loss_fn,
+                    batch,
+                    state,
+                    named_modules,
+                    fmt=name,
+                    mode=mode,
+                    measure="finite",
+                    ops=True,
+                    modules=False,
+                    params=param_names,
+                    where=f"{name} step (op by op)",
+                )
                 run_ops = rec.op_table()
                 state.clear_grads()
                 state.restore_values()
@@ -437,34 +553,73 @@ def precision_report(model: torch.nn.Module, loss_fn, batch, *, formats=DEFAULT_
             need = any(r.ops is not None for r in runs.values())
             if not need:
                 need = any(h.nonfinite for _, _, h in fp32_events) or any(
-                    _hist_overflows(m.activation, F.get_format(name)) for name in fmts if name != "FP32"
-                    for m in modules)
+                    _hist_overflows(m.activation, F.get_format(name))
+                    for name in fmts
+                    if name != "FP32"
+                    for m in modules
+                )
             if need:
                 bar.step("FP32 step, op by op")
-                rec, _ = _run_step(model, loss_fn, batch, state, named_modules, fmt=None, mode=mode,
-                                   measure="histogram", ops=True, modules=False, params=param_names,
-                                   where="FP32 step (op by op)")
+                rec, _ = _run_step(
+                    model,
+                    loss_fn,
+                    batch,
+                    state,
+                    named_modules,
+                    fmt=None,
+                    mode=mode,
+                    measure="histogram",
+                    ops=True,
+                    modules=False,
+                    params=param_names,
+                    where="FP32 step (op by op)",
+                )
                 fp32_ops = rec.op_table()
                 state.clear_grads()
                 state.restore_values()
                 del rec
         if "FP32" in fmts:
-            runs["FP32"] = FormatRun("FP32", mode, loss_value,
-                                     [(n, w, h.nonfinite == 0) for n, w, h in fp32_events],
-                                     [p.name for p in parameters if p.gradient is not None and p.gradient.nonfinite],
-                                     fp32_ops, None)
+            runs["FP32"] = FormatRun(
+                "FP32",
+                mode,
+                loss_value,
+                [(n, w, h.nonfinite == 0) for n, w, h in fp32_events],
+                [p.name for p in parameters if p.gradient is not None and p.gradient.nonfinite],
+                fp32_ops,
+                None,
+            )
         runs = {name: runs[name] for name in fmts}
         dev = next(iter(model.parameters())).device
-        prov = provenance(config={"model": type(model).__name__, "formats": fmts, "mode": mode,
-                                  "optimizer": type(optimizer).__name__ if optimizer is not None else None,
-                                  "block_formats": list(block_formats)},
-                          device=dev)
-        return PrecisionReport(model_type=type(model).__name__, formats=fmts, mode=mode, loss=loss_value,
-                               modules=modules, parameters=parameters, runs=runs, fp32_events=fp32_events,
-                               gradients=gradients, activations=activations, optimizer_info=optimizer_info,
-                               provenance=prov, n_parameters=sum(p.numel() for _, p in named_params),
-                               training=model.training, edges=edges, gemms=gemm_rows, fp32_ops=fp32_ops,
-                               block_formats=list(block_formats))
+        prov = provenance(
+            config={
+                "model": type(model).__name__,
+                "formats": fmts,
+                "mode": mode,
+                "optimizer": type(optimizer).__name__ if optimizer is not None else None,
+                "block_formats": list(block_formats),
+            },
+            device=dev,
+        )
+        return PrecisionReport(
+            model_type=type(model).__name__,
+            formats=fmts,
+            mode=mode,
+            loss=loss_value,
+            modules=modules,
+            parameters=parameters,
+            runs=runs,
+            fp32_events=fp32_events,
+            gradients=gradients,
+            activations=activations,
+            optimizer_info=optimizer_info,
+            provenance=prov,
+            n_parameters=sum(p.numel() for _, p in named_params),
+            training=model.training,
+            edges=edges,
+            gemms=gemm_rows,
+            fp32_ops=fp32_ops,
+            block_formats=list(block_formats),
+        )
     finally:
         state.restore()
         bar.close()
@@ -499,7 +654,7 @@ def _beyond(a: float, fmt: F.FloatFormat) -> bool:
     """Whether |a| rounds beyond fmt's range (inf, NaN, or a value above max); NaN/inf count as beyond."""
     if not math.isfinite(a):
         return True
-    r = F.round_to(abs(a), fmt)       # covers E4M3's (464, 480), which category_counts counts as normal
+    r = F.round_to(abs(a), fmt)  # covers E4M3's (464, 480), which category_counts counts as normal
     return not math.isfinite(r) or r > fmt.max
 
 
@@ -510,23 +665,26 @@ def _check_formats(formats) -> list:
     try:
         items = list(formats)
     except TypeError:
-        raise TypeError(f"formats must be a format name, a FloatFormat or a sequence of them, "
-                        f"got {type(formats).__name__}") from None
+        raise TypeError(
+            f"formats must be a format name, a FloatFormat or a sequence of them, got {type(formats).__name__}"
+        ) from None
     if not items:
         raise ValueError("formats must name at least one format, e.g. ('FP16', 'BF16')")
     out = []
     for f in items:
         fmt = F.get_format(f, "formats")
         if not fmt.subnormals:
-            raise ValueError(f"formats: {fmt.name} has no zero (a scale format); a report needs formats that "
-                             "hold gradients, e.g. FP16, BF16, FP8_E4M3, FP8_E5M2")
+            raise ValueError(
+                f"formats: {fmt.name} has no zero (a scale format); a report needs formats that "
+                "hold gradients, e.g. FP16, BF16, FP8_E4M3, FP8_E5M2"
+            )
         if fmt.name not in out:
             out.append(fmt.name)
     return out
 
 
 def _add_context(err: BaseException, text: str) -> None:
-    if hasattr(err, "add_note"):   # Python ≥ 3.11: the model's own error, with the report's context below it
+    if hasattr(err, "add_note"):  # Python ≥ 3.11: the model's own error, with the report's context below it
         err.add_note(text)
 
 
@@ -587,8 +745,13 @@ def _coarse(h: Log2Histogram | None):
         return None
     c = h.counts
     nz = np.nonzero(c)[0]
-    return {"counts": {str(int(h.exponents[i])): int(c[i]) for i in nz}, "zeros": h.zeros,
-            "nonfinite": h.nonfinite, "total": h.total, "amax": _json_float(h.amax)}
+    return {
+        "counts": {str(int(h.exponents[i])): int(c[i]) for i in nz},
+        "zeros": h.zeros,
+        "nonfinite": h.nonfinite,
+        "total": h.total,
+        "amax": _json_float(h.amax),
+    }
 
 
 # ------------------------------------------------------------------------------------------------- report
@@ -622,9 +785,28 @@ class PrecisionReport:
     provenance : dict, where the report came from (:func:`mpt_lab.device.provenance`)
     """
 
-    def __init__(self, *, model_type, formats, mode, loss, modules, parameters, runs, fp32_events, gradients,
-                 activations, optimizer_info, provenance, n_parameters, training, edges=None, gemms=None,
-                 fp32_ops=None, block_formats=()):
+    def __init__(
+        self,
+        *,
+        model_type,
+        formats,
+        mode,
+        loss,
+        modules,
+        parameters,
+        runs,
+        fp32_events,
+        gradients,
+        activations,
+        optimizer_info,
+        provenance,
+        n_parameters,
+        training,
+        edges=None,
+        gemms=None,
+        fp32_ops=None,
+        block_formats=(),
+    ):
         self.model_type = model_type
         self.formats = list(formats)
         self.mode = mode
@@ -651,14 +833,16 @@ class PrecisionReport:
     def _fmt(self, fmt) -> F.FloatFormat:
         f = F.get_format(fmt, "fmt")
         if f.name not in self.formats:
-            raise ValueError(f"fmt: {f.name} was not analysed by this report; it analysed {self.formats} "
-                             "(pass formats=... to precision_report)")
+            raise ValueError(
+                f"fmt: {f.name} was not analysed by this report; it analysed {self.formats} "
+                "(pass formats=... to precision_report)"
+            )
         return f
 
     def _counts(self, h: Log2Histogram, fmt: F.FloatFormat, scale: float = 1.0) -> dict:
         key = (id(h), fmt.name, scale)
         c = self._cache.get(key)
-        if c is None or c[0] is not h:      # the entry holds its histogram: an id is never reused while cached
+        if c is None or c[0] is not h:  # the entry holds its histogram: an id is never reused while cached
             c = self._cache[key] = (h, h.category_counts(fmt, scale))
         return c[1]
 
@@ -722,8 +906,11 @@ class PrecisionReport:
         """Forward ops of the FP32 step whose inputs fit ``f`` and whose output does not (None: not recorded)."""
         if self.fp32_ops is None:
             return None
-        return [o for o in self.fp32_ops if o["pass"] == "forward" and _beyond(o["out_amax"], f)
-                and not _beyond(o["in_amax"], f)]
+        return [
+            o
+            for o in self.fp32_ops
+            if o["pass"] == "forward" and _beyond(o["out_amax"], f) and not _beyond(o["in_amax"], f)
+        ]
 
     def overflow_roles(self, fmt) -> dict:
         """For each module whose FP32 outputs overflow ``fmt`` (:meth:`forward_overflows`): "origin", "contains
@@ -777,8 +964,7 @@ class PrecisionReport:
             return None
         key = ("fp32keys",)
         if key not in self._cache:
-            self._cache[key] = {k: math.isfinite(o["out_amax"])
-                                for k, o in zip(_op_keys(self.fp32_ops), self.fp32_ops)}
+            self._cache[key] = {k: math.isfinite(o["out_amax"]) for k, o in zip(_op_keys(self.fp32_ops), self.fp32_ops)}
         return self._cache[key]
 
     def _new_nonfinite_ops(self, f: F.FloatFormat) -> list | None:
@@ -792,7 +978,7 @@ class PrecisionReport:
         for i, (k, o) in enumerate(zip(_op_keys(run.ops), run.ops)):
             if math.isfinite(o["out_amax"]):
                 continue
-            if ref is not None and ref.get(k) is False:      # non-finite in FP32 too (a -inf attention mask)
+            if ref is not None and ref.get(k) is False:  # non-finite in FP32 too (a -inf attention mask)
                 continue
             out.append((i, o))
         return out
@@ -869,8 +1055,14 @@ class PrecisionReport:
         ops = self._new_nonfinite_ops(f)
         if ops:
             _, o = ops[0]
-            return Location(o["module"], o["pass"], op=o["op"], function=o["function"], node=o["node"],
-                            origin=math.isfinite(o["in_amax"]))
+            return Location(
+                o["module"],
+                o["pass"],
+                op=o["op"],
+                function=o["function"],
+                node=o["node"],
+                origin=math.isfinite(o["in_amax"]),
+            )
         if event is None:
             return None
         return Location(*event)
@@ -942,8 +1134,14 @@ class PrecisionReport:
                 continue
             seen.add(j)
             a = self.edges["amax"][j]
-            rows.append({"amax": a, "module": module, "node": None if param is not None else node,
-                         "output": param if param is not None else nr})
+            rows.append(
+                {
+                    "amax": a,
+                    "module": module,
+                    "node": None if param is not None else node,
+                    "output": param if param is not None else nr,
+                }
+            )
         rows.sort(key=lambda d: -d["amax"] if d["amax"] == d["amax"] else -math.inf)
         return rows[:n]
 
@@ -984,7 +1182,7 @@ class PrecisionReport:
         if amax == 0 or not math.isfinite(amax):
             return (None, None)
         high = min(max_gradient_scale(amax, f), _MAX_SCALE)
-        lo_j, hi_j = -1074, 1023          # kept share grows with the scale: bisect on the exponent
+        lo_j, hi_j = -1074, 1023  # kept share grows with the scale: bisect on the exponent
         if self._kept(g, f, math.ldexp(1.0, hi_j)) < keep:
             return (None, high)
         while hi_j - lo_j > 1:
@@ -994,7 +1192,7 @@ class PrecisionReport:
             else:
                 lo_j = mid
         low = math.ldexp(1.0, hi_j)
-        if self._kept(g, f, math.ldexp(1.0, lo_j)) >= keep:   # lo_j = -1074 kept them all
+        if self._kept(g, f, math.ldexp(1.0, lo_j)) >= keep:  # lo_j = -1074 kept them all
             low = math.ldexp(1.0, lo_j)
         return (low, high)
 
@@ -1018,8 +1216,9 @@ class PrecisionReport:
         lows = []
         if low is not None and low > math.ldexp(1.0, -1074):
             s = low / 2
-            counts = [(self._counts(h, f, s)["underflow"], m) for m, h in self.gradients_by_module(f.name).items()
-                      if h.total]
+            counts = [
+                (self._counts(h, f, s)["underflow"], m) for m, h in self.gradients_by_module(f.name).items() if h.total
+            ]
             total = self._counts(self.gradients_in(f.name), f, s)["underflow"]
             counts.sort(key=lambda x: -x[0])
             for n, m in counts[:5]:
@@ -1051,8 +1250,7 @@ class PrecisionReport:
         out = {"init_scale": float(init_scale), "skipped": None, "scale": None, "in_window": False, "reason": ""}
         first = self.first_nonfinite(f.name)
         if first is not None and first[1] == "forward":
-            out["reason"] = (f"the forward pass overflows in {f.name} (at {first.describe()}): every step is "
-                             "skipped")
+            out["reason"] = f"the forward pass overflows in {f.name} (at {first.describe()}): every step is skipped"
             return out
         g = self.gradients_in(f.name)
         if g.nonfinite:
@@ -1068,8 +1266,9 @@ class PrecisionReport:
         s = math.ldexp(1.0, j)
         low, _ = self.loss_scale_window(f.name, keep)
         out.update(skipped=j0 - j, scale=s, in_window=low is not None and s >= low)
-        out["reason"] = (f"{j0 - j} skipped step{'s' if j0 - j != 1 else ''}, then scale 2^{j}"
-                         + ("" if out["in_window"] else f", below the window's low end {_pow2_text(low)}"))
+        out["reason"] = f"{j0 - j} skipped step{'s' if j0 - j != 1 else ''}, then scale 2^{j}" + (
+            "" if out["in_window"] else f", below the window's low end {_pow2_text(low)}"
+        )
         return out
 
     # --- shares ---------------------------------------------------------------------------------------------
@@ -1095,8 +1294,12 @@ class PrecisionReport:
             gs = [p.gradient for p in ws if p.gradient is not None]
             wg = _sum_hists(gs) if gs else None
             row = {}
-            for kind, h, s in (("activation", m.activation, 1.0), ("activation_gradient", m.activation_gradient,
-                               loss_scale), ("weight", w, 1.0), ("weight_gradient", wg, loss_scale)):
+            for kind, h, s in (
+                ("activation", m.activation, 1.0),
+                ("activation_gradient", m.activation_gradient, loss_scale),
+                ("weight", w, 1.0),
+                ("weight_gradient", wg, loss_scale),
+            ):
                 row[kind] = h.fractions(f, s) if h is not None and h.total else None
             out[m.name] = row
         return out
@@ -1125,10 +1328,28 @@ class PrecisionReport:
             scale = loss_scale if _is_gradient_operand(r) else 1.0
             c = self._counts(h, f, scale)
             nz = c["normal"] + c["subnormal"] + c["underflow"] + c["overflow"]
-            out.append({k: r[k] for k in ("module", "pass", "op", "gemm", "operand", "parameter", "shape",
-                                          "gradient_operand", "zero_rows")}
-                       | {"values": h.total, "amax": h.amax, "underflow": c["underflow"] / nz if nz else 0.0,
-                          "overflow": c["overflow"] / h.total if h.total else 0.0})
+            out.append(
+                {
+                    k: r[k]
+                    for k in (
+                        "module",
+                        "pass",
+                        "op",
+                        "gemm",
+                        "operand",
+                        "parameter",
+                        "shape",
+                        "gradient_operand",
+                        "zero_rows",
+                    )
+                }
+                | {
+                    "values": h.total,
+                    "amax": h.amax,
+                    "underflow": c["underflow"] / nz if nz else 0.0,
+                    "overflow": c["overflow"] / h.total if h.total else 0.0,
+                }
+            )
         return out
 
     def gemm_summary(self, fmt, loss_scale: float = 1.0) -> dict:
@@ -1147,9 +1368,15 @@ class PrecisionReport:
             d["under"] += c["underflow"]
             d["nz"] += c["normal"] + c["subnormal"] + c["underflow"] + c["overflow"]
             d["over"] += c["overflow"]
-        return {k: {"operands": d["operands"], "values": d["values"],
-                    "underflow": d["under"] / d["nz"] if d["nz"] else 0.0,
-                    "overflow": d["over"] / d["values"] if d["values"] else 0.0} for k, d in out.items()}
+        return {
+            k: {
+                "operands": d["operands"],
+                "values": d["values"],
+                "underflow": d["under"] / d["nz"] if d["nz"] else 0.0,
+                "overflow": d["over"] / d["values"] if d["values"] else 0.0,
+            }
+            for k, d in out.items()
+        }
 
     def block_operands(self, block_format: str) -> list:
         """What ``block_format`` ("MXFP8", "MXFP4" or "NVFP4") does to every GEMM operand of the FP32 step,
@@ -1163,15 +1390,19 @@ class PrecisionReport:
         :func:`precision_report`).
         """
         if block_format not in self.block_formats:
-            raise ValueError(f"block_format: {block_format!r} was not measured by this report; it measured "
-                             f"{self.block_formats} (pass block_formats=... to precision_report)")
+            raise ValueError(
+                f"block_format: {block_format!r} was not measured by this report; it measured "
+                f"{self.block_formats} (pass block_formats=... to precision_report)"
+            )
         out = []
         for r in self.gemms:
             s = r.get("blocks", {}).get(block_format)
             if s is None:
                 continue
-            out.append({k: r[k] for k in ("module", "pass", "op", "gemm", "operand", "parameter", "shape")}
-                       | {k: s[k] for k in ("n", "flushed", "clipped", "scale_spread", "rel_rms_error", "snr_db")})
+            out.append(
+                {k: r[k] for k in ("module", "pass", "op", "gemm", "operand", "parameter", "shape")}
+                | {k: s[k] for k in ("n", "flushed", "clipped", "scale_spread", "rel_rms_error", "snr_db")}
+            )
         return out
 
     # --- the optimizer ----------------------------------------------------------------------------------------
@@ -1213,16 +1444,28 @@ class PrecisionReport:
             r = F.round_to(value, f)
             if r == value:
                 continue
-            effect = "vanishes" if r == 0 else ("overflows" if not math.isfinite(r) or abs(r) > f.max else
-                                                ("degenerate" if 0 < value < 1 and r == 1 else "changes"))
+            effect = (
+                "vanishes"
+                if r == 0
+                else (
+                    "overflows"
+                    if not math.isfinite(r) or abs(r) > f.max
+                    else ("degenerate" if 0 < value < 1 and r == 1 else "changes")
+                )
+            )
             constants.append({"group": g, "name": name, "value": value, "rounded": r, "effect": effect})
         updates = {"error": info["error"]} if "error" in info else dict(info["updates"][f.name])
         return {"optimizer": info["type"], "constants": constants, "updates": updates}
 
     # --- advice -----------------------------------------------------------------------------------------------
     #: The verdicts of :meth:`verdict`, in the order the rules of :meth:`recommendation` test them.
-    VERDICTS = ("needs per-tensor or block scaling", "keep modules in FP32", "trains as is", "needs a loss scale",
-                "needs FP32 master weights or optimizer")
+    VERDICTS = (
+        "needs per-tensor or block scaling",
+        "keep modules in FP32",
+        "trains as is",
+        "needs a loss scale",
+        "needs FP32 master weights or optimizer",
+    )
 
     def setting(self, fmt) -> str:
         """The setting every verdict for ``fmt`` assumes, in words: autocast (FP32 weights, the optimizer in
@@ -1233,10 +1476,16 @@ class PrecisionReport:
         f = self._fmt(fmt)
         opt = self._optimizer["type"] if self._optimizer is not None else None
         if self.mode == "autocast":
-            return (f"autocast to {f.name}: FP32 weights, the optimizer in FP32"
-                    + (f" ({opt})" if opt else " (none given)") + ", loss scale 1")
-        return (f"every op and the weights in {f.name} (as model.half()), "
-                + (f"optimizer {opt} on {f.name} weights" if opt else "no optimizer given") + ", loss scale 1")
+            return (
+                f"autocast to {f.name}: FP32 weights, the optimizer in FP32"
+                + (f" ({opt})" if opt else " (none given)")
+                + ", loss scale 1"
+            )
+        return (
+            f"every op and the weights in {f.name} (as model.half()), "
+            + (f"optimizer {opt} on {f.name} weights" if opt else "no optimizer given")
+            + ", loss scale 1"
+        )
 
     def verdict(self, fmt, keep: float = 0.999) -> str:
         """The rule of :meth:`recommendation` that applies to ``fmt``, in a few words: one of :attr:`VERDICTS`.
@@ -1314,25 +1563,32 @@ class PrecisionReport:
         if w_over:
             per_tensor = f"{len(w_over)} weight tensor(s) overflow {f.name} (e.g. {w_over[0]})"
         elif math.isfinite(act_kept) and act_kept < keep:
-            per_tensor = (f"only {_pct_below(act_kept, keep)} of the non-zero activations stay non-zero in "
-                          f"{f.name}, fewer than {k}")
+            per_tensor = (
+                f"only {_pct_below(act_kept, keep)} of the non-zero activations stay non-zero in "
+                f"{f.name}, fewer than {k}"
+            )
         elif math.isfinite(w_kept) and w_kept < keep:
-            per_tensor = (f"only {_pct_below(w_kept, keep)} of the non-zero weights stay non-zero in {f.name}, "
-                          f"fewer than {k}")
+            per_tensor = (
+                f"only {_pct_below(w_kept, keep)} of the non-zero weights stay non-zero in {f.name}, fewer than {k}"
+            )
         elif high is not None and low is None:
             per_tensor = f"no loss scale keeps {k} of the non-zero gradients"
         elif low is not None and low > high:
-            per_tensor = (f"keeping {k} of the non-zero gradients needs a loss scale ≥ {_pow2_text(low)}, but the "
-                          f"largest gradient overflows above {_pow2_text(high)}")
+            per_tensor = (
+                f"keeping {k} of the non-zero gradients needs a loss scale ≥ {_pow2_text(low)}, but the "
+                f"largest gradient overflows above {_pow2_text(high)}"
+            )
         scale_ok = low is None or low <= 1.0 <= high
         window = f"[{_pow2_text(low)}, {_pow2_text(high)}]"
         origins = self._forward_origins(f)
-        backward_fault = (first is not None and first[1] == "backward" and scale_ok
-                          and not self.gradients_in(f.name).nonfinite)
+        backward_fault = (
+            first is not None and first[1] == "backward" and scale_ok and not self.gradients_in(f.name).nonfinite
+        )
         forward_fails = first is not None and first[1] == "forward"
         if origins and (forward_fails or per_tensor is None):
-            names = ", ".join(n or "(model)" for n in origins[:4]) + (f" and {len(origins) - 4} more"
-                                                                       if len(origins) > 4 else "")
+            names = ", ".join(n or "(model)" for n in origins[:4]) + (
+                f" and {len(origins) - 4} more" if len(origins) > 4 else ""
+            )
             rec = self._by_name.get(origins[0])
             amax = rec.activation.amax if rec is not None else float("nan")
             inherited = [n for n in self.forward_overflows(f.name, "inherited")]
@@ -1341,36 +1597,47 @@ class PrecisionReport:
             if forward_fails and rec is not None and not _beyond(amax, f):
                 where = f"its {f.name} step turns inf/NaN at {first.describe()}"
             else:
-                where = ("its output reaches" if len(origins) == 1 else
-                         f"the first, {origins[0] or '(model)'}, reaches") + f" {amax:.5g} > {f.name}'s max {f.max:g}"
-            how = ("with autocast disabled around it" if self.mode == "autocast"
-                   else "its weights and its ops in FP32")
+                where = (
+                    "its output reaches" if len(origins) == 1 else f"the first, {origins[0] or '(model)'}, reaches"
+                ) + f" {amax:.5g} > {f.name}'s max {f.max:g}"
+            how = "with autocast disabled around it" if self.mode == "autocast" else "its weights and its ops in FP32"
             verdict = self.VERDICTS[1]
-            text = (f"keep {names} in FP32 ({how}; {where}"
-                    + (f"; {len(inherited)} module(s) after it only inherit the overflow" if inherited else "")
-                    + "); no loss scale cures a forward overflow"
-                    + ("" if scale_ok or per_tensor is not None else
-                       f"; once it is fixed, the gradients need a loss scale in {window}")
-                    + (f"; besides, one scale cannot serve: {per_tensor}" if per_tensor is not None else ""))
+            text = (
+                f"keep {names} in FP32 ({how}; {where}"
+                + (f"; {len(inherited)} module(s) after it only inherit the overflow" if inherited else "")
+                + "); no loss scale cures a forward overflow"
+                + (
+                    ""
+                    if scale_ok or per_tensor is not None
+                    else f"; once it is fixed, the gradients need a loss scale in {window}"
+                )
+                + (f"; besides, one scale cannot serve: {per_tensor}" if per_tensor is not None else "")
+            )
         elif per_tensor is not None:
             verdict, text = self.VERDICTS[0], f"needs per-tensor or block scaling: {per_tensor}"
         elif backward_fault:
             verdict = self.VERDICTS[1]
-            text = (f"keep {first[0] or '(model)'} in FP32: its backward turns inf/NaN in {f.name} at loss scale 1 "
-                    f"({first.describe()}) although every FP32 gradient fits {f.name}")
+            text = (
+                f"keep {first[0] or '(model)'} in FP32: its backward turns inf/NaN in {f.name} at loss scale 1 "
+                f"({first.describe()}) although every FP32 gradient fits {f.name}"
+            )
         elif scale_ok:
             verdict = self.VERDICTS[2]
-            text = ("trains as is: no output overflows and "
-                    + ("the step has no non-zero gradient to scale" if low is None else
-                       f"at loss scale 1 at least {k} of the non-zero gradients stay non-zero and none overflows"))
+            text = "trains as is: no output overflows and " + (
+                "the step has no non-zero gradient to scale"
+                if low is None
+                else f"at loss scale 1 at least {k} of the non-zero gradients stay non-zero and none overflows"
+            )
         else:
             verdict, text = self.VERDICTS[3], f"needs a loss scale in {window}" + self._ends_text(f, keep)
         extra = []
         if self.mode == "all":
             opt = self.optimizer_checks(f.name)
             if opt is None:
-                extra.append(f"not checked: whether the optimizer's constants and its updates survive on {f.name} "
-                             "weights (pass optimizer= to precision_report)")
+                extra.append(
+                    f"not checked: whether the optimizer's constants and its updates survive on {f.name} "
+                    "weights (pass optimizer= to precision_report)"
+                )
             else:
                 vanish = [c["name"] for c in opt["constants"] if c["effect"] == "vanishes"]
                 one = [c["name"] for c in opt["constants"] if c["effect"] == "degenerate"]
@@ -1380,14 +1647,17 @@ class PrecisionReport:
                     extra.append(f"keep the optimizer's arithmetic in FP32 ({'; '.join(why)})")
                 u = opt["updates"]
                 if "share_lost" in u and math.isfinite(u["share_lost"]) and u["share_lost"] > 1 - keep:
-                    extra.append(f"keep FP32 master weights ({_pct(u['share_lost'])} of the step's updates round "
-                                 f"away on {f.name} weights)")
+                    extra.append(
+                        f"keep FP32 master weights ({_pct(u['share_lost'])} of the step's updates round "
+                        f"away on {f.name} weights)"
+                    )
                 elif "error" in u:
-                    extra.append(f"not checked: the optimizer's updates (its step could not run on a copy: "
-                                 f"{u['error']})")
+                    extra.append(
+                        f"not checked: the optimizer's updates (its step could not run on a copy: {u['error']})"
+                    )
             if verdict == self.VERDICTS[2] and any(e.startswith("keep") for e in extra):
                 verdict = self.VERDICTS[4]
-                text = "activations and gradients fit" + text[len("trains as is"):]
+                text = "activations and gradients fit" + text[len("trains as is") :]
         text = "; ".join([text, *extra]) + f" [setting: {self.setting(f.name)}]."
         self._cache[key] = (verdict, text)
         return verdict, text
@@ -1397,12 +1667,17 @@ class PrecisionReport:
         parts = []
         if ends["low"]:
             top = ends["low"][0]
-            parts.append(f"below the low end most lost gradients are in {top['module'] or '(model)'} "
-                         f"({_pct(top['share'])} of them)")
+            parts.append(
+                f"below the low end most lost gradients are in {top['module'] or '(model)'} "
+                f"({_pct(top['share'])} of them)"
+            )
         if ends["high"] is not None:
             h = ends["high"]
-            what = (f"the gradient of {h['output']}" if h["node"] is None
-                    else f"a gradient in {h['module'] or '(model)'} (of {h['node']})")
+            what = (
+                f"the gradient of {h['output']}"
+                if h["node"] is None
+                else f"a gradient in {h['module'] or '(model)'} (of {h['node']})"
+            )
             parts.append(f"the high end is set by {what}, up to {h['amax']:.3g}")
         return (" (" + "; ".join(parts) + ")") if parts else ""
 
@@ -1414,22 +1689,33 @@ class PrecisionReport:
         f = self._fmt(fmt)
         low, high = self.loss_scale_window(f.name, keep)
         first = self.first_nonfinite(f.name)
-        return {"max": f.max, "loss": _json_float(self.runs[f.name].loss),
-                "forward_overflows": self.forward_overflows(f.name),
-                "forward_overflow_origins": self.forward_overflows(f.name, "origins"),
-                "forward_overflows_inherited": self.forward_overflows(f.name, "inherited"),
-                "first_nonfinite": list(first) if first else None,
-                "first_nonfinite_op": ({"op": first.op, "function": first.function, "node": first.node,
-                                        "origin": first.origin} if first is not None and first.op else None),
-                "origins": [{k: o[k] for k in ("pass", "module", "function", "op", "node", "in_amax", "out_amax",
-                                               "fp32_out_amax")} for o in self.origins(f.name)],
-                "inherited": [list(x) for x in self.inherited(f.name)],
-                "loss_scale_window": [_json_float(low), _json_float(high)], "keep": keep,
-                "window_ends": self.window_ends(f.name, keep),
-                "dynamic_scaler": self.dynamic_scaler(f.name, keep=keep),
-                "nonfinite_parameter_gradients": list(self.runs[f.name].nonfinite_parameter_gradients),
-                "optimizer": self.optimizer_checks(f.name), "setting": self.setting(f.name),
-                "verdict": self.verdict(f.name, keep), "recommendation": self.recommendation(f.name, keep)}
+        return {
+            "max": f.max,
+            "loss": _json_float(self.runs[f.name].loss),
+            "forward_overflows": self.forward_overflows(f.name),
+            "forward_overflow_origins": self.forward_overflows(f.name, "origins"),
+            "forward_overflows_inherited": self.forward_overflows(f.name, "inherited"),
+            "first_nonfinite": list(first) if first else None,
+            "first_nonfinite_op": (
+                {"op": first.op, "function": first.function, "node": first.node, "origin": first.origin}
+                if first is not None and first.op
+                else None
+            ),
+            "origins": [
+                {k: o[k] for k in ("pass", "module", "function", "op", "node", "in_amax", "out_amax", "fp32_out_amax")}
+                for o in self.origins(f.name)
+            ],
+            "inherited": [list(x) for x in self.inherited(f.name)],
+            "loss_scale_window": [_json_float(low), _json_float(high)],
+            "keep": keep,
+            "window_ends": self.window_ends(f.name, keep),
+            "dynamic_scaler": self.dynamic_scaler(f.name, keep=keep),
+            "nonfinite_parameter_gradients": list(self.runs[f.name].nonfinite_parameter_gradients),
+            "optimizer": self.optimizer_checks(f.name),
+            "setting": self.setting(f.name),
+            "verdict": self.verdict(f.name, keep),
+            "recommendation": self.recommendation(f.name, keep),
+        }
 
     def _summary_rows(self):
         rows = []
@@ -1445,34 +1731,53 @@ class PrecisionReport:
                 overflows = f"{len(over)}" + (f" (origin: {o})" if origins else "")
             else:
                 overflows = "0"
-            rows.append({"format": name, "max": f"{f.max:.5g}", "loss": _num(self.runs[name].loss),
-                         "overflows": overflows,
-                         "first": first.describe() if first else "none",
-                         "window": f"[{_pow2_text(low)}, {_pow2_text(high)}]"
-                         if low is None or high is None or low <= high else
-                         f"empty ({_pow2_text(low)} > {_pow2_text(high)})",
-                         "scaler": "never clean" if sc["skipped"] is None else
-                         f"{sc['skipped']} skipped → {_pow2_text(sc['scale'])}",
-                         "recommendation": self.recommendation(name)})
+            rows.append(
+                {
+                    "format": name,
+                    "max": f"{f.max:.5g}",
+                    "loss": _num(self.runs[name].loss),
+                    "overflows": overflows,
+                    "first": first.describe() if first else "none",
+                    "window": f"[{_pow2_text(low)}, {_pow2_text(high)}]"
+                    if low is None or high is None or low <= high
+                    else f"empty ({_pow2_text(low)} > {_pow2_text(high)})",
+                    "scaler": "never clean"
+                    if sc["skipped"] is None
+                    else f"{sc['skipped']} skipped → {_pow2_text(sc['scale'])}",
+                    "recommendation": self.recommendation(name),
+                }
+            )
         return rows
 
-    _SUMMARY_HEAD = (("format", "format"), ("max", "max"), ("loss", "loss"),
-                     ("overflows", "modules overflowing in forward"), ("first", "first inf/NaN"),
-                     ("window", "loss-scale window"), ("scaler", "dynamic scaler from 2^16"))
+    _SUMMARY_HEAD = (
+        ("format", "format"),
+        ("max", "max"),
+        ("loss", "loss"),
+        ("overflows", "modules overflowing in forward"),
+        ("first", "first inf/NaN"),
+        ("window", "loss-scale window"),
+        ("scaler", "dynamic scaler from 2^16"),
+    )
 
     def _module_rows(self):
         shares = {name: self.shares(name) for name in self.formats}
         roles = {name: self.overflow_roles(name) for name in self.formats}
         rows = []
         for m in self.modules:
-            r = [m.label, m.type, str(m.calls), _num(m.activation.amax),
-                 _num(m.activation_gradient.amax) if m.activation_gradient.total else "–"]
+            r = [
+                m.label,
+                m.type,
+                str(m.calls),
+                _num(m.activation.amax),
+                _num(m.activation_gradient.amax) if m.activation_gradient.total else "–",
+            ]
             for name in self.formats:
                 s = shares[name][m.name]
                 a, g = s["activation"], s["activation_gradient"]
                 role = roles[name].get(m.name)
                 tag = {"origin": " (origin)", "inherited": " (inherited)", "contains origin": " (contains)"}.get(
-                    role, "")
+                    role, ""
+                )
                 r.append((_pct(a["overflow"]) if a else "–") + tag)
                 r.append(_pct(g["underflow"]) if g else "–")
             rows.append(r)
@@ -1485,8 +1790,10 @@ class PrecisionReport:
         return head
 
     def _title(self) -> str:
-        return (f"Precision report: {self.model_type}, {self.n_parameters:,} parameters, {len(self.modules)} modules "
-                f"recorded; FP32 loss {_num(self.loss)}; formats run as simulate(mode={self.mode!r}), loss scale 1")
+        return (
+            f"Precision report: {self.model_type}, {self.n_parameters:,} parameters, {len(self.modules)} modules "
+            f"recorded; FP32 loss {_num(self.loss)}; formats run as simulate(mode={self.mode!r}), loss scale 1"
+        )
 
     def __str__(self) -> str:
         lines = [self._title(), ""]
@@ -1501,21 +1808,27 @@ class PrecisionReport:
         return "\n".join(lines)
 
     def __repr__(self) -> str:
-        return (f"<PrecisionReport of {self.model_type}: {len(self.modules)} modules, formats {self.formats}, "
-                f"FP32 loss {_num(self.loss)}>")
+        return (
+            f"<PrecisionReport of {self.model_type}: {len(self.modules)} modules, formats {self.formats}, "
+            f"FP32 loss {_num(self.loss)}>"
+        )
 
     def _repr_html_(self) -> str:
         from .figures import table_html
 
         rows = self._summary_rows()
-        summary = table_html([h for _, h in self._SUMMARY_HEAD],
-                             [[html.escape(r[k]) for k, _ in self._SUMMARY_HEAD] for r in rows],
-                             align=["left"] * len(self._SUMMARY_HEAD))
+        summary = table_html(
+            [h for _, h in self._SUMMARY_HEAD],
+            [[html.escape(r[k]) for k, _ in self._SUMMARY_HEAD] for r in rows],
+            align=["left"] * len(self._SUMMARY_HEAD),
+        )
         recs = "".join(f"<li><b>{html.escape(r['format'])}</b>: {html.escape(r['recommendation'])}</li>" for r in rows)
         modules = table_html(self._module_head(), [[html.escape(c) for c in r] for r in self._module_rows()])
-        return (f"<div><p><b>{html.escape(self._title())}</b></p>{summary}<ul>{recs}</ul>"
-                f"<details><summary>Per module, in execution order ({len(self.modules)} modules; shares of all "
-                f"values at loss scale 1)</summary>{modules}</details></div>")
+        return (
+            f"<div><p><b>{html.escape(self._title())}</b></p>{summary}<ul>{recs}</ul>"
+            f"<details><summary>Per module, in execution order ({len(self.modules)} modules; shares of all "
+            f"values at loss scale 1)</summary>{modules}</details></div>"
+        )
 
     def to_dict(self, keep: float = 0.999) -> dict:
         """The report as a JSON-ready dict (``json.dumps(..., allow_nan=False)`` works): provenance, the model,
@@ -1523,6 +1836,7 @@ class PrecisionReport:
         histograms (counts per binade, zeros, non-finite, amax) and the shares of :meth:`shares` per format, and
         the block statistics of every GEMM operand (when measured).  Infinities are written "inf", NaN None.
         """
+
         def clean(obj):
             if isinstance(obj, float):
                 return _json_float(obj)
@@ -1533,21 +1847,46 @@ class PrecisionReport:
             return obj
 
         shares = {name: self.shares(name) for name in self.formats}
-        return clean({
-            "provenance": self.provenance,
-            "model": {"type": self.model_type, "parameters": self.n_parameters, "training": self.training},
-            "mode": self.mode, "loss": self.loss,
-            "formats": {name: self.summary(name, keep) | {"gemms": self.gemm_summary(name)} for name in self.formats},
-            "modules": [{"name": m.name, "type": m.type, "order": m.order, "calls": m.calls,
-                         "activation": _coarse(m.activation), "activation_gradient": _coarse(m.activation_gradient),
-                         "parameters": m.parameters,
-                         "shares": {name: shares[name][m.name] for name in self.formats}} for m in self.modules],
-            "parameters": [{"name": p.name, "module": p.module, "shape": list(p.shape), "dtype": p.dtype,
-                            "requires_grad": p.requires_grad, "aliases": p.aliases, "weight": _coarse(p.weight),
-                            "gradient": _coarse(p.gradient)} for p in self.parameters],
-            "gradients": _coarse(self.gradients), "activations": _coarse(self.activations),
-            "blocks": {b: self.block_operands(b) for b in self.block_formats},
-        })
+        return clean(
+            {
+                "provenance": self.provenance,
+                "model": {"type": self.model_type, "parameters": self.n_parameters, "training": self.training},
+                "mode": self.mode,
+                "loss": self.loss,
+                "formats": {
+                    name: self.summary(name, keep) | {"gemms": self.gemm_summary(name)} for name in self.formats
+                },
+                "modules": [
+                    {
+                        "name": m.name,
+                        "type": m.type,
+                        "order": m.order,
+                        "calls": m.calls,
+                        "activation": _coarse(m.activation),
+                        "activation_gradient": _coarse(m.activation_gradient),
+                        "parameters": m.parameters,
+                        "shares": {name: shares[name][m.name] for name in self.formats},
+                    }
+                    for m in self.modules
+                ],
+                "parameters": [
+                    {
+                        "name": p.name,
+                        "module": p.module,
+                        "shape": list(p.shape),
+                        "dtype": p.dtype,
+                        "requires_grad": p.requires_grad,
+                        "aliases": p.aliases,
+                        "weight": _coarse(p.weight),
+                        "gradient": _coarse(p.gradient),
+                    }
+                    for p in self.parameters
+                ],
+                "gradients": _coarse(self.gradients),
+                "activations": _coarse(self.activations),
+                "blocks": {b: self.block_operands(b) for b in self.block_formats},
+            }
+        )
 
     def plot(self, formats=None, *, loss_scale: float = 1.0, max_modules: int = 80):
         """Modules × log2 magnitude heat maps of activations and activation gradients (× ``loss_scale``), with
@@ -1570,8 +1909,10 @@ def _check_keep(keep) -> float:
 
 def _text_table(head, rows) -> list:
     widths = [max(len(str(h)), *(len(str(r[i])) for r in rows)) if rows else len(str(h)) for i, h in enumerate(head)]
-    line = lambda cells: "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w)  # noqa: E731
-                                   for i, (c, w) in enumerate(zip(cells, widths)))
+
+    def line(cells):
+        return "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
     return [line(head), "  ".join("-" * w for w in widths)] + [line(r) for r in rows]
 
 
@@ -1635,7 +1976,7 @@ def _optimizer_info(optimizer: torch.optim.Optimizer, fmts) -> dict:
             n = int(nzm.sum())
             if n == 0:
                 continue
-            for name in fmts:                                  # the weight stored in the format, w + Δw exact
+            for name in fmts:  # the weight stored in the format, w + Δw exact
                 counts[name]["nonzero"] += n
                 counts[name]["lost"] += int(swamped(w, d, name).sum())
     del pairs

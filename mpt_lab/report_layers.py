@@ -104,16 +104,39 @@ class LayerRanking:
         kept] with errors in the ranking's metric."""
         rows = []
         for n in self.ranking:
-            rows.append([n, self.layers.index(n), self.one[n][self.metric],
-                         self.all_but_one[n][self.metric] if n in self.all_but_one else None, self.score[n],
-                         n in self.keep])
+            rows.append(
+                [
+                    n,
+                    self.layers.index(n),
+                    self.one[n][self.metric],
+                    self.all_but_one[n][self.metric] if n in self.all_but_one else None,
+                    self.score[n],
+                    n in self.keep,
+                ]
+            )
         return rows
 
     def to_dict(self) -> dict:
         """A JSON-ready dict of every attribute."""
-        return {k: getattr(self, k) for k in ("recipe", "layers", "metric", "tolerance", "fp32_loss", "one",
-                                              "all_but_one", "every", "score", "ranking", "keep", "kept", "within",
-                                              "steps")}
+        return {
+            k: getattr(self, k)
+            for k in (
+                "recipe",
+                "layers",
+                "metric",
+                "tolerance",
+                "fp32_loss",
+                "one",
+                "all_but_one",
+                "every",
+                "score",
+                "ranking",
+                "keep",
+                "kept",
+                "within",
+                "steps",
+            )
+        }
 
 
 def _linear_like(m: nn.Module) -> bool:
@@ -121,8 +144,12 @@ def _linear_like(m: nn.Module) -> bool:
     (in, out))."""
     if isinstance(m, nn.Linear):
         return True
-    return (type(m).__name__ == "Conv1D" and hasattr(m, "nf") and isinstance(getattr(m, "weight", None), torch.Tensor)
-            and m.weight.dim() == 2)
+    return (
+        type(m).__name__ == "Conv1D"
+        and hasattr(m, "nf")
+        and isinstance(getattr(m, "weight", None), torch.Tensor)
+        and m.weight.dim() == 2
+    )
 
 
 def _quantizer_class():
@@ -175,13 +202,12 @@ class _Switch(nn.Module):
         self._quantizer = _quantizer_class()
         if isinstance(layer, nn.Linear):
             proxy = layer
-        else:                                          # Conv1D: a Linear view of its parameters
-            proxy = nn.Linear(layer.weight.shape[0], layer.weight.shape[1], bias=layer.bias is not None,
-                              device="meta")
+        else:  # Conv1D: a Linear view of its parameters
+            proxy = nn.Linear(layer.weight.shape[0], layer.weight.shape[1], bias=layer.bias is not None, device="meta")
         self.q = QuantLinear(proxy, name, self._quantizer(recipe, seed=seed, cache=self._cache))
         self.b = QuantLinear(proxy, name, self._quantizer("bf16", seed=seed, cache=self._bf16_cache))
         if not isinstance(layer, nn.Linear):
-            for ql in (self.q, self.b):               # not parameters of their own: the Conv1D's, transposed
+            for ql in (self.q, self.b):  # not parameters of their own: the Conv1D's, transposed
                 del ql.weight
                 del ql.bias
 
@@ -207,9 +233,19 @@ class _Switch(nn.Module):
         return self.layer(x)
 
 
-def keep_wide(model: nn.Module, loss_fn: Callable, batch: Any, recipe: str | TrainingRecipe = "nvfp4", *,
-              tolerance: float = 0.05, metric: str = "gradient", all_but_one: bool = True,
-              skip: Iterable[str] = (), seed: int = 0, progress: bool | None = None) -> LayerRanking:
+def keep_wide(
+    model: nn.Module,
+    loss_fn: Callable,
+    batch: Any,
+    recipe: str | TrainingRecipe = "nvfp4",
+    *,
+    tolerance: float = 0.05,
+    metric: str = "gradient",
+    all_but_one: bool = True,
+    skip: Iterable[str] = (),
+    seed: int = 0,
+    progress: bool | None = None,
+) -> LayerRanking:
     """Rank the Linear layers of ``model`` by what ``recipe`` costs in each, and find the smallest set to keep in
     BF16 so that one training step stays within ``tolerance`` of FP32 (see the module docstring).
 
@@ -285,6 +321,7 @@ def keep_wide(model: nn.Module, loss_fn: Callable, batch: Any, recipe: str | Tra
             def hook(mod, args, out):
                 if name not in order:
                     order.append(name)
+
             return hook
 
         params = [p for p in model.parameters() if p.requires_grad]
@@ -325,8 +362,10 @@ def keep_wide(model: nn.Module, loss_fn: Callable, batch: Any, recipe: str | Tra
                 a = torch.zeros_like(b) if a is None else a
                 b = torch.zeros_like(a) if b is None else b
                 d2 += float(((a.double() - b.double()) ** 2).sum())
-            return {"loss": abs(loss - l0) / abs(l0) if l0 else abs(loss),
-                    "gradient": math.sqrt(d2) / norm0 if norm0 > 0 else math.sqrt(d2)}
+            return {
+                "loss": abs(loss - l0) / abs(l0) if l0 else abs(loss),
+                "gradient": math.sqrt(d2) / norm0 if norm0 > 0 else math.sqrt(d2),
+            }
 
         out = LayerRanking(rec.label, candidates, metric, float(tolerance), l0)
         steps = 1

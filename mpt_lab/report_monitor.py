@@ -142,6 +142,7 @@ class PrecisionMonitor:
                         self._act[name] = a
                     if not math.isfinite(a) and name not in self._act_bad:
                         self._act_bad.append(name)
+
         return hook
 
     def _on_grad(self, name: str):
@@ -152,6 +153,7 @@ class PrecisionMonitor:
             with torch.no_grad():
                 self._grad_amax[name] = float(amax_of(g))
                 self._grad_hist[name] = log2_histogram(g.detach())
+
         return hook
 
     # --- the steps -----------------------------------------------------------------------------------------------
@@ -188,13 +190,20 @@ class PrecisionMonitor:
         nz = (c["normal"] + c["subnormal"] + c["underflow"] + c["overflow"]) if c else 0
         with torch.no_grad():
             bad_weights = [n for n, p in self._params if not bool(torch.isfinite(p.detach()).all())]
-        rec = {"step": len(self.history), "loss": loss, "scale": self._scale,
-               "next_scale": float(self.scaler.get_scale()) if self.scaler is not None else None,
-               "skipped": skipped, "activation_amax": dict(self._act), "nonfinite_activations": list(self._act_bad),
-               "gradient_amax": dict(self._grad_amax), "nonfinite_gradients": bad_grads,
-               "gradient_zero": hist.zeros / hist.total if hist.total else None,
-               "gradient_underflow": c["underflow"] / nz if nz else None,
-               "nonfinite_weights": bad_weights}
+        rec = {
+            "step": len(self.history),
+            "loss": loss,
+            "scale": self._scale,
+            "next_scale": float(self.scaler.get_scale()) if self.scaler is not None else None,
+            "skipped": skipped,
+            "activation_amax": dict(self._act),
+            "nonfinite_activations": list(self._act_bad),
+            "gradient_amax": dict(self._grad_amax),
+            "nonfinite_gradients": bad_grads,
+            "gradient_zero": hist.zeros / hist.total if hist.total else None,
+            "gradient_underflow": c["underflow"] / nz if nz else None,
+            "nonfinite_weights": bad_weights,
+        }
         self.history.append(rec)
         self._reset()
         return rec
@@ -254,20 +263,30 @@ class PrecisionMonitor:
                     pass
                 elif r["nonfinite_activations"]:
                     m = r["nonfinite_activations"][0]
-                    add(st, "forward overflow",
+                    add(
+                        st,
+                        "forward overflow",
                         f"the forward pass holds inf/NaN from {m or '(model)'} on; no loss scale cures a forward "
-                        "overflow, so the scaler skips every such step and halves the scale each time", m)
+                        "overflow, so the scaler skips every such step and halves the scale each time",
+                        m,
+                    )
                 elif s is not None and s < 1:
                     finite = {n: a for n, a in r["gradient_amax"].items() if math.isfinite(a)}
                     top = max(finite, key=finite.get) if finite else None
-                    add(st, "scale below 1",
+                    add(
+                        st,
+                        "scale below 1",
                         f"the loss scale fell below 1 ({s:g}) and gradients still overflow {self.fmt.name}: they "
                         "overflow without any scaling"
-                        + (f" (largest finite gradient {finite[top] / s:.4g} unscaled, at {top})" if top else ""))
+                        + (f" (largest finite gradient {finite[top] / s:.4g} unscaled, at {top})" if top else ""),
+                    )
                 else:
-                    add(st, "gradient overflow",
+                    add(
+                        st,
+                        "gradient overflow",
                         f"a gradient overflowed {self.fmt.name} at the loss scale the step ran at ({s:g} at the first, "
-                        f"at {r['nonfinite_gradients'][0]}); the scaler halves the scale and skips the step")
+                        f"at {r['nonfinite_gradients'][0]}); the scaler halves the scale and skips the step",
+                    )
                 run += 1
                 run_start = r if run == 1 else run_start
                 if run >= 3 and self.scaler is not None:
@@ -275,15 +294,20 @@ class PrecisionMonitor:
                         collapse = {"step": run_start["step"], "finding": "collapse", "key": None}
                         out.append(collapse)
                     collapse["last"] = st
-                    collapse["text"] = (f"{run} skipped steps in a row: the loss scale fell from "
-                                        f"{run_start['scale']:g} to {r['next_scale']:g}")
+                    collapse["text"] = (
+                        f"{run} skipped steps in a row: the loss scale fell from "
+                        f"{run_start['scale']:g} to {r['next_scale']:g}"
+                    )
             else:
                 run = 0
             if r["nonfinite_weights"] and not weights_bad:
                 weights_bad = True
-                add(st, "nonfinite weights",
+                add(
+                    st,
+                    "nonfinite weights",
                     f"after the optimizer step {len(r['nonfinite_weights'])} parameter(s) hold inf/NaN (e.g. "
-                    f"{r['nonfinite_weights'][0]}); every later step is NaN whatever the loss scale")
+                    f"{r['nonfinite_weights'][0]}); every later step is NaN whatever the loss scale",
+                )
                 out += [d | {"last": st, "key": None} for d in self._optimizer_findings(st)]
         for d in out:
             d.pop("key", None)
@@ -304,13 +328,20 @@ class PrecisionMonitor:
             for key in ("eps",):
                 v = g.get(key)
                 if isinstance(v, (int, float)) and v != 0 and F.round_to(float(v), fmt) == 0:
-                    out.append({"step": step, "finding": "optimizer constant",
-                                "text": f"the weights are {fmt} and the optimizer's {key}={v:g} rounds to 0 in {fmt}: "
-                                        "a weight whose second moment underflows is divided by zero (keep the "
-                                        "optimizer's arithmetic and master weights in FP32, or raise eps)"})
+                    out.append(
+                        {
+                            "step": step,
+                            "finding": "optimizer constant",
+                            "text": f"the weights are {fmt} and the optimizer's {key}={v:g} rounds to 0 in {fmt}: "
+                            "a weight whose second moment underflows is divided by zero (keep the "
+                            "optimizer's arithmetic and master weights in FP32, or raise eps)",
+                        }
+                    )
                     return out
         return out
 
     def __repr__(self) -> str:
-        return (f"PrecisionMonitor({self.fmt.name}, {len(self.watch)} modules, {len(self.history)} steps recorded, "
-                f"{'active' if self._handles else 'closed'})")
+        return (
+            f"PrecisionMonitor({self.fmt.name}, {len(self.watch)} modules, {len(self.history)} steps recorded, "
+            f"{'active' if self._handles else 'closed'})"
+        )

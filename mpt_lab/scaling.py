@@ -66,8 +66,15 @@ import torch.distributed as dist
 from . import formats
 from ._torch_internals import foreach_max, foreach_mul_
 
-__all__ = ["GradScaler", "StaticLossScaler", "OptState", "max_gradient_scale", "largest_power_of_two_scale",
-           "update_scale", "found_non_finite"]
+__all__ = [
+    "GradScaler",
+    "StaticLossScaler",
+    "OptState",
+    "max_gradient_scale",
+    "largest_power_of_two_scale",
+    "update_scale",
+    "found_non_finite",
+]
 
 _FIX = "This may indicate your script did not use scaler.scale(loss or outputs) earlier in the iteration."
 _HISTORY_CHUNK = 1024  # device-side history records are packed into one tensor per this many
@@ -76,9 +83,9 @@ _HISTORY_CHUNK = 1024  # device-side history records are packed into one tensor 
 class OptState(enum.Enum):
     """Where one optimizer is in the current iteration (the same three stages as ``torch.amp``)."""
 
-    READY = 0     # nothing done yet since the last update()
+    READY = 0  # nothing done yet since the last update()
     UNSCALED = 1  # unscale_() ran: the gradients are true gradients and found_inf is known
-    STEPPED = 2   # step() ran (or skipped the optimizer); only update() brings it back to READY
+    STEPPED = 2  # step() ran (or skipped the optimizer); only update() brings it back to READY
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -93,8 +100,9 @@ def _real(name: str, value: Any) -> float:
 def _positive_scale(name: str, value: Any) -> float:
     v = _real(name, value)
     if not (v > 0 and 0 < _f32(v) < math.inf):
-        raise ValueError(f"{name} must be a positive number that is finite and nonzero in float32 "
-                         f"(2^-149 .. 3.4e38), got {value!r}")
+        raise ValueError(
+            f"{name} must be a positive number that is finite and nonzero in float32 (2^-149 .. 3.4e38), got {value!r}"
+        )
     return v
 
 
@@ -124,18 +132,27 @@ def _device_type(value: Any) -> str | None:
     if isinstance(value, torch.device):
         return value.type
     if not isinstance(value, str):
-        raise TypeError(f"device must be a str or a torch.device naming a device, such as 'cuda', 'cuda:0' or "
-                        f"'cpu', as torch.amp.GradScaler takes it; got {type(value).__name__}")
+        raise TypeError(
+            f"device must be a str or a torch.device naming a device, such as 'cuda', 'cuda:0' or "
+            f"'cpu', as torch.amp.GradScaler takes it; got {type(value).__name__}"
+        )
     try:
         return torch.device(value).type
     except RuntimeError as err:
-        raise ValueError(f"device must name a device, such as 'cuda', 'cuda:0' or 'cpu'; got {value!r} "
-                         f"({err})") from None
+        raise ValueError(
+            f"device must name a device, such as 'cuda', 'cuda:0' or 'cpu'; got {value!r} ({err})"
+        ) from None
 
 
 #: GradScaler's arguments in torch.amp.GradScaler's order (PyTorch ≥ 2.3: ``device`` first) and defaults.
-_GRAD_SCALER_DEFAULTS = {"device": None, "init_scale": 2.0**16, "growth_factor": 2.0, "backoff_factor": 0.5,
-                         "growth_interval": 2000, "enabled": True}
+_GRAD_SCALER_DEFAULTS = {
+    "device": None,
+    "init_scale": 2.0**16,
+    "growth_factor": 2.0,
+    "backoff_factor": 0.5,
+    "growth_interval": 2000,
+    "enabled": True,
+}
 
 
 def _grad_scaler_arguments(args: tuple, kwargs: dict) -> dict[str, Any]:
@@ -149,13 +166,16 @@ def _grad_scaler_arguments(args: tuple, kwargs: dict) -> dict[str, Any]:
     if args and isinstance(args[0], numbers.Real) and not isinstance(args[0], bool):
         names = names[1:]
     if len(args) > len(names):
-        raise TypeError(f"GradScaler takes at most {len(names)} positional arguments ({', '.join(names)}), "
-                        f"got {len(args)}")
+        raise TypeError(
+            f"GradScaler takes at most {len(names)} positional arguments ({', '.join(names)}), got {len(args)}"
+        )
     bound = dict(zip(names, args))
     for name, value in kwargs.items():
         if name not in _GRAD_SCALER_DEFAULTS:
-            raise TypeError(f"GradScaler got an unexpected keyword argument {name!r}; its arguments are "
-                            f"{', '.join(_GRAD_SCALER_DEFAULTS)}")
+            raise TypeError(
+                f"GradScaler got an unexpected keyword argument {name!r}; its arguments are "
+                f"{', '.join(_GRAD_SCALER_DEFAULTS)}"
+            )
         if name in bound:
             raise TypeError(f"GradScaler got multiple values for argument {name!r}")
         bound[name] = value
@@ -182,19 +202,20 @@ def _f32(x: float) -> float:
         return math.copysign(math.inf, x)
 
 
-def _update_rule(scale: float, tracker: int, found_inf: bool, growth_factor: float,
-                 backoff_factor: float, growth_interval: int) -> tuple[float, int]:
+def _update_rule(
+    scale: float, tracker: int, found_inf: bool, growth_factor: float, backoff_factor: float, growth_interval: int
+) -> tuple[float, int]:
     """One step of dynamic loss scaling: the new (scale, tracker), as torch's ``_amp_update_scale_``.
 
     ``scale`` is a float32 value, ``tracker`` counts consecutive clean steps.  The products are formed in
     float64 (Python floats) and rounded once to float32, as the C++ kernel does (float · double).
     """
-    if found_inf:                                   # rule 1, backoff: this step overflowed
+    if found_inf:  # rule 1, backoff: this step overflowed
         return _f32(scale * backoff_factor), 0
-    tracker += 1                                    # rule 2, count: one more clean step
-    if tracker == growth_interval:                  # rule 3, growth: exactly growth_interval clean steps
+    tracker += 1  # rule 2, count: one more clean step
+    if tracker == growth_interval:  # rule 3, growth: exactly growth_interval clean steps
         grown = _f32(scale * growth_factor)
-        if not math.isfinite(grown):                # rule 4: never grow to infinity (tracker still resets)
+        if not math.isfinite(grown):  # rule 4: never grow to infinity (tracker still resets)
             grown = scale
         return grown, 0
     # A tracker already past the interval (loaded from a checkpoint, or after set_growth_interval) never
@@ -202,8 +223,14 @@ def _update_rule(scale: float, tracker: int, found_inf: bool, growth_factor: flo
     return scale, tracker
 
 
-def update_scale(scale: float, tracker: int, found_inf: bool, growth_factor: float = 2.0,
-                 backoff_factor: float = 0.5, growth_interval: int = 2000) -> tuple[float, int]:
+def update_scale(
+    scale: float,
+    tracker: int,
+    found_inf: bool,
+    growth_factor: float = 2.0,
+    backoff_factor: float = 0.5,
+    growth_interval: int = 2000,
+) -> tuple[float, int]:
     """One update of dynamic loss scaling: torch.amp.GradScaler's rule, as Python numbers.
 
     The rules, applied in :meth:`GradScaler.update` once per iteration (NVIDIA's dynamic loss scaling, the
@@ -251,11 +278,17 @@ def update_scale(scale: float, tracker: int, found_inf: bool, growth_factor: flo
         raise ValueError(f"tracker must be ≥ 0 (a count of clean steps), got {tracker!r}")
     if not isinstance(found_inf, (bool, np.bool_)):
         raise TypeError(f"found_inf must be a bool, got {type(found_inf).__name__}")
-    return _update_rule(scale, int(tracker), bool(found_inf), _growth_factor(growth_factor),
-                        _backoff_factor(backoff_factor), _growth_interval(growth_interval))
+    return _update_rule(
+        scale,
+        int(tracker),
+        bool(found_inf),
+        _growth_factor(growth_factor),
+        _backoff_factor(backoff_factor),
+        _growth_interval(growth_interval),
+    )
 
 
-def max_gradient_scale(amax: float | torch.Tensor, fmt: formats.FormatLike="FP16") -> float:
+def max_gradient_scale(amax: float | torch.Tensor, fmt: formats.FormatLike = "FP16") -> float:
     """The largest power of two S with amax · S ≤ fmt.max: the static loss scale that keeps the largest
     gradient representable.
 
@@ -307,10 +340,12 @@ def largest_power_of_two_scale(amax: float | torch.Tensor, limit: float, limit_n
         raise ValueError(f"amax must be positive (the largest absolute gradient), got {a!r}")
     a_num, a_den = a.as_integer_ratio()
     m_num, m_den = limit.as_integer_ratio()
-    k = formats.floor_log2(m_num * a_den, m_den * a_num)   # amax · 2^k ≤ limit < amax · 2^(k+1)
+    k = formats.floor_log2(m_num * a_den, m_den * a_num)  # amax · 2^k ≤ limit < amax · 2^(k+1)
     if not -1074 <= k <= 1023:
-        raise ValueError(f"amax: S = 2^{k}, the largest power of two with amax · S ≤ {limit_name} {limit!r}, "
-                         "is not representable as a float64")
+        raise ValueError(
+            f"amax: S = 2^{k}, the largest power of two with amax · S ≤ {limit_name} {limit!r}, "
+            "is not representable as a float64"
+        )
     return math.ldexp(1.0, k)
 
 
@@ -340,20 +375,26 @@ def _exact_real(name: str, value: Any):
     return value if isinstance(value, (numbers.Rational, float)) else float(value)
 
 
-def _update_scale(scale: torch.Tensor, growth_tracker: torch.Tensor, found_inf: torch.Tensor,
-                  growth_factor: float, backoff_factor: float, growth_interval: int):
+def _update_scale(
+    scale: torch.Tensor,
+    growth_tracker: torch.Tensor,
+    found_inf: torch.Tensor,
+    growth_factor: float,
+    backoff_factor: float,
+    growth_interval: int,
+):
     """``_update_rule`` as tensor operations, for when only the device knows found_inf; no synchronisation.
 
     ``scale`` is float32, ``growth_tracker`` int32 and ``found_inf`` bool, 0-dim on one device (any
     shape works: the rules apply elementwise).  Returns new (scale, growth_tracker) tensors.
     """
-    counted = growth_tracker + 1                                  # rule 2
-    interval_done = counted == growth_interval                    # rule 3 applies ...
+    counted = growth_tracker + 1  # rule 2
+    interval_done = counted == growth_interval  # rule 3 applies ...
     wide = _wide(scale)
     backed_off = (wide * backoff_factor).float()
     grown = (wide * growth_factor).float()
-    grow = interval_done & torch.isfinite(grown)                  # ... unless rule 4 forbids it
-    new_scale = torch.where(found_inf, backed_off, torch.where(grow, grown, scale))   # rule 1 first
+    grow = interval_done & torch.isfinite(grown)  # ... unless rule 4 forbids it
+    new_scale = torch.where(found_inf, backed_off, torch.where(grow, grown, scale))  # rule 1 first
     new_tracker = torch.where(found_inf | interval_done, 0, counted)
     return new_scale, new_tracker
 
@@ -403,8 +444,11 @@ def _local_shard(grad: torch.Tensor) -> tuple[torch.Tensor, list]:
     dtensor = sys.modules.get("torch.distributed.tensor")
     if dtensor is not None and isinstance(grad, dtensor.DTensor):
         mesh = grad.device_mesh
-        groups = [mesh.get_group(dim) for dim, placement in enumerate(grad.placements)
-                  if not isinstance(placement, dtensor.Replicate)]
+        groups = [
+            mesh.get_group(dim)
+            for dim, placement in enumerate(grad.placements)
+            if not isinstance(placement, dtensor.Replicate)
+        ]
         return grad.to_local(), groups
     return grad, []
 
@@ -438,7 +482,8 @@ class _LossScaler:
     # -- small helpers ------------------------------------------------------------------------------
     def _state(self, optimizer) -> dict[str, Any]:
         return self._per_optimizer_states.setdefault(
-            id(optimizer), {"stage": OptState.READY, "found_inf_per_device": {}})
+            id(optimizer), {"stage": OptState.READY, "found_inf_per_device": {}}
+        )
 
     def _check_scale(self, funcname: str) -> torch.Tensor:
         if self._scale is None:
@@ -519,8 +564,9 @@ class _LossScaler:
         return apply_scale(outputs)
 
     # -- 2. unscale the gradients --------------------------------------------------------------------
-    def _unscale_grads(self, optimizer, inv_scale: torch.Tensor | None,
-                       allow_fp16: bool) -> dict[torch.device, torch.Tensor]:
+    def _unscale_grads(
+        self, optimizer, inv_scale: torch.Tensor | None, allow_fp16: bool
+    ) -> dict[torch.device, torch.Tensor]:
         """Check the optimizer's gradients for inf/NaN and (if ``inv_scale`` is given) multiply them by it.
 
         Returns {device: found_inf}, one 0-dim bool tensor per device holding gradients (torch: float32);
@@ -539,7 +585,8 @@ class _LossScaler:
                     raise ValueError(
                         "Attempting to unscale FP16 gradients.  The optimizer must update FP32 master "
                         "weights (Micikevicius et al. 2018, §3.1): keep the parameters in float32 and "
-                        "run the model in FP16 with torch.autocast, or keep an FP32 copy.")
+                        "run the model in FP16 with torch.autocast, or keep an FP32 copy."
+                    )
                 if grad.is_sparse:
                     if grad.dtype == torch.float16:  # coalescing adds duplicates: check the sums
                         param.grad = grad = grad.coalesce()
@@ -569,7 +616,7 @@ class _LossScaler:
         call this the same number of times, in the same order: it does, because every rank holds a shard of
         every parameter (an empty one included) and walks the optimizer's parameters in the same order.
         """
-        flag = found.to(torch.float32)              # collectives reduce numbers: MAX of 0/1 is "any"
+        flag = found.to(torch.float32)  # collectives reduce numbers: MAX of 0/1 is "any"
         for group in process_groups:
             dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
         return flag > 0
@@ -663,14 +710,19 @@ class _LossScaler:
     def _step_fused(self, optimizer, state, args, kwargs):
         """torch's protocol for optimizers that unscale and skip inside their own (fused) kernel."""
         if "grad_scaler" in inspect.signature(optimizer.step).parameters:
-            raise NotImplementedError("optimizers whose step() takes a grad_scaler= keyword (deprecated in "
-                                      "torch) are not supported; use torch.amp.GradScaler")
+            raise NotImplementedError(
+                "optimizers whose step() takes a grad_scaler= keyword (deprecated in "
+                "torch) are not supported; use torch.amp.GradScaler"
+            )
         if state["stage"] is OptState.READY:  # check only; the optimizer divides by grad_scale itself
             state["found_inf_per_device"] = self._unscale_grads(optimizer, None, allow_fp16=True)
         scale = self._scale
         found_inf = sum(_on(f, scale.device).float() for f in state["found_inf_per_device"].values())
-        optimizer.grad_scale = (getattr(optimizer, "grad_scale", None) if state["stage"] is OptState.UNSCALED
-                                else scale * getattr(optimizer, "grad_scale", 1))
+        optimizer.grad_scale = (
+            getattr(optimizer, "grad_scale", None)
+            if state["stage"] is OptState.UNSCALED
+            else scale * getattr(optimizer, "grad_scale", 1)
+        )
         optimizer.found_inf = found_inf
         retval = optimizer.step(*args, **kwargs)
         state["stage"] = OptState.STEPPED
@@ -681,9 +733,11 @@ class _LossScaler:
     # -- 4. update: the subclasses choose the next scale; these helpers gather found_inf ---------------
     def _found_inf_combined(self) -> torch.Tensor | None:
         """Whether any optimizer, on any device, found an inf/NaN this iteration (None if none was checked)."""
-        found_infs = [_on(found, self._scale.device)
-                      for state in self._per_optimizer_states.values()
-                      for found in state["found_inf_per_device"].values()]
+        found_infs = [
+            _on(found, self._scale.device)
+            for state in self._per_optimizer_states.values()
+            for found in state["found_inf_per_device"].values()
+        ]
         if not found_infs:
             return None
         combined = found_infs[0]
@@ -693,13 +747,17 @@ class _LossScaler:
 
     def _found_inf_host(self) -> bool | None:
         """The combined found_inf as step() read it on the host; None if some check was never read there."""
-        read = [state.get("found_inf_host") for state in self._per_optimizer_states.values()
-                if state["found_inf_per_device"]]
+        read = [
+            state.get("found_inf_host")
+            for state in self._per_optimizer_states.values()
+            if state["found_inf_per_device"]
+        ]
         return None if not read or None in read else any(read)
 
     # -- history ---------------------------------------------------------------------------------------
-    def _record(self, scale: torch.Tensor, scale_host: float | None, found_inf: torch.Tensor | None,
-                found_host: bool | None) -> None:
+    def _record(
+        self, scale: torch.Tensor, scale_host: float | None, found_inf: torch.Tensor | None, found_host: bool | None
+    ) -> None:
         """Append the history record of this iteration without reading the device.
 
         Python numbers when the host knows them; otherwise the device tensors, read back with the others
@@ -720,8 +778,13 @@ class _LossScaler:
         """Pack the pending device records into one (n, 2) device tensor (asynchronous, no sync)."""
         if self._history_pending:
             steps = [r[0] for r in self._history_pending]
-            values = torch.stack((torch.stack([r[1] for r in self._history_pending]),
-                                  torch.stack([r[2] for r in self._history_pending]).float()), dim=1)
+            values = torch.stack(
+                (
+                    torch.stack([r[1] for r in self._history_pending]),
+                    torch.stack([r[2] for r in self._history_pending]).float(),
+                ),
+                dim=1,
+            )
             self._history_chunks.append((steps, values))
             self._history_pending = []
 
@@ -753,8 +816,10 @@ class _LossScaler:
         state = self.__dict__.copy()
         if self._enabled:
             if self._per_optimizer_states:
-                raise RuntimeError(f"A {type(self).__name__} instance may only be pickled at the beginning "
-                                   "of an iteration, or at the end after scaler.update().")
+                raise RuntimeError(
+                    f"A {type(self).__name__} instance may only be pickled at the beginning "
+                    "of an iteration, or at the end after scaler.update()."
+                )
             state["_history_done"] = self.history
             state["_history_pending"], state["_history_chunks"] = [], []
             state["_init_scale"] = self.get_scale()
@@ -850,16 +915,20 @@ class GradScaler(_LossScaler):
         # torch.amp.GradScaler's rule, as torch applies it: only the str "cuda" itself is compared ("cuda:0" and
         # torch.device("cuda") stay enabled without CUDA, and then scale a loss on whatever device it is on).
         if isinstance(device, str) and device == "cuda" and enabled and not torch.cuda.is_available():
-            warnings.warn("GradScaler('cuda') is enabled, but CUDA is not available: disabling it, as "
-                          "torch.amp.GradScaler does.  Use GradScaler('cpu') or GradScaler() to scale a loss "
-                          "on the CPU.", UserWarning, stacklevel=2)
+            warnings.warn(
+                "GradScaler('cuda') is enabled, but CUDA is not available: disabling it, as "
+                "torch.amp.GradScaler does.  Use GradScaler('cpu') or GradScaler() to scale a loss "
+                "on the CPU.",
+                UserWarning,
+                stacklevel=2,
+            )
             enabled = False
         super().__init__(init_scale, enabled)
-        self._device = device            # as given, as torch stores it (its attribute name); None when not given
+        self._device = device  # as given, as torch stores it (its attribute name); None when not given
         self._device_type = device_type  # its type ('cuda', 'cpu', ...), which a tensor new_scale must be on
         self._init_growth_tracker = 0
-        self._host_tracker: int | None = None              # while the host knows S (and the tracker)
-        self._growth_tracker: torch.Tensor | None = None   # 0-dim int32, once only the device knows them
+        self._host_tracker: int | None = None  # while the host knows S (and the tracker)
+        self._growth_tracker: torch.Tensor | None = None  # 0-dim int32, once only the device knows them
 
     def _lazy_init(self, device: torch.device) -> None:
         super()._lazy_init(device)
@@ -868,8 +937,7 @@ class GradScaler(_LossScaler):
     def _leave_host(self) -> None:
         """From now on only the device knows S and the tracker: move the tracker there."""
         if self._host_scale is not None:
-            self._growth_tracker = torch.full((), self._host_tracker, dtype=torch.int32,
-                                              device=self._scale.device)
+            self._growth_tracker = torch.full((), self._host_tracker, dtype=torch.int32, device=self._scale.device)
             self._host_scale = self._host_tracker = self._inv_scale = None
 
     def update(self, new_scale: float | torch.Tensor | None = None) -> None:
@@ -895,26 +963,31 @@ class GradScaler(_LossScaler):
         if not self._enabled:
             return
         scale = self._check_scale("update")
-        scale_host = self._host_scale                 # S of this iteration, if the host knows it
-        found_inf = self._found_inf_combined()        # on the device; None if nothing was checked
-        found_host = self._found_inf_host()           # as step() read it; None if it did not
+        scale_host = self._host_scale  # S of this iteration, if the host knows it
+        found_inf = self._found_inf_combined()  # on the device; None if nothing was checked
+        found_host = self._found_inf_host()  # as step() read it; None if it did not
         if new_scale is not None:
             self._take_new_scale(new_scale, scale)
         elif found_inf is None:
             raise RuntimeError("No inf checks were recorded prior to update.")
         elif scale_host is not None and found_host is not None:
             # The usual case: the rules run on Python numbers; the device sees S only when it changes.
-            new, self._host_tracker = _update_rule(scale_host, self._host_tracker, found_host,
-                                                   self._growth_factor, self._backoff_factor,
-                                                   self._growth_interval)
+            new, self._host_tracker = _update_rule(
+                scale_host,
+                self._host_tracker,
+                found_host,
+                self._growth_factor,
+                self._backoff_factor,
+                self._growth_interval,
+            )
             if new != scale_host:
                 self._set_scale(new, scale.device)
         else:
             # found_inf is known only on the device: the same rules as tensor operations.
             self._leave_host()
             self._scale, self._growth_tracker = _update_scale(
-                scale, self._growth_tracker, found_inf,
-                self._growth_factor, self._backoff_factor, self._growth_interval)
+                scale, self._growth_tracker, found_inf, self._growth_factor, self._backoff_factor, self._growth_interval
+            )
         self._record(scale, scale_host, found_inf, found_host)
         self._per_optimizer_states = {}  # every optimizer is READY for the next iteration
 
@@ -922,8 +995,10 @@ class GradScaler(_LossScaler):
         if isinstance(new_scale, torch.Tensor):
             device_type = self._device_type or scale.device.type  # torch checks against its device argument
             if new_scale.device.type != device_type or new_scale.numel() != 1 or new_scale.requires_grad:
-                raise ValueError("new_scale should be a float or a 1-element FloatTensor on the scaler's "
-                                 f"device type ({device_type}) with requires_grad=False.")
+                raise ValueError(
+                    "new_scale should be a float or a 1-element FloatTensor on the scaler's "
+                    f"device type ({device_type}) with requires_grad=False."
+                )
             self._leave_host()  # its value is on the device
             self._scale = new_scale.detach().reshape(()).to(device=scale.device, dtype=torch.float32, copy=True)
             return
@@ -975,9 +1050,13 @@ class GradScaler(_LossScaler):
         """
         if not self._enabled:
             return {}
-        return {"scale": self.get_scale(), "growth_factor": self._growth_factor,
-                "backoff_factor": self._backoff_factor, "growth_interval": self._growth_interval,
-                "_growth_tracker": self._get_growth_tracker()}
+        return {
+            "scale": self.get_scale(),
+            "growth_factor": self._growth_factor,
+            "backoff_factor": self._backoff_factor,
+            "growth_interval": self._growth_interval,
+            "_growth_tracker": self._get_growth_tracker(),
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a state from :meth:`state_dict` or from ``torch.amp.GradScaler.state_dict()``.
@@ -996,14 +1075,24 @@ class GradScaler(_LossScaler):
         if not self._enabled:
             return
         if len(state_dict) == 0:
-            raise RuntimeError("The source state dict is empty, possibly because it was saved "
-                               "from a disabled instance of GradScaler.")
+            raise RuntimeError(
+                "The source state dict is empty, possibly because it was saved from a disabled instance of GradScaler."
+            )
         # check everything before changing anything
-        values = (_positive_scale("scale", state_dict["scale"]), _growth_factor(state_dict["growth_factor"]),
-                  _backoff_factor(state_dict["backoff_factor"]), _growth_interval(state_dict["growth_interval"]),
-                  int(state_dict["_growth_tracker"]))
-        (self._init_scale, self._growth_factor, self._backoff_factor, self._growth_interval,
-         self._init_growth_tracker) = values
+        values = (
+            _positive_scale("scale", state_dict["scale"]),
+            _growth_factor(state_dict["growth_factor"]),
+            _backoff_factor(state_dict["backoff_factor"]),
+            _growth_interval(state_dict["growth_interval"]),
+            int(state_dict["_growth_tracker"]),
+        )
+        (
+            self._init_scale,
+            self._growth_factor,
+            self._backoff_factor,
+            self._growth_interval,
+            self._init_growth_tracker,
+        ) = values
         if self._scale is not None:  # the host knows S and the tracker again
             self._set_scale(_f32(self._init_scale), self._scale.device)
             self._host_tracker, self._growth_tracker = self._init_growth_tracker, None
@@ -1017,24 +1106,34 @@ class GradScaler(_LossScaler):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         state = {"_device": None, **state}  # pickles from before the device argument
-        if "_device_type" not in state:     # pickles from before device objects and indices were taken
+        if "_device_type" not in state:  # pickles from before device objects and indices were taken
             state["_device_type"] = _device_type(state["_device"])
         super().__setstate__(state)
 
     def __repr__(self) -> str:
-        device = "" if self._device is None else \
-            f"torch.device({str(self._device)!r}), " if isinstance(self._device, torch.device) else f"{self._device!r}, "
+        device = (
+            ""
+            if self._device is None
+            else f"torch.device({str(self._device)!r}), "
+            if isinstance(self._device, torch.device)
+            else f"{self._device!r}, "
+        )
         if not self._enabled:
             return f"GradScaler({device}enabled=False)"
-        return (f"GradScaler({device}init_scale={self._init_scale!r}, growth_factor={self._growth_factor!r}, "
-                f"backoff_factor={self._backoff_factor!r}, growth_interval={self._growth_interval!r})")
+        return (
+            f"GradScaler({device}init_scale={self._init_scale!r}, growth_factor={self._growth_factor!r}, "
+            f"backoff_factor={self._backoff_factor!r}, growth_interval={self._growth_interval!r})"
+        )
 
 
 # help() and inspect.signature show torch.amp.GradScaler's signature (the numeric first form is an alias).
 GradScaler.__init__.__signature__ = inspect.Signature(
     [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
-    + [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default)
-       for name, default in _GRAD_SCALER_DEFAULTS.items()])
+    + [
+        inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default)
+        for name, default in _GRAD_SCALER_DEFAULTS.items()
+    ]
+)
 
 
 class StaticLossScaler(_LossScaler):
@@ -1078,8 +1177,10 @@ class StaticLossScaler(_LossScaler):
         """
         scale = self._check_scale("update")
         if new_scale is not None:
-            raise ValueError("new_scale: a StaticLossScaler's scale is fixed; create a new StaticLossScaler "
-                             "(or use GradScaler) to change it")
+            raise ValueError(
+                "new_scale: a StaticLossScaler's scale is fixed; create a new StaticLossScaler "
+                "(or use GradScaler) to change it"
+            )
         found_inf = self._found_inf_combined()
         if found_inf is None:
             raise RuntimeError("No inf checks were recorded prior to update.")
@@ -1101,8 +1202,9 @@ class StaticLossScaler(_LossScaler):
             No valid "scale".
         """
         if len(state_dict) == 0:
-            raise RuntimeError("The source state dict is empty, possibly because it was saved "
-                               "from a disabled instance of GradScaler.")
+            raise RuntimeError(
+                "The source state dict is empty, possibly because it was saved from a disabled instance of GradScaler."
+            )
         self._init_scale = _positive_scale("scale", state_dict["scale"])
         if self._scale is not None:
             self._set_scale(_f32(self._init_scale), self._scale.device)

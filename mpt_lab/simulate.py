@@ -191,57 +191,198 @@ from .formats import (
     round_tensor,
 )
 
-__all__ = ["simulate", "paused", "to_float32", "round_parameters_", "rounder", "fp16_convolution_probe", "MODES",
-           "LOWER_PRECISION_OPS", "FLOAT32_OPS"]
+__all__ = [
+    "simulate",
+    "paused",
+    "to_float32",
+    "round_parameters_",
+    "rounder",
+    "fp16_convolution_probe",
+    "MODES",
+    "LOWER_PRECISION_OPS",
+    "FLOAT32_OPS",
+]
 
 MODES = ("autocast", "all")
 
 #: ATen ops (overload packets, by name) that autocast runs in the lower-precision dtype (CUDA float16 list,
 #: as the ATen ops that the listed Python functions decompose into, plus their backward kernels).
-LOWER_PRECISION_OPS = frozenset({
-    "mm", "addmm", "bmm", "baddbmm", "addbmm", "addmv", "addr", "mv", "dot", "vdot", "matmul",
-    "linear", "linear_backward", "chain_matmul", "linalg_multi_dot",
-    "convolution", "_convolution", "convolution_backward", "conv_tbc", "conv_tbc_backward",
-    "mkldnn_convolution", "cudnn_convolution", "cudnn_convolution_transpose", "conv_depthwise2d",
-    "_slow_conv2d_forward", "_slow_conv2d_backward", "slow_conv3d_forward", "slow_conv_transpose2d",
-    "slow_conv_transpose3d", "slow_conv_dilated2d", "slow_conv_dilated3d",
-    "_prelu_kernel", "_prelu_kernel_backward",
-    "_thnn_fused_lstm_cell", "_thnn_fused_lstm_cell_backward_impl", "_thnn_fused_gru_cell",
-    "_thnn_fused_gru_cell_backward", "mkldnn_rnn_layer", "mkldnn_rnn_layer_backward",
-    "_scaled_dot_product_attention_math", "_scaled_dot_product_flash_attention",
-    "_scaled_dot_product_flash_attention_backward", "_scaled_dot_product_efficient_attention",
-    "_scaled_dot_product_efficient_attention_backward", "_scaled_dot_product_flash_attention_for_cpu",
-    "_scaled_dot_product_flash_attention_for_cpu_backward", "_scaled_dot_product_fused_attention_overrideable",
-})
+LOWER_PRECISION_OPS = frozenset(
+    {
+        "mm",
+        "addmm",
+        "bmm",
+        "baddbmm",
+        "addbmm",
+        "addmv",
+        "addr",
+        "mv",
+        "dot",
+        "vdot",
+        "matmul",
+        "linear",
+        "linear_backward",
+        "chain_matmul",
+        "linalg_multi_dot",
+        "convolution",
+        "_convolution",
+        "convolution_backward",
+        "conv_tbc",
+        "conv_tbc_backward",
+        "mkldnn_convolution",
+        "cudnn_convolution",
+        "cudnn_convolution_transpose",
+        "conv_depthwise2d",
+        "_slow_conv2d_forward",
+        "_slow_conv2d_backward",
+        "slow_conv3d_forward",
+        "slow_conv_transpose2d",
+        "slow_conv_transpose3d",
+        "slow_conv_dilated2d",
+        "slow_conv_dilated3d",
+        "_prelu_kernel",
+        "_prelu_kernel_backward",
+        "_thnn_fused_lstm_cell",
+        "_thnn_fused_lstm_cell_backward_impl",
+        "_thnn_fused_gru_cell",
+        "_thnn_fused_gru_cell_backward",
+        "mkldnn_rnn_layer",
+        "mkldnn_rnn_layer_backward",
+        "_scaled_dot_product_attention_math",
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_flash_attention_backward",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_efficient_attention_backward",
+        "_scaled_dot_product_flash_attention_for_cpu",
+        "_scaled_dot_product_flash_attention_for_cpu_backward",
+        "_scaled_dot_product_fused_attention_overrideable",
+    }
+)
 
 #: ATen ops that autocast runs in float32 (CUDA "ops that can autocast to float32" list, as ATen ops).
-FLOAT32_OPS = frozenset({
-    "pow", "acos", "asin", "cosh", "sinh", "tan", "erfinv", "exp", "expm1", "log", "log10", "log1p", "log2",
-    "reciprocal", "rsqrt", "softplus", "_softmax", "softmax", "_log_softmax", "log_softmax",
-    "binary_cross_entropy_with_logits", "cosine_embedding_loss", "cross_entropy_loss", "hinge_embedding_loss",
-    "kl_div", "l1_loss", "margin_ranking_loss", "mse_loss", "multilabel_margin_loss_forward",
-    "multi_margin_loss", "nll_loss_forward", "nll_loss2d_forward", "nll_loss_nd", "nll_loss", "nll_loss2d",
-    "poisson_nll_loss", "smooth_l1_loss", "huber_loss", "soft_margin_loss", "triplet_margin_loss",
-    "cdist", "_cdist_forward", "cosine_similarity", "dist", "pdist", "_pdist_forward", "renorm",
-    "native_layer_norm", "layer_norm", "native_group_norm", "group_norm",
-    "norm", "linalg_vector_norm", "frobenius_norm", "nuclear_norm", "sum", "prod", "cumsum", "cumprod",
-})
+FLOAT32_OPS = frozenset(
+    {
+        "pow",
+        "acos",
+        "asin",
+        "cosh",
+        "sinh",
+        "tan",
+        "erfinv",
+        "exp",
+        "expm1",
+        "log",
+        "log10",
+        "log1p",
+        "log2",
+        "reciprocal",
+        "rsqrt",
+        "softplus",
+        "_softmax",
+        "softmax",
+        "_log_softmax",
+        "log_softmax",
+        "binary_cross_entropy_with_logits",
+        "cosine_embedding_loss",
+        "cross_entropy_loss",
+        "hinge_embedding_loss",
+        "kl_div",
+        "l1_loss",
+        "margin_ranking_loss",
+        "mse_loss",
+        "multilabel_margin_loss_forward",
+        "multi_margin_loss",
+        "nll_loss_forward",
+        "nll_loss2d_forward",
+        "nll_loss_nd",
+        "nll_loss",
+        "nll_loss2d",
+        "poisson_nll_loss",
+        "smooth_l1_loss",
+        "huber_loss",
+        "soft_margin_loss",
+        "triplet_margin_loss",
+        "cdist",
+        "_cdist_forward",
+        "cosine_similarity",
+        "dist",
+        "pdist",
+        "_pdist_forward",
+        "renorm",
+        "native_layer_norm",
+        "layer_norm",
+        "native_group_norm",
+        "group_norm",
+        "norm",
+        "linalg_vector_norm",
+        "frobenius_norm",
+        "nuclear_norm",
+        "sum",
+        "prod",
+        "cumsum",
+        "cumprod",
+    }
+)
 
-_BATCH_NORM_OPS = frozenset({
-    "native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_no_training",
-    "_native_batch_norm_legit_functional", "native_batch_norm_backward", "batch_norm_backward",
-    "cudnn_batch_norm", "miopen_batch_norm",
-})
+_BATCH_NORM_OPS = frozenset(
+    {
+        "native_batch_norm",
+        "_native_batch_norm_legit",
+        "_native_batch_norm_legit_no_training",
+        "_native_batch_norm_legit_functional",
+        "native_batch_norm_backward",
+        "batch_norm_backward",
+        "cudnn_batch_norm",
+        "miopen_batch_norm",
+    }
+)
 
 #: Ops that only move, select or fill values: rounding their float32 result is exactly what a real kernel
 #: returns, so they take the float32 path even where a real kernel exists (no conversions).
-_MOVES_VALUES = frozenset({
-    "clone", "copy_", "_to_copy", "cat", "stack", "index_select", "gather", "index", "embedding", "flip", "roll",
-    "repeat", "constant_pad_nd", "where", "masked_fill", "masked_fill_", "fill_", "zero_", "zeros_like",
-    "ones_like", "empty_like", "full_like", "new_zeros", "new_ones", "new_empty", "new_full", "lift_fresh",
-    "lift_fresh_copy", "_local_scalar_dense", "relu", "relu_", "threshold_backward", "sort", "topk", "amax",
-    "amin", "max_pool2d_with_indices", "max_pool3d_with_indices", "slice_scatter", "select_scatter",
-})
+_MOVES_VALUES = frozenset(
+    {
+        "clone",
+        "copy_",
+        "_to_copy",
+        "cat",
+        "stack",
+        "index_select",
+        "gather",
+        "index",
+        "embedding",
+        "flip",
+        "roll",
+        "repeat",
+        "constant_pad_nd",
+        "where",
+        "masked_fill",
+        "masked_fill_",
+        "fill_",
+        "zero_",
+        "zeros_like",
+        "ones_like",
+        "empty_like",
+        "full_like",
+        "new_zeros",
+        "new_ones",
+        "new_empty",
+        "new_full",
+        "lift_fresh",
+        "lift_fresh_copy",
+        "_local_scalar_dense",
+        "relu",
+        "relu_",
+        "threshold_backward",
+        "sort",
+        "topk",
+        "amax",
+        "amin",
+        "max_pool2d_with_indices",
+        "max_pool3d_with_indices",
+        "slice_scatter",
+        "select_scatter",
+    }
+)
 
 #: Formats whose values a torch dtype holds exactly, with real kernels for it (the kernels simulate calls).
 _NATIVE_DTYPES = {get_format("FP16"): torch.float16, get_format("BF16"): torch.bfloat16}
@@ -263,6 +404,7 @@ def _missing_kernel(err: BaseException, dtype) -> bool:
     named = any(word in text for word in _DTYPE_WORDS.get(dtype, ()))
     return named and any(word in text.lower() for word in ("not implemented", "not supported", "unsupported"))
 
+
 # plan kinds
 _VIEW, _LOW, _FP32, _PROMOTE, _BN, _ALL = range(6)
 _NO_KERNEL, _KERNEL_FAILED = object(), object()  # results of simulate._native_call that are no result
@@ -281,6 +423,7 @@ def _rounder_pair(fmt: FloatFormat, rounding: str):
     key = (fmt, rounding)
     pair = _rounders.get(key)
     if pair is None:
+
         def r(t):
             return round_tensor(t, fmt, rounding)
 
@@ -338,9 +481,12 @@ def _plan(func, mode: str):
     else:
         kind = _PROMOTE
     tags = getattr(func, "tags", ())
-    native = (name not in LOWER_PRECISION_OPS and name not in _MOVES_VALUES
-              and torch.Tag.nondeterministic_seeded not in tags   # random: the float32 stream
-              and torch.Tag.inplace_view not in tags)              # squeeze_, t_, resize_: metadata of self
+    native = (
+        name not in LOWER_PRECISION_OPS
+        and name not in _MOVES_VALUES
+        and torch.Tag.nondeterministic_seeded not in tags  # random: the float32 stream
+        and torch.Tag.inplace_view not in tags
+    )  # squeeze_, t_, resize_: metadata of self
     return kind, written, input_index, native
 
 
@@ -392,8 +538,7 @@ class simulate(TorchDispatchMode):
     Source: Micikevicius et al. 2018 §3; PyTorch's autocast op reference (``torch.amp``).
     """
 
-    def __init__(self, fmt="FP16", mode: str = "autocast", *, backward: bool = True,
-                 rounding: str = "nearest_even"):
+    def __init__(self, fmt="FP16", mode: str = "autocast", *, backward: bool = True, rounding: str = "nearest_even"):
         super().__init__()
         if not isinstance(fmt, (FloatFormat, str)):
             raise TypeError(f"fmt must be a FloatFormat or a format name (str), got {type(fmt).__name__}")
@@ -671,7 +816,7 @@ class simulate(TorchDispatchMode):
             out = func(*args, **kwargs)
             src = args[0] if args else None
             if _floating(src) and self._tagged(src):
-                for o in (out if isinstance(out, (tuple, list)) else (out,)):
+                for o in out if isinstance(out, (tuple, list)) else (out,):
                     if isinstance(o, torch.Tensor):
                         self._tag(o)
             return out
@@ -680,8 +825,12 @@ class simulate(TorchDispatchMode):
             self._cast_gradients_of(flat)
         written = [_arg(func, args, kwargs, i) for i in written_idx] if written_idx else ()
         if written:
-            written = [t for w in written for t in (w if isinstance(w, (list, tuple)) else (w,))
-                       if isinstance(t, torch.Tensor) and t.is_floating_point()]
+            written = [
+                t
+                for w in written
+                for t in (w if isinstance(w, (list, tuple)) else (w,))
+                if isinstance(t, torch.Tensor) and t.is_floating_point()
+            ]
         if kind == _ALL or kind == _LOW:
             # tensors that are float32 beside a .half() model (see _stays_float32) are neither rounded nor
             # converted; an op that has only such floating inputs is a float32 op of the real run
@@ -872,14 +1021,16 @@ def _map_tensors(fn, args, kwargs, skip=()):
         if isinstance(a, (list, tuple)) and any(isinstance(x, torch.Tensor) for x in a):
             return type(a)(m(x) for x in a)
         return a
+
     return tuple(m(a) for a in args), {k: m(v) for k, v in kwargs.items()}
 
 
 # ----------------------------------------------------------------------------------------------------------
 # Parameters stored in a format
 # ----------------------------------------------------------------------------------------------------------
-def round_parameters_(model: torch.nn.Module, fmt: FormatLike="FP16", *, buffers: bool = True,
-                      rounding: str = "nearest_even") -> torch.nn.Module:
+def round_parameters_(
+    model: torch.nn.Module, fmt: FormatLike = "FP16", *, buffers: bool = True, rounding: str = "nearest_even"
+) -> torch.nn.Module:
     """Round a model's floating parameters (and buffers) to ``fmt`` in place, keeping their dtype.
 
     Emulates weights *stored* in ``fmt``: ``round_parameters_(model, "FP16")`` is to a float32 model what
@@ -954,7 +1105,7 @@ def fp16_convolution_probe(batch: int = 6, seed: int = 0) -> dict:
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(batch, 4, 7, 7, generator=g).half()
     w = (torch.randn(8, 4, 3, 3, generator=g) * 0.2).half()
-    go = (torch.randn(batch, 8, 7, 7, generator=g) * 2.0 ** -12).half()
+    go = (torch.randn(batch, 8, 7, 7, generator=g) * 2.0**-12).half()
     wh = w.clone().requires_grad_()
     torch.nn.functional.conv2d(x, wh, padding=1).backward(go)
     real = wh.grad.float()
@@ -966,6 +1117,10 @@ def fp16_convolution_probe(batch: int = 6, seed: int = 0) -> dict:
     abs_sum = torch.nn.grad.conv2d_weight(x64.abs(), w.shape, go64.abs(), padding=1)
     low, high = any_order_bounds(exact, abs_sum, go[:, 0].numel())
     k = cpu_kernels()
-    return {"kernels": k.describe(), "convolution": k.fp16_convolution, "values": real.numel(),
-            "differ_from_simulate": int((real != ws.grad).sum()),
-            "outside_fp32_bounds": int(((real.double() < low) | (real.double() > high)).sum())}
+    return {
+        "kernels": k.describe(),
+        "convolution": k.fp16_convolution,
+        "values": real.numel(),
+        "differ_from_simulate": int((real != ws.grad).sum()),
+        "outside_fp32_bounds": int(((real.double() < low) | (real.double() > high)).sum()),
+    }

@@ -44,12 +44,25 @@ from .recipes import LOSS_SCALING, RECIPES, LossScaling
 from .scaling import GradScaler, StaticLossScaler
 from .simulate import simulate, to_float32
 
-__all__ = ["shuffled_batches", "backward_step", "accuracy", "autocast_to", "StaticStep", "CAPTURES", "lr_factor",
-           "RecipeRun", "shift_eps", "collect_arms", "lm_optimizer", "lm_step"]
+__all__ = [
+    "shuffled_batches",
+    "backward_step",
+    "accuracy",
+    "autocast_to",
+    "StaticStep",
+    "CAPTURES",
+    "lr_factor",
+    "RecipeRun",
+    "shift_eps",
+    "collect_arms",
+    "lm_optimizer",
+    "lm_step",
+]
 
 
-def shuffled_batches(n: int, batch_size: int, *, generator: torch.Generator | None = None,
-                     seed: int = 0) -> Iterator[torch.Tensor]:
+def shuffled_batches(
+    n: int, batch_size: int, *, generator: torch.Generator | None = None, seed: int = 0
+) -> Iterator[torch.Tensor]:
     """Endless mini-batches of indices into a data set of ``n`` items, in shuffled epochs.
 
     Each epoch is a fresh ``torch.randperm(n, generator=generator)``; batches are consecutive slices of
@@ -80,10 +93,12 @@ def shuffled_batches(n: int, batch_size: int, *, generator: torch.Generator | No
     while True:
         order = torch.randperm(n, generator=gen)
         for pos in range(0, n - batch_size + 1, batch_size):
-            yield order[pos:pos + batch_size]
+            yield order[pos : pos + batch_size]
 
 
-def backward_step(loss: torch.Tensor, optimizer: torch.optim.Optimizer, scaler: GradScaler | torch.amp.GradScaler | None=None) -> None:
+def backward_step(
+    loss: torch.Tensor, optimizer: torch.optim.Optimizer, scaler: GradScaler | torch.amp.GradScaler | None = None
+) -> None:
     """Backward and optimizer step, through a loss scaler when one is given (scale, step, update).
 
     ``scaler`` is anything with the ``torch.amp.GradScaler`` contract (:class:`mpt_lab.scaling.GradScaler`,
@@ -109,8 +124,7 @@ def accuracy(logits: torch.Tensor, labels: torch.Tensor) -> float:
         ``logits`` is not 2-D or the lengths differ.
     """
     if logits.dim() != 2 or labels.shape != logits.shape[:1]:
-        raise ValueError(f"logits must be [N, C] and labels [N], got {tuple(logits.shape)} and "
-                         f"{tuple(labels.shape)}")
+        raise ValueError(f"logits must be [N, C] and labels [N], got {tuple(logits.shape)} and {tuple(labels.shape)}")
     return float((logits.argmax(1) == labels).float().mean())
 
 
@@ -168,8 +182,9 @@ class StaticStep:
         An unknown ``capture``, "cuda_graph" without CUDA tensors, ``warmup`` < 0 (< 1 for a CUDA graph).
     """
 
-    def __init__(self, model, loss_fn, optimizer, x, y, *, dtype=None, scaler=None, capture: str = "auto",
-                 warmup: int = 3):
+    def __init__(
+        self, model, loss_fn, optimizer, x, y, *, dtype=None, scaler=None, capture: str = "auto", warmup: int = 3
+    ):
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
@@ -241,10 +256,12 @@ def collect_arms(out: dict[str, dict]) -> dict:
     loop}`` (which holds "label", "real_fp16" and "seconds" besides the run's records): ``arms`` (one run per
     recipe), ``labels``, ``real_fp16``, ``train_seconds``."""
     meta = ("label", "real_fp16", "seconds")
-    return {"arms": {a: {k: v for k, v in d.items() if k not in meta} for a, d in out.items()},
-            "labels": {a: d["label"] for a, d in out.items()},
-            "real_fp16": any(d["real_fp16"] for d in out.values()),
-            "train_seconds": {a: d["seconds"] for a, d in out.items()}}
+    return {
+        "arms": {a: {k: v for k, v in d.items() if k not in meta} for a, d in out.items()},
+        "labels": {a: d["label"] for a, d in out.items()},
+        "real_fp16": any(d["real_fp16"] for d in out.values()),
+        "train_seconds": {a: d["seconds"] for a, d in out.items()},
+    }
 
 
 def shift_eps(optimizer: torch.optim.Optimizer, grad_shift: int) -> None:
@@ -255,7 +272,7 @@ def shift_eps(optimizer: torch.optim.Optimizer, grad_shift: int) -> None:
     for group in optimizer.param_groups:
         if "eps" not in group:
             raise ValueError(f"grad_shift needs an optimizer with eps (Adagrad, Adam), got {type(optimizer).__name__}")
-        group["eps"] = group["eps"] * 2.0 ** -grad_shift
+        group["eps"] = group["eps"] * 2.0**-grad_shift
 
 
 class RecipeRun:
@@ -282,9 +299,17 @@ class RecipeRun:
         Unknown ``recipe``, non-positive ``static_scale``, negative ``grad_shift``.
     """
 
-    def __init__(self, recipe: str, device: torch.device | str, *, static_scale: float = 128.0,
-                 init_scale: float = 2.0 ** 16, growth_interval: int = 2000, grad_shift: int = 0,
-                 simulate_on_cpu: bool = True):
+    def __init__(
+        self,
+        recipe: str,
+        device: torch.device | str,
+        *,
+        static_scale: float = 128.0,
+        init_scale: float = 2.0**16,
+        growth_interval: int = 2000,
+        grad_shift: int = 0,
+        simulate_on_cpu: bool = True,
+    ):
         if recipe not in LOSS_SCALING:
             raise ValueError(f"recipe must be one of {LOSS_SCALING}, got {recipe!r}")
         if not static_scale > 0:
@@ -343,7 +368,7 @@ class RecipeRun:
             try:
                 with self._forward_context():
                     loss = forward()
-                shifted = loss * 2.0 ** -self.grad_shift if self.grad_shift else loss
+                shifted = loss * 2.0**-self.grad_shift if self.grad_shift else loss
                 (self.scaler.scale(shifted) if self.scaler is not None else shifted).backward()
             finally:
                 self._sim = None
@@ -355,17 +380,22 @@ class RecipeRun:
         return float(loss.detach()), bool(self.scaler.history[-1][2])
 
 
-def lm_optimizer(model: torch.nn.Module, lr: float, adagrad_init: float,
-                 grad_shift: int = 0) -> torch.optim.Adagrad:
+def lm_optimizer(model: torch.nn.Module, lr: float, adagrad_init: float, grad_shift: int = 0) -> torch.optim.Adagrad:
     """bigLSTM's optimizer, Adagrad (Jozefowicz et al. 2016), made exactly invariant to a gradient shift k: the
     initial accumulator (squared gradients) × 4⁻ᵏ and eps × 2⁻ᵏ (:func:`shift_eps`)."""
-    opt = torch.optim.Adagrad(model.parameters(), lr=lr, initial_accumulator_value=adagrad_init * 4.0 ** -grad_shift)
+    opt = torch.optim.Adagrad(model.parameters(), lr=lr, initial_accumulator_value=adagrad_init * 4.0**-grad_shift)
     shift_eps(opt, grad_shift)
     return opt
 
 
-def lm_step(model: torch.nn.Module, arm: RecipeRun, optimizer: torch.optim.Optimizer, x: torch.Tensor,
-            y: torch.Tensor, state: tuple | None = None) -> tuple[float, bool, tuple]:
+def lm_step(
+    model: torch.nn.Module,
+    arm: RecipeRun,
+    optimizer: torch.optim.Optimizer,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    state: tuple | None = None,
+) -> tuple[float, bool, tuple]:
     """One truncated-BPTT training step of a language model in ``arm``: the mean cross-entropy of predicting
     ``y`` from ``x`` (int64 [T, B]) starting from ``state`` (detached here; None: zeros), backward, update.
 

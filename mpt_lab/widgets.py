@@ -24,8 +24,19 @@ import numpy as np
 from . import formats as F
 from .figures import HTML, table_html  # the book's one table builder (re-exported here)
 
-__all__ = ["HTML", "table_html", "bits_html", "format_table_html", "value_table_html", "BitExplorer", "bit_explorer",
-           "FIELD_COLORS", "ROUNDINGS", "neighbours", "rounding_table"]
+__all__ = [
+    "HTML",
+    "table_html",
+    "bits_html",
+    "format_table_html",
+    "value_table_html",
+    "BitExplorer",
+    "bit_explorer",
+    "FIELD_COLORS",
+    "ROUNDINGS",
+    "neighbours",
+    "rounding_table",
+]
 
 FIELD_COLORS = {"sign": "#f4a6a6", "exponent": "#a6c8f4", "mantissa": "#b9e4b0"}
 
@@ -83,7 +94,7 @@ def _approx_str(q, digits: int = 9) -> str:
         return _exact_str(q)
     try:
         return f"{float(q):.{digits}g}"
-    except OverflowError:                              # beyond float64 (a typed 1e400)
+    except OverflowError:  # beyond float64 (a typed 1e400)
         e = len(str(abs(q.numerator))) - len(str(q.denominator))
         return f"{'-' if q < 0 else ''}≈10^{e}"
 
@@ -151,9 +162,11 @@ def neighbours(fmt: F.FormatLike, code: int) -> tuple:
 
 
 #: The explorer's rounding rows, in bit_explorer.js's order: (label, rounding, saturate).
-ROUNDINGS = (("round to nearest, ties to even", "nearest_even", False),
-             ("round toward zero", "toward_zero", False),
-             ("nearest even, saturating", "nearest_even", True))
+ROUNDINGS = (
+    ("round to nearest, ties to even", "nearest_even", False),
+    ("round toward zero", "toward_zero", False),
+    ("nearest even, saturating", "nearest_even", True),
+)
 
 
 def rounding_table(x: float, fmt: F.FormatLike) -> list:
@@ -198,8 +211,17 @@ def rounding_table(x: float, fmt: F.FormatLike) -> list:
         if finite and math.isfinite(value):
             error = Fraction(value) - xq
             relative = abs(error) / abs(xq) if xq != 0 else None
-        rows.append({"label": label, "rounding": rounding, "saturate": saturate, "code": code, "value": value,
-                     "error": error, "relative": relative})
+        rows.append(
+            {
+                "label": label,
+                "rounding": rounding,
+                "saturate": saturate,
+                "code": code,
+                "value": value,
+                "error": error,
+                "relative": relative,
+            }
+        )
     rows.append(_stochastic_row(x, xq, fmt) if finite else None)
     return rows
 
@@ -212,12 +234,12 @@ def _stochastic_row(x, xq: Fraction, fmt: F.FloatFormat) -> dict:
     row = {"label": "stochastic", "rounding": "stochastic", "down": down, "up": down, "p_up": Fraction(0)}
     if not math.isfinite(dv) or Fraction(dv) == xq:
         return row
-    p = (abs(xq) - abs(Fraction(dv))) / Fraction(F.ulp(dv, fmt))   # the share of the gap covered
-    if p <= 0:                                         # E8M0 below its smallest value: always that value
+    p = (abs(xq) - abs(Fraction(dv))) / Fraction(F.ulp(dv, fmt))  # the share of the gap covered
+    if p <= 0:  # E8M0 below its smallest value: always that value
         return row
     top = 1 << (fmt.bits - 1 if fmt.signed else fmt.bits)
     mag = down & (top - 1)
-    row["up"] = down + 1 if mag + 1 < top else down   # FP6/FP4: beyond max there is only max
+    row["up"] = down + 1 if mag + 1 < top else down  # FP6/FP4: beyond max there is only max
     row["p_up"] = min(p, Fraction(1))
     return row
 
@@ -228,7 +250,9 @@ def _bit_cells(d: F.Decomposition) -> str:
     fields = (["sign"] if f.signed else []) + ["exponent"] * f.exponent_bits + ["mantissa"] * f.mantissa_bits
     cells = "".join(
         f'<td style="background:{FIELD_COLORS[k]};font-family:monospace;font-size:0.85em;padding:0 2px;text-align:center" '
-        f'title="{k}">{b}</td>' for b, k in zip(bits, fields))
+        f'title="{k}">{b}</td>'
+        for b, k in zip(bits, fields)
+    )
     return f'<table style="border-collapse:collapse;display:inline-table"><tr>{cells}</tr></table>'
 
 
@@ -239,18 +263,21 @@ def _formula(d: F.Decomposition) -> str:
     if d.kind == "infinity":
         return f"{sign}∞ (exponent field all ones, mantissa 0)"
     if d.kind == "nan":
-        return ("NaN (exponent field all ones, mantissa ≠ 0)" if f.nan == "ieee"
-                else "NaN (exponent and mantissa fields all ones: the format's only NaN)")
+        return (
+            "NaN (exponent field all ones, mantissa ≠ 0)"
+            if f.nan == "ieee"
+            else "NaN (exponent and mantissa fields all ones: the format's only NaN)"
+        )
     lead = "1" if d.kind == "normal" else "0"
     mant = format(d.mantissa, f"0{f.mantissa_bits}b") if f.mantissa_bits else ""
     sig = f"{lead}.{mant}₂" if mant else f"{lead}₂"
     signed = f"{'−' if d.sign else ''}{sig}" if f.signed else sig
     if d.kind == "normal":
         return f"{signed} × 2^({d.exponent} − {f.bias}) = {signed} × 2^{d.unbiased_exponent} = {_fmt_num(d.value)}"
-    return (f"{signed} × 2^{f.emin} = {_fmt_num(d.value)} ({d.kind}: exponent = emin = 1 − bias = {f.emin})")
+    return f"{signed} × 2^{f.emin} = {_fmt_num(d.value)} ({d.kind}: exponent = emin = 1 − bias = {f.emin})"
 
 
-def bits_html(x: float, fmt: F.FormatLike="FP32") -> HTML:
+def bits_html(x: float, fmt: F.FormatLike = "FP32") -> HTML:
     """One value's stored bits in ``fmt``, coloured by field, with kind and formula (HTML).
 
     Parameters
@@ -267,8 +294,10 @@ def bits_html(x: float, fmt: F.FormatLike="FP32") -> HTML:
         raise TypeError(f"x must be a real number, got {type(x).__name__}")
     fmt = F.get_format(fmt)
     d = F.decompose(float(x), fmt)
-    return HTML(f'<div style="margin:4px 0"><b>{fmt.name}</b> {_bit_cells(d)} '
-                f'<span style="margin-left:8px">{d.kind}: {html.escape(_formula(d))}</span></div>')
+    return HTML(
+        f'<div style="margin:4px 0"><b>{fmt.name}</b> {_bit_cells(d)} '
+        f'<span style="margin-left:8px">{d.kind}: {html.escape(_formula(d))}</span></div>'
+    )
 
 
 def format_table_html(formats: Sequence = tuple(F.FORMATS)) -> HTML:
@@ -278,16 +307,40 @@ def format_table_html(formats: Sequence = tuple(F.FORMATS)) -> HTML:
     smallest subnormal, epsilon) are written one way throughout, 2^k with the decimal value in parentheses; the
     largest value in decimal (and as 2^k where it is one, E8M0).
     """
-    header = ["format", "bits", "exponent bits", "mantissa bits", "bias", "max", "smallest normal",
-              "smallest subnormal", "epsilon", "decimal digits", "inf", "NaN"]
+    header = [
+        "format",
+        "bits",
+        "exponent bits",
+        "mantissa bits",
+        "bias",
+        "max",
+        "smallest normal",
+        "smallest subnormal",
+        "epsilon",
+        "decimal digits",
+        "inf",
+        "NaN",
+    ]
     rows = []
     for f in formats:
         f = F.get_format(f)
         s = f.summary()
-        rows.append([f.name, s["bits"], s["exponent"], s["mantissa"], s["bias"], _max_cell(s["max"]),
-                     _pow2_cell(s["smallest normal"]), _pow2_cell(s["smallest subnormal"]),
-                     _pow2_cell(s["epsilon"]), f"{s['decimal digits']:.2f}", "yes" if f.infinities else "no",
-                     _nan_codes(f)])
+        rows.append(
+            [
+                f.name,
+                s["bits"],
+                s["exponent"],
+                s["mantissa"],
+                s["bias"],
+                _max_cell(s["max"]),
+                _pow2_cell(s["smallest normal"]),
+                _pow2_cell(s["smallest subnormal"]),
+                _pow2_cell(s["epsilon"]),
+                f"{s['decimal digits']:.2f}",
+                "yes" if f.infinities else "no",
+                _nan_codes(f),
+            ]
+        )
     return table_html(header, rows)
 
 
@@ -313,15 +366,20 @@ def _nan_codes(f: F.FloatFormat) -> str:
     signs = 2 if f.signed else 1
     if f.nan == "none":
         return "none"
-    if f.nan == "single":   # the all-ones code, once per sign
+    if f.nan == "single":  # the all-ones code, once per sign
         return f"{signs} ({'±' if signs == 2 else ''}all ones)"
-    n = signs * ((1 << f.mantissa_bits) - 1)   # IEEE: exponent all ones, mantissa ≠ 0
-    return f"{n:,} (IEEE: exponent all ones, mantissa ≠ 0)" if n < 1e6 else \
-        f"2^{f.mantissa_bits + signs - 1} − {signs} (IEEE: exponent all ones, mantissa ≠ 0)"
+    n = signs * ((1 << f.mantissa_bits) - 1)  # IEEE: exponent all ones, mantissa ≠ 0
+    return (
+        f"{n:,} (IEEE: exponent all ones, mantissa ≠ 0)"
+        if n < 1e6
+        else f"2^{f.mantissa_bits + signs - 1} − {signs} (IEEE: exponent all ones, mantissa ≠ 0)"
+    )
 
 
-def value_table_html(values: Sequence[float], formats: Sequence = ("FP32", "BF16", "FP16", "FP8_E4M3", "FP8_E5M2"),
-                     ) -> HTML:
+def value_table_html(
+    values: Sequence[float],
+    formats: Sequence = ("FP32", "BF16", "FP16", "FP8_E4M3", "FP8_E5M2"),
+) -> HTML:
     """Each value stored in each format: bits (coloured), stored value and relative error (HTML).
 
     This is the static version of the bit explorer for readers of the rendered book.
@@ -335,8 +393,9 @@ def value_table_html(values: Sequence[float], formats: Sequence = ("FP32", "BF16
             if math.isfinite(d.value) and v != 0:
                 err = f"{abs(d.value - v) / abs(v):.2e}"
             rows.append([_fmt_num(float(v)), f.name, _bit_cells(d), d.kind, _fmt_num(d.value), err])
-    return table_html(["x", "format", "bits (sign | exponent | mantissa)", "kind", "stored value", "relative error"],
-                  rows)
+    return table_html(
+        ["x", "format", "bits (sign | exponent | mantissa)", "kind", "stored value", "relative error"], rows
+    )
 
 
 class BitExplorer:
@@ -376,8 +435,9 @@ class BitExplorer:
     rendered book's JavaScript explorer (``book/_static/bit_explorer.js``).
     """
 
-    def __init__(self, fmt="FP16", value: float = -314.625, compare: Sequence = ("FP32", "BF16", "FP16",
-                                                                                   "FP8_E4M3", "FP8_E5M2")):
+    def __init__(
+        self, fmt="FP16", value: float = -314.625, compare: Sequence = ("FP32", "BF16", "FP16", "FP8_E4M3", "FP8_E5M2")
+    ):
         import ipywidgets as W
 
         self.fmt = F.get_format(fmt)
@@ -388,19 +448,24 @@ class BitExplorer:
         self.typed = 0.0
         self.typed_exact: Fraction | float = Fraction(0)
         self.format_box = W.Dropdown(options=list(F.FORMATS), value=self.fmt.name, description="format")
-        self.value_box = W.Text(value=repr(float(value)), description="value", continuous_update=False,
-                                tooltip="a value (-314.625, 1e-7, 1/3, 0x1.8p3, inf, nan) or a code (0x3C00, 0b…)")
+        self.value_box = W.Text(
+            value=repr(float(value)),
+            description="value",
+            continuous_update=False,
+            tooltip="a value (-314.625, 1e-7, 1/3, 0x1.8p3, inf, nan) or a code (0x3C00, 0b…)",
+        )
         self.out = W.HTML()
-        self.details = W.HTML()     # neighbours and ulp
-        self.rounding = W.HTML()    # how the typed value rounds
+        self.details = W.HTML()  # neighbours and ulp
+        self.rounding = W.HTML()  # how the typed value rounds
         self.table = W.HTML()
         self.bit_row = W.HBox(layout=W.Layout(flex_flow="row wrap"))
         self.format_box.observe(self._on_format, names="value")
         self.value_box.observe(self._on_text, names="value")
         self._build_bits()
         self.set_value(float(value))
-        self.widget = W.VBox([W.HBox([self.format_box, self.value_box]), self.bit_row, self.out, self.details,
-                              self.rounding, self.table])
+        self.widget = W.VBox(
+            [W.HBox([self.format_box, self.value_box]), self.bit_row, self.out, self.details, self.rounding, self.table]
+        )
         self.widget.add_class("mpt-bit-explorer-widget")
 
     # --- state changes (called by the widgets, callable directly) -------------------------------------------
@@ -494,8 +559,11 @@ class BitExplorer:
         self.buttons = []
         for i, k in enumerate(kinds):
             # Button honours style.button_color in ipywidgets 8 (ToggleButton does not: its bits were grey)
-            b = W.Button(description="0", tooltip=f"bit {f.bits - 1 - i}: {k} (click to flip)",
-                         layout=W.Layout(width="30px", padding="0", margin="0 1px 1px 0"))
+            b = W.Button(
+                description="0",
+                tooltip=f"bit {f.bits - 1 - i}: {k} (click to flip)",
+                layout=W.Layout(width="30px", padding="0", margin="0 1px 1px 0"),
+            )
             b.style.button_color = FIELD_COLORS[k]
             b.add_class(f"mpt-bit-{i}")
             b.add_class(f"mpt-bit-{k}")
@@ -517,8 +585,10 @@ class BitExplorer:
                 self._updating = False
         d = self.decomposition
         exact = "" if not math.isfinite(d.value) else f" · exact <code>{format(Decimal(d.value), 'f')}</code>"
-        self.out.value = (f"<div>code <code>0x{code:0{(self.fmt.bits + 3) // 4}X}</code> · {d.kind} · "
-                          f"{html.escape(_formula(d))}{exact}</div>")
+        self.out.value = (
+            f"<div>code <code>0x{code:0{(self.fmt.bits + 3) // 4}X}</code> · {d.kind} · "
+            f"{html.escape(_formula(d))}{exact}</div>"
+        )
         self.details.value = self._details_html()
         self.rounding.value = self._rounding_html()
         comparable = [f for f in self.compare if not (math.isnan(self.typed) and f.nan == "none")]
@@ -536,11 +606,9 @@ class BitExplorer:
             nb = "–"
         else:
             top = "+∞ (overflow)" if f.infinities else "none: this is the largest value"
-            nb = (f"below: {'none' if below is None else shown(below)}"
-                  f" · above: {top if above is None else shown(above)}")
+            nb = f"below: {'none' if below is None else shown(below)} · above: {top if above is None else shown(above)}"
         ulp = self.ulp
-        return (f"<div>neighbours: {nb}</div>"
-                f"<div>ulp: {'–' if ulp is None else _exact_html(ulp)}</div>")
+        return f"<div>neighbours: {nb}</div><div>ulp: {'–' if ulp is None else _exact_html(ulp)}</div>"
 
     def _rounding_html(self) -> str:
         """The rounding table: the JavaScript explorer's three rows, then stochastic rounding."""
@@ -554,22 +622,32 @@ class BitExplorer:
                 down, up, p = r["down"], r["up"], r["p_up"]
                 dv, uv = float(F.decode(down, f)), float(F.decode(up, f))
                 if p == 0 or down == up:
-                    rows.append([r["label"], f"<code>{_code_hex(f, down)}</code>", _exact_html(dv),
-                                 "always this value"])
+                    rows.append(
+                        [r["label"], f"<code>{_code_hex(f, down)}</code>", _exact_html(dv), "always this value"]
+                    )
                 else:
-                    rows.append([r["label"], f"<code>{_code_hex(f, down)}</code> or <code>{_code_hex(f, up)}</code>",
-                                 f"{_exact_html(dv)} or {_exact_html(uv)}",
-                                 f"with probability {_approx_str(1 - p, 6)} or {_approx_str(p, 6)}: the second "
-                                 f"with the share of the gap already covered, {html.escape(_exact_str(p))} "
-                                 "(unbiased on average)"])
+                    rows.append(
+                        [
+                            r["label"],
+                            f"<code>{_code_hex(f, down)}</code> or <code>{_code_hex(f, up)}</code>",
+                            f"{_exact_html(dv)} or {_exact_html(uv)}",
+                            f"with probability {_approx_str(1 - p, 6)} or {_approx_str(p, 6)}: the second "
+                            f"with the share of the gap already covered, {html.escape(_exact_str(p))} "
+                            "(unbiased on average)",
+                        ]
+                    )
             else:
                 err = "–" if r["error"] is None else _exact_html(r["error"])
                 if r["error"] and r["relative"] is not None:
                     err += f' <span class="mpt-be-approx">(relative ≈ {_approx_str(r["relative"], 3)})</span>'
                 rows.append([r["label"], f"<code>{_code_hex(f, r['code'])}</code>", _exact_html(r["value"]), err])
-        return (f"<div>x = {_exact_html(self.typed_exact)} rounded to {f.name}:</div>"
-                + str(table_html(["rounding", "code", "stored value", "error (stored − x)"], rows,
-                                 align=["left", "left", "right", "left"])))
+        return f"<div>x = {_exact_html(self.typed_exact)} rounded to {f.name}:</div>" + str(
+            table_html(
+                ["rounding", "code", "stored value", "error (stored − x)"],
+                rows,
+                align=["left", "left", "right", "left"],
+            )
+        )
 
     def _on_text(self, change):
         if self._updating:
@@ -582,15 +660,14 @@ class BitExplorer:
             else:
                 self.set_value(v)
         except (ValueError, ZeroDivisionError, OverflowError) as e:
-            self.out.value = (f"<div style='color:#b00'>not a number: {html.escape(text)} "
-                              f"({html.escape(str(e))})</div>")
+            self.out.value = f"<div style='color:#b00'>not a number: {html.escape(text)} ({html.escape(str(e))})</div>"
 
     def _on_format(self, change):
         if not self._updating:
             self.set_format(change["new"])
 
 
-_MAX_DECIMAL_EXPONENT = 5000   # |e| of a typed 1e±N, as bit_explorer.js (beyond it the input is refused)
+_MAX_DECIMAL_EXPONENT = 5000  # |e| of a typed 1e±N, as bit_explorer.js (beyond it the input is refused)
 
 
 def _parse_text(text: str):
@@ -611,7 +688,7 @@ def _parse_text(text: str):
         x = _decimal(num) / _decimal(den)
     else:
         x = _decimal(t)
-    if x == 0 and t.count("-") % 2:                    # −0 (and −0/5): a negative zero, as the JS explorer
+    if x == 0 and t.count("-") % 2:  # −0 (and −0/5): a negative zero, as the JS explorer
         return "value", -0.0
     return "value", x
 
@@ -648,6 +725,6 @@ def _to_float(x) -> float:
         return math.inf if x > 0 else -math.inf
 
 
-def bit_explorer(fmt: F.FormatLike="FP16", value: float = -314.625) -> object:
+def bit_explorer(fmt: F.FormatLike = "FP16", value: float = -314.625) -> object:
     """Build a :class:`BitExplorer` and return its widget for display in Jupyter."""
     return BitExplorer(fmt, value).widget

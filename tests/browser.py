@@ -30,9 +30,17 @@ ROOT = Path(__file__).resolve().parents[1]
 SCREENSHOTS = ROOT / "_build" / "screenshots"
 
 CHROMIUM_PATHS = ("/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome")
-LAUNCH_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-               "--disable-background-networking", "--disable-component-update", "--disable-sync",
-               "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE localhost, EXCLUDE 127.0.0.1"]
+LAUNCH_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE localhost, EXCLUDE 127.0.0.1",
+]
 LOCAL_SCHEMES = ("file", "data", "blob", "about", "chrome-error")
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
 
@@ -53,8 +61,11 @@ def skip_reason() -> str | None:
     except ImportError:
         return "the playwright package is not installed (pip install -r requirements.txt)"
     if find_chromium() is None:
-        return ("no Chromium found at " + ", ".join(CHROMIUM_PATHS) +
-                " (apt-get install chromium; .ci/run does it) or $MPT_LAB_CHROMIUM")
+        return (
+            "no Chromium found at "
+            + ", ".join(CHROMIUM_PATHS)
+            + " (apt-get install chromium; .ci/run does it) or $MPT_LAB_CHROMIUM"
+        )
     return None
 
 
@@ -103,8 +114,11 @@ class OfflineBrowser:
         page.on("pageerror", lambda e: self.console.append(f"pageerror: {e}"))
 
     def new_page(self, width: int = 1200, height: int = 900):
-        page = self.context.pages[0] if self.context.pages and self.context.pages[0].url == "about:blank" \
+        page = (
+            self.context.pages[0]
+            if self.context.pages and self.context.pages[0].url == "about:blank"
             else self.context.new_page()
+        )
         page.set_viewport_size({"width": width, "height": height})
         return page
 
@@ -133,8 +147,13 @@ def offline_browser(timeout_ms: int = 30_000):
     try:
         with sync_playwright() as pw:
             ctx = pw.chromium.launch_persistent_context(
-                profile, executable_path=find_chromium(), headless=True, args=LAUNCH_ARGS,
-                service_workers="block", timeout=timeout_ms)
+                profile,
+                executable_path=find_chromium(),
+                headless=True,
+                args=LAUNCH_ARGS,
+                service_workers="block",
+                timeout=timeout_ms,
+            )
             ctx.set_default_timeout(timeout_ms)
             try:
                 ob = OfflineBrowser(ctx)

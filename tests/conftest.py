@@ -64,9 +64,9 @@ class BuiltBook:
     returncode: int
     log: str
     seconds: float
-    html: Path                 # _build/html
-    executed: Path             # _build/jupyter_execute: the notebooks as executed by the build
-    notebook_seconds: dict     # notebook stem → execution time reported by the build (s)
+    html: Path  # _build/html
+    executed: Path  # _build/jupyter_execute: the notebooks as executed by the build
+    notebook_seconds: dict  # notebook stem → execution time reported by the build (s)
 
     def page(self, rel: str) -> str:
         return (self.html / rel).read_text()
@@ -83,8 +83,12 @@ def book(tmp_path_factory) -> BuiltBook:
     res = subprocess.run(cmd, capture_output=True, text=True, env=subprocess_env(), timeout=3600)
     seconds = time.perf_counter() - t0
     log = res.stdout + res.stderr
-    times = {Path(m.group(1)).stem: float(m.group(2))
-             for m in re.finditer(r"(\S+\.ipynb): Executed notebook in ([0-9.]+) seconds", log)}
-    print(f"\n[book] built in {seconds:.0f} s; notebooks: "
-          + ", ".join(f"{k[:2]} {v:.0f} s" for k, v in sorted(times.items())))
+    times = {
+        Path(m.group(1)).stem: float(m.group(2))
+        for m in re.finditer(r"(\S+\.ipynb): Executed notebook in ([0-9.]+) seconds", log)
+    }
+    print(
+        f"\n[book] built in {seconds:.0f} s; notebooks: "
+        + ", ".join(f"{k[:2]} {v:.0f} s" for k, v in sorted(times.items()))
+    )
     return BuiltBook(res.returncode, log, seconds, out / "_build" / "html", out / "_build" / "jupyter_execute", times)

@@ -112,8 +112,9 @@ class Oracle:
         return self.round(exact)
 
 
-def oracle_dot(a, b, accumulator, products=None, order="sequential", block_size=None, compensated=False,
-               rounding="nearest_even") -> float:
+def oracle_dot(
+    a, b, accumulator, products=None, order="sequential", block_size=None, compensated=False, rounding="nearest_even"
+) -> float:
     """One dot product of two 1-D float64 arrays, written from the docstring's definitions."""
     A = Oracle(accumulator, rounding)
     P = Oracle(products or accumulator)
@@ -130,7 +131,7 @@ def oracle_dot(a, b, accumulator, products=None, order="sequential", block_size=
         total, T = 0.0, Oracle(FP32)
         for k0 in range(0, len(p), block_size):
             s = 0.0
-            for x in p[k0:k0 + block_size]:
+            for x in p[k0 : k0 + block_size]:
                 s = A.add(s, x)
             total = T.add(total, s)
         return total
@@ -180,16 +181,16 @@ def _random(rng, shape, scale_bits=6, dtype=np.float32):
 # ----------------------------------------------------------------------------------------------------------
 def test_oracle_known_cases():
     h = Oracle(FP16)
-    assert h.add(1.0, 2.0 ** -11) == 1.0                        # tie to even
-    assert h.add(1.0 + 2 ** -10, 2.0 ** -11) == 1.0 + 2 ** -9   # tie to even (up)
-    assert h.add(65504.0, 15.0) == 65504.0                      # below the overflow threshold 65520
-    assert h.add(65504.0, 16.0) == math.inf                     # at the threshold: a tie, to even 2**16: inf
+    assert h.add(1.0, 2.0**-11) == 1.0  # tie to even
+    assert h.add(1.0 + 2**-10, 2.0**-11) == 1.0 + 2**-9  # tie to even (up)
+    assert h.add(65504.0, 15.0) == 65504.0  # below the overflow threshold 65520
+    assert h.add(65504.0, 16.0) == math.inf  # at the threshold: a tie, to even 2**16: inf
     assert Oracle(FP16, "toward_zero").add(65504.0, 32.0) == 65504.0
-    assert h.add(2.0 ** -24, 2.0 ** -25) == 2.0 ** -23          # subnormal tie to even
+    assert h.add(2.0**-24, 2.0**-25) == 2.0**-23  # subnormal tie to even
     assert math.copysign(1, h.add(-0.0, -0.0)) < 0 and math.copysign(1, h.add(1.0, -1.0)) > 0
     assert math.isnan(h.add(math.inf, -math.inf)) and math.isnan(h.mul(math.inf, 0.0))
     assert Oracle(BF16).add(256.0, 1.0) == 256.0
-    assert math.isnan(Oracle(FP8_E4M3).mul(30.0, 30.0))          # E4M3: overflow is NaN
+    assert math.isnan(Oracle(FP8_E4M3).mul(30.0, 30.0))  # E4M3: overflow is NaN
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -249,9 +250,14 @@ def test_input_dtypes_take_every_product_path(dtype):
 # Edge cases
 # ----------------------------------------------------------------------------------------------------------
 def test_fp16_overflow_to_infinity_and_nan():
-    a = np.array([[60000.0, 6000.0, 1.0, -30000.0],       # 66000 → overflow, stays inf
-                  [60000.0, 5504.0, -2.0, 1.0],            # exactly 65504 = max: no overflow
-                  [60000.0, 6000.0, -60000.0, 1.0]], dtype=np.float32)
+    a = np.array(
+        [
+            [60000.0, 6000.0, 1.0, -30000.0],  # 66000 → overflow, stays inf
+            [60000.0, 5504.0, -2.0, 1.0],  # exactly 65504 = max: no overflow
+            [60000.0, 6000.0, -60000.0, 1.0],
+        ],
+        dtype=np.float32,
+    )
     b = np.ones((3, 4), dtype=np.float32)
     got = check(a, b, accumulator="FP16")
     assert got[0] == np.inf and got[1] == 65504.0 and got[2] == np.inf
@@ -268,13 +274,13 @@ def test_fp16_overflow_to_infinity_and_nan():
 def test_subnormal_partial_sums():
     # FP16 subnormals: multiples of 2**-24 below 2**-14; BF16 subnormals: multiples of 2**-133 below 2**-126
     rng = np.random.default_rng(5)
-    a = (rng.integers(-40, 41, (6, 20)) * 2.0 ** -26).astype(np.float32)
+    a = (rng.integers(-40, 41, (6, 20)) * 2.0**-26).astype(np.float32)
     b = np.ones((6, 20), dtype=np.float32)
     got = check(a, b, accumulator="FP16")
-    assert np.all(np.abs(got) < 2.0 ** -14)
+    assert np.all(np.abs(got) < 2.0**-14)
     check(a, b, accumulator="FP16", order="pairwise")
     check(a, b, accumulator="FP16", compensated=True)
-    tiny = (rng.integers(-40, 41, (6, 20)) * 2.0 ** -135).astype(np.float32)
+    tiny = (rng.integers(-40, 41, (6, 20)) * 2.0**-135).astype(np.float32)
     check(tiny, b, accumulator="BF16")
     check(tiny, b, accumulator="BF16", order="pairwise")
     check(tiny, b, accumulator="FP32", products="BF16")
@@ -282,24 +288,24 @@ def test_subnormal_partial_sums():
 
 def test_ties_round_to_even_and_the_double_rounding_traps():
     # FP16 accumulator, FP16 products: 1 + 2**-11 is halfway between 1 and 1 + 2**-10
-    a = np.array([[1.0, 2.0 ** -11], [1.0 + 2 ** -10, 2.0 ** -11], [1.0, -(2.0 ** -12)]], dtype=np.float32)
+    a = np.array([[1.0, 2.0**-11], [1.0 + 2**-10, 2.0**-11], [1.0, -(2.0**-12)]], dtype=np.float32)
     got = check(a, np.ones_like(a), accumulator="FP16")
-    assert list(got) == [1.0, 1.0 + 2 ** -9, 1.0]
+    assert list(got) == [1.0, 1.0 + 2**-9, 1.0]
     # BF16 accumulator, FP32 products: a tiny partial sum breaks the tie of a later 1 + 2**-8
     # (float64 alone would lose it: 1 + 2**-8 + 2**-133 is not a float64)
-    a = np.array([[2.0 ** -133, 1 + 2 ** -8], [-(2.0 ** -133), 1 + 2 ** -8]], dtype=np.float32)
+    a = np.array([[2.0**-133, 1 + 2**-8], [-(2.0**-133), 1 + 2**-8]], dtype=np.float32)
     got = check(a, np.ones_like(a), accumulator="BF16", products="FP32")
-    assert list(got) == [1 + 2 ** -7, 1.0]
+    assert list(got) == [1 + 2**-7, 1.0]
     got = check(a, np.ones_like(a), accumulator="BF16", products="FP32", order="pairwise")
-    assert list(got) == [1 + 2 ** -7, 1.0]
+    assert list(got) == [1 + 2**-7, 1.0]
     # a float64 product whose float64 rounding lands exactly on an FP16 tie: 5·b = T + δ, 0 < δ < 2**-53
-    T = Fraction(1) + Fraction(1, 2 ** 11)
+    T = Fraction(1) + Fraction(1, 2**11)
     b = float(T / 5)
-    while not (0 < 5 * Fraction(b) - T < Fraction(1, 2 ** 53)):
+    while not (0 < 5 * Fraction(b) - T < Fraction(1, 2**53)):
         b = math.nextafter(b, math.inf if 5 * Fraction(b) < T else -math.inf)
     assert 5.0 * b == float(T)  # float64 arithmetic sees the tie ...
     got = check(np.array([[5.0]]), np.array([[b]]), accumulator="FP16")
-    assert got[0] == 1 + 2 ** -10  # ... the exact product is above it
+    assert got[0] == 1 + 2**-10  # ... the exact product is above it
 
 
 def test_k_equal_one_and_zero():
@@ -327,11 +333,11 @@ def test_nan_and_infinite_inputs():
 
 
 def test_float64_products_beyond_dekkers_range():
-    a = np.array([[2.0 ** 1000 * (1 + 2 ** -30), 2.0 ** -1000 * (1 + 2 ** -40), 3.0]])
-    b = np.array([[2.0 ** -1005 * (1 + 2 ** -20), 2.0 ** 990 * (1 + 2 ** -45), 1 / 3]])
+    a = np.array([[2.0**1000 * (1 + 2**-30), 2.0**-1000 * (1 + 2**-40), 3.0]])
+    b = np.array([[2.0**-1005 * (1 + 2**-20), 2.0**990 * (1 + 2**-45), 1 / 3]])
     check(a, b, accumulator="FP32")
     check(a, b, accumulator=FP64)
-    tiny = np.array([[2.0 ** -500 * 1.5, 2.0 ** -140]]), np.array([[2.0 ** -600 * (1 + 2 ** -50), 2.0 ** -10]])
+    tiny = np.array([[2.0**-500 * 1.5, 2.0**-140]]), np.array([[2.0**-600 * (1 + 2**-50), 2.0**-10]])
     check(*tiny, accumulator="FP32")
 
 
@@ -356,7 +362,7 @@ def test_native_additions_are_correctly_rounded():
     """Figueroa's double-rounding argument as used: torch's float16/bfloat16 CPU additions of two FP16/BF16
     values equal the exact sum rounded once (the exact sum of two such values is a float64: the reference)."""
     rng = np.random.default_rng(1)
-    bits = rng.integers(0, 2 ** 16, (2, 1_000_000), dtype=np.uint16)
+    bits = rng.integers(0, 2**16, (2, 1_000_000), dtype=np.uint16)
     for dtype, npview in ((torch.float16, np.float16), (torch.bfloat16, md.bfloat16)):
         with np.errstate(invalid="ignore"):  # NaN bit patterns
             x = bits.view(npview).astype(np.float64)
@@ -372,7 +378,7 @@ def test_native_products_are_correctly_rounded():
     """The fast path's products: torch's CPU float16·float16 → float16 and float32·float32 → bfloat16 (out=)
     multiplications of FP16 values equal the exact product (a float64 here) rounded once."""
     rng = np.random.default_rng(12)
-    bits = rng.integers(0, 2 ** 16, (2, 1_000_000), dtype=np.uint16)
+    bits = rng.integers(0, 2**16, (2, 1_000_000), dtype=np.uint16)
     with np.errstate(invalid="ignore"):
         x = bits.view(np.float16).astype(np.float64)
     x = x[:, np.isfinite(x).all(axis=0)]
@@ -391,10 +397,16 @@ def test_native_and_general_paths_agree(monkeypatch):
     rng = np.random.default_rng(2)
     a = _random(rng, (64, 300), scale_bits=10)
     b = _random(rng, (64, 300), scale_bits=10)
-    cases = [dict(accumulator=f, order=o, **({"block_size": 32} if o == "blocked" else {}))
-             for f in ("FP16", "BF16", "FP32") for o in acc.ORDERS]
-    cases += [dict(accumulator="FP16", compensated=True), dict(accumulator="FP32", products="FP16"),
-              dict(accumulator="FP32", products="BF16", order="pairwise")]
+    cases = [
+        dict(accumulator=f, order=o, **({"block_size": 32} if o == "blocked" else {}))
+        for f in ("FP16", "BF16", "FP32")
+        for o in acc.ORDERS
+    ]
+    cases += [
+        dict(accumulator="FP16", compensated=True),
+        dict(accumulator="FP32", products="FP16"),
+        dict(accumulator="FP32", products="BF16", order="pairwise"),
+    ]
     inputs = [(a, b), (a.astype(np.float16), b.astype(np.float16))]  # FP16 inputs take the fused fast path
     fast = [[acc.dot(x, y, **kw) for kw in cases] for x, y in inputs]
     monkeypatch.setattr(acc, "_NATIVE", {})  # every addition through TwoSum, rounding to odd and round_to
@@ -410,7 +422,7 @@ def test_types_and_dtypes_returned():
     rng = np.random.default_rng(4)
     a, b = _random(rng, 16), _random(rng, 16)
     r = acc.dot(a, b, accumulator="FP16")
-    assert isinstance(r, np.float32)                       # 1-D NumPy inputs: a NumPy scalar
+    assert isinstance(r, np.float32)  # 1-D NumPy inputs: a NumPy scalar
     assert acc.dot(a, b, accumulator=FP64).dtype == np.float64
     assert acc.dot(a, b, accumulator=FP64, order="blocked", block_size=4).dtype == np.float32  # FP32 total
     assert acc.dot(a, b, accumulator=NARROW).dtype == np.float32
@@ -421,8 +433,10 @@ def test_types_and_dtypes_returned():
     # bfloat16 and float8 tensors, ml_dtypes arrays: their values, exactly
     x8 = torch.from_numpy(a).to(torch.float8_e4m3fn)
     same_bits(acc.dot(x8, x8, accumulator="FP16"), acc.dot(x8.float(), x8.float(), accumulator="FP16"))
-    same_bits(acc.dot(a.astype(md.bfloat16), b, accumulator="FP16"),
-              acc.dot(a.astype(md.bfloat16).astype(np.float32), b, accumulator="FP16"))
+    same_bits(
+        acc.dot(a.astype(md.bfloat16), b, accumulator="FP16"),
+        acc.dot(a.astype(md.bfloat16).astype(np.float32), b, accumulator="FP16"),
+    )
 
 
 def test_batched_leading_axes_broadcast():
@@ -437,10 +451,16 @@ def test_batched_leading_axes_broadcast():
     assert acc.dot(col, b, accumulator="FP16").shape == (4, 3)
 
 
-@pytest.mark.parametrize("kw", [dict(accumulator="FP16"), dict(accumulator="BF16", order="pairwise"),
-                                dict(accumulator=NARROW, products="FP32", order="blocked", block_size=5,
-                                     rounding="toward_zero"),
-                                dict(accumulator="FP32", compensated=True)], ids=str)
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(accumulator="FP16"),
+        dict(accumulator="BF16", order="pairwise"),
+        dict(accumulator=NARROW, products="FP32", order="blocked", block_size=5, rounding="toward_zero"),
+        dict(accumulator="FP32", compensated=True),
+    ],
+    ids=str,
+)
 def test_matmul_is_dot_of_rows_and_columns(kw):
     rng = np.random.default_rng(8)
     A = torch.from_numpy(_random(rng, (2, 5, 23)))
@@ -453,10 +473,21 @@ def test_matmul_is_dot_of_rows_and_columns(kw):
     Cn = acc.matmul(A[0].numpy(), B.numpy(), **kw)
     assert isinstance(Cn, np.ndarray)
     same_bits(Cn, C[0])
-    same_bits(C[0, 2], [oracle_dot(A[0, 2].numpy(), B[:, j].numpy(),
-                                   **{**kw, "accumulator": get_format(kw["accumulator"]),
-                                      **({"products": get_format(kw["products"])} if "products" in kw else {})})
-                        for j in range(4)])
+    same_bits(
+        C[0, 2],
+        [
+            oracle_dot(
+                A[0, 2].numpy(),
+                B[:, j].numpy(),
+                **{
+                    **kw,
+                    "accumulator": get_format(kw["accumulator"]),
+                    **({"products": get_format(kw["products"])} if "products" in kw else {}),
+                },
+            )
+            for j in range(4)
+        ],
+    )
 
 
 def test_fp32_accumulation_of_fp32_products_is_torch_float32_matmul_in_order():
@@ -476,50 +507,55 @@ def test_partial_sums_show_swamping():
     assert run.shape == (3000,) and run[2046] == 2047 and run[2047] == 2048 and np.all(run[2047:] == 2048)
     assert acc.partial_sums(ones, ones, accumulator="FP32")[-1] == 3000
     assert acc.partial_sums(ones, ones, accumulator="FP16", compensated=True)[-1] == 3000  # Kahan recovers
-    same_bits(acc.partial_sums(ones[None], ones[None], accumulator="BF16")[:, -1],
-              acc.dot(ones[None], ones[None], accumulator="BF16"))
+    same_bits(
+        acc.partial_sums(ones[None], ones[None], accumulator="BF16")[:, -1],
+        acc.dot(ones[None], ones[None], accumulator="BF16"),
+    )
     assert acc.partial_sums(np.zeros((2, 0), np.float32), np.zeros(0, np.float32)).shape == (2, 0)
 
 
 def test_unit_roundoff():
-    assert acc.unit_roundoff("FP16") == 2.0 ** -11 and acc.unit_roundoff("FP32") == 2.0 ** -24
-    assert acc.unit_roundoff(NARROW, "toward_zero") == 2.0 ** -13
+    assert acc.unit_roundoff("FP16") == 2.0**-11 and acc.unit_roundoff("FP32") == 2.0**-24
+    assert acc.unit_roundoff(NARROW, "toward_zero") == 2.0**-13
 
 
 # ----------------------------------------------------------------------------------------------------------
 # Bad input
 # ----------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("call, error, words", [
-    (lambda x: acc.dot(x, x[:, :3]), ValueError, "b"),
-    (lambda x: acc.dot(x, x, order="random"), ValueError, "order"),
-    (lambda x: acc.dot(x, x, order=3), TypeError, "order"),
-    (lambda x: acc.dot(x, x, order="blocked"), ValueError, "block_size"),
-    (lambda x: acc.dot(x, x, order="blocked", block_size=0), ValueError, "block_size"),
-    (lambda x: acc.dot(x, x, order="blocked", block_size=2.0), TypeError, "block_size"),
-    (lambda x: acc.dot(x, x, block_size=4), ValueError, "block_size"),
-    (lambda x: acc.dot(x, x, accumulator="FP17"), ValueError, "accumulator"),
-    (lambda x: acc.dot(x, x, accumulator=16), TypeError, "accumulator"),
-    (lambda x: acc.dot(x, x, products="nope"), ValueError, "products"),
-    (lambda x: acc.dot(x, x, accumulator="E8M0"), ValueError, "accumulator"),
-    (lambda x: acc.dot(x, x, accumulator=FloatFormat("W", 11, 52, 1000)), ValueError, "accumulator"),
-    (lambda x: acc.dot(x, x, compensated=True, order="pairwise"), ValueError, "compensated"),
-    (lambda x: acc.dot(x, x, compensated=1), TypeError, "compensated"),
-    (lambda x: acc.dot(x, x, rounding="stochastic"), ValueError, "rounding"),
-    (lambda x: acc.dot(x.tolist(), x), TypeError, "a"),
-    (lambda x: acc.dot(x, x.astype(np.int64)), TypeError, "b"),
-    (lambda x: acc.dot(x, torch.from_numpy(x)), TypeError, "NumPy"),
-    (lambda x: acc.dot(np.float32(1.0), x), ValueError, "last axis"),
-    (lambda x: acc.dot(x[:, None, :], np.zeros((4, 3, 5), np.float32)), ValueError, "broadcast"),
-    (lambda x: acc.matmul(x, x), ValueError, "K"),
-    (lambda x: acc.matmul(x[0], x.T), ValueError, "(..., M, K)"),
-    (lambda x: acc.dot(torch.zeros(2, 5, device="meta"), torch.zeros(2, 5, device="meta")), ValueError, "meta"),
-    # issue 29, item 8: a 0-d NumPy input has no axis K, as a 0-d tensor has none (it was taken as K = 1)
-    (lambda x: acc.dot(np.array(3.0), np.array(2.0)), ValueError, "last axis K"),
-    (lambda x: acc.dot(np.float32(3.0), np.float32(2.0)), ValueError, "last axis K"),
-    (lambda x: acc.dot(torch.tensor(3.0), torch.tensor(2.0)), ValueError, "last axis K"),
-    (lambda x: acc.partial_sums(np.array(3.0), np.array(2.0)), ValueError, "last axis K"),
-    (lambda x: acc.tensor_core_dot(np.array(3.0, np.float32), np.array(2.0, np.float32)), ValueError, "K"),
-])
+@pytest.mark.parametrize(
+    "call, error, words",
+    [
+        (lambda x: acc.dot(x, x[:, :3]), ValueError, "b"),
+        (lambda x: acc.dot(x, x, order="random"), ValueError, "order"),
+        (lambda x: acc.dot(x, x, order=3), TypeError, "order"),
+        (lambda x: acc.dot(x, x, order="blocked"), ValueError, "block_size"),
+        (lambda x: acc.dot(x, x, order="blocked", block_size=0), ValueError, "block_size"),
+        (lambda x: acc.dot(x, x, order="blocked", block_size=2.0), TypeError, "block_size"),
+        (lambda x: acc.dot(x, x, block_size=4), ValueError, "block_size"),
+        (lambda x: acc.dot(x, x, accumulator="FP17"), ValueError, "accumulator"),
+        (lambda x: acc.dot(x, x, accumulator=16), TypeError, "accumulator"),
+        (lambda x: acc.dot(x, x, products="nope"), ValueError, "products"),
+        (lambda x: acc.dot(x, x, accumulator="E8M0"), ValueError, "accumulator"),
+        (lambda x: acc.dot(x, x, accumulator=FloatFormat("W", 11, 52, 1000)), ValueError, "accumulator"),
+        (lambda x: acc.dot(x, x, compensated=True, order="pairwise"), ValueError, "compensated"),
+        (lambda x: acc.dot(x, x, compensated=1), TypeError, "compensated"),
+        (lambda x: acc.dot(x, x, rounding="stochastic"), ValueError, "rounding"),
+        (lambda x: acc.dot(x.tolist(), x), TypeError, "a"),
+        (lambda x: acc.dot(x, x.astype(np.int64)), TypeError, "b"),
+        (lambda x: acc.dot(x, torch.from_numpy(x)), TypeError, "NumPy"),
+        (lambda x: acc.dot(np.float32(1.0), x), ValueError, "last axis"),
+        (lambda x: acc.dot(x[:, None, :], np.zeros((4, 3, 5), np.float32)), ValueError, "broadcast"),
+        (lambda x: acc.matmul(x, x), ValueError, "K"),
+        (lambda x: acc.matmul(x[0], x.T), ValueError, "(..., M, K)"),
+        (lambda x: acc.dot(torch.zeros(2, 5, device="meta"), torch.zeros(2, 5, device="meta")), ValueError, "meta"),
+        # issue 29, item 8: a 0-d NumPy input has no axis K, as a 0-d tensor has none (it was taken as K = 1)
+        (lambda x: acc.dot(np.array(3.0), np.array(2.0)), ValueError, "last axis K"),
+        (lambda x: acc.dot(np.float32(3.0), np.float32(2.0)), ValueError, "last axis K"),
+        (lambda x: acc.dot(torch.tensor(3.0), torch.tensor(2.0)), ValueError, "last axis K"),
+        (lambda x: acc.partial_sums(np.array(3.0), np.array(2.0)), ValueError, "last axis K"),
+        (lambda x: acc.tensor_core_dot(np.array(3.0, np.float32), np.array(2.0, np.float32)), ValueError, "K"),
+    ],
+)
 def test_bad_input_names_the_argument(call, error, words):
     x = np.ones((2, 5), dtype=np.float32)
     with pytest.raises(error, match=words.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
@@ -537,7 +573,7 @@ def _oracle_tensor_core(a, b, group, bits, promote_every=None) -> float:
     p = [Fraction(float(x)) * Fraction(float(y)) for x, y in zip(a, b)]
     s, total = 0.0, 0.0
     for g0 in range(0, len(p), group):
-        g = p[g0:g0 + group]
+        g = p[g0 : g0 + group]
         big = max(abs(x) for x in g)
         if big == 0:
             gsum = Fraction(0)
@@ -550,9 +586,9 @@ def _oracle_tensor_core(a, b, group, bits, promote_every=None) -> float:
     return total if promote_every else s
 
 
-@pytest.mark.parametrize("kw", [dict(), dict(promote_every=64), dict(group=4, bits=8), dict(group=8, bits=10,
-                                                                                              promote_every=16)],
-                         ids=str)
+@pytest.mark.parametrize(
+    "kw", [dict(), dict(promote_every=64), dict(group=4, bits=8), dict(group=8, bits=10, promote_every=16)], ids=str
+)
 def test_tensor_core_dot_against_its_description(kw):
     rng = np.random.default_rng(13)
     a = round_to(rng.uniform(-1, 1, (6, 200)).astype(np.float32), FP8_E4M3)
@@ -560,8 +596,10 @@ def test_tensor_core_dot_against_its_description(kw):
     a[0, :40] = 0.0  # an all-zero group
     got = acc.tensor_core_dot(a, b, **kw)
     assert got.dtype == np.float32 and got.shape == (6,)
-    want = [_oracle_tensor_core(x, y, kw.get("group", 32), kw.get("bits", 14), kw.get("promote_every")) for x, y
-            in zip(a, b)]
+    want = [
+        _oracle_tensor_core(x, y, kw.get("group", 32), kw.get("bits", 14), kw.get("promote_every"))
+        for x, y in zip(a, b)
+    ]
     same_bits(got, want)
 
 
@@ -569,26 +607,31 @@ def test_tensor_core_dot_sums_each_group_exactly_then_rounds_toward_zero_once():
     """Issue 29, item 8: group sums wider than 24 bits (bits + log2(group) > 24) and products below FP32's normal
     range are added to the accumulator as they are, then rounded toward zero once: the rational oracle, over
     many cases (the float32 products path rounded them to nearest first)."""
-    got = acc.tensor_core_dot(np.array([1, 1 + 3 * 2.0 ** -23], np.float32), np.ones(2, np.float32), group=32,
-                              bits=24)
-    assert float(got) == 2 + 2.0 ** -22 == _oracle_tensor_core([1, 1 + 3 * 2.0 ** -23], [1, 1], 32, 24)
+    got = acc.tensor_core_dot(np.array([1, 1 + 3 * 2.0**-23], np.float32), np.ones(2, np.float32), group=32, bits=24)
+    assert float(got) == 2 + 2.0**-22 == _oracle_tensor_core([1, 1 + 3 * 2.0**-23], [1, 1], 32, 24)
     rng = np.random.default_rng(29)
     cases = []
-    for kw in (dict(group=32, bits=24), dict(group=64, bits=22), dict(group=4, bits=23), dict(group=16, bits=24,
-               promote_every=32), dict(group=32, bits=14)):
-        for scale in (0, -70, 60):                                  # products near 1, below 2^-126, large
+    for kw in (
+        dict(group=32, bits=24),
+        dict(group=64, bits=22),
+        dict(group=4, bits=23),
+        dict(group=16, bits=24, promote_every=32),
+        dict(group=32, bits=14),
+    ):
+        for scale in (0, -70, 60):  # products near 1, below 2^-126, large
             a = _random(rng, (40, 96), scale_bits=3) * np.float32(2.0 ** (scale // 2))
             b = _random(rng, (40, 96), scale_bits=3) * np.float32(2.0 ** (scale - scale // 2))
-            a[:5] = np.abs(a[:5])                                   # same-signed groups: the widest sums
+            a[:5] = np.abs(a[:5])  # same-signed groups: the widest sums
             b[:5] = np.abs(b[:5])
             got = acc.tensor_core_dot(a, b, **kw)
             want = [_oracle_tensor_core(x, y, kw["group"], kw["bits"], kw.get("promote_every")) for x, y in zip(a, b)]
             same_bits(got, want)
             cases.append(len(want))
     assert sum(cases) == 600
-    tiny = acc.tensor_core_dot(np.array([-(2.0 ** -70) * 1.75], np.float32), np.array([2.0 ** -74 * 1.375], np.float32),
-                               group=32, bits=14)
-    assert float(tiny) == _oracle_tensor_core([-(2.0 ** -70) * 1.75], [2.0 ** -74 * 1.375], 32, 14)
+    tiny = acc.tensor_core_dot(
+        np.array([-(2.0**-70) * 1.75], np.float32), np.array([2.0**-74 * 1.375], np.float32), group=32, bits=14
+    )
+    assert float(tiny) == _oracle_tensor_core([-(2.0**-70) * 1.75], [2.0**-74 * 1.375], 32, 14)
 
 
 def test_tensor_core_dot_bad_input():
@@ -615,7 +658,7 @@ def test_compensated_update_keeps_what_rounding_loses():
         acc.compensated_update_(w, u, c, "BF16")
     assert torch.all(w_rne == 1)
     assert torch.all(round_to(w, BF16) == w) and torch.all(round_to(c, BF16) == c)
-    assert torch.allclose(w, torch.full((4,), 1.1), rtol=0.01) and torch.all(c.abs() < 2 ** -7)
+    assert torch.allclose(w, torch.full((4,), 1.1), rtol=0.01) and torch.all(c.abs() < 2**-7)
     with pytest.raises(ValueError, match="compensation"):
         acc.compensated_update_(w, u, torch.zeros(3))
     with pytest.raises(ValueError, match="fmt"):
@@ -633,15 +676,18 @@ def _midpoint_products(rng, fmt: FloatFormat, n: int):
     signs: the products a single float32 rounding gets wrong."""
     t = fmt.mantissa_bits
     top = fmt.emax if fmt is FP16 else 126
-    e = rng.integers(fmt.emin - t - 1, top + 1, n)                 # binades of the midpoints, subnormal ones too
+    e = rng.integers(fmt.emin - t - 1, top + 1, n)  # binades of the midpoints, subnormal ones too
     k = rng.integers(0, 1 << (t + 1), n)
-    mid = np.where(e >= fmt.emin, (1 + (2 * k + 1) / 2.0 ** (t + 1)) * np.exp2(e),
-                   (2 * (k % (1 << t)) + 1) * 2.0 ** (fmt.emin - t - 1))   # normal and subnormal midpoints
-    b = (1 + rng.integers(1, 1 << 23, n) / 2.0 ** 23).astype(np.float32)   # 24-bit factors
-    a = (mid / b.astype(np.float64)).astype(np.float32)            # a·b within ~2⁻²⁴ of the midpoint
+    mid = np.where(
+        e >= fmt.emin,
+        (1 + (2 * k + 1) / 2.0 ** (t + 1)) * np.exp2(e),
+        (2 * (k % (1 << t)) + 1) * 2.0 ** (fmt.emin - t - 1),
+    )  # normal and subnormal midpoints
+    b = (1 + rng.integers(1, 1 << 23, n) / 2.0**23).astype(np.float32)  # 24-bit factors
+    a = (mid / b.astype(np.float64)).astype(np.float32)  # a·b within ~2⁻²⁴ of the midpoint
     a = a * rng.choice([-1, 1], n).astype(np.float32)
     away = np.copysign(np.float32(np.inf), a)
-    a = np.concatenate([a, np.nextafter(a, np.float32(0)), np.nextafter(a, away)])   # and its two neighbours
+    a = np.concatenate([a, np.nextafter(a, np.float32(0)), np.nextafter(a, away)])  # and its two neighbours
     b = np.concatenate([b, b, b])
     return a.astype(np.float32), b.astype(np.float32)
 
@@ -654,17 +700,19 @@ def test_products_through_float32_are_rounded_once(fmt, dtype):
     a, b = _midpoint_products(rng, fmt, 20_000)
     r = _random(rng, 30_000, scale_bits=20)
     s = _random(rng, 30_000, scale_bits=20)
-    special = np.array([0.0, -0.0, 1.0, np.inf, -np.inf, np.nan, 3e38, 1e-45, 65504.0, 65520.0, 2.0 ** -25,
-                        2.0 ** -134, 1 + 2.0 ** -12], dtype=np.float32)
-    a = np.concatenate([a, r, np.repeat(special, special.size), [1 + 2.0 ** -12]]).astype(np.float32)
-    b = np.concatenate([b, s, np.tile(special, special.size), [1 + 2.0 ** -12]]).astype(np.float32)
+    special = np.array(
+        [0.0, -0.0, 1.0, np.inf, -np.inf, np.nan, 3e38, 1e-45, 65504.0, 65520.0, 2.0**-25, 2.0**-134, 1 + 2.0**-12],
+        dtype=np.float32,
+    )
+    a = np.concatenate([a, r, np.repeat(special, special.size), [1 + 2.0**-12]]).astype(np.float32)
+    b = np.concatenate([b, s, np.tile(special, special.size), [1 + 2.0**-12]]).astype(np.float32)
     with np.errstate(invalid="ignore", over="ignore"):
-        exact = a.astype(np.float64) * b                    # 48-bit products: exact in float64
+        exact = a.astype(np.float64) * b  # 48-bit products: exact in float64
         want = round_to(exact, fmt)
-        hi = a * b                                          # one float32 rounding first ...
+        hi = a * b  # one float32 rounding first ...
     once = torch.from_numpy(hi).to(dtype).double().numpy()
     twice_wrong = np.count_nonzero((once != want) & ~np.isnan(want))
-    assert twice_wrong > 1000                               # ... is wrong on many of these cases
+    assert twice_wrong > 1000  # ... is wrong on many of these cases
     # as the engine calls it: one chunk of rows (K, N) times a column (K, 1), and the same broadcast the other way
     n = a.size
     x, y = torch.from_numpy(a).reshape(n, 1), torch.from_numpy(b).reshape(n, 1)
@@ -674,13 +722,13 @@ def test_products_through_float32_are_rounded_once(fmt, dtype):
     x = torch.from_numpy(rows).reshape(60, 10, 1)
     y = torch.from_numpy(b[:600].reshape(60, 10)[:, :4]).reshape(60, 1, 4)
     via = acc._Via32(dtype, x, y, (60, 10, 4))
-    for k0, k1 in ((0, 60), (7, 31)):                        # whole and partial chunks
+    for k0, k1 in ((0, 60), (7, 31)):  # whole and partial chunks
         got = via(k0, k1).double().numpy()
         exact = x[k0:k1].double().numpy() * y[k0:k1].double().numpy()
         same_bits(got, round_to(exact, fmt))
     # the issue's case: 1 + 2⁻¹¹ + 2⁻²⁴ rounds to the midpoint 1 + 2⁻¹¹ in float32, then to 1 in FP16
-    p = acc._Via32(torch.float16, torch.tensor([[1 + 2.0 ** -12]]), torch.tensor([[1 + 2.0 ** -12]]), (1, 1))(0, 1)
-    assert float(p) == 1 + 2.0 ** -10 and float(torch.tensor(1 + 2.0 ** -12) ** 2) == 1 + 2.0 ** -11
+    p = acc._Via32(torch.float16, torch.tensor([[1 + 2.0**-12]]), torch.tensor([[1 + 2.0**-12]]), (1, 1))(0, 1)
+    assert float(p) == 1 + 2.0**-10 and float(torch.tensor(1 + 2.0**-12) ** 2) == 1 + 2.0**-11
 
 
 def test_matmul_of_float32_values_with_fp16_products_against_the_oracle():
@@ -689,9 +737,13 @@ def test_matmul_of_float32_values_with_fp16_products_against_the_oracle():
     rng = np.random.default_rng(30)
     a, b = _midpoint_products(rng, FP16, 80)
     a, b = a[:240].reshape(6, 40), b[:240].reshape(6, 40)
-    for kw in (dict(accumulator="FP16"), dict(accumulator="FP32", products="FP16"),
-               dict(accumulator="FP16", order="pairwise"), dict(accumulator=NARROW, products="FP16"),
-               dict(accumulator="FP32", products="FP16", order="blocked", block_size=8)):
+    for kw in (
+        dict(accumulator="FP16"),
+        dict(accumulator="FP32", products="FP16"),
+        dict(accumulator="FP16", order="pairwise"),
+        dict(accumulator=NARROW, products="FP16"),
+        dict(accumulator="FP32", products="FP16", order="blocked", block_size=8),
+    ):
         check(a, b, **kw)
     a, b = _midpoint_products(rng, BF16, 80)
     a, b = a[:240].reshape(6, 40), b[:240].reshape(6, 40)
@@ -715,18 +767,19 @@ def test_compensated_update_rounds_every_operation_once(fmt):
     """Issue 29, item 8: no float32 sum before the rounding to fmt (w = c = 1, u = 2⁻⁸ + 2⁻³¹ in BF16: c = 2⁻⁷);
     the exact oracle over many random steps, float32 and float64 updates."""
     w, c = torch.ones(1), torch.ones(1)
-    acc.compensated_update_(w, torch.tensor([2.0 ** -8 + 2.0 ** -31], dtype=torch.float64), c, "BF16")
-    assert float(c) == 0.0078125 == 2.0 ** -7 and float(w) == 2.0
-    assert _oracle_compensated(1.0, 2.0 ** -8 + 2.0 ** -31, 1.0, BF16) == (2.0, 2.0 ** -7)
+    acc.compensated_update_(w, torch.tensor([2.0**-8 + 2.0**-31], dtype=torch.float64), c, "BF16")
+    assert float(c) == 0.0078125 == 2.0**-7 and float(w) == 2.0
+    assert _oracle_compensated(1.0, 2.0**-8 + 2.0**-31, 1.0, BF16) == (2.0, 2.0**-7)
     rng = np.random.default_rng(31)
     n = 400
     w = torch.from_numpy(round_to(rng.uniform(-4, 4, n), fmt).astype(np.float32))
     c = torch.from_numpy(round_to(rng.uniform(-1, 1, n) * float(acc.unit_roundoff(fmt)), fmt).astype(np.float32))
     for step in range(6):
         ulp_scale = np.exp2(rng.integers(-14, 2, n)) * float(acc.unit_roundoff(fmt))
-        u = rng.standard_normal(n) * ulp_scale                    # float64 updates near half an ulp of w
-        u[::3] = (u[::3] * 0 + 1) * (np.abs(w.numpy()[::3].astype(np.float64)) * float(acc.unit_roundoff(fmt))
-                                     * (1 + 2.0 ** -30))          # a hair above half an ulp of |w| (|w| ≈ 1)
+        u = rng.standard_normal(n) * ulp_scale  # float64 updates near half an ulp of w
+        u[::3] = (u[::3] * 0 + 1) * (
+            np.abs(w.numpy()[::3].astype(np.float64)) * float(acc.unit_roundoff(fmt)) * (1 + 2.0**-30)
+        )  # a hair above half an ulp of |w| (|w| ≈ 1)
         u = torch.from_numpy(u if step % 2 else u.astype(np.float32).astype(np.float64))
         want = [_oracle_compensated(float(wi), float(ui), float(ci), fmt) for wi, ui, ci in zip(w, u, c)]
         acc.compensated_update_(w, u if step % 2 else u.float(), c, fmt)
@@ -743,16 +796,18 @@ def test_any_order_bounds_hold_every_summation_order_and_are_not_vacuous():
     widths = []
     for trial in range(40):
         a = torch.randn(6, generator=g).half().double()
-        b = (torch.randn(6, generator=g) * (2.0 ** -trial if trial % 4 == 0 else 1.0)).half().double()
-        p = (a * b).tolist()                                   # exact in float64 (and in FP32)
-        exact, abs_sum = torch.tensor(math.fsum(p), dtype=torch.float64), torch.tensor(math.fsum(map(abs, p)),
-                                                                                     dtype=torch.float64)
+        b = (torch.randn(6, generator=g) * (2.0**-trial if trial % 4 == 0 else 1.0)).half().double()
+        p = (a * b).tolist()  # exact in float64 (and in FP32)
+        exact, abs_sum = (
+            torch.tensor(math.fsum(p), dtype=torch.float64),
+            torch.tensor(math.fsum(map(abs, p)), dtype=torch.float64),
+        )
         low, high = acc.any_order_bounds(exact, abs_sum, 6)
         for order in itertools.permutations(range(6)):
             s = torch.zeros((), dtype=torch.float32)
             for i in order:
-                s = s + torch.tensor(p[i], dtype=torch.float32)   # FP32 round to nearest at each addition
-            got = s.half().double()                               # one rounding to FP16 (float32 → float16)
+                s = s + torch.tensor(p[i], dtype=torch.float32)  # FP32 round to nearest at each addition
+            got = s.half().double()  # one rounding to FP16 (float32 → float16)
             assert low <= got <= high, (trial, order)
         widths.append(int((high != low).item()))
     assert sum(widths) < len(widths) / 2

@@ -50,8 +50,9 @@ def test_quick_profile_writes_every_row(tmp_path):
     assert res["experiment"] == "accumulation_speed" and res["config"] == res["provenance"]["config"]
     assert res["config"]["shape"] == [8, 64, 8] and res["config"]["repeat"] == 2
     assert res["config"]["threads"] == 1 and res["config"]["device"] == "cpu"
-    assert res["provenance"]["command"] == ("python benchmarks/accumulation_speed.py --profile quick "
-                                            f"--out {shlex.quote(str(out))}")
+    assert res["provenance"]["command"] == (
+        f"python benchmarks/accumulation_speed.py --profile quick --out {shlex.quote(str(out))}"
+    )
     assert {"device", "versions", "date", "load_average"} <= set(res["provenance"])
     _check_rows(res, mod.CONFIGS, 2)
     assert mod.BENCHMARK.Result.from_dict(res).describe().endswith(res["mptorch"]["why"] + ")")
@@ -70,6 +71,7 @@ def test_saved_result_is_the_full_size_run():
     res = load_json(ROOT / "book" / "results" / "accumulation_speed_cpu.json")
     assert res["experiment"] == "accumulation_speed" and res["config"]["profile"] == "cpu"
     assert res["config"]["shape"] == [256, 1024, 256] and res["config"]["threads"] == 1
-    assert res["provenance"]["command"] == ("python benchmarks/accumulation_speed.py --profile cpu "
-                                            "--out book/results/accumulation_speed_cpu.json")
+    assert res["provenance"]["command"] == (
+        "python benchmarks/accumulation_speed.py --profile cpu --out book/results/accumulation_speed_cpu.json"
+    )
     _check_rows(res, mod.CONFIGS, res["config"]["repeat"])

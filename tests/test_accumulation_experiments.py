@@ -24,8 +24,9 @@ from mpt_lab.experiments import (
 
 @pytest.fixture(scope="module")
 def err():
-    c = accumulation_error.Config(k_max=64, trials=4, tc_ks=(32, 64), tc_outputs=4, tokens=4096, vocab=512,
-                                  width=256, rows=2, threads=1)
+    c = accumulation_error.Config(
+        k_max=64, trials=4, tc_ks=(32, 64), tc_outputs=4, tokens=4096, vocab=512, width=256, rows=2, threads=1
+    )
     return accumulation_error.run(c, progress=False)
 
 
@@ -54,7 +55,7 @@ def test_error_result_fields_and_json(err, tmp_path):
     assert len(err.running["FP16"]) == len(err.running_ks) and err.running_ks[-1] == 64
     assert set(err.tensor_core["models"]) and err.tensor_core["ks"] == [32, 64]
     assert set(err.reductions) == {"mean loss", "log-sum-exp", "LayerNorm variance"}
-    for r in err.reductions.values():       # the first draw's error is one of those the largest is taken over
+    for r in err.reductions.values():  # the first draw's error is one of those the largest is taken over
         assert r["rows"] == 2 and all(r["first_errors"][a] <= r["errors"][a] for a in r["errors"])
     # the log-sum-exp against its FP16 exponentials: the accumulators' own errors, FP32 the smallest
     rx = err.reductions["log-sum-exp"]["exact, FP16 exponentials"]
@@ -77,7 +78,11 @@ def test_error_result_fields_and_json(err, tmp_path):
         err.slope("FP16 sequential", inputs="both")
     path = err.save(tmp_path / "e.json")
     again = accumulation_error.AccumulationErrorResult.load(path)
-    assert again.error == err.error and again.zero_mean == err.zero_mean and again.reductions["mean loss"]["errors"] == err.reductions["mean loss"]["errors"]
+    assert (
+        again.error == err.error
+        and again.zero_mean == err.zero_mean
+        and again.reductions["mean loss"]["errors"] == err.reductions["mean loss"]["errors"]
+    )
     assert math.isfinite(err.slope("FP32 sequential", 2, 64))
     assert "median relative error" in err.describe()
 
@@ -156,9 +161,11 @@ def test_tensor_core_experiment_at_m_n_1024_against_float64_on_the_device():
     r = tensor_core_accumulation.run(cfg, progress=False)
     assert (r.large["m"], r.large["n"]) == (32, 32) and r.large["fp8"] == {}
     for run in tensor_core_accumulation.FP16_RUNS[:2]:
-        assert len(r.large["fp16"][run]["max"]) == 2 and max(r.large["fp16"][run]["max"]) <= 2.0 ** -11
-    assert set(r.kernels) == {"16x16", "32x32"} and r.kernels["32x32"]["fp16"][
-        tensor_core_accumulation.FP16_RUNS[0]]["256"]
+        assert len(r.large["fp16"][run]["max"]) == 2 and max(r.large["fp16"][run]["max"]) <= 2.0**-11
+    assert (
+        set(r.kernels) == {"16x16", "32x32"}
+        and r.kernels["32x32"]["fp16"][tensor_core_accumulation.FP16_RUNS[0]]["256"]
+    )
     assert tensor_core_accumulation.config_for("full").large_mn == 1024
     with pytest.raises(ValueError, match="large_mn"):
         tensor_core_accumulation.Config(large_mn=20).validate()
@@ -183,7 +190,7 @@ def test_figures(err, train):
         assert any(ax.get_legend() is not None for ax in fig.axes) or fig.legends
     table = figures.reductions_table(err)
     assert "mean loss" in table and "float32" in table and "overflow" in table or "error" in table
-    assert "float16" in table and "largest error over the 2 draws" in table   # mean and var by hand stay float16
+    assert "float16" in table and "largest error over the 2 draws" in table  # mean and var by hand stay float16
     assert "Kahan" in figures.weights_table(train)
     g = tensor_core_accumulation.run(tensor_core_accumulation.config_for("quick"), progress=False)
     fig = figures.plot_gpu_accumulation(g)

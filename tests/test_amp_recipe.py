@@ -14,8 +14,17 @@ torch.set_num_threads(1)
 
 
 def tiny(**kw):
-    cfg = dataclasses.replace(ar.config_for("quick"), width=32, num_layers=2, batch_sizes=(8, 9), num_batches=2,
-                              epochs=2, warmup_epochs=1, peak_n=64, device="cpu")
+    cfg = dataclasses.replace(
+        ar.config_for("quick"),
+        width=32,
+        num_layers=2,
+        batch_sizes=(8, 9),
+        num_batches=2,
+        epochs=2,
+        warmup_epochs=1,
+        peak_n=64,
+        device="cpu",
+    )
     return dataclasses.replace(cfg, **kw)
 
 
@@ -81,8 +90,12 @@ def test_profiled_loop_and_the_gpu_limited_variant_on_a_cpu():
     """The CPU path of the new measurements: the eager loop's profile (host time per step, read-backs: one per
     FP16 step, GradScaler's found_inf) and the variant with static buffers and fused SGD, which reads nothing
     back; on a CPU it runs uncaptured and has no datasheet peak."""
-    r = ar.run(tiny(batch_sizes=(8,), profile_steps=2, graph_batches=(8, 16), graph_steps=2, graph_pool=2,
-                    measure_memory=False), progress=False)
+    r = ar.run(
+        tiny(
+            batch_sizes=(8,), profile_steps=2, graph_batches=(8, 16), graph_steps=2, graph_pool=2, measure_memory=False
+        ),
+        progress=False,
+    )
     assert r.flops_convention == ar.COUNTED_FLOPS and r.datasheet is None
     for row in r.rows:
         assert row["flops_per_step"] == ar.counted_flops_per_step(8, 32, 2)
@@ -93,7 +106,7 @@ def test_profiled_loop_and_the_gpu_limited_variant_on_a_cpu():
     assert {(g["recipe"], g["batch"]) for g in r.graphed} == {(p, b) for p in ar.RECIPES for b in (8, 16)}
     for g in r.graphed:
         assert g["captured"] == "eager" and g["step_seconds"] > 0 and len(g["step_times"]) == 2
-        assert g["readbacks_per_step"] == 0.0                       # fused SGD: found_inf stays on the device
+        assert g["readbacks_per_step"] == 0.0  # fused SGD: found_inf stays on the device
         assert g["flops_per_step"] == ar.counted_flops_per_step(g["batch"], 32, 2)
     assert set(r.graphed_speedup) == {"fp16", "bf16"} and set(r.graphed_speedup["fp16"]) == {"8", "16"}
     assert "limited by the device (eager)" in r.describe()
@@ -116,8 +129,9 @@ def test_static_step_trains_like_the_eager_loop():
     nets[1].load_state_dict(nets[0].state_dict())
     opts = [torch.optim.SGD(n.parameters(), lr=0.1, fused=True) for n in nets]
     scalers = [torch.amp.GradScaler("cpu") for _ in nets]
-    step = StaticStep(nets[0], torch.nn.functional.mse_loss, opts[0], *data[0], dtype=torch.bfloat16,
-                      scaler=scalers[0], warmup=0)
+    step = StaticStep(
+        nets[0], torch.nn.functional.mse_loss, opts[0], *data[0], dtype=torch.bfloat16, scaler=scalers[0], warmup=0
+    )
     for x, y in data:
         step(x, y)
         with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
@@ -134,9 +148,19 @@ def test_static_step_trains_like_the_eager_loop():
         StaticStep("net", torch.nn.functional.mse_loss, opts[0], *data[0])
 
 
-@pytest.mark.parametrize("field,value", [("width", 0), ("batch_sizes", ()), ("batch_sizes", (8, -1)),
-                                         ("recipes", ("fp8",)), ("recipes", ("bf16",)),
-                                         ("epochs", 0), ("warmup_epochs", -1), ("lr", 0.0)])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("width", 0),
+        ("batch_sizes", ()),
+        ("batch_sizes", (8, -1)),
+        ("recipes", ("fp8",)),
+        ("recipes", ("bf16",)),
+        ("epochs", 0),
+        ("warmup_epochs", -1),
+        ("lr", 0.0),
+    ],
+)
 def test_bad_config_raises(field, value):
     with pytest.raises(ValueError, match=field):
         ar.run(tiny(**{field: value}), progress=False)
@@ -155,11 +179,11 @@ def test_bad_types_and_profiles():
 def test_speedup_table(result):
     html = figures.speedup_table({"tiny": result})
     assert html.count("<tr>") == 1 + len(result.rows) and html.count("<table") == 1
-    assert "<caption>tiny: CPU" in html and "2 × Linear(32, 32)" in html        # the run, named above its table
+    assert "<caption>tiny: CPU" in html and "2 × Linear(32, 32)" in html  # the run, named above its table
     two = figures.speedup_table({"a": result, "b": result})
     assert two.count("<table") == 2 and two.count("<tr>") == 2 * (1 + len(result.rows))
-    assert "<caption>saved run" in figures.speedup_table(result)                 # as show_saved passes it
-    assert html.count("</th>") == 7                                              # narrow enough for the column
+    assert "<caption>saved run" in figures.speedup_table(result)  # as show_saved passes it
+    assert html.count("</th>") == 7  # narrow enough for the column
     with pytest.raises(TypeError):
         figures.speedup_table({"x": 1})
     with pytest.raises(TypeError):
@@ -216,12 +240,12 @@ def test_keep_in_float32_runs_a_module_outside_autocast():
     with torch.autocast("cpu", dtype=torch.float16):
         assert net[0](x).dtype == torch.float16
     handle = keep_in_float32(net[0])
-    ref = torch.nn.functional.linear(x.half().float(), net[0].weight, net[0].bias)     # FP32, outside autocast
+    ref = torch.nn.functional.linear(x.half().float(), net[0].weight, net[0].bias)  # FP32, outside autocast
     with torch.autocast("cpu", dtype=torch.float16):
-        h = net[0](x.half())                       # a float16 input is cast to float32 too
+        h = net[0](x.half())  # a float16 input is cast to float32 too
         assert h.dtype == torch.float32 and torch.equal(h, ref)
         out = net(x)
-        assert out.dtype == torch.float16 and torch.is_autocast_enabled("cpu")   # the rest still under autocast
+        assert out.dtype == torch.float16 and torch.is_autocast_enabled("cpu")  # the rest still under autocast
     out.float().sum().backward()
     assert net[0].weight.grad.dtype == torch.float32 and torch.isfinite(net[0].weight.grad).all()
     handle.remove()
@@ -247,7 +271,7 @@ def test_autocast_step_reports_an_overflow_and_its_remedy():
         net[2].bias.zero_()
     batch = torch.ones(16, 4)
 
-    def loss_fn(m, b):              # × 1e-3: the gradients stay within FP16's range, only the forward overflows
+    def loss_fn(m, b):  # × 1e-3: the gradients stay within FP16's range, only the forward overflows
         return m(b).float().mean() * 1e-3
 
     state = torch.get_rng_state()
@@ -261,7 +285,7 @@ def test_autocast_step_reports_an_overflow_and_its_remedy():
     assert fixed["outputs"]["2"] == {"dtype": "float32", "finite": True, "amax": 1.4e5}
     assert math.isfinite(fixed["loss"]) and fixed["gradients_finite"]
     fp32 = autocast_step(net, loss_fn, batch, dtype=None, watch=("2",), rng_state=state)
-    assert fp32["outputs"]["2"] == fixed["outputs"]["2"]          # the same dropout masks as the autocast steps
+    assert fp32["outputs"]["2"] == fixed["outputs"]["2"]  # the same dropout masks as the autocast steps
     with pytest.raises(ValueError, match="watch"):
         autocast_step(net, loss_fn, batch, watch=("9",))
     with pytest.raises(ValueError, match="device_type"):
@@ -276,7 +300,7 @@ def test_autocast_lists_read_from_the_dispatcher():
     assert set(POLICIES) <= set(cuda.lists) and cuda.device_type == "cuda" and cuda.dtype == "float16"
     for lists in (cuda, cpu):
         names = [op for ops in lists.lists.values() for op in ops]
-        assert len(names) == len(set(names))                                  # every op in one group only
+        assert len(names) == len(set(names))  # every op in one group only
         for op in ("mm", "matmul", "linear", "conv2d", "addmm", "bmm"):
             assert lists.policy(op) == "lower_precision", op
         for op in ("mse_loss", "nll_loss", "l1_loss"):
@@ -291,9 +315,20 @@ def test_autocast_lists_read_from_the_dispatcher():
     assert "binary_cross_entropy" in cuda["banned"] and cpu.policy("binary_cross_entropy") == "float32"
     assert cuda.policy("aten::softmax.int") == "float32" and cpu.policy("aten::softmax.int") == "not listed"
     # the probe's dtypes follow from the lists: float16 inputs, one op each
-    single = {"exp": "exp", "sum": "sum", "softmax": "softmax", "log_softmax": "log_softmax", "relu": "relu",
-              "layer_norm": "layer_norm", "elu": "elu", "expm1": "expm1", "mean": "mean", "var": "var",
-              "batch_norm": "batch_norm", "add (x + x)": "add"}
+    single = {
+        "exp": "exp",
+        "sum": "sum",
+        "softmax": "softmax",
+        "log_softmax": "log_softmax",
+        "relu": "relu",
+        "layer_norm": "layer_norm",
+        "elu": "elu",
+        "expm1": "expm1",
+        "mean": "mean",
+        "var": "var",
+        "batch_norm": "batch_norm",
+        "add (x + x)": "add",
+    }
     for device, lists in (("cuda", cuda), ("cpu", cpu)):
         probe = probe_autocast(device, torch.float16, input_dtype=torch.float16, ops=tuple(single))
         for name, aten in single.items():

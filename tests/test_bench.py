@@ -46,7 +46,7 @@ def test_peak_memory_known_allocation_on_cpu():
 
     def fn():
         x = torch.empty(nbytes, dtype=torch.uint8)
-        x.fill_(1)           # in place: same storage, not counted twice
+        x.fill_(1)  # in place: same storage, not counted twice
         return x.sum()
 
     peak = bench.peak_memory(fn, "cpu")
@@ -54,13 +54,13 @@ def test_peak_memory_known_allocation_on_cpu():
 
 
 def test_peak_memory_counts_frees_and_not_preexisting():
-    outside = torch.randn(2**20)                     # 4 MiB that exist before: not counted
+    outside = torch.randn(2**20)  # 4 MiB that exist before: not counted
 
     def fn():
-        x = torch.randn(2**20)                       # 4 MiB
-        y = x * 2                                    # 8 MiB live
-        del x                                        # 4 MiB live
-        z = y + outside                              # 8 MiB live again: the peak stays 8 MiB
+        x = torch.randn(2**20)  # 4 MiB
+        y = x * 2  # 8 MiB live
+        del x  # 4 MiB live
+        z = y + outside  # 8 MiB live again: the peak stays 8 MiB
         return z
 
     peak = bench.peak_memory(fn)
@@ -69,7 +69,7 @@ def test_peak_memory_counts_frees_and_not_preexisting():
     lin = torch.nn.Linear(256, 256)
     x = torch.randn(64, 256)
     peak = bench.peak_memory(lambda: lin(x).square().sum().backward())
-    assert peak >= 256 * 256 * 4                     # the weight gradient at least
+    assert peak >= 256 * 256 * 4  # the weight gradient at least
     with bench.track_peak_memory("cpu") as t:
         torch.zeros(1000)
     assert t.peak_bytes == 4000
@@ -103,8 +103,8 @@ def test_peak_memory_sees_exact_arithmetic_and_simulated_ops():
     from mpt_lab.formats import round_to
     from mpt_lab.simulate import simulate
 
-    x = torch.randn(2**18)                                       # 1 MiB, made before: not counted
-    assert bench.peak_memory(lambda: round_to(x, "FP16")) >= x.nbytes   # at least its result
+    x = torch.randn(2**18)  # 1 MiB, made before: not counted
+    assert bench.peak_memory(lambda: round_to(x, "FP16")) >= x.nbytes  # at least its result
     with simulate("FP16", mode="all"):
         peak = bench.peak_memory(lambda: x * 3.0)
     assert peak >= x.nbytes

@@ -17,15 +17,24 @@ FORMATS = ["FP16", "BF16", "FP8_E4M3", "FP8_E5M2", "FP6_E3M2", "FP6_E2M3", "FP4_
 @pytest.fixture(scope="module")
 def result(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench") / "speed.json"
-    assert load_benchmark("round_to_speed").main(["--profile", "quick", "--set", "n=4096", "--set", "repeat=2", "--no-progress",
-                         "--out", str(out)]) == 0
+    assert (
+        load_benchmark("round_to_speed").main(
+            ["--profile", "quick", "--set", "n=4096", "--set", "repeat=2", "--no-progress", "--out", str(out)]
+        )
+        == 0
+    )
     return load_json(out)
 
 
 def test_every_row_is_measured(result):
     rows = result["rows"]
-    want = {(i, f, r, d) for i in ("torch", "numpy") for f in FORMATS for r in ("nearest_even", "stochastic")
-            for d in ("normal", "wide")}
+    want = {
+        (i, f, r, d)
+        for i in ("torch", "numpy")
+        for f in FORMATS
+        for r in ("nearest_even", "stochastic")
+        for d in ("normal", "wide")
+    }
     assert {(r["input"], r["format"], r["rounding"], r["data"]) for r in rows} == want and len(rows) == len(want)
     for r in rows:
         assert r["native_s"] > 0 and r["round_to_s"] > 0
@@ -60,8 +69,9 @@ def test_provenance_load_and_summary(result):
     assert {"torch", "numpy", "ml_dtypes"} <= set(prov["versions"])
     assert set(result["load_average"]) == {"start", "end"}
     summary = result["summary"]
-    assert set(summary) == {f"{i} {r} {d}" for i in ("torch", "numpy") for r in ("nearest_even", "stochastic")
-                            for d in ("normal", "wide")}
+    assert set(summary) == {
+        f"{i} {r} {d}" for i in ("torch", "numpy") for r in ("nearest_even", "stochastic") for d in ("normal", "wide")
+    }
     for key, ratio in summary.items():
         i, r, d = key.split()
         assert ratio == max(x["ratio"] for x in result["rows"] if (x["input"], x["rounding"], x["data"]) == (i, r, d))
@@ -87,4 +97,4 @@ def test_readme_quotes_the_saved_book_build():
     verdict = "within" if d["within_budget"]["book"] else "over"
     assert f"{verdict} its {d['budget_seconds']['book']} s budget" in readme
     slowest = max(d["notebook_seconds"], key=d["notebook_seconds"].get)
-    assert f"`{slowest}` takes {round(d['notebook_seconds'][slowest])} s" in readme     # by name: chapters renumber
+    assert f"`{slowest}` takes {round(d['notebook_seconds'][slowest])} s" in readme  # by name: chapters renumber

@@ -22,7 +22,7 @@ from mpt_lab.training import RecipeRun, shift_eps
 # ------------------------------------------------------------------------------------------------- corpus
 def test_kjv_is_the_whole_bible():
     verses = kjv_verses()
-    assert verses[0][0] == 0 and verses[-1][0] == 1188          # 1,189 chapters, Genesis 1 … Revelation 22
+    assert verses[0][0] == 0 and verses[-1][0] == 1188  # 1,189 chapters, Genesis 1 … Revelation 22
     assert "In the beginning God created" in verses[0][1]
     assert any("For God so loved the world" in t for _, t in verses)
     assert "Amen" in verses[-1][1]
@@ -32,11 +32,11 @@ def test_corpus_split_and_vocabulary():
     c = kjv_corpus()
     assert c.vocab[:2] == SPECIALS and len(set(c.vocab)) == c.vocab_size
     assert 800_000 < len(c.train) < 1_000_000 and 30_000 < len(c.valid) < 60_000
-    assert c.unk_rate("train") == 0.0 and 0 < c.unk_rate("valid") < 0.02   # vocabulary from training text only
+    assert c.unk_rate("train") == 0.0 and 0 < c.unk_rate("valid") < 0.02  # vocabulary from training text only
     assert c.decode(c.train[:5]) == "in the beginning god created"
     small = kjv_corpus(max_vocab=100)
     assert small.vocab_size == 100 and small.vocab[2:5] == c.vocab[2:5]
-    assert kjv_corpus() is c                                                  # cached
+    assert kjv_corpus() is c  # cached
     with pytest.raises(ValueError, match="min_count"):
         kjv_corpus(min_count=0)
     with pytest.raises(ValueError, match="max_vocab"):
@@ -46,8 +46,18 @@ def test_corpus_split_and_vocabulary():
 
 
 def test_tokenize_and_batches():
-    assert tokenize("3:16 For God so loved the world, that he gave") == \
-        ["for", "god", "so", "loved", "the", "world", ",", "that", "he", "gave"]
+    assert tokenize("3:16 For God so loved the world, that he gave") == [
+        "for",
+        "god",
+        "so",
+        "loved",
+        "the",
+        "world",
+        ",",
+        "that",
+        "he",
+        "gave",
+    ]
     with pytest.raises(TypeError, match="text"):
         tokenize(3)
     ids = torch.arange(103)
@@ -55,7 +65,7 @@ def test_tokenize_and_batches():
     assert s.shape == (25, 4) and s[:, 1].tolist() == list(range(25, 50))
     pairs = list(bptt_batches(s, 10))
     assert [x.shape[0] for x, _ in pairs] == [10, 10, 4]
-    assert all(torch.equal(y, s[i * 10 + 1:i * 10 + 1 + len(y)]) for i, (_, y) in enumerate(pairs))
+    assert all(torch.equal(y, s[i * 10 + 1 : i * 10 + 1 + len(y)]) for i, (_, y) in enumerate(pairs))
     with pytest.raises(TypeError):
         batchify(torch.zeros(10), 2)
     with pytest.raises(ValueError, match="batch_size"):
@@ -105,16 +115,16 @@ def test_to_float32_rounds_the_gradient_autocast_would_round():
     lin = torch.nn.Linear(8, 4000)
     x, y = 4 * torch.randn(256, 8), torch.randint(0, 4000, (256,))
     with simulate("FP16", mode="autocast"):
-        out = lin(x)                                  # the same FP16 logits as in the block
-    g = torch.autograd.grad(F.cross_entropy(out, y), out)[0]    # their exact float32 gradient
+        out = lin(x)  # the same FP16 logits as in the block
+    g = torch.autograd.grad(F.cross_entropy(out, y), out)[0]  # their exact float32 gradient
     assert (round_to(g, FP16) == 0).float().mean() > 0.2 and (g == 0).sum() == 0
     # the FP16 sum of the rounded gradients (its result is an FP16 value too, as on a GPU), to an FP16 ulp
     expect = round_to(round_to(g, FP16).sum(0), FP16)
     assert torch.equal(with_boundary, round_to(with_boundary, FP16))
-    assert torch.allclose(with_boundary, expect, rtol=2 ** -10, atol=2 ** -24)
-    assert torch.equal(without, with_boundary) and not torch.allclose(without, g.sum(0), rtol=2 ** -10, atol=0)
+    assert torch.allclose(with_boundary, expect, rtol=2**-10, atol=2**-24)
+    assert torch.equal(without, with_boundary) and not torch.allclose(without, g.sum(0), rtol=2**-10, atol=0)
     t = torch.ones(3)
-    assert to_float32(t) is t                      # no gradient: nothing to do
+    assert to_float32(t) is t  # no gradient: nothing to do
     with pytest.raises(TypeError, match="t must be"):
         to_float32(torch.ones(3, dtype=torch.int64))
 
@@ -126,7 +136,7 @@ def test_fp32_is_bit_identical_under_the_gradient_shift(opt_name):
         torch.manual_seed(0)
         m = torch.nn.Sequential(torch.nn.Linear(10, 32), torch.nn.Tanh(), torch.nn.Linear(32, 5))
         if opt_name == "adagrad":
-            opt = torch.optim.Adagrad(m.parameters(), lr=0.1, initial_accumulator_value=0.1 * 4.0 ** -shift)
+            opt = torch.optim.Adagrad(m.parameters(), lr=0.1, initial_accumulator_value=0.1 * 4.0**-shift)
         else:
             opt = torch.optim.Adam(m.parameters(), lr=1e-2)
         shift_eps(opt, shift)
@@ -161,9 +171,9 @@ def test_equivalent_shift():
     assert b["softmax_classes"] == b["sampled_classes"] + 1 == 8193 and b["loss_divisor"] == b["sequences"] == 128
     assert b["tokens_per_batch"] == b["sequences"] * b["bptt"] == 2560 and b["vocab_size"] == 793471
     m = biglstm.sampled_softmax_gradients()["median_log2"]
-    assert biglstm.equivalent_shift(4000, 256) == 2 == round(-math.log2(4000 * 256) - m)   # the quick and cpu profiles
+    assert biglstm.equivalent_shift(4000, 256) == 2 == round(-math.log2(4000 * 256) - m)  # the quick and cpu profiles
     assert biglstm.equivalent_shift(1, 1) == round(-m) == 22
-    assert biglstm.equivalent_shift(793471, 2560) == 0               # a full softmax over bigLSTM's words is lower
+    assert biglstm.equivalent_shift(793471, 2560) == 0  # a full softmax over bigLSTM's words is lower
     with pytest.raises(ValueError):
         biglstm.equivalent_shift(0, 10)
 
@@ -194,10 +204,10 @@ def test_sampled_softmax_gradients_follow_tensorflows_sampled_softmax():
     sim = biglstm.sampled_softmax_gradients(vocab_size=V, num_sampled=K, loss_divisor=D, steps=40, tokens=32, seed=3)
     g = sim["gradients"]
     assert g.dtype == np.float64 and (g > 0).all() and len(g) <= 40 * 32 * K
-    assert len(g) > 0.9 * 40 * 32 * K                               # accidental hits are few, and left out
-    assert abs(sim["normaliser"] - 1) < 0.1                        # Z ≈ V: the log-Q correction's estimate
+    assert len(g) > 0.9 * 40 * 32 * K  # accidental hits are few, and left out
+    assert abs(sim["normaliser"] - 1) < 0.1  # Z ≈ V: the log-Q correction's estimate
     assert abs(sim["frequent_log2"] + math.log2(V * D)) < 1e-12
-    assert sim["smallest_log2"] >= sim["frequent_log2"] - 0.5      # no sampled word below 1/(Z·D), Z ≈ V
+    assert sim["smallest_log2"] >= sim["frequent_log2"] - 0.5  # no sampled word below 1/(Z·D), Z ≈ V
     # the shares agree with the gradients they describe
     assert sim["lost"] == float((F.round_to(g, F.FP16) == 0).mean())
     assert sim["median_log2"] == math.log2(float(np.median(g)))
@@ -229,8 +239,8 @@ def test_sampled_softmax_gradients_against_a_direct_softmax():
 
     V, K, D = 50, 10, 4
     sim = biglstm.sampled_softmax_gradients(vocab_size=V, num_sampled=K, loss_divisor=D, steps=1, tokens=1, seed=7)
-    rng = np.random.default_rng(7)                                # the simulation's own draws, repeated
-    draw = lambda n: (np.floor(np.exp(rng.random(n) * math.log(V + 1))).astype(np.int64) - 1) % V   # noqa: E731
+    rng = np.random.default_rng(7)  # the simulation's own draws, repeated
+    draw = lambda n: (np.floor(np.exp(rng.random(n) * math.log(V + 1))).astype(np.int64) - 1) % V  # noqa: E731
     vals = draw(2 * K)
     while len(np.unique(vals)) < K:
         vals = np.concatenate([vals, draw(K)])
@@ -244,7 +254,7 @@ def test_sampled_softmax_gradients_against_a_direct_softmax():
                 break
     true = draw(1)[0]
     P = biglstm.log_uniform_probability
-    q = lambda k: 1 - (1 - P(k, V)) ** tries                      # noqa: E731
+    q = lambda k: 1 - (1 - P(k, V)) ** tries  # noqa: E731
     logits = np.array([-math.log(q(true))] + [-math.log(q(k)) if k != true else -np.inf for k in sampled])
     p = np.exp(logits - logits.max())
     p /= p.sum()
@@ -256,7 +266,7 @@ def test_sampled_softmax_gradients_against_a_direct_softmax():
 @pytest.fixture(scope="module")
 def lstm_quick():
     torch.set_num_threads(1)
-    return biglstm.run(biglstm.config_for("quick"), progress=False)   # with its shift sweep (0, 6)
+    return biglstm.run(biglstm.config_for("quick"), progress=False)  # with its shift sweep (0, 6)
 
 
 def test_biglstm_quick_reproduces_figure_1(lstm_quick, tmp_path):
@@ -269,13 +279,13 @@ def test_biglstm_quick_reproduces_figure_1(lstm_quick, tmp_path):
     assert fp16 > fp32 + 1.0
     assert abs(static - fp32) < 0.05
     losses = r.arms["fp16_unscaled"]["losses"]
-    assert sum(losses[-20:]) / 20 > min(sum(losses[i:i + 20]) / 20 for i in range(0, len(losses) - 20, 20)) + 0.5
+    assert sum(losses[-20:]) / 20 > min(sum(losses[i : i + 20]) / 20 for i in range(0, len(losses) - 20, 20)) + 0.5
     assert r.final("fp16_unscaled", "ppl") > 2 * r.final("fp32", "ppl")
     # the reason: without scaling nearly all activation-gradient values underflow to zero; S = 128 keeps
     # more of them (the ones still lost are too small to matter); FP32 has no zeros
     z = {a: r.arms[a]["evals"][-1]["zero_share"] for a in r.arms}
     assert z["fp16_unscaled"] > 0.9 and z["fp16_static"] < z["fp16_unscaled"] - 0.05 and z["fp32"] < 0.01
-    assert r.arms["fp32"]["evals"][-1]["fp16_underflow"] > 0.9       # what FP16 would have lost
+    assert r.arms["fp32"]["evals"][-1]["fp16_underflow"] > 0.9  # what FP16 would have lost
     assert not r.arms["fp16_static"]["skipped"] and set(r.arms["fp16_static"]["scales"]) == {128.0}
     back = biglstm.BigLSTMResult.load(r.save(tmp_path / "r.json"))
     assert back == r and "loss scale 128" in figures.divergence_table(back)
@@ -286,8 +296,11 @@ def test_biglstm_quick_reproduces_figure_1(lstm_quick, tmp_path):
     assert sweep["fp32"] == pytest.approx(fp32) and sweep["equivalent_shift"] == 2
     k = str(r.grad_shift)
     assert sorted(sweep["fp16_unscaled"], key=int) == ["0", "6", k] and abs(sweep["fp16_unscaled"]["0"] - fp32) < 0.05
-    assert sweep["fp16_unscaled"][k] == pytest.approx(fp16)                # the main run joins the sweep at its shift
-    assert sweep["fp16_unscaled"]["6"] > sweep["fp16_unscaled"]["0"] and sweep["zero_share"]["6"] > 0.5 > sweep["zero_share"]["0"]
+    assert sweep["fp16_unscaled"][k] == pytest.approx(fp16)  # the main run joins the sweep at its shift
+    assert (
+        sweep["fp16_unscaled"]["6"] > sweep["fp16_unscaled"]["0"]
+        and sweep["zero_share"]["6"] > 0.5 > sweep["zero_share"]["0"]
+    )
     assert sweep["fp16_unscaled"]["6"] - fp32 < 0.1 and sweep["fp16_unscaled"][k] - fp32 > 0.5
     # on the way both FP16 runs run ahead of FP32 (running means of 20 steps, as chapter 8 draws and asserts)
     curve = {a: figures.running_mean(r.arms[a]["losses"], 20)[1] for a in r.arms}
@@ -320,7 +333,7 @@ def test_ssd_table2_quick_reproduces_table_2(tmp_path):
     assert abs(r.final_loss("fp16_static") - r.final_loss("fp32")) < 0.1
     assert not r.diverged("fp32") and not r.diverged("fp16_static")
     fp32_median = r.arms["fp32"]["evals"][-1]["median_log2"]
-    assert -27 <= fp32_median <= -21          # the shift places the histogram's median near FP16's 2^-24
+    assert -27 <= fp32_median <= -21  # the shift places the histogram's median near FP16's 2^-24
     back = ssd_table2.SSDTable2Result.load(r.save(tmp_path / "t.json"))
     assert back == r and "76.9" in figures.divergence_table(back, paper=ssd_table2.PAPER["Multibox SSD"])
     with pytest.raises(ValueError, match="arm"):
@@ -335,15 +348,23 @@ def test_the_shift_is_a_larger_batch_measured():
     from mpt_lab.experiments import lm_gradient_scale as lgs
 
     torch.set_num_threads(1)
-    cfg = lgs.Config(profile="quick", vocabs=(128, 512), batch_sizes=(4, 16), bptt=8, steps=6, record_steps=2,
-                     shift_check=5, threads=1)
+    cfg = lgs.Config(
+        profile="quick",
+        vocabs=(128, 512),
+        batch_sizes=(4, 16),
+        bptt=8,
+        steps=6,
+        record_steps=2,
+        shift_check=5,
+        threads=1,
+    )
     r = lgs.run(cfg, progress=False)
-    assert r.shift_check["exact"] and r.shift_check["same_losses"]      # bit-identical FP32 run, histogram × 2⁻⁵
+    assert r.shift_check["exact"] and r.shift_check["same_losses"]  # bit-identical FP32 run, histogram × 2⁻⁵
     for which in ("init", "trained"):
         for c in r.comparisons(which):
-            if c["axis"] == "N":      # the mean over 4× the tokens: the same histogram 2 binades lower
+            if c["axis"] == "N":  # the mean over 4× the tokens: the same histogram 2 binades lower
                 assert abs(c["shifted_median"] - c["measured_median"]) < 0.15, c
-            else:                     # 4× the words: the median moves by about 2 binades too
+            else:  # 4× the words: the median moves by about 2 binades too
                 assert abs(c["shifted_median"] - c["measured_median"]) < 0.75, c
         f = r.fit(which)
         assert abs(f["b"] + 1) < 0.1 and -1.2 < f["a"] < -0.5
@@ -353,17 +374,16 @@ def test_the_long_profile_runs_without_a_shift():
     cfg = biglstm.config_for("long")
     cfg.validate()
     assert cfg.grad_shift == 0 and tuple(cfg.recipes) == LOSS_SCALING and cfg.threads == 1
-    assert not cfg.sweep_shifts and cfg.valid_tokens == 0           # the whole validation split
+    assert not cfg.sweep_shifts and cfg.valid_tokens == 0  # the whole validation split
     # tokens per batch: a word's gradient p/N underflows in FP16 for p < N · 2⁻²⁵ = 2⁻⁹, with no shift
     n = cfg.batch_size * cfg.bptt
-    assert n == 2 ** 16 and math.log2(cfg.max_vocab * n) >= 27
-    assert build_lstm_lm(cfg.model, cfg.max_vocab).lstm.hidden_size == 128      # the "lean" model
+    assert n == 2**16 and math.log2(cfg.max_vocab * n) >= 27
+    assert build_lstm_lm(cfg.model, cfg.max_vocab).lstm.hidden_size == 128  # the "lean" model
     cmd = biglstm.EXPERIMENT.command(cfg, "book/results/biglstm_long.json")
-    assert cmd == ("python -m mpt_lab.experiments.biglstm --profile long "
-                   "--out book/results/biglstm_long.json")
+    assert cmd == ("python -m mpt_lab.experiments.biglstm --profile long --out book/results/biglstm_long.json")
     # the profiles chapter 8 runs live keep their shift and sizes
     assert biglstm.config_for("cpu").grad_shift == 11 and biglstm.config_for("cpu").max_vocab == 4000
-    assert biglstm.config_for("cpu").sweep_shifts == (0, 6, 7, 8, 9, 10)       # with its own k = 11: every k from 6
+    assert biglstm.config_for("cpu").sweep_shifts == (0, 6, 7, 8, 9, 10)  # with its own k = 11: every k from 6
     assert biglstm.config_for("cpu").recipes == ("fp32", "fp16_unscaled", "fp16_static")
 
 
@@ -371,8 +391,9 @@ def test_the_saved_long_result_is_figure_1_without_a_shift():
     r = biglstm.EXPERIMENT.saved("long")
     if r is None:
         pytest.skip("book/results/biglstm_long.json is not saved yet")
-    assert r.provenance["command"] == ("python -m mpt_lab.experiments.biglstm --profile long "
-                                       "--out book/results/biglstm_long.json")
+    assert r.provenance["command"] == (
+        "python -m mpt_lab.experiments.biglstm --profile long --out book/results/biglstm_long.json"
+    )
     assert r.config["grad_shift"] == 0 and r.grad_shift == 0 and set(r.arms) == set(LOSS_SCALING) and not r.real_fp16
     assert r.provenance["config"] == r.config and r.provenance["date"] and r.provenance["versions"]["torch"]
     fp32 = r.final("fp32")
@@ -386,7 +407,7 @@ def test_plot_gradient_shift_draws_the_three_stages():
     from mpt_lab.histogram import log2_histogram, lost_share
 
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(50_000, generator=g) * 2.0 ** -14 * torch.exp2(3 * torch.randn(50_000, generator=g))
+    x = torch.randn(50_000, generator=g) * 2.0**-14 * torch.exp2(3 * torch.randn(50_000, generator=g))
     h = log2_histogram(x)
     fig = figures.plot_gradient_shift(h, 11, 128.0, label="test")
     axes = fig.axes

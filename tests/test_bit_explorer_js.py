@@ -56,11 +56,23 @@ def format_table_js() -> str:
     """The JavaScript format table (the lines between BEGIN/END FORMATS in bit_explorer.js)."""
     rows = []
     for f in F.FORMATS.values():
-        rows.append("    {" + ", ".join([
-            f"name: {json.dumps(f.name)}", f"exponentBits: {f.exponent_bits}", f"mantissaBits: {f.mantissa_bits}",
-            f"bias: {f.bias}", f"signed: {json.dumps(f.signed)}", f"infinities: {json.dumps(f.infinities)}",
-            f"nan: {json.dumps(f.nan)}", f"subnormals: {json.dumps(f.subnormals)}",
-            f"source: {json.dumps(f.source)}"]) + "}")
+        rows.append(
+            "    {"
+            + ", ".join(
+                [
+                    f"name: {json.dumps(f.name)}",
+                    f"exponentBits: {f.exponent_bits}",
+                    f"mantissaBits: {f.mantissa_bits}",
+                    f"bias: {f.bias}",
+                    f"signed: {json.dumps(f.signed)}",
+                    f"infinities: {json.dumps(f.infinities)}",
+                    f"nan: {json.dumps(f.nan)}",
+                    f"subnormals: {json.dumps(f.subnormals)}",
+                    f"source: {json.dumps(f.source)}",
+                ]
+            )
+            + "}"
+        )
     return "  var FORMAT_TABLE = [\n" + ",\n".join(rows) + "\n  ];"
 
 
@@ -68,8 +80,9 @@ def test_js_format_table_is_generated_from_the_catalogue():
     text = SCRIPT.read_text(encoding="utf-8")
     block = re.search(r"// BEGIN FORMATS\n(.*?)\n\s*// END FORMATS", text, re.S)
     assert block, "bit_explorer.js lost its BEGIN/END FORMATS markers"
-    assert block.group(1) == format_table_js(), \
+    assert block.group(1) == format_table_js(), (
         "bit_explorer.js's format table differs from mpt_lab.formats: run python tests/test_bit_explorer_js.py"
+    )
 
 
 def test_css_uses_the_widget_field_colours():
@@ -97,7 +110,11 @@ def value_forms(x: float, i: int) -> str:
     if math.isinf(x):
         return "inf" if x > 0 else "-inf"
     if x == 0:
-        return ("-0", "-0x0p+0", "-0/7", "-0.000e5")[i % 4] if math.copysign(1.0, x) < 0 else ("0", "0x0p+0", "0/3", "0E-9")[i % 4]
+        return (
+            ("-0", "-0x0p+0", "-0/7", "-0.000e5")[i % 4]
+            if math.copysign(1.0, x) < 0
+            else ("0", "0x0p+0", "0/3", "0E-9")[i % 4]
+        )
     return (format(Decimal(x), "f"), x.hex(), str(Fraction(x)), str(Decimal(x)))[i % 4]
 
 
@@ -121,8 +138,10 @@ def session():
 @pytest.fixture(scope="module")
 def api(session, tmp_path_factory):
     page_file = tmp_path_factory.mktemp("api") / "api.html"
-    page_file.write_text('<!doctype html><meta charset="utf-8"><title>api</title>'
-                         f'<script src="{SCRIPT.as_uri()}"></script>', encoding="utf-8")
+    page_file.write_text(
+        f'<!doctype html><meta charset="utf-8"><title>api</title><script src="{SCRIPT.as_uri()}"></script>',
+        encoding="utf-8",
+    )
     page = session.new_page()
     page.goto(page_file.as_uri())
     page.wait_for_function("window.MPTBitExplorer !== undefined")
@@ -133,12 +152,15 @@ def api(session, tmp_path_factory):
 def js_map(page, fn: str, args: list, chunk: int = 20_000) -> list:
     """Call the API function ``fn`` (e.g. "MPTBitExplorer.round") on each argument list; errors → {"error"}."""
     out = []
-    for k in range(0, len(args), chunk):   # JSON strings both ways: Playwright's own serializer is slow for bulk
-        out += json.loads(page.evaluate(
-            """([fn, args]) => { const f = fn.split(".").reduce((o, k) => o[k], window);
+    for k in range(0, len(args), chunk):  # JSON strings both ways: Playwright's own serializer is slow for bulk
+        out += json.loads(
+            page.evaluate(
+                """([fn, args]) => { const f = fn.split(".").reduce((o, k) => o[k], window);
                  return JSON.stringify(JSON.parse(args).map(a => {
                    try { return f(...a); } catch (e) { return {error: String(e.message)}; } })); }""",
-            [fn, json.dumps(args[k:k + chunk])]))
+                [fn, json.dumps(args[k : k + chunk])],
+            )
+        )
     return out
 
 
@@ -152,10 +174,18 @@ def test_js_formats_equal_the_python_catalogue(api):
     assert order == list(F.FORMATS)
     for name, f in F.FORMATS.items():
         t = table[name]
-        assert (t["bits"], t["exponentBits"], t["mantissaBits"], t["bias"]) == \
-               (f.bits, f.exponent_bits, f.mantissa_bits, f.bias), name
-        assert (t["signed"], t["infinities"], t["nan"], t["subnormals"]) == \
-               (f.signed, f.infinities, f.nan, f.subnormals), name
+        assert (t["bits"], t["exponentBits"], t["mantissaBits"], t["bias"]) == (
+            f.bits,
+            f.exponent_bits,
+            f.mantissa_bits,
+            f.bias,
+        ), name
+        assert (t["signed"], t["infinities"], t["nan"], t["subnormals"]) == (
+            f.signed,
+            f.infinities,
+            f.nan,
+            f.subnormals,
+        ), name
         assert (t["emin"], t["emax"], t["max"], t["source"]) == (f.emin, f.emax, exact(f.max), f.source), name
         assert F.decode(hexcode(t["maxCode"]), f) == f.max, name
 
@@ -169,11 +199,24 @@ def check_decode(api, fmt_name: str, codes: np.ndarray) -> int:
     res = js_map(api, "MPTBitExplorer.decode", [[fmt_name, hex(int(c))] for c in codes])
     bad = []
     for i, (c, r) in enumerate(zip(codes.tolist(), res)):
-        want = {"code": c, "kind": str(kinds[i]), "sign": int(d.sign[i]), "exponentField": int(d.exponent[i]),
-                "mantissaField": int(d.mantissa[i]), "unbiasedExponent": int(d.unbiased_exponent[i]),
-                "bits": str(bits[i])}
-        got = {"code": hexcode(r["code"]), "kind": r["kind"], "sign": r["sign"], "exponentField": r["exponentField"],
-               "mantissaField": r["mantissaField"], "unbiasedExponent": r["unbiasedExponent"], "bits": r["bits"]}
+        want = {
+            "code": c,
+            "kind": str(kinds[i]),
+            "sign": int(d.sign[i]),
+            "exponentField": int(d.exponent[i]),
+            "mantissaField": int(d.mantissa[i]),
+            "unbiasedExponent": int(d.unbiased_exponent[i]),
+            "bits": str(bits[i]),
+        }
+        got = {
+            "code": hexcode(r["code"]),
+            "kind": r["kind"],
+            "sign": r["sign"],
+            "exponentField": r["exponentField"],
+            "mantissaField": r["mantissaField"],
+            "unbiasedExponent": r["unbiasedExponent"],
+            "bits": r["bits"],
+        }
         v = float(d.value[i])
         ok_value = (r["exact"] in ("nan", "-nan")) if math.isnan(v) else r["exact"] == exact(v)
         if got != want or not ok_value:
@@ -198,11 +241,21 @@ def test_decode_random_codes_of_the_wide_formats(api):
         f = F.FORMATS[name]
         codes = rng.integers(0, 1 << f.bits, size=10_000, dtype=np.uint64)
         top = (1 << f.exponent_bits) - 1
-        edges = [0, 1, (1 << f.mantissa_bits) - 1, 1 << f.mantissa_bits, top << f.mantissa_bits,
-                 (top << f.mantissa_bits) + 1, (1 << f.bits) - 1, 1 << (f.bits - 1)]
+        edges = [
+            0,
+            1,
+            (1 << f.mantissa_bits) - 1,
+            1 << f.mantissa_bits,
+            top << f.mantissa_bits,
+            (top << f.mantissa_bits) + 1,
+            (1 << f.bits) - 1,
+            1 << (f.bits - 1),
+        ]
         n += check_decode(api, name, np.concatenate([codes, np.array(edges, dtype=np.uint64)]))
-    print(f"\n[decode] {n} codes of {', '.join(WIDE)} (10,000 random each + edges): 0 mismatches "
-          f"in {time.perf_counter() - t0:.2f} s")
+    print(
+        f"\n[decode] {n} codes of {', '.join(WIDE)} (10,000 random each + edges): 0 mismatches "
+        f"in {time.perf_counter() - t0:.2f} s"
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -230,12 +283,27 @@ def probe_values(fmt: F.FloatFormat, rng) -> list[float]:
         u = F.decode(codes + 1, fmt)
         keep = np.isfinite(v) & np.isfinite(u)
         grid, ups = v[keep], u[keep]
-    mids = (grid + ups) / 2                       # exact in float64 for every format up to FP32
+    mids = (grid + ups) / 2  # exact in float64 for every format up to FP32
     assert np.all((mids > grid) & (mids < ups))
     big, top_ulp = fmt.max, F.ulp(fmt.max, fmt)
     tiny = fmt.smallest_subnormal
-    special = [big, big + top_ulp / 2, big + top_ulp, 2 * big, 1e300, tiny, tiny / 2, tiny / 4, tiny * 1.5,
-               fmt.smallest_normal, fmt.smallest_normal * (1 - 2**-30), 5e-324, 1.0, 1 / 3, 0.1]
+    special = [
+        big,
+        big + top_ulp / 2,
+        big + top_ulp,
+        2 * big,
+        1e300,
+        tiny,
+        tiny / 2,
+        tiny / 4,
+        tiny * 1.5,
+        fmt.smallest_normal,
+        fmt.smallest_normal * (1 - 2**-30),
+        5e-324,
+        1.0,
+        1 / 3,
+        0.1,
+    ]
     xs = [float(x) for x in grid] + _with_neighbours([float(x) for x in mids]) + _with_neighbours(special)
     xs = [x for x in xs if math.isfinite(x)]
     xs = sorted(set(xs)) + [-x for x in xs] + [0.0, -0.0, math.inf, -math.inf]
@@ -249,8 +317,11 @@ def check_round(api, fmt_name: str, xs: list[float]) -> int:
     for mode, sat in CASES:
         want = F.encode(np.array(xs, dtype=np.float64), f, rounding=mode, saturate=sat)
         got = js_map(api, "MPTBitExplorer.round", [[fmt_name, t, mode, sat] for t in texts])
-        bad = [(t, mode, sat, hex(int(w)), g) for t, w, g in zip(texts, want.tolist(), got)
-               if not isinstance(g, str) or hexcode(g) != int(w)]
+        bad = [
+            (t, mode, sat, hex(int(w)), g)
+            for t, w, g in zip(texts, want.tolist(), got)
+            if not isinstance(g, str) or hexcode(g) != int(w)
+        ]
         assert not bad, f"{len(bad)} of {len(xs)} {fmt_name} roundings differ, e.g. {bad[:4]}"
         n += len(xs)
     # NaN: the canonical NaN of the format, or an error where the format has none (as round_to's ValueError)
@@ -274,8 +345,10 @@ def test_round_small_formats_everywhere(api):
     t0, n = time.perf_counter(), 0
     for name in SMALL:
         n += check_round(api, name, probe_values(F.FORMATS[name], rng))
-    print(f"\n[round] {n} roundings (nearest-even / toward-zero × saturate) in {', '.join(SMALL)}: "
-          f"0 mismatches in {time.perf_counter() - t0:.2f} s")
+    print(
+        f"\n[round] {n} roundings (nearest-even / toward-zero × saturate) in {', '.join(SMALL)}: "
+        f"0 mismatches in {time.perf_counter() - t0:.2f} s"
+    )
 
 
 @needs_browser
@@ -284,14 +357,16 @@ def test_round_wide_formats_around_sampled_values(api):
     t0, n = time.perf_counter(), 0
     for name in ("FP16", "BF16", "TF32", "FP32"):
         n += check_round(api, name, probe_values(F.FORMATS[name], rng))
-    print(f"\n[round] {n} roundings in FP16, BF16, TF32, FP32 (ties, boundaries, subnormals, overflow): "
-          f"0 mismatches in {time.perf_counter() - t0:.2f} s")
+    print(
+        f"\n[round] {n} roundings in FP16, BF16, TF32, FP32 (ties, boundaries, subnormals, overflow): "
+        f"0 mismatches in {time.perf_counter() - t0:.2f} s"
+    )
 
 
 def fp64_oracle(s: str, mode: str, sat: bool) -> int:
     """The FP64 code of the decimal string (or fraction) s: Python's float() rounds correctly to nearest-even."""
     q = Fraction(s)
-    x = float(s) if "/" not in s else float(q)   # both correctly rounded (CPython's int / int is)
+    x = float(s) if "/" not in s else float(q)  # both correctly rounded (CPython's int / int is)
     if mode == "toward_zero":
         if math.isinf(x):
             x = math.copysign(F.FP64.max, x)
@@ -305,10 +380,27 @@ def fp64_oracle(s: str, mode: str, sat: bool) -> int:
 @needs_browser
 def test_round_decimal_strings_to_fp64(api):
     rng = np.random.default_rng(3)
-    texts = ["9007199254740993", "9007199254740995", "0.1", "1e23", "2.4703282292062327e-324",
-             "2.4703282292062328e-324", "1.7976931348623157e308", "1.7976931348623158e308",
-             "1.797693134862315807e308", "1e309", "-1e-400", "4.9406564584124654e-324", "2.2250738585072011e-308",
-             "2.2250738585072014e-308", "123456789012345678901234567890", "1/3", "-2/3", "1e-7", "65504.5"]
+    texts = [
+        "9007199254740993",
+        "9007199254740995",
+        "0.1",
+        "1e23",
+        "2.4703282292062327e-324",
+        "2.4703282292062328e-324",
+        "1.7976931348623157e308",
+        "1.7976931348623158e308",
+        "1.797693134862315807e308",
+        "1e309",
+        "-1e-400",
+        "4.9406564584124654e-324",
+        "2.2250738585072011e-308",
+        "2.2250738585072014e-308",
+        "123456789012345678901234567890",
+        "1/3",
+        "-2/3",
+        "1e-7",
+        "65504.5",
+    ]
     for _ in range(3000):
         digits = "".join(rng.choice(list("0123456789"), size=int(rng.integers(1, 30))))
         e = int(rng.integers(-340, 320))
@@ -316,12 +408,17 @@ def test_round_decimal_strings_to_fp64(api):
     t0, n = time.perf_counter(), 0
     for mode, sat in CASES:
         got = js_map(api, "MPTBitExplorer.round", [["FP64", t, mode, sat] for t in texts])
-        bad = [(t, mode, sat, hex(fp64_oracle(t, mode, sat)), g) for t, g in zip(texts, got)
-               if hexcode(g) != fp64_oracle(t, mode, sat)]
+        bad = [
+            (t, mode, sat, hex(fp64_oracle(t, mode, sat)), g)
+            for t, g in zip(texts, got)
+            if hexcode(g) != fp64_oracle(t, mode, sat)
+        ]
         assert not bad, f"{len(bad)} of {len(texts)} FP64 roundings differ, e.g. {bad[:4]}"
         n += len(texts)
-    print(f"\n[round] {n} decimal strings to FP64 against Python's float(): 0 mismatches "
-          f"in {time.perf_counter() - t0:.2f} s")
+    print(
+        f"\n[round] {n} decimal strings to FP64 against Python's float(): 0 mismatches "
+        f"in {time.perf_counter() - t0:.2f} s"
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -335,7 +432,7 @@ def neighbour_values(r: dict) -> tuple:
 @needs_browser
 def test_neighbours_as_nextafter(api):
     n = 0
-    for name in SMALL:                            # against the sorted list of all values
+    for name in SMALL:  # against the sorted list of all values
         f = F.FORMATS[name]
         vals = F.values(f)
         codes = list(range(1 << f.bits))
@@ -359,8 +456,10 @@ def test_neighbours_as_nextafter(api):
         with np.errstate(over="ignore"):
             down, up = np.nextafter(vals, dt(-np.inf)), np.nextafter(vals, dt(np.inf))
         for v, d, u, r in zip(vals, down, up, res):
-            want = tuple(exact(float(w)).replace("-0", "0") if w == 0 else exact(float(w)) if np.isfinite(w) else None
-                         for w in (d, u))
+            want = tuple(
+                exact(float(w)).replace("-0", "0") if w == 0 else exact(float(w)) if np.isfinite(w) else None
+                for w in (d, u)
+            )
             assert neighbour_values(r) == want, (name, float(v), r)
             n += 1
     print(f"\n[neighbours] {n} codes: 0 mismatches")
@@ -371,8 +470,12 @@ def test_ulp_as_mpt_lab(api):
     rng = np.random.default_rng(5)
     n = 0
     for name, f in F.FORMATS.items():
-        xs = np.concatenate([[0.0, f.smallest_subnormal, f.smallest_normal, f.max, 1.0, 3.0, 1e-30, 1e30],
-                             np.exp2(rng.uniform(-150, 150, size=300)) * rng.choice([-1, 1], size=300)])
+        xs = np.concatenate(
+            [
+                [0.0, f.smallest_subnormal, f.smallest_normal, f.max, 1.0, 3.0, 1e-30, 1e30],
+                np.exp2(rng.uniform(-150, 150, size=300)) * rng.choice([-1, 1], size=300),
+            ]
+        )
         want = F.ulp(xs, f)
         got = js_map(api, "MPTBitExplorer.ulp", [[name, value_forms(float(x), i)] for i, x in enumerate(xs)])
         assert got == [exact(float(w)) for w in want], name
@@ -383,9 +486,9 @@ def test_ulp_as_mpt_lab(api):
 @needs_browser
 def test_typed_syntax_and_exact_errors(api):
     ev = api.evaluate
-    assert ev("MPTBitExplorer.parse('0x3C00')") == {"type": "code", "code": "0x3C00"}       # 0x without p: a code
+    assert ev("MPTBitExplorer.parse('0x3C00')") == {"type": "code", "code": "0x3C00"}  # 0x without p: a code
     assert ev("MPTBitExplorer.parse('0b0011110000000000')") == {"type": "code", "code": "0x3C00"}
-    assert ev("MPTBitExplorer.parse('0x1.8p3')") == {"type": "value", "exact": "12"}        # with p: a value
+    assert ev("MPTBitExplorer.parse('0x1.8p3')") == {"type": "value", "exact": "12"}  # with p: a value
     assert ev("MPTBitExplorer.parse('−1/3')") == {"type": "value", "exact": "-1/3"}
     assert ev("MPTBitExplorer.parse(' 1_000.5e-1 ')") == {"type": "value", "exact": "100.05"}
     assert ev("MPTBitExplorer.round('FP32', '-314.625')") == "0xC39D5000"
@@ -395,7 +498,7 @@ def test_typed_syntax_and_exact_errors(api):
         with pytest.raises(Exception):
             ev(f"MPTBitExplorer.parse({json.dumps(bad)})")
     with pytest.raises(Exception):
-        ev("MPTBitExplorer.round('FP16', '0x3C00')")              # a code is not a value to round
+        ev("MPTBitExplorer.round('FP16', '0x3C00')")  # a code is not a value to round
     with pytest.raises(Exception):
         ev("MPTBitExplorer.round('FP17', '1')")
     # the exact rounding error: a decimal when it has one, else a fraction
@@ -410,7 +513,7 @@ def test_typed_syntax_and_exact_errors(api):
             assert Fraction(r["relative"]) == abs(Fraction(r["error"]) / Fraction(x))
     r = ev("MPTBitExplorer.roundDetail('FP32', '1e-46', 'toward_zero')")
     assert r["code"] == "0x00000000" and r["error"] == "-0.0000000000000000000000000000000000000000000001"
-    r = ev("MPTBitExplorer.decode('FP32', '0x00000001')")        # FP32's smallest subnormal, every digit
+    r = ev("MPTBitExplorer.decode('FP32', '0x00000001')")  # FP32's smallest subnormal, every digit
     assert r["exact"] == format(Decimal(2.0**-149), "f") and len(r["exact"]) == 151
 
 
@@ -450,23 +553,37 @@ def build_throwaway_book(dest: Path) -> Path:
     (dest / "_config.yml").write_text(yaml.safe_dump(cfg), encoding="utf-8")
     (dest / "_toc.yml").write_text("format: jb-book\nroot: intro\nchapters:\n  - file: notebooks/explorer\n")
     shutil.copytree(STATIC, dest / "book" / "_static")
-    for folder in (cfg.get("sphinx", {}).get("local_extensions") or {}).values():   # e.g. book/_ext
+    for folder in (cfg.get("sphinx", {}).get("local_extensions") or {}).values():  # e.g. book/_ext
         shutil.copytree(ROOT / folder, dest / folder, dirs_exist_ok=True)
     shutil.copy(ROOT / "book" / "references.bib", dest / "book" / "references.bib")
     (dest / "intro.md").write_text(MATH_PAGE, encoding="utf-8")
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     code = nbformat.v4.new_code_cell("from IPython.display import Math\nMath(r'x = \\frac{1}{3}')")
-    code.outputs = [nbformat.v4.new_output("execute_result", execution_count=1,
-                                           data={"text/latex": "$\\displaystyle x = \\frac{1}{3}$",
-                                                 "text/plain": "<IPython.core.display.Math object>"})]
-    nb.cells = [nbformat.v4.new_markdown_cell("# The bit explorer\n\nThe value $-314.625$ in FP16:\n\n" + SNIPPET),
-                code]
+    code.outputs = [
+        nbformat.v4.new_output(
+            "execute_result",
+            execution_count=1,
+            data={
+                "text/latex": "$\\displaystyle x = \\frac{1}{3}$",
+                "text/plain": "<IPython.core.display.Math object>",
+            },
+        )
+    ]
+    nb.cells = [
+        nbformat.v4.new_markdown_cell("# The bit explorer\n\nThe value $-314.625$ in FP16:\n\n" + SNIPPET),
+        code,
+    ]
     (dest / "notebooks").mkdir()
     nbformat.write(nb, dest / "notebooks" / "explorer.ipynb")
     jb = Path(sys.executable).parent / "jupyter-book"
-    res = subprocess.run([str(jb), "build", str(dest), "--path-output", str(dest), "-W", "-n", "--keep-going"],
-                         capture_output=True, text=True, timeout=600, env=subprocess_env())
+    res = subprocess.run(
+        [str(jb), "build", str(dest), "--path-output", str(dest), "-W", "-n", "--keep-going"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=subprocess_env(),
+    )
     assert res.returncode == 0, (res.stdout + res.stderr)[-5000:]
     return dest / "_build" / "html"
 
@@ -507,10 +624,12 @@ def test_book_formulas_render_offline(session, throwaway_book):
                                           document.body.appendChild(m); const t = m.innerText; m.remove(); return t; }""")
         assert n >= at_least, (rel, n)
         assert "\\(" not in text and "\\[" not in text and "$x^2$" not in text and "\\frac" not in text, text[:2000]
-        assert page.locator("mjx-container svg").count() == n          # SVG output: no web fonts needed
+        assert page.locator("mjx-container svg").count() == n  # SVG output: no web fonts needed
         session.screenshot(page, "book_" + rel.replace("/", "_").replace(".html", ""), full_page=True)
-    print(f"\n[book] formulas rendered offline; blocked requests: {session.blocked}; failed file requests: "
-          f"{local_failures(session)}")
+    print(
+        f"\n[book] formulas rendered offline; blocked requests: {session.blocked}; failed file requests: "
+        f"{local_failures(session)}"
+    )
     assert not session.blocked, f"the book asked the network for: {session.blocked}"
     assert not local_failures(session), local_failures(session)
     page.close()
@@ -518,7 +637,7 @@ def test_book_formulas_render_offline(session, throwaway_book):
 
 def rgb(hex_colour: str) -> str:
     h = hex_colour.lstrip("#")
-    return "rgb({}, {}, {})".format(*(int(h[i:i + 2], 16) for i in (0, 2, 4)))
+    return "rgb({}, {}, {})".format(*(int(h[i : i + 2], 16) for i in (0, 2, 4)))
 
 
 @pytest.mark.slow
@@ -529,10 +648,12 @@ def test_book_explorer_clicks_and_typing(session, throwaway_book):
     host = page.locator(".mpt-bit-explorer")
     host.locator("button.mpt-be-bit").first.wait_for()
     assert host.count() == 1 and "mpt-be-mounted" in host.get_attribute("class")
-    assert "runs in the rendered book" not in host.inner_text()        # the fallback text was replaced
+    assert "runs in the rendered book" not in host.inner_text()  # the fallback text was replaced
     # the stylesheet came along from the script's folder, and the field colours are the widget's
     for field, colour in widgets.FIELD_COLORS.items():
-        bg = host.locator(f"button.mpt-be-bit.mpt-be-{field}").first.evaluate("b => getComputedStyle(b).backgroundColor")
+        bg = host.locator(f"button.mpt-be-bit.mpt-be-{field}").first.evaluate(
+            "b => getComputedStyle(b).backgroundColor"
+        )
         assert bg == rgb(colour), (field, bg)
 
     def out(name):
@@ -546,7 +667,7 @@ def test_book_explorer_clicks_and_typing(session, throwaway_book):
     assert out("code").startswith("0xDCEA") and out("kind") == "normal" and out("exact") == "-314.5"
     assert rounding("nearest_even")[:2] == ["0xDCEA", "-314.5"] and rounding("nearest_even")[2].startswith("0.125")
 
-    host.locator('button.mpt-be-bit[data-bit="15"]').click()           # the last mantissa bit
+    host.locator('button.mpt-be-bit[data-bit="15"]').click()  # the last mantissa bit
     assert out("code").startswith("0xDCEB") and out("exact") == "-314.75"
     assert host.locator("input.mpt-be-value").input_value() == "-314.75"
     assert host.locator('button.mpt-be-bit[data-bit="15"]').get_attribute("aria-pressed") == "true"
@@ -565,10 +686,12 @@ def test_book_explorer_clicks_and_typing(session, throwaway_book):
     host.locator("button.mpt-be-apply").click()
     assert host.locator("button.mpt-be-bit").count() == 8 and out("kind") == "NaN"
     assert rounding("nearest_even")[0] == "0x7F" and rounding("toward_zero")[:2] == ["0x7E", "448"]
-    assert rounding("nearest_even-saturate")[:2] == ["0x7E", "448"] and rounding("nearest_even-saturate")[2].startswith("-52")
+    assert rounding("nearest_even-saturate")[:2] == ["0x7E", "448"] and rounding("nearest_even-saturate")[2].startswith(
+        "-52"
+    )
 
     host.locator("select.mpt-be-format").select_option("FP16")
-    host.locator("input.mpt-be-value").fill("0x3C00")                  # a code
+    host.locator("input.mpt-be-value").fill("0x3C00")  # a code
     host.locator("input.mpt-be-value").press("Enter")
     assert out("exact") == "1" and host.locator("input.mpt-be-value").input_value() == "1"
     host.locator("input.mpt-be-value").fill("one")

@@ -15,7 +15,7 @@ from conftest import NOTEBOOKS
 
 pytestmark = [pytest.mark.slow]
 
-IMG = re.compile(r'<img[^>]+_images/')
+IMG = re.compile(r"<img[^>]+_images/")
 
 
 def _outputs(nb):
@@ -58,7 +58,7 @@ def test_notebook_executed_cleanly(book, path: Path):
             shown = CODE_LISTING.sub("", text) if what == "a raw NumPy repr" else text
             m = pattern.search(shown)
             if m:
-                problems.append(f"cell {i} ({kind}) shows {what}: …{shown[max(0, m.start() - 80):m.end() + 80]}…")
+                problems.append(f"cell {i} ({kind}) shows {what}: …{shown[max(0, m.start() - 80) : m.end() + 80]}…")
     assert not problems, "\n".join(problems)
     print(f"{path.name}: executed in {book.notebook_seconds.get(path.stem, float('nan')):.0f} s (quick profile)")
 
@@ -122,7 +122,7 @@ def test_citations_link_to_their_bibliography_entries(book):
     assert ("intro.html", "cite-micikevicius2018mixed") in linked
     assert ("01_floating_point.html", "cite-ieee754-2019") in linked
     intro = book.page("book/intro.html")
-    assert "Rouhani <em>et al.</em>, 2023a" in intro          # the MX specification, told apart from the 2023b paper
+    assert "Rouhani <em>et al.</em>, 2023a" in intro  # the MX specification, told apart from the 2023b paper
 
 
 def test_no_page_shows_tracebacks_or_source_file_names(book):
@@ -131,7 +131,7 @@ def test_no_page_shows_tracebacks_or_source_file_names(book):
     for page in pages:
         text = page.read_text()
         assert "Traceback" not in text, page.name
-        assert not re.search(r"[Ss]eed 0\d\d", text), page.name       # the book cites works, not file names
+        assert not re.search(r"[Ss]eed 0\d\d", text), page.name  # the book cites works, not file names
 
 
 def test_every_page_reads_offline_in_a_browser(book):
@@ -145,8 +145,13 @@ def test_every_page_reads_offline_in_a_browser(book):
     if reason:
         pytest.skip(reason)
     pages = sorted(book.html.rglob("*.html"))
-    pages = [p for p in pages if "_static" not in p.parts and p.name not in ("search.html", "genindex.html")
-             and 'http-equiv="Refresh"' not in p.read_text()]          # index.html only redirects
+    pages = [
+        p
+        for p in pages
+        if "_static" not in p.parts
+        and p.name not in ("search.html", "genindex.html")
+        and 'http-equiv="Refresh"' not in p.read_text()
+    ]  # index.html only redirects
     t0 = time.perf_counter()
     problems = []
     with offline_browser() as session:
@@ -155,20 +160,25 @@ def test_every_page_reads_offline_in_a_browser(book):
             page.goto(path.as_uri())
             page.wait_for_load_state("load")
             # MathJax typesets after load: wait for it where the page has formulas
-            page.evaluate("() => (window.MathJax && MathJax.startup && MathJax.startup.promise)"
-                          " ? MathJax.startup.promise.then(() => true) : true")
+            page.evaluate(
+                "() => (window.MathJax && MathJax.startup && MathJax.startup.promise)"
+                " ? MathJax.startup.promise.then(() => true) : true"
+            )
             # the page's text outside code (a regex in a code cell may hold \\[ legitimately)
-            text = page.evaluate("() => { const m = (document.querySelector('main') || document.body).cloneNode(true);"
-                                 " m.querySelectorAll('pre, code, .highlight').forEach(e => e.remove());"
-                                 " document.body.appendChild(m); const t = m.innerText; m.remove(); return t; }")
+            text = page.evaluate(
+                "() => { const m = (document.querySelector('main') || document.body).cloneNode(true);"
+                " m.querySelectorAll('pre, code, .highlight').forEach(e => e.remove());"
+                " document.body.appendChild(m); const t = m.innerText; m.remove(); return t; }"
+            )
             rel = path.relative_to(book.html).as_posix()
             for raw in ("\\(", "\\[", "$$"):
                 if raw in text:
                     problems.append(f"{rel}: raw {raw} in the text")
             if "Error displaying widget" in text:
                 problems.append(f"{rel}: a widget placeholder")
-            broken = page.evaluate("() => Array.from(document.images).filter(i => !i.complete || i.naturalWidth === 0)"
-                                   ".map(i => i.src)")
+            broken = page.evaluate(
+                "() => Array.from(document.images).filter(i => !i.complete || i.naturalWidth === 0).map(i => i.src)"
+            )
             problems += [f"{rel}: broken image {src}" for src in broken]
             wide = page.evaluate("() => document.documentElement.scrollWidth - document.documentElement.clientWidth")
             if wide > 2:
@@ -176,7 +186,9 @@ def test_every_page_reads_offline_in_a_browser(book):
             if rel.startswith("notebooks/"):
                 session.screenshot(page, "book_" + path.stem, full_page=False)
         blocked = list(session.blocked)
-    print(f"\n[browser] {len(pages)} pages opened offline in {time.perf_counter() - t0:.1f} s; "
-          f"blocked requests: {len(blocked)}")
+    print(
+        f"\n[browser] {len(pages)} pages opened offline in {time.perf_counter() - t0:.1f} s; "
+        f"blocked requests: {len(blocked)}"
+    )
     assert not blocked, f"pages asked the network for: {sorted(set(blocked))[:10]}"
     assert not problems, "\n".join(problems)

@@ -17,8 +17,9 @@ PROBE = "import json, mpt_lab.device as d; k = d.cpu_kernels(); print(json.dumps
 
 def _kernels_under(env_extra: dict) -> dict:
     env = dict(subprocess_env(), **env_extra)
-    out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, env=env, cwd=ROOT,
-                         check=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE], capture_output=True, text=True, env=env, cwd=ROOT, check=True, timeout=120
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -33,7 +34,7 @@ def test_cpu_kernels_names_what_this_process_uses():
     k = device.cpu_kernels()
     assert k.capability and isinstance(k.onednn_fp16, bool) and isinstance(k.onednn_bf16, bool)
     assert k.fp16_convolution == ("onednn" if k.onednn_fp16 else "aten")
-    assert k.describe() in device.describe("cpu")          # provenance names the kernels
+    assert k.describe() in device.describe("cpu")  # provenance names the kernels
     assert k == device.cpu_kernels()
 
 
@@ -47,10 +48,22 @@ def test_the_environment_variables_move_the_kernels():
 def test_cpu_kernel_checks_hold_under_a_second_isa():
     env_extra = second_isa()
     here, there = device.cpu_kernels(), _kernels_under(env_extra)
-    assert there != here.__dict__, (here, there)           # the subprocess really runs other kernels
+    assert there != here.__dict__, (here, there)  # the subprocess really runs other kernels
     env = dict(subprocess_env(), **env_extra)
-    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m", "cpu_kernels",
-           "-o", "addopts=", str(ROOT / "tests")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-x",
+        "-p",
+        "no:cacheprovider",
+        "-m",
+        "cpu_kernels",
+        "-o",
+        "addopts=",
+        str(ROOT / "tests"),
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
     tail = (res.stdout + res.stderr)[-3000:]
     assert res.returncode == 0, f"under {env_extra} ({there}):\n{tail}"

@@ -17,7 +17,7 @@ def test_bench_uses_cuda_events_and_the_allocator():
     t = bench.time_call(lambda: a @ a, repeat=3, warmup=1, device="cuda", timer="auto")
     assert t.method == "cuda_event" and t.min > 0
     peak = bench.peak_memory(lambda: a @ a, "cuda")
-    assert peak >= 1024 * 1024 * 4                    # the product's output, 4 MiB, was allocated
+    assert peak >= 1024 * 1024 * 4  # the product's output, 4 MiB, was allocated
 
 
 def test_precision_arm_runs_real_fp16_autocast_on_cuda():
@@ -43,24 +43,29 @@ def test_precision_arm_runs_real_fp16_autocast_on_cuda():
 def test_divergence_experiments_run_real_fp16_on_cuda():
     from mpt_lab.experiments import biglstm, ssd_table2
 
-    b = biglstm.run(dataclasses.replace(biglstm.config_for("quick"), steps=8, eval_every=4, hist_every=2,
-                                        sweep_shifts=(), device="cuda"), progress=False)
-    assert b.real_fp16 and "CUDA" in b.provenance["device"]          # describe(): "<GPU name> (sm_90, …), CUDA 12.x"
-    s = ssd_table2.run(dataclasses.replace(ssd_table2.config_for("quick"), steps=4, n_test=8, device="cuda"),
-                       progress=False)
+    b = biglstm.run(
+        dataclasses.replace(
+            biglstm.config_for("quick"), steps=8, eval_every=4, hist_every=2, sweep_shifts=(), device="cuda"
+        ),
+        progress=False,
+    )
+    assert b.real_fp16 and "CUDA" in b.provenance["device"]  # describe(): "<GPU name> (sm_90, …), CUDA 12.x"
+    s = ssd_table2.run(
+        dataclasses.replace(ssd_table2.config_for("quick"), steps=4, n_test=8, device="cuda"), progress=False
+    )
     assert s.real_fp16 and all(len(d["losses"]) == 4 for d in s.arms.values())
 
 
 def test_gat_and_memory_experiments_on_cuda():
     from mpt_lab.experiments import gat_amp, memory_tradeoffs
 
-    g = gat_amp.run(gat_amp.Config(num_nodes=200, avg_degree=6.0, hidden=16, epochs=3, device="cuda"),
-                    progress=False)
+    g = gat_amp.run(gat_amp.Config(num_nodes=200, avg_degree=6.0, hidden=16, epochs=3, device="cuda"), progress=False)
     r = g.runs["[1, 1, 1]"]
     assert not r["fp16"]["oom"] and r["fp16"]["cuda_max_allocated_bytes"] > 0
     assert g.ratio("[1, 1, 1]", "fp16") < 1
-    m = memory_tradeoffs.run(dataclasses.replace(memory_tradeoffs.config_for("quick"), epochs=1, device="cuda"),
-                             progress=False)
+    m = memory_tradeoffs.run(
+        dataclasses.replace(memory_tradeoffs.config_for("quick"), epochs=1, device="cuda"), progress=False
+    )
     assert m.mixed_dtype == "float16" and "GradScaler" in m.mixed_note
     assert m.ways["mixed"]["peak_bytes"] < m.ways["fp32"]["peak_bytes"]
 
@@ -98,8 +103,8 @@ def test_every_full_configuration_runs_as_a_smoke_run_on_cuda(tmp_path, capsys):
 def test_histogram_kernel_on_cuda_is_the_bucketize_one_and_exact():
     from mpt_lab import histogram as H
 
-    x = torch.randint(-2 ** 31, 2 ** 31 - 1, (1 << 20,), dtype=torch.int64).to(torch.int32).view(torch.float32)
-    assert H._kernel("cuda") is H._fine_indices_search                  # no compilation on CUDA
+    x = torch.randint(-(2**31), 2**31 - 1, (1 << 20,), dtype=torch.int64).to(torch.int32).view(torch.float32)
+    assert H._kernel("cuda") is H._fine_indices_search  # no compilation on CUDA
     got, want = H._fine_indices_search(x.cuda()), H._fine_indices_eager(x)
     assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1])
     assert H.log2_histogram(x.cuda()) == H.log2_histogram(x)
@@ -110,8 +115,18 @@ def test_amp_recipe_graphed_step_profile_and_peaks_on_cuda():
     loop reads found_inf back once a step; both profiles see the GPU busy; the datasheet peak is named."""
     from mpt_lab.experiments import amp_recipe as ar
 
-    cfg = dataclasses.replace(ar.config_for("quick"), width=256, batch_sizes=(64,), num_batches=4, epochs=2,
-                              profile_steps=4, graph_batches=(64,), graph_steps=4, peak_n=1024, device="cuda")
+    cfg = dataclasses.replace(
+        ar.config_for("quick"),
+        width=256,
+        batch_sizes=(64,),
+        num_batches=4,
+        epochs=2,
+        profile_steps=4,
+        graph_batches=(64,),
+        graph_steps=4,
+        peak_n=1024,
+        device="cuda",
+    )
     r = ar.run(cfg, progress=False)
     assert all(g["captured"] == "cuda_graph" and g["readbacks_per_step"] == 0 for g in r.graphed)
     assert r.row("fp16", 64)["readbacks_per_step"] == 1 and r.row("bf16", 64)["readbacks_per_step"] == 0
@@ -127,6 +142,6 @@ def test_roofline_and_memory_per_parameter_paths_on_cuda():
     if torch.cuda.get_device_capability() >= (8, 9):
         for kind in ("fp8", "fp8_fast"):
             assert bench.gemm_tflops(kind, 1024, 1024, 1024, "cuda", repeat=2, min_seconds=0.01)["tflops"] > 1
-    assert bench.copy_bandwidth("cuda", 2 ** 26)["gb_s"] > 100
+    assert bench.copy_bandwidth("cuda", 2**26)["gb_s"] > 100
     d = bench.memory_per_parameter("bf16_master", 1024, 2, 8, 2, "cuda")
     assert abs(d["resident_per_parameter"] - 16) < 0.5 and d["peak_per_parameter"] >= d["resident_per_parameter"]

@@ -1,6 +1,5 @@
 """mpt_lab.data.digits_detection: the offline detection data set for the SSD experiment."""
 
-
 import numpy as np
 import pytest
 import torch
@@ -146,18 +145,21 @@ def test_many_images_generate():
     assert len(ds) == 2000 and ds[1999][0].shape == ds[0][0].shape
 
 
-@pytest.mark.parametrize("kwargs, exc, name", [
-    (dict(split="val"), ValueError, "split"),
-    (dict(split=1), TypeError, "split"),
-    (dict(n_images=-1), ValueError, "n_images"),
-    (dict(n_images=2.5), TypeError, "n_images"),
-    (dict(image_size=16), ValueError, "image_size"),
-    (dict(seed=-1), ValueError, "seed"),
-    (dict(max_objects=0), ValueError, "max_objects"),
-    (dict(background="sky"), ValueError, "background"),
-    (dict(max_overlap=1.5), ValueError, "max_overlap"),
-    (dict(min_size=30, max_size=20), ValueError, "max_size"),
-])
+@pytest.mark.parametrize(
+    "kwargs, exc, name",
+    [
+        (dict(split="val"), ValueError, "split"),
+        (dict(split=1), TypeError, "split"),
+        (dict(n_images=-1), ValueError, "n_images"),
+        (dict(n_images=2.5), TypeError, "n_images"),
+        (dict(image_size=16), ValueError, "image_size"),
+        (dict(seed=-1), ValueError, "seed"),
+        (dict(max_objects=0), ValueError, "max_objects"),
+        (dict(background="sky"), ValueError, "background"),
+        (dict(max_overlap=1.5), ValueError, "max_overlap"),
+        (dict(min_size=30, max_size=20), ValueError, "max_size"),
+    ],
+)
 def test_bad_arguments(kwargs, exc, name):
     with pytest.raises(exc, match=name):
         DigitsDetection(**{"n_images": 2, **kwargs})

@@ -29,8 +29,16 @@ TIMEOUT = 900
 
 def _tiny(**over):
     """A configuration that starts the ranks and does almost nothing (for the launcher's tests)."""
-    base = dict(profile="custom", recipes=("ddp_fp32",), steps=2, flag_steps=0, inject_steps=(), sweep_max=4,
-                sweep_elements=64, threads=1)
+    base = dict(
+        profile="custom",
+        recipes=("ddp_fp32",),
+        steps=2,
+        flag_steps=0,
+        inject_steps=(),
+        sweep_max=4,
+        sweep_elements=64,
+        threads=1,
+    )
     return D.Config(**{**base, **over})
 
 
@@ -51,13 +59,13 @@ def _alive(pid: int) -> bool:
 
 # ================================================================================================== arithmetic
 def test_ring_order_and_tree_shape():
-    assert C.ring_order(4, 0) == [3, 2, 1, 0] and C.ring_order(4, 2) == [1, 0, 3, 2]      # gloo: ends at rank c
-    assert C.ring_order(4, 0, direction=1) == [1, 2, 3, 0]                                  # NCCL's direction
+    assert C.ring_order(4, 0) == [3, 2, 1, 0] and C.ring_order(4, 2) == [1, 0, 3, 2]  # gloo: ends at rank c
+    assert C.ring_order(4, 0, direction=1) == [1, 2, 3, 0]  # NCCL's direction
     assert C.ring_order(1, 0) == [0]
     for n in (2, 3, 7):
         assert all(sorted(C.ring_order(n, c)) == list(range(n)) and C.ring_order(n, c)[-1] == c for c in range(n))
     assert C.tree_children(5) == [[1, 2], [3, 4], [], [], []]
-    assert sorted(c for cs in C.tree_children(100) for c in cs) == list(range(1, 100))      # every rank but the root
+    assert sorted(c for cs in C.tree_children(100) for c in cs) == list(range(1, 100))  # every rank but the root
     with pytest.raises(ValueError, match="chunk"):
         C.ring_order(3, 3)
     with pytest.raises(ValueError, match="direction"):
@@ -102,21 +110,21 @@ def test_ring_and_tree_follow_their_order_hop_by_hop(n, m, fmt):
     for direction in (-1, 1):
         assert C.ring_allreduce(values, fmt, direction=direction).tolist() == _ring_by_hand(values, fmt, direction)
     assert C.tree_allreduce(values, fmt).tolist() == _tree_by_hand(values, fmt)
-    assert C.ring_allreduce(torch.from_numpy(values).float(), fmt).dtype == np.float64      # tensors too
+    assert C.ring_allreduce(torch.from_numpy(values).float(), fmt).dtype == np.float64  # tensors too
 
 
 def test_the_order_changes_a_bf16_sum():
-    values = [[1.0], [2.0 ** -8], [2.0 ** -8]]
-    assert C.ring_allreduce(values, "BF16")[0] == 1 + 2.0 ** -7     # 2⁻⁸ + 2⁻⁸ first, then 1: both kept
-    assert C.tree_allreduce(values, "BF16")[0] == 1.0               # 1 + 2⁻⁸ first: a tie, to even; twice
-    assert C.ring_allreduce(values, "FP32")[0] == C.tree_allreduce(values, "FP32")[0] == 1 + 2.0 ** -7
+    values = [[1.0], [2.0**-8], [2.0**-8]]
+    assert C.ring_allreduce(values, "BF16")[0] == 1 + 2.0**-7  # 2⁻⁸ + 2⁻⁸ first, then 1: both kept
+    assert C.tree_allreduce(values, "BF16")[0] == 1.0  # 1 + 2⁻⁸ first: a tie, to even; twice
+    assert C.ring_allreduce(values, "FP32")[0] == C.tree_allreduce(values, "FP32")[0] == 1 + 2.0**-7
 
 
 def test_division_and_overflow():
     big = [[40000.0], [40000.0]]
-    assert math.isinf(C.ring_allreduce(big, "FP16", postdivide=2)[0])      # sum first: overflows FP16
-    assert C.ring_allreduce(big, "FP16", predivide=2)[0] == 40000.0        # divide first, as the hooks do
-    assert C.ring_allreduce(big, "BF16", postdivide=2)[0] == 39936.0       # BF16 has the range, not the bits
+    assert math.isinf(C.ring_allreduce(big, "FP16", postdivide=2)[0])  # sum first: overflows FP16
+    assert C.ring_allreduce(big, "FP16", predivide=2)[0] == 40000.0  # divide first, as the hooks do
+    assert C.ring_allreduce(big, "BF16", postdivide=2)[0] == 39936.0  # BF16 has the range, not the bits
     pre, post = C.fsdp_divide_factors(2)
     assert C.ring_allreduce(big, "FP16", predivide=pre, postdivide=post)[0] == 40000.0
     with pytest.raises(ValueError, match="predivide"):
@@ -156,8 +164,14 @@ def test_relative_error():
 
 
 def test_config_is_checked():
-    for bad in (dict(backend="mpi"), dict(recipes=("ddp_fp64",)), dict(nproc=-1), dict(sweep_max=1),
-                dict(inject_steps=(40,)), dict(lr=0.0)):
+    for bad in (
+        dict(backend="mpi"),
+        dict(recipes=("ddp_fp64",)),
+        dict(nproc=-1),
+        dict(sweep_max=1),
+        dict(inject_steps=(40,)),
+        dict(lr=0.0),
+    ):
         with pytest.raises(ValueError, match="config."):
             dataclasses.replace(D.config_for("quick"), **bad).validate()
     with pytest.raises(TypeError, match="Config"):
@@ -168,8 +182,10 @@ def test_config_is_checked():
 
 def test_runner_hooks(monkeypatch, tmp_path, capsys):
     """Outside torchrun, run() launches; in a rank, it measures; a rank other than 0 prints and writes nothing."""
-    assert D.EXPERIMENT.command(D.config_for("full"), "book/results/distributed_full.json") == \
-        "python -m mpt_lab.experiments.distributed --profile full --out book/results/distributed_full.json"
+    assert (
+        D.EXPERIMENT.command(D.config_for("full"), "book/results/distributed_full.json")
+        == "python -m mpt_lab.experiments.distributed --profile full --out book/results/distributed_full.json"
+    )
     seen = []
     monkeypatch.setattr(D, "launch", lambda config, **kw: seen.append((config, kw)) or "launched")
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
@@ -179,7 +195,7 @@ def test_runner_hooks(monkeypatch, tmp_path, capsys):
     for k, v in dict(RANK="1", WORLD_SIZE="2", LOCAL_RANK="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="1").items():
         monkeypatch.setenv(k, v)
     assert D.in_torchrun()
-    monkeypatch.setattr(D.EXPERIMENT, "measure", lambda config, run: None)     # what rank 1 returns
+    monkeypatch.setattr(D.EXPERIMENT, "measure", lambda config, run: None)  # what rank 1 returns
     out = tmp_path / "r.json"
     assert D.main(["--profile", "quick", "--out", str(out)]) == 0
     assert not out.exists() and capsys.readouterr().out == "" and len(seen) == 1
@@ -226,17 +242,17 @@ def test_quick_profile_claims(quick):
 def test_quick_profile_reduction(quick):
     r, _ = quick
     m = r.reduction["measured"]
-    assert m["n"] == 2 and all(m[f]["matches_ring"] for f in ("FP32", "BF16", "FP16"))    # real = simulated
+    assert m["n"] == 2 and all(m[f]["matches_ring"] for f in ("FP32", "BF16", "FP16"))  # real = simulated
     assert r.reduction["hooks"] == {"bf16": True, "fp16": True}
     assert m["BF16"]["rel_error"] > m["FP16"]["rel_error"] > m["FP32"]["rel_error"] > 0
     sweep = r.reduction["sweep"]
     assert sweep["n"][0] == 2 and sweep["n"][-1] == 1024
     for algorithm in ("ring", "tree"):
         assert all(b > f for b, f in zip(sweep[algorithm]["BF16"], sweep[algorithm]["FP32"]))
-    assert sweep["ring"]["BF16"][-1] > 10 * sweep["tree"]["BF16"][-1]     # the ring's long sequential sum swamps
+    assert sweep["ring"]["BF16"][-1] > 10 * sweep["tree"]["BF16"][-1]  # the ring's long sequential sum swamps
     fp16 = r.reduction["fp16"]
     n0 = fp16["first_overflow_n"]
-    assert n0 is not None and n0 > 2                                        # the scale is safe for each rank alone
+    assert n0 is not None and n0 > 2  # the scale is safe for each rank alone
     i = fp16["n"].index(n0)
     assert fp16["sum_then_divide"]["overflow_share"][i] > 0
     assert not any(fp16["predivide"]["overflow_share"]) and not any(fp16["fsdp_split"]["overflow_share"])
@@ -246,18 +262,18 @@ def test_quick_profile_overflow_agreement(quick):
     r, _ = quick
     fa = r.flag_agreement
     v = fa["variants"]
-    assert fa["identical_to_torch"]                                         # scales and parameters, every step
+    assert fa["identical_to_torch"]  # scales and parameters, every step
     for name in ("torch", "mpt_lab"):
-        assert v[name]["scales"][0] == v[name]["scales"][1]                # both ranks keep one scale ...
-        assert v[name]["skipped"][0] == v[name]["skipped"][1]              # ... and skip the same steps
+        assert v[name]["scales"][0] == v[name]["scales"][1]  # both ranks keep one scale ...
+        assert v[name]["skipped"][0] == v[name]["skipped"][1]  # ... and skip the same steps
         assert set(fa["inject_steps"]) <= set(v[name]["skipped"][0])
     assert v["mpt_lab"]["scales"] == v["torch"]["scales"]
     unsync = v["unsynchronised"]
     assert set(fa["inject_steps"]) <= set(unsync["skipped"][fa["inject_rank"]])
-    assert not set(fa["inject_steps"]) & set(unsync["skipped"][0])          # rank 0 never saw the inf
+    assert not set(fa["inject_steps"]) & set(unsync["skipped"][0])  # rank 0 never saw the inf
     assert unsync["scales"][0] != unsync["scales"][1] and r.scales_part_at() == fa["inject_steps"][0] + 1
     first = fa["inject_steps"][0]
-    assert all(d == 0 for d in fa["drift"][:first]) and fa["drift"][-1] > 1e-3     # identical, then apart
+    assert all(d == 0 for d in fa["drift"][:first]) and fa["drift"][-1] > 1e-3  # identical, then apart
     assert fa["drift"][-1] > fa["drift"][first]
 
 
@@ -271,24 +287,28 @@ def test_result_provenance_json_and_figures(quick, tmp_path):
     back = D.DistributedResult.load(r.save(tmp_path / "d.json"))
     assert back.recipes == r.recipes and back.describe() == r.describe()
     assert json.loads((tmp_path / "d.json").read_text())["experiment"] == "distributed"
-    for fn in (figures.plot_recipe_losses, figures.plot_memory_per_rank, figures.plot_reduction_error,
-               figures.plot_flag_agreement):
+    for fn in (
+        figures.plot_recipe_losses,
+        figures.plot_memory_per_rank,
+        figures.plot_reduction_error,
+        figures.plot_flag_agreement,
+    ):
         fig = fn(r)
         for ax in fig.axes:
             assert ax.get_title() and ax.get_xlabel() and ax.get_ylabel()
             assert ax.get_legend() is not None or fig.legends
-            if ax.get_legend() is not None:                 # the legend lists only what is drawn
+            if ax.get_legend() is not None:  # the legend lists only what is drawn
                 drawn = {line.get_label() for line in ax.lines if len(line.get_xdata())}
                 drawn |= {c.get_label() for c in ax.containers} | {c.get_label() for c in ax.collections}
                 assert {t.get_text() for t in ax.get_legend().get_texts()} <= drawn, fn.__name__
     assert "DDP, FP32 all-reduce" in figures.memory_table(r) and "bit for bit" in figures.reduction_table(r)
-    assert "KiB held" in figures.memory_table(r)                     # the figure's unit, KiB
+    assert "KiB held" in figures.memory_table(r)  # the figure's unit, KiB
     lines = figures.plot_recipe_losses(r).axes[0].lines
     styles = [(line.get_color(), line.get_linestyle(), line.get_linewidth()) for line in lines]
-    assert len(lines) == len(r.recipes) and len(set(styles)) == len(styles)       # no two recipes drawn alike
+    assert len(lines) == len(r.recipes) and len(set(styles)) == len(styles)  # no two recipes drawn alike
     ax = figures.plot_memory_per_rank(r).axes[0]
     top = max(p.get_y() + p.get_height() for p in ax.patches)
-    assert ax.get_ylim()[0] == 0 and ax.get_ylim()[1] >= 1.3 * top                # every bar whole, room above
+    assert ax.get_ylim()[0] == 0 and ax.get_ylim()[1] >= 1.3 * top  # every bar whole, room above
     with pytest.raises(TypeError):
         figures.plot_reduction_error(object())
 
@@ -324,7 +344,7 @@ def test_reduction_orders_diagram_comes_from_collectives():
     ring, tree = fig.axes
     assert str(C.ring_order(6, 0)) in ring.get_title() and str(C.tree_children(6)) in tree.get_title()
     texts = [t.get_text() for t in ring.texts]
-    assert "chunk 0: ((((x5 + x4) + x3) + x2) + x1) + x0" in texts       # the chain ring_order(6, 0) gives
+    assert "chunk 0: ((((x5 + x4) + x3) + x2) + x1) + x0" in texts  # the chain ring_order(6, 0) gives
     assert sum(t.startswith("hop ") for t in texts) == 5
     assert "root: (x0 + ((x1 + x3) + x4)) + (x2 + x5)" in [t.get_text() for t in tree.texts]
     assert fig.get_suptitle()
@@ -336,18 +356,28 @@ def test_reduction_orders_diagram_comes_from_collectives():
 def test_a_failing_rank_makes_torchrun_fail_and_show_why(fault, shown, tmp_path):
     pids = tmp_path / "pids"
     with pytest.raises(D.LaunchError) as err:
-        D.launch(_tiny(), timeout=TIMEOUT, progress=False, echo=lambda line: None,
-                 env={D.FAULT_ENV: fault, "MPT_LAB_PID_DIR": str(pids)})
+        D.launch(
+            _tiny(),
+            timeout=TIMEOUT,
+            progress=False,
+            echo=lambda line: None,
+            env={D.FAULT_ENV: fault, "MPT_LAB_PID_DIR": str(pids)},
+        )
     text = str(err.value)
     assert "torchrun exited with status" in text and shown in text and "rank      : 1" in text
     ranks = [int(p.read_text()) for p in pids.glob("rank*.pid")]
-    assert len(ranks) == 2 and not any(_alive(pid) for pid in ranks)        # no rank is left running
+    assert len(ranks) == 2 and not any(_alive(pid) for pid in ranks)  # no rank is left running
 
 
 def test_a_hanging_rank_is_stopped_at_the_timeout(tmp_path):
     pids = tmp_path / "pids"
     with pytest.raises(TimeoutError, match="did not finish within 60 s"):
-        D.launch(_tiny(), timeout=60, progress=False, echo=lambda line: None,
-                 env={D.FAULT_ENV: "hang:1", "MPT_LAB_PID_DIR": str(pids)})
+        D.launch(
+            _tiny(),
+            timeout=60,
+            progress=False,
+            echo=lambda line: None,
+            env={D.FAULT_ENV: "hang:1", "MPT_LAB_PID_DIR": str(pids)},
+        )
     ranks = [int(p.read_text()) for p in pids.glob("rank*.pid")]
     assert ranks and not any(_alive(pid) for pid in ranks)

@@ -14,15 +14,17 @@ def test_reference_solutions_pass(ex_id):
     assert fb.passed and bool(fb) and "✅" in str(fb) and not fb.hint
 
 
-@pytest.mark.parametrize("ex_id,wrong", [("1.1", 128), ("1.2", "0 0101 001"), ("1.3", 2.0**-11), ("1.5", 1.0),
-                                          ("1.1", "129"), ("1.2", "01"), ("1.3", "x")])
+@pytest.mark.parametrize(
+    "ex_id,wrong",
+    [("1.1", 128), ("1.2", "0 0101 001"), ("1.3", 2.0**-11), ("1.5", 1.0), ("1.1", "129"), ("1.2", "01"), ("1.3", "x")],
+)
 def test_wrong_answers_fail_with_hint(ex_id, wrong):
     fb = E.check(ex_id, wrong)
     assert not fb and fb.hint and "hint" in str(fb) and "Hint" in fb._repr_html_()
 
 
 def test_function_exercise_reports_first_mismatch():
-    def no_subnormals(sign, exponent, mantissa):   # a classic mistake: forgets subnormals
+    def no_subnormals(sign, exponent, mantissa):  # a classic mistake: forgets subnormals
         return E.solution("1.4")(sign, exponent, mantissa) if exponent else (-0.0 if sign else 0.0)
 
     fb = E.check("1.4", no_subnormals)
@@ -54,14 +56,14 @@ def test_chapter2_wrong_functions_fail():
     import math
 
     assert not E.check("2.1", lambda amax, fmt_max=65504.0: 2.0 ** math.floor(math.log2(fmt_max / amax)) * 2)
-    assert not E.check("2.2", lambda e, c, z, t, k: (c[e <= k].sum() + z) / t)   # off by one binade
-    assert not E.check("2.2", lambda e, c, z, t, k: c[e < k].sum() / t)          # forgets the zeros
+    assert not E.check("2.2", lambda e, c, z, t, k: (c[e <= k].sum() + z) / t)  # off by one binade
+    assert not E.check("2.2", lambda e, c, z, t, k: c[e < k].sum() / t)  # forgets the zeros
 
 
 def test_chapter3_wrong_scaler_fails():
     def never_resets(scale, tracker, found_inf, g, b, n):
         if found_inf:
-            return scale * b, tracker            # forgets to reset the count
+            return scale * b, tracker  # forgets to reset the count
         tracker += 1
         return (scale * g, 0) if tracker == n else (scale, tracker)
 
@@ -69,7 +71,7 @@ def test_chapter3_wrong_scaler_fails():
     assert not fb and "expected" not in fb.hint and "restart the count of clean steps at 0" in fb.message
     assert "found_inf=True" in fb.message and "torch's GradScaler gives" in fb.message
 
-    def no_float32_ceiling(scale, tracker, found_inf, g, b, n):   # follows the prompt's rules in Python floats
+    def no_float32_ceiling(scale, tracker, found_inf, g, b, n):  # follows the prompt's rules in Python floats
         if found_inf:
             return scale * b, 0
         tracker += 1
@@ -78,9 +80,9 @@ def test_chapter3_wrong_scaler_fails():
     fb = E.check("3.1", no_float32_ceiling)
     assert not fb and "float32 maximum" in fb.message and "keeps S as it is" in fb.message
     ex = E.EXERCISES["3.1"]
-    assert "float32" in ex.prompt and "FLOAT32_MAX" in ex.prompt and "FLOAT32_MAX" in ex.hint   # the rule is stated
+    assert "float32" in ex.prompt and "FLOAT32_MAX" in ex.prompt and "FLOAT32_MAX" in ex.hint  # the rule is stated
 
-    def grows_late(scale, tracker, found_inf, g, b, n):          # compares before counting the current step
+    def grows_late(scale, tracker, found_inf, g, b, n):  # compares before counting the current step
         if found_inf:
             return scale * b, 0
         return (scale * g, 0) if tracker == n else (scale, tracker + 1)
@@ -90,9 +92,9 @@ def test_chapter3_wrong_scaler_fails():
     # torch's own rule at the float32 maximum, in the installed torch: a growth to infinity keeps the scale
     import torch
 
-    scale, tracker = torch.tensor([2.0 ** 127]), torch.tensor([0], dtype=torch.int32)
+    scale, tracker = torch.tensor([2.0**127]), torch.tensor([0], dtype=torch.int32)
     torch._amp_update_scale_(scale, tracker, torch.tensor([0.0]), 2.0, 0.5, 1)
-    assert scale.item() == 2.0 ** 127 == E.solution("3.1")(2.0 ** 127, 0, False, 2.0, 0.5, 1)[0]
+    assert scale.item() == 2.0**127 == E.solution("3.1")(2.0**127, 0, False, 2.0, 0.5, 1)[0]
     assert E.ch03.FLOAT32_MAX == float(torch.finfo(torch.float32).max)
 
 
@@ -101,9 +103,9 @@ def test_3_2_loss_scale_window():
 
     k_min, k_max = E.solution("3.2")
     g = E.ch03.EX32_GRADIENTS
-    assert all(F.round_to(v * 2.0 ** k_min, F.FP16) != 0 for v in g)
+    assert all(F.round_to(v * 2.0**k_min, F.FP16) != 0 for v in g)
     assert any(F.round_to(v * 2.0 ** (k_min - 1), F.FP16) == 0 for v in g)
-    assert all(np.isfinite(F.round_to(v * 2.0 ** k_max, F.FP16)) for v in g)
+    assert all(np.isfinite(F.round_to(v * 2.0**k_max, F.FP16)) for v in g)
     assert any(np.isinf(F.round_to(v * 2.0 ** (k_max + 1), F.FP16)) for v in g)
     assert E.check("3.2", (np.int64(k_min), k_max)) and E.check("3.2", [k_min, k_max])
     # the thresholds 2^-24 and 65504 instead of rounding: one binade off at each end
@@ -116,7 +118,7 @@ def test_3_2_loss_scale_window():
         assert not fb and "tuple of two ints" in fb.message
     assert E.ch03.EX32_TEXT in E.EXERCISES["3.2"].prompt
     assert all(f"{v:g}" in E.ch03.EX32_TEXT for v in g[1:]) and "1.5 × 2⁻³⁰" in E.ch03.EX32_TEXT
-    assert g[0] == 1.5 * 2.0 ** -30
+    assert g[0] == 1.5 * 2.0**-30
     text = E.solution_dropdown("3.2").text
     assert f"({k_min}, {k_max})" in text and f"k = {k_min + 1}" in text and f"k = {k_max - 1}" in text
 
@@ -126,10 +128,10 @@ def test_4_2_pure_fp16_weight_stalls():
 
     c = E.ch04.EX42
     w = E.solution("4.2")
-    assert w == 0.25 == float(F.round_to(0.25, F.FP16))                     # stuck at a power of two
+    assert w == 0.25 == float(F.round_to(0.25, F.FP16))  # stuck at a power of two
     traj = F.accumulate(c["start"], c["update"], c["steps"], F.FP16)
-    assert F.ulp(0.25, F.FP16) / 2 > c["update"] > F.ulp(0.2, F.FP16) / 2    # the binade decides
-    assert (traj[-200:] == w).all() and traj[1] - traj[0] == F.ulp(0.2, F.FP16)   # climbs an ulp per step, stops
+    assert F.ulp(0.25, F.FP16) / 2 > c["update"] > F.ulp(0.2, F.FP16) / 2  # the binade decides
+    assert (traj[-200:] == w).all() and traj[1] - traj[0] == F.ulp(0.2, F.FP16)  # climbs an ulp per step, stops
     assert E.check("4.2", np.float64(w))
     fb = E.check("4.2", c["start"] + c["update"] * c["steps"])
     assert not fb and "exact (or FP32)" in fb.message
@@ -143,7 +145,7 @@ def test_chapter4_naive_threshold_fails_on_ties():
 
     from mpt_lab import formats as F
 
-    assert not E.check("4.1", lambda w, u: abs(u) >= F.ulp(w, F.FP16) / 2)           # ignores ties to even
+    assert not E.check("4.1", lambda w, u: abs(u) >= F.ulp(w, F.FP16) / 2)  # ignores ties to even
 
 
 def _survives_oracle(w, u):
@@ -153,7 +155,7 @@ def _survives_oracle(w, u):
 
     v = np.unique(F16_VALUES)
     exact = Fraction(w) + Fraction(u)
-    i = int(np.searchsorted(v, float(exact)))        # a start; the exact comparisons below decide
+    i = int(np.searchsorted(v, float(exact)))  # a start; the exact comparisons below decide
     i = min(max(i, 1), len(v) - 1)
     while i > 1 and Fraction(float(v[i - 1])) > exact:
         i -= 1
@@ -164,7 +166,7 @@ def _survives_oracle(w, u):
         nearest = lo if exact <= lo else hi
     elif exact - lo != hi - exact:
         nearest = lo if exact - lo < hi - exact else hi
-    else:                                            # a tie: the even code
+    else:  # a tie: the even code
         nearest = lo if int(np.float16(float(lo)).view(np.uint16)) % 2 == 0 else hi
     return nearest != Fraction(w)
 
@@ -178,14 +180,14 @@ def test_4_1_rejects_double_rounding():
     from mpt_lab import formats as F
     from mpt_lab.exercises import ch04
 
-    w, u = 1.0, 2.0**-11 + 2.0**-30                    # the issue's case: a hair above half the gap above 1
+    w, u = 1.0, 2.0**-11 + 2.0**-30  # the issue's case: a hair above half the gap above 1
     assert float(np.float32(w + u)) == 1.0 + 2.0**-11  # the float32 sum lands on the FP16 midpoint ...
     assert float(np.float16(np.float32(w + u))) == 1.0  # ... and the tie goes to even: the update looks lost
-    assert _survives_oracle(w, u) and ch04._ex41_reference(w, u)          # but it survives
-    w, u = 1.0, 2.0**-11 + 2.0**-60                    # the same with a float64 sum
+    assert _survives_oracle(w, u) and ch04._ex41_reference(w, u)  # but it survives
+    w, u = 1.0, 2.0**-11 + 2.0**-60  # the same with a float64 sum
     assert w + u == 1.0 + 2.0**-11 and _survives_oracle(w, u) and ch04._ex41_reference(w, u)
-    float32_sum = lambda w, u: bool(np.float16(np.float32(np.float64(w) + u)) != np.float16(w))   # noqa: E731
-    float64_sum = lambda w, u: bool(np.float16(np.float64(w) + u) != np.float16(w))               # noqa: E731
+    float32_sum = lambda w, u: bool(np.float16(np.float32(np.float64(w) + u)) != np.float16(w))  # noqa: E731
+    float64_sum = lambda w, u: bool(np.float16(np.float64(w) + u) != np.float16(w))  # noqa: E731
     for wrong, fmt in ((float32_sum, "float32"), (float64_sum, "float64")):
         fb = E.check("4.1", wrong)
         assert not fb and "double rounding" in fb.message and f"rounded to {fmt} first" in fb.message, fb.message
@@ -221,7 +223,6 @@ def test_reference_solutions_use_the_package_rules(monkeypatch):
         choose_scale(1.0, -1.0)
 
 
-
 # ------------------------------------------------------------------------------------------------------------
 # Unanswered exercises render neutrally
 # ------------------------------------------------------------------------------------------------------------
@@ -236,14 +237,14 @@ def _assert_neutral(fb):
     assert "your answer goes here" in str(fb) and "your answer goes here" in fb._repr_html_()
     assert "❌" not in str(fb) and "❌" not in fb._repr_html_() and "not yet:" not in str(fb)
     assert not fb.hint and "hint" not in str(fb) and "Hint" not in fb._repr_html_()
-    assert "#fbe9e9" not in fb._repr_html_() and "#f0f0f0" in fb._repr_html_()   # grey, not red
+    assert "#fbe9e9" not in fb._repr_html_() and "#f0f0f0" in fb._repr_html_()  # grey, not red
 
 
 @pytest.mark.parametrize("ex_id", E.list_exercises())
 def test_unanswered_is_neutral(ex_id):
-    _assert_neutral(E.check(ex_id, None))                    # answer_N_M = None
+    _assert_neutral(E.check(ex_id, None))  # answer_N_M = None
     if callable(E.solution(ex_id)):
-        fb = E.check(ex_id, _template)                       # def f(...): raise NotImplementedError
+        fb = E.check(ex_id, _template)  # def f(...): raise NotImplementedError
         _assert_neutral(fb)
         assert "NotImplementedError" in fb.message
 
@@ -253,7 +254,7 @@ def test_answered_feedback_keeps_its_style():
     assert passed.answered and failed.answered
     assert "✅" in str(passed) and "#e6f4e6" in passed._repr_html_()
     assert "❌" in str(failed) and "#fbe9e9" in failed._repr_html_() and failed.hint
-    assert E.Feedback("1.1", False, "m", "h") == E.Feedback("1.1", False, "m", "h", True)   # old fields, same order
+    assert E.Feedback("1.1", False, "m", "h") == E.Feedback("1.1", False, "m", "h", True)  # old fields, same order
 
 
 def test_not_implemented_after_the_first_call_is_a_failure():
@@ -265,22 +266,23 @@ def test_not_implemented_after_the_first_call_is_a_failure():
             raise NotImplementedError("subnormals")
         return ref(sign, exponent, mantissa)
 
-    def later(sign, exponent, mantissa):     # the checker's first call is (0, 0, 0): fine; then it gives up
+    def later(sign, exponent, mantissa):  # the checker's first call is (0, 0, 0): fine; then it gives up
         if mantissa:
             raise NotImplementedError
         return ref(sign, exponent, mantissa)
 
-    fb = E.check("1.4", normals_only)        # the first call raises: still the template's state
+    fb = E.check("1.4", normals_only)  # the first call raises: still the template's state
     _assert_neutral(fb)
     fb = E.check("1.4", later)
     assert not fb and fb.answered and "NotImplementedError" in fb.message and "❌" in str(fb) and fb.hint
 
-    class Callable:                          # callable objects and partials are watched too
+    class Callable:  # callable objects and partials are watched too
         def __call__(self, *a):
             raise NotImplementedError
 
     _assert_neutral(E.check("2.1", Callable()))
     import functools
+
     _assert_neutral(E.check("9.2", functools.partial(_template, 1)))
 
 
@@ -303,14 +305,36 @@ def test_a_caught_not_implemented_error_is_still_unanswered(monkeypatch):
 # Chapters 6–9
 # ------------------------------------------------------------------------------------------------------------
 NEW = [k for k in E.list_exercises() if k.split(".")[0] in "56789"]
-ODD_ANSWERS = [0, 3, -1.5, math.nan, math.inf, True, "x", "", b"\x00", [], [None], (1, 2), {}, {"a": 1}, {1: 2},
-               np.zeros(3), np.zeros((2, 2)), object(), lambda: 0, lambda *a: None, lambda *a: "x", print]
+ODD_ANSWERS = [
+    0,
+    3,
+    -1.5,
+    math.nan,
+    math.inf,
+    True,
+    "x",
+    "",
+    b"\x00",
+    [],
+    [None],
+    (1, 2),
+    {},
+    {"a": 1},
+    {1: 2},
+    np.zeros(3),
+    np.zeros((2, 2)),
+    object(),
+    lambda: 0,
+    lambda *a: None,
+    lambda *a: "x",
+    print,
+]
 
 
 def test_every_chapter_has_two_exercises_with_prompt_hint_and_title():
     from conftest import NOTEBOOKS
 
-    one_so_far = set()             # issue 26, item 28: chapters 3 and 4 have their second exercise now
+    one_so_far = set()  # issue 26, item 28: chapters 3 and 4 have their second exercise now
     for chapter in sorted(int(p.name[:2]) for p in NOTEBOOKS):
         assert len(E.list_exercises(chapter)) >= (1 if chapter in one_so_far else 2), chapter
     for k in NEW:
@@ -334,7 +358,7 @@ def test_hints_do_not_give_the_answer(ex_id):
     sol = E.solution(ex_id)
     if isinstance(sol, dict):
         leaks = [f"{v:g}" if isinstance(v, float) else str(v) for v in sol.values()]
-        leaks = [x for x in leaks if x not in ("float16", "float32")]   # the dtype names are the vocabulary
+        leaks = [x for x in leaks if x not in ("float16", "float32")]  # the dtype names are the vocabulary
     elif isinstance(sol, (list, tuple)):
         leaks = [str(sol), str(list(sol))] + [f"{v:g}" for v in sol if isinstance(v, (int, float)) and abs(v) > 20]
     elif isinstance(sol, float):
@@ -351,7 +375,7 @@ def test_5_1_autocast_policy():
     from mpt_lab.autocast import OPS, RECIPE_OPS, autocast_lists, probe_autocast
 
     assert set(E.ch06.EX61_OPS) <= set(OPS) and all(k in E.EXERCISES["6.1"].prompt for k in E.ch06.EX61_OPS)
-    assert not set(E.ch06.EX61_OPS) & set(RECIPE_OPS)       # none of the asked ops is in the chapter's table
+    assert not set(E.ch06.EX61_OPS) & set(RECIPE_OPS)  # none of the asked ops is in the chapter's table
     sol = E.solution("6.1")
     truth = probe_autocast("cuda", torch.float16, input_dtype=torch.float16, ops=tuple(E.ch06.EX61_OPS)).ops
     assert sol == truth and {"float16", "float32"} == set(sol.values())
@@ -369,9 +393,9 @@ def test_5_1_autocast_policy():
     loose = dict(sol, elu="float32", mean="float32", var="float32", batch_norm="float32")
     fb = E.check("6.1", loose)
     assert not fb and "4 of the 7" in fb.message
-    assert E.check("6.1", {k: getattr(torch, v) for k, v in sol.items()})          # torch dtypes are accepted
+    assert E.check("6.1", {k: getattr(torch, v) for k, v in sol.items()})  # torch dtypes are accepted
     assert E.check("6.1", {k: f"torch.{v}" for k, v in sol.items()})
-    all16 = {k: "float16" for k in sol}                     # "autocast means FP16 everywhere"
+    all16 = {k: "float16" for k in sol}  # "autocast means FP16 everywhere"
     fb = E.check("6.1", all16)
     n_wrong = sum(v == "float32" for v in sol.values())
     assert not fb and f"{n_wrong} of the {len(sol)}" in fb.message and "float16 inputs" in fb.message
@@ -395,8 +419,9 @@ def test_5_2_gradscaler_trace():
     s, t, trace = c["init_scale"], 0, []
     for i in range(1, c["iterations"] + 1):
         trace.append(s)
-        s, t = scaling.update_scale(s, t, i in c["overflows"], c["growth_factor"], c["backoff_factor"],
-                                    c["growth_interval"])
+        s, t = scaling.update_scale(
+            s, t, i in c["overflows"], c["growth_factor"], c["backoff_factor"], c["growth_interval"]
+        )
     assert trace == sol
     assert E.check("6.2", np.array(sol)) and E.check("6.2", tuple(int(v) for v in sol))
     # a classic mistake: the scale grows in the iteration that completes the interval, not after it
@@ -421,11 +446,11 @@ def test_5_2_gradscaler_trace():
 
 def test_6_1_bytes_per_parameter():
     sol = E.solution("7.1")
-    assert abs(sol["fp32"] - 16) < 0.01 and abs(sol["mixed"] - 20) < 0.01     # 4+4+8 and 4+2+2+4+8
+    assert abs(sol["fp32"] - 16) < 0.01 and abs(sol["mixed"] - 20) < 0.01  # 4+4+8 and 4+2+2+4+8
     assert E.check("7.1", {"fp32": round(sol["fp32"]), "mixed": round(sol["mixed"])})
-    fb = E.check("7.1", {"fp32": 16, "mixed": 16})       # forgets the FP32 gradients of the paper's loop
+    fb = E.check("7.1", {"fp32": 16, "mixed": 16})  # forgets the FP32 gradients of the paper's loop
     assert not fb and "'mixed' is too low" in fb.message and "'fp32'" not in fb.message
-    fb = E.check("7.1", {"fp32": 12, "mixed": 20})       # Adam's state counted once
+    fb = E.check("7.1", {"fp32": 12, "mixed": 20})  # Adam's state counted once
     assert not fb and "'fp32' is too low" in fb.message
     fb = E.check("7.1", {"fp32": 16})
     assert not fb and '{"fp32": number, "mixed": number}' in fb.message
@@ -436,18 +461,19 @@ def test_6_2_checkpoint_size():
 
     def by_state_dict(model, dtype):
         size = torch.empty((), dtype=dtype).element_size()
-        return sum(v.numel() * (size if v.is_floating_point() else v.element_size())
-                   for v in model.state_dict().values())
+        return sum(
+            v.numel() * (size if v.is_floating_point() else v.element_size()) for v in model.state_dict().values()
+        )
 
     assert E.check("7.2", by_state_dict)
-    fb = E.check("7.2", lambda model, dtype: sum(p.numel() * 4 for p in model.parameters()))   # always FP32
+    fb = E.check("7.2", lambda model, dtype: sum(p.numel() * 4 for p in model.parameters()))  # always FP32
     assert not fb and "float16" in fb.message and "torch.save writes" in fb.message and "(+99%)" in fb.message
-    fb = E.check("7.2", lambda model, dtype: sum(p.numel() for p in model.parameters()))      # elements, not bytes
+    fb = E.check("7.2", lambda model, dtype: sum(p.numel() for p in model.parameters()))  # elements, not bytes
     assert not fb and "float32" in fb.message
     fb = E.check("7.2", lambda model, dtype: str(by_state_dict(model, dtype)))
     assert not fb and "not a number of bytes" in fb.message
 
-    def casts_in_place(model, dtype):                      # harmless: the checker hands out copies
+    def casts_in_place(model, dtype):  # harmless: the checker hands out copies
         model.to(dtype)
         return by_state_dict(model, dtype)
 
@@ -466,13 +492,13 @@ def test_7_prompts_follow_biglstm_and_answers_come_from_formats():
     assert f"{BIGLSTM['sampled_classes']:,} of its" in prompt and "g = 1/(V·B)" in prompt
     g = 1 / (BIGLSTM["vocab_size"] * BIGLSTM["loss_divisor"])
     sim = sampled_softmax_gradients(steps=2, tokens=16)
-    assert abs(sim["normaliser"] - 1) < 0.05 and abs(sim["smallest_log2"] - math.log2(g)) < 0.1   # Z ≈ V, as said
+    assert abs(sim["normaliser"] - 1) < 0.05 and abs(sim["smallest_log2"] - math.log2(g)) < 0.1  # Z ≈ V, as said
     k, lost = E.solution("8.1")
     assert 2.0**k <= g < 2.0 ** (k + 1) and lost == (F.round_to(g, F.FP16) == 0)
     assert k == -27 and lost
     assert E.check("8.1", [k, np.bool_(lost)])
     fb = E.check("8.1", (k + 1, lost))
-    assert not fb and "smaller" in fb.message and "1/(V·B)" in fb.message   # the prompt's name for g
+    assert not fb and "smaller" in fb.message and "1/(V·B)" in fb.message  # the prompt's name for g
     fb = E.check("8.1", (k, not lost))
     assert not fb and "binade is right" in fb.message
     assert "1/(V·B)" in E.check("8.1", (k, lost)).message
@@ -481,7 +507,7 @@ def test_7_prompts_follow_biglstm_and_answers_come_from_formats():
     assert F.round_to(s * g, F.FP16) != 0 == F.round_to(s / 2 * g, F.FP16)
     assert s == 4.0 and F.round_to(s * g, F.FP16) == F.FP16.smallest_subnormal
     assert E.check("8.2", int(s))
-    fb = E.check("8.2", 128.0)                               # the paper's S keeps it too, but is not the smallest
+    fb = E.check("8.2", 128.0)  # the paper's S keeps it too, but is not the smallest
     assert not fb and "not the smallest" in fb.message
     fb = E.check("8.2", s / 2)
     assert not fb and "too small" in fb.message
@@ -501,7 +527,7 @@ def test_8_1_exp_overflow():
     assert sol == by_formats and any(sol) and not all(sol)
     assert str(list(E.ch09.EX91_LOGITS)) in E.EXERCISES["9.1"].prompt
     assert E.check("9.1", np.array(sol))
-    fb = E.check("9.1", [x > 88.72 for x in E.ch09.EX91_LOGITS])   # FP32's threshold: nothing overflows
+    fb = E.check("9.1", [x > 88.72 for x in E.ch09.EX91_LOGITS])  # FP32's threshold: nothing overflows
     assert not fb and f"{sum(sol)} of the {len(sol)}" in fb.message
     fb = E.check("9.1", [int(v) for v in sol])
     assert not fb and "bools" in fb.message
@@ -521,15 +547,15 @@ def test_8_2_safe_softmax():
     assert E.check("9.2", max_subtracted)
     fb = E.check("9.2", naive)
     assert not fb and "FP32 softmax gives" in fb.message and "nan" in fb.message.lower()
-    fb = E.check("9.2", lambda e: naive(e.float()).half())          # FP32 without the max: overflows at 88.7
+    fb = E.check("9.2", lambda e: naive(e.float()).half())  # FP32 without the max: overflows at 88.7
     assert not fb and "FP32 softmax gives" in fb.message
-    assert E.check("9.2", lambda e: torch.softmax(e.float(), 0).half())   # torch's softmax subtracts the max
+    assert E.check("9.2", lambda e: torch.softmax(e.float(), 0).half())  # torch's softmax subtracts the max
     fb = E.check("9.2", lambda e: max_subtracted(e).float())
     assert not fb and "float32" in fb.message and "float16" in fb.message
     fb = E.check("9.2", lambda e: max_subtracted(e).tolist())
     assert not fb and "list" in fb.message
     cases = E.ch09.ex92_cases()
-    assert any(max(c) > math.log(torch.finfo(torch.float32).max) for c in cases)   # some overflow even FP32
+    assert any(max(c) > math.log(torch.finfo(torch.float32).max) for c in cases)  # some overflow even FP32
     assert f"on {len(cases)} sets" in E.EXERCISES["9.2"].prompt
 
 
@@ -543,14 +569,21 @@ def test_new_reference_solutions_call_the_package(monkeypatch):
         real = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *a, real=real, name=name, **k: calls.append(name) or real(*a, **k))
     real_mpp = master_weights.MasterWeightTrainer.memory_per_parameter
-    monkeypatch.setattr(master_weights.MasterWeightTrainer, "memory_per_parameter",
-                        lambda self: calls.append("memory_per_parameter") or real_mpp(self))
+    monkeypatch.setattr(
+        master_weights.MasterWeightTrainer,
+        "memory_per_parameter",
+        lambda self: calls.append("memory_per_parameter") or real_mpp(self),
+    )
     for k in ("6.1", "7.1", "7.2", "9.2"):
         calls.clear()
         sol = E.solution(k)
         assert E.check(k, sol), k
-        expected = {"6.1": "probe_autocast", "7.1": "memory_per_parameter", "7.2": "checkpoint_bytes",
-                    "9.2": "attention_overflow"}[k]
+        expected = {
+            "6.1": "probe_autocast",
+            "7.1": "memory_per_parameter",
+            "7.2": "checkpoint_bytes",
+            "9.2": "attention_overflow",
+        }[k]
         assert expected in calls, (k, calls)
 
 
@@ -581,7 +614,7 @@ def _explained_solution(ex_id):
     """What every worked solution must be (reasoning, not just the answer; nothing left to fill in, no call into
     the exercises package): returns (exercise, the text a reader sees, the reference answer)."""
     ex = E.EXERCISES[ex_id]
-    assert len(ex.worked) > 300, ex_id                         # reasoning, not just the answer
+    assert len(ex.worked) > 300, ex_id  # reasoning, not just the answer
     text = E.solution_dropdown(ex_id).text
     assert "{answer}" not in text and "mpt_lab.exercises" not in text
     return ex, text, E.solution(ex_id)
@@ -597,20 +630,23 @@ def _worked_code(ex_id):
 def test_chapters_6_to_8_have_worked_solutions(ex_id):
     ex, text, sol = _explained_solution(ex_id)
     namespace = _worked_code(ex_id) if "```" in ex.worked else {}
-    if callable(sol):                                          # a function exercise: a student's implementation
+    if callable(sol):  # a function exercise: a student's implementation
         code = _fenced_code(ex_id)
         assert code and "mpt_lab" not in code and "{answer}" not in ex.worked
-        fns = [v for v in namespace.values()
-               if getattr(getattr(v, "__code__", None), "co_filename", "") == f"<worked solution {ex_id}>"]
+        fns = [
+            v
+            for v in namespace.values()
+            if getattr(getattr(v, "__code__", None), "co_filename", "") == f"<worked solution {ex_id}>"
+        ]
         assert fns and E.check(ex_id, fns[-1]).passed, ex_id
-    elif isinstance(sol, dict) and "{answer_items}" in ex.worked:   # a dict answer inserted as "key: value, ..."
+    elif isinstance(sol, dict) and "{answer_items}" in ex.worked:  # a dict answer inserted as "key: value, ..."
         assert "```python" not in ex.worked and all(f"{k}: {v}" in text for k, v in sol.items())
         if "answer" in namespace:
             assert E.check(ex_id, namespace["answer"]).passed, ex_id
-    else:                                                      # a value exercise: the answer inserted, never typed
+    else:  # a value exercise: the answer inserted, never typed
         assert "{answer}" in ex.worked and "```python" not in ex.worked
         assert (repr(sol) if isinstance(sol, float) else str(sol)) in text
-        if "answer" in namespace:                              # a computation shown in the solution: it agrees
+        if "answer" in namespace:  # a computation shown in the solution: it agrees
             assert E.check(ex_id, namespace["answer"]).passed, ex_id
 
 
@@ -627,40 +663,60 @@ def test_worked_solutions_of_chapters_6_to_8_state_what_holds():
     # 6.1: each op's verdict in the reasoning is the probed dtype; the lists it names are the installed ones
     truth = E.solution("6.1")
     worked = E.EXERCISES["6.1"].worked
-    for expr, ops in (("`F.elu(x)`", ["elu"]), ("`torch.expm1(x)`", ["expm1"]), ("`x.mean()`", ["mean"]),
-                      ("`x.var(-1)`", ["var"]), ("`F.batch_norm(x, None, None, training=True)`", ["batch_norm"]),
-                      ("`(x * x).sum(-1)`", ["mul + sum (a·Wh)"]), ("`F.elu(F.linear(x, w))`", ["linear → elu"])):
+    for expr, ops in (
+        ("`F.elu(x)`", ["elu"]),
+        ("`torch.expm1(x)`", ["expm1"]),
+        ("`x.mean()`", ["mean"]),
+        ("`x.var(-1)`", ["var"]),
+        ("`F.batch_norm(x, None, None, training=True)`", ["batch_norm"]),
+        ("`(x * x).sum(-1)`", ["mul + sum (a·Wh)"]),
+        ("`F.elu(F.linear(x, w))`", ["linear → elu"]),
+    ):
         verdict = re.search(re.escape(expr) + r":[^→]*→ (float16|float32)", worked).group(1)
         assert all(truth[op] == verdict for op in ops), (expr, verdict)
     cuda, cpu = autocast_lists("cuda", torch.float16), autocast_lists("cpu", torch.float16)
-    for op in ("elu", "mean", "var", "batch_norm", "mul"):                        # "on no list"
+    for op in ("elu", "mean", "var", "batch_norm", "mul"):  # "on no list"
         assert cuda.policy(op) == "not listed", op
-    for op in ("expm1", "sum", "prod", "cumsum", "cumprod", "logsumexp", "norm", "layer_norm", "group_norm",
-               "rms_norm"):
+    for op in (
+        "expm1",
+        "sum",
+        "prod",
+        "cumsum",
+        "cumprod",
+        "logsumexp",
+        "norm",
+        "layer_norm",
+        "group_norm",
+        "rms_norm",
+    ):
         assert cuda.policy(op) == "float32", op
     assert cuda.policy("linear") == "lower_precision"
-    for op in ("sum", "softmax", "expm1"):                                          # "on a CPU ... on no list"
+    for op in ("sum", "softmax", "expm1"):  # "on a CPU ... on no list"
         assert cpu.policy(op) == "not listed", op
     assert not set(E.ch06.EX61_OPS) & set(RECIPE_OPS)
     assert "None of them is in the chapter's probe table" in E.EXERCISES["6.1"].prompt
     # 6.2: the iterations the reasoning walks through
     c, trace = E.ch06.EX62, E.solution("6.2")
     assert c["growth_interval"] == 3 and c["overflows"] == (5, 6, 11) and c["iterations"] == 12
-    assert trace[0] == trace[1] == trace[2] == c["init_scale"] and trace[3] == 2 * trace[2]    # grows from 4 on
-    assert trace[5] == trace[4] / 2 and trace[6] == trace[5] / 2                              # 5 and 6 overflow
+    assert trace[0] == trace[1] == trace[2] == c["init_scale"] and trace[3] == 2 * trace[2]  # grows from 4 on
+    assert trace[5] == trace[4] / 2 and trace[6] == trace[5] / 2  # 5 and 6 overflow
     assert trace[9] == 2 * trace[8] and trace[11] == trace[10] / 2
     # 7.1: the element sizes the reasoning adds up
-    assert torch.empty((), dtype=torch.float32).element_size() == 4 == 2 * torch.empty((), dtype=torch.float16).element_size()
+    assert (
+        torch.empty((), dtype=torch.float32).element_size()
+        == 4
+        == 2 * torch.empty((), dtype=torch.float16).element_size()
+    )
     # 8.1 and 8.2: the arithmetic of the reasoning
     V, B = BIGLSTM["vocab_size"], BIGLSTM["loss_divisor"]
     assert 2**19 < V < 2**20 and B == 2**7 and round(math.log2(V), 1) == 19.6
     g = 1 / (V * B)
     assert 2.0**-27 <= g < 2.0**-26 and round(math.log2(g), 1) == -26.6 and F.round_to(g, F.FP16) == 0
     assert "2⁻²⁶·⁶" in E.EXERCISES["8.2"].worked and "19.6" in E.EXERCISES["8.1"].worked
-    assert 2 * g <= 2.0**-25 < 4 * g and round(4 * g / 2.0**-24, 2) == 0.66    # j = 1 lost, j = 2 rounds up
-    assert abs(F.FP16.smallest_subnormal / (4 * g) - 1.5) < 0.02               # "half again as large"
-    assert round(math.log2(128 * g), 1) == -19.6 and 4 < math.log2(128 * g) + 24 < 5   # "more than four binades"
-    assert round(100 * 2.0**-25 / (128 * g), 1) == 2.4                          # "2.4% of it"
+    assert 2 * g <= 2.0**-25 < 4 * g and round(4 * g / 2.0**-24, 2) == 0.66  # j = 1 lost, j = 2 rounds up
+    assert abs(F.FP16.smallest_subnormal / (4 * g) - 1.5) < 0.02  # "half again as large"
+    assert round(math.log2(128 * g), 1) == -19.6 and 4 < math.log2(128 * g) + 24 < 5  # "more than four binades"
+    assert round(100 * 2.0**-25 / (128 * g), 1) == 2.4  # "2.4% of it"
     code = _worked_code("8.2")
     assert f"{V} * 128" in E.EXERCISES["8.2"].worked and code["answer"] == E.solution("8.2")
 
@@ -674,16 +730,16 @@ def test_9_exercises_follow_the_summation_order(monkeypatch):
     from mpt_lab import formats as F
 
     assert E.list_exercises(10) == ["10.1", "10.2", "10.3"]
-    assert E.solution("10.1") == (1.0 + 2.0 ** -7, 1.0)                # the ring keeps the small values, the tree not
-    assert not E.check("10.1", (1.0, 1.0)) and not E.check("10.1", (1.0 + 2.0 ** -7,) * 2)
+    assert E.solution("10.1") == (1.0 + 2.0**-7, 1.0)  # the ring keeps the small values, the tree not
+    assert not E.check("10.1", (1.0, 1.0)) and not E.check("10.1", (1.0 + 2.0**-7,) * 2)
     n, mean = E.solution("10.3")
     assert n == 22 and mean != 3000.0 and E.check("10.3", (22, mean))
     assert not E.check("10.3", (21, mean)) and not E.check("10.3", (22, 3000.0))
 
-    def ring_sum_in_float64(values, fmt):                              # forgets to round the partial sums
+    def ring_sum_in_float64(values, fmt):  # forgets to round the partial sums
         return float(F.round_to(sum(float(F.round_to(v, fmt)) for v in values), fmt))
 
-    def ring_sum_wrong_way(values, fmt):                               # NCCL's direction: the other order
+    def ring_sum_wrong_way(values, fmt):  # NCCL's direction: the other order
         x = [float(F.round_to(v, fmt)) for v in values]
         order = collectives.ring_order(len(x), 0, direction=1)
         acc = x[order[0]]
@@ -691,7 +747,7 @@ def test_9_exercises_follow_the_summation_order(monkeypatch):
             acc = float(F.round_to(acc + x[r], fmt))
         return acc
 
-    def ring_sum(values, fmt):                                         # a student's correct answer
+    def ring_sum(values, fmt):  # a student's correct answer
         x = [float(F.round_to(v, fmt)) for v in values]
         order = collectives.ring_order(len(x), 0)
         acc = x[order[0]]
@@ -704,12 +760,12 @@ def test_9_exercises_follow_the_summation_order(monkeypatch):
     calls = []
     for name in ("ring_allreduce", "tree_allreduce"):
         real = getattr(collectives, name)
-        monkeypatch.setattr(collectives, name,
-                            lambda *a, real=real, name=name, **k: calls.append(name) or real(*a, **k))
+        monkeypatch.setattr(
+            collectives, name, lambda *a, real=real, name=name, **k: calls.append(name) or real(*a, **k)
+        )
     for k in ("10.1", "10.2", "10.3"):
         calls.clear()
         assert E.check(k, E.solution(k)) and "ring_allreduce" in calls, k
-
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -728,7 +784,7 @@ def test_10_exercises_are_listed_with_prompt_hint_and_title():
 @pytest.mark.parametrize("ex_id", CH10)
 @pytest.mark.parametrize("odd", ODD_ANSWERS, ids=lambda a: type(a).__name__)
 def test_10_wrong_types_fail_without_raising(ex_id, odd):
-    test_wrong_types_fail_without_raising(ex_id, odd)          # the checks of chapters 6–10, for chapter 11
+    test_wrong_types_fail_without_raising(ex_id, odd)  # the checks of chapters 6–10, for chapter 11
 
 
 @pytest.mark.parametrize("ex_id", CH10)
@@ -737,7 +793,7 @@ def test_10_hints_do_not_give_the_answer(ex_id):
     leaks = [str(sol)] + ([str(list(sol))] + [f"{v:g}" for v in sol] if isinstance(sol, tuple) else [])
     hint = E.EXERCISES[ex_id].hint
     for leak in leaks:
-        if len(leak) > 1:                     # single digits occur in any text ("E4M3", "m = 0, 1, 2")
+        if len(leak) > 1:  # single digits occur in any text ("E4M3", "m = 0, 1, 2")
             assert leak not in hint, (ex_id, leak)
     assert f"margin {sol}" not in hint if ex_id == "11.2" else True
 
@@ -747,13 +803,13 @@ def test_10_1_shared_exponents_come_from_quantize_mx(monkeypatch):
     from mpt_lab import microscaling
 
     k8, k4, stored = E.solution("11.1")
-    assert (k8, k4) == (2 - F.FP8_E4M3.emax, 2 - F.FP4_E2M1.emax)      # amax 5.5 lies in [2^2, 2^3)
-    assert stored in F.values(F.FP4_E2M1) * 2.0 ** k4
-    assert not E.check("11.1", (k8 + 1, k4, stored))                     # ⌈log2 amax⌉ instead of ⌊⌋
-    assert not E.check("11.1", (2 - F.FP8_E5M2.emax, k4, stored))        # E5M2's emax
-    assert not E.check("11.1", (k8, k4, -3.2))                           # forgets to round
-    assert not E.check("11.1", (k8, k4, -4.0))                           # rounds the wrong way
-    assert not E.check("11.1", (float(k8), k4, stored))                  # the exponents are ints
+    assert (k8, k4) == (2 - F.FP8_E4M3.emax, 2 - F.FP4_E2M1.emax)  # amax 5.5 lies in [2^2, 2^3)
+    assert stored in F.values(F.FP4_E2M1) * 2.0**k4
+    assert not E.check("11.1", (k8 + 1, k4, stored))  # ⌈log2 amax⌉ instead of ⌊⌋
+    assert not E.check("11.1", (2 - F.FP8_E5M2.emax, k4, stored))  # E5M2's emax
+    assert not E.check("11.1", (k8, k4, -3.2))  # forgets to round
+    assert not E.check("11.1", (k8, k4, -4.0))  # rounds the wrong way
+    assert not E.check("11.1", (float(k8), k4, stored))  # the exponents are ints
     calls = []
     real = microscaling.quantize_mx
     monkeypatch.setattr(microscaling, "quantize_mx", lambda *a, **k: calls.append(1) or real(*a, **k))
@@ -766,7 +822,7 @@ def test_10_2_margin_comes_from_delayed_scaling(monkeypatch):
     m = E.solution("11.2")
     assert m == 2
     hist, spike = max(E.ch11.EX112_HISTORY), E.ch11.EX112_NEXT
-    assert spike * 448 / hist / 2 ** (m - 1) > 464 >= spike * 448 / hist / 2 ** m   # the smallest that fits
+    assert spike * 448 / hist / 2 ** (m - 1) > 464 >= spike * 448 / hist / 2**m  # the smallest that fits
     fb = E.check("11.2", m - 1)
     assert not fb and "saturates" in fb.message
     fb = E.check("11.2", m + 1)
@@ -788,12 +844,19 @@ def test_solution_dropdown_is_collapsed_and_escaped(ex_id):
     assert html_text.startswith('<details class="mpt-solution"') and "<details open" not in html_text
     assert f"Solution to exercise {ex_id}" in html_text and html_text.rstrip().endswith("</details>")
     assert d.text.strip() and "<script" not in html_text
-    assert ex_id in repr(d) and d.text not in repr(d)       # the plain repr does not print the solution
+    assert ex_id in repr(d) and d.text not in repr(d)  # the plain repr does not print the solution
 
 
 def test_solution_dropdown_renders_worked_text():
-    ex = E.Exercise("99.1", "t", "p", lambda a: (True, ""), "h", lambda: 0.5,
-                  worked="First <b>not bold</b> and `x < y`.\n\n```python\nprint(1 < 2)\n```\n\nThe answer is {answer}.")
+    ex = E.Exercise(
+        "99.1",
+        "t",
+        "p",
+        lambda a: (True, ""),
+        "h",
+        lambda: 0.5,
+        worked="First <b>not bold</b> and `x < y`.\n\n```python\nprint(1 < 2)\n```\n\nThe answer is {answer}.",
+    )
     h = E.SolutionDropdown(ex)._repr_html_()
     assert "&lt;b&gt;not bold&lt;/b&gt;" in h and "<code>x &lt; y</code>" in h
     assert "<pre" in h and "print(1 &lt; 2)" in h and "The answer is 0.5." in h
@@ -805,8 +868,11 @@ def test_every_chapter_module_registers_only_its_own_chapter():
     for name in E.CHAPTER_MODULES:
         mod = importlib.import_module(f"mpt_lab.exercises.{name}")
         chapter = int(name[2:])
-        ids = [k for k, ex in E.EXERCISES.items() if ex.checker.__module__ == mod.__name__
-               or getattr(ex.checker, "__module__", "") == mod.__name__]
+        ids = [
+            k
+            for k, ex in E.EXERCISES.items()
+            if ex.checker.__module__ == mod.__name__ or getattr(ex.checker, "__module__", "") == mod.__name__
+        ]
         assert ids and all(k.split(".")[0] == str(chapter) for k in ids), name
 
 
@@ -836,7 +902,7 @@ def test_worked_solution_code_computes_the_answer(ex_id):
     import warnings
 
     with warnings.catch_warnings():
-        warnings.simplefilter("error")          # the code a student copies runs without warnings
+        warnings.simplefilter("error")  # the code a student copies runs without warnings
         namespace = _run_worked(_fenced_python(ex_id), ex_id)
     assert namespace["answer"] == E.solution(ex_id) and E.check(ex_id, namespace["answer"])
 
@@ -849,10 +915,12 @@ def test_worked_solutions_of_chapters_9_to_11_explain_and_show_the_answer(ex_id)
     text = E.solution_dropdown(ex_id).text
     assert ex.worked and len(ex.worked.split()) > 80
     answer = E.solution(ex_id)
-    if not callable(answer):            # a value: shown, inserted at display time, never typed
+    if not callable(answer):  # a value: shown, inserted at display time, never typed
         assert "{answer}" in ex.worked and (repr(answer) in text or str(answer) in text)
-    else:                               # a function: the worked code, not the package's reference, is shown
+    else:  # a function: the worked code, not the package's reference, is shown
         assert "```python" in ex.worked and "_reference" not in text
+
+
 # Worked solutions (issue 26, item 19): chapters 1-4 have one for every exercise; code in them runs and passes
 # ----------------------------------------------------------------------------------------------------------
 def _fenced_function(ex_id):
@@ -872,11 +940,11 @@ FIRST_CHAPTERS = [k for k in E.list_exercises() if int(k.split(".")[0]) <= 4]
 @pytest.mark.parametrize("ex_id", FIRST_CHAPTERS)
 def test_chapters_1_to_4_have_worked_solutions(ex_id):
     ex, text, sol = _explained_solution(ex_id)
-    if callable(sol):                                          # a function exercise: a student's implementation
+    if callable(sol):  # a function exercise: a student's implementation
         assert "```python" in ex.worked and "{answer}" not in ex.worked
         code = _fenced_code(ex_id)
-        assert "mpt_lab" not in code                           # written from the rules, not a call into the package
-    else:                                                      # a value exercise: the answer inserted, never typed
+        assert "mpt_lab" not in code  # written from the rules, not a call into the package
+    else:  # a value exercise: the answer inserted, never typed
         assert "{answer}" in ex.worked
         assert (repr(sol) if isinstance(sol, float) else str(sol)) in text
 
@@ -895,15 +963,15 @@ def test_worked_solution_examples_hold():
     choose_scale = _fenced_function("2.1")
     assert choose_scale(3.0, 448.0) == 128.0 and choose_scale(65504.0 / 8) == 8.0
     survives = _fenced_function("4.1")
-    assert survives(1.0, 2.0 ** -11 * 1.001) and not survives(1.0, 2.0 ** -11)          # upward: 2^-11
-    assert not survives(1.0, -2.0 ** -12) and survives(1.0, -2.0 ** -12 * 1.001)        # downward: 2^-12
+    assert survives(1.0, 2.0**-11 * 1.001) and not survives(1.0, 2.0**-11)  # upward: 2^-11
+    assert not survives(1.0, -(2.0**-12)) and survives(1.0, -(2.0**-12) * 1.001)  # downward: 2^-12
     assert E.solution("1.5") == 0.5 and not E.check("1.5", 0.25)
     from mpt_lab import formats as F
 
-    assert F.round_to(1024.0 - 0.25, F.FP16) == 1024.0 != F.round_to(1024.0 - 0.2501, F.FP16)   # 1.5's downward note
+    assert F.round_to(1024.0 - 0.25, F.FP16) == 1024.0 != F.round_to(1024.0 - 0.2501, F.FP16)  # 1.5's downward note
     update_scale = _fenced_function("3.1")
-    assert update_scale(2.0 ** 127, 0, False, 2.0, 0.5, 1) == (2.0 ** 127, 0)
-    assert update_scale(2.0 ** 126, 0, False, 2.0, 0.5, 1) == (2.0 ** 127, 0)
+    assert update_scale(2.0**127, 0, False, 2.0, 0.5, 1) == (2.0**127, 0)
+    assert update_scale(2.0**126, 0, False, 2.0, 0.5, 1) == (2.0**127, 0)
 
 
 def test_help_shows_no_answer():
@@ -922,7 +990,6 @@ def test_help_shows_no_answer():
     assert 'check("1.1", my_answer)' in texts[0] and "129" not in texts[0]
 
 
-
 @pytest.mark.parametrize("ex_id", E.list_exercises())
 def test_worked_solutions_name_functions_as_their_prompts_do(ex_id):
     """A worked solution shows the function the prompt asks for (kahan_sum), never the package's private
@@ -936,21 +1003,21 @@ def test_worked_solutions_name_functions_as_their_prompts_do(ex_id):
 def test_a_raising_function_shows_its_arguments_and_traceback():
     def survives(w, u):
         if w > 2:
-            return 1 / (u - u)             # raises on the checker's first w above 2
+            return 1 / (u - u)  # raises on the checker's first w above 2
         return E.solution("4.1")(w, u)
 
     fb = E.check("4.1", survives)
     assert not fb and fb.answered and fb.hint
     assert fb.message.startswith("survives(") and "raised ZeroDivisionError" in fb.message
-    w = float(fb.message[len("survives("):].split(",")[0])
-    assert w > 2                           # the arguments of the call that raised, every digit
+    w = float(fb.message[len("survives(") :].split(",")[0])
+    assert w > 2  # the arguments of the call that raised, every digit
     assert fb.details.startswith("Traceback (most recent call last):")
     assert "in survives" in fb.details and "return 1 / (u - u)" in fb.details and "ZeroDivisionError" in fb.details
-    assert "_core.py" not in fb.details    # from the reader's frame on: the checker's wrapper left out
+    assert "_core.py" not in fb.details  # from the reader's frame on: the checker's wrapper left out
     assert fb.details.strip() in str(fb).replace("\n   ", "\n") and "<pre" in fb._repr_html_()
     assert "return 1 / (u - u)" in fb._repr_html_()
 
-    def kahan_sum(values):                 # an array argument is summarised, not printed whole
+    def kahan_sum(values):  # an array argument is summarised, not printed whole
         return values[10**6]
 
     fb = E.check("5.2", kahan_sum)
@@ -958,7 +1025,7 @@ def test_a_raising_function_shows_its_arguments_and_traceback():
     assert "values[10**6]" in fb.details
     fb = E.check("7.2", lambda model, dtype: model.no_such_attribute)
     assert "<lambda>(Sequential(…), torch.float32) raised AttributeError" in fb.message
-    fb = E.check("1.4", lambda s, e, m: [0.0][m])   # a later call that raises: the call that did
+    fb = E.check("1.4", lambda s, e, m: [0.0][m])  # a later call that raises: the call that did
     assert "<lambda>(0, 0, 1) raised IndexError" in fb.message and "in <lambda>" in fb.details
     fb = E.check("1.4", E.solution("1.4"))
     assert fb and fb.details == ""
@@ -970,11 +1037,12 @@ def test_12_shows_where_the_readers_loss_raised():
     def planted():
         def loss_fn(m, b):
             raise ValueError("my loss is broken")
+
         return model, loss_fn, batch, name
 
     fb = E.check("12.1", planted)
     assert not fb and "my loss is broken" in fb.message
-    assert "raise ValueError(\"my loss is broken\")" in fb.details and "in loss_fn" in fb.details
+    assert 'raise ValueError("my loss is broken")' in fb.details and "in loss_fn" in fb.details
 
 
 def test_wrong_answers_that_passed_before_fail():
@@ -1002,7 +1070,7 @@ def test_wrong_answers_that_passed_before_fail():
 
 def test_messages_say_what_was_wrong():
     fb = E.check("5.1", {"fp16": 512.0, "BF16": 64.0})
-    assert not fb and "expected the keys \"FP16\" and \"BF16\"" in fb.message and "'fp16'" in fb.message
+    assert not fb and 'expected the keys "FP16" and "BF16"' in fb.message and "'fp16'" in fb.message
     assert "expected a dict" not in fb.message
     fb = E.check("5.1", [512.0, 64.0])
     assert "expected a dict" in fb.message and "list" in fb.message
@@ -1060,14 +1128,15 @@ def test_13_1_stochastic_rounding_sum_is_the_exact_sum_on_average():
     import torch
 
     g = torch.Generator().manual_seed(0)
-    sums = [float(F.round_to(torch.full((n,), v), F.FP4_E2M1, rounding="stochastic", generator=g).sum())
-            for _ in range(64)]
+    sums = [
+        float(F.round_to(torch.full((n,), v), F.FP4_E2M1, rounding="stochastic", generator=g).sum()) for _ in range(64)
+    ]
     assert abs(np.mean(sums) - mean) < 4 * std / 8 and 0.5 * std < np.std(sums) < 1.5 * std
-    assert not E.check("13.1", (n * 0.5, mean, std))                    # rounds up instead of to nearest
-    assert not E.check("13.1", (rtn, n * 0.5 * 0.5, std))               # p = 1/2
+    assert not E.check("13.1", (n * 0.5, mean, std))  # rounds up instead of to nearest
+    assert not E.check("13.1", (rtn, n * 0.5 * 0.5, std))  # p = 1/2
     fb = E.check("13.1", (rtn, mean, std / 0.5))
-    assert not fb and "spacing" in fb.message                            # forgets the spacing of the two values
-    assert not E.check("13.1", (rtn, mean, 0.5 * n * 0.4 * 0.6))         # the variance, not the deviation
+    assert not fb and "spacing" in fb.message  # forgets the spacing of the two values
+    assert not E.check("13.1", (rtn, mean, 0.5 * n * 0.4 * 0.6))  # the variance, not the deviation
     assert E.check("13.1", [np.float64(rtn), mean, std])
 
 
@@ -1075,7 +1144,7 @@ def test_13_2_shares_come_from_quantize_nvfp4(monkeypatch):
     from mpt_lab import microscaling
 
     one, two = E.solution("13.2")
-    assert two == 0.0 and 0.5 < one < 1                                  # 2D tiles: the same values both ways
+    assert two == 0.0 and 0.5 < one < 1  # 2D tiles: the same values both ways
     assert not E.check("13.2", (one, one)) and not E.check("13.2", (100 * one, 0.0))
     fb = E.check("13.2", (1 - one, 0.0))
     assert not fb and "1D" in fb.message

@@ -27,7 +27,7 @@ def test_every_experiment_is_registered_with_its_profiles():
         for p in e.profiles:
             cfg = e.config_for(p)
             assert cfg.profile == p
-            cfg.validate()                                   # every declared profile is a valid configuration
+            cfg.validate()  # every declared profile is a valid configuration
         assert not [f for f in dataclasses.fields(e.Config) if f.name == "profile" and f.default != "custom"]
     with pytest.raises(ValueError, match="must be one of"):
         experiments.get("nonsense")
@@ -71,7 +71,7 @@ def test_json_round_trip_keeps_nonfinite_and_histograms(tmp_path):
     back = load_json(p)
     assert back["a"] == math.inf and math.isnan(back["b"][0]) and back["b"][1] == [1, 2] and back["3"] == "x"
     assert back["h"] == h
-    assert json.loads(p.read_text())["a"] == "inf"            # standard JSON on disk
+    assert json.loads(p.read_text())["a"] == "inf"  # standard JSON on disk
     with pytest.raises(FileNotFoundError):
         load_json(tmp_path / "missing.json")
     with pytest.raises(TypeError):
@@ -115,11 +115,11 @@ def test_seeding_and_threads(small_loss_scaling):
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        again = loss_scaling.run(cfg, progress=False)         # cfg.threads = 1 for the run ...
-        assert torch.get_num_threads() == 2                  # ... and the caller's setting afterwards
+        again = loss_scaling.run(cfg, progress=False)  # cfg.threads = 1 for the run ...
+        assert torch.get_num_threads() == 2  # ... and the caller's setting afterwards
     finally:
         torch.set_num_threads(before)
-    assert again.losses == r.losses                          # same seed, same numbers
+    assert again.losses == r.losses  # same seed, same numbers
     other = loss_scaling.run(dataclasses.replace(cfg, seed=1), progress=False)
     assert other.losses != r.losses
 
@@ -130,7 +130,7 @@ def test_progress_off_prints_one_timing_line(small_loss_scaling, monkeypatch, ca
     loss_scaling.run(dataclasses.replace(cfg, steps=5), progress=None)
     out = capsys.readouterr()
     assert out.out.count("\n") == 1 and "loss_scaling (quick profile):" in out.out and "s on " in out.out
-    assert "it/s" not in out.err                             # no progress bar
+    assert "it/s" not in out.err  # no progress bar
 
 
 def test_cli_errors_name_the_field():
@@ -169,15 +169,26 @@ def test_saved_results_load():
     for name in experiments.NAMES:
         for p in ("full", "long"):
             r = experiments.saved(name, p)
-            if r is not None:                                # whatever is committed must load and describe itself
+            if r is not None:  # whatever is committed must load and describe itself
                 assert r.profile == p and r.describe() and r.provenance["command"].startswith("python -m")
 
 
 # ------------------------------------------------------------------------------------------------ ssd_histogram
 @pytest.fixture(scope="module")
 def tiny_result():
-    cfg = Config(profile="quick", steps=6, n_train=64, n_test=8, batch_size=8, warmup_steps=2, phases=3,
-                 per_module=True, threads=1, sweep=("small:64",), sweep_steps=2)
+    cfg = Config(
+        profile="quick",
+        steps=6,
+        n_train=64,
+        n_test=8,
+        batch_size=8,
+        warmup_steps=2,
+        phases=3,
+        per_module=True,
+        threads=1,
+        sweep=("small:64",),
+        sweep_steps=2,
+    )
     return ssd_histogram.run(cfg, progress=False)
 
 
@@ -185,7 +196,7 @@ def test_run_records_histograms(tiny_result):
     r = tiny_result
     assert r.steps == list(range(1, 7)) and len(r.losses) == 6 and all(math.isfinite(x) for x in r.losses)
     assert [s for s, _ in r.map50] == [0, 6]
-    assert r.map_evaluator.startswith("pycocotools") and "pycocotools" in r.describe()   # who computed the mAP
+    assert r.map_evaluator.startswith("pycocotools") and "pycocotools" in r.describe()  # who computed the mAP
     assert r.activation.total > 0 and r.weight.total > 0
     # the phases partition the run, and their histograms add up to the whole
     assert [(p["from"], p["to"]) for p in r.phases] == [(1, 2), (3, 4), (5, 6)]

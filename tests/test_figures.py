@@ -56,7 +56,7 @@ def test_ulp_fixed_and_accumulation():
     _check_axes(fig)
     envelope = [line for line in fig.axes[0].get_lines() if line.get_label().startswith("FP16: largest error")]
     x, y = envelope[0].get_xdata(), envelope[0].get_ydata()
-    assert len(envelope) == 1 and np.max(y[x >= 2.0 ** -14]) == 2.0 ** -11    # normal range: the tops reach 2^-11
+    assert len(envelope) == 1 and np.max(y[x >= 2.0**-14]) == 2.0**-11  # normal range: the tops reach 2^-11
     traj = {"a": 1 + 1e-4 * np.arange(11), "b": np.ones((11, 4))}
     _check_axes(figures.plot_accumulation(traj, exact=1 + 1e-4 * np.arange(11)))
     with pytest.raises(TypeError):
@@ -70,9 +70,9 @@ def test_gradient_histogram_figure():
     assert top.get_title() and ax.get_xlabel() and ax.get_ylabel() and fig.legends
     assert [t.get_text() for t in top.get_yticklabels()] == ["FP16 (16 bits)", "BF16 (16 bits)", "FP8_E5M2 (8 bits)"]
     heights = [p.get_height() for p in ax.patches if hasattr(p, "get_height")]
-    assert any(abs(hh - 25.0) < 1e-9 for hh in heights)            # the zero bar shows the share of zeros
+    assert any(abs(hh - 25.0) < 1e-9 for hh in heights)  # the zero bar shows the share of zeros
     labels = [t.get_text() for t in ax.get_xticklabels()]
-    assert labels[0] == "zeros" and "0" in labels                  # the zero bin is not labelled like 2^0
+    assert labels[0] == "zeros" and "0" in labels  # the zero bin is not labelled like 2^0
     with pytest.raises(TypeError):
         figures.plot_gradient_histogram([h])
     with pytest.raises(ValueError):
@@ -84,9 +84,9 @@ def test_every_run_of_a_multi_run_histogram_is_drawn():
     fig = figures.plot_gradient_histogram(runs, "FP16")
     ax = fig.axes[1]
     bars = [c for c in ax.containers if isinstance(c, BarContainer)]
-    assert len(bars) == 2 * len(runs)                               # non-zero bars and a zero bar per run
+    assert len(bars) == 2 * len(runs)  # non-zero bars and a zero bar per run
     for c in bars:
-        assert all(p.get_alpha() is None or p.get_alpha() > 0 for p in c.patches)   # none of them invisible
+        assert all(p.get_alpha() is None or p.get_alpha() > 0 for p in c.patches)  # none of them invisible
     texts = [t.get_text() for t in fig.legends[0].get_texts()]
     assert all(any(t.startswith(name) for t in texts) for name in runs)
 
@@ -96,8 +96,8 @@ def test_kept_vs_scale():
     ax, lx = fig.axes
     assert ax.get_title() and ax.get_legend() is not None and lx.get_xlabel() and lx.get_yscale() == "log"
     kept = ax.get_lines()[0].get_ydata()
-    assert kept[8] > kept[0]                                        # S = 2^8 keeps more than S = 1
-    assert all(float(t).is_integer() for t in lx.get_xticks())     # whole exponents of S
+    assert kept[8] > kept[0]  # S = 2^8 keeps more than S = 1
+    assert all(float(t).is_integer() for t in lx.get_xticks())  # whole exponents of S
     with pytest.raises(TypeError):
         figures.plot_kept_vs_scale({"a": 1})
 
@@ -114,7 +114,7 @@ def test_losses_and_scale_history_from_results():
     cfg = loss_scaling.Config(profile="quick", steps=30, growth_interval=5, hidden=16, threads=1)
     r = loss_scaling.run(cfg, progress=False)
     (ax,) = _check_axes(figures.plot_scale_history(r))
-    assert all(float(t).is_integer() for t in ax.get_yticks())     # log2 S: whole exponents only
+    assert all(float(t).is_integer() for t in ax.get_yticks())  # log2 S: whole exponents only
     assert len(ax.get_legend().get_texts()) >= 2
     (ax,) = _check_axes(figures.plot_losses(r.losses, smooth=5))
     assert len(ax.get_lines()) == 2
@@ -129,13 +129,14 @@ def test_one_table_builder():
     from pathlib import Path
 
     from mpt_lab.figures._base import WIDE_TABLE_COLUMNS
+
     assert 'class="mpt-table"' in t and "mpt-table-wide" not in t
     wide = figures.table_html([f"c{i}" for i in range(WIDE_TABLE_COLUMNS)], [list(range(WIDE_TABLE_COLUMNS))])
     assert 'class="mpt-table mpt-table-wide"' in wide
     css = (Path(__file__).resolve().parents[1] / "book" / "_static" / "book.css").read_text(encoding="utf-8")
     assert "table.mpt-table.mpt-table-wide" in css and "table.mpt-table {" in css
     assert t._repr_html_() == str(t)
-    assert t.count("text-align:left") == 3 and t.count("text-align:right") == 3     # names left, numbers right
+    assert t.count("text-align:left") == 3 and t.count("text-align:right") == 3  # names left, numbers right
     t = figures.table_html(["a", "b"], [[1, "x"]], align=("left", "left"))
     assert "text-align:right" not in t and t.count("text-align:left") == 4
     for bad in (("left",), ("left", "centre")):
@@ -153,7 +154,7 @@ def test_show_saved_shows_a_result_or_the_command(tmp_path, monkeypatch, capsys)
     assert figures.show_saved("loss_scaling") == {}
     text = " ".join(map(str, shown))
     assert "No GPU result" in text and html.escape("--profile full --out book/results/loss_scaling_full.json") in text
-    assert "long" not in text                                     # loss_scaling has no long profile
+    assert "long" not in text  # loss_scaling has no long profile
     cfg = loss_scaling.Config(profile="full", steps=3, hidden=8, threads=1)
     r = loss_scaling.run(cfg, progress=False)
     r.save(tmp_path / "loss_scaling_full.json")
@@ -172,12 +173,19 @@ def test_histogram_table_cites_each_source_and_scales_over_every_gradient():
     from mpt_lab.experiments.ssd_histogram import PAPER, SSDHistogramResult
     from mpt_lab.scaling import max_gradient_scale
 
-    act = _histogram(seed=1, center=-26.0)                               # largest |g| far below 16
-    wgt = log2_histogram(torch.tensor([20.0, 1e-3, 0.0]))            # one weight gradient in [16, 32)
-    r = SSDHistogramResult(config={"profile": "quick", "steps": 1}, provenance={"device": "CPU"}, steps=[1],
-                           losses=[1.0], map50=[[1, 0.5]], activation=act, weight=wgt)
+    act = _histogram(seed=1, center=-26.0)  # largest |g| far below 16
+    wgt = log2_histogram(torch.tensor([20.0, 1e-3, 0.0]))  # one weight gradient in [16, 32)
+    r = SSDHistogramResult(
+        config={"profile": "quick", "steps": 1},
+        provenance={"device": "CPU"},
+        steps=[1],
+        losses=[1.0],
+        map50=[[1, 0.5]],
+        activation=act,
+        weight=wgt,
+    )
     every = act + wgt
-    assert every.max_scale("FP16") < act.max_scale("FP16")            # the weight gradient sets the limit
+    assert every.max_scale("FP16") < act.max_scale("FP16")  # the weight gradient sets the limit
     t = figures.histogram_table({"this run": r})
     assert "NVIDIA blog post, Fig. 2" in t and "the paper, Fig. 3" in t
     assert ">66.8%<" in t and ">67%<" in t and ">4%<" in t and ">2%<" in t
@@ -187,7 +195,7 @@ def test_histogram_table_cites_each_source_and_scales_over_every_gradient():
     k = int(np.log2(every.max_scale("FP16")))
     assert f"2<sup>{k}</sup>" in s_row and "activation and weight" in s_row
     kept_row = next(v for k_, v in rows.items() if k_.startswith("kept by S = 2¹⁵"))
-    assert "overflows here" in kept_row                               # 20 × 2^15 > 65504: said in the cell
+    assert "overflows here" in kept_row  # 20 × 2^15 > 65504: said in the cell
     rule_row = next(v for k_, v in rows.items() if k_.startswith("max-gradient rule"))
     assert f"2<sup>{int(np.log2(max_gradient_scale(every.amax, 'FP16')))}</sup>" in rule_row
 
@@ -205,25 +213,30 @@ def test_losses_reference_panel_and_master_weight_loop():
     losses = {"FP32": np.linspace(2, 1, 50), "pure FP16": np.linspace(2, 1.5, 50), "masters": np.linspace(2, 1, 50)}
     top, diff = figures.plot_losses(losses, smooth=5, reference="FP32").axes
     assert top.get_title() and top.get_ylabel() and top.get_legend() is not None and len(top.get_lines()) == 3
-    assert diff.get_title() and diff.get_xlabel() == "step" and "nats" in diff.get_ylabel()   # the shared x axis
+    assert diff.get_title() and diff.get_xlabel() == "step" and "nats" in diff.get_ylabel()  # the shared x axis
     gaps = [line.get_ydata() for line in diff.get_lines() if len(line.get_ydata()) > 2]
-    assert len(gaps) == 2 and np.allclose(gaps[1], 0) and gaps[0][-1] > 0.4     # masters on 0, pure FP16 above
+    assert len(gaps) == 2 and np.allclose(gaps[1], 0) and gaps[0][-1] > 0.4  # masters on 0, pure FP16 above
     with pytest.raises(ValueError, match="reference"):
         figures.plot_losses(losses, reference="FP64")
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
     for naive in (False, True):
-        t = MasterWeightTrainer(model if not naive else torch.nn.Sequential(torch.nn.Linear(8, 4)),
-                                lambda p: torch.optim.SGD(p, lr=0.1), torch.nn.functional.cross_entropy,
-                                scaler=GradScaler(2.0 ** 8), trace=True, cast_scaled_loss=naive)
+        t = MasterWeightTrainer(
+            model if not naive else torch.nn.Sequential(torch.nn.Linear(8, 4)),
+            lambda p: torch.optim.SGD(p, lr=0.1),
+            torch.nn.functional.cross_entropy,
+            scaler=GradScaler(2.0**8),
+            trace=True,
+            cast_scaled_loss=naive,
+        )
         t.train_step(torch.randn(4, 8), torch.randint(0, 4, (4,)))
         fig = figures.plot_master_weight_loop(t.last_trace)
         (ax,) = _check_axes(fig)
         boxes = [p for p in ax.patches if isinstance(p, FancyBboxPatch)]
         assert len(boxes) == 9
         red = sum(to_hex(b.get_edgecolor()) == FORMAT_COLORS["FP16"] for b in boxes)
-        assert red == (4 if naive else 3)          # copy, prediction, gradients × S (+ the naive cast)
+        assert red == (4 if naive else 3)  # copy, prediction, gradients × S (+ the naive cast)
         texts = " ".join(x.get_text() for x in ax.texts)
         assert ("naive" in texts) == naive and "float16" in texts and "float32" in texts
     with pytest.raises(TypeError, match="last_trace"):
@@ -236,9 +249,13 @@ def test_training_legend_sits_below_the_axes():
     """Fig. 2.2: the legend is the figure's, below the axes, so it covers neither the loss nor the mAP curve."""
     import types
 
-    r = types.SimpleNamespace(steps=list(range(1, 101)), losses=list(np.linspace(8, 2, 100)),
-                              map50=[[0, 0.0], [50, 0.4], [100, 0.6]], map_evaluator="pycocotools (x)",
-                              profile="quick")
+    r = types.SimpleNamespace(
+        steps=list(range(1, 101)),
+        losses=list(np.linspace(8, 2, 100)),
+        map50=[[0, 0.0], [50, 0.4], [100, 0.6]],
+        map_evaluator="pycocotools (x)",
+        profile="quick",
+    )
     fig = figures.plot_training(r)
     assert len(fig.legends) == 1 and all(ax.get_legend() is None for ax in fig.axes)
     assert len(fig.legends[0].get_texts()) == 3

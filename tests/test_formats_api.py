@@ -40,20 +40,45 @@ from mpt_lab.formats import (
 
 torch.set_num_threads(1)
 
-pytestmark = pytest.mark.filterwarnings(r"ignore:(invalid value|overflow) encountered in (cast|nextafter)"
-                                        ":RuntimeWarning")
+pytestmark = pytest.mark.filterwarnings(
+    r"ignore:(invalid value|overflow) encountered in (cast|nextafter)"
+    ":RuntimeWarning"
+)
 
 ALL = list(FORMATS.values())
 SMALL = [f for f in ALL if f.bits <= 19]  # enumerable: every code can be listed
 NO_NAN = (FP6_E3M2, FP6_E2M3, FP4_E2M1)
-NP_DTYPE = {FP64: np.float64, FP32: np.float32, FP16: np.float16, BF16: md.bfloat16, FP8_E4M3: md.float8_e4m3fn,
-            FP8_E5M2: md.float8_e5m2, FP6_E3M2: md.float6_e3m2fn, FP6_E2M3: md.float6_e2m3fn,
-            FP4_E2M1: md.float4_e2m1fn, E8M0: md.float8_e8m0fnu}
-TORCH_DTYPE = {FP64: torch.float64, FP32: torch.float32, FP16: torch.float16, BF16: torch.bfloat16,
-               FP8_E4M3: torch.float8_e4m3fn, FP8_E5M2: torch.float8_e5m2, E8M0: torch.float8_e8m0fnu}
+NP_DTYPE = {
+    FP64: np.float64,
+    FP32: np.float32,
+    FP16: np.float16,
+    BF16: md.bfloat16,
+    FP8_E4M3: md.float8_e4m3fn,
+    FP8_E5M2: md.float8_e5m2,
+    FP6_E3M2: md.float6_e3m2fn,
+    FP6_E2M3: md.float6_e2m3fn,
+    FP4_E2M1: md.float4_e2m1fn,
+    E8M0: md.float8_e8m0fnu,
+}
+TORCH_DTYPE = {
+    FP64: torch.float64,
+    FP32: torch.float32,
+    FP16: torch.float16,
+    BF16: torch.bfloat16,
+    FP8_E4M3: torch.float8_e4m3fn,
+    FP8_E5M2: torch.float8_e5m2,
+    E8M0: torch.float8_e8m0fnu,
+}
 CODE_NP = {8: np.uint8, 6: np.uint8, 4: np.uint8, 16: np.uint16, 19: np.uint32, 32: np.uint32, 64: np.uint64}
-CODE_TORCH = {8: torch.uint8, 6: torch.uint8, 4: torch.uint8, 16: torch.int32, 19: torch.int32, 32: torch.int64,
-              64: torch.int64}
+CODE_TORCH = {
+    8: torch.uint8,
+    6: torch.uint8,
+    4: torch.uint8,
+    16: torch.int32,
+    19: torch.int32,
+    32: torch.int64,
+    64: torch.int64,
+}
 
 
 def same(a, b) -> bool:
@@ -70,7 +95,7 @@ def mixed_inputs(n=200_000, seed=0, dtype=np.float32):
     """Random values over the whole float32 range (binade-uniform), random bit patterns, and specials."""
     rng = np.random.default_rng(seed)
     e = rng.integers(-152, 128, n)
-    x = np.ldexp(1.0 + rng.integers(0, 1 << 23, n) * 2.0 ** -23, e) * rng.choice([-1.0, 1.0], n)
+    x = np.ldexp(1.0 + rng.integers(0, 1 << 23, n) * 2.0**-23, e) * rng.choice([-1.0, 1.0], n)
     bits = rng.integers(0, 1 << 32, n // 4, dtype=np.uint64).astype(np.uint32).view(np.float32)
     sp = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1.0, -1.0, 1e-45, 448, 464, 480, 65504, 65520, 3e38])
     with np.errstate(over="ignore"):
@@ -109,8 +134,10 @@ def test_decode_encode_equals_round_to(fmt, dtype):
     for sat in (False, True):
         assert same(decode(encode(x, fmt, saturate=sat), fmt), round_to(x, fmt, saturate=sat))
     # stochastic: the same generator seed gives the same draws in both
-    assert same(decode(encode(x, fmt, rounding="stochastic", generator=7), fmt),
-                round_to(x, fmt, rounding="stochastic", generator=7))
+    assert same(
+        decode(encode(x, fmt, rounding="stochastic", generator=7), fmt),
+        round_to(x, fmt, rounding="stochastic", generator=7),
+    )
     t = torch.from_numpy(x.copy())
     ct = encode(t, fmt)
     assert isinstance(ct, torch.Tensor) and ct.dtype == CODE_TORCH[fmt.bits] and ct.shape == t.shape
@@ -147,7 +174,7 @@ def test_encode_decode_scalar_types():
     assert encode(-0.0, FP8_E4M3) == 0x80 and encode(float("nan"), FP8_E4M3) == 0x7F
     assert encode(-math.inf, FP8_E4M3, saturate=True) == 0xFE
     assert encode(math.nan, FP16) == 0x7E00 and encode(math.inf, BF16) == 0x7F80
-    assert encode(1.0, E8M0) == 127 and encode(math.nan, E8M0) == 0xFF and encode(2.0 ** -127, E8M0) == 0
+    assert encode(1.0, E8M0) == 127 and encode(math.nan, E8M0) == 0xFF and encode(2.0**-127, E8M0) == 0
     assert encode(1.0, TF32) == 127 << 10 and encode(-2.0, TF32) == (1 << 18) | (128 << 10)
     assert encode(6.0, FP4_E2M1) == 0b0111 and encode(-0.5, FP4_E2M1) == 0b1001
     assert encode(7.5, FP6_E2M3) == 0b011111 and encode(28.0, FP6_E3M2) == 0b011111
@@ -246,10 +273,9 @@ def test_decompose_worked_example():
     assert type(d.value) is float and type(d.significand) is float and type(d.kind) is str
     assert type(d.bits) is str
     assert d.as_dict()["bits"] == d.bits and "-314.625" in repr(d)
-    assert d.value == (-1) ** d.sign * d.significand * 2.0 ** d.unbiased_exponent
+    assert d.value == (-1) ** d.sign * d.significand * 2.0**d.unbiased_exponent
     # same through every input type
-    for x in (np.float32(-314.625), np.float64(-314.625), np.array(-314.625, dtype=np.float32),
-              torch.tensor(-314.625)):
+    for x in (np.float32(-314.625), np.float64(-314.625), np.array(-314.625, dtype=np.float32), torch.tensor(-314.625)):
         assert str(decompose(x, FP32).bits) == d.bits
     # and in another format: -314.625 rounds to -320 in FP8 E4M3 (spacing 32 in [256, 448])
     d8 = decompose(-314.625, "e4m3")
@@ -257,28 +283,44 @@ def test_decompose_worked_example():
 
 
 KIND_CASES = [
-    (FP16, 0.0, "zero", 0, 0, 0, -14), (FP16, -0.0, "zero", 1, 0, 0, -14),
-    (FP16, 2.0 ** -24, "subnormal", 0, 0, 1, -14), (FP16, -(2.0 ** -15), "subnormal", 1, 0, 512, -14),
-    (FP16, 1.0, "normal", 0, 15, 0, 0), (FP16, 65504.0, "normal", 0, 30, 1023, 15),
-    (FP16, math.inf, "infinity", 0, 31, 0, 16), (FP16, -1e6, "infinity", 1, 31, 0, 16),
+    (FP16, 0.0, "zero", 0, 0, 0, -14),
+    (FP16, -0.0, "zero", 1, 0, 0, -14),
+    (FP16, 2.0**-24, "subnormal", 0, 0, 1, -14),
+    (FP16, -(2.0**-15), "subnormal", 1, 0, 512, -14),
+    (FP16, 1.0, "normal", 0, 15, 0, 0),
+    (FP16, 65504.0, "normal", 0, 30, 1023, 15),
+    (FP16, math.inf, "infinity", 0, 31, 0, 16),
+    (FP16, -1e6, "infinity", 1, 31, 0, 16),
     (FP16, math.nan, "nan", 0, 31, 512, 16),
-    (BF16, 1e-40, "subnormal", 0, 0, None, -126), (BF16, 3e38, "normal", 0, 254, None, 127),
-    (FP8_E4M3, 448.0, "normal", 0, 15, 6, 8), (FP8_E4M3, math.nan, "nan", 0, 15, 7, 8),
-    (FP8_E4M3, 2.0 ** -9, "subnormal", 0, 0, 1, -6), (FP8_E4M3, 1e6, "nan", 0, 15, 7, 8),
-    (FP8_E5M2, math.inf, "infinity", 0, 31, 0, 16), (FP8_E5M2, math.nan, "nan", 0, 31, 2, 16),
-    (FP6_E3M2, 28.0, "normal", 0, 7, 3, 4), (FP6_E2M3, 0.125, "subnormal", 0, 0, 1, 0),
-    (FP4_E2M1, 0.5, "subnormal", 0, 0, 1, 0), (FP4_E2M1, -6.0, "normal", 1, 3, 1, 2),
+    (BF16, 1e-40, "subnormal", 0, 0, None, -126),
+    (BF16, 3e38, "normal", 0, 254, None, 127),
+    (FP8_E4M3, 448.0, "normal", 0, 15, 6, 8),
+    (FP8_E4M3, math.nan, "nan", 0, 15, 7, 8),
+    (FP8_E4M3, 2.0**-9, "subnormal", 0, 0, 1, -6),
+    (FP8_E4M3, 1e6, "nan", 0, 15, 7, 8),
+    (FP8_E5M2, math.inf, "infinity", 0, 31, 0, 16),
+    (FP8_E5M2, math.nan, "nan", 0, 31, 2, 16),
+    (FP6_E3M2, 28.0, "normal", 0, 7, 3, 4),
+    (FP6_E2M3, 0.125, "subnormal", 0, 0, 1, 0),
+    (FP4_E2M1, 0.5, "subnormal", 0, 0, 1, 0),
+    (FP4_E2M1, -6.0, "normal", 1, 3, 1, 2),
     (FP4_E2M1, -0.0, "zero", 1, 0, 0, 0),
-    (E8M0, 1.0, "normal", 0, 127, 0, 0), (E8M0, 2.0 ** -127, "normal", 0, 0, 0, -127),
-    (E8M0, 2.0 ** 127, "normal", 0, 254, 0, 127), (E8M0, math.nan, "nan", 0, 255, 0, 128),
-    (E8M0, -1.0, "nan", 0, 255, 0, 128), (E8M0, 0.0, "nan", 0, 255, 0, 128),
-    (TF32, 1 + 2.0 ** -10, "normal", 0, 127, 1, 0), (FP64, 5e-324, "subnormal", 0, 0, 1, -1022),
-    (FP32, 1e-45, "subnormal", 0, 0, 1, -126), (FP32, math.inf, "infinity", 0, 255, 0, 128),
+    (E8M0, 1.0, "normal", 0, 127, 0, 0),
+    (E8M0, 2.0**-127, "normal", 0, 0, 0, -127),
+    (E8M0, 2.0**127, "normal", 0, 254, 0, 127),
+    (E8M0, math.nan, "nan", 0, 255, 0, 128),
+    (E8M0, -1.0, "nan", 0, 255, 0, 128),
+    (E8M0, 0.0, "nan", 0, 255, 0, 128),
+    (TF32, 1 + 2.0**-10, "normal", 0, 127, 1, 0),
+    (FP64, 5e-324, "subnormal", 0, 0, 1, -1022),
+    (FP32, 1e-45, "subnormal", 0, 0, 1, -126),
+    (FP32, math.inf, "infinity", 0, 255, 0, 128),
 ]
 
 
-@pytest.mark.parametrize("fmt, x, kind, sign, exponent, mantissa, ue", KIND_CASES,
-                         ids=[f"{c[0]}-{c[1]}" for c in KIND_CASES])
+@pytest.mark.parametrize(
+    "fmt, x, kind, sign, exponent, mantissa, ue", KIND_CASES, ids=[f"{c[0]}-{c[1]}" for c in KIND_CASES]
+)
 def test_decompose_kinds(fmt, x, kind, sign, exponent, mantissa, ue):
     d = decompose(x, fmt)
     assert d.kind == kind and d.sign == sign and d.exponent == exponent and d.unbiased_exponent == ue
@@ -287,7 +329,7 @@ def test_decompose_kinds(fmt, x, kind, sign, exponent, mantissa, ue):
     assert same(compose(d.sign, d.exponent, d.mantissa, fmt), d.value)
     assert same(d.value, round_to(x, fmt))
     if kind in ("zero", "subnormal", "normal"):
-        assert d.value == (-1) ** d.sign * d.significand * 2.0 ** d.unbiased_exponent
+        assert d.value == (-1) ** d.sign * d.significand * 2.0**d.unbiased_exponent
         assert 0 <= d.significand < 2 and (d.significand >= 1) == (kind == "normal")
     elif kind == "infinity":
         assert d.significand == math.inf
@@ -311,8 +353,9 @@ def test_decompose_every_code_and_compose_inverts(fmt):
     codes, v = codes[keep], v[keep]
     d = decompose(v, fmt)
     assert np.array_equal(d.code, codes)
-    assert np.array_equal(d.kind, _independent_kind(v, fmt) if fmt.subnormals else
-                          np.where(np.isnan(v), "nan", "normal"))
+    assert np.array_equal(
+        d.kind, _independent_kind(v, fmt) if fmt.subnormals else np.where(np.isnan(v), "nan", "normal")
+    )
     # fields are the bit fields of the code
     e, m = fmt.exponent_bits, fmt.mantissa_bits
     c = codes.astype(np.int64)
@@ -355,13 +398,13 @@ def test_compose_scalar_fields_every_code(fmt):
 
 
 def test_compose_examples():
-    assert compose(0, 15, 0, FP16) == 1.0 and compose(1, 0, 1, FP16) == -(2.0 ** -24)
+    assert compose(0, 15, 0, FP16) == 1.0 and compose(1, 0, 1, FP16) == -(2.0**-24)
     assert compose(0, 31, 0, FP16) == math.inf and math.isnan(compose(0, 31, 1, FP16))
-    assert compose(0, 0, 0, E8M0) == 2.0 ** -127 and math.isnan(compose(0, 255, 0, E8M0))
+    assert compose(0, 0, 0, E8M0) == 2.0**-127 and math.isnan(compose(0, 255, 0, E8M0))
     assert math.isnan(compose(1, 15, 7, FP8_E4M3)) and compose(0, 15, 6, FP8_E4M3) == 448.0
     assert compose(1, 1023, 1 << 51, FP64) == -1.5 and compose(0, 2047, 0, FP64) == math.inf
     assert compose(0, 2046, (1 << 52) - 1, FP64) == np.finfo(np.float64).max
-    assert compose(0, 127, 1, TF32) == 1 + 2.0 ** -10
+    assert compose(0, 127, 1, TF32) == 1 + 2.0**-10
     v = compose(np.array([0, 1]), np.array([[15], [16]]), 0, FP16)  # broadcasting
     assert v.shape == (2, 2) and v.tolist() == [[1.0, -1.0], [2.0, -2.0]]
     v = compose(np.array([1], dtype=np.uint8), 1023, 0, FP64)
@@ -375,8 +418,7 @@ def test_compose_examples():
 def test_decompose_arrays_and_tensors_keep_shape():
     x = np.linspace(-3, 3, 24, dtype=np.float32).reshape(2, 3, 4)
     d = decompose(x, FP16)
-    for name in ("sign", "exponent", "mantissa", "unbiased_exponent", "significand", "value", "code", "kind",
-                 "bits"):
+    for name in ("sign", "exponent", "mantissa", "unbiased_exponent", "significand", "value", "code", "kind", "bits"):
         a = getattr(d, name)
         assert isinstance(a, np.ndarray) and a.shape == (2, 3, 4), name
     assert same(d.value, round_to(x, FP16)) and d.kind.dtype.kind == "U"
@@ -386,11 +428,12 @@ def test_decompose_arrays_and_tensors_keep_shape():
     for name in ("sign", "exponent", "mantissa", "unbiased_exponent", "significand", "value", "code"):
         a = getattr(dt, name)
         assert isinstance(a, torch.Tensor) and a.shape == (2, 3, 4) and a.device == t.device, name
-        assert np.array_equal(np.asarray(a.numpy(), dtype=np.float64),
-                              np.asarray(getattr(d, name), dtype=np.float64), equal_nan=True), name
+        assert np.array_equal(
+            np.asarray(a.numpy(), dtype=np.float64), np.asarray(getattr(d, name), dtype=np.float64), equal_nan=True
+        ), name
     assert np.array_equal(dt.kind, d.kind) and np.array_equal(dt.bits, d.bits)
     # FP64 and FP32 decompositions of tensors (signed int64 codes) and of NumPy arrays agree
-    y = np.array([-1.5, 2.0 ** -1074, -np.inf, np.nan, -0.0])
+    y = np.array([-1.5, 2.0**-1074, -np.inf, np.nan, -0.0])
     for fmt in (FP64, FP32):
         a, b = decompose(y, fmt), decompose(torch.from_numpy(y), fmt)
         assert np.array_equal(a.sign, b.sign.numpy()) and np.array_equal(a.exponent, b.exponent.numpy())
@@ -401,7 +444,7 @@ def test_decompose_arrays_and_tensors_keep_shape():
     d0 = decompose(np.array(1.0), FP16)
     assert isinstance(d0.sign, np.ndarray) and d0.sign.shape == () and d0.kind.shape == ()
     # rounding and saturate are applied first
-    assert decompose(1 + 2.0 ** -11 + 2.0 ** -20, FP16, rounding="toward_zero").mantissa == 0
+    assert decompose(1 + 2.0**-11 + 2.0**-20, FP16, rounding="toward_zero").mantissa == 0
     assert decompose(1e6, FP8_E4M3, saturate=True).value == 448.0
 
 
@@ -438,8 +481,7 @@ def test_round_to_scalar_types():
     assert type(ulp(1.0, FP16)) is float and type(ulp(np.float32(1.0), FP16)) is np.float64
 
 
-@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64, md.bfloat16, md.float8_e4m3fn,
-                                   md.float8_e5m2])
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64, md.bfloat16, md.float8_e4m3fn, md.float8_e5m2])
 def test_round_to_numpy_array_dtypes_preserved(dtype):
     x = np.linspace(-10, 10, 60, dtype=np.float32).reshape(3, 4, 5).astype(dtype)
     for fmt in (FP16, BF16, FP8_E4M3, FP8_E5M2, FP6_E3M2, FP4_E2M1, TF32, FP32):
@@ -469,18 +511,37 @@ def test_round_to_tensor_dtypes_preserved(dtype):
 def test_round_to_shapes_and_non_contiguous_inputs():
     rng = np.random.default_rng(4)
     base = (rng.standard_normal((6, 8, 10)) * 100).astype(np.float32)
-    views = [base, base[:, ::2, 1::3], base.transpose(2, 0, 1), np.asfortranarray(base), base[::-1],
-             base[3, 4, 5:6], np.broadcast_to(base[0, 0], (3, 10))]
+    views = [
+        base,
+        base[:, ::2, 1::3],
+        base.transpose(2, 0, 1),
+        np.asfortranarray(base),
+        base[::-1],
+        base[3, 4, 5:6],
+        np.broadcast_to(base[0, 0], (3, 10)),
+    ]
     for v in views:
         for fmt in (FP16, FP8_E4M3, E8M0, BF16):
             r = round_to(v, fmt)
             assert r.shape == v.shape and r.dtype == v.dtype
             with np.errstate(all="ignore"):
-                assert same(r, np.ascontiguousarray(v).astype(NP_DTYPE[fmt]).astype(np.float32) if fmt != E8M0
-                            else round_to(np.ascontiguousarray(v), fmt))
+                assert same(
+                    r,
+                    np.ascontiguousarray(v).astype(NP_DTYPE[fmt]).astype(np.float32)
+                    if fmt != E8M0
+                    else round_to(np.ascontiguousarray(v), fmt),
+                )
     tb = torch.from_numpy(base.copy())
-    tviews = [tb, tb[:, ::2, 1::3], tb.permute(2, 0, 1), tb.flip(0), tb[0, 0].expand(3, 10), tb.transpose(0, 2),
-              tb[2, 3, 4], tb[..., 3]]
+    tviews = [
+        tb,
+        tb[:, ::2, 1::3],
+        tb.permute(2, 0, 1),
+        tb.flip(0),
+        tb[0, 0].expand(3, 10),
+        tb.transpose(0, 2),
+        tb[2, 3, 4],
+        tb[..., 3],
+    ]
     for v in tviews:
         assert not v.is_contiguous() or v is tb or v.dim() in (0, 3)
         r = round_to(v, FP8_E5M2)
@@ -517,23 +578,43 @@ def test_round_to_does_not_modify_its_input_and_ignores_autograd():
 
 def test_ulp_types():
     u = ulp(np.ones((2, 3), dtype=np.float16), FP16)
-    assert isinstance(u, np.ndarray) and u.dtype == np.float64 and u.shape == (2, 3) and (u == 2.0 ** -10).all()
+    assert isinstance(u, np.ndarray) and u.dtype == np.float64 and u.shape == (2, 3) and (u == 2.0**-10).all()
     ut = ulp(torch.ones(2, 3, dtype=torch.bfloat16), BF16)
     assert isinstance(ut, torch.Tensor) and ut.dtype == torch.float64 and ut.shape == (2, 3)
-    assert (ut == 2.0 ** -7).all()
+    assert (ut == 2.0**-7).all()
     assert ulp(np.array(1.0), FP16).shape == ()
 
 
 # ----------------------------------------------------------------------------------------------------------
 # 11. errors
 # ----------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("bad", [[1.0], (1.0,), "1.0", np.array([1, 2]), np.array([1], dtype=np.uint8), True,
-                                 np.bool_(True), np.array([True]), torch.tensor([1, 2]), torch.tensor([True]),
-                                 None, 1 + 2j, np.array([1j]), np.int64(3)],
-                         ids=lambda b: type(b).__name__ + str(getattr(b, "dtype", "")))
+@pytest.mark.parametrize(
+    "bad",
+    [
+        [1.0],
+        (1.0,),
+        "1.0",
+        np.array([1, 2]),
+        np.array([1], dtype=np.uint8),
+        True,
+        np.bool_(True),
+        np.array([True]),
+        torch.tensor([1, 2]),
+        torch.tensor([True]),
+        None,
+        1 + 2j,
+        np.array([1j]),
+        np.int64(3),
+    ],
+    ids=lambda b: type(b).__name__ + str(getattr(b, "dtype", "")),
+)
 def test_wrong_input_types_raise_type_error(bad):
-    for fn in (lambda x: round_to(x, FP16), lambda x: encode(x, FP16), lambda x: decompose(x, FP16),
-               lambda x: ulp(x, FP16)):
+    for fn in (
+        lambda x: round_to(x, FP16),
+        lambda x: encode(x, FP16),
+        lambda x: decompose(x, FP16),
+        lambda x: ulp(x, FP16),
+    ):
         with pytest.raises(TypeError):
             fn(bad)
 
@@ -541,10 +622,16 @@ def test_wrong_input_types_raise_type_error(bad):
 def test_meta_tensors_are_refused_before_anything_reads_them():
     meta = torch.empty(3, device="meta")
     codes = torch.zeros(3, dtype=torch.int64, device="meta")
-    for fn, name in ((lambda: round_to(meta, FP16), "x"), (lambda: encode(meta, "e4m3"), "x"),
-                     (lambda: decompose(meta, BF16), "x"), (lambda: ulp(meta, FP32), "x"),
-                     (lambda: F.round_fixed(meta, 3, 4), "x"), (lambda: decode(codes, FP16), "codes"),
-                     (lambda: decode(codes, FP64), "codes"), (lambda: compose(codes, 1, 1, FP16), "sign")):
+    for fn, name in (
+        (lambda: round_to(meta, FP16), "x"),
+        (lambda: encode(meta, "e4m3"), "x"),
+        (lambda: decompose(meta, BF16), "x"),
+        (lambda: ulp(meta, FP32), "x"),
+        (lambda: F.round_fixed(meta, 3, 4), "x"),
+        (lambda: decode(codes, FP16), "codes"),
+        (lambda: decode(codes, FP64), "codes"),
+        (lambda: compose(codes, 1, 1, FP16), "sign"),
+    ):
         with pytest.raises(ValueError, match=f"{name} is a meta tensor"):
             fn()
 
@@ -563,7 +650,7 @@ def test_exact_arithmetic_marker():
     assert not F.exact_arithmetic_active()
     with F.exact_arithmetic():
         assert F.exact_arithmetic_active()
-        with F.exact_arithmetic():                    # blocks nest
+        with F.exact_arithmetic():  # blocks nest
             assert F.exact_arithmetic_active()
         assert F.exact_arithmetic_active()
     assert not F.exact_arithmetic_active()
@@ -575,7 +662,7 @@ def test_exact_arithmetic_marker():
 
     assert inside(3) == (True, 3) and inside.__doc__ == "doc" and inside.__name__ == "inside"
     assert not F.exact_arithmetic_active()
-    with pytest.raises(KeyError):                     # reset also when the body raises
+    with pytest.raises(KeyError):  # reset also when the body raises
         with F.exact_arithmetic():
             raise KeyError
     assert not F.exact_arithmetic_active()
@@ -601,22 +688,35 @@ def test_formats_imports_without_torch_and_without_torch_internals():
     import subprocess
     import sys
 
-    code = ("import sys; sys.modules['torch'] = None\n"
-            "import mpt_lab.formats as F\n"
-            "assert F.round_to(2**60 + 2**36 + 1, 'FP32') == 2**60 + 2**37\n"
-            "with F.exact_arithmetic():\n    assert F.exact_arithmetic_active()\n"
-            "print('ok')")
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "import mpt_lab.formats as F\n"
+        "assert F.round_to(2**60 + 2**36 + 1, 'FP32') == 2**60 + 2**37\n"
+        "with F.exact_arithmetic():\n    assert F.exact_arithmetic_active()\n"
+        "print('ok')"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
     src = inspect.getsource(F)
-    for private in ("torch._C", "_python_dispatch", "_disable_current_modes", "_len_torch_dispatch_stack",
-                    "torch._subclasses", "torch.utils._pytree"):
+    for private in (
+        "torch._C",
+        "_python_dispatch",
+        "_disable_current_modes",
+        "_len_torch_dispatch_stack",
+        "torch._subclasses",
+        "torch.utils._pytree",
+    ):
         assert private not in src, private
 
 
 def test_unknown_format_and_rounding():
-    for fn in (lambda: round_to(1.0, "fp12"), lambda: get_format("e9m9"), lambda: values("nope"),
-               lambda: decode(1, "x"), lambda: ulp(1.0, "fp7")):
+    for fn in (
+        lambda: round_to(1.0, "fp12"),
+        lambda: get_format("e9m9"),
+        lambda: values("nope"),
+        lambda: decode(1, "x"),
+        lambda: ulp(1.0, "fp7"),
+    ):
         with pytest.raises(ValueError) as err:
             fn()
         for name in FORMATS:
@@ -645,19 +745,44 @@ def test_get_format_names_and_aliases():
     for name, fmt in FORMATS.items():
         assert get_format(name) is fmt and get_format(name.lower()) is fmt and get_format(fmt) is fmt
         assert str(fmt) == name and name in repr(fmt)
-    for alias, fmt in [("half", FP16), ("float16", FP16), ("bfloat16", BF16), ("e4m3", FP8_E4M3),
-                       ("E4M3FN", FP8_E4M3), ("fp8-e4m3", FP8_E4M3), ("fp8_e4m3fn", FP8_E4M3), ("e5m2", FP8_E5M2),
-                       ("e3m2", FP6_E3M2), ("e2m3", FP6_E2M3), ("fp4", FP4_E2M1), ("e2m1", FP4_E2M1),
-                       ("fp8_e8m0", E8M0), ("float", FP32), ("double", FP64), (" tf32 ", TF32)]:
+    for alias, fmt in [
+        ("half", FP16),
+        ("float16", FP16),
+        ("bfloat16", BF16),
+        ("e4m3", FP8_E4M3),
+        ("E4M3FN", FP8_E4M3),
+        ("fp8-e4m3", FP8_E4M3),
+        ("fp8_e4m3fn", FP8_E4M3),
+        ("e5m2", FP8_E5M2),
+        ("e3m2", FP6_E3M2),
+        ("e2m3", FP6_E2M3),
+        ("fp4", FP4_E2M1),
+        ("e2m1", FP4_E2M1),
+        ("fp8_e8m0", E8M0),
+        ("float", FP32),
+        ("double", FP64),
+        (" tf32 ", TF32),
+    ]:
         assert get_format(alias) is fmt, alias
 
 
 def test_decode_errors():
-    for codes, fmt in [(-1, FP16), (1 << 16, FP16), (np.array([-1]), FP16), (np.array([1 << 16]), FP16),
-                       (np.array([64], dtype=np.uint8), FP6_E3M2), (np.array([16]), FP4_E2M1),
-                       (np.array([0, 256]), FP8_E4M3), (torch.tensor([256]), FP8_E4M3),
-                       (torch.tensor([-1]), FP8_E5M2), (1 << 19, TF32), (1 << 32, FP32), (256, E8M0),
-                       (np.int8(-3), FP8_E4M3), (np.array([70000], dtype=np.int32), BF16)]:
+    for codes, fmt in [
+        (-1, FP16),
+        (1 << 16, FP16),
+        (np.array([-1]), FP16),
+        (np.array([1 << 16]), FP16),
+        (np.array([64], dtype=np.uint8), FP6_E3M2),
+        (np.array([16]), FP4_E2M1),
+        (np.array([0, 256]), FP8_E4M3),
+        (torch.tensor([256]), FP8_E4M3),
+        (torch.tensor([-1]), FP8_E5M2),
+        (1 << 19, TF32),
+        (1 << 32, FP32),
+        (256, E8M0),
+        (np.int8(-3), FP8_E4M3),
+        (np.array([70000], dtype=np.int32), BF16),
+    ]:
         with pytest.raises(ValueError):
             decode(codes, fmt)
     for codes in (1.0, np.array([1.0]), True, torch.tensor([1.0]), "3", [1, 2], torch.tensor([True]), None):
@@ -666,15 +791,34 @@ def test_decode_errors():
 
 
 def test_compose_errors():
-    for args in [(2, 0, 0, FP16), (0, 32, 0, FP16), (0, 0, 1024, FP16), (-1, 0, 0, FP16), (0, -1, 0, FP16),
-                 (1, 0, 0, E8M0), (0, 0, 1, E8M0), (0, 16, 0, FP8_E4M3), (0, 0, 8, FP8_E4M3),
-                 (np.array([0, 2]), 0, 0, FP16), (0, np.array([3, 4]), 0, FP4_E2M1),
-                 (torch.tensor([0]), torch.tensor([40]), 0, FP16), (0, 0, torch.tensor([-1]), FP16),
-                 (0, 2048, 0, FP64), (0, 0, 1 << 52, FP64)]:
+    for args in [
+        (2, 0, 0, FP16),
+        (0, 32, 0, FP16),
+        (0, 0, 1024, FP16),
+        (-1, 0, 0, FP16),
+        (0, -1, 0, FP16),
+        (1, 0, 0, E8M0),
+        (0, 0, 1, E8M0),
+        (0, 16, 0, FP8_E4M3),
+        (0, 0, 8, FP8_E4M3),
+        (np.array([0, 2]), 0, 0, FP16),
+        (0, np.array([3, 4]), 0, FP4_E2M1),
+        (torch.tensor([0]), torch.tensor([40]), 0, FP16),
+        (0, 0, torch.tensor([-1]), FP16),
+        (0, 2048, 0, FP64),
+        (0, 0, 1 << 52, FP64),
+    ]:
         with pytest.raises(ValueError):
             compose(*args)
-    for args in [(0.0, 0, 0, FP16), (True, 0, 0, FP16), (0, 1.5, 0, FP16), (0, 0, "1", FP16),
-                 (np.array([0.0]), 0, 0, FP16), (torch.tensor([0.0]), 0, 0, FP16), (0, [1], 0, FP16)]:
+    for args in [
+        (0.0, 0, 0, FP16),
+        (True, 0, 0, FP16),
+        (0, 1.5, 0, FP16),
+        (0, 0, "1", FP16),
+        (np.array([0.0]), 0, 0, FP16),
+        (torch.tensor([0.0]), 0, 0, FP16),
+        (0, [1], 0, FP16),
+    ]:
         with pytest.raises(TypeError):
             compose(*args)
 
@@ -692,8 +836,15 @@ def test_float_format_validation():
         FloatFormat("X", 5, True, 15)
     with pytest.raises(TypeError):
         FloatFormat("X", 5, 10, "15")
-    for kw in [dict(exponent_bits=0), dict(exponent_bits=12), dict(mantissa_bits=-1), dict(mantissa_bits=53),
-               dict(nan="maybe"), dict(nan="single"), dict(mantissa_bits=0)]:
+    for kw in [
+        dict(exponent_bits=0),
+        dict(exponent_bits=12),
+        dict(mantissa_bits=-1),
+        dict(mantissa_bits=53),
+        dict(nan="maybe"),
+        dict(nan="single"),
+        dict(mantissa_bits=0),
+    ]:
         args = dict(name="X", exponent_bits=5, mantissa_bits=10, bias=15)
         args.update(kw)
         with pytest.raises(ValueError):
@@ -718,12 +869,14 @@ def _expected_count(fmt):
 
 def test_values_counts_reasoned():
     assert {f.name: len(values(f)) for f in SMALL} == {
-        "FP8_E4M3": 2 * (2 ** 8 // 2 - 1) - 1,  # 253: 254 finite codes (0x7F, 0xFF are NaN), +0 = −0
+        "FP8_E4M3": 2 * (2**8 // 2 - 1) - 1,  # 253: 254 finite codes (0x7F, 0xFF are NaN), +0 = −0
         "FP8_E5M2": 2 * (128 - 4) - 1,  # 247: exponent 31 holds inf and 3 NaNs per sign
-        "FP16": 2 * (2 ** 15 - 2 ** 10) - 1,  # 63487
-        "BF16": 2 * (2 ** 15 - 2 ** 7) - 1,  # 65279
-        "TF32": 2 * (2 ** 18 - 2 ** 10) - 1,  # 522239
-        "FP6_E3M2": 63, "FP6_E2M3": 63, "FP4_E2M1": 15,  # every code finite, ±0 merged
+        "FP16": 2 * (2**15 - 2**10) - 1,  # 63487
+        "BF16": 2 * (2**15 - 2**7) - 1,  # 65279
+        "TF32": 2 * (2**18 - 2**10) - 1,  # 522239
+        "FP6_E3M2": 63,
+        "FP6_E2M3": 63,
+        "FP4_E2M1": 15,  # every code finite, ±0 merged
         "E8M0": 255,  # 2^-127 … 2^127, code 0xFF is NaN, no zero
     }
     for f in SMALL:
@@ -754,18 +907,18 @@ def test_values_sorted_exact_and_extreme(fmt):
 
 
 def test_ulp_values():
-    assert ulp(1.0, FP16) == 2.0 ** -10 and ulp(0, FP16) == 2.0 ** -24 and ulp(0.0, FP16) == 2.0 ** -24
+    assert ulp(1.0, FP16) == 2.0**-10 and ulp(0, FP16) == 2.0**-24 and ulp(0.0, FP16) == 2.0**-24
     assert ulp(65504, FP16) == 32.0 and ulp(-65504.0, FP16) == 32.0 and ulp(1e6, FP16) == 32.0
-    assert ulp(2.0 ** -24, FP16) == 2.0 ** -24 and ulp(2.0 ** -14, FP16) == 2.0 ** -24
-    assert ulp(2.0 ** -13, FP16) == 2.0 ** -23 and ulp(1.999, FP16) == 2.0 ** -10
+    assert ulp(2.0**-24, FP16) == 2.0**-24 and ulp(2.0**-14, FP16) == 2.0**-24
+    assert ulp(2.0**-13, FP16) == 2.0**-23 and ulp(1.999, FP16) == 2.0**-10
     assert ulp(math.inf, FP16) == math.inf and math.isnan(ulp(math.nan, FP16))
-    assert ulp(1.0, BF16) == 2.0 ** -7 and ulp(1.0, TF32) == 2.0 ** -10 and ulp(1.0, FP8_E4M3) == 0.125
-    assert ulp(448.0, FP8_E4M3) == 32.0 and ulp(0.0, FP8_E4M3) == 2.0 ** -9 and ulp(1.0, FP4_E2M1) == 0.5
+    assert ulp(1.0, BF16) == 2.0**-7 and ulp(1.0, TF32) == 2.0**-10 and ulp(1.0, FP8_E4M3) == 0.125
+    assert ulp(448.0, FP8_E4M3) == 32.0 and ulp(0.0, FP8_E4M3) == 2.0**-9 and ulp(1.0, FP4_E2M1) == 0.5
     assert ulp(0.0, FP4_E2M1) == 0.5 and ulp(6.0, FP4_E2M1) == 2.0
     # E8M0: no mantissa, the spacing above 2^e is 2^e itself
-    assert ulp(1.0, E8M0) == 1.0 and ulp(3.0, E8M0) == 2.0 and ulp(2.0 ** -127, E8M0) == 2.0 ** -127
-    assert ulp(0.0, E8M0) == 2.0 ** -127 and ulp(2.0 ** 127, E8M0) == 2.0 ** 127 and ulp(1e39, E8M0) == 2.0 ** 127
-    assert ulp(1.0, FP32) == 2.0 ** -23 and ulp(0.0, FP32) == 2.0 ** -149 and ulp(1.0, FP64) == 2.0 ** -52
+    assert ulp(1.0, E8M0) == 1.0 and ulp(3.0, E8M0) == 2.0 and ulp(2.0**-127, E8M0) == 2.0**-127
+    assert ulp(0.0, E8M0) == 2.0**-127 and ulp(2.0**127, E8M0) == 2.0**127 and ulp(1e39, E8M0) == 2.0**127
+    assert ulp(1.0, FP32) == 2.0**-23 and ulp(0.0, FP32) == 2.0**-149 and ulp(1.0, FP64) == 2.0**-52
     assert ulp(0.0, FP64) == 5e-324
 
 
@@ -816,9 +969,9 @@ def _finfos(fmt):
 def test_properties_match_finfo(fmt):
     infos = _finfos(fmt)
     if fmt == TF32:
-        assert fmt.bits == 19 and fmt.max == (2 - 2.0 ** -10) * 2.0 ** 127
-        assert fmt.smallest_normal == 2.0 ** -126 and fmt.smallest_subnormal == 2.0 ** -136
-        assert fmt.epsilon == 2.0 ** -10 and fmt.emax == 127 and fmt.emin == -126
+        assert fmt.bits == 19 and fmt.max == (2 - 2.0**-10) * 2.0**127
+        assert fmt.smallest_normal == 2.0**-126 and fmt.smallest_subnormal == 2.0**-136
+        assert fmt.epsilon == 2.0**-10 and fmt.emax == 127 and fmt.emin == -126
         # the range of FP32, the precision of FP16
         assert (fmt.emax, fmt.emin, fmt.smallest_normal) == (FP32.emax, FP32.emin, FP32.smallest_normal)
         assert fmt.max == float(np.array([0x7F7FE000], dtype=np.uint32).view(np.float32)[0])  # FP32 max, 10 bits
@@ -845,10 +998,21 @@ def test_properties_match_finfo(fmt):
 
 
 def test_catalogue():
-    assert list(FORMATS) == ["FP64", "FP32", "TF32", "FP16", "BF16", "FP8_E4M3", "FP8_E5M2", "FP6_E3M2",
-                             "FP6_E2M3", "FP4_E2M1", "E8M0"]
+    assert list(FORMATS) == [
+        "FP64",
+        "FP32",
+        "TF32",
+        "FP16",
+        "BF16",
+        "FP8_E4M3",
+        "FP8_E5M2",
+        "FP6_E3M2",
+        "FP6_E2M3",
+        "FP4_E2M1",
+        "E8M0",
+    ]
     assert FP8_E4M3.max == 448 and FP8_E5M2.max == 57344 and FP6_E3M2.max == 28 and FP6_E2M3.max == 7.5
-    assert FP4_E2M1.max == 6 and E8M0.max == 2.0 ** 127 and E8M0.smallest_normal == 2.0 ** -127
+    assert FP4_E2M1.max == 6 and E8M0.max == 2.0**127 and E8M0.smallest_normal == 2.0**-127
     twin = FloatFormat("FP16", 5, 10, 15, source="elsewhere")  # the source does not take part in equality
     assert FP16 == twin and hash(FP16) == hash(twin) and FP16 != FloatFormat("half", 5, 10, 15)
     assert FP16 != BF16 and F.ROUNDING_MODES == ("nearest_even", "toward_zero", "stochastic")
@@ -861,35 +1025,49 @@ def test_catalogue():
 # ----------------------------------------------------------------------------------------------------------
 def _ref_fixed(x, int_bits, frac_bits):
     """Round half to even on the grid 2^-frac_bits by floor and an explicit tie test; saturate."""
-    step = 2.0 ** -frac_bits
+    step = 2.0**-frac_bits
     with np.errstate(over="ignore", invalid="ignore"):  # huge x: s = ±inf, r = NaN, then k = ±inf is clipped
         s = x / step  # exact: a power of two (or ±inf)
         k = np.floor(s)
         r = s - k  # exact: s and k are within 1 and share the binade (or k = 0)
         up = (r > 0.5) | ((r == 0.5) & (np.fmod(k, 2) != 0))
     y = (k + up) * step
-    return np.clip(y, -(2.0 ** int_bits), 2.0 ** int_bits - step)
+    return np.clip(y, -(2.0**int_bits), 2.0**int_bits - step)
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in divide:RuntimeWarning")  # round_fixed(1e300, ..)
 def test_round_fixed_matches_reference():
     rng = np.random.default_rng(21)
     for int_bits, frac_bits in [(3, 0), (0, 7), (7, 8), (15, 16), (1, 30), (20, 32)]:
-        step = 2.0 ** -frac_bits
+        step = 2.0**-frac_bits
         k = rng.integers(-(2 ** (int_bits + frac_bits + 1)), 2 ** (int_bits + frac_bits + 1), 50_000)
         ties = (k + 0.5) * step  # exact ties, inside and beyond the range
-        x = np.concatenate([rng.standard_normal(50_000) * 2.0 ** int_bits, ties, np.nextafter(ties, np.inf),
-                            np.nextafter(ties, -np.inf), [0.0, -0.0, np.inf, -np.inf, 1e300]])
+        x = np.concatenate(
+            [
+                rng.standard_normal(50_000) * 2.0**int_bits,
+                ties,
+                np.nextafter(ties, np.inf),
+                np.nextafter(ties, -np.inf),
+                [0.0, -0.0, np.inf, -np.inf, 1e300],
+            ]
+        )
         want = _ref_fixed(x, int_bits, frac_bits)
         # values compared with == (fixed point has one zero; the sign of a float zero result is not specified)
         got = F.round_fixed(x, int_bits, frac_bits)
         assert np.array_equal(got, want, equal_nan=True), (int_bits, frac_bits)
-        assert np.array_equal(F.round_fixed(torch.from_numpy(x), int_bits, frac_bits).numpy(), want,
-                              equal_nan=True)
-    assert [F.round_fixed(v, 3, 0) for v in (0.5, 1.5, 2.5, -2.5, 7.5, 100.0, -8.5, -100.0)] == \
-        [0.0, 2.0, 2.0, -2.0, 7.0, 7.0, -8.0, -8.0]
-    assert math.copysign(1.0, F.round_fixed(-1e-4, 7, 8)) == 1.0      # one zero: never −0
-    with pytest.raises(ValueError, match="NaN"):                       # fixed point has no NaN
+        assert np.array_equal(F.round_fixed(torch.from_numpy(x), int_bits, frac_bits).numpy(), want, equal_nan=True)
+    assert [F.round_fixed(v, 3, 0) for v in (0.5, 1.5, 2.5, -2.5, 7.5, 100.0, -8.5, -100.0)] == [
+        0.0,
+        2.0,
+        2.0,
+        -2.0,
+        7.0,
+        7.0,
+        -8.0,
+        -8.0,
+    ]
+    assert math.copysign(1.0, F.round_fixed(-1e-4, 7, 8)) == 1.0  # one zero: never −0
+    with pytest.raises(ValueError, match="NaN"):  # fixed point has no NaN
         F.round_fixed(np.array([1.0, np.nan]), 7, 8)
 
 
@@ -909,8 +1087,9 @@ def test_round_fixed_types_and_errors():
         F.round_fixed([1.0], 2, 2)
 
 
-@pytest.mark.parametrize("fmt, dtype", [(FP32, np.float32), (FP16, np.float16), (BF16, md.bfloat16)],
-                         ids=["FP32", "FP16", "BF16"])
+@pytest.mark.parametrize(
+    "fmt, dtype", [(FP32, np.float32), (FP16, np.float16), (BF16, md.bfloat16)], ids=["FP32", "FP16", "BF16"]
+)
 def test_accumulate_matches_native_arithmetic(fmt, dtype):
     """w ← fmt(w + u) step by step equals the dtype's own correctly rounded additions."""
     rng = np.random.default_rng(22)
@@ -928,17 +1107,17 @@ def test_accumulate_matches_native_arithmetic(fmt, dtype):
 
 
 def test_accumulate_swamping_and_stochastic_mean():
-    u = 2.0 ** -12  # a quarter of FP16's ulp at 1
+    u = 2.0**-12  # a quarter of FP16's ulp at 1
     out = F.accumulate(1.0, u, 100, FP16)
     assert out.shape == (101,) and (out == 1.0).all()  # every update is lost
     assert (F.accumulate(1.0, u, 10, FP16, rounding="toward_zero") == 1.0).all()
     n, steps = 20_000, 20
     sr = F.accumulate(np.ones(n), u, steps, FP16, rounding="stochastic", generator=123)
     final = sr[-1]
-    assert np.isin(final, 1.0 + np.arange(0, steps + 1) * 2.0 ** -10).all()
+    assert np.isin(final, 1.0 + np.arange(0, steps + 1) * 2.0**-10).all()
     # each step rounds up with probability 1/4 while w = 1 + j·2^-10 (u stays a quarter ulp): the mean grows
     # by u per step; the standard deviation of the final value is at most sqrt(steps/4·3/4)·ulp
-    sd = math.sqrt(steps * 0.25 * 0.75) * 2.0 ** -10 / math.sqrt(n)
+    sd = math.sqrt(steps * 0.25 * 0.75) * 2.0**-10 / math.sqrt(n)
     assert abs(final.mean() - (1 + steps * u)) <= 6 * sd
     again = F.accumulate(np.ones(n), u, steps, FP16, rounding="stochastic", generator=123)
     assert np.array_equal(sr, again)

@@ -55,17 +55,25 @@ from mpt_lab.formats import (
 torch.set_num_threads(1)
 
 # NumPy warns when the tests cast NaNs, infinities or huge values between float types: expected here
-pytestmark = pytest.mark.filterwarnings(r"ignore:(invalid value|overflow) encountered in (cast|nextafter)"
-                                        ":RuntimeWarning")
+pytestmark = pytest.mark.filterwarnings(
+    r"ignore:(invalid value|overflow) encountered in (cast|nextafter)"
+    ":RuntimeWarning"
+)
 
 N_RANDOM = 1_000_000  # binade-uniform random inputs per format and input type
 N_BITS = 100_000  # random bit patterns of the input type, on top
 
-NP_ORACLE = {FP16: np.float16, BF16: md.bfloat16, FP8_E4M3: md.float8_e4m3fn, FP8_E5M2: md.float8_e5m2,
-             FP6_E3M2: md.float6_e3m2fn, FP6_E2M3: md.float6_e2m3fn, FP4_E2M1: md.float4_e2m1fn,
-             E8M0: md.float8_e8m0fnu}
-TORCH_ORACLE = {FP16: torch.float16, BF16: torch.bfloat16, FP8_E4M3: torch.float8_e4m3fn,
-                FP8_E5M2: torch.float8_e5m2}
+NP_ORACLE = {
+    FP16: np.float16,
+    BF16: md.bfloat16,
+    FP8_E4M3: md.float8_e4m3fn,
+    FP8_E5M2: md.float8_e5m2,
+    FP6_E3M2: md.float6_e3m2fn,
+    FP6_E2M3: md.float6_e2m3fn,
+    FP4_E2M1: md.float4_e2m1fn,
+    E8M0: md.float8_e8m0fnu,
+}
+TORCH_ORACLE = {FP16: torch.float16, BF16: torch.bfloat16, FP8_E4M3: torch.float8_e4m3fn, FP8_E5M2: torch.float8_e5m2}
 ORACLE_FORMATS = list(NP_ORACLE)
 NO_NAN = (FP6_E3M2, FP6_E2M3, FP4_E2M1)  # no NaN encoding: round_to raises on NaN, ml_dtypes gives 0
 GRID_FORMATS = ORACLE_FORMATS + [TF32]  # formats the exact table reference covers
@@ -95,8 +103,10 @@ def assert_same(got, want, x=None, what=""):
     if bad.any():
         idx = np.flatnonzero(bad.reshape(-1))[:8]
         xs = None if x is None else np.asarray(x.numpy() if isinstance(x, torch.Tensor) else x).reshape(-1)[idx]
-        pytest.fail(f"{what}: {bad.sum()} of {bad.size} differ; inputs {None if xs is None else xs.tolist()}, "
-                    f"got {got.reshape(-1)[idx].tolist()}, want {want.reshape(-1)[idx].tolist()}")
+        pytest.fail(
+            f"{what}: {bad.sum()} of {bad.size} differ; inputs {None if xs is None else xs.tolist()}, "
+            f"got {got.reshape(-1)[idx].tolist()}, want {want.reshape(-1)[idx].tolist()}"
+        )
 
 
 def assert_same_values(got, want, what=""):
@@ -217,7 +227,7 @@ def random_binades(rng, n, lo, hi, dtype):
     mbits = 23 if dtype == np.float32 else 52
     e = rng.integers(lo, hi + 1, n)
     m = rng.integers(0, 1 << mbits, n, dtype=np.int64)
-    x = np.ldexp(1.0 + m * 2.0 ** -mbits, e)  # exact in float64
+    x = np.ldexp(1.0 + m * 2.0**-mbits, e)  # exact in float64
     x = np.where(rng.integers(0, 2, n) == 1, -x, x)
     with np.errstate(over="ignore"):
         return x.astype(dtype)  # exact unless a float32 subnormal (then a random subnormal, also fine)
@@ -258,8 +268,9 @@ def inputs(fmt, dtype) -> np.ndarray:
     """The test inputs for fmt in dtype (read-only; see the module docstring)."""
     rng = np.random.default_rng(_seed("inputs", fmt.name, np.dtype(dtype).name))
     lo, hi = binade_range(fmt, dtype)
-    x = np.concatenate([random_binades(rng, N_RANDOM, lo, hi, dtype), random_bits(rng, N_BITS, dtype),
-                        special_points(fmt, dtype)])
+    x = np.concatenate(
+        [random_binades(rng, N_RANDOM, lo, hi, dtype), random_bits(rng, N_BITS, dtype), special_points(fmt, dtype)]
+    )
     x.setflags(write=False)
     return x
 
@@ -279,7 +290,7 @@ def e8m0_quirk(x):
     """Where the ml_dtypes/torch E8M0 cast is not round-to-nearest (see above)."""
     with np.errstate(invalid="ignore"):
         ax = np.abs(np.asarray(x, dtype=np.float64))
-    return (ax > 2.0 ** -127) & (ax < 2.0 ** -126)
+    return (ax > 2.0**-127) & (ax < 2.0**-126)
 
 
 def oracle_or_ref(x, fmt):
@@ -328,8 +339,24 @@ def test_decode_every_code_matches_torch_view(fmt):
 def test_decode_fp32_random_patterns():
     rng = np.random.default_rng(_seed("fp32 decode"))
     codes = rng.integers(0, 1 << 32, N_RANDOM, dtype=np.uint64).astype(np.uint32)
-    codes[:16] = [0, 0x80000000, 1, 0x80000001, 0x007FFFFF, 0x00800000, 0x7F7FFFFF, 0xFF7FFFFF, 0x7F800000,
-                  0xFF800000, 0x7FC00000, 0x7F800001, 0xFFFFFFFF, 0x3F800000, 0xC3274000, 0x807FFFFF]
+    codes[:16] = [
+        0,
+        0x80000000,
+        1,
+        0x80000001,
+        0x007FFFFF,
+        0x00800000,
+        0x7F7FFFFF,
+        0xFF7FFFFF,
+        0x7F800000,
+        0xFF800000,
+        0x7FC00000,
+        0x7F800001,
+        0xFFFFFFFF,
+        0x3F800000,
+        0xC3274000,
+        0x807FFFFF,
+    ]
     assert_same_values(decode(codes, FP32), codes.view(np.float32), "decode FP32")
     t = torch.from_numpy(codes.astype(np.int64))
     assert_same_values(decode(t, FP32).numpy(), codes.view(np.float32), "decode FP32 (torch)")
@@ -394,7 +421,7 @@ def test_round_to_e8m0_matches_torch_cast_on_positive_values():
 
 def test_e8m0_just_above_smallest_value_rounds_to_nearest():
     """On (2⁻¹²⁷, 2⁻¹²⁶) round_to gives the nearest E8M0 value; the library casts round up (see e8m0_quirk)."""
-    s = 2.0 ** -127
+    s = 2.0**-127
     x = np.array([1.01 * s, 1.25 * s, 1.49 * s, 1.5 * s, 1.51 * s, 1.99 * s], dtype=np.float32)
     want = np.array([s, s, s, 2 * s, 2 * s, 2 * s], dtype=np.float32)  # the tie 1.5·2⁻¹²⁷ goes up, as all ties
     assert_same(round_to(x, E8M0), want, x, "E8M0 near 2^-127")
@@ -440,10 +467,10 @@ def test_float64_oracles_numpy_rounds_once_ml_dtypes_is_checked():
     assert_same(np_oracle(x, FP16), ref_round(x, FP16), x, "numpy float64→float16 is a single rounding")
     # the double rounding of ml_dtypes/torch is real for this input (documented above); whether or not the
     # installed ml_dtypes fixed it, the reference is the exact single rounding:
-    x = np.array([1 + 2.0 ** -8 + 2.0 ** -30])
-    assert ref_round(x, BF16)[0] == 1 + 2.0 ** -7
-    assert round_to(x, BF16)[0] == 1 + 2.0 ** -7
-    assert round_to(torch.from_numpy(x), BF16)[0].item() == 1 + 2.0 ** -7
+    x = np.array([1 + 2.0**-8 + 2.0**-30])
+    assert ref_round(x, BF16)[0] == 1 + 2.0**-7
+    assert round_to(x, BF16)[0] == 1 + 2.0**-7
+    assert round_to(torch.from_numpy(x), BF16)[0].item() == 1 + 2.0**-7
 
 
 @pytest.mark.parametrize("fmt", GRID_FORMATS, ids=str)
@@ -482,7 +509,7 @@ def test_float64_double_rounding_cases_are_single_rounded():
         # and these really are decided by the last bit: up above the tie, down below (overflow aside)
         n = mids.size
         inner = mids < fmt.max
-        assert (np.abs(want[:n])[inner] > mids[inner]).all() and (np.abs(want[n:2 * n]) < mids).all()
+        assert (np.abs(want[:n])[inner] > mids[inner]).all() and (np.abs(want[n : 2 * n]) < mids).all()
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -491,16 +518,31 @@ def test_float64_double_rounding_cases_are_single_rounded():
 @functools.cache
 def fp32_float64_inputs():
     rng = np.random.default_rng(_seed("fp32 from float64"))
-    parts = [random_bits(rng, N_RANDOM, np.float64),
-             random_binades(rng, 400_000, -160, -120, np.float64),  # float32 subnormals and around
-             random_binades(rng, 200_000, 120, 130, np.float64),  # float32 overflow and around
-             random_binades(rng, 400_000, -126, 127, np.float64)]
+    parts = [
+        random_bits(rng, N_RANDOM, np.float64),
+        random_binades(rng, 400_000, -160, -120, np.float64),  # float32 subnormals and around
+        random_binades(rng, 200_000, 120, 130, np.float64),  # float32 overflow and around
+        random_binades(rng, 400_000, -126, 127, np.float64),
+    ]
     # float32 ties in the subnormal range and at the top, and one float64 ulp either side
     k = rng.integers(0, 1 << 24, 100_000)
-    sub_ties = (k + 0.5) * 2.0 ** -149
+    sub_ties = (k + 0.5) * 2.0**-149
     top = np.float64(np.finfo(np.float32).max)
-    edges = np.array([2.0 ** -150, 2.0 ** -149, 1.5 * 2.0 ** -149, 2.0 ** -126 - 2.0 ** -150, 2.0 ** -126, top,
-                      top + 2.0 ** 103, 2.0 ** 128, 0.0, np.inf, np.nan])
+    edges = np.array(
+        [
+            2.0**-150,
+            2.0**-149,
+            1.5 * 2.0**-149,
+            2.0**-126 - 2.0**-150,
+            2.0**-126,
+            top,
+            top + 2.0**103,
+            2.0**128,
+            0.0,
+            np.inf,
+            np.nan,
+        ]
+    )
     e = np.concatenate([sub_ties, edges])
     e = np.concatenate([e, np.nextafter(e, np.inf), np.nextafter(e, 0)])
     x = np.concatenate(parts + [e, -e])
@@ -517,8 +559,12 @@ def test_round_to_fp32_from_float64_matches_numpy():
     assert_same(got.astype(np.float32), want, x, "round_to(float64, FP32)")
     assert np.array_equal(got.astype(np.float32).astype(np.float64), got, equal_nan=True)
     gt = round_to(torch.from_numpy(x.copy()), FP32)
-    assert_same(gt.numpy().astype(np.float32), torch.from_numpy(x.copy()).to(torch.float32).numpy(), x,
-                "round_to(float64 tensor, FP32) vs torch")
+    assert_same(
+        gt.numpy().astype(np.float32),
+        torch.from_numpy(x.copy()).to(torch.float32).numpy(),
+        x,
+        "round_to(float64 tensor, FP32) vs torch",
+    )
     # codes of the rounded values are float32's bits
     finite = ~np.isnan(x)
     assert np.array_equal(encode(x[finite], FP32), want[finite].view(np.uint32))
@@ -594,8 +640,9 @@ def test_toward_zero_matches_exact_reference(fmt, dtype):
     x = _without_nan_if_needed(inputs(fmt, dtype), fmt)
     want = ref_round(x, fmt, "toward_zero").astype(dtype)
     assert_same(round_to(x, fmt, rounding="toward_zero"), want, x, f"toward_zero {fmt}")
-    assert_same(round_to(torch.from_numpy(x.copy()), fmt, rounding="toward_zero"), want, x,
-                f"toward_zero {fmt} (torch)")
+    assert_same(
+        round_to(torch.from_numpy(x.copy()), fmt, rounding="toward_zero"), want, x, f"toward_zero {fmt} (torch)"
+    )
     # never larger in magnitude than x (E8M0 below 2^-127 excepted: it has no zero)
     ok = ~np.isnan(want) & (np.abs(x) >= fmt.smallest_subnormal)
     assert (np.abs(want[ok]) <= np.abs(x[ok])).all()
@@ -683,8 +730,11 @@ def test_stochastic_is_unbiased(fmt, backend):
         if backend == "numpy":
             r = round_to(xs, fmt, rounding="stochastic", generator=_seed(fmt.name, j)).astype(np.float64)
         else:
-            r = round_to(torch.from_numpy(xs), fmt, rounding="stochastic",
-                         generator=_seed(fmt.name, j)).numpy().astype(np.float64)
+            r = (
+                round_to(torch.from_numpy(xs), fmt, rounding="stochastic", generator=_seed(fmt.name, j))
+                .numpy()
+                .astype(np.float64)
+            )
         r = np.abs(r)
         assert np.isin(r, [lo, hi]).all()
         p = (x - lo) / (hi - lo)
@@ -709,12 +759,12 @@ def test_stochastic_exact_values_stay_exact():
 
 
 def test_stochastic_default_generator_and_scalars():
-    x = np.full(10_000, 1 + 2.0 ** -12, dtype=np.float32)  # a quarter of FP16's ulp above 1
+    x = np.full(10_000, 1 + 2.0**-12, dtype=np.float32)  # a quarter of FP16's ulp above 1
     r = round_to(x, FP16, rounding="stochastic")  # fresh OS entropy: just the two neighbours
-    assert np.isin(r, [1.0, 1 + 2.0 ** -10]).all()
+    assert np.isin(r, [1.0, 1 + 2.0**-10]).all()
     r = round_to(torch.from_numpy(x), FP16, rounding="stochastic")
-    assert np.isin(r.numpy(), [1.0, 1 + 2.0 ** -10]).all()
-    assert round_to(1 + 2.0 ** -12, FP16, rounding="stochastic", generator=5) in (1.0, 1 + 2.0 ** -10)
+    assert np.isin(r.numpy(), [1.0, 1 + 2.0**-10]).all()
+    assert round_to(1 + 2.0**-12, FP16, rounding="stochastic", generator=5) in (1.0, 1 + 2.0**-10)
     with pytest.raises(TypeError):
         round_to(x, FP16, rounding="stochastic", generator=torch.Generator())
     with pytest.raises(TypeError):
@@ -740,8 +790,12 @@ def test_saturate_clamps_to_max(fmt, dtype):
     assert_same(round_to(torch.from_numpy(x.copy()), fmt, saturate=True), want, x, f"saturate {fmt} torch")
     got = round_to(x, fmt, saturate=True)
     assert np.nanmax(np.abs(got)) == fmt.max
-    assert_same(round_to(x, fmt, rounding="toward_zero", saturate=True),
-                ref_round(x, fmt, "toward_zero", saturate=True).astype(dtype), x, f"saturate tz {fmt}")
+    assert_same(
+        round_to(x, fmt, rounding="toward_zero", saturate=True),
+        ref_round(x, fmt, "toward_zero", saturate=True).astype(dtype),
+        x,
+        f"saturate tz {fmt}",
+    )
 
 
 @pytest.mark.parametrize("fmt", ORACLE_FORMATS, ids=str)
@@ -770,8 +824,12 @@ def test_overflow_without_saturate_as_ml_dtypes(fmt):
     # the tie at the overflow threshold goes the way of round-to-nearest-even (E4M3: down to 448)
     t = np.array([thr, -thr], dtype=np.float32)
     assert_same(round_to(t, fmt), np_oracle(t, fmt), t, "threshold")
-    assert_same(round_to(np.nextafter(t, np.float32(0)), fmt), np.array([m, -m] if fmt.signed else [m, np.nan],
-                                                                          dtype=np.float32), t, "below threshold")
+    assert_same(
+        round_to(np.nextafter(t, np.float32(0)), fmt),
+        np.array([m, -m] if fmt.signed else [m, np.nan], dtype=np.float32),
+        t,
+        "below threshold",
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -860,13 +918,15 @@ def _int_cases(fmt, rng) -> list:
     m, emax = fmt.mantissa_bits, fmt.emax
     cases = [0, 1, 2, 3, 2**53 + 1, 2**60 + 2**36 + 1, 10**400, 2**1024 - 2**970, 2**1024 - 2**970 - 1, 2**1030]
     for bits in rng.integers(1, min(emax + 4, 1030), 150).tolist() + [1100, 1500, 2000]:
-        cases.append(int(rng.integers(0, 2**62)) % (1 << bits) | (1 << (bits - 1)))   # low bits random
-        cases.append(sum(int(rng.integers(0, 2**60)) << (60 * i) for i in range(bits // 60 + 1)) % (1 << bits)
-                     | (1 << (bits - 1)))                                               # all bits random
+        cases.append(int(rng.integers(0, 2**62)) % (1 << bits) | (1 << (bits - 1)))  # low bits random
+        cases.append(
+            sum(int(rng.integers(0, 2**60)) << (60 * i) for i in range(bits // 60 + 1)) % (1 << bits)
+            | (1 << (bits - 1))
+        )  # all bits random
     for e in sorted(set(rng.integers(m + 1, emax + 1, 25).tolist()) | {m + 1, emax}) if emax > m + 1 else ():
         for _ in range(3):
             q = int(rng.integers(1 << m, 1 << (m + 1))) if m else 1
-            mid = (2 * q + 1) << (e - m - 1)                                          # exact tie
+            mid = (2 * q + 1) << (e - m - 1)  # exact tie
             for d in (0, 1, -1, 2, -2):
                 cases.append(mid + d)
             if e - m - 1 > 70:  # a tie, and ties with a sticky bit far below float64's 53 bits
@@ -889,19 +949,19 @@ def test_round_to_python_ints_matches_exact_brute_force(fmt):
                 got = round_to(n, fmt, rounding=rounding, saturate=saturate)
                 want = brute_round(Fraction(n), fmt, rounding, saturate, mag)
                 assert type(got) is float
-                assert (math.isnan(got) and math.isnan(want)) or (got == want and
-                                                                  math.copysign(1, got) == math.copysign(1, want)), \
-                    (fmt.name, rounding, saturate, n, got, want)
+                assert (math.isnan(got) and math.isnan(want)) or (
+                    got == want and math.copysign(1, got) == math.copysign(1, want)
+                ), (fmt.name, rounding, saturate, n, got, want)
 
 
 def test_round_to_python_ints_no_double_rounding_and_overflow():
-    n = 2**60 + 2**36 + 1          # float(n) = 2^60 (a tie to even in float64), then FP32 keeps 2^60
+    n = 2**60 + 2**36 + 1  # float(n) = 2^60 (a tie to even in float64), then FP32 keeps 2^60
     assert round_to(n, FP32) == 2**60 + 2**37 and round_to(float(n), FP32) == 2**60
     assert round_to(n, FP32, rounding="toward_zero") == 2**60
-    assert round_to(10**400, FP16) == math.inf and round_to(-10**400, FP16) == -math.inf
-    assert round_to(10**400, FP16, saturate=True) == 65504.0 and round_to(-10**400, "fp16", saturate=True) == -65504.0
+    assert round_to(10**400, FP16) == math.inf and round_to(-(10**400), FP16) == -math.inf
+    assert round_to(10**400, FP16, saturate=True) == 65504.0 and round_to(-(10**400), "fp16", saturate=True) == -65504.0
     assert round_to(10**400, FP16, rounding="toward_zero") == 65504.0
-    assert round_to(10**400, FP6_E3M2) == 28.0 and round_to(-10**400, FP4_E2M1) == -6.0
+    assert round_to(10**400, FP6_E3M2) == 28.0 and round_to(-(10**400), FP4_E2M1) == -6.0
     assert math.isnan(round_to(10**400, FP8_E4M3)) and math.isnan(round_to(10**400, E8M0))
     assert round_to(10**400, FP64) == math.inf and round_to(10**400, FP64, rounding="toward_zero") == FP64.max
     # FP64: Python's own correctly rounded int → float conversion is a second oracle
@@ -913,11 +973,11 @@ def test_round_to_python_ints_no_double_rounding_and_overflow():
             assert round_to(v, FP64) == float(v)
     # encode / decompose / ulp see the exact value too
     assert encode(2**60 + 2**36 + 1, FP32) == encode(float(2**60 + 2**37), FP32)
-    assert encode(10**400, FP16) == 0x7C00 and encode(-10**400, FP16, saturate=True) == 0xFBFF
+    assert encode(10**400, FP16) == 0x7C00 and encode(-(10**400), FP16, saturate=True) == 0xFBFF
     from mpt_lab.formats import decompose, ulp
 
-    assert decompose(2**60 + 2**36 + 1, FP32).mantissa == 1     # 2^60 · (1 + 2^-23)
-    assert ulp(2**60 - 1, FP32) == 2.0**36        # float(2^60 - 1) = 2^60 would give the next binade's 2^37
+    assert decompose(2**60 + 2**36 + 1, FP32).mantissa == 1  # 2^60 · (1 + 2^-23)
+    assert ulp(2**60 - 1, FP32) == 2.0**36  # float(2^60 - 1) = 2^60 would give the next binade's 2^37
     assert ulp(10**400, FP64) == 2.0**971
 
 
@@ -949,8 +1009,9 @@ def test_round_to_fractions_matches_exact_brute_force(fmt):
     for rounding in ("nearest_even", "toward_zero"):
         for x in cases + [-c for c in cases]:
             got, want = round_to(x, fmt, rounding=rounding), brute_round(x, fmt, rounding, False)
-            assert (got == want and math.copysign(1, got) == math.copysign(1, want)) or \
-                (math.isnan(got) and math.isnan(want)), (fmt.name, rounding, x, got, want)
+            assert (got == want and math.copysign(1, got) == math.copysign(1, want)) or (
+                math.isnan(got) and math.isnan(want)
+            ), (fmt.name, rounding, x, got, want)
 
 
 def test_round_to_python_ints_stochastic_gives_a_neighbour():
@@ -959,14 +1020,17 @@ def test_round_to_python_ints_stochastic_gives_a_neighbour():
         for n in _int_cases(fmt, rng)[:400]:
             lo = brute_round(Fraction(n), fmt, "toward_zero", False)
             got = round_to(n, fmt, rounding="stochastic", generator=rng)
-            if lo == n:                       # exact: stays
+            if lo == n:  # exact: stays
                 assert got == lo
-            elif got != lo:                   # else the next value up in magnitude (or overflow past max)
-                assert (math.isinf(got) or math.isnan(got)) and abs(lo) == fmt.max or \
-                    abs(got) > abs(n) and brute_round(Fraction(got), fmt, "toward_zero", False) == got and \
-                    brute_round(Fraction(n), fmt, "toward_zero", False) == lo and \
-                    abs(Fraction(got) - Fraction(lo)) <= Fraction(abs(lo)) * Fraction(2) ** -fmt.mantissa_bits, \
-                    (fmt.name, n, got, lo)
+            elif got != lo:  # else the next value up in magnitude (or overflow past max)
+                assert (
+                    (math.isinf(got) or math.isnan(got))
+                    and abs(lo) == fmt.max
+                    or abs(got) > abs(n)
+                    and brute_round(Fraction(got), fmt, "toward_zero", False) == got
+                    and brute_round(Fraction(n), fmt, "toward_zero", False) == lo
+                    and abs(Fraction(got) - Fraction(lo)) <= Fraction(abs(lo)) * Fraction(2) ** -fmt.mantissa_bits
+                ), (fmt.name, n, got, lo)
     # an exact int halfway between two FP16 values rounds up about half of the time
     ups = sum(round_to(2049, FP16, rounding="stochastic", generator=rng) == 2050 for _ in range(4000))
     assert 1800 < ups < 2200
@@ -983,7 +1047,7 @@ import mpt_lab.formats as F  # noqa: E402
 
 
 def _force_path(monkeypatch, path):
-    """"bits": native casts off; "torch_ops": also the torch-op kernels for CPU tensors (as on CUDA)."""
+    """ "bits": native casts off; "torch_ops": also the torch-op kernels for CPU tensors (as on CUDA)."""
     monkeypatch.setattr(F, "_native_checked", {})  # the choice is made once per input kind, then kept
     if path in ("bits", "torch_ops"):
         monkeypatch.setenv("MPT_LAB_FAST_ROUND", "0")
@@ -1013,8 +1077,12 @@ def test_each_path_matches_the_oracles(fmt, path, monkeypatch):
         if path == "bits":
             assert_same(round_to(x, fmt, rounding=rounding, saturate=sat), w, x, f"{path}: {rounding} {fmt}")
     x64 = _without_nan_if_needed(inputs(fmt, np.float64), fmt)
-    assert_same(round_to(torch.from_numpy(x64.copy()), fmt), _ref(fmt, np.float64, "nearest_even", False), x64,
-                f"{path}: float64 tensor {fmt}")
+    assert_same(
+        round_to(torch.from_numpy(x64.copy()), fmt),
+        _ref(fmt, np.float64, "nearest_even", False),
+        x64,
+        f"{path}: float64 tensor {fmt}",
+    )
 
 
 @pytest.mark.parametrize("path", ["bits", "torch_ops"])
@@ -1022,8 +1090,12 @@ def test_each_path_tf32(path, monkeypatch):
     _force_path(monkeypatch, path)
     x = tf32_inputs()
     for rounding in ("nearest_even", "toward_zero"):
-        assert_same(round_to(torch.from_numpy(x.copy()), TF32, rounding=rounding), tf32_reference(x, rounding), x,
-                    f"{path}: TF32 {rounding}")
+        assert_same(
+            round_to(torch.from_numpy(x.copy()), TF32, rounding=rounding),
+            tf32_reference(x, rounding),
+            x,
+            f"{path}: TF32 {rounding}",
+        )
 
 
 def test_native_casts_are_taken_checked_and_refused_when_they_differ(monkeypatch):
@@ -1094,8 +1166,13 @@ def test_stochastic_with_constant_random_bits_truncates_or_rounds_away(fmt, dtyp
             ok = (got[in_range] == want[in_range]) | (np.isnan(got[in_range]) & np.isnan(want[in_range]))
         gi = got[in_range]
         zero_sign = (np.signbit(gi) == np.signbit(x[in_range])) | np.isnan(gi) if fmt.signed else True
-        assert (ok & zero_sign).all(), (fmt.name, ones, x[in_range][~(ok & zero_sign)][:5],
-                                        got[in_range][~(ok & zero_sign)][:5], want[in_range][~(ok & zero_sign)][:5])
+        assert (ok & zero_sign).all(), (
+            fmt.name,
+            ones,
+            x[in_range][~(ok & zero_sign)][:5],
+            got[in_range][~(ok & zero_sign)][:5],
+            want[in_range][~(ok & zero_sign)][:5],
+        )
         # beyond the top of the range every rounding overflows
         ov = np.abs(got[beyond])
         assert ((ov == g.overflow) | (np.isnan(ov) & np.isnan(g.overflow))).all()
@@ -1104,6 +1181,7 @@ def test_stochastic_with_constant_random_bits_truncates_or_rounds_away(fmt, dtyp
 def test_bernoulli_dyadic_is_exact_with_scripted_words():
     """P(True) = num / 2^k through every word of the draw: True exactly when R' < num, R' being the
     complemented drawn bits in the documented order (the low 63 first)."""
+
     class Script:
         def __init__(self, words):
             self.words = list(words)
@@ -1140,7 +1218,7 @@ def test_stochastic_is_unbiased_at_the_edges(backend, dtype, monkeypatch):
     n = 20_000
     for j, fmt in enumerate((FP16, BF16, FP8_E4M3, FP8_E5M2, FP6_E3M2, FP4_E2M1)):
         s, m, g = fmt.smallest_subnormal, fmt.max, grid(fmt)
-        cases = [(s * p, 0.0, s, p, False) for p in (0.3125, 0.8125, 2.0 ** -6, 1.5 * 2.0 ** -10)]
+        cases = [(s * p, 0.0, s, p, False) for p in (0.3125, 0.8125, 2.0**-6, 1.5 * 2.0**-10)]
         cases += [(m + p * (g.top - m), m, g.overflow, p, False) for p in (0.25, 0.75)]
         cases.append((m + 0.5 * (g.top - m), m, m, 0.5, True))
         for i, (x, lo, hi, p, sat) in enumerate(cases):

@@ -60,7 +60,7 @@ from mpt_lab.quantized_training import (
     quantize_linears_,
 )
 
-U32 = 2.0 ** -24
+U32 = 2.0**-24
 
 
 def gamma(n: int, u: float = U32) -> float:
@@ -73,7 +73,7 @@ def outlier_matrix(rows: int, cols: int, seed: int, scale: float = 1.0) -> torch
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(rows, cols, generator=g)
     hit = torch.rand(rows, cols, generator=g) < 0.02
-    return (torch.where(hit, x * 2.0 ** torch.randint(4, 13, (rows, cols), generator=g).float(), x) * scale)
+    return torch.where(hit, x * 2.0 ** torch.randint(4, 13, (rows, cols), generator=g).float(), x) * scale
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -86,10 +86,10 @@ def test_hadamard_matrix_is_sylvesters_and_orthogonal(d):
     assert torch.equal(h, torch.from_numpy(scipy_linalg.hadamard(d).astype(np.float64)))
     hn = hadamard_matrix(d)
     eye = torch.eye(d, dtype=torch.float64)
-    if d in (1, 4, 16, 64):                      # 1/√d is a power of two: every entry and every sum exact
+    if d in (1, 4, 16, 64):  # 1/√d is a power of two: every entry and every sum exact
         assert torch.equal(hn @ hn.t(), eye)
     else:
-        assert (hn @ hn.t() - eye).abs().max() <= gamma(d, 2.0 ** -53) * 2
+        assert (hn @ hn.t() - eye).abs().max() <= gamma(d, 2.0**-53) * 2
     assert torch.equal(hn, hn.t())
 
 
@@ -111,9 +111,9 @@ def test_random_hadamard_is_signs_times_sylvester_and_exactly_orthogonal():
 
 def test_random_hadamard_seeds_are_reproducible_and_different():
     signs = [RandomHadamard(16, seed).signs() for seed in range(12)]
-    assert all(torch.equal(RandomHadamard(16, seed).signs(), signs[seed]) for seed in range(12))   # same seed
+    assert all(torch.equal(RandomHadamard(16, seed).signs(), signs[seed]) for seed in range(12))  # same seed
     distinct = {tuple(s.tolist()) for s in signs}
-    assert len(distinct) == 12                                                                  # all different
+    assert len(distinct) == 12  # all different
     x = torch.randn(4, 64)
     assert torch.equal(RandomHadamard(16, 3).apply(x), RandomHadamard(16, 3).apply(x))
     assert not torch.equal(RandomHadamard(16, 3).apply(x), RandomHadamard(16, 4).apply(x))
@@ -133,14 +133,14 @@ def test_random_hadamard_and_its_inverse_against_float64(axis):
     x64 = x.double()
     y32, y64 = rht.apply(x, axis=axis), rht.apply(x64, axis=axis)
     assert y32.dtype == torch.float32 and y64.dtype == torch.float64
-    tiles = x64.abs().movedim(axis, -1).reshape(-1, 16).sum(1)            # ‖v‖₁ per tile
+    tiles = x64.abs().movedim(axis, -1).reshape(-1, 16).sum(1)  # ‖v‖₁ per tile
     l1 = tiles.repeat_interleave(16).reshape(x64.movedim(axis, -1).shape).movedim(-1, axis)
     assert ((y32.double() - y64).abs() <= gamma(16) * l1 / 4).all()
     z32 = rht.inverse(y32, axis=axis)
     assert ((z32.double() - x64).abs() <= 2.01 * gamma(16) * l1).all()
     z64 = rht.inverse(y64, axis=axis)
-    assert ((z64 - x64).abs() <= 2.01 * gamma(16, 2.0 ** -53) * l1).all()
-    assert not torch.equal(z32, x)                                        # rounding is there, and bounded
+    assert ((z64 - x64).abs() <= 2.01 * gamma(16, 2.0**-53) * l1).all()
+    assert not torch.equal(z32, x)  # rounding is there, and bounded
     # orthogonal: norms of every tile, and a product with both operands rotated, stay (float64)
     assert torch.allclose(y64.norm(), x64.norm(), rtol=1e-14)
 
@@ -152,7 +152,7 @@ def test_hadamard_on_both_operands_leaves_the_exact_product_and_changes_the_quan
     a = torch.randint(-64, 65, (24, 96), generator=g).double()
     b = torch.randint(-64, 65, (40, 96), generator=g).double()
     rht = RandomHadamard(16, 9)
-    assert torch.equal(rht.apply(a) @ rht.apply(b).t(), a @ b.t())       # integers/4: every sum exact
+    assert torch.equal(rht.apply(a) @ rht.apply(b).t(), a @ b.t())  # integers/4: every sum exact
     qa, qb = fake_quantize_nvfp4(a.float()), fake_quantize_nvfp4(b.float())
     qha, qhb = fake_quantize_nvfp4(rht.apply(a.float())), fake_quantize_nvfp4(rht.apply(b.float()))
     assert not torch.equal(qa @ qb.t(), qha @ qhb.t())
@@ -183,7 +183,7 @@ def _tile_amax(w: np.ndarray, t: int) -> np.ndarray:
     out = np.empty_like(w)
     for i in range(0, w.shape[0], t):
         for j in range(0, w.shape[1], t):
-            out[i:i + t, j:j + t] = np.abs(w[i:i + t, j:j + t]).max()
+            out[i : i + t, j : j + t] = np.abs(w[i : i + t, j : j + t]).max()
     return out
 
 
@@ -195,7 +195,7 @@ def nvfp4_2d_reference(w: torch.Tensor) -> np.ndarray:
     f32 = np.float32
     x = w.numpy().astype(f32)
     st = f32(np.abs(x).max()) / f32(6.0 * 448.0)
-    sb = np.clip(_tile_amax(x, 16) / f32(6.0) / st, f32(2.0 ** -6), f32(448.0))
+    sb = np.clip(_tile_amax(x, 16) / f32(6.0) / st, f32(2.0**-6), f32(448.0))
     sb = sb.astype(ml_dtypes.float8_e4m3fn).astype(f32)
     r = (f32(1.0) / st) / sb
     elem = np.clip(x * r, -6, 6).astype(ml_dtypes.float4_e2m1fn).astype(f32)
@@ -227,11 +227,11 @@ def test_nvfp4_2d_matches_an_independent_reference_and_transposes(shape):
     assert torch.equal(q.element_codes.t(), qt.element_codes) and torch.equal(q.scale_codes.t(), qt.scale_codes)
     assert torch.equal(q.dequantize().t(), quantize_nvfp4(w.t(), blocks="2d").dequantize())
     one_d = quantize_nvfp4(w).dequantize().t() != quantize_nvfp4(w.t()).dequantize()
-    assert one_d.sum() > 0.05 * w.numel()                    # 1D: the two copies of a weight differ
+    assert one_d.sum() > 0.05 * w.numel()  # 1D: the two copies of a weight differ
     # every 1 × 16 block of a tile carries the tile's scale: 16 rows share each scale code
     rows = q.scale_codes.shape[0]
     for i in range(0, rows, 16):
-        tile_rows = q.scale_codes[i:i + 16]
+        tile_rows = q.scale_codes[i : i + 16]
         assert (tile_rows == tile_rows[0]).all()
 
 
@@ -298,6 +298,7 @@ def test_stochastic_rounding_to_e2m1_is_unbiased_within_its_bound(name):
     x = outlier_matrix(8, 64, seed=11) * 3.0
     g = torch.Generator().manual_seed(1234)
     if name == "nvfp4":
+
         def quantize(t, **kw):
             return quantize_nvfp4(t, **kw)
     else:
@@ -305,6 +306,7 @@ def test_stochastic_rounding_to_e2m1_is_unbiased_within_its_bound(name):
 
         def quantize(t, **kw):
             return quantize_mx(t, "FP4_E2M1", 32, scale_rounding=rule, **kw)
+
     elems = _draws(x, n, lambda t: quantize(t, rounding="stochastic", generator=g))
     # y: what was rounded, recomputed from the scales in the quantiser's float32 arithmetic
     q0 = quantize(x)
@@ -312,18 +314,18 @@ def test_stochastic_rounding_to_e2m1_is_unbiased_within_its_bound(name):
         sb = per_value(q0.block_scales(), 16, x.shape[1]).float()
         y = (x * ((1.0 / q0.tensor_scale) / sb)).double().numpy()
     else:
-        y = (x.double() / per_value(q0.scales(), 32, x.shape[1])).numpy()      # v / X: exact
-    sat = np.abs(y) > 6                                          # where stochastic rounding can reach 8
-    assert not q0.saturated(x).numpy()[~sat].any()               # (saturated() counts |y| ≥ 7 under RTN)
-    assert sat.any() == (name != "mxfp4_rceil")                  # rceil saturates nothing, by construction
+        y = (x.double() / per_value(q0.scales(), 32, x.shape[1])).numpy()  # v / X: exact
+    sat = np.abs(y) > 6  # where stochastic rounding can reach 8
+    assert not q0.saturated(x).numpy()[~sat].any()  # (saturated() counts |y| ≥ 7 under RTN)
+    assert sat.any() == (name != "mxfp4_rceil")  # rceil saturates nothing, by construction
     lo, hi = _neighbours(np.clip(y, -6, 6))
     ulp = hi - lo
     mean = elems.mean(0).numpy()
     bound = k * ulp / (2 * math.sqrt(n))
     ok = ~sat
     assert (np.abs(mean - y)[ok] <= bound[ok]).all()
-    assert ((elems.numpy() == lo) | (elems.numpy() == hi)).all()      # always one of the two neighbours
-    assert np.all(mean[sat] * np.sign(y[sat]) < np.abs(y[sat]))          # saturated: biased toward zero
+    assert ((elems.numpy() == lo) | (elems.numpy() == hi)).all()  # always one of the two neighbours
+    assert np.all(mean[sat] * np.sign(y[sat]) < np.abs(y[sat]))  # saturated: biased toward zero
     # round to nearest on the same values: its error is a bias, larger than SR's bound on most of them
     rtn = quantize(x).elements().numpy()
     off = np.abs(rtn - y) > bound
@@ -332,11 +334,17 @@ def test_stochastic_rounding_to_e2m1_is_unbiased_within_its_bound(name):
 
 def test_stochastic_rounding_exact_and_fast_twins_draw_the_same_bits():
     x = outlier_matrix(48, 80, seed=2)
-    cases = [(lambda t, **kw: quantize_nvfp4(t, **kw).dequantize(), fake_quantize_nvfp4),
-             (lambda t, **kw: quantize_mx(t, "FP4_E2M1", **kw).dequantize(),
-              lambda t, **kw: fake_quantize_mx(t, "FP4_E2M1", **kw)),
-             (lambda t, **kw: quantize_mx(t, "FP8_E4M3", **kw).dequantize(),
-              lambda t, **kw: fake_quantize_mx(t, "FP8_E4M3", **kw))]
+    cases = [
+        (lambda t, **kw: quantize_nvfp4(t, **kw).dequantize(), fake_quantize_nvfp4),
+        (
+            lambda t, **kw: quantize_mx(t, "FP4_E2M1", **kw).dequantize(),
+            lambda t, **kw: fake_quantize_mx(t, "FP4_E2M1", **kw),
+        ),
+        (
+            lambda t, **kw: quantize_mx(t, "FP8_E4M3", **kw).dequantize(),
+            lambda t, **kw: fake_quantize_mx(t, "FP8_E4M3", **kw),
+        ),
+    ]
     for exact, fast in cases:
         for blocks in ("1d", "2d"):
             for axis in (-1, 0):
@@ -405,9 +413,14 @@ def reference_operands(recipe: TrainingRecipe, x, w, g, seed=0, dtype=torch.floa
             fmt = {"mxfp4": "FP4_E2M1", "mxfp8_e4m3": "FP8_E4M3"}[op.format]
             return quantize_mx(t.float(), fmt, 32, scale_rounding=op.scale_rounding, **kw).dequantize(dtype).double()
         fmt = {"bf16": "BF16", "fp8_e4m3": "FP8_E4M3", "fp8_e5m2": "FP8_E5M2"}[op.format]
-        qq, scale = quantize_per_tensor(t.float(), fmt, amax=F.get_format(fmt).max if fmt == "BF16" else None,
-                                        rounding=op.rounding, generator=kw["generator"])
-        return (qq.double() / scale.double()).to(dtype).double()   # q / scale (rounded once to dtype)
+        qq, scale = quantize_per_tensor(
+            t.float(),
+            fmt,
+            amax=F.get_format(fmt).max if fmt == "BF16" else None,
+            rounding=op.rounding,
+            generator=kw["generator"],
+        )
+        return (qq.double() / scale.double()).to(dtype).double()  # q / scale (rounded once to dtype)
 
     out = {}
     for name, a, b_ in (("fprop", x, w), ("dgrad", g, w.t()), ("wgrad", g.t(), x.t())):
@@ -416,18 +429,21 @@ def reference_operands(recipe: TrainingRecipe, x, w, g, seed=0, dtype=torch.floa
             rht = RandomHadamard(gemm.hadamard, spec.hadamard_seed)
             pad = -a.shape[1] % gemm.hadamard
             a, b_ = (torch.nn.functional.pad(t.contiguous(), (0, pad)) for t in (a, b_))
-            if gemm.hadamard == 16:          # exact data: the float32 transform is the exact (float64) one
+            if gemm.hadamard == 16:  # exact data: the float32 transform is the exact (float64) one
                 a, b_ = (rht.apply(t.double()) for t in (a, b_))
                 assert torch.equal(a.float().double(), a) and torch.equal(b_.float().double(), b_)
-            else:                            # entries ±1/√32 are rounded: the same float32 arithmetic
+            else:  # entries ±1/√32 are rounded: the same float32 arithmetic
                 a, b_ = rht.apply(a.float()), rht.apply(b_.float())
         out[name] = (quant(a.contiguous(), gemm.a), quant(b_.contiguous(), gemm.b))
     return out
 
 
-RECIPES = {"nvfp4 recipe": four_bit_recipe(), "nvfp4 recipe without RHT": four_bit_recipe(hadamard=False),
-           "nvfp4 plain": four_bit_recipe(hadamard=False, weights_2d=False, stochastic_gradients=False),
-           "mxfp4 recipe": four_bit_recipe("mxfp4")}
+RECIPES = {
+    "nvfp4 recipe": four_bit_recipe(),
+    "nvfp4 recipe without RHT": four_bit_recipe(hadamard=False),
+    "nvfp4 plain": four_bit_recipe(hadamard=False, weights_2d=False, stochastic_gradients=False),
+    "mxfp4 recipe": four_bit_recipe("mxfp4"),
+}
 
 
 @pytest.mark.parametrize("name", list(RECIPES))
@@ -437,12 +453,12 @@ def test_linear_gemms_match_quantise_then_multiply(name):
     gives the blocks different scales), and bit for bit where it has no transform."""
     recipe = RECIPES[name]
     m, k, n = 64, 48, 32
-    amax = 2688.0 * 2.0 ** -8
+    amax = 2688.0 * 2.0**-8
     # integer multiples of 2⁻¹⁰ up to a few hundred: the Hadamard transform (entries ±1/4) is exact in float32
     x = (exact_block_data(m, k, 1, amax) * 1024).round() / 1024
     w = (exact_block_data(n, k, 2, amax) * 1024).round() / 1024
     g = (exact_block_data(m, n, 3, amax) * 1024).round() / 1024
-    b = torch.zeros(n)                                             # y is then the fprop GEMM itself
+    b = torch.zeros(n)  # y is then the fprop GEMM itself
     y, gx, gw, gb, q = run_layer(recipe, x, w, b, g, seed=3)
     ref = reference_operands(recipe, x, w, g, seed=3)
     exact = reference_operands(recipe, x, w, g, seed=3, dtype=torch.float64)
@@ -450,7 +466,7 @@ def test_linear_gemms_match_quantise_then_multiply(name):
         a, bb = q.captured[("0", gemm)]
         ra, rb = ref[gemm]
         assert torch.equal(a.double(), ra) and torch.equal(bb.double(), rb), gemm
-        if not getattr(recipe.gemms, gemm).hadamard:          # exact data: the float32 operands are exact
+        if not getattr(recipe.gemms, gemm).hadamard:  # exact data: the float32 operands are exact
             assert torch.equal(ra, exact[gemm][0]) and torch.equal(rb, exact[gemm][1]), gemm
     exact_product = {gemm: ref[gemm][0] @ ref[gemm][1].t() for gemm in ref}
     assert torch.equal(y.double(), exact_product["fprop"])
@@ -461,7 +477,7 @@ def test_linear_gemms_match_quantise_then_multiply(name):
     ra, rb = ref["wgrad"]
     bound = gamma(ra.shape[1]) * (ra.abs() @ rb.abs().t())
     assert ((gw.double() - exact_product["wgrad"]).abs() <= bound).all()
-    assert torch.equal(gb, g.sum(0))                               # the bias gradient: unquantised
+    assert torch.equal(gb, g.sum(0))  # the bias gradient: unquantised
     # the same seed gives the same gradients; another seed other ones (stochastic rounding)
     again = run_layer(recipe, x, w, b, g, seed=3)
     assert torch.equal(again[2], gw) and torch.equal(again[1], gx)
@@ -481,7 +497,7 @@ def test_linear_on_random_data_within_the_accumulation_bound():
         exact = a.double() @ bb.double().t()
         bound = gamma(a.shape[1]) * (a.double().abs() @ bb.double().abs().t())
         assert ((out[gemm].double() - exact).abs() <= bound).all(), gemm
-        assert (out[gemm].double() != exact).any() or gemm == "fprop"   # rounding happens somewhere
+        assert (out[gemm].double() != exact).any() or gemm == "fprop"  # rounding happens somewhere
 
 
 def test_recipe_without_ingredients_is_the_nvfp4_recipe_bit_for_bit():
@@ -492,8 +508,12 @@ def test_recipe_without_ingredients_is_the_nvfp4_recipe_bit_for_bit():
     x = outlier_matrix(40, 64, 8)
     results = []
     for recipe in ("nvfp4", four_bit_recipe(hadamard=False, weights_2d=False, stochastic_gradients=False)):
-        m = nn.Sequential(*(nn.Linear(layer.in_features, layer.out_features) if isinstance(layer, nn.Linear) else layer
-                            for layer in model))
+        m = nn.Sequential(
+            *(
+                nn.Linear(layer.in_features, layer.out_features) if isinstance(layer, nn.Linear) else layer
+                for layer in model
+            )
+        )
         m.load_state_dict(model.state_dict())
         quantize_linears_(m, recipe)
         xx = x.clone().requires_grad_()
@@ -524,19 +544,22 @@ def test_recipe_statistics_evaluation_and_layers_kept_in_bf16():
     torch.manual_seed(1)
     model = nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 16))
     q4 = quantize_linears_(model, four_bit_recipe(), skip=("2",))
-    q16 = quantize_linears_(model, "bf16")                  # the layer left out: kept in BF16
+    q16 = quantize_linears_(model, "bf16")  # the layer left out: kept in BF16
     assert q4.layers == ["0"] and q16.layers == ["2"]
     x = torch.randn(64, 32)
     q4.recording = True
     model(x).square().mean().backward()
     assert set(q4.stats["0"]) == {"x", "w", "g"} and q4.stats["0"]["x"]["n"] == x.numel()
     assert q4.stats["0"]["g"]["n"] == 64 * 32 and q4.stats["0"]["w"]["n"] == 32 * 32
-    with torch.no_grad():                                      # evaluation: the forward GEMM only, same values
+    with torch.no_grad():  # evaluation: the forward GEMM only, same values
         ev = model(x)
     q4.recording = False
     assert torch.equal(ev, model(x).detach())
-    assert four_bit_recipe().describe()["gemms"] == {"fprop": "NVFP4 × NVFP4 2D", "dgrad": "NVFP4 SR × NVFP4 2D",
-                                                     "wgrad": "NVFP4 SR × NVFP4, RHT 16"}
+    assert four_bit_recipe().describe()["gemms"] == {
+        "fprop": "NVFP4 × NVFP4 2D",
+        "dgrad": "NVFP4 SR × NVFP4 2D",
+        "wgrad": "NVFP4 SR × NVFP4, RHT 16",
+    }
 
 
 def test_four_bit_recipe_is_the_papers_and_its_ablations():
@@ -586,7 +609,11 @@ def test_benchmark_script_runs_and_reports_every_case(tmp_path):
     res = json.loads(out.read_text())
     assert [r["case"] for r in res["rows"]] == ["fp32", "nvfp4", "nvfp4_recipe"]
     assert all(len(r["times_s"]) == res["config"]["repeat"] and r["step_s"] > 0 for r in res["rows"])
-    assert set(res["summary"]) == {"nvfp4 / fp32", "nvfp4 / fp32 (CPU time)", "nvfp4_recipe / fp32",
-                                   "nvfp4_recipe / fp32 (CPU time)"}
+    assert set(res["summary"]) == {
+        "nvfp4 / fp32",
+        "nvfp4 / fp32 (CPU time)",
+        "nvfp4_recipe / fp32",
+        "nvfp4_recipe / fp32 (CPU time)",
+    }
     assert "RHT 16" in res["rows"][2]["recipe"] and res["model"]["linear_layers"] == 5
     assert res["provenance"]["command"].startswith("python benchmarks/fourbit_speed.py --profile quick")

@@ -18,10 +18,26 @@ from mpt_lab.quantized_training import TRAINING_RECIPES, hardware_fp8_available
 # ----------------------------------------------------------------------------------------------------------
 # the experiment end to end
 # ----------------------------------------------------------------------------------------------------------
-TINY = dict(profile="quick", lm_dim=16, lm_layers=1, lm_heads=2, lm_context=16, lm_batch=4, lm_steps=8,
-            lm_valid_chars=256, mlp_hidden=16, mlp_layers=1, mlp_batch=32, mlp_steps=8, evals=2, stats_every=4,
-            block_sizes=(8, 32), sweep_formats=("FP8_E4M3", "FP4_E2M1"), threads=1,
-            recipes=("fp32", "bf16", "fp16", "fp8_unscaled", "fp8_delayed", "mxfp4", "nvfp4", "bf16_sr"))
+TINY = dict(
+    profile="quick",
+    lm_dim=16,
+    lm_layers=1,
+    lm_heads=2,
+    lm_context=16,
+    lm_batch=4,
+    lm_steps=8,
+    lm_valid_chars=256,
+    mlp_hidden=16,
+    mlp_layers=1,
+    mlp_batch=32,
+    mlp_steps=8,
+    evals=2,
+    stats_every=4,
+    block_sizes=(8, 32),
+    sweep_formats=("FP8_E4M3", "FP4_E2M1"),
+    threads=1,
+    recipes=("fp32", "bf16", "fp16", "fp8_unscaled", "fp8_delayed", "mxfp4", "nvfp4", "bf16_sr"),
+)
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +68,7 @@ def test_tiny_experiment_runs_every_recipe(tiny):
     assert 0 <= tiny.underflow("lm", "fp8_unscaled") <= 1 and tiny.underflow("lm", "bf16") == 0
     assert tiny.snr("lm", "mxfp4", "w") < tiny.snr("lm", "bf16", "w")
     assert tiny.gap("lm", "bf16") == 0 and "fp8_recipes" in tiny.describe()
-    assert "FP8, delayed scaling" in tiny.describe() and "fp8_delayed" not in tiny.describe()   # labels, not keys
+    assert "FP8, delayed scaling" in tiny.describe() and "fp8_delayed" not in tiny.describe()  # labels, not keys
     with pytest.raises(ValueError, match="model"):
         tiny.final("cnn", "bf16")
     with pytest.raises(ValueError, match="recipe"):
@@ -76,7 +92,7 @@ def test_step_one_is_kept_apart(tiny):
     with pytest.raises(ValueError, match="steps"):
         tiny.stats("lm", "fp8_delayed", "last")
     saved = copy.deepcopy(tiny)
-    for runs in saved.runs.values():                   # a result saved before step 1 was kept apart
+    for runs in saved.runs.values():  # a result saved before step 1 was kept apart
         for r in runs.values():
             r.pop("stats_first")
     assert not saved.has_first("lm", "fp8_delayed") and saved.underflow("lm", "fp8_delayed") >= 0
@@ -84,12 +100,15 @@ def test_step_one_is_kept_apart(tiny):
         saved.underflow("lm", "fp8_delayed", "g", "after_first")
     from mpt_lab import figures
 
-    assert "after the first" in figures.fp8_results_table(tiny) and "step 1 included" in figures.fp8_results_table(saved)
+    assert "after the first" in figures.fp8_results_table(tiny) and "step 1 included" in figures.fp8_results_table(
+        saved
+    )
 
 
 def test_tiny_experiment_is_reproducible_and_round_trips(tiny, tmp_path):
-    again = fp8_recipes.run(fp8_recipes.Config(**{**TINY, "models": ("mlp",), "recipes": ("bf16_sr", "mxfp4")}),
-                            progress=False)
+    again = fp8_recipes.run(
+        fp8_recipes.Config(**{**TINY, "models": ("mlp",), "recipes": ("bf16_sr", "mxfp4")}), progress=False
+    )
     for name in ("bf16_sr", "mxfp4"):
         assert again.runs["mlp"][name]["losses"] == tiny.runs["mlp"][name]["losses"]
     path = tiny.save(tmp_path / "fp8.json")
@@ -103,10 +122,15 @@ def test_tiny_experiment_is_reproducible_and_round_trips(tiny, tmp_path):
 def test_figures_and_tables(tiny):
     from mpt_lab import figures
 
-    for fig in (figures.plot_fp8_training(tiny, "lm", tolerance=0.05), figures.plot_fp8_training(tiny, "mlp"),
-                figures.plot_layer_quantization(tiny, "fp8_unscaled"), figures.plot_recipe_snr(tiny, "lm"),
-                figures.plot_amax_history(tiny), figures.plot_block_size_error(tiny),
-                figures.plot_block_size_error(tiny.block_sweep)):
+    for fig in (
+        figures.plot_fp8_training(tiny, "lm", tolerance=0.05),
+        figures.plot_fp8_training(tiny, "mlp"),
+        figures.plot_layer_quantization(tiny, "fp8_unscaled"),
+        figures.plot_recipe_snr(tiny, "lm"),
+        figures.plot_amax_history(tiny),
+        figures.plot_block_size_error(tiny),
+        figures.plot_block_size_error(tiny.block_sweep),
+    ):
         assert isinstance(fig, Figure)
         assert (fig._suptitle is not None and fig._suptitle.get_text()) or any(ax.get_title() for ax in fig.axes)
         for ax in fig.axes:
@@ -137,7 +161,12 @@ def test_results_and_recipe_tables_fit_the_page(tiny):
     header = re.findall(r"<th style[^>]*>(.*?)</th>", results)
     assert len(header) == 1 + 2 * len(tiny.runs) + ("mlp" in tiny.runs) and "MLP: accuracy" in header
     recipes = figures.fp8_recipe_table(tiny)
-    assert re.findall(r"<th style[^>]*>(.*?)</th>", recipes) == ["recipe", "forward / backward", "scaling", "bits per value"]
+    assert re.findall(r"<th style[^>]*>(.*?)</th>", recipes) == [
+        "recipe",
+        "forward / backward",
+        "scaling",
+        "bits per value",
+    ]
     assert "E8M0 per 32 values" in recipes and recipes.count("<tr>") == results.count("<tr>")
     # a gap that rounds to the tolerance shows a fourth digit, so that the reader sees why it has no ✓ (or has one)
     gap = tiny.gap("lm", "mxfp4")
@@ -150,29 +179,46 @@ def test_mx_block_diagram_shows_the_real_scale_and_codes():
     from mpt_lab.microscaling import quantize_mx
 
     g = torch.Generator().manual_seed(10)
-    block = torch.randn(32, generator=g, dtype=torch.float64) * 2.0 ** -12
-    block[5] = 2.0 ** -6 * 1.3
+    block = torch.randn(32, generator=g, dtype=torch.float64) * 2.0**-12
+    block[5] = 2.0**-6 * 1.3
     fig = figures.plot_mx_block(block)
     q8, q4 = (quantize_mx(block, f, block_size=32) for f in ("FP8_E4M3", "FP4_E2M1"))
     code = int(q8.scale_codes[0])
     texts = [t.get_text() for ax in fig.axes for t in ax.texts]
-    assert any(f"code {code}" in t and f"2^{code - 127}" in t for t in texts)           # the real E8M0 byte
+    assert any(f"code {code}" in t and f"2^{code - 127}" in t for t in texts)  # the real E8M0 byte
     assert [t for t in texts if len(t) == 2] == [f"{c:02X}" for c in q8.element_codes.tolist()]  # the real codes
     titles = " ".join(ax.get_title() for ax in fig.axes)
     assert f"2^{int(q4.scale_codes[0]) - 127}" in titles and "8.25 bits per value" in titles
     lost = int(((q4.dequantize(torch.float64) == 0) & (block != 0)).sum())
-    assert any(f"stored as 0 ({lost} of 32)" in t.get_text() for ax in fig.axes if ax.get_legend()
-               for t in ax.get_legend().get_texts())
+    assert any(
+        f"stored as 0 ({lost} of 32)" in t.get_text()
+        for ax in fig.axes
+        if ax.get_legend()
+        for t in ax.get_legend().get_texts()
+    )
     with pytest.raises(ValueError, match="1-D"):
         figures.plot_mx_block(torch.zeros(32))
     with pytest.raises(ValueError):
         figures.plot_mx_block(block, "FP16")
 
 
-@pytest.mark.parametrize("field,value", [("recipes", ("fp7",)), ("recipes", ()), ("models", ("cnn",)),
-                                         ("lm_dim", 31), ("lm_steps", 0), ("margin", -1), ("lm_lr", 0.0),
-                                         ("block_sizes", (0,)), ("scale_rounding", "up"), ("hardware", "yes"),
-                                         ("sweep_formats", ("FP16",)), ("lm_valid_chars", 8)])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("recipes", ("fp7",)),
+        ("recipes", ()),
+        ("models", ("cnn",)),
+        ("lm_dim", 31),
+        ("lm_steps", 0),
+        ("margin", -1),
+        ("lm_lr", 0.0),
+        ("block_sizes", (0,)),
+        ("scale_rounding", "up"),
+        ("hardware", "yes"),
+        ("sweep_formats", ("FP16",)),
+        ("lm_valid_chars", 8),
+    ],
+)
 def test_bad_config_names_the_field(field, value):
     cfg = fp8_recipes.Config(**{**TINY, field: value})
     with pytest.raises(ValueError, match=f"config.{field}"):
@@ -190,7 +236,7 @@ def test_profiles_are_valid_and_name_what_the_chapter_asserts():
 def test_char_transformer():
     train, valid, vocab = kjv_characters()
     assert len(train) > 3_000_000 and len(valid) > 100_000 and "\n" in vocab and " " in vocab
-    assert not any(c.isdigit() for c in vocab)             # verse numbers are removed
+    assert not any(c.isdigit() for c in vocab)  # verse numbers are removed
     m = CharTransformerLM(len(vocab), 32, 2, 4, 16)
     out = m(train[:32].view(2, 16))
     assert out.shape == (2, 16, len(vocab))
@@ -207,8 +253,18 @@ def test_char_transformer():
 
 @pytest.mark.skipif(not hardware_fp8_available(), reason="needs a CUDA GPU with FP8 tensor cores (capability ≥ 8.9)")
 def test_tensor_core_runs_on_the_gpu():
-    res = fp8_recipes.run(fp8_recipes.Config(**{**TINY, "recipes": ("fp32", "fp8_current"), "models": ("mlp",),
-                                                "mlp_batch": 32, "mlp_hidden": 32, "device": "cuda"}),
-                          progress=False)
+    res = fp8_recipes.run(
+        fp8_recipes.Config(
+            **{
+                **TINY,
+                "recipes": ("fp32", "fp8_current"),
+                "models": ("mlp",),
+                "mlp_batch": 32,
+                "mlp_hidden": 32,
+                "device": "cuda",
+            }
+        ),
+        progress=False,
+    )
     assert res.hardware["available"] and "fp8_current_hw" in res.runs["mlp"]
     assert abs(res.gap("mlp", "fp8_current_hw", "fp8_current")) < 0.05

@@ -16,8 +16,17 @@ from mpt_lab.models import gat
 def tiny():
     old = torch.get_num_threads()
     torch.set_num_threads(1)
-    cfg = ga.Config(profile="quick", num_nodes=150, avg_degree=6.0, hidden=16, epochs=5, threads=1,
-                    fit_nodes=(50, 100), fit_degrees=(16, 32, 64), fit_heads=(1, 2, 3))
+    cfg = ga.Config(
+        profile="quick",
+        num_nodes=150,
+        avg_degree=6.0,
+        hidden=16,
+        epochs=5,
+        threads=1,
+        fit_nodes=(50, 100),
+        fit_degrees=(16, 32, 64),
+        fit_heads=(1, 2, 3),
+    )
     res = ga.run(cfg, progress=False)
     torch.set_num_threads(old)
     return res
@@ -31,7 +40,7 @@ def test_every_run_trains_and_is_measured(tiny):
             assert not r["oom"]
             assert len(r["losses"]) == 5 and all(math.isfinite(v) for v in r["losses"])
             assert r["peak_bytes"] > 0 and r["total_bytes"] == r["static_bytes"] + r["peak_bytes"]
-            assert len(r["epoch_times"]) == 4 and r["epoch_seconds"] > 0     # the measured epoch is not timed
+            assert len(r["epoch_times"]) == 4 and r["epoch_seconds"] > 0  # the measured epoch is not timed
             assert 0.0 <= r["accuracy"]["test"] <= 1.0
         assert runs["fp16"]["final_scale"] is not None and runs["fp32"]["final_scale"] is None
     assert tiny.graph["synthetic"] is True and tiny.graph["num_features"] == 602
@@ -87,8 +96,9 @@ def test_memory_fit_finds_pygs_per_edge_messages(tiny):
 
 def test_memory_model_finds_a_planted_model_and_rejects_what_it_cannot_test():
     # bytes = (100·H + 8)·E + 3000·N·H + 5000: slope 100 per edge and head, 8 per edge, whatever N
-    pts = [[n, e, h, (100 * h + 8) * e + 3000 * n * h + 5000] for n in (50, 80) for e in (200, 400, 900)
-           for h in (1, 2, 4)]
+    pts = [
+        [n, e, h, (100 * h + 8) * e + 3000 * n * h + 5000] for n in (50, 80) for e in (200, 400, 900) for h in (1, 2, 4)
+    ]
     m = ga.memory_model(pts)
     assert m["per_edge_head"] == pytest.approx(100) and m["per_edge"] == pytest.approx(8)
     assert m["max_relative_residual"] < 1e-12 and m["slope_residual"] < 1e-12 and m["node_spread"] < 1e-12
@@ -129,17 +139,18 @@ def test_autocast_policy_cpu_and_cuda():
 def test_attention_overflow_in_fp16():
     assert gat.FP16_EXP_LIMIT == pytest.approx(math.log(65504))
     d = gat.attention_overflow([0.0, 5.0, 11.0, 12.0])
-    assert math.isfinite(d["exp_fp16"][2]) and math.isinf(d["exp_fp16"][3])     # 11 < ln 65504 < 12
-    assert any(math.isnan(v) for v in d["naive_fp16"])                           # inf / inf
+    assert math.isfinite(d["exp_fp16"][2]) and math.isinf(d["exp_fp16"][3])  # 11 < ln 65504 < 12
+    assert any(math.isnan(v) for v in d["naive_fp16"])  # inf / inf
     assert d["max_subtracted_dtype"] == "float16"
     for a, b in zip(d["max_subtracted_fp16"], d["fp32"]):
-        assert abs(a - b) <= 2 ** -10 * max(b, 2 ** -14) * 4 + 1e-7
+        assert abs(a - b) <= 2**-10 * max(b, 2**-14) * 4 + 1e-7
     with pytest.raises(TypeError, match="logits"):
         gat.attention_overflow([[1.0, 2.0]])
 
 
-@pytest.mark.parametrize("field, value", [("epochs", 2), ("heads", ()), ("recipes", ("fp8",)), ("lr", -1.0),
-                                          ("num_nodes", 0)])
+@pytest.mark.parametrize(
+    "field, value", [("epochs", 2), ("heads", ()), ("recipes", ("fp8",)), ("lr", -1.0), ("num_nodes", 0)]
+)
 def test_bad_config(field, value):
     cfg = ga.config_for("quick")
     setattr(cfg, field, value)

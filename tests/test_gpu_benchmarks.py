@@ -23,22 +23,28 @@ def test_roofline_measures_every_arithmetic_and_says_what_is_missing(roofline):
     mod = load_benchmark("roofline")
     cfg = mod.PROFILES["quick"]
     shapes = {(n, n, n) for n in cfg["sizes"]} | {mod.parse_shape(s) for s in cfg["shapes"]}
-    assert {(r["kind"], r["m"], r["n"], r["k"]) for r in roofline["gemm"]} == \
-        {(kind, *s) for kind in bench.GEMM_KINDS for s in shapes}
+    assert {(r["kind"], r["m"], r["n"], r["k"]) for r in roofline["gemm"]} == {
+        (kind, *s) for kind in bench.GEMM_KINDS for s in shapes
+    }
     for r in roofline["gemm"]:
-        if r["kind"] == "tf32":                                    # TF32 is a CUDA tensor-core mode
+        if r["kind"] == "tf32":  # TF32 is a CUDA tensor-core mode
             assert r["tflops"] is None and "CUDA tensor cores" in r["reason"]
             continue
-        if r["tflops"] is None:                                    # an FP8 product this torch cannot run here
+        if r["tflops"] is None:  # an FP8 product this torch cannot run here
             assert r["kind"].startswith("fp8") and r["reason"]
             continue
         assert r["tflops"] > 0 and r["seconds"] > 0 and r["reason"] == ""
         assert r["tflops"] == pytest.approx(2 * r["m"] * r["n"] * r["k"] / r["seconds"] / 1e12)
         b = mod.OPERAND_BYTES[r["kind"]]
-        assert r["intensity"] == pytest.approx(2 * r["m"] * r["n"] * r["k"] / (
-            b * (r["m"] * r["k"] + r["k"] * r["n"]) + mod.RESULT_BYTES[r["kind"]] * r["m"] * r["n"]))
-        assert r["fraction_of_datasheet"] is None and r["clocks"]["source"] is None   # a CPU: no datasheet, no GPU
-    assert roofline["copy"]["gb_s"] > 0 and roofline["copy"]["nbytes"] == cfg["copy_mib"] * 2 ** 20
+        assert r["intensity"] == pytest.approx(
+            2
+            * r["m"]
+            * r["n"]
+            * r["k"]
+            / (b * (r["m"] * r["k"] + r["k"] * r["n"]) + mod.RESULT_BYTES[r["kind"]] * r["m"] * r["n"])
+        )
+        assert r["fraction_of_datasheet"] is None and r["clocks"]["source"] is None  # a CPU: no datasheet, no GPU
+    assert roofline["copy"]["gb_s"] > 0 and roofline["copy"]["nbytes"] == cfg["copy_mib"] * 2**20
     for kind, peak in roofline["peaks"].items():
         if peak:
             assert roofline["ridge"][kind] == pytest.approx(peak * 1e12 / (roofline["copy"]["gb_s"] * 1e9))
@@ -57,13 +63,21 @@ def test_memory_per_parameter_matches_zeros_accounting_on_a_cpu(tmp_path):
     n = 4 * 64 * 65
     for mode, d in r["modes"].items():
         assert d["parameters"] == n and math.isfinite(d["loss"])
-        assert d["resident_per_parameter"] == pytest.approx(16.0)   # every way: 16 bytes of model states
+        assert d["resident_per_parameter"] == pytest.approx(16.0)  # every way: 16 bytes of model states
         assert d["peak_per_parameter"] >= d["resident_per_parameter"]
-    assert r["modes"]["fp32"]["breakdown_per_parameter"] == {"parameters": 4.0, "gradients": 4.0,
-                                                            "master parameters": 0.0, "optimizer state": 8.0}
+    assert r["modes"]["fp32"]["breakdown_per_parameter"] == {
+        "parameters": 4.0,
+        "gradients": 4.0,
+        "master parameters": 0.0,
+        "optimizer state": 8.0,
+    }
     # BF16 with FP32 master weights is ZeRO's accounting item by item: 2 + 2 + 4 + (4 + 4)
-    assert r["modes"]["bf16_master"]["breakdown_per_parameter"] == {"parameters": 2.0, "gradients": 2.0,
-                                                                   "master parameters": 4.0, "optimizer state": 8.0}
+    assert r["modes"]["bf16_master"]["breakdown_per_parameter"] == {
+        "parameters": 2.0,
+        "gradients": 2.0,
+        "master parameters": 4.0,
+        "optimizer state": 8.0,
+    }
 
 
 def test_bench_functions_reject_bad_arguments():
@@ -91,7 +105,8 @@ def test_datasheet_names_the_gpu_and_its_dense_peaks():
     assert (h100["hbm_tb_s"], h200["hbm_tb_s"]) == (3.35, 4.8) and "dense" in h100["source"]
     assert bench.datasheet_peaks("NVIDIA H100 PCIe") is None and bench.datasheet_peaks("CPU: AMD EPYC") is None
     from mpt_lab.harness import budget
-    assert {k: h100[k] for k in ("fp32", "tf32", "fp16", "fp8", "hbm_tb_s")} == budget.H100   # one set of figures
+
+    assert {k: h100[k] for k in ("fp32", "tf32", "fp16", "fp8", "hbm_tb_s")} == budget.H100  # one set of figures
 
 
 def test_readbacks_and_profile_of_a_step():

@@ -14,8 +14,14 @@ from mpt_lab.histogram import Log2Histogram, quantile_binade
 
 @pytest.fixture(scope="module")
 def tiny():
-    cfg = Config(profile="quick", variants=("ours", "batch8", "sum", "shift12", "vgg16_64"), steps=3,
-                 warmup_steps=1, n_train=64, threads=1)
+    cfg = Config(
+        profile="quick",
+        variants=("ours", "batch8", "sum", "shift12", "vgg16_64"),
+        steps=3,
+        warmup_steps=1,
+        n_train=64,
+        threads=1,
+    )
     return gf.run(cfg, progress=False)
 
 
@@ -46,7 +52,7 @@ def test_the_gradient_shift_moves_every_value_by_exactly_k_binades(tiny):
     assert b["losses"] == a["losses"]
     ha, hb = a["activation"], b["activation"]
     assert hb.zeros == ha.zeros and hb.total == ha.total
-    assert list(hb.counts[:-12]) == list(ha.counts[12:])         # every binade moved down by 12
+    assert list(hb.counts[:-12]) == list(ha.counts[12:])  # every binade moved down by 12
     assert tiny.shift("shift12") == -12
 
 
@@ -85,21 +91,24 @@ def test_figure_and_table(tiny):
     assert any("(NVIDIA blog, Fig. 2)" in t and "2⁻³⁰" in t for t in labels)
     ticks = [t.get_text() for t in ax.get_yticklabels()]
     assert len(ticks) == len(tiny.variants) + 1 and ticks[-1].startswith("Multibox SSD")
-    assert "\n" in ax.get_title()                      # two lines: the title fits the figure's width
+    assert "\n" in ax.get_title()  # two lines: the title fits the figure's width
     table = figures.gradient_factors_table(tiny)
     assert table.count("<tr>") == len(tiny.variants) + 1 and "below 2⁻²⁴" in table
     with pytest.raises(TypeError, match="GradientFactorsResult"):
         figures.plot_gradient_factors({"not": "a result"})
 
 
-@pytest.mark.parametrize("kwargs, field", [
-    (dict(variants=("batch8", "ours")), "config.variants"),
-    (dict(variants=("ours", "nonsense")), "config.variants"),
-    (dict(variants=("ours", "ours")), "config.variants"),
-    (dict(steps=0), "config.steps"),
-    (dict(lr=-1.0), "config.lr"),
-    (dict(n_train=0), "config.n_train"),
-])
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        (dict(variants=("batch8", "ours")), "config.variants"),
+        (dict(variants=("ours", "nonsense")), "config.variants"),
+        (dict(variants=("ours", "ours")), "config.variants"),
+        (dict(steps=0), "config.steps"),
+        (dict(lr=-1.0), "config.lr"),
+        (dict(n_train=0), "config.n_train"),
+    ],
+)
 def test_bad_configs_name_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field):
         gf.run(Config(**kwargs), progress=False)

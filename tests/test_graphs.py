@@ -24,8 +24,8 @@ def test_add_self_loops_one_per_node():
     ei = torch.tensor([[0, 1, 2, 2], [1, 1, 0, 2]])
     out = add_self_loops(ei, 4)
     loops = out[:, out[0] == out[1]]
-    assert sorted(loops[0].tolist()) == [0, 1, 2, 3]              # exactly one loop per node
-    assert out.shape[1] == 2 + 4                                   # the two non-loop edges are kept
+    assert sorted(loops[0].tolist()) == [0, 1, 2, 3]  # exactly one loop per node
+    assert out.shape[1] == 2 + 4  # the two non-loop edges are kept
     with pytest.raises(ValueError, match="edge_index"):
         add_self_loops(torch.zeros(3, 4, dtype=torch.long), 4)
 
@@ -34,18 +34,19 @@ def test_synthetic_reddit_shape_and_determinism():
     g = synthetic_reddit(500, 8.0, seed=1)
     assert g.num_features == REDDIT["num_features"] == 602 and g.num_classes == REDDIT["num_classes"] == 41
     assert g.x.shape == (500, 602) and g.x.dtype == torch.float32 and g.y.dtype == torch.int64
-    assert set(g.y.unique().tolist()) == set(range(41))            # every class present
+    assert set(g.y.unique().tolist()) == set(range(41))  # every class present
     # undirected edges in both directions plus one self loop per node
-    assert 4000 - 50 < g.num_edges - 500 <= 4000                 # 2000 undirected edges (random self loops dropped)
+    assert 4000 - 50 < g.num_edges - 500 <= 4000  # 2000 undirected edges (random self loops dropped)
     assert int((g.edge_index[0] == g.edge_index[1]).sum()) == 500
     m = g.train_mask.int() + g.val_mask.int() + g.test_mask.int()
-    assert bool((m == 1).all())                                    # the split is a partition
+    assert bool((m == 1).all())  # the split is a partition
     frac = REDDIT["train"] / (REDDIT["train"] + REDDIT["val"] + REDDIT["test"])
     assert abs(float(g.train_mask.float().mean()) - frac) < 0.01
     g2 = synthetic_reddit(500, 8.0, seed=1)
     assert torch.equal(g.edge_index, g2.edge_index) and torch.equal(g.x, g2.x) and torch.equal(g.y, g2.y)
-    assert g.nbytes() == sum(t.numel() * t.element_size() for t in (g.edge_index, g.x, g.y, g.train_mask,
-                                                                    g.val_mask, g.test_mask))
+    assert g.nbytes() == sum(
+        t.numel() * t.element_size() for t in (g.edge_index, g.x, g.y, g.train_mask, g.val_mask, g.test_mask)
+    )
 
 
 def test_synthetic_reddit_is_homophilous():
@@ -53,15 +54,22 @@ def test_synthetic_reddit_is_homophilous():
     src, dst = g.edge_index
     keep = src != dst
     same = float((g.y[src[keep]] == g.y[dst[keep]]).float().mean())
-    assert 0.6 < same < 0.8                                        # ≈ homophily + (1 − homophily)·Σ p_c²
+    assert 0.6 < same < 0.8  # ≈ homophily + (1 − homophily)·Σ p_c²
     g0 = synthetic_reddit(2000, 10.0, homophily=0.0, seed=0)
     s0, d0 = g0.edge_index
     k0 = s0 != d0
     assert float((g0.y[s0[k0]] == g0.y[d0[k0]]).float().mean()) < 0.1
 
 
-@pytest.mark.parametrize("kwargs, match", [({"num_nodes": 10}, "num_nodes"), ({"avg_degree": 0.0}, "avg_degree"),
-                                           ({"homophily": 1.5}, "homophily"), ({"feature_signal": -1.0}, "feature_signal")])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"num_nodes": 10}, "num_nodes"),
+        ({"avg_degree": 0.0}, "avg_degree"),
+        ({"homophily": 1.5}, "homophily"),
+        ({"feature_signal": -1.0}, "feature_signal"),
+    ],
+)
 def test_synthetic_reddit_bad_args(kwargs, match):
     args = {"num_nodes": 100, "avg_degree": 4.0, **kwargs}
     with pytest.raises(ValueError, match=match):
@@ -75,17 +83,17 @@ def test_gat_shapes_dtypes_and_learning():
     torch.manual_seed(0)
     model = GAT(602, 32, 41, (2, 2, 2))
     assert [layer.heads for layer in model.layers] == [2, 2, 2]
-    assert model.layers[1].in_channels == 64                       # hidden layers concatenate their heads
+    assert model.layers[1].in_channels == 64  # hidden layers concatenate their heads
     out = model(g.x, g.edge_index)
     assert out.shape == (300, 41) and out.dtype == torch.float32
-    assert float(out.detach().min()) >= -1.0                        # ELU on the last layer, as the guide
+    assert float(out.detach().min()) >= -1.0  # ELU on the last layer, as the guide
     seen = []
     hook = model.layers[0].lin.register_forward_hook(lambda mod, inp, o: seen.append(o.dtype))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out16 = model(g.x, g.edge_index)
     hook.remove()
-    assert seen == [torch.bfloat16]                                 # the projection W·h runs in BF16
-    assert out16.dtype == torch.float32                             # GATConv adds its FP32 bias: promoted
+    assert seen == [torch.bfloat16]  # the projection W·h runs in BF16
+    assert out16.dtype == torch.float32  # GATConv adds its FP32 bias: promoted
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     first = None
     for _ in range(15):
@@ -94,7 +102,7 @@ def test_gat_shapes_dtypes_and_learning():
         loss.backward()
         opt.step()
         first = first if first is not None else loss.item()
-    assert loss.item() < 0.5 * first                                # the class structure is learnable
+    assert loss.item() < 0.5 * first  # the class structure is learnable
 
 
 def test_gat_bad_args():

@@ -15,8 +15,13 @@ def _edge_values() -> np.ndarray:
     """Zeros, FP32 subnormals, every binade edge, the values and midpoints of the small formats, inf, NaN."""
     k = np.arange(-149, 128)
     edges = np.ldexp(1.0, k)
-    parts = [[0.0, -0.0, np.inf, -np.inf, np.nan], edges, -edges, np.nextafter(edges.astype(np.float32), np.float32(np.inf)),
-             np.nextafter(edges[1:].astype(np.float32), np.float32(0))]
+    parts = [
+        [0.0, -0.0, np.inf, -np.inf, np.nan],
+        edges,
+        -edges,
+        np.nextafter(edges.astype(np.float32), np.float32(np.inf)),
+        np.nextafter(edges[1:].astype(np.float32), np.float32(0)),
+    ]
     for fmt in (F.FP16, F.BF16, F.FP8_E5M2, F.FP8_E4M3, F.FP6_E3M2, F.FP6_E2M3, F.FP4_E2M1):
         v = F.values(fmt) if fmt.bits <= 16 else None
         v = v[v > 0]
@@ -73,11 +78,15 @@ def test_search_kernel_matches_eager_on_every_bin_edge_and_random_bit_patterns()
     near = torch.cat([starts + d for d in (-1, 0, 1, 2)]).clamp(0, 0x7FFFFFFF).to(torch.int32)
     special = torch.tensor([0, 0x7F7FFFFF, 0x7F800000, 0x7F800001, 0x7FFFFFFF], dtype=torch.int32)
     pats = torch.cat([near, special])
-    pats = torch.cat([pats, pats | torch.tensor(-2 ** 31, dtype=torch.int32)])          # the negative twins
-    rand = torch.randint(-2 ** 31, 2 ** 31 - 1, (1_000_000,), generator=torch.Generator().manual_seed(0),
-                         dtype=torch.int64).to(torch.int32)
-    for x in (pats.view(torch.float32), rand.view(torch.float32),
-              torch.from_numpy(np.concatenate([_edge_values(), _random_values(100_000, 4)]))):
+    pats = torch.cat([pats, pats | torch.tensor(-(2**31), dtype=torch.int32)])  # the negative twins
+    rand = torch.randint(
+        -(2**31), 2**31 - 1, (1_000_000,), generator=torch.Generator().manual_seed(0), dtype=torch.int64
+    ).to(torch.int32)
+    for x in (
+        pats.view(torch.float32),
+        rand.view(torch.float32),
+        torch.from_numpy(np.concatenate([_edge_values(), _random_values(100_000, 4)])),
+    ):
         a, b = H._fine_indices_search(x), _fine_indices_eager(x)
         assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 
@@ -86,6 +95,7 @@ def test_cuda_kernel_is_chosen_without_compiling(monkeypatch):
     """On CUDA the histogram uses the search kernel and compiles nothing (the first GPU slot lost 75 s compiling
     for the CPU and again for CUDA); the CPU's compiled kernel is probed on CPU tensors only; MPT_LAB_COMPILE=0
     uses the eager kernel everywhere."""
+
     def no_compile(*a, **k):
         raise AssertionError("torch.compile must not run for the CUDA kernel")
 
@@ -98,33 +108,34 @@ def test_cuda_kernel_is_chosen_without_compiling(monkeypatch):
     assert _kernel("cuda") is _fine_indices_eager and _kernel("cpu") is _fine_indices_eager
     seen = []
 
-    def fake_compile(fn, **kw):                            # records the devices the compiled kernel is called on
+    def fake_compile(fn, **kw):  # records the devices the compiled kernel is called on
         def compiled(x):
             seen.append(x.device.type)
             return fn(x)
+
         return compiled
 
     monkeypatch.setattr(torch, "compile", fake_compile)
     monkeypatch.setattr(H, "_compiled", {})
     monkeypatch.setenv("MPT_LAB_COMPILE", "1")
     _kernel("cpu")
-    assert set(seen) == {"cpu"} and len(seen) >= 2         # a warm-up call, then the probes, all on CPU tensors
+    assert set(seen) == {"cpu"} and len(seen) >= 2  # a warm-up call, then the probes, all on CPU tensors
     monkeypatch.setattr(H, "_compiled", {})
     monkeypatch.setenv("MPT_LAB_COMPILE", "all")
     assert _kernel("cpu") is not _fine_indices_eager
     n_cpu = len(seen)
-    if not torch.cuda.is_available():              # "all" compiles for CUDA on CUDA tensors: without CUDA the probe
-        with pytest.warns(RuntimeWarning, match="unavailable for the histogram kernel on cuda"):     # fails, and
-            assert _kernel("cuda") is H._fine_indices_search                     # the search kernel is used
+    if not torch.cuda.is_available():  # "all" compiles for CUDA on CUDA tensors: without CUDA the probe
+        with pytest.warns(RuntimeWarning, match="unavailable for the histogram kernel on cuda"):  # fails, and
+            assert _kernel("cuda") is H._fine_indices_search  # the search kernel is used
     assert set(seen[:n_cpu]) == {"cpu"} and "cpu" not in seen[n_cpu:]
 
 
 def test_histograms_add_and_inputs():
     x, y = _random_values(1000, 1), _random_values(500, 2)
-    h = log2_histogram(torch.from_numpy(x)) + log2_histogram(y)          # NumPy arrays too
+    h = log2_histogram(torch.from_numpy(x)) + log2_histogram(y)  # NumPy arrays too
     assert h == log2_histogram([torch.from_numpy(x), torch.from_numpy(y)])
     assert sum([log2_histogram(x), log2_histogram(y)]) == h
-    assert log2_histogram(torch.from_numpy(x).half()).total == 1000       # other dtypes are converted
+    assert log2_histogram(torch.from_numpy(x).half()).total == 1000  # other dtypes are converted
     assert log2_histogram([]).total == 0 and math.isnan(log2_histogram([]).fraction_zero())
     assert Log2Histogram.from_dict(h.to_dict()) == h
     with pytest.raises(TypeError):
@@ -139,14 +150,19 @@ def _classify(x: np.ndarray, fmt, scale: float) -> dict:
     y = np.where(fin, x.astype(np.float64) * scale, 0.0)
     r = F.round_to(y, fmt)
     nz = fin & ~zero
-    if fmt.nan == "none":   # FP6/FP4 saturate: overflow is |y| at or beyond the rounding boundary above max
+    if fmt.nan == "none":  # FP6/FP4 saturate: overflow is |y| at or beyond the rounding boundary above max
         over = nz & (np.abs(y) >= fmt.max + F.ulp(fmt.max, fmt) / 2)
     else:
         over = nz & ~np.isfinite(r)
     ar = np.abs(r)
-    out = {"zero": zero.sum(), "nonfinite": (~fin).sum(), "overflow": over.sum(), "underflow": (nz & (r == 0)).sum(),
-           "subnormal": (nz & ~over & (ar > 0) & (ar < fmt.smallest_normal)).sum(),
-           "normal": (nz & ~over & (ar >= fmt.smallest_normal)).sum()}
+    out = {
+        "zero": zero.sum(),
+        "nonfinite": (~fin).sum(),
+        "overflow": over.sum(),
+        "underflow": (nz & (r == 0)).sum(),
+        "subnormal": (nz & ~over & (ar > 0) & (ar < fmt.smallest_normal)).sum(),
+        "normal": (nz & ~over & (ar >= fmt.smallest_normal)).sum(),
+    }
     return {k: int(v) / x.size for k, v in out.items()}
 
 
@@ -155,8 +171,8 @@ def _classify(x: np.ndarray, fmt, scale: float) -> dict:
 def test_fractions_match_round_to(fmt, log2_scale):
     x = np.concatenate([_edge_values(), _random_values(200_000, 7)])
     h = log2_histogram(torch.from_numpy(x))
-    got = h.fractions(fmt, 2.0 ** log2_scale)
-    want = _classify(x, F.get_format(fmt), 2.0 ** log2_scale)
+    got = h.fractions(fmt, 2.0**log2_scale)
+    want = _classify(x, F.get_format(fmt), 2.0**log2_scale)
     assert got == want
     assert math.isclose(sum(got.values()), 1.0)
 
@@ -166,22 +182,22 @@ def test_fractions_e4m3_exact_outside_the_documented_band():
     y = np.abs(x.astype(np.float64))
     band = np.zeros_like(y, dtype=bool)
     for j in (0, 3):  # values whose scaled magnitude falls in (464, 480) are the documented exception
-        band |= (y * 2.0 ** j > 464) & (y * 2.0 ** j < 480)
+        band |= (y * 2.0**j > 464) & (y * 2.0**j < 480)
     x = x[~band]
     h = log2_histogram(torch.from_numpy(x))
     for j in (0, 3):
-        assert h.fractions("FP8_E4M3", 2.0 ** j) == _classify(x, F.FP8_E4M3, 2.0 ** j)
+        assert h.fractions("FP8_E4M3", 2.0**j) == _classify(x, F.FP8_E4M3, 2.0**j)
 
 
 def test_scale_and_format_arguments():
     h = log2_histogram(torch.tensor([2.0**-26, 2.0**-25, 2.0**-20, 1.0, 60000.0]))
     f = h.fractions("FP16")
-    assert f["underflow"] == 2 / 5          # 2^-26 and the exact tie 2^-25 round to zero
+    assert f["underflow"] == 2 / 5  # 2^-26 and the exact tie 2^-25 round to zero
     assert f["subnormal"] == 1 / 5 and f["normal"] == 2 / 5
-    assert h.fractions("FP16", 2.0)["overflow"] == 1 / 5       # 120000 > 65504
+    assert h.fractions("FP16", 2.0)["overflow"] == 1 / 5  # 120000 > 65504
     assert h.max_scale("FP16") == 1.0
     assert h.kept_fraction("FP16") == 3 / 5
-    assert h.kept_fraction("FP16", 2.0 ** 4) == 4 / 5     # 2^-22 and 2^-21 now subnormal; 960000 overflows
+    assert h.kept_fraction("FP16", 2.0**4) == 4 / 5  # 2^-22 and 2^-21 now subnormal; 960000 overflows
     for bad in (3.0, 0.0, -2.0, float("inf")):
         with pytest.raises(ValueError):
             h.fractions("FP16", bad)
@@ -199,7 +215,7 @@ def test_max_scale_is_the_largest_power_of_two_without_overflow():
     h = log2_histogram(torch.from_numpy(x))
     s = h.max_scale("FP16")
     assert h.fractions("FP16", s)["overflow"] == 0 and h.fractions("FP16", 2 * s)["overflow"] > 0
-    rule = 2.0 ** math.floor(math.log2(65504 / h.amax))        # the max-gradient rule: amax · S ≤ 65504
+    rule = 2.0 ** math.floor(math.log2(65504 / h.amax))  # the max-gradient rule: amax · S ≤ 65504
     assert rule <= s <= 2 * rule
 
 
@@ -253,7 +269,7 @@ def test_weight_gradients_pause_reset_and_selection():
         GradientHistogram(model, modules=["nope"])
     with pytest.raises(TypeError):
         GradientHistogram("model")
-    with torch.no_grad():                   # no graph, nothing recorded, nothing breaks
+    with torch.no_grad():  # no graph, nothing recorded, nothing breaks
         with GradientHistogram(model) as gn:
             model(x)
     assert gn.calls == 0
@@ -279,7 +295,7 @@ def test_median_binade():
     # against a sort on random values of every binade
     vals = _random_values(20_001, 11)
     fin = vals[np.isfinite(vals) & (vals != 0)]
-    med = np.sort(np.abs(fin.astype(np.float64)))[(fin.size + 1) // 2 - 1]   # the ⌈n/2⌉-th smallest
+    med = np.sort(np.abs(fin.astype(np.float64)))[(fin.size + 1) // 2 - 1]  # the ⌈n/2⌉-th smallest
     assert log2_histogram(torch.from_numpy(vals)).median_binade() == math.floor(math.log2(med))
 
 
@@ -295,7 +311,7 @@ def test_subtract_an_earlier_state():
     with pytest.raises(ValueError, match="earlier"):
         before - after
     with pytest.raises(ValueError, match="earlier"):
-        log2_histogram(torch.tensor([1.0])) - log2_histogram(torch.tensor([2.0]))   # not a later state
+        log2_histogram(torch.tensor([1.0])) - log2_histogram(torch.tensor([2.0]))  # not a later state
     with pytest.raises(TypeError):
         after - 1
     with pytest.raises(TypeError):
@@ -315,7 +331,7 @@ def test_meta_tensors_are_refused():
 def test_tied_weights_are_recorded_once():
     torch.manual_seed(0)
     m = torch.nn.Sequential(torch.nn.Linear(4, 4, bias=False), torch.nn.Tanh(), torch.nn.Linear(4, 4, bias=False))
-    m[2].weight = m[0].weight                        # one parameter, held by two modules
+    m[2].weight = m[0].weight  # one parameter, held by two modules
     assert sum(p.numel() for p in m.parameters()) == 16
     with GradientHistogram(m, "weight", per_module=True) as gh:
         m(torch.randn(3, 4)).sum().backward()
@@ -328,17 +344,17 @@ def test_nothing_is_recorded_after_exit():
     model = _tiny_model()
     x, y = torch.randn(5, 8), torch.tensor([0, 1, 2, 0, 1])
     with GradientHistogram(model, "activation") as gh:
-        loss = torch.nn.functional.cross_entropy(model(x), y)   # hooks go on the outputs of this forward
-    loss.backward()                                             # after exit: nothing recorded
+        loss = torch.nn.functional.cross_entropy(model(x), y)  # hooks go on the outputs of this forward
+    loss.backward()  # after exit: nothing recorded
     with pytest.warns(UserWarning, match="recorded no gradient"):
         assert gh.calls == 0 and gh.histogram.total == 0
-    with gh:                                                    # a new block: its own forward records ...
+    with gh:  # a new block: its own forward records ...
         loss_old = torch.nn.functional.cross_entropy(model(x), y)
         loss_new = torch.nn.functional.cross_entropy(model(x), y)
         loss_new.backward()
     assert gh.calls == 3
     gh.close()
-    loss_old.backward()                                         # ... and nothing after close()
+    loss_old.backward()  # ... and nothing after close()
     assert gh.calls == 3
     # a graph built in an earlier block records nothing in a later one
     with gh:
@@ -359,9 +375,9 @@ def test_nested_module_outputs_are_recorded():
     x = torch.randn(7, 2, 3)
     with GradientHistogram(lstm, "activation", per_module=True) as gh:
         out, (h, c) = lstm(x)
-        (out.sum() + (h ** 2).sum() + (c ** 3).sum()).backward()
+        (out.sum() + (h**2).sum() + (c**3).sum()).backward()
     out, (h, c) = lstm(x)
-    g = torch.autograd.grad(out.sum() + (h ** 2).sum() + (c ** 3).sum(), [out, h, c])
+    g = torch.autograd.grad(out.sum() + (h**2).sum() + (c**3).sum(), [out, h, c])
     assert gh.calls == 3 and gh.histogram == log2_histogram(list(g))
 
     class Dict(torch.nn.Module):
@@ -382,16 +398,18 @@ def test_nested_module_outputs_are_recorded():
 # ------------------------------------------------------------------------------------------------------
 def _named_model():
     from collections import OrderedDict
+
     torch.manual_seed(0)
-    return torch.nn.Sequential(OrderedDict(fc1=torch.nn.Linear(8, 16), act=torch.nn.ReLU(),
-                                           fc2=torch.nn.Linear(16, 3)))
+    return torch.nn.Sequential(OrderedDict(fc1=torch.nn.Linear(8, 16), act=torch.nn.ReLU(), fc2=torch.nn.Linear(16, 3)))
 
 
 def test_a_single_name_is_one_module():
     model = _named_model()
     x, y = torch.randn(5, 8), torch.tensor([0, 1, 2, 0, 1])
-    with GradientHistogram(model, "activation", modules="fc1", per_module=True) as ga, \
-            GradientHistogram(model, "weight", modules="fc2", per_module=True) as gw:
+    with (
+        GradientHistogram(model, "activation", modules="fc1", per_module=True) as ga,
+        GradientHistogram(model, "weight", modules="fc2", per_module=True) as gw,
+    ):
         h = model.fc1(x)
         h.retain_grad()
         torch.nn.functional.cross_entropy(model.fc2(model.act(h)), y).backward()
@@ -403,8 +421,10 @@ def test_a_single_name_is_one_module():
 
 def test_unknown_modules_are_listed_and_bad_selections_refused():
     model = _named_model()
-    with pytest.raises(ValueError, match="no module named 'fc3', 'f' in the model; its modules are "
-                                         "'' \\(the model itself\\), 'fc1', 'act', 'fc2'"):
+    with pytest.raises(
+        ValueError,
+        match="no module named 'fc3', 'f' in the model; its modules are '' \\(the model itself\\), 'fc1', 'act', 'fc2'",
+    ):
         GradientHistogram(model, modules=["fc1", "fc3", "f"])
     with pytest.raises(ValueError, match="'fc1'"):
         GradientHistogram(model, "weight", modules="fc")
@@ -419,24 +439,25 @@ def test_unknown_modules_are_listed_and_bad_selections_refused():
 
 def test_warns_when_never_started_or_nothing_was_recorded():
     import warnings
+
     model = _named_model()
     x, y = torch.randn(5, 8), torch.tensor([0, 1, 2, 0, 1])
     gh = GradientHistogram(model, "activation", per_module=True)
-    torch.nn.functional.cross_entropy(model(x), y).backward()        # no `with`: nothing can be recorded
+    torch.nn.functional.cross_entropy(model(x), y).backward()  # no `with`: nothing can be recorded
     with pytest.warns(UserWarning, match="never started.*inside `with GradientHistogram"):
         assert gh.histogram.total == 0
     with pytest.warns(UserWarning, match="never started"):
         assert gh.by_module == {}
     with pytest.warns(UserWarning, match="never started"):
         assert math.isnan(gh.underflow_share("FP16"))
-    with gh:                                                          # forward before the block: no hooks
+    with gh:  # forward before the block: no hooks
         pass
     with pytest.warns(UserWarning, match="recorded no gradient"):
         gh.histogram
     with warnings.catch_warnings():
-        warnings.simplefilter("error")                                # used as documented: no warning
+        warnings.simplefilter("error")  # used as documented: no warning
         with gh:
-            before = gh.histogram.copy()                              # inside the block, before anything
+            before = gh.histogram.copy()  # inside the block, before anything
             torch.nn.functional.cross_entropy(model(x), y).backward()
         assert (gh.histogram - before).total == gh.histogram.total > 0
 
@@ -447,14 +468,14 @@ def test_underflow_share_counts_what_the_format_flushes(fmt, log2_scale):
     round_to(g * S, fmt) == 0, value by value."""
     model = _named_model()
     x, y = torch.randn(64, 8), torch.randint(0, 3, (64,))
-    scale = 2.0 ** log2_scale
+    scale = 2.0**log2_scale
     with GradientHistogram(model, "weight") as gw:
-        (torch.nn.functional.cross_entropy(model(x), y) * 2.0 ** -24).backward()   # tiny gradients
+        (torch.nn.functional.cross_entropy(model(x), y) * 2.0**-24).backward()  # tiny gradients
     grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
     flushed = (grads != 0) & (F.round_to(grads * scale, fmt) == 0)
     assert gw.dtypes == {torch.float32}
     assert gw.underflow_share(fmt, scale) == flushed.sum().item() / grads.numel()
-    if fmt == "FP16" and log2_scale <= 10:                                             # the case is not empty
+    if fmt == "FP16" and log2_scale <= 10:  # the case is not empty
         assert gw.underflow_share(fmt, scale) > (0.05 if log2_scale == 0 else 0.0)
 
 
@@ -463,8 +484,9 @@ def test_recording_an_fp16_autocast_run_sees_no_underflow_and_says_so():
     float16 and already flushed: 'underflow' reads 0.0 and the lost values count as zeros.  underflow_share
     refuses them; a float32 recording of the same step measures what FP16 loses at that scale."""
     from mpt_lab.scaling import GradScaler
+
     x, y = torch.randn(64, 8), torch.randint(0, 3, (64,))
-    tiny, S = 2.0 ** -30, 2.0 ** 8             # a loss scale too small for these gradients
+    tiny, S = 2.0**-30, 2.0**8  # a loss scale too small for these gradients
 
     model = _named_model()
     scaler = GradScaler("cpu", init_scale=S)
@@ -473,7 +495,7 @@ def test_recording_an_fp16_autocast_run_sees_no_underflow_and_says_so():
             loss = torch.nn.functional.cross_entropy(model(x), y) * tiny
         scaler.scale(loss).backward()
     assert g16.dtypes == {torch.float16}
-    assert g16.histogram.fractions("FP16")["underflow"] == 0.0          # an FP16 value cannot underflow FP16
+    assert g16.histogram.fractions("FP16")["underflow"] == 0.0  # an FP16 value cannot underflow FP16
     with pytest.raises(ValueError, match="float16 tensors, recorded during a low precision run"):
         g16.underflow_share("FP16", scale=S)
 
@@ -481,19 +503,21 @@ def test_recording_an_fp16_autocast_run_sees_no_underflow_and_says_so():
     with GradientHistogram(model, "activation", modules=["fc1", "act"]) as g32:
         (torch.nn.functional.cross_entropy(model(x), y) * tiny).backward()
     lost = g32.underflow_share("FP16", scale=S)
-    assert lost > 0.1                                                    # what the FP16 run really lost ...
+    assert lost > 0.1  # what the FP16 run really lost ...
     zeros16, zeros32 = g16.histogram.fraction_zero(), g32.histogram.fraction_zero()
-    assert zeros16 > zeros32 + 0.1                                       # ... shows there as extra zeros
+    assert zeros16 > zeros32 + 0.1  # ... shows there as extra zeros
 
 
 def test_a_compiled_kernel_that_disagrees_on_long_inputs_is_not_used(monkeypatch):
     """Inductor's CPU code for this kernel was seen wrong (indices past the histogram) with ATEN_CPU_CAPABILITY=avx2
     on an AVX-512 CPU, right on a handful of values and wrong from 16 on: the probe tries long inputs, and a
     kernel that fails it is replaced by the bucketize kernel (the same bins), with a warning."""
+
     def miscompiled(fn, **kw):
         def compiled(x):
             idx, amax = fn(x)
-            return (idx + 1 if x.numel() >= 16 else idx), amax   # right on short inputs only
+            return (idx + 1 if x.numel() >= 16 else idx), amax  # right on short inputs only
+
         return compiled
 
     monkeypatch.setattr(H, "_compiled", {})

@@ -27,7 +27,7 @@ from browser import ROOT, free_port, offline_browser, skip_reason
 from mpt_lab import widgets
 
 NOTEBOOK = ROOT / "notebooks" / "01_floating_point.ipynb"
-DEADLINE_S = 150          # the whole test, server start to stop; it takes about 30-60 s on two cores
+DEADLINE_S = 150  # the whole test, server start to stop; it takes about 30-60 s on two cores
 
 
 def _reason() -> str | None:
@@ -43,7 +43,7 @@ def trimmed_notebook(dest: Path) -> int:
     nb = nbformat.read(NOTEBOOK, as_version=4)
     idx = next((i for i, c in enumerate(nb.cells) if c.cell_type == "code" and "bit_explorer(" in c.source), None)
     assert idx is not None, f"{NOTEBOOK.name} has no cell calling widgets.bit_explorer(...)"
-    nb.cells = nb.cells[:idx + 1]
+    nb.cells = nb.cells[: idx + 1]
     for c in nb.cells:
         if c.cell_type == "code":
             c.outputs, c.execution_count = [], None
@@ -65,21 +65,37 @@ class Lab:
     def __init__(self, root_dir: Path, work: Path):
         self.port, self.token = free_port(), secrets.token_hex(16)
         self.base = f"http://127.0.0.1:{self.port}"
-        env = dict(os.environ, MPT_LAB_PROFILE="quick", PYTHONHASHSEED="0",
-                   JUPYTER_CONFIG_DIR=str(work / "config"), JUPYTER_RUNTIME_DIR=str(work / "runtime"),
-                   IPYTHONDIR=str(work / "ipython"), JUPYTERLAB_SETTINGS_DIR=str(work / "settings"),
-                   JUPYTERLAB_WORKSPACES_DIR=str(work / "workspaces"),
-                   PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
+        env = dict(
+            os.environ,
+            MPT_LAB_PROFILE="quick",
+            PYTHONHASHSEED="0",
+            JUPYTER_CONFIG_DIR=str(work / "config"),
+            JUPYTER_RUNTIME_DIR=str(work / "runtime"),
+            IPYTHONDIR=str(work / "ipython"),
+            JUPYTERLAB_SETTINGS_DIR=str(work / "settings"),
+            JUPYTERLAB_WORKSPACES_DIR=str(work / "workspaces"),
+            PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
+        )
         self.log_path = work / "jupyterlab.log"
         self.log = open(self.log_path, "w")
-        cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
-               f"--ServerApp.port={self.port}", "--ServerApp.port_retries=0",
-               f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={root_dir}",
-               "--LabApp.news_url=None", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-               # a server or kernel left behind by a crash stops by itself
-               "--ServerApp.shutdown_no_activity_timeout=600", "--MappingKernelManager.cull_idle_timeout=600",
-               "--LabApp.extension_manager=readonly"]
-        if hasattr(os, "geteuid") and os.geteuid() == 0:   # CI runs as root
+        cmd = [
+            sys.executable,
+            "-m",
+            "jupyterlab",
+            "--no-browser",
+            "--ServerApp.ip=127.0.0.1",
+            f"--ServerApp.port={self.port}",
+            "--ServerApp.port_retries=0",
+            f"--IdentityProvider.token={self.token}",
+            f"--ServerApp.root_dir={root_dir}",
+            "--LabApp.news_url=None",
+            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+            # a server or kernel left behind by a crash stops by itself
+            "--ServerApp.shutdown_no_activity_timeout=600",
+            "--MappingKernelManager.cull_idle_timeout=600",
+            "--LabApp.extension_manager=readonly",
+        ]
+        if hasattr(os, "geteuid") and os.geteuid() == 0:  # CI runs as root
             cmd.append("--allow-root")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=root_dir)
 
@@ -120,7 +136,9 @@ class Lab:
 def run_all_cells(page, tries: int = 4) -> None:
     """Run > Run All Cells, again until a cell runs: a run asked for while the kernel's connection is still
     being set up (the status already reads idle) leaves every cell unrun, with no message."""
-    started = r"() => [...document.querySelectorAll('.jp-InputArea-prompt')].some(e => /\[(\*|\d+)\]/.test(e.innerText))"
+    started = (
+        r"() => [...document.querySelectorAll('.jp-InputArea-prompt')].some(e => /\[(\*|\d+)\]/.test(e.innerText))"
+    )
     dialogs = []
     for _ in range(tries):
         # a dialog JupyterLab opened meanwhile (seen on a loaded machine: it took every click) is read and closed
@@ -131,14 +149,16 @@ def run_all_cells(page, tries: int = 4) -> None:
             dialogs.append(dialog.first.inner_text()[:300])
             page.keyboard.press("Escape")
             page.wait_for_timeout(500)
-        page.locator(".jp-Notebook .jp-Cell").first.click()     # focus the notebook: the Run menu acts on it
+        page.locator(".jp-Notebook .jp-Cell").first.click()  # focus the notebook: the Run menu acts on it
         page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
-        page.locator("li.lm-Menu-item[data-command='runmenu:run-all'], "                 # Run All Cells
-                     "li.lm-Menu-item[data-command='notebook:run-all-cells']").first.click()
+        page.locator(
+            "li.lm-Menu-item[data-command='runmenu:run-all'], "  # Run All Cells
+            "li.lm-Menu-item[data-command='notebook:run-all-cells']"
+        ).first.click()
         try:
             page.wait_for_function(started, timeout=10_000)
             return
-        except Exception:   # playwright's TimeoutError
+        except Exception:  # playwright's TimeoutError
             continue
     raise AssertionError(f"JupyterLab ran no cell after {tries} tries of Run All Cells; dialogs closed: {dialogs}")
 
@@ -161,12 +181,13 @@ def test_chapter_1_bit_explorer_in_jupyterlab(tmp_path):
             t_open = time.perf_counter() - t0
             run_all_cells(page)
             ex = page.locator(".mpt-bit-explorer-widget")
-            try:   # the explorer, or a traceback in an output
+            try:  # the explorer, or a traceback in an output
                 page.wait_for_function(
                     r"""() => document.querySelector('.mpt-bit-explorer-widget') ||
                              [...document.querySelectorAll('.jp-OutputArea-output')].some(
                                e => /Traceback|Cell In\[\d+\]/.test(e.innerText))""",
-                    timeout=max(5_000, int((DEADLINE_S - (time.perf_counter() - t0)) * 1000)))
+                    timeout=max(5_000, int((DEADLINE_S - (time.perf_counter() - t0)) * 1000)),
+                )
             finally:
                 b.screenshot(page, "jupyterlab_chapter_1")
             errors = page.evaluate(r"""() => [...document.querySelectorAll('.jp-OutputArea-output')]
@@ -180,21 +201,23 @@ def test_chapter_1_bit_explorer_in_jupyterlab(tmp_path):
             # the bits are coloured by field (ipywidgets 8 Button honours style.button_color)
             for field, colour in widgets.FIELD_COLORS.items():
                 bg = ex.locator(f".mpt-bit-{field}").first.evaluate("e => getComputedStyle(e).backgroundColor")
-                rgb = "rgb({}, {}, {})".format(*(int(colour[i:i + 2], 16) for i in (1, 3, 5)))
+                rgb = "rgb({}, {}, {})".format(*(int(colour[i : i + 2], 16) for i in (1, 3, 5)))
                 assert bg == rgb, (field, bg, rgb)
             assert ex.locator("button.mpt-bit-15").inner_text().strip() == "0"
-            ex.locator("button.mpt-bit-15").click()                   # the last mantissa bit: -314.5 -> -314.75
+            ex.locator("button.mpt-bit-15").click()  # the last mantissa bit: -314.5 -> -314.75
             page.wait_for_function("e => e.innerText.includes('0xDCEB')", arg=out.element_handle())
             assert "-314.75" in out.inner_text() and "2^(23 − 15)" in out.inner_text()
             assert ex.locator("button.mpt-bit-15").inner_text().strip() == "1"
-            assert ex.locator("input[type='text']").first.input_value() == "-314.75"   # the value box follows
+            assert ex.locator("input[type='text']").first.input_value() == "-314.75"  # the value box follows
             b.screenshot(page, "jupyterlab_bit_explorer")
             errors = [c for c in b.console if "mpt" in c.lower() or "widget" in c.lower()]
             assert not errors, errors
             assert not b.blocked, f"JupyterLab asked the network for: {b.blocked}"
     finally:
         lab.stop()
-    print(f"\n[jupyterlab] server up in {startup:.1f} s, notebook open at {t_open:.1f} s, {idx + 1} cells run "
-          f"and the explorer shown at {t_run:.1f} s, bit clicked and read back; {time.perf_counter() - t0:.1f} s "
-          f"in all; blocked requests: {b.blocked}")
+    print(
+        f"\n[jupyterlab] server up in {startup:.1f} s, notebook open at {t_open:.1f} s, {idx + 1} cells run "
+        f"and the explorer shown at {t_run:.1f} s, bit clicked and read back; {time.perf_counter() - t0:.1f} s "
+        f"in all; blocked requests: {b.blocked}"
+    )
     assert lab.proc.returncode is not None

@@ -33,8 +33,18 @@ ROOT = Path(__file__).resolve().parents[1]
 FLOORS = (
     ("bottom", ("mpt_lab", "mpt_lab.formats", "mpt_lab._torch_internals", "mpt_lab.device", "mpt_lab.bench")),
     ("models and data", ("mpt_lab.models", "mpt_lab.data")),
-    ("numerics", ("mpt_lab.histogram", "mpt_lab.scaling", "mpt_lab.simulate", "mpt_lab.microscaling",
-                  "mpt_lab.collectives", "mpt_lab.autocast", "mpt_lab.accumulation")),
+    (
+        "numerics",
+        (
+            "mpt_lab.histogram",
+            "mpt_lab.scaling",
+            "mpt_lab.simulate",
+            "mpt_lab.microscaling",
+            "mpt_lab.collectives",
+            "mpt_lab.autocast",
+            "mpt_lab.accumulation",
+        ),
+    ),
     ("recipes", ("mpt_lab.recipes",)),
     ("training", ("mpt_lab.master_weights", "mpt_lab.quantized_training", "mpt_lab.training")),
     ("report", ("mpt_lab.report", "mpt_lab._report_record", "mpt_lab.report_layers", "mpt_lab.report_monitor")),
@@ -46,15 +56,21 @@ FLOORS = (
 
 #: Imports that climb a floor, with the reason they may: (importer, imported) → why.
 CLIMBS_ALLOWED = {
-    ("mpt_lab.report", "mpt_lab.figures"):
-        "PrecisionReport._repr_html_ and .plot are the reader's entry points to the report's drawing, which lives in "
-        "figures; the one listed exception (the drawing code moves out of report.py with the precision debugger)",
-    ("mpt_lab.report", "mpt_lab.figures.report"):
-        "PrecisionReport.plot draws with figures.report.plot_precision_report (the same exception)",
+    (
+        "mpt_lab.report",
+        "mpt_lab.figures",
+    ): "PrecisionReport._repr_html_ and .plot are the reader's entry points to the report's drawing, which lives in "
+    "figures; the one listed exception (the drawing code moves out of report.py with the precision debugger)",
+    (
+        "mpt_lab.report",
+        "mpt_lab.figures.report",
+    ): "PrecisionReport.plot draws with figures.report.plot_precision_report (the same exception)",
 }
 
-_PYG = ("imports PyTorch Geometric, seconds of start-up and its own deprecation warnings: loaded only where a "
-        "graph model runs, so that the other experiments and the CLI start without it")
+_PYG = (
+    "imports PyTorch Geometric, seconds of start-up and its own deprecation warnings: loaded only where a "
+    "graph model runs, so that the other experiments and the CLI start without it"
+)
 #: Imports inside functions, with their reason: (importer, imported module or top-level package) → why.  Every other
 #: import stands at the top of its module.
 IN_FUNCTION_ALLOWED = {
@@ -92,18 +108,18 @@ DYNAMIC_ALLOWED = {
     "mpt_lab": "``mpt_lab.device`` works without importing it first: submodules load on first attribute access",
     "mpt_lab.experiments": "get(name) imports the experiment called name (this package's own modules)",
     "mpt_lab.exercises": "each chapter's module registers its exercises when imported: the package imports them all "
-                         "by name, in chapter order (its own modules)",
+    "by name, in chapter order (its own modules)",
 }
 
 
 # ----------------------------------------------------------------------------------------------------- the scan
 @dataclass(frozen=True)
 class Import:
-    importer: str               # dotted module name (benchmarks.NAME for a script)
-    target: str                 # the module imported (ours: resolved; others: the top-level package)
+    importer: str  # dotted module name (benchmarks.NAME for a script)
+    target: str  # the module imported (ours: resolved; others: the top-level package)
     ours: bool
     in_function: bool
-    where: str                  # path:line
+    where: str  # path:line
 
 
 def _module_name(path: Path, root: Path) -> str:
@@ -121,7 +137,7 @@ def _resolve(importer: str, path: Path, node: ast.ImportFrom) -> str:
         return node.module or ""
     package = importer if path.name == "__init__.py" else importer.rpartition(".")[0]
     base = package.split(".")
-    base = base[:len(base) - (node.level - 1)]
+    base = base[: len(base) - (node.level - 1)]
     return ".".join(base + ([node.module] if node.module else []))
 
 
@@ -135,7 +151,7 @@ def _targets(importer: str, path: Path, node: ast.AST, modules: dict) -> list:
     out = []
     for name in names:
         if name.split(".")[0] == "mpt_lab":
-            while name not in modules and "." in name:        # ``import mpt_lab.formats.x`` → the module
+            while name not in modules and "." in name:  # ``import mpt_lab.formats.x`` → the module
                 name = name.rpartition(".")[0]
             out.append((name, True))
         else:
@@ -242,8 +258,10 @@ def violations(root: Path = ROOT) -> list[str]:
         if imp.in_function:
             key = (imp.importer, imp.target)
             if not (key in IN_FUNCTION_ALLOWED or (not imp.ours and imp.target in OPTIONAL)):
-                found.append(f"{imp.where}: {imp.importer} imports {imp.target} inside a function: move it to the "
-                             "top, or list it in IN_FUNCTION_ALLOWED with its reason")
+                found.append(
+                    f"{imp.where}: {imp.importer} imports {imp.target} inside a function: move it to the "
+                    "top, or list it in IN_FUNCTION_ALLOWED with its reason"
+                )
         if not imp.ours or imp.target == imp.importer:
             continue
         mine, theirs = floor_of(imp.importer), floor_of(imp.target)
@@ -251,14 +269,17 @@ def violations(root: Path = ROOT) -> list[str]:
             continue
         edges.add((imp.importer, imp.target))
         if mine is not None and theirs is not None and theirs > mine:
-            found.append(f"{imp.where}: {imp.importer} (floor {FLOORS[mine][0]}) imports {imp.target}, which stands "
-                         f"higher (floor {FLOORS[theirs][0]}): an import that climbs")
+            found.append(
+                f"{imp.where}: {imp.importer} (floor {FLOORS[mine][0]}) imports {imp.target}, which stands "
+                f"higher (floor {FLOORS[theirs][0]}): an import that climbs"
+            )
     for group in _circles(edges):
         found.append(f"a circle of imports: {' ↔ '.join(group)}")
     for module, where in dynamic:
         if module not in DYNAMIC_ALLOWED:
-            found.append(f"{where}: {module} loads a module by name at run time; list it in DYNAMIC_ALLOWED with "
-                         "its reason")
+            found.append(
+                f"{where}: {module} loads a module by name at run time; list it in DYNAMIC_ALLOWED with its reason"
+            )
     return found
 
 
@@ -284,15 +305,22 @@ def test_the_bottom_floor_imports_nothing_above_itself():
     imports, _ = scan()
     bottom = [i for i in imports if i.ours and floor_of(i.importer) == 0 and floor_of(i.target) != 0]
     assert not bottom, bottom
-    assert {i.target for i in imports if i.importer == "mpt_lab.device" and i.ours} <= {"mpt_lab",
-                                                                                        "mpt_lab._torch_internals"}
+    assert {i.target for i in imports if i.importer == "mpt_lab.device" and i.ours} <= {
+        "mpt_lab",
+        "mpt_lab._torch_internals",
+    }
 
 
 def test_experiments_hold_result_modules_only_and_import_no_other_experiment():
     imports, _ = scan()
-    sideways = [f"{i.where}: {i.importer} → {i.target}" for i in imports if i.ours
-                and i.importer.startswith("mpt_lab.experiments.") and i.target.startswith("mpt_lab.experiments.")
-                and i.importer != "mpt_lab.experiments.__main__"]
+    sideways = [
+        f"{i.where}: {i.importer} → {i.target}"
+        for i in imports
+        if i.ours
+        and i.importer.startswith("mpt_lab.experiments.")
+        and i.target.startswith("mpt_lab.experiments.")
+        and i.importer != "mpt_lab.experiments.__main__"
+    ]
     assert not sideways, sideways
     from mpt_lab import experiments
 
@@ -323,10 +351,12 @@ def test_a_planted_upward_import_fails(planted):
 
 
 def test_a_planted_circle_and_a_module_on_no_floor_fail(planted):
-    (planted / "mpt_lab" / "scaling.py").write_text((ROOT / "mpt_lab" / "scaling.py").read_text()
-                                                    + "\nfrom . import histogram as _h  # noqa\n")
-    (planted / "mpt_lab" / "histogram.py").write_text((ROOT / "mpt_lab" / "histogram.py").read_text()
-                                                      + "\nfrom . import scaling as _s  # noqa\n")
+    (planted / "mpt_lab" / "scaling.py").write_text(
+        (ROOT / "mpt_lab" / "scaling.py").read_text() + "\nfrom . import histogram as _h  # noqa\n"
+    )
+    (planted / "mpt_lab" / "histogram.py").write_text(
+        (ROOT / "mpt_lab" / "histogram.py").read_text() + "\nfrom . import scaling as _s  # noqa\n"
+    )
     (planted / "mpt_lab" / "zz_new.py").write_text("import importlib\nX = importlib.import_module('mpt_lab.formats')\n")
     found = "\n".join(violations(planted))
     assert "a circle of imports: mpt_lab.histogram ↔ mpt_lab.scaling" in found
@@ -341,7 +371,7 @@ def test_architecture_md_draws_the_same_floors():
     table = text.split("<!-- floors:begin -->")[1].split("<!-- floors:end -->")[0]
     rows = [line for line in table.splitlines() if line.startswith("|") and not set(line) <= set("|- :")]
     drawn = []
-    for line in rows[1:]:                               # the header row first
+    for line in rows[1:]:  # the header row first
         cells = [c.strip() for c in line.strip("|").split("|")]
         rooms = tuple(re.findall(r"`([\w./]+)`", cells[1]))
         drawn.append((re.sub(r"^\d+\.\s*", "", cells[0]), rooms))

@@ -15,8 +15,16 @@ from mpt_lab.histogram import Log2Histogram, log2_histogram, lost_share
 @pytest.fixture(scope="module")
 def tiny():
     torch.set_num_threads(1)
-    cfg = lgs.Config(profile="quick", vocabs=(64, 256), batch_sizes=(4, 16), bptt=8, steps=6, record_steps=2,
-                     shift_check=3, threads=1)
+    cfg = lgs.Config(
+        profile="quick",
+        vocabs=(64, 256),
+        batch_sizes=(4, 16),
+        bptt=8,
+        steps=6,
+        record_steps=2,
+        shift_check=3,
+        threads=1,
+    )
     return lgs.run(cfg, progress=False)
 
 
@@ -28,7 +36,7 @@ def test_every_point_is_trained_and_recorded(tiny):
             assert isinstance(h, Log2Histogram) and h.total > 0 and h.nonfinite == 0
         assert p["log2_vn"] == pytest.approx(math.log2(p["vocab_size"] * p["tokens"]))
         assert math.isfinite(p["loss_init"]) and math.isfinite(p["loss_trained"])
-        assert abs(p["loss_init"] - math.log(p["vocab_size"])) < 0.5          # p ≈ 1/V at the first step
+        assert abs(p["loss_init"] - math.log(p["vocab_size"])) < 0.5  # p ≈ 1/V at the first step
     rows = tiny.summary("init")
     assert [r["median_binade"] for r in rows] == [math.floor(r["median_log2"]) for r in rows]
     assert "exact in FP32: True" in tiny.describe()
@@ -37,8 +45,11 @@ def test_every_point_is_trained_and_recorded(tiny):
 def test_the_comparisons_and_the_fit(tiny):
     comps = tiny.comparisons()
     assert sorted((c["axis"], c["base"], c["target"], c["k"]) for c in comps) == [
-        ("N", (64, 32), (64, 128), 2), ("N", (256, 32), (256, 128), 2),
-        ("V", (64, 32), (256, 32), 2), ("V", (64, 128), (256, 128), 2)]
+        ("N", (64, 32), (64, 128), 2),
+        ("N", (256, 32), (256, 128), 2),
+        ("V", (64, 32), (256, 32), 2),
+        ("V", (64, 128), (256, 128), 2),
+    ]
     c = comps[0]
     h = next(p["trained"] for p in tiny.points if (p["vocab_size"], p["tokens"]) == c["base"])
     assert c["shifted_median"] == pytest.approx(lgs.median_log2(h) - c["k"])
@@ -50,12 +61,12 @@ def test_the_comparisons_and_the_fit(tiny):
 
 
 def test_median_log2_and_lost_share():
-    h = log2_histogram(torch.tensor([2.0 ** -30, 2.0 ** -20, 2.0 ** -20 * 1.5, 0.0]))
+    h = log2_histogram(torch.tensor([2.0**-30, 2.0**-20, 2.0**-20 * 1.5, 0.0]))
     assert math.floor(lgs.median_log2(h)) == h.median_binade() == -20
     assert lgs.median_log2(Log2Histogram()) is None
-    assert lost_share(h) == pytest.approx(0.25)                 # 2^-30 rounds to zero in FP16
-    assert lost_share(h, shift=6) == pytest.approx(0.75)        # and 2^-26 · 1.5 too after the shift
-    shifted = log2_histogram(torch.tensor([2.0 ** -33, 2.0 ** -23, 2.0 ** -23 * 1.5, 0.0]))
+    assert lost_share(h) == pytest.approx(0.25)  # 2^-30 rounds to zero in FP16
+    assert lost_share(h, shift=6) == pytest.approx(0.75)  # and 2^-26 · 1.5 too after the shift
+    shifted = log2_histogram(torch.tensor([2.0**-33, 2.0**-23, 2.0**-23 * 1.5, 0.0]))
     assert lgs.shifted_exactly(h, shifted, 3) and not lgs.shifted_exactly(h, shifted, 2)
 
 

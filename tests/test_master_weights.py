@@ -47,16 +47,18 @@ def test_trace_shows_the_dtypes_of_the_8_steps():
     assert out["scale"] == 256.0 and out["skipped"] is False and out["step"] == 1
     trace = trainer.last_trace
     assert [r["step"] for r in trace] == [1, 1, 2, 3, 4, 5, 6, 7, 8, 8]
-    expected = [("FP32 master weights", "float32", (16, 8)),
-                ("FP16 copy of the weights", "float16", (16, 8)),
-                ("FP16 forward: prediction", "float16", (16, 4)),
-                ("prediction cast to FP32", "float32", (16, 4)),
-                ("FP32 loss × S", "float32", ()),
-                ("scaled loss kept in FP32 (as frameworks do)", "float32", ()),   # the default: no naive cast
-                ("FP16 gradients (× S)", "float16", (16, 8)),
-                ("FP32 gradients ÷ S", "float32", (16, 8)),
-                ("FP32 master weights, updated", "float32", (16, 8)),
-                ("FP16 copy refreshed from the masters", "float16", (16, 8))]
+    expected = [
+        ("FP32 master weights", "float32", (16, 8)),
+        ("FP16 copy of the weights", "float16", (16, 8)),
+        ("FP16 forward: prediction", "float16", (16, 4)),
+        ("prediction cast to FP32", "float32", (16, 4)),
+        ("FP32 loss × S", "float32", ()),
+        ("scaled loss kept in FP32 (as frameworks do)", "float32", ()),  # the default: no naive cast
+        ("FP16 gradients (× S)", "float16", (16, 8)),
+        ("FP32 gradients ÷ S", "float32", (16, 8)),
+        ("FP32 master weights, updated", "float32", (16, 8)),
+        ("FP16 copy refreshed from the masters", "float16", (16, 8)),
+    ]
     assert [(r["name"], r["dtype"], r["shape"]) for r in trace] == expected
     n_params = 8 * 16 + 16 + 16 * 4 + 4
     for r in trace:
@@ -72,14 +74,27 @@ def test_trace_bfloat16_copy():
     trainer = MasterWeightTrainer(mlp(), sgd(), F.cross_entropy, half_dtype=torch.bfloat16, trace=True)
     trainer.train_step(*batch())
     dtypes = [r["dtype"] for r in trainer.last_trace]
-    assert dtypes == ["float32", "bfloat16", "bfloat16", "float32", "float32", "float32", "bfloat16",
-                      "float32", "float32", "bfloat16"]
+    assert dtypes == [
+        "float32",
+        "bfloat16",
+        "bfloat16",
+        "float32",
+        "float32",
+        "float32",
+        "bfloat16",
+        "float32",
+        "float32",
+        "bfloat16",
+    ]
     assert trainer.last_trace[1]["name"] == "BF16 copy of the weights"
-    naive = MasterWeightTrainer(mlp(), sgd(), F.cross_entropy, half_dtype=torch.bfloat16, trace=True,
-                                cast_scaled_loss=True)
+    naive = MasterWeightTrainer(
+        mlp(), sgd(), F.cross_entropy, half_dtype=torch.bfloat16, trace=True, cast_scaled_loss=True
+    )
     naive.train_step(*batch())
-    assert (naive.last_trace[5]["name"], naive.last_trace[5]["dtype"]) == ("scaled loss cast to BF16 (naive)",
-                                                                            "bfloat16")
+    assert (naive.last_trace[5]["name"], naive.last_trace[5]["dtype"]) == (
+        "scaled loss cast to BF16 (naive)",
+        "bfloat16",
+    )
 
 
 def test_model_holds_the_fp16_copy_and_original_fp32_parameters_become_masters():
@@ -117,6 +132,7 @@ def test_predict_runs_the_fp16_copy_and_returns_fp32():
 
 def test_lstm_and_embedding_model():
     """Integer inputs pass unchanged; an LSTM's flat weights follow the new FP16 parameters; tuple outputs."""
+
     class LM(nn.Module):
         def __init__(self):
             super().__init__()
@@ -129,8 +145,13 @@ def test_lstm_and_embedding_model():
             return self.out(h)
 
     torch.manual_seed(0)
-    trainer = MasterWeightTrainer(LM(), adam(1e-2), lambda p, t: F.cross_entropy(p.reshape(-1, 20), t.reshape(-1)),
-                                  scaler=GradScaler(2.0**8), trace=True)
+    trainer = MasterWeightTrainer(
+        LM(),
+        adam(1e-2),
+        lambda p, t: F.cross_entropy(p.reshape(-1, 20), t.reshape(-1)),
+        scaler=GradScaler(2.0**8),
+        trace=True,
+    )
     tokens = torch.randint(0, 20, (4, 6), generator=torch.Generator().manual_seed(3))
     losses = [trainer.train_step(tokens[:, :-1], tokens[:, 1:])["loss"] for _ in range(15)]
     assert losses[-1] < losses[0]
@@ -187,8 +208,11 @@ def test_torch_grad_scaler_and_ours_train_bit_identically(optimizer, clip):
     "skipped" is whether the optimizer step really ran."""
     runs = {}
     for name in ("torch", "mpt_lab"):
-        scaler = (torch.amp.GradScaler("cpu", init_scale=2.0**40, growth_interval=4) if name == "torch"
-                  else GradScaler(2.0**40, growth_interval=4))
+        scaler = (
+            torch.amp.GradScaler("cpu", init_scale=2.0**40, growth_interval=4)
+            if name == "torch"
+            else GradScaler(2.0**40, growth_interval=4)
+        )
         trainer = MasterWeightTrainer(mlp(), optimizer, F.cross_entropy, scaler=scaler, max_grad_norm=clip)
         stepped = _stepped(trainer)
         outs = []
@@ -202,16 +226,21 @@ def test_torch_grad_scaler_and_ours_train_bit_identically(optimizer, clip):
     assert [o["scale"] for o in outs_t] == [o["scale"] for o in outs_m] and scale_t == scale_m
     assert [o["loss"] for o in outs_t] == [o["loss"] for o in outs_m]
     skipped = [o["skipped"] for o in outs_t]
-    assert skipped[0] and not all(skipped)                      # overflows first, then trains
+    assert skipped[0] and not all(skipped)  # overflows first, then trains
     scales = [o["scale"] for o in outs_t]
-    assert any(b > a for a, b in zip(scales, scales[1:]))       # and grows again after 4 clean steps
+    assert any(b > a for a, b in zip(scales, scales[1:]))  # and grows again after 4 clean steps
     assert sum(skipped) >= 2
     assert all(torch.equal(a, b) for a, b in zip(masters_t, masters_m))
 
 
-@pytest.mark.parametrize("make_scaler", [lambda: StaticLossScaler(2.0**-120),
-                                         lambda: torch.amp.GradScaler("cpu", init_scale=2.0**-120),
-                                         lambda: GradScaler(2.0**-120)])
+@pytest.mark.parametrize(
+    "make_scaler",
+    [
+        lambda: StaticLossScaler(2.0**-120),
+        lambda: torch.amp.GradScaler("cpu", init_scale=2.0**-120),
+        lambda: GradScaler(2.0**-120),
+    ],
+)
 def test_skip_follows_the_scalers_check_on_the_scaled_gradients(make_scaler):
     """With S < 1, finite FP16 gradients can overflow FP32 when divided by S; the scalers check the values
     before dividing (torch's unscale kernel), so they step; "skipped" says what they did."""
@@ -222,8 +251,8 @@ def test_skip_follows_the_scalers_check_on_the_scaled_gradients(make_scaler):
     trainer = MasterWeightTrainer(model, sgd(), lambda p, t: 2.0**126 * p.mean(), scaler=make_scaler())
     stepped = _stepped(trainer)
     out = trainer.train_step(x, x[:, :1])
-    assert torch.isfinite(trainer.half_params[0].grad).all()       # FP16 gradients: 512, finite
-    assert not torch.isfinite(trainer.masters[0].grad).all()       # 512 · 2^120 overflows FP32
+    assert torch.isfinite(trainer.half_params[0].grad).all()  # FP16 gradients: 512, finite
+    assert not torch.isfinite(trainer.masters[0].grad).all()  # 512 · 2^120 overflows FP32
     assert out["skipped"] is False and stepped == [True]
 
 
@@ -284,8 +313,8 @@ def test_swamping_fp32_masters_keep_learning_fp16_weights_stall():
 
     trainer = MasterWeightTrainer(_linear_at_one(), sgd(lr), mse, scaler=StaticLossScaler(1024.0))
     losses = [trainer.train_step(x, y)["loss"] for _ in range(steps)]
-    assert losses[-1] < 0.75 * losses[0]      # learned: the masters accumulate the small updates
-    assert trainer.masters[0].min() > 1.02    # moved by ≈ 0.03, i.e. hundreds of sub-ulp updates
+    assert losses[-1] < 0.75 * losses[0]  # learned: the masters accumulate the small updates
+    assert trainer.masters[0].min() > 1.02  # moved by ≈ 0.03, i.e. hundreds of sub-ulp updates
     assert not torch.equal(trainer.half_params[0].detach(), torch.ones(1, 4, dtype=torch.float16))
 
 
@@ -311,7 +340,7 @@ def test_loss_scaling_recovers_gradients_below_fp16_range():
     assert torch.count_nonzero(unscaled.half_params[0].grad) == 0  # underflow: all FP16 gradients are 0
     for _ in range(19):
         unscaled.train_step(x, y)
-    assert torch.equal(unscaled.masters[0], torch.ones(1, 4))    # no progress at all
+    assert torch.equal(unscaled.masters[0], torch.ones(1, 4))  # no progress at all
 
     scaled = MasterWeightTrainer(_linear_at_one(), sgd(lr), tiny_mse, scaler=StaticLossScaler(2.0**24))
     out = scaled.train_step(x, y)
@@ -342,13 +371,15 @@ def test_trains_digits_like_autocast():
     torch.manual_seed(0)
     base = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
     epochs, bs, lr = 10, 32, 0.1
-    orders = [train[torch.randperm(len(train), generator=torch.Generator().manual_seed(100 + e))]
-              for e in range(epochs)]
-    batches = [(X[o[i:i + bs]], y[o[i:i + bs]]) for o in orders for i in range(0, len(o), bs)]
+    orders = [
+        train[torch.randperm(len(train), generator=torch.Generator().manual_seed(100 + e))] for e in range(epochs)
+    ]
+    batches = [(X[o[i : i + bs]], y[o[i : i + bs]]) for o in orders for i in range(0, len(o), bs)]
 
     # ours
-    trainer = MasterWeightTrainer(copy.deepcopy(base), lambda p: torch.optim.SGD(p, lr=lr, momentum=0.9),
-                                  F.cross_entropy, scaler=GradScaler())
+    trainer = MasterWeightTrainer(
+        copy.deepcopy(base), lambda p: torch.optim.SGD(p, lr=lr, momentum=0.9), F.cross_entropy, scaler=GradScaler()
+    )
     skipped = sum(trainer.train_step(xb, yb)["skipped"] for xb, yb in batches)
     pred = trainer.predict(X[test])
     ours_loss, ours_acc = F.cross_entropy(pred, y[test]).item(), (pred.argmax(1) == y[test]).float().mean().item()
@@ -380,8 +411,7 @@ def test_trains_digits_like_autocast():
 # Memory per parameter
 # ----------------------------------------------------------------------------------------------------
 def test_memory_per_parameter_with_adam():
-    trainer = MasterWeightTrainer(mlp(d_in=32, hidden=64, d_out=10), adam(), F.cross_entropy,
-                                  scaler=GradScaler(2.0**8))
+    trainer = MasterWeightTrainer(mlp(d_in=32, hidden=64, d_out=10), adam(), F.cross_entropy, scaler=GradScaler(2.0**8))
     before = trainer.memory_per_parameter()
     assert before["optimizer_state"] == 0  # Adam creates its state at the first step
     trainer.train_step(*batch(d_in=32, classes=10))
@@ -389,7 +419,11 @@ def test_memory_per_parameter_with_adam():
     n = 32 * 64 + 64 + 64 * 10 + 10
     assert mem["parameters"] == n
     assert (mem["fp32_master_weights"], mem["fp16_weights"], mem["fp16_gradients"], mem["fp32_gradients"]) == (
-        4.0, 2.0, 2.0, 4.0)
+        4.0,
+        2.0,
+        2.0,
+        4.0,
+    )
     # exp_avg + exp_avg_sq (float32) and one 0-dim float32 'step' per parameter tensor
     assert mem["optimizer_state"] == pytest.approx(8.0 + 4 * 4 / n)
     assert mem["total"] == pytest.approx(20.0 + 16 / n)
@@ -446,19 +480,22 @@ def test_load_state_dict_rejects_mismatched_masters():
 # ----------------------------------------------------------------------------------------------------
 # Bad arguments
 # ----------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("kwargs, error, name", [
-    (dict(model="not a model"), TypeError, "model"),
-    (dict(optimizer=3), TypeError, "optimizer"),
-    (dict(optimizer=lambda p: "nope"), TypeError, "optimizer"),
-    (dict(loss_fn=None), TypeError, "loss_fn"),
-    (dict(scaler=object()), TypeError, "scaler"),
-    (dict(scaler=2.0), TypeError, "scaler"),
-    (dict(half_dtype="float16"), TypeError, "half_dtype"),
-    (dict(half_dtype=torch.float32), ValueError, "half_dtype"),
-    (dict(trace=1), TypeError, "trace"),
-    (dict(max_grad_norm="1"), TypeError, "max_grad_norm"),
-    (dict(max_grad_norm=0.0), ValueError, "max_grad_norm"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, name",
+    [
+        (dict(model="not a model"), TypeError, "model"),
+        (dict(optimizer=3), TypeError, "optimizer"),
+        (dict(optimizer=lambda p: "nope"), TypeError, "optimizer"),
+        (dict(loss_fn=None), TypeError, "loss_fn"),
+        (dict(scaler=object()), TypeError, "scaler"),
+        (dict(scaler=2.0), TypeError, "scaler"),
+        (dict(half_dtype="float16"), TypeError, "half_dtype"),
+        (dict(half_dtype=torch.float32), ValueError, "half_dtype"),
+        (dict(trace=1), TypeError, "trace"),
+        (dict(max_grad_norm="1"), TypeError, "max_grad_norm"),
+        (dict(max_grad_norm=0.0), ValueError, "max_grad_norm"),
+    ],
+)
 def test_bad_arguments(kwargs, error, name):
     args = dict(model=mlp(), optimizer=sgd(), loss_fn=F.cross_entropy)
     args.update(kwargs)
@@ -503,29 +540,43 @@ def test_casting_the_scaled_loss_to_fp16_changes_no_gradient():
     (kept in FP32, the default) give bit-identical gradients and updates: the derivative of a cast is 1."""
     torch.manual_seed(0)
     base = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
-    x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))           # loss ≈ 1.4: loss × 2^16 overflows FP16
+    x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))  # loss ≈ 1.4: loss × 2^16 overflows FP16
     runs = {}
     for cast in (True, False):
-        t = MasterWeightTrainer(copy.deepcopy(base), lambda p: torch.optim.SGD(p, lr=0.01),
-                                nn.functional.cross_entropy, scaler=GradScaler(init_scale=2.0 ** 16), trace=True,
-                                cast_scaled_loss=cast)
+        t = MasterWeightTrainer(
+            copy.deepcopy(base),
+            lambda p: torch.optim.SGD(p, lr=0.01),
+            nn.functional.cross_entropy,
+            scaler=GradScaler(init_scale=2.0**16),
+            trace=True,
+            cast_scaled_loss=cast,
+        )
         out = t.train_step(x, y)
         runs[cast] = (out, [m.detach().clone() for m in t.masters], t.last_trace)
     (out_paper, w_paper, tr_paper), (out_fw, w_fw, tr_fw) = runs[True], runs[False]
-    assert out_paper["loss"] * 2.0 ** 16 > 65504                      # the cast scaled loss is inf in FP16 ...
-    assert out_paper == out_fw and not out_paper["skipped"]           # ... and nothing else changes
+    assert out_paper["loss"] * 2.0**16 > 65504  # the cast scaled loss is inf in FP16 ...
+    assert out_paper == out_fw and not out_paper["skipped"]  # ... and nothing else changes
     assert all(torch.equal(a, b) for a, b in zip(w_paper, w_fw))
     step5 = {r["step"]: r for r in tr_paper}[5], {r["step"]: r for r in tr_fw}[5]
     assert (step5[0]["dtype"], step5[1]["dtype"]) == ("float16", "float32")
     assert "naive" in step5[0]["name"] and "as frameworks do" in step5[1]["name"]
     # the default is what frameworks do
-    default = MasterWeightTrainer(copy.deepcopy(base), lambda p: torch.optim.SGD(p, lr=0.01),
-                                  nn.functional.cross_entropy, scaler=GradScaler(init_scale=2.0 ** 16), trace=True)
+    default = MasterWeightTrainer(
+        copy.deepcopy(base),
+        lambda p: torch.optim.SGD(p, lr=0.01),
+        nn.functional.cross_entropy,
+        scaler=GradScaler(init_scale=2.0**16),
+        trace=True,
+    )
     assert default.cast_scaled_loss is False
     assert default.train_step(x, y) == out_fw and {r["step"]: r for r in default.last_trace}[5]["dtype"] == "float32"
     with pytest.raises(TypeError, match="cast_scaled_loss"):
-        MasterWeightTrainer(copy.deepcopy(base), lambda p: torch.optim.SGD(p, lr=0.01), nn.functional.cross_entropy,
-                            cast_scaled_loss="yes")
+        MasterWeightTrainer(
+            copy.deepcopy(base),
+            lambda p: torch.optim.SGD(p, lr=0.01),
+            nn.functional.cross_entropy,
+            cast_scaled_loss="yes",
+        )
 
 
 # ------------------------------------------------------------------------------- the swamping rule, written once
@@ -533,7 +584,9 @@ def test_swamped_fraction():
     from mpt_lab.master_weights import swamped_fraction
 
     w = torch.tensor([1.0, 1.0, 1.0, 1024.0, 1025.0])
-    u = torch.tensor([2.0**-11, 2.0**-10, 0.0, 0.5, 0.5])   # tie (lost), survives, zero (ignored), tie to even (lost), survives
+    u = torch.tensor(
+        [2.0**-11, 2.0**-10, 0.0, 0.5, 0.5]
+    )  # tie (lost), survives, zero (ignored), tie to even (lost), survives
     assert swamped_fraction(w, u) == 2 / 4
     assert math.isnan(swamped_fraction(w, torch.zeros(5)))
     with pytest.raises(ValueError):
@@ -558,7 +611,7 @@ def test_swamped_is_exact_where_a_float64_sum_would_round_twice():
     for w in (1.0, 1.0 + 2.0**-10, 1024.0, 1025.0, -3.0, 2.0**-14, -(2.0**-15), 3 * 2.0**-24, 65504.0):
         for direction in (np.inf, -np.inf):
             gap = abs(float(np.nextafter(np.float16(w), np.float16(direction))) - w)
-            if not np.isfinite(gap):                            # above FP16's largest value: no neighbour
+            if not np.isfinite(gap):  # above FP16's largest value: no neighbour
                 continue
             for factor in (1.0, 1 + 2.0**-50, 1 - 2.0**-50, 0.5, 3.0):
                 ws.append(w)
@@ -566,6 +619,5 @@ def test_swamped_is_exact_where_a_float64_sum_would_round_twice():
     w, u = torch.tensor(ws, dtype=torch.float64), torch.tensor(us, dtype=torch.float64)
     exact = [formats.round_to(Fraction(a) + Fraction(b), "FP16") == a for a, b in zip(ws, us)]
     assert swamped(w, u, "FP16").tolist() == exact
-    naive = (formats.round_to(w + u, "FP16") == w).tolist()     # the sum rounded to float64 first
-    assert naive != exact                                       # the cases do catch a double rounding
-
+    naive = (formats.round_to(w + u, "FP16") == w).tolist()  # the sum rounded to float64 first
+    assert naive != exact  # the cases do catch a double rounding

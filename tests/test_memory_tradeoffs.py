@@ -15,11 +15,11 @@ from mpt_lab.models.resnet import ResNet, build_resnet
 
 
 def test_peak_memory_counts_live_tensors_on_cpu():
-    n = 4 * 2 ** 20
+    n = 4 * 2**20
 
     def f():
-        a = torch.ones(n // 4)   # float32 → n bytes
-        b = a * 2                # another n while a is alive
+        a = torch.ones(n // 4)  # float32 → n bytes
+        b = a * 2  # another n while a is alive
         del a
         return float(b.sum())
 
@@ -63,9 +63,9 @@ def test_step_flops_counts_the_recomputed_forward():
     c = copy.deepcopy(m)
     c.checkpoint = True
     step_c, fwd_c = mt.step_flops(c, x, y)
-    assert fwd_c == fwd and fwd < step < step_c <= step + fwd       # backward ≈ 2 forwards; + the recomputation
-    assert all(p.grad is None for p in m.parameters())               # leaves no gradients behind
-    assert mt.step_flops(m, x, y, torch.bfloat16) == (step, fwd)     # autocast changes the dtype, not the work
+    assert fwd_c == fwd and fwd < step < step_c <= step + fwd  # backward ≈ 2 forwards; + the recomputation
+    assert all(p.grad is None for p in m.parameters())  # leaves no gradients behind
+    assert mt.step_flops(m, x, y, torch.bfloat16) == (step, fwd)  # autocast changes the dtype, not the work
     with pytest.raises(TypeError, match="model"):
         mt.step_flops("resnet", x, y)
 
@@ -79,8 +79,9 @@ def test_checkpoint_fp16_is_about_half():
 
 
 def _tiny():
-    return dataclasses.replace(mt.config_for("quick"), image_size=8, width=4, stages=2, batch_size=16, repeat=1,
-                               warmup=1, epochs=1)
+    return dataclasses.replace(
+        mt.config_for("quick"), image_size=8, width=4, stages=2, batch_size=16, repeat=1, warmup=1, epochs=1
+    )
 
 
 def test_tiny_run_all_ways_and_json_roundtrip(tmp_path):
@@ -107,14 +108,14 @@ def test_tiny_run_all_ways_and_json_roundtrip(tmp_path):
     assert "<caption>The usual verdict: recomputation is lossless" in table
     t = figures.training_table(r)
     assert "MiB" in t and "90 MB as reported" in t and "85.8" not in t  # the source's MB quoted, not converted
-    assert f"(the FP32 weights cast to {r.mixed_dtype} at save)" in t    # the mixed checkpoint is a cast at save
+    assert f"(the FP32 weights cast to {r.mixed_dtype} at save)" in t  # the mixed checkpoint is a cast at save
     b = r.breakdown
     n_params = sum(p.numel() for p in build_resnet(4, 2, 1, seed=0).parameters())
     assert b["fp32"]["weights"] == b["mixed"]["weights"] == 4 * n_params == b["fp32"]["gradients"]
-    assert b["fp32"]["optimizer_state"] == 4 * n_params                     # SGD momentum buffers, FP32
+    assert b["fp32"]["optimizer_state"] == 4 * n_params  # SGD momentum buffers, FP32
     assert 0 < b["mixed"]["saved_for_backward"] < b["fp32"]["saved_for_backward"]
     assert figures.breakdown_table(r).count("<tr>") == 1 + 5
-    for way in ("fp32", "mixed"):       # all that is saved for backward is alive at the end of the forward pass
+    for way in ("fp32", "mixed"):  # all that is saved for backward is alive at the end of the forward pass
         assert b[way]["saved_for_backward"] < r.ways[way]["peak_bytes"]
     assert 0.9 < r.ways["mixed"]["grad_cosine"] <= 1.0 and r.ways["fp32"]["grad_cosine"] == pytest.approx(1.0)
     fig = figures.plot_tradeoffs(r)
@@ -154,8 +155,11 @@ def test_baseline_named_layouts_timed_and_the_fp16_exactness_pass_loss_scaled():
     before = (torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32)
     r = mt.run(dataclasses.replace(_tiny(), time_layouts=True, mixed_dtype="float16", epochs=1), progress=False)
     assert (torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32) == before
-    assert r.baseline == "FP32" and r.baseline_label == "FP32" and r.provenance["backends"]["cudnn_allow_tf32"] == \
-        before[1]
+    assert (
+        r.baseline == "FP32"
+        and r.baseline_label == "FP32"
+        and r.provenance["backends"]["cudnn_allow_tf32"] == before[1]
+    )
     assert set(r.layouts) == {"fp32", "mixed"} and set(r.layouts["fp32"]) == set(mt.LAYOUTS)
     assert set(r.layouts["mixed"]) == set(mt.LAYOUTS) - {"TF32 off"}
     for way in r.layouts.values():
@@ -163,6 +167,6 @@ def test_baseline_named_layouts_timed_and_the_fp16_exactness_pass_loss_scaled():
             assert v["step_seconds"] > 0 and v["memory_format"] == mt.LAYOUTS[name][0]
             assert v["cudnn_benchmark"] == mt.LAYOUTS[name][1]
     assert r.layouts["fp32"]["TF32 off"]["cudnn_allow_tf32"] is False
-    assert r.exactness_loss_scale == 2.0 ** 16          # the tiny ResNet's gradients stay finite at GradScaler's start
+    assert r.exactness_loss_scale == 2.0**16  # the tiny ResNet's gradients stay finite at GradScaler's start
     assert r.ways["mixed"]["grad_cosine"] > 0.99 and not r.ways["mixed"]["bit_identical"]
-    assert mt.run(_tiny(), progress=False).layouts == {}        # quick and cpu profiles leave the timings out
+    assert mt.run(_tiny(), progress=False).layouts == {}  # quick and cpu profiles leave the timings out

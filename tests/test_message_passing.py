@@ -38,7 +38,7 @@ def test_examples_stay_fp16_and_match_fp32(inputs, library):
         assert y.shape == ref[ex].shape == ((30, 16) if "sum" in ex or "reduce" in ex else (100, 1))
         e = mp.errors(y, ref[ex])
         assert e["max_ulp"] <= 2.0, (library, ex, e)
-        assert e["rel_norm"] < 2.0 ** -10, (library, ex, e)
+        assert e["rel_norm"] < 2.0**-10, (library, ex, e)
         # and the error is a rounding error, not zero: float16 arithmetic did happen
         assert e["max_abs"] > 0, (library, ex)
 
@@ -77,12 +77,12 @@ def test_cpu_scatter_sum_rounds_once():
     h = torch.rand(50, 4, generator=g).half()
     w = torch.rand(2000, 1, generator=g).half()
     x16 = mp.torch_examples(ei, h, w)["builtin u_mul_e+sum"][:1]
-    exact = (h[ei[0]] * w).double().sum(0, keepdim=True)           # the same float16 products, summed exactly
+    exact = (h[ei[0]] * w).double().sum(0, keepdim=True)  # the same float16 products, summed exactly
     assert x16.dtype == torch.float16
     assert mp.errors(x16, exact)["max_ulp"] <= 0.5
     # a float16 running sum (what a naive kernel does, rounding after every addition) is far worse
     run = torch.zeros(1, 4, dtype=torch.float16)
-    for m in (h[ei[0]] * w):
+    for m in h[ei[0]] * w:
         run = run + m
     assert mp.errors(run, exact)["max_ulp"] > 2.0
 
@@ -104,9 +104,9 @@ def test_code_side_by_side_and_bad_input():
     assert "nodes.mailbox" in c["DGL"] and "def aggregate" in c["PyG"] and "mailbox(m, dst, n)" in c["PyTorch"]
     with pytest.raises(ValueError, match="example"):
         mp.code_side_by_side("u_add_v")
-    table = figures.code_table("UDF message+reduce", c)        # the code is shown escaped, one row per library
+    table = figures.code_table("UDF message+reduce", c)  # the code is shown escaped, one row per library
     assert table.count("<tr>") == 1 + 3 and "{&#x27;m&#x27;: " in table and "{'m': " not in table
-    assert "text-align:right" not in table                  # the header "code" sits over its code, on the left
+    assert "text-align:right" not in table  # the header "code" sits over its code, on the left
     with pytest.raises(TypeError, match="codes"):
         figures.code_table("x", ["def f(): pass"])
     with pytest.raises(TypeError, match="config"):

@@ -53,8 +53,13 @@ torch.set_num_threads(1)
 
 pytestmark = pytest.mark.filterwarnings(r"ignore:(invalid value|overflow) encountered:RuntimeWarning")
 
-ML = {FP8_E4M3: md.float8_e4m3fn, FP8_E5M2: md.float8_e5m2, FP6_E3M2: md.float6_e3m2fn,
-      FP6_E2M3: md.float6_e2m3fn, FP4_E2M1: md.float4_e2m1fn}
+ML = {
+    FP8_E4M3: md.float8_e4m3fn,
+    FP8_E5M2: md.float8_e5m2,
+    FP6_E3M2: md.float6_e3m2fn,
+    FP6_E2M3: md.float6_e2m3fn,
+    FP4_E2M1: md.float4_e2m1fn,
+}
 FORMATS = list(ML)
 RULES = M.SCALE_ROUNDINGS
 F32_MAX = float(np.finfo(np.float32).max)
@@ -78,7 +83,7 @@ def _torchao():
     try:
         import logging
 
-        logging.getLogger("torchao").setLevel(logging.ERROR)      # "Failed to load ... .so" (CUDA kernels)
+        logging.getLogger("torchao").setLevel(logging.ERROR)  # "Failed to load ... .so" (CUDA kernels)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             from torchao.float8.float8_scaling_utils import hp_tensor_to_float8_dynamic
@@ -90,9 +95,17 @@ def _torchao():
             from torchao.prototype.mx_formats.nvfp4_tensor import nvfp4_quantize, per_tensor_amax_to_scale
     except Exception as exc:  # pragma: no cover - torchao is in requirements.txt
         return f"torchao's reference code is not importable here ({type(exc).__name__}: {exc})"
-    return dict(to_mx=to_mx, to_dtype=to_dtype, mode=ScaleCalculationMode, unpack=unpack_uint4, C=C,
-                nvfp4=nvfp4_quantize, amax_to_scale=per_tensor_amax_to_scale,
-                dynamic=hp_tensor_to_float8_dynamic, mm_config=LinearMMConfig)
+    return dict(
+        to_mx=to_mx,
+        to_dtype=to_dtype,
+        mode=ScaleCalculationMode,
+        unpack=unpack_uint4,
+        C=C,
+        nvfp4=nvfp4_quantize,
+        amax_to_scale=per_tensor_amax_to_scale,
+        dynamic=hp_tensor_to_float8_dynamic,
+        mm_config=LinearMMConfig,
+    )
 
 
 def torchao_or_skip() -> dict:
@@ -104,8 +117,13 @@ def torchao_or_skip() -> dict:
 
 def ao_dtype(fmt):
     C = _torchao()["C"]
-    return {FP8_E4M3: torch.float8_e4m3fn, FP8_E5M2: torch.float8_e5m2, FP6_E3M2: C.DTYPE_FP6_E3M2,
-            FP6_E2M3: C.DTYPE_FP6_E2M3, FP4_E2M1: torch.float4_e2m1fn_x2}[fmt]
+    return {
+        FP8_E4M3: torch.float8_e4m3fn,
+        FP8_E5M2: torch.float8_e5m2,
+        FP6_E3M2: C.DTYPE_FP6_E3M2,
+        FP6_E2M3: C.DTYPE_FP6_E2M3,
+        FP4_E2M1: torch.float4_e2m1fn_x2,
+    }[fmt]
 
 
 def ao_mx(x: torch.Tensor, fmt, rule: str, block: int = 32):
@@ -166,7 +184,7 @@ def decode_table(codes: np.ndarray, fmt) -> np.ndarray:
 def floor_log2(q: Fraction) -> int:
     """⌊log2 q⌋ of a positive Fraction, with integers only."""
     n, d = q.numerator, q.denominator
-    e = n.bit_length() - d.bit_length()                 # 2^(e-1) < q < 2^(e+1)
+    e = n.bit_length() - d.bit_length()  # 2^(e-1) < q < 2^(e+1)
     return e - 1 if (n << max(-e, 0)) < (d << max(e, 0)) else e
 
 
@@ -189,7 +207,7 @@ def ref_scale_code(block: list, fmt, rule: str) -> int:
     """OCP MX v1.0 §6.3 (and the other rules) for one block of Python floats: the E8M0 code, 255 for NaN."""
     if any(math.isnan(v) or math.isinf(v) for v in block):
         return 255
-    amax = Fraction(max(abs(v) for v in block))               # abs and max of floats are exact
+    amax = Fraction(max(abs(v) for v in block))  # abs and max of floats are exact
     if amax == 0:
         return 0
     if rule == "floor":
@@ -211,8 +229,10 @@ def ref_mx(x: np.ndarray, fmt, rule: str, block: int):
     rows, n = x.shape
     nb = -(-n // block)
     flat = x.tolist()
-    scodes = np.array([[ref_scale_code(flat[r][b * block:(b + 1) * block], fmt, rule) for b in range(nb)]
-                       for r in range(rows)], dtype=np.uint8).reshape(rows, nb)
+    scodes = np.array(
+        [[ref_scale_code(flat[r][b * block : (b + 1) * block], fmt, rule) for b in range(nb)] for r in range(rows)],
+        dtype=np.uint8,
+    ).reshape(rows, nb)
     X = np.repeat(np.exp2(scodes.astype(np.float64) - 127), block, axis=1)[:, :n]
     live = np.repeat(scodes != 255, block, axis=1)[:, :n]
     with np.errstate(invalid="ignore"):
@@ -234,8 +254,9 @@ def mx_cases(rows: int, n: int, seed: int, fmt=FP8_E4M3) -> dict:
     out["outliers"] = np.where(hit, x * np.exp2(rng.integers(4, 25, (rows, n))), x)
     # every binade of float32 across blocks: block exponent uniform in [-160, 126], values spread below it
     e = rng.integers(-160, 127, (rows, nb, 1)) - rng.integers(0, 24, (rows, nb, 32))
-    out["binades"] = (rng.choice([-1.0, 1.0], (rows, nb, 32)) * (1 + rng.random((rows, nb, 32)))
-                      * np.exp2(e.astype(np.float64))).reshape(rows, n)
+    out["binades"] = (
+        rng.choice([-1.0, 1.0], (rows, nb, 32)) * (1 + rng.random((rows, nb, 32))) * np.exp2(e.astype(np.float64))
+    ).reshape(rows, n)
     # zeros: a quarter of the values, every 5th block all zero, every 7th block float32 subnormals only
     z = rng.standard_normal((rows, nb, 32)) * (rng.random((rows, nb, 32)) > 0.25)
     z[:, ::5] = 0.0
@@ -249,7 +270,7 @@ def mx_cases(rows: int, n: int, seed: int, fmt=FP8_E4M3) -> dict:
     grid = np.concatenate([V, (V[1:] + V[:-1]) / 2])
     k = rng.integers(-126 + fmt.emax + 1, 120, (rows, nb, 1)).astype(np.float64)
     t = rng.choice(grid, (rows, nb, 32)) * rng.choice([-1.0, 1.0], (rows, nb, 32))
-    t[:, :, 0] = 2.0 ** fmt.emax
+    t[:, :, 0] = 2.0**fmt.emax
     out["ties"] = (t * np.exp2(k - fmt.emax)).reshape(rows, n)
     # inf / NaN in some blocks
     f = rng.standard_normal((rows, nb, 32))
@@ -280,16 +301,17 @@ def exhaustive_blocks(fmt, dtype):
     for k in range(255):
         X = 2.0 ** (k - 127)
         if dtype == torch.float32 and 2.0 ** (fmt.emax + 1) * X > F32_MAX:
-            continue   # values beyond float32's range
+            continue  # values beyond float32's range
         v = pts * X
         if dtype == torch.float32:
             v32 = v.astype(np.float32)
-            v = np.concatenate([v32, np.nextafter(v32, np.float32(np.inf)),
-                                np.nextafter(v32, np.float32(0))]).astype(np.float64)
+            v = np.concatenate([v32, np.nextafter(v32, np.float32(np.inf)), np.nextafter(v32, np.float32(0))]).astype(
+                np.float64
+            )
         v = np.concatenate([v, -v])
         v = v[np.abs(v) < 2.0 ** (fmt.emax + 1) * X]
         v = np.concatenate([v, np.zeros(-len(v) % 31)]).reshape(-1, 31)
-        anchor = np.full((len(v), 1), 2.0 ** fmt.emax * X)
+        anchor = np.full((len(v), 1), 2.0**fmt.emax * X)
         blocks.append(np.concatenate([anchor, v], axis=1))
         want.append(np.full(len(v), k, dtype=np.uint8))
     return np.concatenate(blocks), np.concatenate(want)
@@ -307,17 +329,23 @@ def test_every_element_code_at_every_scale(fmt, dtype):
     y = blocks / np.exp2(want_scale.astype(np.float64) - 127)[:, None]
     want = ml_codes(y.astype(np.float32), fmt) if dtype == torch.float32 else grid_codes(y, fmt)
     if dtype == torch.float32:
-        big = np.abs(y) >= 2.0 ** -126                     # y is exact in float32 (below: rounds to 0 anyway)
+        big = np.abs(y) >= 2.0**-126  # y is exact in float32 (below: rounds to 0 anyway)
         assert np.array_equal(y.astype(np.float32).astype(np.float64)[big], y[big])
-        assert np.array_equal(want, grid_codes(y, fmt))                             # the two references agree
+        assert np.array_equal(want, grid_codes(y, fmt))  # the two references agree
     got = t.element_codes.numpy()
     bad = got != want
-    assert not bad.any(), (f"{bad.sum()} element codes differ; inputs {blocks[bad][:5]}, got {got[bad][:5]}, "
-                           f"want {want[bad][:5]}")
+    assert not bad.any(), (
+        f"{bad.sum()} element codes differ; inputs {blocks[bad][:5]}, got {got[bad][:5]}, want {want[bad][:5]}"
+    )
     deq = t.dequantize(torch.float64).numpy()
     assert np.array_equal(deq, decode_table(want, fmt) * np.exp2(want_scale.astype(np.float64) - 127)[:, None])
-    report(f"element codes {fmt.name} {dtype}", values=blocks.size, blocks=len(blocks),
-           scales=len(np.unique(want_scale)), mismatches=int(bad.sum()))
+    report(
+        f"element codes {fmt.name} {dtype}",
+        values=blocks.size,
+        blocks=len(blocks),
+        scales=len(np.unique(want_scale)),
+        mismatches=int(bad.sum()),
+    )
 
 
 def test_every_e8m0_code_decodes_as_ml_dtypes():
@@ -336,9 +364,19 @@ def test_scale_code_of_every_binade(fmt, rule):
     """amax = 2^j·m for every j from −1080 to 1023 (float64) and m at the edges that decide each rule: the
     E8M0 code against the Fraction reference (clamped at 0, NaN above 254)."""
     V, _ = table(fmt)
-    ms = sorted({1.0, 1.0 + 2.0 ** -52, 1.5, 2.0 - 2.0 ** -52, fmt.max / 2.0 ** fmt.emax,
-                 np.nextafter(fmt.max / 2.0 ** fmt.emax, 3.0), np.nextafter(fmt.max / 2.0 ** fmt.emax, 0.0),
-                 2.0 - 2.0 ** -(fmt.mantissa_bits + 1), np.nextafter(2.0 - 2.0 ** -(fmt.mantissa_bits + 1), 0.0)})
+    ms = sorted(
+        {
+            1.0,
+            1.0 + 2.0**-52,
+            1.5,
+            2.0 - 2.0**-52,
+            fmt.max / 2.0**fmt.emax,
+            np.nextafter(fmt.max / 2.0**fmt.emax, 3.0),
+            np.nextafter(fmt.max / 2.0**fmt.emax, 0.0),
+            2.0 - 2.0 ** -(fmt.mantissa_bits + 1),
+            np.nextafter(2.0 - 2.0 ** -(fmt.mantissa_bits + 1), 0.0),
+        }
+    )
     amax = np.array([np.ldexp(m, j) for j in range(-1080, 1024) for m in ms])
     amax = amax[np.isfinite(amax) & (amax > 0)]
     x = np.stack([amax, -amax / 3, np.zeros_like(amax), amax / 7], axis=1)
@@ -358,11 +396,19 @@ def test_mx_matches_torchao(fmt, rule, dtype):
     """Scale codes and element codes equal torchao's to_mx on every block it quantises as OCP does; on the
     blocks where torchao documentedly differs, torchao's output equals the model of its behaviour."""
     ao = torchao_or_skip()
-    counts = dict(values=0, blocks=0, regular_blocks=0, code0_blocks=0, inf_blocks=0, nan_blocks=0,
-                  rceil_log2_blocks=0, mismatches=0)
+    counts = dict(
+        values=0,
+        blocks=0,
+        regular_blocks=0,
+        code0_blocks=0,
+        inf_blocks=0,
+        nan_blocks=0,
+        rceil_log2_blocks=0,
+        mismatches=0,
+    )
     for name, x32 in mx_cases(64, 512, _seed("ao", fmt, rule, dtype), fmt).items():
         xt = torch.from_numpy(x32).to(dtype)
-        x = xt.to(torch.float32).numpy()                     # the values actually quantised
+        x = xt.to(torch.float32).numpy()  # the values actually quantised
         ours = M.quantize_mx(xt, fmt, scale_rounding=rule)
         ao_s, ao_c, (s_raw, d_raw) = ao_mx(xt, fmt, rule)
         our_s, our_c = ours.scale_codes.numpy(), ours.element_codes.numpy()
@@ -375,13 +421,15 @@ def test_mx_matches_torchao(fmt, rule, dtype):
         amax = np.abs(xb).max(-1).astype(np.float64)
         with np.errstate(all="ignore"):
             ratio = amax / fmt.max / np.exp2(our_s.astype(np.float64) - 128)
-        log2_zone = (rule == "rceil") & (ao_s == our_s - 1) & (ratio > 1) & (ratio < 1 + 2.0 ** -19)
+        log2_zone = (rule == "rceil") & (ao_s == our_s - 1) & (ratio > 1) & (ratio < 1 + 2.0**-19)
         special = kinds["nan"] | kinds["inf"] | code0 | log2_zone
         regular = ~special
         eb = np.repeat(regular, 32, axis=1)
         bad = int((ao_s[regular] != our_s[regular]).sum() + (ao_c[eb] != our_c[eb]).sum())
-        assert bad == 0, (f"{name}: {bad} codes differ from torchao on regular blocks; first block "
-                          f"{np.argwhere(regular & (ao_s != our_s))[:1]}")
+        assert bad == 0, (
+            f"{name}: {bad} codes differ from torchao on regular blocks; first block "
+            f"{np.argwhere(regular & (ao_s != our_s))[:1]}"
+        )
         # NaN blocks: both NaN scales, and torchao's dequantised values are NaN there as ours
         assert (ao_s[kinds["nan"]] == 255).all() and (our_s[kinds["nan"]] == 255).all()
         # inf blocks: ours NaN; torchao's finite code from the exponent field of inf
@@ -390,7 +438,7 @@ def test_mx_matches_torchao(fmt, rule, dtype):
         # code-0 blocks: torchao's elements are v · 2^126 (v · 1 for RCEIL), rounded and saturated
         if code0.any():
             assert (ao_s[code0] == 0).all()
-            factor = 1.0 if rule == "rceil" else 2.0 ** 126
+            factor = 1.0 if rule == "rceil" else 2.0**126
             y = xb[code0].astype(np.float64) * factor
             assert np.array_equal(ao_c.reshape(xb.shape)[code0], grid_codes(y, fmt)), name
         # dequantised values on regular blocks equal torchao's to_dtype (exact products in float32)
@@ -415,7 +463,7 @@ def test_torchao_rceil_log2_rounding_is_the_only_rceil_difference():
     torchao_or_skip()
     fmt = FP8_E4M3
     js = np.arange(-100, 101)
-    amax = (np.float32(fmt.max) * np.exp2(js).astype(np.float32)) * np.float32(1 + 2.0 ** -23)
+    amax = (np.float32(fmt.max) * np.exp2(js).astype(np.float32)) * np.float32(1 + 2.0**-23)
     x = np.zeros((len(js), 32), dtype=np.float32)
     x[:, 0] = amax
     x[:, 1] = amax / 3
@@ -434,10 +482,13 @@ def test_torchao_rceil_log2_rounding_is_the_only_rceil_difference():
 def test_mx_matches_reference_on_partial_blocks_and_axes(fmt, rule):
     rng = np.random.default_rng(_seed("ref", fmt, rule))
     cases = mx_cases(8, 256, _seed("refcases", fmt, rule), fmt)
-    x3 = np.concatenate([v.reshape(8, 8, 32) for v in cases.values()], axis=0)      # (48, 8, 32)
+    x3 = np.concatenate([v.reshape(8, 8, 32) for v in cases.values()], axis=0)  # (48, 8, 32)
     tried = dict(values=0, blocks=0, mismatches=0)
-    configs = {torch.float32: ((32, -1), (7, 1), (5, 0), (64, 2), (1, -1), (3, 2)),
-               torch.float64: ((32, -1), (7, 1), (5, 0)), torch.float16: ((32, -1), (3, 2))}
+    configs = {
+        torch.float32: ((32, -1), (7, 1), (5, 0), (64, 2), (1, -1), (3, 2)),
+        torch.float64: ((32, -1), (7, 1), (5, 0)),
+        torch.float16: ((32, -1), (3, 2)),
+    }
     for dtype, blocks_axes in configs.items():
         for block, axis in blocks_axes:
             xv = x3 if dtype != torch.float64 else x3 * np.exp2(rng.integers(-300, 300, x3.shape))
@@ -450,13 +501,14 @@ def test_mx_matches_reference_on_partial_blocks_and_axes(fmt, rule):
             d_got = np.moveaxis(t.dequantize(torch.float64).numpy(), axis, -1).reshape(d_ref.shape)
             assert t.scale_codes.shape[axis] == -(-xt.shape[axis] // block)
             assert np.array_equal(s_got, s_ref), (dtype, block, axis)
-            live = np.repeat(s_ref != 255, block, axis=1)[:, :c_ref.shape[1]]
+            live = np.repeat(s_ref != 255, block, axis=1)[:, : c_ref.shape[1]]
             assert np.array_equal(c_got[live], c_ref[live]) and (c_got[~live] == 0).all(), (dtype, block, axis)
             assert np.array_equal(d_got, d_ref, equal_nan=True), (dtype, block, axis)
             tried["values"] += xt.numel()
             tried["blocks"] += s_ref.size
-    report(f"MX vs Fraction reference {fmt.name} {rule} (fp32, fp64, fp16; blocks 1, 3, 5, 7, 32, 64; axes 0-2)",
-           **tried)
+    report(
+        f"MX vs Fraction reference {fmt.name} {rule} (fp32, fp64, fp16; blocks 1, 3, 5, 7, 32, 64; axes 0-2)", **tried
+    )
 
 
 def test_empty_tensors():
@@ -472,7 +524,7 @@ def test_empty_tensors():
 def test_partial_last_block_equals_zero_padding():
     rng = np.random.default_rng(3)
     x = torch.from_numpy(rng.standard_normal((5, 70)).astype(np.float32))
-    x[2, 64:] *= 1e6                                           # the short last block decides its own scale
+    x[2, 64:] *= 1e6  # the short last block decides its own scale
     t = M.quantize_mx(x, "FP8_E4M3")
     padded = M.quantize_mx(torch.nn.functional.pad(x, (0, 26)), "FP8_E4M3")
     assert torch.equal(t.scale_codes, padded.scale_codes)
@@ -506,11 +558,11 @@ def test_dequantize_dtypes_round_once():
         for dt in (torch.float16, torch.bfloat16):
             assert torch.equal(t.dequantize(dt), exact.to(torch.float32).to(dt))
         assert t.dequantize().dtype == torch.float32
-    big = torch.tensor([[2.0 ** 1000, 1.0], [2.0 ** 134, 1.0]], dtype=torch.float64)
+    big = torch.tensor([[2.0**1000, 1.0], [2.0**134, 1.0]], dtype=torch.float64)
     t = M.quantize_mx(big, "FP8_E4M3", 2)
-    assert t.scale_codes.view(-1).tolist() == [M.E8M0_NAN, 126 + 127]     # 2^992 is beyond E8M0: NaN scale
-    assert torch.isnan(t.dequantize()[0]).all() and t.dequantize()[1].tolist() == [2.0 ** 134, 0.0]
-    assert torch.isinf(t.dequantize(torch.float32)[1, 0])                  # beyond float32: inf
+    assert t.scale_codes.view(-1).tolist() == [M.E8M0_NAN, 126 + 127]  # 2^992 is beyond E8M0: NaN scale
+    assert torch.isnan(t.dequantize()[0]).all() and t.dequantize()[1].tolist() == [2.0**134, 0.0]
+    assert torch.isinf(t.dequantize(torch.float32)[1, 0])  # beyond float32: inf
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -530,7 +582,7 @@ def ref_nvfp4(x32: np.ndarray, tensor_scale=None):
         xb = x32.reshape(x32.shape[0], -1, 16)
         amax = np.abs(xb).max(-1)
         nan = ~np.isfinite(amax)
-        s = np.clip((amax / f32(6.0)) / st, f32(2.0 ** -6), f32(448.0))
+        s = np.clip((amax / f32(6.0)) / st, f32(2.0**-6), f32(448.0))
         s = np.where(nan, f32(1), s).astype(f32)
         sc8 = s.astype(md.float8_e4m3fn)
         sb = sc8.astype(f32)
@@ -563,12 +615,15 @@ def test_nvfp4_matches_reference_and_torchao(level):
         assert np.array_equal(t.scale_codes.numpy(), s_ref), name
         assert np.array_equal(t.element_codes.numpy(), c_ref), name
         deq = t.dequantize(torch.float64).numpy()
-        want = (decode_table(c_ref, FP4_E2M1).reshape(x.shape[0], -1, 16)
-                * decode_table(s_ref, FP8_E4M3)[..., None] * np.float64(st)).reshape(x.shape)
+        want = (
+            decode_table(c_ref, FP4_E2M1).reshape(x.shape[0], -1, 16)
+            * decode_table(s_ref, FP8_E4M3)[..., None]
+            * np.float64(st)
+        ).reshape(x.shape)
         assert np.array_equal(deq, want, equal_nan=True)
         counts["values"] += x.size
         counts["blocks"] += s_ref.size
-        if ao is not None and name != "nonfinite":      # torchao turns a whole tensor with inf/NaN to NaN
+        if ao is not None and name != "nonfinite":  # torchao turns a whole tensor with inf/NaN to NaN
             amax = torch.tensor(float(np.abs(x).max()))
             pts = ao["amax_to_scale"](amax) if level == "two-level" else None
             s_ao, d_ao = ao["nvfp4"](torch.from_numpy(x), 16, pts)
@@ -611,7 +666,7 @@ def te_scale(amax, fp8_max: float, margin: int = 0, power_2=False, previous=np.f
         return np.float32(previous)
     with np.errstate(over="ignore", divide="ignore"):
         sf = np.float32(np.float32(fp8_max) / amax)
-        sf = np.float32(sf / np.float32(2.0 ** margin))
+        sf = np.float32(sf / np.float32(2.0**margin))
     if np.isinf(sf):
         sf = np.float32(F32_MAX)
     if power_2:
@@ -632,7 +687,7 @@ def per_tensor_cases(seed: int) -> list:
     rng = np.random.default_rng(seed)
     xs = [rng.standard_normal(4096) * s for s in (1.0, 1e-3, 1e4, 3e-39, 1e37)]
     xs.append(np.zeros(64))
-    xs.append(np.array([1e-45, -2e-45, 0.0]))                       # amax subnormal: the scale overflows
+    xs.append(np.array([1e-45, -2e-45, 0.0]))  # amax subnormal: the scale overflows
     w = rng.standard_normal(1000)
     w[7] = np.nan
     xs.append(w)
@@ -665,8 +720,10 @@ def test_per_tensor_matches_transformer_engine_formula(fmt):
     x = np.array([1.0, 2.0, 3.0, -4.0], dtype=np.float32)
     q, scale = M.quantize_per_tensor(torch.from_numpy(x), fmt, amax=1.0, saturate=False)
     assert scale.item() == fmt.max
-    assert np.array_equal(M.ScaledTensor(q, scale, fmt, torch.float32).codes().numpy(),
-                          te_cast(x, np.float32(fmt.max), fmt, saturate=False))
+    assert np.array_equal(
+        M.ScaledTensor(q, scale, fmt, torch.float32).codes().numpy(),
+        te_cast(x, np.float32(fmt.max), fmt, saturate=False),
+    )
     report(f"per-tensor vs TE formula {fmt.name} (margins 0,1,3; power-of-two on/off)", **tried)
 
 
@@ -682,7 +739,7 @@ def test_per_tensor_matches_torchao_float8_training_cast(fmt):
         with np.errstate(invalid="ignore"):
             amax = np.abs(x).max()
         if not (np.isfinite(amax) and amax >= 1e-12):
-            continue                                            # torchao clamps amax at 1e-12; TE uses scale 1
+            continue  # torchao clamps amax at 1e-12; TE uses scale 1
         xt = torch.from_numpy(x)
         for dtype in (torch.float32, torch.bfloat16):
             xd = xt.to(dtype)
@@ -721,15 +778,17 @@ class TEDelayedScaling:
 def test_delayed_scaling_matches_transformer_engine(history_len, algo):
     rng = np.random.default_rng(_seed("delayed", history_len, algo))
     ds = M.DelayedScaling(history_len=history_len, margin=1, amax_compute_algo=algo)
-    refs = {"x": TEDelayedScaling(history_len, 1, algo, FP8_E4M3),
-            "g": TEDelayedScaling(history_len, 1, algo, FP8_E5M2)}
+    refs = {
+        "x": TEDelayedScaling(history_len, 1, algo, FP8_E4M3),
+        "g": TEDelayedScaling(history_len, 1, algo, FP8_E5M2),
+    }
     sizes = np.exp2(np.concatenate([rng.normal(0, 1, 20).cumsum(), [30, 0, -30, 0], rng.normal(0, 3, 16)]))
     tried = dict(steps=0, values=0, exceeded=0)
     for step, s in enumerate(sizes):
         for name, backward in (("x", False), ("g", True)):
             x = (rng.standard_normal(512) * s).astype(np.float32)
             if step == 10 and name == "x":
-                x[:] = 0.0                                       # amax 0: the scale stays
+                x[:] = 0.0  # amax 0: the scale stays
             q, scale = ds.quantize(torch.from_numpy(x), name, backward=backward)
             want_codes, want_scale = refs[name].quantize(x)
             fmt = FP8_E5M2 if backward else FP8_E4M3
@@ -747,7 +806,7 @@ def test_delayed_scaling_matches_transformer_engine(history_len, algo):
             assert np.array_equal(ds.amax_history(name).numpy(), r.h)
         tried["steps"] += 1
     assert sum(ds.exceeded(n) for n in ds.names) == tried["exceeded"]
-    assert tried["exceeded"] > 0                                 # the jumps made stale scales overflow
+    assert tried["exceeded"] > 0  # the jumps made stale scales overflow
     assert len(ds.log) == 2 * len(sizes) and {"amax", "scale", "exceeded", "next_scale"} <= set(ds.log[0])
     report(f"delayed scaling vs TE (history {history_len}, {algo})", **tried)
 
@@ -756,8 +815,8 @@ def test_delayed_scaling_overflow_without_saturation_and_state():
     ds = M.DelayedScaling(history_len=2, saturate=False)
     x = torch.ones(8)
     ds.quantize(x, "w")
-    ds.update()                                                  # scale 448
-    q, _ = ds.quantize(x * 4, "w")                               # 4 · 448 overflows E4M3: NaN
+    ds.update()  # scale 448
+    q, _ = ds.quantize(x * 4, "w")  # 4 · 448 overflows E4M3: NaN
     assert torch.isnan(q).all()
     ds.update()
     assert ds.exceeded("w") == 8 and ds.log[-1]["exceeded"] == 8
@@ -781,11 +840,11 @@ def test_quantization_error_by_hand():
     sat = torch.tensor([False, False, False, False, True, True])
     e = M.quantization_error(x, xq, saturated=sat)
     errs = np.array([0.0, -0.5, -1e-9, 0.0, -152.0])
-    assert e["n"] == 6 and math.isclose(e["mse"], float(np.mean(errs ** 2)))
+    assert e["n"] == 6 and math.isclose(e["mse"], float(np.mean(errs**2)))
     assert e["max_abs_error"] == 152.0 and e["underflow"] == 1 / 6 and e["saturated"] == 1 / 6
     assert e["nonfinite_in"] == 1 / 6 and e["nonfinite_out"] == 0.0
-    sx = 1 + 4 + 1e-18 + 600.0 ** 2
-    assert math.isclose(e["snr_db"], 10 * math.log10(sx / float(np.sum(errs ** 2))))
+    sx = 1 + 4 + 1e-18 + 600.0**2
+    assert math.isclose(e["snr_db"], 10 * math.log10(sx / float(np.sum(errs**2))))
     assert M.quantization_error(x[:4], x[:4])["snr_db"] == math.inf
     assert math.isnan(M.quantization_error(torch.zeros(3), torch.zeros(3))["snr_db"])
 
@@ -830,8 +889,11 @@ def test_scheme_in_an_autograd_function():
         def backward(ctx, g):
             x, w = ctx.saved_tensors
             s = ctx.scheme
-            return (M.fake_quantize(g, s, axis=-1) @ M.fake_quantize(w, s, axis=0),
-                    M.fake_quantize(g, s, axis=0).t() @ M.fake_quantize(x, s, axis=0), None)
+            return (
+                M.fake_quantize(g, s, axis=-1) @ M.fake_quantize(w, s, axis=0),
+                M.fake_quantize(g, s, axis=0).t() @ M.fake_quantize(x, s, axis=0),
+                None,
+            )
 
     x = torch.randn(16, 64, requires_grad=True)
     w = torch.randn(32, 64, requires_grad=True)
@@ -845,7 +907,7 @@ def test_scheme_in_an_autograd_function():
     def rel(a, b):
         return float((a - b).norm() / b.norm()) if not a.requires_grad else rel(a.detach(), b.detach())
 
-    assert rel(out, ref) < 0.05 and rel(x.grad, gx) < 0.05 and rel(w.grad, gw) < 0.05     # E4M3: 2⁻⁴ per value
+    assert rel(out, ref) < 0.05 and rel(x.grad, gx) < 0.05 and rel(w.grad, gw) < 0.05  # E4M3: 2⁻⁴ per value
     assert torch.equal(out, M.fake_quantize(x, "mxfp8_e4m3") @ M.fake_quantize(w, "mxfp8_e4m3").t())
 
 
@@ -868,8 +930,8 @@ def _awkward(seed: int = 0) -> torch.Tensor:
     x[2, 3] = math.inf
     x[3, 7] = math.nan
     x[4] *= 1e-40
-    x[5] = 2.0 ** -130
-    x[6] = torch.tensor([448.0, 464.0, 480.0] * 23 + [1.0]) * 2.0 ** -3
+    x[5] = 2.0**-130
+    x[6] = torch.tensor([448.0, 464.0, 480.0] * 23 + [1.0]) * 2.0**-3
     x[7] = torch.exp2(torch.arange(70.0) - 35)
     return x
 
@@ -885,8 +947,10 @@ def test_fake_quantize_mx_is_quantize_mx(fmt, rule):
             assert _same_bits(fast, ref), (fmt.name, rule, axis, bs)
     for dtype in (torch.float16, torch.bfloat16):
         xd = torch.randn(8, 64, generator=torch.Generator().manual_seed(1)).to(dtype)
-        fast, ref = M.fake_quantize_mx(xd, fmt, 32, -1, scale_rounding=rule), \
-            M.quantize_mx(xd, fmt, 32, -1, scale_rounding=rule).dequantize()
+        fast, ref = (
+            M.fake_quantize_mx(xd, fmt, 32, -1, scale_rounding=rule),
+            M.quantize_mx(xd, fmt, 32, -1, scale_rounding=rule).dequantize(),
+        )
         assert fast.dtype == dtype and torch.equal(fast, ref)
 
 
@@ -894,7 +958,7 @@ def test_fake_quantize_nvfp4_is_quantize_nvfp4():
     x = _awkward(3)
     for axis in (0, 1):
         assert _same_bits(M.fake_quantize_nvfp4(x, axis=axis), M.quantize_nvfp4(x, axis=axis).dequantize())
-        y = x[5:]                                  # no inf/NaN: a finite tensor scale from the amax
+        y = x[5:]  # no inf/NaN: a finite tensor scale from the amax
         assert _same_bits(M.fake_quantize_nvfp4(y, axis=axis), M.quantize_nvfp4(y, axis=axis).dequantize())
     z = torch.zeros(3, 16)
     assert torch.equal(M.fake_quantize_nvfp4(z), z)
@@ -929,7 +993,7 @@ def test_quantize_mx_takes_the_mx_names_its_repr_prints():
             assert got.fmt == fmt and torch.equal(got.element_codes, want.element_codes), spelled
         assert torch.equal(M.fake_quantize_mx(x, name.lower()), want.dequantize())
     assert repr(M.quantize_mx(x, "mxfp8_e4m3")).startswith("MXTensor(MXFP8_E4M3,")
-    for bad in ("mxfp8", "MXFP6"):                         # two MX formats each: the message says which to name
+    for bad in ("mxfp8", "MXFP6"):  # two MX formats each: the message says which to name
         with pytest.raises(ValueError, match="MXFP8_E4M3.*MXFP8_E5M2.*say which"):
             M.quantize_mx(x, bad)
     with pytest.raises(ValueError, match=r"MX format name \['MXFP8_E4M3'"):
@@ -941,14 +1005,14 @@ def test_per_tensor_rounds_the_float32_product_then_to_the_format_as_transformer
     the exact product x·scale lies just above the midpoint 0.328125 of E4M3's neighbours 0.3125 (mantissa 010,
     even) and 0.34375 (011): rounded once it would give 0.34375; its float32 rounding is the midpoint itself,
     and the tie goes to the even 0.3125."""
-    x = torch.tensor([75 / 1024, 100.0])                   # amax 100: scale = fl32(448 / 100)
+    x = torch.tensor([75 / 1024, 100.0])  # amax 100: scale = fl32(448 / 100)
     q, scale = M.quantize_per_tensor(x, FP8_E4M3)
     assert float(scale) == float(np.float32(448.0) / np.float32(100.0))
     exact = Fraction(75, 1024) * Fraction(float(scale))
     assert exact > Fraction(0.328125) and float(np.float32(float(exact))) == 0.328125
-    assert float(q[0]) == 0.3125                           # the float32 product's tie, to even
-    assert F.round_to(exact, FP8_E4M3) == 0.34375          # the exact product rounded once: the other neighbour
-    ds = M.DelayedScaling(history_len=1)                    # delayed scaling casts the same way
+    assert float(q[0]) == 0.3125  # the float32 product's tie, to even
+    assert F.round_to(exact, FP8_E4M3) == 0.34375  # the exact product rounded once: the other neighbour
+    ds = M.DelayedScaling(history_len=1)  # delayed scaling casts the same way
     ds.quantize(x, "x")
     ds.update()
     q2, s2 = ds.quantize(x, "x")
@@ -964,8 +1028,8 @@ def test_block_size_sweep_and_scale_comparison():
     sweep = M.block_size_sweep({"t": t}, ("FP8_E4M3", "FP4_E2M1"), (8, 32, 256))
     row = sweep["t"]["FP4_E2M1"]
     assert set(row) == {"8", "32", "256", "tensor"}
-    assert row["8"] > row["32"] > row["256"] > row["tensor"]           # smaller blocks, less error
-    assert sweep["t"]["FP8_E4M3"]["32"] > row["32"] + 10                # 3 more mantissa bits
+    assert row["8"] > row["32"] > row["256"] > row["tensor"]  # smaller blocks, less error
+    assert sweep["t"]["FP8_E4M3"]["32"] > row["32"] + 10  # 3 more mantissa bits
     cmp = M.block_scale_comparison({"t": t}, ("FP8_E4M3", "FP4_E2M1"))
     assert set(cmp["t"]["FP4_E2M1"]) == {"e8m0", "fp32", "nvfp4"} and "nvfp4" not in cmp["t"]["FP8_E4M3"]
     assert all(math.isfinite(v) for r in cmp["t"].values() for v in r.values())
@@ -975,7 +1039,7 @@ def test_block_size_sweep_and_scale_comparison():
 
 def test_one_scale_loses_what_per_tensor_scales_keep():
     big = log2_histogram(torch.randn(1000) * 100.0)
-    small = log2_histogram(torch.randn(1000) * 2.0 ** -20)
+    small = log2_histogram(torch.randn(1000) * 2.0**-20)
     out = M.one_scale_vs_per_tensor({"big": big, "small": small}, "FP8_E4M3")
     assert out["one_scale"] == int(math.log2((big + small).max_scale("FP8_E4M3")))
     t = out["tensors"]
@@ -1006,11 +1070,11 @@ def test_one_scale_energy_lost_is_the_square_share_of_the_values_lost():
 
 def test_counts_and_layer_stats_by_hand():
     c = M.new_counts()
-    t = torch.tensor([0.0, 1.0, 2.0 ** -30, 500.0, 3.0])
+    t = torch.tensor([0.0, 1.0, 2.0**-30, 500.0, 3.0])
     tq = torch.tensor([0.0, 1.0, 0.0, 448.0, math.inf])
     M.add_counts(c, t, tq, torch.tensor([False, False, False, True, False]))
     assert (c["n"], c["nonzero"], c["underflow"], c["saturated"], c["nonfinite"]) == (5, 4, 1, 1, 1)
-    assert c["signal"] == 1.0 + 2.0 ** -60 + 500.0 ** 2 and c["noise"] == 2.0 ** -60 + 52.0 ** 2
+    assert c["signal"] == 1.0 + 2.0**-60 + 500.0**2 and c["noise"] == 2.0**-60 + 52.0**2
     s = M.layer_stats({"a": {"x": c}})
     assert s["a"]["x"]["underflow"] == 1 / 4 and s["a"]["x"]["saturated"] == 1 / 5
     assert s["a"]["x"]["snr_db"] == pytest.approx(10 * math.log10(c["signal"] / c["noise"]))
@@ -1073,7 +1137,7 @@ def test_native_fp8_cast_was_checked_against_encode():
 
     for fmt in (FP8_E4M3, FP8_E5M2):
         assert native_cast(fmt, torch.device("cpu")) in ("saturating", "in_range")
-    assert native_cast(FP8_E4M3, torch.device("cpu")) == "saturating"    # torch ≥ 2.12 saturates E4M3
+    assert native_cast(FP8_E4M3, torch.device("cpu")) == "saturating"  # torch ≥ 2.12 saturates E4M3
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -1081,8 +1145,11 @@ def test_cuda_equals_cpu():
     tried = dict(values=0)
     for name, x in mx_cases(16, 256, 11).items():
         xc, xg = torch.from_numpy(x), torch.from_numpy(x).cuda()
-        pairs = [(M.quantize_mx(xc, fmt, scale_rounding=rule), M.quantize_mx(xg, fmt, scale_rounding=rule))
-                 for fmt in FORMATS for rule in RULES]
+        pairs = [
+            (M.quantize_mx(xc, fmt, scale_rounding=rule), M.quantize_mx(xg, fmt, scale_rounding=rule))
+            for fmt in FORMATS
+            for rule in RULES
+        ]
         pairs.append((M.quantize_nvfp4(xc), M.quantize_nvfp4(xg)))
         for a, b in pairs:
             assert b.element_codes.is_cuda
@@ -1108,8 +1175,10 @@ def test_package_attribute_and_benchmark_script(tmp_path):
     assert mpt_lab.microscaling is M and "microscaling" in mpt_lab.SUBMODULES
     mod = load_benchmark("microscaling_speed")
     out = tmp_path / "speed.json"
-    assert mod.main(["--profile", "quick", "--set", "n=8000", "--set", "repeat=1", "--no-progress",
-                     "--out", str(out)]) == 0
+    assert (
+        mod.main(["--profile", "quick", "--set", "n=8000", "--set", "repeat=1", "--no-progress", "--out", str(out)])
+        == 0
+    )
     res = json.loads(out.read_text())
     assert res["provenance"]["config"]["n"] == 8000 and len(res["rows"]) == 2
     assert {"cast_s", "quantize_mx_s", "quantize_mx_vs_cast", "same_as_torchao"} <= set(res["rows"][0])

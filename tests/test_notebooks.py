@@ -35,7 +35,7 @@ def test_every_cell_has_a_unique_id(path: Path):
 
 
 def _bibliography_labels() -> dict:
-    """"Surname, year" of the first author of every entry of book/references.bib, "Surname et al., year" for an
+    """ "Surname, year" of the first author of every entry of book/references.bib, "Surname et al., year" for an
     entry of more than two authors (or "and others"), as the chapters cite them → the anchors of the entries with
     that label on the bibliography page ("cite-" + the key, as docutils writes an id: the ``bibtex_cite_id`` of
     _config.yml)."""
@@ -90,11 +90,12 @@ def test_citations_read_in_jupyter_and_name_bibliography_entries(path: Path):
         for item in items:
             author, year = item.rsplit(", ", 1)
             author = author.split(" & ")[0]
-            if strict:      # "et al." exactly where the entry has more than two authors
+            if strict:  # "et al." exactly where the entry has more than two authors
                 assert f"{author}, {year}" in labels, f"{path.name} cites ({item}), not so in references.bib"
             else:
-                assert f"{author.replace(' et al.', '')}, {year}" in {k.replace(" et al.", "") for k in labels}, \
+                assert f"{author.replace(' et al.', '')}, {year}" in {k.replace(" et al.", "") for k in labels}, (
                     f"{path.name} cites ({item}), which is not in references.bib"
+                )
         if strict:
             assert len(items) == 1, f"{path.name}: one link per work, each to its entry: {m.group(0)}"
             assert anchor in labels[f"{author}, {year}"], f"{path.name}: {m.group(0)} links to another entry"
@@ -127,8 +128,9 @@ def test_each_exercise_is_checked_with_its_worked_solution_collapsed_under_it(pa
         i = next((i for i, c in enumerate(code) if f'exercises.check("{k}"' in c.source), None)
         assert i is not None, f"{path.name} does not check exercise {k}"
         nxt = code[i + 1] if i + 1 < len(code) else None
-        assert nxt is not None and f'exercises.solution_dropdown("{k}")' in nxt.source, \
+        assert nxt is not None and f'exercises.solution_dropdown("{k}")' in nxt.source, (
             f"{path.name}: the cell after exercise {k}'s check must show its collapsed solution"
+        )
         assert "remove-input" in nxt.metadata.get("tags", []), path.name
     for c in code:
         assert "exercises.solution(" not in c.source, f"{path.name} prints a solution in plain view"

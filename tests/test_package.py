@@ -55,7 +55,7 @@ def test_provenance_is_json_and_complete():
 def test_time_call_measures_and_validates():
     t = bench.time_call(lambda: time.sleep(0.01), repeat=3, warmup=1)
     assert len(t.times) == 3 and t.warmup == 1
-    assert 0.009 <= t.min <= t.median <= t.max      # sleep() sleeps at least that long (no upper bound)
+    assert 0.009 <= t.min <= t.median <= t.max  # sleep() sleeps at least that long (no upper bound)
     d = t.as_dict()
     assert d["median"] == t.median and len(d["times"]) == 3
     calls = []
@@ -92,8 +92,13 @@ def test_no_tracked_file_names_the_source_documents_by_file_name():
 
     files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
     pattern = re.compile(r"[Ss]eed 0\d\d")
-    hits = [f for f in files if not f.startswith("tests/") and (ROOT / f).is_file()
-            and pattern.search((ROOT / f).read_text(encoding="utf-8", errors="ignore"))]
+    hits = [
+        f
+        for f in files
+        if not f.startswith("tests/")
+        and (ROOT / f).is_file()
+        and pattern.search((ROOT / f).read_text(encoding="utf-8", errors="ignore"))
+    ]
     assert not hits, hits
 
 
@@ -109,12 +114,17 @@ def _public_objects():
         module = importlib.import_module(info.name)
         names = getattr(module, "__all__", None)
         if names is None:
-            names = [k for k, v in vars(module).items() if not k.startswith("_")
-                     and (inspect.isfunction(v) or inspect.isclass(v)) and v.__module__ == module.__name__]
+            names = [
+                k
+                for k, v in vars(module).items()
+                if not k.startswith("_")
+                and (inspect.isfunction(v) or inspect.isclass(v))
+                and v.__module__ == module.__name__
+            ]
         for name in names:
             obj = getattr(module, name)
             if not (inspect.isfunction(obj) or inspect.isclass(obj)) or not obj.__module__.startswith("mpt_lab"):
-                continue                                     # constants; torch's classes re-exported
+                continue  # constants; torch's classes re-exported
             if id(obj) in seen:
                 continue
             seen.add(id(obj))
@@ -143,7 +153,7 @@ def test_help_shows_every_public_docstring():
         doc = obj.__doc__ if isinstance(obj, property) else inspect.getdoc(obj)
         if inspect.isclass(obj):
             own = vars(obj).get("__doc__") or ""
-            if own.startswith(obj.__name__ + "("):           # a dataclass's generated signature, not a docstring
+            if own.startswith(obj.__name__ + "("):  # a dataclass's generated signature, not a docstring
                 doc = None
         if not (doc and doc.strip()):
             missing.append(name)

@@ -48,6 +48,7 @@ def _reference_quantizer(recipe):
             return ScaledTensor(*quantize_per_tensor(t, fmt), fmt, torch.float32).dequantize()
         # "none", and delayed scaling in its first step (scale 1)
         return F.round_to(t, fmt, saturate=r.saturate)
+
     return q
 
 
@@ -69,7 +70,7 @@ def test_quantized_linear_matches_the_reference(recipe):
     q = _reference_quantizer(recipe)
     x2, g2 = x.detach().reshape(-1, 40), gy.reshape(-1, 24)
     y_ref = q(x2, "x", -1) @ q(w, "w", -1).t() + b
-    if TRAINING_RECIPES[recipe].per_axis:                  # each operand along its product's reduction axis
+    if TRAINING_RECIPES[recipe].per_axis:  # each operand along its product's reduction axis
         gx_ref = q(g2, "g", -1) @ q(w, "w", 0)
         gw_ref = q(g2, "g", 0).t() @ q(x2, "x", 0)
     else:
@@ -78,7 +79,7 @@ def test_quantized_linear_matches_the_reference(recipe):
     assert torch.equal(y.detach().reshape(-1, 24), y_ref)
     assert torch.equal(x.grad.reshape(-1, 40), gx_ref)
     assert torch.equal(lin.weight.grad, gw_ref)
-    assert torch.equal(lin.bias.grad, g2.sum(0))                  # the bias gradient from the unquantised g
+    assert torch.equal(lin.bias.grad, g2.sum(0))  # the bias gradient from the unquantised g
 
 
 def test_fp8_current_is_torchao_float8_linear():
@@ -164,17 +165,17 @@ def test_statistics_count_what_the_recipe_lost():
     q = quantize_linears_(model, "fp8_unscaled")
     q.recording = True
     x = torch.ones(4, 16, requires_grad=True)
-    gy = torch.full((4, 8), 2.0 ** -20)
+    gy = torch.full((4, 8), 2.0**-20)
     gy[0] = 1.0
-    gy[1, 0] = 1e6                                           # beyond E5M2's 57344: saturates
+    gy[1, 0] = 1e6  # beyond E5M2's 57344: saturates
     model(x).backward(gy)
     s = layer_stats(q.stats)
-    assert s["0"]["g"]["underflow"] == pytest.approx(23 / 32)   # 32 non-zero values, 7 + 8 + 8 of them 2⁻²⁰
+    assert s["0"]["g"]["underflow"] == pytest.approx(23 / 32)  # 32 non-zero values, 7 + 8 + 8 of them 2⁻²⁰
     assert s["0"]["g"]["saturated"] == pytest.approx(1 / 32)
-    assert s["all"]["g"] == s["0"]["g"] and s["0"]["x"]["snr_db"] == math.inf          # ones: no error
+    assert s["all"]["g"] == s["0"]["g"] and s["0"]["x"]["snr_db"] == math.inf  # ones: no error
     q.recording = False
     model(x).backward(gy)
-    assert q.stats["0"]["g"]["n"] == 32                      # nothing added without recording
+    assert q.stats["0"]["g"]["n"] == 32  # nothing added without recording
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -187,7 +188,7 @@ def test_delayed_scaling_casts_with_the_history_of_earlier_steps():
     ds = q.delayed
     base = torch.randn(8, 16, generator=torch.Generator().manual_seed(5))
 
-    def cast(t, name):          # what DelayedScaling does with the scale it holds before the step
+    def cast(t, name):  # what DelayedScaling does with the scale it holds before the step
         s = torch.tensor(ds.scale(name) if name in ds.names else 1.0)
         return ScaledTensor(F.round_to(t * s, "FP8_E4M3", saturate=True), s, F.FP8_E4M3, torch.float32).dequantize()
 
@@ -196,7 +197,7 @@ def test_delayed_scaling_casts_with_the_history_of_earlier_steps():
         x = (base * factor).requires_grad_()
         expected = cast(x.detach(), "0.x") @ cast(lin.weight.detach(), "0.w").t()
         y = model(x)
-        assert torch.equal(y.detach(), expected)                              # the stale scales were used
+        assert torch.equal(y.detach(), expected)  # the stale scales were used
         y.sum().backward()
         q.step()
         amaxes.append(float(base.abs().max()) * factor)
@@ -204,7 +205,7 @@ def test_delayed_scaling_casts_with_the_history_of_earlier_steps():
         assert ds.scale("0.x") == float(scale_from_amax(max(amaxes[-4:]), "FP8_E4M3", margin=1))
         assert float(ds.amax_history("0.x").max()) == pytest.approx(max(amaxes[-3:]))
     assert ds.step == 5 and set(ds.names) == {"0.x", "0.w", "0.g"}
-    assert ds.exceeded("0.x") > 0          # step 2's input was 4× beyond the range its stale scale was made for
+    assert ds.exceeded("0.x") > 0  # step 2's input was 4× beyond the range its stale scale was made for
     # evaluation (no autograd) casts with the stale scales and leaves the histories alone
     before = {n: ds.amax_history(n).clone() for n in ds.names}
     with torch.no_grad():
@@ -218,22 +219,22 @@ def test_delayed_scaling_casts_with_the_history_of_earlier_steps():
 # ----------------------------------------------------------------------------------------------------------
 def test_stochastic_rounding_of_weights_is_unbiased_and_reproducible():
     n = 200_000
-    update = 2.0 ** -10                                      # an eighth of BF16's ulp at 1 (2⁻⁷)
+    update = 2.0**-10  # an eighth of BF16's ulp at 1 (2⁻⁷)
     w_rne = torch.ones(n) + update
     round_weights_([w_rne], "nearest_even")
-    assert torch.equal(w_rne, torch.ones(n))                 # round-to-nearest loses the update: the stall
+    assert torch.equal(w_rne, torch.ones(n))  # round-to-nearest loses the update: the stall
     runs = []
     for _ in range(2):
         w = torch.ones(n) + update
         round_weights_([w], "stochastic", generator=torch.Generator().manual_seed(11))
         runs.append(w)
-    assert torch.equal(runs[0], runs[1])                     # the same generator state, the same weights
+    assert torch.equal(runs[0], runs[1])  # the same generator state, the same weights
     w = runs[0]
-    assert set(torch.unique(w).tolist()) == {1.0, 1.0 + 2.0 ** -7}
-    p = update / 2.0 ** -7
+    assert set(torch.unique(w).tolist()) == {1.0, 1.0 + 2.0**-7}
+    p = update / 2.0**-7
     mean_err = float(w.double().mean()) - (1 + update)
-    sigma = 2.0 ** -7 * math.sqrt(p * (1 - p) / n)
-    assert abs(mean_err) < 5 * sigma                         # E[w] = 1 + update
+    sigma = 2.0**-7 * math.sqrt(p * (1 - p) / n)
+    assert abs(mean_err) < 5 * sigma  # E[w] = 1 + update
     with pytest.raises(TypeError, match="params"):
         round_weights_([torch.ones(2, dtype=torch.int32)])
 
@@ -244,7 +245,7 @@ def test_stochastic_rounding_of_weights_is_unbiased_and_reproducible():
 def test_hardware_is_off_without_fp8_tensor_cores():
     q = Quantizer("fp8_current", hardware=True)
     assert q.hardware == hardware_fp8_available()
-    assert Quantizer("mxfp8", hardware=True).hardware is False          # block scaling is emulated everywhere
+    assert Quantizer("mxfp8", hardware=True).hardware is False  # block scaling is emulated everywhere
 
 
 @pytest.mark.skipif(not hardware_fp8_available(), reason="needs a CUDA GPU with FP8 tensor cores (capability ≥ 8.9)")

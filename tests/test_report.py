@@ -89,6 +89,7 @@ def oracle_hooks(model):
                     if t.requires_grad and id(t) not in seen:
                         seen.add(id(t))
                         t.register_hook(lambda g, name=name: grads.append((name, g.detach().clone())))
+
         return h
 
     for name, m in model.named_modules():
@@ -116,7 +117,7 @@ def test_first_overflowing_module_matches_float16_casts():
     for name, t in fwd:
         if bool(torch.isinf(t.half()).any()) and name not in expected:
             expected.append(name)
-    assert expected and expected[0] == "3"                       # the planted Scale
+    assert expected and expected[0] == "3"  # the planted Scale
     assert r.forward_overflows("FP16") == expected
     assert r.forward_overflows("BF16") == []
     # the origin is the Scale (its input fits FP16, its output does not); the Linear after it only inherits the
@@ -146,15 +147,15 @@ def test_first_nonfinite_forward_matches_real_autocast():
     first = next(name for name, t in fwd if not bool(torch.isfinite(t).all()))
     loc = r.first_nonfinite("FP16")
     assert loc == (first, "forward") == ("3", "forward")
-    assert (loc.op, loc.function, loc.origin) == ("mul", "Tensor.mul", True)    # Scale's x * c, op by op
+    assert (loc.op, loc.function, loc.origin) == ("mul", "Tensor.mul", True)  # Scale's x * c, op by op
     assert [(o["module"], o["op"], o["pass"]) for o in r.origins("FP16")] == [("3", "mul", "forward")]
     assert not math.isfinite(r.runs["FP16"].loss) and not math.isfinite(float(loss.detach()))
-    assert r.dynamic_scaler("FP16")["skipped"] is None          # no loss scale cures a forward overflow
+    assert r.dynamic_scaler("FP16")["skipped"] is None  # no loss scale cures a forward overflow
 
 
 def test_first_nonfinite_backward_matches_real_autocast():
     torch.manual_seed(2)
-    model = nn.Sequential(nn.Linear(8, 16), GradAmp(2.0 ** 40), nn.Linear(16, 4))
+    model = nn.Sequential(nn.Linear(8, 16), GradAmp(2.0**40), nn.Linear(16, 4))
     batch = data()
     r = precision_report(model, ce, batch, formats=("FP16", "BF16"))
     twin = copy.deepcopy(model)
@@ -164,12 +165,12 @@ def test_first_nonfinite_backward_matches_real_autocast():
     loss.backward()
     for h in handles:
         h.remove()
-    assert all(bool(torch.isfinite(t).all()) for _, t in fwd)   # the forward pass stays finite
+    assert all(bool(torch.isfinite(t).all()) for _, t in fwd)  # the forward pass stays finite
     first = next(name for name, g in grads if not bool(torch.isfinite(g).all()))
-    assert first == "0"                 # the gradient of the amplifier's input (module 0's output) is the first inf,
+    assert first == "0"  # the gradient of the amplifier's input (module 0's output) is the first inf,
     amp_out = next(g for name, g in grads if name == "1")
-    assert bool(torch.isfinite(amp_out).all())                    # that of its output is finite: the amplifier's
-    loc = r.first_nonfinite("FP16")                               # backward makes it
+    assert bool(torch.isfinite(amp_out).all())  # that of its output is finite: the amplifier's
+    loc = r.first_nonfinite("FP16")  # backward makes it
     assert loc == ("1", "backward") and loc.op == "mul" and loc.node == "_GradAmpBackward" and loc.origin
     assert r.inherited("FP16") == [("0", "backward")]
     assert r.first_nonfinite("BF16") is None
@@ -187,7 +188,7 @@ def all_gradients(model, loss_fn, batch):
     return [g for _, g in grads] + [p.grad for p in twin.parameters() if p.grad is not None]
 
 
-@pytest.mark.parametrize("loss_factor", [1.0, 2.0 ** -20])
+@pytest.mark.parametrize("loss_factor", [1.0, 2.0**-20])
 def test_loss_scale_window_against_own_gradients(loss_factor):
     torch.manual_seed(3)
     model = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 4))
@@ -203,8 +204,8 @@ def test_loss_scale_window_against_own_gradients(loss_factor):
     assert high == largest_pow2_scale(amax, FP16_MAX)
     assert r.loss_scale_window("FP8_E5M2")[1] == largest_pow2_scale(amax, 57344.0)
     bf16 = precision_report(model, loss_fn, batch, formats=("BF16",)).loss_scale_window("BF16")[1]
-    assert bf16 == min(largest_pow2_scale(amax, float(torch.finfo(torch.bfloat16).max)), 2.0 ** 127)
-    assert bf16 <= 2.0 ** 127 and math.isfinite(float(torch.tensor(bf16, dtype=torch.float32)))  # a float32 scale
+    assert bf16 == min(largest_pow2_scale(amax, float(torch.finfo(torch.bfloat16).max)), 2.0**127)
+    assert bf16 <= 2.0**127 and math.isfinite(float(torch.tensor(bf16, dtype=torch.float32)))  # a float32 scale
     flat = torch.cat([g.reshape(-1) for g in grads]).double()
     nz = flat[flat != 0]
 
@@ -213,7 +214,7 @@ def test_loss_scale_window_against_own_gradients(loss_factor):
 
     assert kept(low) >= 0.999 > kept(low / 2)
     if loss_factor < 1:
-        assert low > 1.0 and low <= high                          # a loss scale is needed, and one exists
+        assert low > 1.0 and low <= high  # a loss scale is needed, and one exists
         assert r.recommendation("FP16").startswith(f"needs a loss scale in [2^{int(math.log2(low))}, ")
         assert r.verdict("FP16") == "needs a loss scale"
         sc = r.dynamic_scaler("FP16")
@@ -225,9 +226,9 @@ def test_dynamic_scaler_skips_until_the_largest_gradient_fits():
     torch.manual_seed(4)
     model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
     batch = data()
-    r = precision_report(model, lambda m, b: ce(m, b) * 2.0 ** 8, batch, formats=("FP16",))
-    amax = max(float(g.abs().max()) for g in all_gradients(model, lambda m, b: ce(m, b) * 2.0 ** 8, batch))
-    s = 2.0 ** 16
+    r = precision_report(model, lambda m, b: ce(m, b) * 2.0**8, batch, formats=("FP16",))
+    amax = max(float(g.abs().max()) for g in all_gradients(model, lambda m, b: ce(m, b) * 2.0**8, batch))
+    s = 2.0**16
     skipped = 0
     while not bool(torch.isfinite(torch.tensor(amax * s, dtype=torch.float64).to(torch.float16))):
         s /= 2
@@ -254,8 +255,12 @@ class WithState(nn.Module):
 def hook_counts(model):
     out = []
     for m in model.modules():
-        out.append(tuple(len(getattr(m, a)) for a in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks",
-                                                       "_backward_pre_hooks")))
+        out.append(
+            tuple(
+                len(getattr(m, a))
+                for a in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+            )
+        )
     for p in model.parameters():
         out.append(len(p._backward_hooks) if p._backward_hooks else 0)
     return out
@@ -267,10 +272,12 @@ def test_no_side_effects():
     model.frozen_in_eval.eval()
     user_hook = model.a.register_forward_hook(lambda *a: None)
     batch = data()
-    ce(model, batch).backward()                  # existing gradients the report must not touch
+    ce(model, batch).backward()  # existing gradients the report must not touch
     model.b.bias.grad = None
-    params = {n: (p, p.detach().clone(), p.grad, None if p.grad is None else p.grad.clone())
-              for n, p in model.named_parameters()}
+    params = {
+        n: (p, p.detach().clone(), p.grad, None if p.grad is None else p.grad.clone())
+        for n, p in model.named_parameters()
+    }
     buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
     modes = [m.training for m in model.modules()]
     hooks = hook_counts(model)
@@ -284,8 +291,9 @@ def test_no_side_effects():
     assert isinstance(r, PrecisionReport)
 
     assert torch.equal(torch.get_rng_state(), torch_rng) and random.getstate() == py_rng
-    assert all(np.array_equal(a, b) if isinstance(a, np.ndarray) else a == b
-               for a, b in zip(np.random.get_state(), np_rng))
+    assert all(
+        np.array_equal(a, b) if isinstance(a, np.ndarray) else a == b for a, b in zip(np.random.get_state(), np_rng)
+    )
     for n, p in model.named_parameters():
         q, value, grad, grad_value = params[n]
         assert p is q and torch.equal(p.detach(), value) and p.detach().view(torch.int32).equal(value.view(torch.int32))
@@ -293,7 +301,7 @@ def test_no_side_effects():
     for n, b in model.named_buffers():
         assert torch.equal(b, buffers[n]), n
     assert [m.training for m in model.modules()] == modes
-    assert hook_counts(model) == hooks and model.a._forward_hooks      # the user's hook is still there
+    assert hook_counts(model) == hooks and model.a._forward_hooks  # the user's hook is still there
     assert json.dumps(opt.state_dict(), default=str) == json.dumps(opt_state, default=str)
     user_hook.remove()
     # and every step of the report drew the same dropout masks: FP32 and BF16 losses agree closely
@@ -305,7 +313,7 @@ def test_state_restored_when_the_model_rejects_the_batch():
     model = WithState()
     params = [p.detach().clone() for p in model.parameters()]
     buffers = [b.detach().clone() for b in model.buffers()]
-    x = torch.randn(16, 5)                        # the model wants 8 features
+    x = torch.randn(16, 5)  # the model wants 8 features
     rng = torch.get_rng_state()
     hooks = hook_counts(model)
     with pytest.raises(RuntimeError, match="mat1 and mat2 shapes cannot be multiplied") as info:
@@ -328,7 +336,7 @@ class Tied(nn.Module):
 
     def forward(self, ids):
         h = self.mid(self.emb(ids))
-        h = self.mid(torch.tanh(h))               # the same module called twice
+        h = self.mid(torch.tanh(h))  # the same module called twice
         return self.head(h)
 
 
@@ -347,7 +355,7 @@ def test_tied_weights_and_modules_called_twice():
     tied = next(p for p in r.parameters if p.name == "emb.weight")
     assert tied.aliases == ["head.weight"]
     twin = copy.deepcopy(model)
-    loss_fn(twin, batch).backward()               # the tied weight's gradient sums both uses
+    loss_fn(twin, batch).backward()  # the tied weight's gradient sums both uses
     assert tied.gradient == log2_histogram(twin.emb.weight.grad)
     mid = next(m for m in r.modules if m.name == "mid")
     assert mid.calls == 2
@@ -374,7 +382,7 @@ def test_in_place_ops_record_the_value_each_module_returned():
     lin, relu = r.modules[0], r.modules[1]
     assert (lin.name, relu.name) == ("0", "1")
     assert lin.activation == log2_histogram(pre) and relu.activation == log2_histogram(post)
-    assert lin.activation_gradient == log2_histogram(g_pre)     # zeros where the ReLU cut
+    assert lin.activation_gradient == log2_histogram(g_pre)  # zeros where the ReLU cut
     assert relu.activation_gradient == log2_histogram(g_post)
     assert lin.activation_gradient.zeros == int((pre <= 0).sum())
 
@@ -390,7 +398,7 @@ def test_frozen_parameters():
     assert frozen["2.weight"].gradient is not None
     sh = r.shares("FP16")
     assert sh["0"]["weight"] is not None and sh["0"]["weight_gradient"] is None
-    assert sh["0"]["activation_gradient"] is None                 # nothing upstream needs its gradient
+    assert sh["0"]["activation_gradient"] is None  # nothing upstream needs its gradient
     assert all(p.grad is None for p in model.parameters())
 
 
@@ -424,8 +432,9 @@ def test_dict_outputs():
 
 def test_hugging_face_model_output():
     transformers = pytest.importorskip("transformers")
-    cfg = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50, n_positions=16,
-                                  bos_token_id=0, eos_token_id=0)
+    cfg = transformers.GPT2Config(
+        n_layer=1, n_embd=32, n_head=2, vocab_size=50, n_positions=16, bos_token_id=0, eos_token_id=0
+    )
     torch.manual_seed(11)
     model = transformers.GPT2LMHeadModel(cfg)
     model.train()
@@ -453,8 +462,8 @@ def test_optimizer_eps_vanishes_and_updates_lost():
     assert fp16["eps"]["effect"] == "vanishes" and fp16["eps"]["rounded"] == 0.0
     bf16 = {c["name"]: c for c in r.optimizer_checks("BF16")["constants"]}
     assert bf16["betas[1]"]["rounded"] == float(torch.tensor(0.999).bfloat16()) == 1.0
-    assert bf16["betas[1]"]["effect"] == "degenerate" and bf16["betas[0]"]["effect"] == "changes"   # 0.9 → 0.898
-    with pytest.raises(ValueError, match="beta"):                     # what torch says of a β₂ of 1
+    assert bf16["betas[1]"]["effect"] == "degenerate" and bf16["betas[0]"]["effect"] == "changes"  # 0.9 → 0.898
+    with pytest.raises(ValueError, match="beta"):  # what torch says of a β₂ of 1
         torch.optim.Adam(model.parameters(), betas=(0.9, 1.0))
     # under autocast the optimizer steps FP32 weights: nothing of it is rounded, and the advice says nothing of it
     assert "eps" not in r.recommendation("FP16") and "master weights" not in r.recommendation("FP16")
@@ -464,8 +473,8 @@ def test_optimizer_eps_vanishes_and_updates_lost():
     assert "eps rounds to 0" in r_all.recommendation("FP16") and "eps" not in r_all.recommendation("BF16")
     assert "optimizer Adam on FP16 weights" in r_all.recommendation("FP16")
     assert "keep the optimizer's arithmetic in FP32 (betas[1] rounds to 1" in r_all.recommendation("BF16")
-    assert "betas[1]" not in r_all.recommendation("FP16")             # 0.999 stays below 1 in FP16
-    assert not adam.state                                            # the optimizer never stepped
+    assert "betas[1]" not in r_all.recommendation("FP16")  # 0.999 stays below 1 in FP16
+    assert not adam.state  # the optimizer never stepped
 
     # SGD with a tiny learning rate: the share of updates that round away on FP16 weights, by NumPy's float16
     lr = 1e-4
@@ -476,13 +485,13 @@ def test_optimizer_eps_vanishes_and_updates_lost():
     lost = nonzero = 0
     for p in twin.parameters():
         w = p.detach()
-        d = (-lr * p.grad.double()).numpy()                             # the update SGD asks for
+        d = (-lr * p.grad.double()).numpy()  # the update SGD asks for
         w16 = w.numpy().astype(np.float16)
         nonzero += int((d != 0).sum())
         lost += int(((d != 0) & ((w16.astype(np.float64) + d).astype(np.float16) == w16)).sum())
     u = r.optimizer_checks("FP16")["updates"]
     assert (u["nonzero"], u["lost"]) == (nonzero, lost) and 0 < lost < nonzero
-    assert "master weights" not in r.recommendation("FP16")           # autocast keeps FP32 weights
+    assert "master weights" not in r.recommendation("FP16")  # autocast keeps FP32 weights
     r_all = precision_report(model, ce, batch, formats=("FP16",), optimizer=sgd, mode="all")
     assert ("keep FP32 master weights" in r_all.recommendation("FP16")) == (lost / nonzero > 0.001)
     if lost / nonzero > 0.001:
@@ -515,7 +524,8 @@ def test_presentation():
     assert all("log" in a.get_xlabel() for a in axes)
     sh = r.shares("FP16")
     assert sh["3"]["activation"]["overflow"] == pytest.approx(
-        float(torch.isinf((model[3](model[2](model[1](model[0](data()[0]))))).detach().half()).double().mean()))
+        float(torch.isinf((model[3](model[2](model[1](model[0](data()[0]))))).detach().half()).double().mean())
+    )
 
 
 # ------------------------------------------------------------------------------------------ bad input
@@ -549,8 +559,10 @@ def test_bad_input():
 
 
 def test_import_needs_no_transformers():
-    code = ("import sys; sys.modules['transformers'] = None; import mpt_lab.report, mpt_lab.figures.report; "
-            "print('transformers' in sys.modules and sys.modules['transformers'] is not None)")
+    code = (
+        "import sys; sys.modules['transformers'] = None; import mpt_lab.report, mpt_lab.figures.report; "
+        "print('transformers' in sys.modules and sys.modules['transformers'] is not None)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -569,8 +581,9 @@ def test_overhead_benchmark_runs(tmp_path):
     res = load_json(out)
     assert res["experiment"] == "report_overhead" and res["config"] == res["provenance"]["config"]
     assert {"command", "device", "versions", "date", "load_average"} <= set(res["provenance"])
-    assert res["provenance"]["command"] == ("python benchmarks/report_overhead.py --profile quick "
-                                            f"--out {shlex.quote(str(out))}")
+    assert res["provenance"]["command"] == (
+        f"python benchmarks/report_overhead.py --profile quick --out {shlex.quote(str(out))}"
+    )
     assert res["config"]["layers"] == 1 and res["config"]["repeat"] == 1 and res["config"]["device"] == "cpu"
     rows = {r["variant"]: r for r in res["rows"]}
     assert list(rows) == ["plain FP32 step", "report: FP32 recording", "report: recording + 4 formats"]
@@ -603,7 +616,7 @@ def test_defect_view_output_changed_in_place_keeps_its_gradient():
     x = torch.randn(2, 3, 4)
     r = precision_report(model, lambda m, b: m(b).sum(), x, formats=("FP16",))
     pre = model[0](x).detach().requires_grad_()
-    g, = torch.autograd.grad(model[2](torch.relu(pre)).sum(), [pre])
+    (g,) = torch.autograd.grad(model[2](torch.relu(pre)).sum(), [pre])
     lin = next(m for m in r.modules if m.name == "0")
     assert lin.activation_gradient.total == 24 and lin.activation_gradient == log2_histogram(g)
 
@@ -615,7 +628,7 @@ class ScaledInPlace(nn.Module):
 
     def forward(self, x):
         h = self.a(x)
-        h *= 1000.0                       # in place on the view the Linear returned
+        h *= 1000.0  # in place on the view the Linear returned
         return self.b(h)
 
 
@@ -636,7 +649,7 @@ def test_defect_in_place_scaling_sets_the_window_top():
     grads = torch.autograd.grad(out.sum() * 100.0, [pre, post, out, *twin.b.parameters()])
     amax = max(float(g.abs().max()) for g in grads)
     a = next(m for m in r.modules if m.name == "a")
-    assert a.activation_gradient == log2_histogram(grads[0])          # the missed gradient, found
+    assert a.activation_gradient == log2_histogram(grads[0])  # the missed gradient, found
     assert a.activation_gradient.amax > FP16_MAX / 128
     assert r.loss_scale_window("FP16")[1] == largest_pow2_scale(amax, FP16_MAX)
 
@@ -648,7 +661,7 @@ class CalledTwice(nn.Module):
 
     def forward(self, x):
         h = self.l(x)
-        torch.relu_(h)                    # the first call's output (a view) changed in place
+        torch.relu_(h)  # the first call's output (a view) changed in place
         return self.l(h)
 
 
@@ -676,7 +689,7 @@ class Intermediate(nn.Module):
         t1 = self.lin(x)
         t2 = t1 * 1e-3
         t3 = t2 * 1000.0
-        if self.keep:                     # the test's own look at the intermediates
+        if self.keep:  # the test's own look at the intermediates
             self.seen = (t1, t2, t3)
         return self.out(t3)
 
@@ -697,12 +710,12 @@ def test_defect_gradients_of_functional_intermediates_set_the_window_and_the_sca
     del twin.seen
     amax = max(float(g.abs().max()) for g in grads)
     module_amax = max(float(g.abs().max()) for g in (grads[0], grads[3], *grads[4:]))
-    assert amax == float(grads[1].abs().max()) > 100 * module_amax       # the intermediate t2's gradient
+    assert amax == float(grads[1].abs().max()) > 100 * module_amax  # the intermediate t2's gradient
     high = r.loss_scale_window("FP16")[1]
     assert high == largest_pow2_scale(amax, FP16_MAX)
     assert r.largest_gradients("FP16", 1)[0]["amax"] == pytest.approx(amax)
     scale = r.dynamic_scaler("FP16")["scale"]
-    assert scale == min(high, 2.0 ** 16)
+    assert scale == min(high, 2.0**16)
 
     def simulated_step_finite(s):
         m = copy.deepcopy(model)
@@ -719,13 +732,13 @@ def test_defect_side_effects_of_the_batch_and_of_writes_through_data():
     torch.manual_seed(17)
     model = nn.Sequential(nn.Linear(4, 3), nn.Tanh(), nn.Linear(3, 1))
     x = torch.randn(5, 4, requires_grad=True)
-    graph = model(x).sum()                       # built before the report, run after it
+    graph = model(x).sum()  # built before the report, run after it
     x.grad = torch.full_like(x, 0.5)
     old_grad, old_value = x.grad, x.grad.clone()
-    y = torch.randn(5, 4, requires_grad=True)    # a second leaf without .grad
+    y = torch.randn(5, 4, requires_grad=True)  # a second leaf without .grad
 
     def loss_fn(m, b):
-        m[0].weight.data.add_(1.0)               # bypasses autograd's version counter
+        m[0].weight.data.add_(1.0)  # bypasses autograd's version counter
         return m(b[0]).pow(2).mean() + b[1].sum() * 0.0
 
     weights = [p.detach().clone() for p in model.parameters()]
@@ -734,7 +747,7 @@ def test_defect_side_effects_of_the_batch_and_of_writes_through_data():
     assert x.grad is old_grad and torch.equal(x.grad, old_value) and y.grad is None
     assert all(torch.equal(p, w) for p, w in zip(model.parameters(), weights))
     assert [p._version for p in model.parameters()] == versions
-    graph.backward()                             # no "modified by an inplace operation"
+    graph.backward()  # no "modified by an inplace operation"
     assert torch.equal(x.grad, old_value + torch.autograd.grad(model(x).sum(), [x])[0])
 
 
@@ -770,8 +783,8 @@ def test_overflow_inside_scaled_dot_product_attention_found_at_that_op():
     torch.manual_seed(18)
     net = AttentionNet()
     with torch.no_grad():
-        net.attn.qkv.weight[:32] *= 8.0            # peaked attention
-        net.attn.qkv.weight[32:] *= 4e4            # values near FP16's max
+        net.attn.qkv.weight[:32] *= 8.0  # peaked attention
+        net.attn.qkv.weight[32:] *= 4e4  # values near FP16's max
     x, y = torch.randn(4, 6, 8), torch.randint(0, 4, (4,))
     torch.manual_seed(1)
     r = precision_report(net, ce, (x, y), formats=("FP16", "BF16"))
@@ -788,9 +801,10 @@ def test_overflow_inside_scaled_dot_product_attention_found_at_that_op():
     assert twin.attn.seen[3].dtype == torch.float16 and bool(torch.isinf(twin.attn.seen[3]).any())
     loc = r.first_nonfinite("FP16")
     assert loc == ("attn", "forward") and loc.function == "F.scaled_dot_product_attention" and loc.origin
-    assert all(o["module"] == "attn" and o["function"] == "F.scaled_dot_product_attention"
-               for o in r.origins("FP16")) and r.origins("FP16")
-    assert r.inherited("FP16")[0] == ("attn.proj", "forward")    # (tanh turns the inf into 1 after it)
+    assert all(
+        o["module"] == "attn" and o["function"] == "F.scaled_dot_product_attention" for o in r.origins("FP16")
+    ) and r.origins("FP16")
+    assert r.inherited("FP16")[0] == ("attn.proj", "forward")  # (tanh turns the inf into 1 after it)
     rec = r.recommendation("FP16")
     assert rec.startswith("keep attn in FP32") and "attn.proj" not in rec and "1 module(s) after it only inherit" in rec
     assert "no loss scale cures a forward overflow" in rec
@@ -807,15 +821,15 @@ def test_gemm_operands_and_their_shares():
     model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
     x, y = data(64)
 
-    def loss_fn(m, b):                          # gradients small enough that FP16 flushes some of them
-        return ce(m, b) * 2.0 ** -20
+    def loss_fn(m, b):  # gradients small enough that FP16 flushes some of them
+        return ce(m, b) * 2.0**-20
 
     r = precision_report(model, loss_fn, (x, y), formats=("FP16",))
     rows = r.gemm_operands("FP16")
     kinds = [(row["module"], row["gemm"], row["operand"]) for row in rows]
     assert kinds.count(("0", "forward", "A")) == 1 and ("2", "weight-gradient", "A") in kinds
     assert {row["gemm"] for row in rows} == {"forward", "input-gradient", "weight-gradient"}
-    assert not any(row["module"] == "0" and row["gemm"] == "input-gradient" for row in rows)   # x needs no grad
+    assert not any(row["module"] == "0" and row["gemm"] == "input-gradient" for row in rows)  # x needs no grad
     fwd = next(row for row in rows if row["module"] == "0" and row["gemm"] == "forward" and row["operand"] == "A")
     assert fwd["values"] == x.numel() and fwd["amax"] == float(x.abs().max())
     w = next(row for row in rows if row["module"] == "2" and row["gemm"] == "forward" and row["operand"] == "B")
@@ -823,15 +837,17 @@ def test_gemm_operands_and_their_shares():
     # the output gradient of the last layer, as its weight-gradient GEMM reads it: share flushed by FP16
     twin = copy.deepcopy(model)
     logits = twin(x)
-    g, = torch.autograd.grad(Fn.cross_entropy(logits, y) * 2.0 ** -20, [logits])
+    (g,) = torch.autograd.grad(Fn.cross_entropy(logits, y) * 2.0**-20, [logits])
     nz = g != 0
     own = float(((g.half() == 0) & nz).sum()) / float(nz.sum())
     grad_rows = [row for row in rows if row["module"] == "2" and row["gemm"] != "forward" and row["gradient_operand"]]
     assert grad_rows and all(row["underflow"] == pytest.approx(own) for row in grad_rows) and own > 0
     summary = r.gemm_summary("FP16")
     assert set(summary) == {"forward", "input-gradient", "weight-gradient"}
-    assert r.gemm_summary("FP16", loss_scale=2.0 ** 10)["weight-gradient"]["underflow"] < \
-        summary["weight-gradient"]["underflow"]
+    assert (
+        r.gemm_summary("FP16", loss_scale=2.0**10)["weight-gradient"]["underflow"]
+        < summary["weight-gradient"]["underflow"]
+    )
 
 
 def test_block_format_statistics_of_gemm_operands():
@@ -840,22 +856,26 @@ def test_block_format_statistics_of_gemm_operands():
     torch.manual_seed(20)
     model = nn.Sequential(nn.Linear(64, 32), nn.Tanh(), nn.Linear(32, 4))
     x, y = torch.randn(48, 64), torch.randint(0, 4, (48,))
-    x[:, 5] *= 300.0                                  # an outlier feature: its blocks flush their small values
+    x[:, 5] *= 300.0  # an outlier feature: its blocks flush their small values
     r = precision_report(model, ce, (x, y), formats=("BF16",), block_formats=("MXFP8", "MXFP4", "NVFP4"))
-    for fmt, q in (("NVFP4", quantize_nvfp4(x, axis=-1)), ("MXFP4", quantize_mx(x, "MXFP4", 32, -1)),
-                   ("MXFP8", quantize_mx(x, "MXFP8_E4M3", 32, -1))):
-        row = next(b for b in r.block_operands(fmt) if b["module"] == "0" and b["gemm"] == "forward"
-                   and b["operand"] == "A")
+    for fmt, q in (
+        ("NVFP4", quantize_nvfp4(x, axis=-1)),
+        ("MXFP4", quantize_mx(x, "MXFP4", 32, -1)),
+        ("MXFP8", quantize_mx(x, "MXFP8_E4M3", 32, -1)),
+    ):
+        row = next(
+            b for b in r.block_operands(fmt) if b["module"] == "0" and b["gemm"] == "forward" and b["operand"] == "A"
+        )
         xq = q.dequantize(torch.float64)
         x64 = x.double()
         flushed = float(((xq == 0) & (x64 != 0)).sum()) / float((x64 != 0).sum())
-        rel = float(((xq - x64) ** 2).sum().sqrt() / (x64 ** 2).sum().sqrt())
+        rel = float(((xq - x64) ** 2).sum().sqrt() / (x64**2).sum().sqrt())
         assert row["flushed"] == pytest.approx(flushed) and row["rel_rms_error"] == pytest.approx(rel)
         assert row["clipped"] == pytest.approx(float(q.saturated(x).double().mean()))
     nv = next(b for b in r.block_operands("NVFP4") if b["module"] == "0" and b["operand"] == "A")
     mx8 = next(b for b in r.block_operands("MXFP8") if b["module"] == "0" and b["operand"] == "A")
-    assert nv["flushed"] > 0.05 > mx8["flushed"]                 # 4 bits lose the small values beside the outlier
-    assert nv["scale_spread"] > 5                               # outlier blocks against the others
+    assert nv["flushed"] > 0.05 > mx8["flushed"]  # 4 bits lose the small values beside the outlier
+    assert nv["scale_spread"] > 5  # outlier blocks against the others
     with pytest.raises(ValueError, match="block_format"):
         r.block_operands("MXFP6")
     with pytest.raises(ValueError, match="block_formats"):
@@ -866,6 +886,7 @@ def test_block_format_statistics_of_gemm_operands():
 def _real_autocast_flush_share(model, loss_fn, batch):
     """The test's own measurement: the share of the non-zero FP32 activation gradients (module outputs, leaf
     modules) that a real CPU FP16 autocast backward makes zero."""
+
     def grads(m, autocast):
         got, handles = {}, []
         leaves = [(n, mod) for n, mod in m.named_modules() if not any(True for _ in mod.children())]
@@ -874,6 +895,7 @@ def _real_autocast_flush_share(model, loss_fn, batch):
             def h(mod, inp, out):
                 if out.requires_grad:
                     out.register_hook(lambda g: got.__setitem__(name, g.detach().clone()))
+
             return h
 
         for n, mod in leaves:
@@ -886,7 +908,7 @@ def _real_autocast_flush_share(model, loss_fn, batch):
         loss.backward()
         for h in handles:
             h.remove()
-        return got                                        # each leaf module runs once
+        return got  # each leaf module runs once
 
     torch.manual_seed(0)
     g32 = grads(copy.deepcopy(model), False)
@@ -908,13 +930,20 @@ def test_predicted_fp16_underflow_matches_a_real_autocast_backward(kind):
     if kind == "mlp":
         model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
         batch = (torch.randn(128, 32), torch.randint(0, 10, (128,)))
-        factor = 2.0 ** -12
+        factor = 2.0**-12
     else:
-        model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
-                              nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
-                              nn.Linear(8, 10))
+        model = nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1),
+            nn.BatchNorm2d(8),
+            nn.ReLU(),
+            nn.Conv2d(8, 8, 3, padding=1),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Linear(8, 10),
+        )
         batch = (torch.randn(16, 3, 16, 16), torch.randint(0, 10, (16,)))
-        factor = 2.0 ** -6        # (at heavier underflow a real backward flushes more: zeros compound upstream)
+        factor = 2.0**-6  # (at heavier underflow a real backward flushes more: zeros compound upstream)
 
     def loss_fn(m, b):
         return Fn.cross_entropy(m(b[0]).float(), b[1]) * factor
@@ -931,12 +960,19 @@ def test_predicted_fp16_underflow_matches_a_real_autocast_backward(kind):
 # ------------------------------------------------------------------------------- which layers to keep wide
 def _dead_channel_mlp():
     torch.manual_seed(22)
-    model = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 128), nn.GELU(), nn.Linear(128, 128),
-                          nn.GELU(), nn.Linear(128, 10))
+    model = nn.Sequential(
+        nn.Linear(64, 128),
+        nn.GELU(),
+        nn.Linear(128, 128),
+        nn.GELU(),
+        nn.Linear(128, 128),
+        nn.GELU(),
+        nn.Linear(128, 10),
+    )
     with torch.no_grad():
         model[2].weight[5].zero_()
-        model[2].bias[5] = -20.0                 # GELU(-20) = 0: channel 5 of layer 4's input is dead,
-        model[4].weight[:, 5] = 1e6              # so these weights change nothing in FP32 and set NVFP4's scales
+        model[2].bias[5] = -20.0  # GELU(-20) = 0: channel 5 of layer 4's input is dead,
+        model[4].weight[:, 5] = 1e6  # so these weights change nothing in FP32 and set NVFP4's scales
     return model
 
 
@@ -953,7 +989,7 @@ def test_keep_wide_ranks_the_planted_layer_first_and_its_set_holds_in_a_real_rec
 
     model = _dead_channel_mlp()
     batch = (torch.randn(256, 64), torch.randint(0, 10, (256,)))
-    recipe = four_bit_recipe()                                   # NVIDIA's NVFP4 recipe, stochastic rounding too
+    recipe = four_bit_recipe()  # NVIDIA's NVFP4 recipe, stochastic rounding too
     ref = torch.autograd.grad(ce(model, batch), list(model.parameters()))
     # the test's own answer: each layer alone on the recipe, with quantize_linears_
     alone = {}
@@ -966,14 +1002,15 @@ def test_keep_wide_ranks_the_planted_layer_first_and_its_set_holds_in_a_real_rec
     hooks = hook_counts(model)
     r = keep_wide(model, ce, batch, recipe, tolerance=0.25, progress=False)
     assert r.ranking[0] == "4" and r.layers == ["0", "2", "4", "6"]
-    assert all(r.one[n]["gradient"] == pytest.approx(alone[n], rel=1e-6) for n in alone)   # the same draws
+    assert all(r.one[n]["gradient"] == pytest.approx(alone[n], rel=1e-6) for n in alone)  # the same draws
     assert r.keep == ["4"] and r.within and r.kept["gradient"] <= 0.25 < r.every["gradient"]
     assert not r.last_layers() and r.positions() == [2] and r.share_kept() == 0.25
     # the kept set in a real recipe run: "4" with the BF16 recipe, the others with NVFP4's
     m = copy.deepcopy(model)
     quantize_linears_(m, recipe, skip=r.keep)
-    quantize_linears_(m, "bf16", skip=[n for n, mod in m.named_modules() if isinstance(mod, nn.Linear)
-                                       and n not in r.keep])
+    quantize_linears_(
+        m, "bf16", skip=[n for n, mod in m.named_modules() if isinstance(mod, nn.Linear) and n not in r.keep]
+    )
     assert _gradient_error(m, ce, batch, ref) <= 0.25
     # the model is as it was: its own Linear layers, weights, no grads, no hooks
     assert all(type(model[i]) is nn.Linear for i in (0, 2, 4, 6))
@@ -993,7 +1030,7 @@ def test_keep_wide_on_a_transformer_language_model():
     def loss_fn(m, b):
         return Fn.cross_entropy(m(b[:, :-1]).reshape(-1, 40), b[:, 1:].reshape(-1))
 
-    recipe = four_bit_recipe(stochastic_gradients=False)      # deterministic: the test's run matches exactly
+    recipe = four_bit_recipe(stochastic_gradients=False)  # deterministic: the test's run matches exactly
     r = keep_wide(lm, loss_fn, ids, recipe, tolerance=0.2, progress=False)
     assert r.layers[-1] == "head" and len(r.layers) == 9 and r.within
     assert sorted(r.ranking) == sorted(r.layers)
@@ -1001,8 +1038,9 @@ def test_keep_wide_on_a_transformer_language_model():
     m = copy.deepcopy(lm)
     quantize_linears_(m, recipe, skip=r.keep)
     if r.keep:
-        quantize_linears_(m, "bf16", skip=[n for n, mod in m.named_modules() if isinstance(mod, nn.Linear)
-                                           and n not in r.keep])
+        quantize_linears_(
+            m, "bf16", skip=[n for n, mod in m.named_modules() if isinstance(mod, nn.Linear) and n not in r.keep]
+        )
     assert _gradient_error(m, loss_fn, ids, ref) == pytest.approx(r.kept["gradient"], rel=1e-6)
 
 
@@ -1029,10 +1067,10 @@ def test_monitor_explains_a_collapsing_scale_and_leaves_no_hooks():
     torch.manual_seed(24)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
     with torch.no_grad():
-        model[2].weight.mul_(1e6)                  # planted: the last layer's outputs overflow FP16
+        model[2].weight.mul_(1e6)  # planted: the last layer's outputs overflow FP16
     x, y = data(32)
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.float16):
-        assert not bool(torch.isfinite(copy.deepcopy(model)(x)).all())   # the test's own check
+        assert not bool(torch.isfinite(copy.deepcopy(model)(x)).all())  # the test's own check
     hooks = hook_counts(model)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     scaler = torch.amp.GradScaler("cpu")
@@ -1047,7 +1085,7 @@ def test_monitor_explains_a_collapsing_scale_and_leaves_no_hooks():
             scaler.update()
             mon.step(loss)
     assert hook_counts(model) == hooks
-    assert mon.scales() == [2.0 ** 16, 2.0 ** 15, 2.0 ** 14, 2.0 ** 13] and mon.skipped_steps() == [0, 1, 2, 3]
+    assert mon.scales() == [2.0**16, 2.0**15, 2.0**14, 2.0**13] and mon.skipped_steps() == [0, 1, 2, 3]
     found = {d["finding"]: d for d in mon.diagnose()}
     assert found["forward overflow"]["text"].startswith("steps 0–3: the forward pass holds inf/NaN from 2 on")
     assert found["collapse"]["text"].endswith("fell from 65536 to 4096")
@@ -1071,7 +1109,7 @@ def test_monitor_scale_below_one_and_a_vanishing_eps():
         for _ in range(5):
             opt.zero_grad()
             with torch.autocast("cpu", dtype=torch.float16):
-                loss = Fn.cross_entropy(model(x).float(), y) * 1e8     # gradients beyond FP16 unscaled
+                loss = Fn.cross_entropy(model(x).float(), y) * 1e8  # gradients beyond FP16 unscaled
             scaler.scale(loss).backward()
             scaler.step(opt)
             scaler.update()
@@ -1118,9 +1156,9 @@ def test_advice_states_its_setting_and_never_contradicts_itself():
     assert "master weights" not in ra.recommendation("FP16") and "autocast to FP16" in ra.recommendation("FP16")
     assert _pct_below(0.99899, 0.999) == "99.899%" and float(_pct_below(0.9989999, 0.999)[:-1]) < 99.9
     # the window's ends name the gradients that set them
-    r = precision_report(model, lambda m, b: ce(m, b) * 2.0 ** -22, batch, formats=("FP16",))
+    r = precision_report(model, lambda m, b: ce(m, b) * 2.0**-22, batch, formats=("FP16",))
     ends = r.window_ends("FP16")
-    grads = all_gradients(model, lambda m, b: ce(m, b) * 2.0 ** -22, batch)
+    grads = all_gradients(model, lambda m, b: ce(m, b) * 2.0**-22, batch)
     assert ends["high"]["amax"] == pytest.approx(max(float(g.abs().max()) for g in grads))
     assert ends["low"] and abs(sum(d["share"] for d in ends["low"]) - 1) < 1e-9 or ends["low"][0]["share"] <= 1
     rec = r.recommendation("FP16")
@@ -1131,15 +1169,21 @@ def test_progress_bar(capsys):
     model = nn.Sequential(nn.Linear(8, 4))
     precision_report(model, ce, data(), formats=("FP16",), progress=True)
     err = capsys.readouterr().err
-    assert "precision report: FP16 step" in err                       # the bar names the step it counts
+    assert "precision report: FP16 step" in err  # the bar names the step it counts
     with pytest.raises(TypeError, match="progress"):
         precision_report(model, ce, data(), progress="yes")
     from mpt_lab.report import keep_wide
 
-    keep_wide(nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 4)), ce,
-              (torch.randn(8, 16), torch.randint(0, 4, (8,))), "fp8_current", all_but_one=False, progress=True)
+    keep_wide(
+        nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 4)),
+        ce,
+        (torch.randn(8, 16), torch.randint(0, 4, (8,))),
+        "fp8_current",
+        all_but_one=False,
+        progress=True,
+    )
     err = capsys.readouterr().err
-    assert "keep_wide: one layer at a time" in err and "precision report" not in err   # its own name
+    assert "keep_wide: one layer at a time" in err and "precision report" not in err  # its own name
 
 
 def test_loss_scale_figure():

@@ -25,8 +25,12 @@ INF, NAN = float("inf"), float("nan")
 
 def bits(t: torch.Tensor) -> torch.Tensor:
     """Integer view of a float tensor, so that equality is bit equality (NaN payloads, signed zeros)."""
-    view = {torch.float64: torch.int64, torch.float32: torch.int32, torch.bfloat16: torch.int16,
-            torch.float16: torch.int16}[t.dtype]
+    view = {
+        torch.float64: torch.int64,
+        torch.float32: torch.int32,
+        torch.bfloat16: torch.int16,
+        torch.float16: torch.int16,
+    }[t.dtype]
     return t.detach().contiguous().view(view)
 
 
@@ -65,9 +69,23 @@ def make_data(n, seed=1):
 
 
 # step -> how the overflow is injected (consecutive ones included)
-INJECT = {5: "loss_inf", 6: "loss_inf", 7: "loss_nan", 120: "nan_opt2", 121: "inf_opt1", 122: "nan_opt2",
-          400: "inf_bf16", 401: "loss_inf", 999: "loss_inf", 1000: "nan_opt2", 1500: "inf_opt1",
-          1501: "inf_opt1", 1502: "inf_opt1", 1503: "inf_opt1", 1777: "inf_bf16"}
+INJECT = {
+    5: "loss_inf",
+    6: "loss_inf",
+    7: "loss_nan",
+    120: "nan_opt2",
+    121: "inf_opt1",
+    122: "nan_opt2",
+    400: "inf_bf16",
+    401: "loss_inf",
+    999: "loss_inf",
+    1000: "nan_opt2",
+    1500: "inf_opt1",
+    1501: "inf_opt1",
+    1502: "inf_opt1",
+    1503: "inf_opt1",
+    1777: "inf_bf16",
+}
 
 
 def iteration(i, model, opt1, opt2, scaler, X, Y):
@@ -102,8 +120,9 @@ def iteration(i, model, opt1, opt2, scaler, X, Y):
 
 
 def torch_found_inf(scaler) -> bool:
-    return bool(sum(v.item() for st in scaler._per_optimizer_states.values()
-                    for v in st["found_inf_per_device"].values()))
+    return bool(
+        sum(v.item() for st in scaler._per_optimizer_states.values() for v in st["found_inf_per_device"].values())
+    )
 
 
 def test_side_by_side_with_torch_2000_steps():
@@ -196,8 +215,10 @@ def _run(model, o1, o2, scaler, X, Y, steps):
 def test_resume_from_checkpoint(direction, k):
     n = 260
     X, Y = make_data(n, seed=2)
-    make = {"ours": lambda: GradScaler(init_scale=2.0**12, growth_interval=9),
-            "torch": lambda: torch.amp.GradScaler("cpu", init_scale=2.0**12, growth_interval=9)}
+    make = {
+        "ours": lambda: GradScaler(init_scale=2.0**12, growth_interval=9),
+        "torch": lambda: torch.amp.GradScaler("cpu", init_scale=2.0**12, growth_interval=9),
+    }
     src, dst = direction.split("->")
 
     # uninterrupted reference run with the source scaler
@@ -209,12 +230,12 @@ def test_resume_from_checkpoint(direction, k):
     scaler = make[src]()
     _run(model, o1, o2, scaler, X, Y, range(k))
     buf = io.BytesIO()
-    torch.save({"model": model.state_dict(), "o1": o1.state_dict(), "o2": o2.state_dict(),
-                "scaler": scaler.state_dict()}, buf)
+    torch.save(
+        {"model": model.state_dict(), "o1": o1.state_dict(), "o2": o2.state_dict(), "scaler": scaler.state_dict()}, buf
+    )
     buf.seek(0)
     ckpt = torch.load(buf)
-    assert set(ckpt["scaler"]) == {"scale", "growth_factor", "backoff_factor", "growth_interval",
-                                   "_growth_tracker"}
+    assert set(ckpt["scaler"]) == {"scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker"}
     model, o1, o2 = make_setup(seed=99)  # different initial values: everything must come from the file
     model.load_state_dict(ckpt["model"])
     o1.load_state_dict(ckpt["o1"])
@@ -236,9 +257,12 @@ def test_resume_from_checkpoint(direction, k):
 # ------------------------------------------------------------------------------------------------------
 def test_update_rule_bit_identical_to_torch_kernel():
     g = torch.Generator().manual_seed(0)
-    scales = torch.cat([
-        torch.tensor([1.0, 2.0**16, 3.0e38, 2.0**127, 1.7e38, 1e-45, 1e-38, 0.0, INF, NAN, 12345.678]),
-        torch.exp2(torch.randn(40, generator=g) * 40)]).float()
+    scales = torch.cat(
+        [
+            torch.tensor([1.0, 2.0**16, 3.0e38, 2.0**127, 1.7e38, 1e-45, 1e-38, 0.0, INF, NAN, 12345.678]),
+            torch.exp2(torch.randn(40, generator=g) * 40),
+        ]
+    ).float()
     for growth_factor in (2.0, 1.5, 1.0001, 3.7, 65536.0):
         for backoff_factor in (0.5, 0.3, 0.999, 1e-3, 0.1):
             for interval in (1, 2, 7, 2000):
@@ -247,17 +271,25 @@ def test_update_rule_bit_identical_to_torch_kernel():
                         # torch's kernel takes 0-dim tensors; ours is elementwise: all scales at once
                         s_ref, t_ref = scales.clone(), torch.full_like(scales, tracker, dtype=torch.int32)
                         for j in range(len(scales)):
-                            torch._amp_update_scale_(s_ref[j], t_ref[j], torch.tensor(found), growth_factor,
-                                                     backoff_factor, interval)
+                            torch._amp_update_scale_(
+                                s_ref[j], t_ref[j], torch.tensor(found), growth_factor, backoff_factor, interval
+                            )
                         # the tensor version (device path)
-                        s_new, t_new = _update_scale(scales.clone(), torch.full_like(t_ref, tracker),
-                                                     torch.tensor(found != 0), growth_factor, backoff_factor,
-                                                     interval)
+                        s_new, t_new = _update_scale(
+                            scales.clone(),
+                            torch.full_like(t_ref, tracker),
+                            torch.tensor(found != 0),
+                            growth_factor,
+                            backoff_factor,
+                            interval,
+                        )
                         assert same_bits(s_new, s_ref), (growth_factor, backoff_factor, tracker, found)
                         assert t_new.dtype == torch.int32 and torch.equal(t_new, t_ref)
                         # the Python version (host path)
-                        host = [_update_rule(v, tracker, found != 0, growth_factor, backoff_factor, interval)
-                                for v in scales.tolist()]
+                        host = [
+                            _update_rule(v, tracker, found != 0, growth_factor, backoff_factor, interval)
+                            for v in scales.tolist()
+                        ]
                         assert same_bits(torch.tensor([v for v, _ in host], dtype=torch.float32), s_ref)
                         assert [t for _, t in host] == t_ref.tolist()
 
@@ -268,8 +300,12 @@ def test_unscale_bit_identical_to_torch_kernel(dtype):
     inv_scales = [1.0, 2.0**-16, 0.5, 3.0, 2.0**20, 0.0] + torch.exp2(torch.randn(10, generator=g) * 20).tolist()
     for inject in (None, INF, -INF, NAN):
         for inv in inv_scales:
-            grads = [torch.randn(5, 7, generator=g) * 1e3, torch.randn(11, generator=g), torch.empty(0),
-                     torch.tensor([3.0e38, -3.0e38, 1e-40])]
+            grads = [
+                torch.randn(5, 7, generator=g) * 1e3,
+                torch.randn(11, generator=g),
+                torch.empty(0),
+                torch.tensor([3.0e38, -3.0e38, 1e-40]),
+            ]
             grads = [t.to(dtype) for t in grads]
             if inject is not None:
                 grads[1][4] = inject
@@ -313,10 +349,10 @@ def _misuse(case, scaler):
         scaler.step(opt)
         scaler.step(opt)
     elif case == "step without scale":
-        (p ** 2).sum().backward()
+        (p**2).sum().backward()
         scaler.step(opt)
     elif case == "unscale without scale":
-        (p ** 2).sum().backward()
+        (p**2).sum().backward()
         scaler.unscale_(opt)
     elif case == "update without scale":
         scaler.update()
@@ -331,8 +367,17 @@ def _misuse(case, scaler):
         scaler.step(opt, closure=lambda: None)
 
 
-CASES = ["unscale twice", "unscale after step", "step twice", "step without scale", "unscale without scale",
-         "update without scale", "update without inf checks", "step without gradients", "closure"]
+CASES = [
+    "unscale twice",
+    "unscale after step",
+    "step twice",
+    "step without scale",
+    "unscale without scale",
+    "update without scale",
+    "update without inf checks",
+    "step without gradients",
+    "closure",
+]
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -372,12 +417,14 @@ def test_inf_check_is_on_the_scaled_gradients_like_torch():
     """With S < 1, a finite scaled gradient can overflow when divided by S: torch checks *before*
     unscaling, so that step is not skipped (and writes inf into the weights).  Ours does the same."""
     results = []
-    for scaler in (GradScaler(init_scale=2.0**-20, growth_interval=1),
-                   torch.amp.GradScaler("cpu", init_scale=2.0**-20, growth_interval=1)):
+    for scaler in (
+        GradScaler(init_scale=2.0**-20, growth_interval=1),
+        torch.amp.GradScaler("cpu", init_scale=2.0**-20, growth_interval=1),
+    ):
         p, opt = _one_param_problem()
         scaler.scale((p * 1e20).sum() * 1e20).backward()  # scaled gradient 1e40·2^-20 ≈ 1e34: finite
         assert torch.isfinite(p.grad).all()
-        scaler.step(opt)                                    # unscaled: 1e40 = inf in float32
+        scaler.step(opt)  # unscaled: 1e40 = inf in float32
         scaler.update()
         results.append((p.detach().clone(), scaler.get_scale(), scaler._get_growth_tracker()))
     (p_ours, s_ours, t_ours), (p_torch, s_torch, t_torch) = results
@@ -404,7 +451,7 @@ def test_fp16_gradients_refused_even_beside_fp32_ones():
     p16 = nn.Parameter(torch.ones(2, dtype=torch.float16))
     opt = torch.optim.SGD([p32, p16], lr=0.1)
     scaler = GradScaler()
-    scaler.scale((p32 ** 2).sum() + p16.float().sum()).backward()
+    scaler.scale((p32**2).sum() + p16.float().sum()).backward()
     g32 = p32.grad.clone()
     with pytest.raises(ValueError):
         scaler.unscale_(opt)
@@ -424,7 +471,7 @@ def test_disabled_is_a_pass_through():
     for scaler in (GradScaler(enabled=False), torch.amp.GradScaler("cpu", enabled=False)):
         p, _ = _one_param_problem()
         opt = Returning([p], lr=0.1)
-        loss = (p ** 2).sum()
+        loss = (p**2).sum()
         assert scaler.scale(loss) is loss
         nested = [loss, (loss,)]
         assert scaler.scale(nested) is nested
@@ -476,8 +523,10 @@ def _clean_iterations(scaler, n, factor=1.0):
     return out
 
 
-@pytest.mark.parametrize("init_scale, growth_factor, interval", [
-    (2.0**126, 2.0, 1), (2.0**127, 2.0, 1), (3.0e38, 1.5, 2), (1.0e38, 1.5, 3), (2.0**100, 1e10, 1)])
+@pytest.mark.parametrize(
+    "init_scale, growth_factor, interval",
+    [(2.0**126, 2.0, 1), (2.0**127, 2.0, 1), (3.0e38, 1.5, 2), (1.0e38, 1.5, 3), (2.0**100, 1e10, 1)],
+)
 def test_growth_never_reaches_inf(init_scale, growth_factor, interval):
     kw = dict(init_scale=init_scale, growth_factor=growth_factor, growth_interval=interval)
     ours = _clean_iterations(GradScaler(**kw), 12, factor=1e-30)
@@ -489,8 +538,7 @@ def test_growth_never_reaches_inf(init_scale, growth_factor, interval):
 
 
 def test_growth_tracker_past_interval_never_grows_like_torch():
-    state = {"scale": 64.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 3,
-             "_growth_tracker": 10}
+    state = {"scale": 64.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 3, "_growth_tracker": 10}
     results = []
     for scaler in (GradScaler(), torch.amp.GradScaler("cpu")):
         scaler.load_state_dict(state)
@@ -501,8 +549,10 @@ def test_growth_tracker_past_interval_never_grows_like_torch():
 
 def test_set_growth_interval_and_factors_like_torch():
     results = []
-    for scaler in (GradScaler(init_scale=8.0, growth_interval=4), torch.amp.GradScaler("cpu", init_scale=8.0,
-                                                                                     growth_interval=4)):
+    for scaler in (
+        GradScaler(init_scale=8.0, growth_interval=4),
+        torch.amp.GradScaler("cpu", init_scale=8.0, growth_interval=4),
+    ):
         r = _clean_iterations(scaler, 2)
         scaler.set_growth_interval(2)
         scaler.set_growth_factor(3.0)
@@ -520,21 +570,24 @@ def test_set_growth_interval_and_factors_like_torch():
 @pytest.mark.parametrize("overflowing", [(), (1,), (0, 2), (0, 1, 2)])
 def test_found_inf_of_several_optimizers_combined(overflowing):
     results = []
-    for scaler in (GradScaler(init_scale=64.0, growth_interval=1), torch.amp.GradScaler("cpu", init_scale=64.0,
-                                                                                      growth_interval=1)):
+    for scaler in (
+        GradScaler(init_scale=64.0, growth_interval=1),
+        torch.amp.GradScaler("cpu", init_scale=64.0, growth_interval=1),
+    ):
         torch.manual_seed(0)
         params = [nn.Parameter(torch.randn(4)) for _ in range(3)]
         opts = [torch.optim.SGD([p], lr=0.1) for p in params]
         before = [p.detach().clone() for p in params]
-        scaler.scale(sum((p ** 2).sum() for p in params)).backward()
+        scaler.scale(sum((p**2).sum() for p in params)).backward()
         for k in overflowing:
             params[k].grad[0] = NAN
         for opt in opts:
             scaler.step(opt)
         scaler.update()
         changed = [not torch.equal(p, b) for p, b in zip(params, before)]
-        results.append((changed, scaler.get_scale(), scaler._get_growth_tracker(),
-                        [p.detach().clone() for p in params]))
+        results.append(
+            (changed, scaler.get_scale(), scaler._get_growth_tracker(), [p.detach().clone() for p in params])
+        )
     (changed, scale, tracker, params), (changed_t, scale_t, tracker_t, params_t) = results
     assert changed == changed_t == [k not in overflowing for k in range(3)]  # only overflowed ones skip
     assert scale == scale_t == (32.0 if overflowing else 128.0)  # one backoff, however many overflowed
@@ -546,8 +599,12 @@ def test_found_inf_of_several_optimizers_combined(overflowing):
 # scale(): nested structures and the lazily created device tensors
 # ------------------------------------------------------------------------------------------------------
 def test_scale_nested_structures_like_torch():
-    a, b, c, d = (torch.tensor([1.5, -2.0]), torch.tensor([3.0], dtype=torch.bfloat16), torch.ones(2, 2),
-                  torch.tensor([0.25], dtype=torch.float16))
+    a, b, c, d = (
+        torch.tensor([1.5, -2.0]),
+        torch.tensor([3.0], dtype=torch.bfloat16),
+        torch.ones(2, 2),
+        torch.tensor([0.25], dtype=torch.float16),
+    )
     outputs = [a, (b, [c]), (d,)]
     ours = GradScaler(init_scale=8.0).scale(outputs)
     theirs = torch.amp.GradScaler("cpu", init_scale=8.0).scale(outputs)
@@ -573,7 +630,7 @@ def test_scale_nested_structures_like_torch():
 def test_scale_keeps_autograd_and_static_scale():
     p, opt = _one_param_problem()
     scaler = StaticLossScaler(1024.0)
-    loss = (p ** 2).sum()
+    loss = (p**2).sum()
     scaler.scale(loss).backward()
     assert torch.equal(p.grad, 1024.0 * 2 * p.detach())
 
@@ -607,8 +664,11 @@ def test_load_state_dict_before_first_scale_and_errors():
     _clean_iterations(torch_scaler, 7)
     scaler.load_state_dict(torch_scaler.state_dict())
     assert scaler._scale is None  # still lazy
-    assert scaler.state_dict() == torch_scaler.state_dict() == {
-        "scale": 32.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 5, "_growth_tracker": 2}
+    assert (
+        scaler.state_dict()
+        == torch_scaler.state_dict()
+        == {"scale": 32.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 5, "_growth_tracker": 2}
+    )
     assert _clean_iterations(scaler, 4) == _clean_iterations(torch_scaler, 4)
     with pytest.raises(RuntimeError, match="state dict is empty"):
         scaler.load_state_dict({})
@@ -631,8 +691,15 @@ def test_history_records_scale_used_and_overflow():
         _scaled_backward(scaler, p, factor)
         scaler.step(opt)
         scaler.update()
-    assert scaler.history == [(0, 16.0, False), (1, 16.0, False), (2, 32.0, True), (3, 16.0, False),
-                               (4, 16.0, True), (5, 8.0, False), (6, 8.0, False)]
+    assert scaler.history == [
+        (0, 16.0, False),
+        (1, 16.0, False),
+        (2, 32.0, True),
+        (3, 16.0, False),
+        (4, 16.0, True),
+        (5, 8.0, False),
+        (6, 8.0, False),
+    ]
     assert scaler.get_scale() == 16.0
     # update(new_scale) records too; without any inf check found_inf is None
     opt.zero_grad()
@@ -747,10 +814,24 @@ def test_fused_adam_like_torch(explicit_unscale):
 # ------------------------------------------------------------------------------------------------------
 # Host synchronisations: ours does no more than torch's (one per optimizer step)
 # ------------------------------------------------------------------------------------------------------
-SYNC_OPS = {"aten::_local_scalar_dense", "aten::item", "aten::is_nonzero", "aten::equal", "aten::allclose",
-            "aten::nonzero", "aten::nonzero_static", "aten::masked_select", "aten::unique", "aten::_unique",
-            "aten::_unique2", "aten::unique_dim", "aten::unique_consecutive", "aten::repeat_interleave",
-            "aten::bincount", "aten::_assert_async"}
+SYNC_OPS = {
+    "aten::_local_scalar_dense",
+    "aten::item",
+    "aten::is_nonzero",
+    "aten::equal",
+    "aten::allclose",
+    "aten::nonzero",
+    "aten::nonzero_static",
+    "aten::masked_select",
+    "aten::unique",
+    "aten::_unique",
+    "aten::_unique2",
+    "aten::unique_dim",
+    "aten::unique_consecutive",
+    "aten::repeat_interleave",
+    "aten::bincount",
+    "aten::_assert_async",
+}
 
 
 class SyncCounter(TorchDispatchMode):
@@ -780,6 +861,7 @@ class SyncCounter(TorchDispatchMode):
                 self.count += 1
                 self.ops.append(_n)
                 return _m(t, *a, **k)
+
             setattr(torch.Tensor, name, counted)
         return super().__enter__()
 
@@ -862,27 +944,50 @@ def test_recording_history_over_many_updates_adds_no_synchronisation(fused):
 # ------------------------------------------------------------------------------------------------------
 # Constructor arguments, new_scale, pickling
 # ------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("kwargs, error, name", [
-    ({"init_scale": 0.0}, ValueError, "init_scale"), ({"init_scale": -2.0}, ValueError, "init_scale"),
-    ({"init_scale": INF}, ValueError, "init_scale"), ({"init_scale": NAN}, ValueError, "init_scale"),
-    ({"init_scale": 1e39}, ValueError, "init_scale"), ({"init_scale": 1e-50}, ValueError, "init_scale"),
-    ({"init_scale": "big"}, TypeError, "init_scale"), ({"init_scale": torch.tensor(2.0)}, TypeError, "init_scale"),
-    ({"growth_factor": 1.0}, ValueError, "growth_factor"), ({"growth_factor": 0.5}, ValueError, "growth_factor"),
-    ({"growth_factor": NAN}, ValueError, "growth_factor"), ({"growth_factor": None}, TypeError, "growth_factor"),
-    ({"backoff_factor": 1.0}, ValueError, "backoff_factor"), ({"backoff_factor": 0.0}, ValueError, "backoff_factor"),
-    ({"backoff_factor": -0.5}, ValueError, "backoff_factor"), ({"backoff_factor": 2}, ValueError, "backoff_factor"),
-    ({"growth_interval": 0}, ValueError, "growth_interval"), ({"growth_interval": -5}, ValueError, "growth_interval"),
-    ({"growth_interval": 2.5}, TypeError, "growth_interval"), ({"growth_interval": "10"}, TypeError, "growth_interval"),
-    ({"growth_interval": True}, TypeError, "growth_interval"), ({"enabled": "yes"}, TypeError, "enabled"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, name",
+    [
+        ({"init_scale": 0.0}, ValueError, "init_scale"),
+        ({"init_scale": -2.0}, ValueError, "init_scale"),
+        ({"init_scale": INF}, ValueError, "init_scale"),
+        ({"init_scale": NAN}, ValueError, "init_scale"),
+        ({"init_scale": 1e39}, ValueError, "init_scale"),
+        ({"init_scale": 1e-50}, ValueError, "init_scale"),
+        ({"init_scale": "big"}, TypeError, "init_scale"),
+        ({"init_scale": torch.tensor(2.0)}, TypeError, "init_scale"),
+        ({"growth_factor": 1.0}, ValueError, "growth_factor"),
+        ({"growth_factor": 0.5}, ValueError, "growth_factor"),
+        ({"growth_factor": NAN}, ValueError, "growth_factor"),
+        ({"growth_factor": None}, TypeError, "growth_factor"),
+        ({"backoff_factor": 1.0}, ValueError, "backoff_factor"),
+        ({"backoff_factor": 0.0}, ValueError, "backoff_factor"),
+        ({"backoff_factor": -0.5}, ValueError, "backoff_factor"),
+        ({"backoff_factor": 2}, ValueError, "backoff_factor"),
+        ({"growth_interval": 0}, ValueError, "growth_interval"),
+        ({"growth_interval": -5}, ValueError, "growth_interval"),
+        ({"growth_interval": 2.5}, TypeError, "growth_interval"),
+        ({"growth_interval": "10"}, TypeError, "growth_interval"),
+        ({"growth_interval": True}, TypeError, "growth_interval"),
+        ({"enabled": "yes"}, TypeError, "enabled"),
+    ],
+)
 def test_bad_constructor_arguments(kwargs, error, name):
     with pytest.raises(error, match=name):
         GradScaler(**kwargs)
 
 
-@pytest.mark.parametrize("scale, error", [(0, ValueError), (-1.0, ValueError), (INF, ValueError),
-                                          (NAN, ValueError), (1e39, ValueError), ("8", TypeError),
-                                          (True, TypeError)])
+@pytest.mark.parametrize(
+    "scale, error",
+    [
+        (0, ValueError),
+        (-1.0, ValueError),
+        (INF, ValueError),
+        (NAN, ValueError),
+        (1e39, ValueError),
+        ("8", TypeError),
+        (True, TypeError),
+    ],
+)
 def test_bad_static_scale(scale, error):
     with pytest.raises(error, match="scale"):
         StaticLossScaler(scale)
@@ -890,8 +995,12 @@ def test_bad_static_scale(scale, error):
 
 def test_good_constructor_arguments_and_setters():
     s = GradScaler(init_scale=1, growth_factor=3, backoff_factor=0.25, growth_interval=10)
-    assert (s.get_scale(), s.get_growth_factor(), s.get_backoff_factor(), s.get_growth_interval()) == (1.0, 3.0,
-                                                                                                        0.25, 10)
+    assert (s.get_scale(), s.get_growth_factor(), s.get_backoff_factor(), s.get_growth_interval()) == (
+        1.0,
+        3.0,
+        0.25,
+        10,
+    )
     assert s.is_enabled() and "growth_interval=10" in repr(s)
     with pytest.raises(ValueError, match="growth_factor"):
         s.set_growth_factor(1.0)
@@ -913,8 +1022,13 @@ def test_update_new_scale_arguments():
     assert scaler._scale.shape == () and scaler._scale.dtype == torch.float32
     scaler.update(new_scale=5)
     assert scaler.get_scale() == 5.0
-    for bad, error in ((torch.tensor([1.0, 2.0]), ValueError), (torch.tensor(2.0, requires_grad=True), ValueError),
-                       (torch.tensor(2.0, device="meta"), ValueError), (-1.0, ValueError), ("2", TypeError)):
+    for bad, error in (
+        (torch.tensor([1.0, 2.0]), ValueError),
+        (torch.tensor(2.0, requires_grad=True), ValueError),
+        (torch.tensor(2.0, device="meta"), ValueError),
+        (-1.0, ValueError),
+        ("2", TypeError),
+    ):
         with pytest.raises(error, match="new_scale"):
             scaler.update(new_scale=bad)
 
@@ -925,10 +1039,14 @@ def test_update_new_scale_arguments():
 def test_signature_is_torchs():
     """Same parameter names, order and kinds as torch.amp.GradScaler; same defaults except device."""
     import inspect
+
     ours = inspect.signature(GradScaler).parameters
     theirs = inspect.signature(torch.amp.GradScaler).parameters
-    assert list(ours) == list(theirs) == ["device", "init_scale", "growth_factor", "backoff_factor",
-                                          "growth_interval", "enabled"]
+    assert (
+        list(ours)
+        == list(theirs)
+        == ["device", "init_scale", "growth_factor", "backoff_factor", "growth_interval", "enabled"]
+    )
     for name in ours:
         assert ours[name].kind == theirs[name].kind, name
         if name != "device":
@@ -968,9 +1086,16 @@ def test_called_as_torch_is(args, kwargs):
     assert ours.state_dict() == theirs.state_dict()
 
 
-@pytest.mark.parametrize("args, kwargs", [
-    ((2.0**10,), {}), ((1000.0, 3.0, 0.25, 7), {}), ((2.0**12, 2.0, 0.5, 9, True), {}),
-    ((np.float32(256.0),), {"growth_interval": 3}), ((64,), {"device": "cpu"})])
+@pytest.mark.parametrize(
+    "args, kwargs",
+    [
+        ((2.0**10,), {}),
+        ((1000.0, 3.0, 0.25, 7), {}),
+        ((2.0**12, 2.0, 0.5, 9, True), {}),
+        ((np.float32(256.0),), {"growth_interval": 3}),
+        ((64,), {"device": "cpu"}),
+    ],
+)
 def test_numeric_first_argument_is_init_scale(args, kwargs):
     """The older form (torch.cuda.amp.GradScaler's, and this class's before device came first)."""
     ours = GradScaler(*args, **kwargs)
@@ -998,18 +1123,22 @@ def test_cuda_without_cuda_is_disabled_with_a_warning_like_torch():
     assert ours.state_dict() == theirs.state_dict() == {} and ours.get_scale() == theirs.get_scale() == 1.0
     assert repr(ours) == "GradScaler('cuda', enabled=False)"
     import warnings
+
     with warnings.catch_warnings():
-        warnings.simplefilter("error")          # explicitly disabled, or another device: no warning
+        warnings.simplefilter("error")  # explicitly disabled, or another device: no warning
         assert not GradScaler("cuda", enabled=False).is_enabled()
         assert GradScaler("cpu").is_enabled() and GradScaler().is_enabled()
 
 
-@pytest.mark.parametrize("args, kwargs", [
-    (("cpu", 1.0, 2.0, 0.5, 10, True, 3), {}),        # too many positional arguments
-    (("cpu",), {"device": "cpu"}),                      # device twice
-    (("cpu", 8.0), {"init_scale": 8.0}),                # init_scale twice
-    ((), {"scale": 8.0}),                               # unknown keyword
-])
+@pytest.mark.parametrize(
+    "args, kwargs",
+    [
+        (("cpu", 1.0, 2.0, 0.5, 10, True, 3), {}),  # too many positional arguments
+        (("cpu",), {"device": "cpu"}),  # device twice
+        (("cpu", 8.0), {"init_scale": 8.0}),  # init_scale twice
+        ((), {"scale": 8.0}),  # unknown keyword
+    ],
+)
 def test_bad_calls_are_type_errors_like_torch(args, kwargs):
     with pytest.raises(TypeError):
         torch.amp.GradScaler(*args, **kwargs)
@@ -1023,24 +1152,45 @@ def test_bad_calls_are_type_errors_like_torch(args, kwargs):
 # not.  On a machine without CUDA, torch disables its scaler (with a warning) for the str "cuda" only.
 _CUDA0, _CPU = torch.device("cuda", 0), torch.device("cpu")
 DEVICE_FORMS = [
-    (("cpu",), {}), (("cuda",), {}), (("cuda:0",), {}), (("cuda:1",), {}), (("cpu:0",), {}), (("meta",), {}),
-    ((_CPU,), {}), ((torch.device("cuda"),), {}), ((_CUDA0,), {}), ((torch.device("cpu", 0),), {}),
-    ((), {"device": _CPU}), ((), {"device": "cuda:0"}), ((), {"device": "cuda"}), ((), {"device": _CUDA0}),
-    ((None,), {}), ((), {"device": None, "init_scale": 8.0}),
-    (("cuda:0", 1024.0, 3.0, 0.25, 7, True), {}), ((_CPU, 2.0**10), {"growth_interval": 3}),
-    ((_CUDA0,), {"init_scale": 2.0**12, "backoff_factor": 0.125}), (("cuda", 64.0, 4.0), {}),
-    (("cuda",), {"enabled": False}), (("cuda:0",), {"enabled": False}), ((_CPU,), {"enabled": False}),
-    ((_CUDA0, 8.0, 2.0, 0.5, 10, False), {}), ((), {"device": "cpu:0", "enabled": False}),
+    (("cpu",), {}),
+    (("cuda",), {}),
+    (("cuda:0",), {}),
+    (("cuda:1",), {}),
+    (("cpu:0",), {}),
+    (("meta",), {}),
+    ((_CPU,), {}),
+    ((torch.device("cuda"),), {}),
+    ((_CUDA0,), {}),
+    ((torch.device("cpu", 0),), {}),
+    ((), {"device": _CPU}),
+    ((), {"device": "cuda:0"}),
+    ((), {"device": "cuda"}),
+    ((), {"device": _CUDA0}),
+    ((None,), {}),
+    ((), {"device": None, "init_scale": 8.0}),
+    (("cuda:0", 1024.0, 3.0, 0.25, 7, True), {}),
+    ((_CPU, 2.0**10), {"growth_interval": 3}),
+    ((_CUDA0,), {"init_scale": 2.0**12, "backoff_factor": 0.125}),
+    (("cuda", 64.0, 4.0), {}),
+    (("cuda",), {"enabled": False}),
+    (("cuda:0",), {"enabled": False}),
+    ((_CPU,), {"enabled": False}),
+    ((_CUDA0, 8.0, 2.0, 0.5, 10, False), {}),
+    ((), {"device": "cpu:0", "enabled": False}),
     # bad factors: torch refuses them (AssertionError) when enabled; the disabled "cuda" checks none
-    (("cpu",), {"growth_factor": 1.0}), ((_CPU,), {"backoff_factor": 1.0}), (("cuda:0",), {"growth_factor": 0.5}),
+    (("cpu",), {"growth_factor": 1.0}),
+    ((_CPU,), {"backoff_factor": 1.0}),
+    (("cuda:0",), {"growth_factor": 0.5}),
     # ... and accepts them unchecked when disabled; ours refuses them always (ValueError)
-    (("cpu",), {"growth_factor": 0.5, "enabled": False}), (("cuda",), {"backoff_factor": 2.0}),
+    (("cpu",), {"growth_factor": 0.5, "enabled": False}),
+    (("cuda",), {"backoff_factor": 2.0}),
 ]
 
 
 def _outcome(make):
     """What a constructor call does: (scaler or None, error class or None, [warning messages])."""
     import warnings
+
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
@@ -1088,9 +1238,19 @@ def test_cuda_forms_without_cuda_as_torch_has_them():
     assert not scaler.is_enabled() and len(warned) == 1 and scaler.scale(torch.tensor(2.0)).item() == 2.0
 
 
-@pytest.mark.parametrize("device, error", [
-    ("CUDA", ValueError), ("gpu", ValueError), ("", ValueError), ("cuda:x", ValueError),
-    (True, TypeError), (b"cpu", TypeError), ([], TypeError), (("cpu",), TypeError)])
+@pytest.mark.parametrize(
+    "device, error",
+    [
+        ("CUDA", ValueError),
+        ("gpu", ValueError),
+        ("", ValueError),
+        ("cuda:x", ValueError),
+        (True, TypeError),
+        (b"cpu", TypeError),
+        ([], TypeError),
+        (("cpu",), TypeError),
+    ],
+)
 def test_bad_device(device, error):
     """torch stores any device unchecked (and fails later, or never); ours names the argument at once."""
     assert torch.amp.GradScaler(device, enabled=False)._device is device
@@ -1133,7 +1293,7 @@ def test_device_checks_new_scale_like_torch():
     for make in (lambda: torch.amp.GradScaler("meta", init_scale=4.0), lambda: GradScaler("meta", init_scale=4.0)):
         scaler = make()
         p, opt = _one_param_problem()
-        _scaled_backward(scaler, p)          # S lives on the CPU, the loss's device
+        _scaled_backward(scaler, p)  # S lives on the CPU, the loss's device
         scaler.step(opt)
         with pytest.raises((AssertionError, ValueError), match="new_scale"):
             scaler.update(new_scale=torch.tensor(2.0))
@@ -1186,11 +1346,27 @@ def test_deprecated_grad_scaler_keyword_optimizer_refused():
 # ------------------------------------------------------------------------------------------------------
 def test_f32_rounds_like_torch():
     g = torch.Generator().manual_seed(3)
-    xs = (torch.randn(20000, generator=g, dtype=torch.float64) * torch.exp2(torch.randint(-160, 140, (20000,),
-                                                                                          generator=g))).tolist()
+    xs = (
+        torch.randn(20000, generator=g, dtype=torch.float64)
+        * torch.exp2(torch.randint(-160, 140, (20000,), generator=g))
+    ).tolist()
     fmax = torch.finfo(torch.float32).max
-    xs += [0.0, -0.0, fmax, fmax * (1 + 2**-25), fmax * (1 + 2**-24), 1e39, -1e39, 2.0**-149, 2.0**-150,
-           2.0**-151, math.inf, -math.inf, 1 + 2**-24, 1 + 3 * 2**-24]
+    xs += [
+        0.0,
+        -0.0,
+        fmax,
+        fmax * (1 + 2**-25),
+        fmax * (1 + 2**-24),
+        1e39,
+        -1e39,
+        2.0**-149,
+        2.0**-150,
+        2.0**-151,
+        math.inf,
+        -math.inf,
+        1 + 2**-24,
+        1 + 3 * 2**-24,
+    ]
     ref = torch.tensor(xs, dtype=torch.float64).float()
     ours = torch.tensor([_f32(x) for x in xs], dtype=torch.float32)
     assert same_bits(ours, ref)
@@ -1199,6 +1375,7 @@ def test_f32_rounds_like_torch():
 def test_host_and_device_paths_agree_with_torch():
     """update() runs the rules on the host when step() has read found_inf, on the device otherwise;
     a scripted sequence that switches between them follows torch's scaler exactly."""
+
     def run(scaler):
         torch.manual_seed(0)
         p, q = nn.Parameter(torch.randn(3)), nn.Parameter(torch.randn(3))
@@ -1208,7 +1385,7 @@ def test_host_and_device_paths_agree_with_torch():
         def it(factor=1.0, q_nan=False, step_o2=True, new_scale=None):
             o1.zero_grad()
             o2.zero_grad()
-            scaler.scale(((p ** 2).sum() + (q ** 2).sum()) * factor).backward()
+            scaler.scale(((p**2).sum() + (q**2).sum()) * factor).backward()
             if q_nan:
                 q.grad[0] = NAN
             scaler.unscale_(o2)  # o2 unscaled; stepped only if step_o2 (otherwise found_inf stays on device)
@@ -1216,21 +1393,20 @@ def test_host_and_device_paths_agree_with_torch():
             if step_o2:
                 scaler.step(o2)
             scaler.update(new_scale)
-            trace.append((scaler.get_scale(), scaler._get_growth_tracker(), p.detach().clone(),
-                          q.detach().clone()))
+            trace.append((scaler.get_scale(), scaler._get_growth_tracker(), p.detach().clone(), q.detach().clone()))
             paths.append(getattr(scaler, "_host_scale", 0) is not None)
 
         for _ in range(5):
-            it()                                   # host path: growth after 3
-        it(q_nan=True, step_o2=False)              # o2's overflow seen only on the device: backoff there
+            it()  # host path: growth after 3
+        it(q_nan=True, step_o2=False)  # o2's overflow seen only on the device: backoff there
         for _ in range(4):
-            it()                                   # device path from now on
+            it()  # device path from now on
         it(factor=INF)
         state = scaler.state_dict()
-        scaler.load_state_dict(state)              # the host knows S again
+        scaler.load_state_dict(state)  # the host knows S again
         for _ in range(4):
             it()
-        it(new_scale=torch.tensor(64.0))           # a tensor: only the device knows S
+        it(new_scale=torch.tensor(64.0))  # a tensor: only the device knows S
         it(q_nan=True)
         it(new_scale=8.0)
         for _ in range(4):
@@ -1252,12 +1428,13 @@ def test_history_mixes_host_and_device_records_in_order():
     fused_p = nn.Parameter(torch.randn(3))
     fused = torch.optim.Adam([fused_p], lr=0.1, fused=True)
     expected = []
-    for i, (factor, use_fused) in enumerate([(1.0, False), (INF, False), (1.0, True), (INF, True),
-                                             (1.0, True), (1.0, True)]):
+    for i, (factor, use_fused) in enumerate(
+        [(1.0, False), (INF, False), (1.0, True), (INF, True), (1.0, True), (1.0, True)]
+    ):
         opt.zero_grad()
         fused.zero_grad()
         used = scaler.get_scale()
-        scaler.scale(((p ** 2).sum() + (fused_p ** 2).sum()) * factor).backward()
+        scaler.scale(((p**2).sum() + (fused_p**2).sum()) * factor).backward()
         scaler.step(fused if use_fused else opt)
         scaler.update()
         expected.append((i, used, factor == INF))
@@ -1276,8 +1453,26 @@ def test_history_mixes_host_and_device_records_in_order():
 def test_scaler_overhead_benchmark_runs(tmp_path):
     mod = load_benchmark("scaler_overhead")
     out = tmp_path / "overhead.json"
-    assert mod.main(["--profile", "quick", "--set", "batch=8", "--set", "hidden=16", "--set", "steps=5",
-                     "--set", "repeat=3", "--no-progress", "--out", str(out)]) == 0
+    assert (
+        mod.main(
+            [
+                "--profile",
+                "quick",
+                "--set",
+                "batch=8",
+                "--set",
+                "hidden=16",
+                "--set",
+                "steps=5",
+                "--set",
+                "repeat=3",
+                "--no-progress",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     res = json.loads(out.read_text())
     assert res["provenance"]["config"]["hidden"] == 16
     assert set(res["timings_s"]) >= {"torch.amp.GradScaler", "mpt_lab GradScaler"}
@@ -1322,29 +1517,58 @@ def test_max_gradient_scale_input_types():
     from mpt_lab.formats import FP8_E4M3, FP16
     from mpt_lab.scaling import max_gradient_scale
 
-    assert max_gradient_scale(1.0) == 2.0**15                           # 65504 / 1 → 2^15 (2^16 > 65504)
+    assert max_gradient_scale(1.0) == 2.0**15  # 65504 / 1 → 2^15 (2^16 > 65504)
     assert max_gradient_scale(2.0**-24) == 2.0**39
     assert max_gradient_scale(448, FP8_E4M3) == 1.0 and max_gradient_scale(449, "e4m3") == 0.5
-    for amax in (np.float16(3.0), np.float32(3.0), np.float64(3.0), np.array(3.0), np.int64(3), 3,
-                 torch.tensor(3.0), torch.tensor(3.0, dtype=torch.bfloat16), torch.tensor(3, dtype=torch.int32),
-                 torch.tensor(3.0, dtype=torch.float64, requires_grad=True)):
-        assert max_gradient_scale(amax, FP16) == 2.0**14, type(amax)   # 3 · 2^14 = 49152 ≤ 65504 < 98304
+    for amax in (
+        np.float16(3.0),
+        np.float32(3.0),
+        np.float64(3.0),
+        np.array(3.0),
+        np.int64(3),
+        3,
+        torch.tensor(3.0),
+        torch.tensor(3.0, dtype=torch.bfloat16),
+        torch.tensor(3, dtype=torch.int32),
+        torch.tensor(3.0, dtype=torch.float64, requires_grad=True),
+    ):
+        assert max_gradient_scale(amax, FP16) == 2.0**14, type(amax)  # 3 · 2^14 = 49152 ≤ 65504 < 98304
     from fractions import Fraction
 
-    assert max_gradient_scale(Fraction(65504 * 3 + 1, 3)) == 0.5        # just above max: exact, not via float
+    assert max_gradient_scale(Fraction(65504 * 3 + 1, 3)) == 0.5  # just above max: exact, not via float
     assert max_gradient_scale(2**1000, "FP32") == 2.0**-873
     ml_dtypes = pytest.importorskip("ml_dtypes")
     assert max_gradient_scale(np.asarray(3.0, dtype=ml_dtypes.bfloat16)[()]) == 2.0**14
 
 
-@pytest.mark.parametrize("amax, error", [
-    (0.0, ValueError), (-1.0, ValueError), (0, ValueError), (-2.0**-149, ValueError), (NAN, ValueError),
-    (INF, ValueError), (-INF, ValueError), (torch.tensor(NAN), ValueError), (torch.tensor(-1.0), ValueError),
-    (True, TypeError), (False, TypeError), ("1.0", TypeError), (None, TypeError), (1 + 2j, TypeError),
-    (torch.tensor(True), TypeError), (torch.tensor([1.0, 2.0]), TypeError), (torch.tensor([1.0]), TypeError),
-    (torch.tensor(1.0, device="meta"), ValueError), (np.bool_(True), TypeError), (np.array([1.0, 2.0]), TypeError),
-    (np.float32(NAN), ValueError), (np.float16(-1.0), ValueError), (np.array("1.0"), TypeError),
-])
+@pytest.mark.parametrize(
+    "amax, error",
+    [
+        (0.0, ValueError),
+        (-1.0, ValueError),
+        (0, ValueError),
+        (-(2.0**-149), ValueError),
+        (NAN, ValueError),
+        (INF, ValueError),
+        (-INF, ValueError),
+        (torch.tensor(NAN), ValueError),
+        (torch.tensor(-1.0), ValueError),
+        (True, TypeError),
+        (False, TypeError),
+        ("1.0", TypeError),
+        (None, TypeError),
+        (1 + 2j, TypeError),
+        (torch.tensor(True), TypeError),
+        (torch.tensor([1.0, 2.0]), TypeError),
+        (torch.tensor([1.0]), TypeError),
+        (torch.tensor(1.0, device="meta"), ValueError),
+        (np.bool_(True), TypeError),
+        (np.array([1.0, 2.0]), TypeError),
+        (np.float32(NAN), ValueError),
+        (np.float16(-1.0), ValueError),
+        (np.array("1.0"), TypeError),
+    ],
+)
 def test_max_gradient_scale_bad_amax(amax, error):
     from mpt_lab.scaling import max_gradient_scale
 
@@ -1355,13 +1579,13 @@ def test_max_gradient_scale_bad_amax(amax, error):
 def test_max_gradient_scale_not_representable_and_bad_format():
     from mpt_lab.scaling import max_gradient_scale
 
-    assert max_gradient_scale(1.0, "FP64") == 2.0**1023                  # max/1 < 2^1024: still a float
+    assert max_gradient_scale(1.0, "FP64") == 2.0**1023  # max/1 < 2^1024: still a float
     with pytest.raises(ValueError, match="not representable"):
-        max_gradient_scale(0.5, "FP64")                                   # S = 2^1024
+        max_gradient_scale(0.5, "FP64")  # S = 2^1024
     with pytest.raises(ValueError, match="not representable"):
         max_gradient_scale(2.0**-1074, "FP64")
     with pytest.raises(ValueError, match="not representable"):
-        max_gradient_scale(10**400, "FP16")                               # S = 2^-1313
+        max_gradient_scale(10**400, "FP16")  # S = 2^-1313
     with pytest.raises(ValueError, match="fmt"):
         max_gradient_scale(1.0, "FP15")
     with pytest.raises(TypeError, match="fmt"):
@@ -1376,8 +1600,13 @@ def test_update_scale_is_the_rule_torch_runs():
     found = (torch.rand(120, generator=g) < 0.08).tolist()
     found[40:43] = [True] * 3
     for growth_factor, backoff_factor, interval in ((2.0, 0.5, 7), (1.5, 0.3, 1), (3.7, 0.999, 20)):
-        ref = torch.amp.GradScaler("cpu", init_scale=2.0**16, growth_factor=growth_factor,
-                                   backoff_factor=backoff_factor, growth_interval=interval)
+        ref = torch.amp.GradScaler(
+            "cpu",
+            init_scale=2.0**16,
+            growth_factor=growth_factor,
+            backoff_factor=backoff_factor,
+            growth_interval=interval,
+        )
         p = nn.Parameter(torch.ones(2))
         opt = torch.optim.SGD([p], lr=0.0)
         scale, tracker = 2.0**16, 0
@@ -1391,18 +1620,26 @@ def test_update_scale_is_the_rule_torch_runs():
     assert update_scale(2.0**16, 0, True) == (2.0**15, 0)
     assert update_scale(2.0**16, 1998, False) == (2.0**16, 1999)
     assert update_scale(2.0**16, 1999, False) == (2.0**17, 0)
-    assert update_scale(2.0**127, 1, False, growth_interval=2) == (2.0**127, 0)   # never grows to inf
+    assert update_scale(2.0**127, 1, False, growth_interval=2) == (2.0**127, 0)  # never grows to inf
     assert update_scale(2.0**16, 5, True, growth_interval=3) == (2.0**15, 0)
 
 
-@pytest.mark.parametrize("kwargs, error, name", [
-    (dict(scale=0.0), ValueError, "scale"), (dict(scale=INF), ValueError, "scale"),
-    (dict(scale="1"), TypeError, "scale"),
-    (dict(tracker=-1), ValueError, "tracker"), (dict(tracker=1.0), TypeError, "tracker"),
-    (dict(tracker=True), TypeError, "tracker"), (dict(found_inf=1), TypeError, "found_inf"),
-    (dict(found_inf=None), TypeError, "found_inf"), (dict(growth_factor=1.0), ValueError, "growth_factor"),
-    (dict(backoff_factor=1.0), ValueError, "backoff_factor"), (dict(growth_interval=0), ValueError, "growth_interval"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, name",
+    [
+        (dict(scale=0.0), ValueError, "scale"),
+        (dict(scale=INF), ValueError, "scale"),
+        (dict(scale="1"), TypeError, "scale"),
+        (dict(tracker=-1), ValueError, "tracker"),
+        (dict(tracker=1.0), TypeError, "tracker"),
+        (dict(tracker=True), TypeError, "tracker"),
+        (dict(found_inf=1), TypeError, "found_inf"),
+        (dict(found_inf=None), TypeError, "found_inf"),
+        (dict(growth_factor=1.0), ValueError, "growth_factor"),
+        (dict(backoff_factor=1.0), ValueError, "backoff_factor"),
+        (dict(growth_interval=0), ValueError, "growth_interval"),
+    ],
+)
 def test_update_scale_bad_arguments(kwargs, error, name):
     from mpt_lab.scaling import update_scale
 

@@ -32,7 +32,7 @@ INTERNALS = "mpt_lab._torch_internals"
 #: Private imports from other libraries that are not torch's and stay where they are, with the reason.
 FOREIGN_ALLOWED = {
     ("mpt_lab.formats", "numpy._core.umath"): "the ufunc behind np.clip, with np.clip as the fallback; formats "
-                                               "imports without torch, so it cannot use _torch_internals",
+    "imports without torch, so it cannot use _torch_internals",
 }
 
 
@@ -54,7 +54,7 @@ def _resolve(module: str, path: Path, node: ast.ImportFrom) -> str:
     if node.level == 0:
         return node.module or ""
     base = _package_of(module, path).split(".")
-    base = base[:len(base) - (node.level - 1)]
+    base = base[: len(base) - (node.level - 1)]
     return ".".join(base + ([node.module] if node.module else []))
 
 
@@ -98,7 +98,7 @@ def _violations() -> list[str]:
     found = []
     for module, (path, tree) in mods.items():
         where = path.relative_to(ROOT)
-        aliases: dict[str, str] = {}                  # local name → mpt_lab module it is bound to
+        aliases: dict[str, str] = {}  # local name → mpt_lab module it is bound to
         own_package = _package_of(module, path)
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom):
@@ -120,8 +120,9 @@ def _violations() -> list[str]:
                 continue
             root = _root_name(node)
             if isinstance(node.value, ast.Name) and node.value.id in aliases and aliases[node.value.id] != module:
-                found.append(f"{where}:{node.lineno}: {node.value.id}.{node.attr} (a private name of "
-                             f"{aliases[node.value.id]})")
+                found.append(
+                    f"{where}:{node.lineno}: {node.value.id}.{node.attr} (a private name of {aliases[node.value.id]})"
+                )
             elif root == "torch" and module != INTERNALS:
                 found.append(f"{where}:{node.lineno}: torch's private {ast.unparse(node)} outside _torch_internals")
             elif isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
@@ -132,8 +133,10 @@ def _violations() -> list[str]:
                 owners = sorted(m for m, names in defines.items() if m != module and node.attr in names)
                 found.append(f"{where}:{node.lineno}: {ast.unparse(node)} (a private name of {', '.join(owners)})")
             elif node.attr not in listed and module != INTERNALS:
-                found.append(f"{where}:{node.lineno}: {ast.unparse(node)} (a private attribute of another "
-                             "library, not listed in _torch_internals.py)")
+                found.append(
+                    f"{where}:{node.lineno}: {ast.unparse(node)} (a private attribute of another "
+                    "library, not listed in _torch_internals.py)"
+                )
     return found
 
 
@@ -146,7 +149,7 @@ def _check_module_path(found, where, lineno, module, own_package, target, mods) 
             found.append(f"{where}:{lineno}: imports {target}, a private module of another library")
         return
     private_at = next(i for i, p in enumerate(parts) if _private(p))
-    package = ".".join(parts[:private_at])            # the package the private module belongs to
+    package = ".".join(parts[:private_at])  # the package the private module belongs to
     if not (own_package == package or own_package.startswith(package + ".")):
         found.append(f"{where}:{lineno}: imports {target}, a private module of {package}, from outside it")
 
@@ -165,13 +168,18 @@ def test_the_scan_sees_what_it_must_refuse(tmp_path, monkeypatch):
     (pkg / "zz_a.py").write_text("def _helper():\n    return 1\n")
     (pkg / "zz_b.py").write_text(
         "import torch\nfrom . import zz_a\nfrom .zz_a import _helper\nfrom .figures._base import new_figure\n"
-        "x = zz_a._helper()\ny = torch._foreach_max\nz = torch.ones(1)._made_up\n")
+        "x = zz_a._helper()\ny = torch._foreach_max\nz = torch.ones(1)._made_up\n"
+    )
     monkeypatch.setattr(__import__(__name__), "ROOT", tmp_path)
     monkeypatch.setattr(__import__(__name__), "PACKAGE", pkg)
     found = "\n".join(_violations())
-    for expected in ("from mpt_lab.zz_a import _helper", "zz_a._helper (a private name of mpt_lab.zz_a)",
-                     "torch's private torch._foreach_max", "_made_up (a private attribute of another library",
-                     "imports mpt_lab.figures._base, a private module of mpt_lab.figures, from outside it"):
+    for expected in (
+        "from mpt_lab.zz_a import _helper",
+        "zz_a._helper (a private name of mpt_lab.zz_a)",
+        "torch's private torch._foreach_max",
+        "_made_up (a private attribute of another library",
+        "imports mpt_lab.figures._base, a private module of mpt_lab.figures, from outside it",
+    ):
         assert expected in found, (expected, found)
 
 
@@ -181,5 +189,12 @@ def test_listed_torch_attributes_exist(name):
     import torch
     from torch import nn
 
-    holders = [torch, torch.ones(2), torch.ones(2).to_sparse(), torch.ops.aten.add.Tensor, nn.Linear(1, 1), nn.LSTM(1, 1)]
+    holders = [
+        torch,
+        torch.ones(2),
+        torch.ones(2).to_sparse(),
+        torch.ops.aten.add.Tensor,
+        nn.Linear(1, 1),
+        nn.LSTM(1, 1),
+    ]
     assert any(hasattr(h, name) for h in holders), name

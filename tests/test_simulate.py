@@ -44,8 +44,15 @@ def _mlp(seed=0):
 
 def _conv(seed=0):
     torch.manual_seed(seed)
-    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                         nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 6 * 6, 10))
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(8, 8, 3, padding=1),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(8 * 6 * 6, 10),
+    )
 
 
 def _inputs(kind, n=16, seed=1):
@@ -55,7 +62,7 @@ def _inputs(kind, n=16, seed=1):
 
 def _fp16_ulp(y):
     """Spacing of FP16 values at |y| (float32 tensor of FP16 values)."""
-    a = y.abs().clamp_min(2.0 ** -14)
+    a = y.abs().clamp_min(2.0**-14)
     return torch.exp2(torch.floor(torch.log2(a)) - 10)
 
 
@@ -81,10 +88,14 @@ def _is_in(x, fmt):
 @pytest.mark.parametrize("fmt", [FP16, BF16, FP8_E4M3, FP8_E5M2])
 def test_rounder_bit_identical_to_round_to(fmt):
     g = torch.Generator().manual_seed(3)
-    bits = torch.randint(-2 ** 31, 2 ** 31 - 1, (200_000,), generator=g, dtype=torch.int64).to(torch.int32)
-    x = torch.cat([bits.view(torch.float32),
-                   torch.randn(100_000, generator=g) * torch.exp2(torch.randint(-40, 20, (100_000,), generator=g).float()),
-                   torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), fmt.max, 464.0, 465.0])])[:300_000]
+    bits = torch.randint(-(2**31), 2**31 - 1, (200_000,), generator=g, dtype=torch.int64).to(torch.int32)
+    x = torch.cat(
+        [
+            bits.view(torch.float32),
+            torch.randn(100_000, generator=g) * torch.exp2(torch.randint(-40, 20, (100_000,), generator=g).float()),
+            torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), fmt.max, 464.0, 465.0]),
+        ]
+    )[:300_000]
     want = round_to(x, fmt)
     for got in (rounder(fmt)(x), rounder(fmt)(x.reshape(300, -1).t()).t().reshape(-1)):
         same = (got.view(torch.int32) == want.view(torch.int32)) | (got.isnan() & want.isnan())
@@ -161,11 +172,11 @@ def test_autocast_mode_keeps_float32_ops_and_mixed_inputs_in_float32():
     g = torch.Generator().manual_seed(0)
     a, b, c = (torch.randn(16, 16, generator=g) for _ in range(3))
     with simulate("FP16", mode="autocast"):
-        h = a @ b                       # lower precision: rounded
-        r = torch.relu(h)               # all inputs FP16: rounded (exact here)
-        s = torch.softmax(h, dim=1)     # float32 op
-        m = h + c                       # FP16 + FP32 -> FP32
-        e = h * 3.14159                 # FP16 and a Python scalar -> FP16
+        h = a @ b  # lower precision: rounded
+        r = torch.relu(h)  # all inputs FP16: rounded (exact here)
+        s = torch.softmax(h, dim=1)  # float32 op
+        m = h + c  # FP16 + FP32 -> FP32
+        e = h * 3.14159  # FP16 and a Python scalar -> FP16
     assert _is_in(h, FP16) and _is_in(r, FP16) and _is_in(e, FP16)
     assert not _is_in(s, FP16) and not _is_in(m, FP16)
     assert torch.equal(h, round_to(round_to(a, FP16) @ round_to(b, FP16), FP16))
@@ -188,6 +199,7 @@ def test_autocast_mode_backward_computes_in_float32_where_autocast_does():
     """x16 / norm32 (SSD's L2Norm): autograd computes the backward in float32 and casts only the gradient of the
     float16 tensor.  Rounding the float32 intermediates (the gradient of the norm, its sqrt backward) would
     overflow FP16 where real autocast does not."""
+
     def forward(lin, x, g):
         h = torch.relu(lin(x))
         norm = h.float().pow(2).sum(1, keepdim=True).add(1e-10).sqrt()
@@ -250,8 +262,11 @@ def _ieee_fp16_reference(model):
     half = copy.deepcopy(model).half()
     for m in half:
         if isinstance(m, (nn.Linear, nn.Conv2d)):
-            fn = (nn.functional.linear if isinstance(m, nn.Linear)
-                  else lambda x, w, b, m=m: nn.functional.conv2d(x, w, b, m.stride, m.padding))
+            fn = (
+                nn.functional.linear
+                if isinstance(m, nn.Linear)
+                else lambda x, w, b, m=m: nn.functional.conv2d(x, w, b, m.stride, m.padding)
+            )
             m.forward = lambda x, m=m, fn=fn: _RoundedOnce.apply(fn, x, m.weight, m.bias)
     return half
 
@@ -262,7 +277,7 @@ def _underflow_runs(kind, log2_scale, seed=0):
     model = _mlp(seed) if kind == "mlp" else _conv(seed)
     x = _inputs(kind, seed=seed + 1)
     y = torch.randint(0, 10, (x.shape[0],), generator=torch.Generator().manual_seed(2))
-    scale = 2.0 ** log2_scale  # pushes many gradients below FP16's smallest subnormal 2^-24
+    scale = 2.0**log2_scale  # pushes many gradients below FP16's smallest subnormal 2^-24
 
     def backward(m, inputs):
         (nn.functional.cross_entropy(m(inputs), y) * scale).backward()
@@ -271,8 +286,11 @@ def _underflow_runs(kind, log2_scale, seed=0):
     sim = round_parameters_(copy.deepcopy(model), FP16)
     with simulate("FP16", mode="all"):
         backward(sim, round_to(x, FP16))
-    return {"sim": sim, "reference": backward(_ieee_fp16_reference(model), x.half()),
-            "fp32": backward(copy.deepcopy(model), x)}
+    return {
+        "sim": sim,
+        "reference": backward(_ieee_fp16_reference(model), x.half()),
+        "fp32": backward(copy.deepcopy(model), x),
+    }
 
 
 def _grads(model):
@@ -333,14 +351,15 @@ def test_real_fp16_layers_are_fp32_accumulations_rounded_once(kind):
         if isinstance(m, (nn.Linear, nn.Conv2d)):
             m.register_forward_hook(lambda m, i, o: seen.setdefault(m, {}).update(x=i[0], y=o))
             m.register_full_backward_hook(lambda m, gi, go: seen[m].update(g=go[0], gx=gi[0]))
-    (nn.functional.cross_entropy(model(x), y) * 2.0 ** -14).backward()
+    (nn.functional.cross_entropy(model(x), y) * 2.0**-14).backward()
     checked = 0
     for m, r in seen.items():
         fn = nn.functional.linear if isinstance(m, nn.Linear) else _conv_of(m)
         fan_in = m.weight[0].numel() + 1  # products per output, and the bias
         xa, wa, ba = (t.detach().double() for t in (r["x"], m.weight, m.bias))
-        _assert_fp32_accumulation_rounded_once(r["y"], fn(xa, wa, ba), fn(xa.abs(), wa.abs(), ba.abs()), fan_in,
-                                               (m, "forward"))
+        _assert_fp32_accumulation_rounded_once(
+            r["y"], fn(xa, wa, ba), fn(xa.abs(), wa.abs(), ba.abs()), fan_in, (m, "forward")
+        )
         checked += 1
         if isinstance(m, nn.Conv2d) and cpu_kernels().fp16_convolution != "onednn":
             continue  # ATen's fallback: rounds per image (checked by its own test)
@@ -350,16 +369,22 @@ def test_real_fp16_layers_are_fp32_accumulations_rounded_once(kind):
             xx, ww = xx.clone().requires_grad_(), ww.clone().requires_grad_()
             return torch.autograd.grad(fn(xx, ww, None), (xx, ww)[wrt], gg)[0]
 
-        per_weight = g.numel() // g.shape[1]       # products summed per weight gradient value
-        _assert_fp32_accumulation_rounded_once(m.weight.grad, vjp(xa, wa, g, 1), vjp(xa.abs(), wa, g.abs(), 1),
-                                               per_weight, (m, "weight gradient"))
-        _assert_fp32_accumulation_rounded_once(m.bias.grad, g.sum([d for d in range(g.dim()) if d != 1]),
-                                               g.abs().sum([d for d in range(g.dim()) if d != 1]), per_weight,
-                                               (m, "bias gradient"))
+        per_weight = g.numel() // g.shape[1]  # products summed per weight gradient value
+        _assert_fp32_accumulation_rounded_once(
+            m.weight.grad, vjp(xa, wa, g, 1), vjp(xa.abs(), wa, g.abs(), 1), per_weight, (m, "weight gradient")
+        )
+        _assert_fp32_accumulation_rounded_once(
+            m.bias.grad,
+            g.sum([d for d in range(g.dim()) if d != 1]),
+            g.abs().sum([d for d in range(g.dim()) if d != 1]),
+            per_weight,
+            (m, "bias gradient"),
+        )
         if r["gx"] is not None:
             per_input = m.weight.numel() // m.weight.shape[1]
-            _assert_fp32_accumulation_rounded_once(r["gx"], vjp(xa, wa, g, 0), vjp(xa, wa.abs(), g.abs(), 0),
-                                                   per_input, (m, "input gradient"))
+            _assert_fp32_accumulation_rounded_once(
+                r["gx"], vjp(xa, wa, g, 0), vjp(xa, wa.abs(), g.abs(), 0), per_input, (m, "input gradient")
+            )
         checked += 1
     assert checked >= 3
 
@@ -372,16 +397,16 @@ def test_aten_fallback_convolution_rounds_the_weight_gradient_per_image():
     n = 6
     x = torch.randn(n, 4, 7, 7, generator=g).half()
     w = (torch.randn(8, 4, 3, 3, generator=g) * 0.2).half()
-    go = (torch.randn(n, 8, 7, 7, generator=g) * 2.0 ** -12).half()
+    go = (torch.randn(n, 8, 7, 7, generator=g) * 2.0**-12).half()
     wh = w.clone().requires_grad_()
     nn.functional.conv2d(x, wh, padding=1).backward(go)
     x64, go64 = x.double(), go.double()
-    per_image = [torch.nn.grad.conv2d_weight(x64[i:i + 1], w.shape, go64[i:i + 1], padding=1) for i in range(n)]
+    per_image = [torch.nn.grad.conv2d_weight(x64[i : i + 1], w.shape, go64[i : i + 1], padding=1) for i in range(n)]
     once = sum(per_image).half()
     acc = torch.zeros_like(once)
-    for p in per_image:                       # float32 per image is exact here: ≤ 49 products of 11-bit values
+    for p in per_image:  # float32 per image is exact here: ≤ 49 products of 11-bit values
         acc = (acc.double() + p).half()
-    assert not torch.equal(once, acc)         # the two models differ on these inputs
+    assert not torch.equal(once, acc)  # the two models differ on these inputs
     want = once if cpu_kernels().fp16_convolution == "onednn" else acc
     assert torch.equal(wh.grad, want), cpu_kernels().describe()
 
@@ -432,8 +457,10 @@ def _values(n, dtype, seed):
     (subnormal and underflowing results), with zeros of both signs, the largest value, infinities and NaN."""
     g = torch.Generator().manual_seed(seed)
     wide = torch.randn(n, generator=g) * torch.exp2(torch.randint(-14, 9, (n,), generator=g).float())
-    grid = torch.randint(-64, 65, (n,), generator=g).float() * torch.exp2(torch.randint(-6, 3, (n,), generator=g).float())
-    small = torch.randn(n, generator=g) * 2.0 ** -14
+    grid = torch.randint(-64, 65, (n,), generator=g).float() * torch.exp2(
+        torch.randint(-6, 3, (n,), generator=g).float()
+    )
+    small = torch.randn(n, generator=g) * 2.0**-14
     pick = torch.randint(0, 3, (n,), generator=g)
     x = torch.where(pick == 0, wide, torch.where(pick == 1, grid, small))
     special = torch.tensor([0.0, -0.0, torch.finfo(dtype).max, float("inf"), -float("inf"), float("nan")])
@@ -514,7 +541,7 @@ def test_elementwise_ops_match_the_real_kernels_bit_for_bit(fmt):
                 got = op(x.float(), y.float(), z.float())
             assert sim.no_native_kernel == set() and sim.ops_rounded > 0
             assert _same_bits(got, op(x, y, z)), (fmt, name, n)
-        x, y, z = (_values(33 * 17, dtype, k).reshape(33, 17).t() for k in range(3))   # strided
+        x, y, z = (_values(33 * 17, dtype, k).reshape(33, 17).t() for k in range(3))  # strided
         with simulate(fmt, mode="all"):
             got = op(x.float(), y.float(), z.float())
         assert _same_bits(got, op(x, y, z)), (fmt, name, "transposed")
@@ -542,7 +569,7 @@ def test_the_float32_model_of_the_kernels_would_fail_this_test(fmt):
 
 def test_many_threads_and_a_split_loop_match_too():
     """Above 32768 elements a kernel's loop is split between threads, each piece with its own tail."""
-    n = 2 ** 16 + 5
+    n = 2**16 + 5
     x, y = _values(n, torch.float16, 5), _values(n, torch.float16, 6)
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
@@ -566,11 +593,11 @@ def test_the_kernel_facts_the_docstring_states():
 
     s16 = round_to(0.1, h)
     assert _same_bits(x + 0.1, r(xf + s16)) and _same_bits(0.7 - x, r(round_to(0.7, h) - xf))  # s rounded first
-    assert _same_bits(x * 0.1, r(xf * torch.tensor(0.1)))                   # mul: the scalar at float32
+    assert _same_bits(x * 0.1, r(xf * torch.tensor(0.1)))  # mul: the scalar at float32
     assert _same_bits(x.abs().pow(1.7), r(xf.abs().pow(round_to(1.7, h))))  # pow: the exponent rounded
     one_tenth = torch.tensor([0.1]).half()
-    assert bool(one_tenth >= 0.1) and not bool(one_tenth.float() >= 0.1)   # comparison with FP16(0.1)
-    assert round_to(1e-8, h) == 0.0                                         # Adam's eps is 0 in FP16
+    assert bool(one_tenth >= 0.1) and not bool(one_tenth.float() >= 0.1)  # comparison with FP16(0.1)
+    assert round_to(1e-8, h) == 0.0  # Adam's eps is 0 in FP16
     cap = torch.backends.cpu.get_cpu_capability()
     if cap not in ("AVX2", "AVX512", "DEFAULT"):
         pytest.skip(f"the vectorised/tail split of ATen's {cap} kernels was not measured")
@@ -580,8 +607,8 @@ def test_the_kernel_facts_the_docstring_states():
     # AVX2 (16 float16 per vector) and AVX512 (32): two vectors per loop step, 4096 values vectorised, 3 in the
     # tail; DEFAULT (ATEN_CPU_CAPABILITY=default): no vectorised loop, every value takes the scalar path
     body = 0 if cap == "DEFAULT" else 4099 // 64 * 64
-    vectorised = r(xf + y.float() * a)                                       # a·y + x in float32
-    tail = r(xf + r(y.float() * a))                                          # a·y rounded, then the sum
+    vectorised = r(xf + y.float() * a)  # a·y + x in float32
+    tail = r(xf + r(y.float() * a))  # a·y rounded, then the sum
     assert _same_bits(got[:body], vectorised[:body]) and _same_bits(got[body:], tail[body:])
     assert not _same_bits(vectorised, tail)
 
@@ -595,8 +622,7 @@ def _tiny(seed=0):
 
 OPTIMIZERS = {
     "SGD": lambda p: torch.optim.SGD(p, lr=0.05),
-    "SGD momentum weight decay": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, weight_decay=1e-3,
-                                                           nesterov=True),
+    "SGD momentum weight decay": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, weight_decay=1e-3, nesterov=True),
     "Adam": lambda p: torch.optim.Adam(p, lr=1e-3),
     "Adam eps 1e-4": lambda p: torch.optim.Adam(p, lr=1e-3, eps=1e-4),
     "AdamW": lambda p: torch.optim.AdamW(p, lr=1e-3, eps=1e-4, weight_decay=0.1),
@@ -668,8 +694,8 @@ def test_zero_dim_float32_tensors_stay_float32_as_beside_a_half_model():
     x = _values(100, torch.float16, 9)
     t, scale = torch.tensor(0.1), torch.tensor(1000.3)
     with simulate("FP16", mode="all"):
-        scaled = x.float().sum() * scale         # a 0-dim FP16 loss times a float32 scale: float32
-        prod = x.float() * t                     # mul takes the 0-dim float32 tensor at float32 precision
+        scaled = x.float().sum() * scale  # a 0-dim FP16 loss times a float32 scale: float32
+        prod = x.float() * t  # mul takes the 0-dim float32 tensor at float32 precision
     real_scaled = x.sum() * scale
     assert real_scaled.dtype == torch.float32 and _same_bits(scaled, real_scaled)
     assert scaled.item() != round_to(scaled.item(), FP16)
@@ -680,10 +706,16 @@ def test_zero_dim_float32_tensors_stay_float32_as_beside_a_half_model():
 def test_norm_embedding_and_groupnorm_training_match_bit_for_bit(fmt):
     """Layer norm (its saved statistics are float32 in a real run), group norm, an embedding (its backward
     sums gradients in the real dtype), GELU and a mean: 3 SGD steps, bit for bit."""
+
     class Net(nn.Module):
         def __init__(self):
             super().__init__()
-            self.emb, self.ln, self.gn, self.out = nn.Embedding(50, 8), nn.LayerNorm(8), nn.GroupNorm(2, 8), nn.Linear(8, 5)
+            self.emb, self.ln, self.gn, self.out = (
+                nn.Embedding(50, 8),
+                nn.LayerNorm(8),
+                nn.GroupNorm(2, 8),
+                nn.Linear(8, 5),
+            )
 
         def forward(self, i):
             h = self.gn(self.ln(self.emb(i)).transpose(1, 2)).transpose(1, 2)
@@ -708,6 +740,7 @@ def test_lstm_matches_a_half_lstm_with_onednn_off():
     """The module docstring's recipe: without oneDNN's fused RNN layer the float32 LSTM runs the cell as
     separate ops, as a .half() LSTM on a CPU does, and the simulation matches it bit for bit."""
     import warnings
+
     torch.manual_seed(0)
     lstm, head = nn.LSTM(8, 8, batch_first=True), nn.Linear(8, 5)
     model = nn.ModuleDict({"lstm": lstm, "head": head})
@@ -724,7 +757,7 @@ def test_lstm_matches_a_half_lstm_with_onednn_off():
         o_real.step()
         o_sim.zero_grad()
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")   # oneDNN's flags warn about TF32 on Intel GPUs
+            warnings.simplefilter("ignore")  # oneDNN's flags warn about TF32 on Intel GPUs
             with torch.backends.mkldnn.flags(enabled=False), simulate("FP16", mode="all"):
                 loss(sim, x).backward()
                 o_sim.step()
@@ -741,7 +774,7 @@ def test_lower_precision_ops_differ_where_the_docstring_says():
     differ = 0
     for b, i, o in ((8, 8, 16), (32, 20, 10), (64, 100, 50), (16, 256, 64), (128, 784, 128), (64, 4096, 64)):
         x = torch.randn(b, i, generator=g).half()
-        w = (torch.randn(o, i, generator=g) / i ** 0.5).half()
+        w = (torch.randn(o, i, generator=g) / i**0.5).half()
         real = nn.functional.linear(x, w)
         with simulate("FP16", mode="all"):
             got = nn.functional.linear(x.float(), w.float())
@@ -755,10 +788,10 @@ def test_lower_precision_ops_differ_where_the_docstring_says():
 def test_an_op_without_a_real_kernel_runs_in_float32_and_is_recorded():
     x = torch.rand(40) + 1.5
     with pytest.raises(RuntimeError, match="Half"):
-        torch.special.zeta(x.half(), x.half())            # no float16 CPU kernel
+        torch.special.zeta(x.half(), x.half())  # no float16 CPU kernel
     with simulate("FP16", mode="all") as sim:
         got = torch.special.zeta(x, x)
-        again = torch.special.zeta(x, 2 * x)              # remembered: no second try
+        again = torch.special.zeta(x, 2 * x)  # remembered: no second try
     assert sim.no_native_kernel == {"special_zeta"}
     xr = round_to(x, FP16)
     assert torch.equal(got, round_to(torch.special.zeta(xr, xr), FP16)) and _is_in(again, FP16)
@@ -777,10 +810,11 @@ def test_a_value_error_of_the_real_kernel_is_raised_and_forgets_nothing():
     assert "without overflow" in str(real.value)
     for mode in ("all", "autocast"):
         with simulate("FP16", mode=mode):
-            xs = x * 1.0 if mode == "all" else x.half().float()   # mode "autocast": the op sees tagged inputs
+            xs = x * 1.0 if mode == "all" else x.half().float()  # mode "autocast": the op sees tagged inputs
             with pytest.raises(type(real.value), match="without overflow") as got:
-                torch.add(round_to(x, FP16), round_to(y, FP16), alpha=70000.0) if mode == "all" else \
-                    torch.add(nn.functional.linear(xs[:8].reshape(1, 8), torch.eye(8)), 1.0, alpha=70000.0)
+                torch.add(round_to(x, FP16), round_to(y, FP16), alpha=70000.0) if mode == "all" else torch.add(
+                    nn.functional.linear(xs[:8].reshape(1, 8), torch.eye(8)), 1.0, alpha=70000.0
+                )
         assert str(got.value) == str(real.value)
     assert not {k for k in S._NO_NATIVE_KERNEL if "add" in str(k[0])}
     with simulate("FP16", mode="all") as sim:
@@ -788,10 +822,11 @@ def test_a_value_error_of_the_real_kernel_is_raised_and_forgets_nothing():
     assert torch.equal(got, (x.half() + 0.1).float()), int((got != (x.half() + 0.1).float()).sum())
     assert sim.no_native_kernel == set()
     # a kernel that does not exist for the dtype still falls back (and is remembered), see the test below
-    assert S._missing_kernel(NotImplementedError('"zeta_cpu" not implemented for \'Half\''), torch.float16)
+    assert S._missing_kernel(NotImplementedError("\"zeta_cpu\" not implemented for 'Half'"), torch.float16)
     assert S._missing_kernel(RuntimeError("linalg.inv: Low precision dtypes not supported. Got Half"), torch.float16)
-    assert not S._missing_kernel(RuntimeError("value cannot be converted to type c10::Half without overflow"),
-                                 torch.float16)
+    assert not S._missing_kernel(
+        RuntimeError("value cannot be converted to type c10::Half without overflow"), torch.float16
+    )
 
 
 def test_autocast_mode_runs_fp16_ops_on_the_real_kernel():
@@ -799,8 +834,12 @@ def test_autocast_mode_runs_fp16_ops_on_the_real_kernel():
     float16: x + s rounds s, torch.add(.., alpha) rounds alpha; the simulation matches bit for bit."""
     torch.manual_seed(0)
     lin, x = nn.Linear(8, 16), torch.randn(64, 8)
-    ops = [lambda h: h + 0.1, lambda h: torch.add(h, h.tanh(), alpha=0.3), lambda h: (h * 0.3).sigmoid(),
-           lambda h: 0.7 - h.relu()]
+    ops = [
+        lambda h: h + 0.1,
+        lambda h: torch.add(h, h.tanh(), alpha=0.3),
+        lambda h: (h * 0.3).sigmoid(),
+        lambda h: 0.7 - h.relu(),
+    ]
     for op in ops:
         with torch.autocast("cpu", dtype=torch.float16):
             want = op(lin(x))
@@ -845,7 +884,7 @@ def test_backward_outside_block_is_not_rounded():
 # (f) entering, leaving, nesting, arguments
 # ------------------------------------------------------------------------------------------------------
 def test_exit_stops_rounding_also_after_exception():
-    x = torch.full((4,), 1.0 + 2.0 ** -20)
+    x = torch.full((4,), 1.0 + 2.0**-20)
     with simulate("FP16", mode="all"):
         assert torch.equal(x * 1.0, torch.ones(4))
     assert torch.equal(x * 1.0, x)
@@ -861,7 +900,7 @@ def test_exit_stops_rounding_also_after_exception():
 
 
 def test_nesting_is_refused_and_paused_works():
-    x = torch.full((4,), 1.0 + 2.0 ** -20)
+    x = torch.full((4,), 1.0 + 2.0**-20)
     with simulate("FP16", mode="all") as sim:
         with pytest.raises(RuntimeError, match="nesting"):
             with simulate("BF16"):
@@ -921,21 +960,24 @@ def test_round_parameters_():
         round_parameters_(model, buffers="yes")
 
 
-@pytest.mark.parametrize("kwargs, err, word", [
-    (dict(fmt="FP17"), ValueError, "fmt"),
-    (dict(fmt=16), TypeError, "fmt"),
-    (dict(mode="half"), ValueError, "mode"),
-    (dict(mode=None), TypeError, "mode"),
-    (dict(backward="yes"), TypeError, "backward"),
-    (dict(rounding="up"), ValueError, "rounding"),
-])
+@pytest.mark.parametrize(
+    "kwargs, err, word",
+    [
+        (dict(fmt="FP17"), ValueError, "fmt"),
+        (dict(fmt=16), TypeError, "fmt"),
+        (dict(mode="half"), ValueError, "mode"),
+        (dict(mode=None), TypeError, "mode"),
+        (dict(backward="yes"), TypeError, "backward"),
+        (dict(rounding="up"), ValueError, "rounding"),
+    ],
+)
 def test_bad_arguments(kwargs, err, word):
     with pytest.raises(err, match=word):
         simulate(**kwargs)
 
 
 def test_stochastic_rounding_option():
-    x = torch.full((10_000,), 1.0 + 2.0 ** -12)  # a quarter of FP16's ulp above 1
+    x = torch.full((10_000,), 1.0 + 2.0**-12)  # a quarter of FP16's ulp above 1
     with simulate("FP16", mode="all", rounding="stochastic"):
         y = x * 1.0
     assert _is_in(y, FP16)
@@ -964,30 +1006,30 @@ def test_formats_and_histograms_are_exact_inside_a_block():
 def test_exact_arithmetic_passes_ops_through_unrounded_and_untagged():
     from mpt_lab.formats import exact_arithmetic
 
-    x = torch.full((4,), 1.0 + 2.0 ** -20)
+    x = torch.full((4,), 1.0 + 2.0**-20)
     a, b = torch.randn(8, 8), torch.randn(8, 8)
     ref = a @ b
     with simulate("FP16", mode="autocast") as sim:
         with exact_arithmetic():
-            assert torch.equal(x * 1.0, x)                 # not rounded
-            p = a @ b                                      # a lower-precision op, run exactly
+            assert torch.equal(x * 1.0, x)  # not rounded
+            p = a @ b  # a lower-precision op, run exactly
         assert sim.ops_rounded == 0
         # p is not marked as an FP16 result: an op on it alone stays float32, as for any float32 tensor
         r = torch.relu(p)
         assert sim.ops_rounded == 0
-        q = torch.relu(a @ b)                              # outside the marker: mm and relu are rounded
+        q = torch.relu(a @ b)  # outside the marker: mm and relu are rounded
         assert sim.ops_rounded == 2
 
     @exact_arithmetic
     def exact_sum(t):
-        return t + 2.0 ** -20
+        return t + 2.0**-20
 
     with simulate("FP16", mode="all"):
         s = exact_sum(torch.ones(4))
-        t = torch.ones(4) + 2.0 ** -20                     # rounded again after it
+        t = torch.ones(4) + 2.0**-20  # rounded again after it
     assert torch.equal(p, ref) and torch.equal(r, torch.relu(ref)) and not torch.equal(q, torch.relu(ref))
     assert torch.equal(s, x) and torch.equal(t, torch.ones(4))
-    with exact_arithmetic():                               # and no block at all: nothing changes
+    with exact_arithmetic():  # and no block at all: nothing changes
         assert torch.equal(x * 1.0, x)
 
 
@@ -1015,8 +1057,11 @@ def _private_torch_uses(source: str) -> list:
             if private(node.module.split(".")) or private([a.name for a in node.names]):
                 found.append((node.lineno, node.module))
         elif isinstance(node, ast.Import):
-            found += [(node.lineno, a.name) for a in node.names
-                      if a.name.split(".")[0] == "torch" and private(a.name.split("."))]
+            found += [
+                (node.lineno, a.name)
+                for a in node.names
+                if a.name.split(".")[0] == "torch" and private(a.name.split("."))
+            ]
         elif isinstance(node, ast.Attribute):
             parts, n = [], node
             while isinstance(n, ast.Attribute):
@@ -1034,8 +1079,11 @@ def test_private_torch_apis_only_in_torch_internals():
     import mpt_lab
     from mpt_lab import _torch_internals as TI
 
-    assert _private_torch_uses("import torch\nfrom torch.utils._pytree import x\ntorch._C._f()\ntorch.__version__")\
-        == [(2, "torch.utils._pytree"), (3, "torch._C._f"), (3, "torch._C")]
+    assert _private_torch_uses("import torch\nfrom torch.utils._pytree import x\ntorch._C._f()\ntorch.__version__") == [
+        (2, "torch.utils._pytree"),
+        (3, "torch._C._f"),
+        (3, "torch._C"),
+    ]
     root = Path(mpt_lab.__file__).parent
     offenders = {}
     for path in sorted(root.rglob("*.py")):
@@ -1052,4 +1100,4 @@ def test_private_torch_apis_only_in_torch_internals():
     assert issubclass(simulate, TI.TorchDispatchMode)
     assert TI.current_autograd_node() is None
     for name in TI.__all__:
-        assert f"``{name}``" in TI.__doc__, name                      # every name is documented
+        assert f"``{name}``" in TI.__doc__, name  # every name is documented

@@ -31,11 +31,13 @@ def test_box_iou_hand_computed():
     a = torch.tensor([[0.0, 0.0, 2.0, 2.0], [0.0, 0.0, 4.0, 4.0], [5.0, 5.0, 6.0, 6.0]])
     b = torch.tensor([[1.0, 1.0, 3.0, 3.0], [1.0, 1.0, 2.0, 2.0], [0.0, 0.0, 2.0, 2.0], [2.0, 0.0, 4.0, 2.0]])
     iou = box_ops.box_iou(a, b)
-    expected = torch.tensor([
-        [1 / 7, 1 / 4, 1.0, 0.0],          # overlap 1 of union 7; contains b1; identical; touching edge
-        [4 / 16, 1 / 16, 4 / 16, 4 / 16],  # contains all of them
-        [0.0, 0.0, 0.0, 0.0],              # disjoint
-    ])
+    expected = torch.tensor(
+        [
+            [1 / 7, 1 / 4, 1.0, 0.0],  # overlap 1 of union 7; contains b1; identical; touching edge
+            [4 / 16, 1 / 16, 4 / 16, 4 / 16],  # contains all of them
+            [0.0, 0.0, 0.0, 0.0],  # disjoint
+        ]
+    )
     assert iou.shape == (3, 4)
     assert torch.allclose(iou, expected, atol=1e-7)
     # symmetric, and a degenerate (zero-area) box has IoU 0 with everything, itself included
@@ -69,8 +71,9 @@ def test_encode_decode_round_trip_and_hand_values():
     b = torch.tensor([[0.42, 0.32, 0.62, 1.12]])  # centre (0.52, 0.72), size (0.2, 0.8)
     exp = torch.tensor([[0.02 / (0.1 * 0.2), 0.22 / (0.1 * 0.4), 0.0, math.log(2.0) / 0.2]])
     assert torch.allclose(box_ops.encode(b, p), exp, atol=1e-5)
-    assert torch.allclose(box_ops.encode(b, p, variances=(1.0, 1.0)), exp * torch.tensor([0.1, 0.1, 0.2, 0.2]),
-                          atol=1e-6)
+    assert torch.allclose(
+        box_ops.encode(b, p, variances=(1.0, 1.0)), exp * torch.tensor([0.1, 0.1, 0.2, 0.2]), atol=1e-6
+    )
 
 
 def _nms_reference(boxes, scores, t):
@@ -123,8 +126,8 @@ def test_nms_edge_cases_and_speed():
     keep = box_ops.nms(boxes, scores, 0.45)
     kept = boxes[keep]
     iou = box_ops.box_iou(kept, kept) - torch.eye(len(keep))
-    assert len(keep) > 0 and float(iou.max()) <= 0.45          # no two kept boxes overlap more than the threshold
-    assert torch.all(scores[keep][:-1] >= scores[keep][1:])    # in order of score
+    assert len(keep) > 0 and float(iou.max()) <= 0.45  # no two kept boxes overlap more than the threshold
+    assert torch.all(scores[keep][:-1] >= scores[keep][1:])  # in order of score
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -137,8 +140,14 @@ def test_default_boxes_follow_ssd_section_2_2():
     s1, s2 = 0.15, 0.3
     first = pri[:4]
     assert torch.allclose(first[:, :2], torch.full((4, 2), 1 / 32))
-    exp_wh = torch.tensor([[s1, s1], [math.sqrt(s1 * s2)] * 2, [s1 * math.sqrt(2), s1 / math.sqrt(2)],
-                           [s1 / math.sqrt(2), s1 * math.sqrt(2)]])
+    exp_wh = torch.tensor(
+        [
+            [s1, s1],
+            [math.sqrt(s1 * s2)] * 2,
+            [s1 * math.sqrt(2), s1 / math.sqrt(2)],
+            [s1 / math.sqrt(2), s1 * math.sqrt(2)],
+        ]
+    )
     assert torch.allclose(first[:, 2:], exp_wh, atol=1e-6)
     # scales grow linearly from min to max over the sources
     starts = [0, 1024, 1024 + 256, 1024 + 256 + 64]
@@ -161,8 +170,16 @@ def test_model_shapes_names_and_activations():
     assert loc.dtype == conf.dtype == torch.float32
     assert model.priors.shape == (1360, 4) and model.feature_sizes == (16, 8, 4, 2)
     names = dict(model.named_modules())
-    for n in ("backbone.block1.conv1_1", "backbone.block3.relu3_2", "backbone.block4.conv4_2", "l2norm",
-              "extras.block5.conv5_2", "extras.block6.relu6_2", "loc_heads.s16", "conf_heads.s2"):
+    for n in (
+        "backbone.block1.conv1_1",
+        "backbone.block3.relu3_2",
+        "backbone.block4.conv4_2",
+        "l2norm",
+        "extras.block5.conv5_2",
+        "extras.block6.relu6_2",
+        "loc_heads.s16",
+        "conf_heads.s2",
+    ):
         assert n in names, n
     relus = [m for m in model.modules() if isinstance(m, torch.nn.ReLU)]
     assert len(relus) == 10 and not any(m.inplace for m in relus)
@@ -170,8 +187,11 @@ def test_model_shapes_names_and_activations():
     assert any(isinstance(m, torch.nn.BatchNorm2d) for m in build_ssd("small", batch_norm=True).modules())
     # gradient hooks on module outputs see every activation gradient
     grads = {}
-    hooks = [m.register_full_backward_hook(lambda mod, gi, go, k=k: grads.__setitem__(k, go[0].shape))
-             for k, m in names.items() if isinstance(m, torch.nn.ReLU)]
+    hooks = [
+        m.register_full_backward_hook(lambda mod, gi, go, k=k: grads.__setitem__(k, go[0].shape))
+        for k, m in names.items()
+        if isinstance(m, torch.nn.ReLU)
+    ]
     loc, conf = model(x)
     (loc.square().sum() + conf.square().sum()).backward()
     for h in hooks:
@@ -188,13 +208,16 @@ def test_model_shapes_names_and_activations():
     assert big.feature_sizes == (32, 16, 8, 4) and big(torch.rand(1, 1, 128, 128))[0].shape == (1, 5440, 4)
 
 
-@pytest.mark.parametrize("kwargs, exc, name", [
-    (dict(num_classes=1), ValueError, "num_classes"),
-    (dict(width=0), ValueError, "width"),
-    (dict(width="big"), TypeError, "width"),
-    (dict(image_size=80), ValueError, "image_size"),
-    (dict(in_channels=1.0), TypeError, "in_channels"),
-])
+@pytest.mark.parametrize(
+    "kwargs, exc, name",
+    [
+        (dict(num_classes=1), ValueError, "num_classes"),
+        (dict(width=0), ValueError, "width"),
+        (dict(width="big"), TypeError, "width"),
+        (dict(image_size=80), ValueError, "image_size"),
+        (dict(in_channels=1.0), TypeError, "in_channels"),
+    ],
+)
 def test_model_bad_arguments(kwargs, exc, name):
     with pytest.raises(exc, match=name):
         SSD(**kwargs)
@@ -255,7 +278,7 @@ def _loss_reference(loc, conf, targets, priors, ratio=3):
         ce = F.cross_entropy(conf[b], cls_t, reduction="none")
         bg = -torch.log_softmax(conf[b], dim=1)[:, 0]
         negatives = [i for i in sorted(range(d), key=lambda i: (-float(bg[i]), i)) if not pos[i]]
-        negatives = negatives[:min(ratio * n, d - n)]
+        negatives = negatives[: min(ratio * n, d - n)]
         n_neg += len(negatives)
         total_conf += float(ce[pos].sum()) + float(ce[negatives].sum())
         total_loc += float(F.smooth_l1_loss(loc[b][pos], loc_t[pos], reduction="sum"))
@@ -288,8 +311,9 @@ def test_multibox_loss_matches_reference_and_mines_three_negatives_per_positive(
 
 def test_hard_negative_mining_keeps_all_negatives_when_fewer():
     # 4 default boxes; the ground truth matches 2 of them, leaving 2 negatives < 3 * 2
-    priors = torch.tensor([[0.25, 0.25, 0.5, 0.5], [0.25, 0.25, 0.45, 0.45], [0.75, 0.75, 0.5, 0.5],
-                           [0.75, 0.25, 0.5, 0.5]])
+    priors = torch.tensor(
+        [[0.25, 0.25, 0.5, 0.5], [0.25, 0.25, 0.45, 0.45], [0.75, 0.75, 0.5, 0.5], [0.75, 0.25, 0.5, 0.5]]
+    )
     loss_fn = MultiBoxLoss(priors, num_classes=3)
     targets = [{"boxes": torch.tensor([[0.0, 0.0, 0.5, 0.5]]), "labels": torch.tensor([2])}]
     loc = torch.zeros(1, 4, 4)
@@ -377,13 +401,18 @@ def test_detect_decodes_thresholds_and_suppresses():
 # mAP
 # ----------------------------------------------------------------------------------------------------------
 def _det(boxes, scores, labels):
-    return {"boxes": torch.tensor(boxes, dtype=torch.float32).reshape(-1, 4),
-            "scores": torch.tensor(scores, dtype=torch.float32), "labels": torch.tensor(labels, dtype=torch.int64)}
+    return {
+        "boxes": torch.tensor(boxes, dtype=torch.float32).reshape(-1, 4),
+        "scores": torch.tensor(scores, dtype=torch.float32),
+        "labels": torch.tensor(labels, dtype=torch.int64),
+    }
 
 
 def _gt(boxes, labels):
-    return {"boxes": torch.tensor(boxes, dtype=torch.float32).reshape(-1, 4),
-            "labels": torch.tensor(labels, dtype=torch.int64)}
+    return {
+        "boxes": torch.tensor(boxes, dtype=torch.float32).reshape(-1, 4),
+        "labels": torch.tensor(labels, dtype=torch.int64),
+    }
 
 
 A, B, C = [0.0, 0.0, 0.4, 0.4], [0.5, 0.5, 0.9, 0.9], [0.1, 0.6, 0.3, 0.9]
@@ -462,14 +491,18 @@ def _map_reference(dets, gts, thr=0.5):
     aps = []
     for c in classes:
         npos = sum(int((g["labels"] == c).sum()) for g in gts)
-        cand = [(float(s), i, k) for i, d in enumerate(dets) for k, (s, lab) in
-                enumerate(zip(d["scores"], d["labels"])) if int(lab) == c]
+        cand = [
+            (float(s), i, k)
+            for i, d in enumerate(dets)
+            for k, (s, lab) in enumerate(zip(d["scores"], d["labels"]))
+            if int(lab) == c
+        ]
         cand.sort(key=lambda x: -x[0])  # stable: image order, then index
         used = {i: set() for i in range(len(gts))}
         tp = []
         for s, i, k in cand:
             gb = gts[i]["boxes"][gts[i]["labels"] == c]
-            iou = box_ops.box_iou(dets[i]["boxes"][k:k + 1].double(), gb.double())[0].tolist() if len(gb) else []
+            iou = box_ops.box_iou(dets[i]["boxes"][k : k + 1].double(), gb.double())[0].tolist() if len(gb) else []
             best, m = thr, -1
             for j, v in enumerate(iou):
                 if j not in used[i] and v >= best:
@@ -504,7 +537,7 @@ def test_map_matches_cocoeval_rules_written_out(seed):
         src = torch.randint(0, max(n, 1), (k,), generator=g)
         jitter = 0.05 * torch.randn(k, 4, generator=g)
         dboxes = (boxes[src] + jitter) if n else torch.rand(k, 4, generator=g)
-        x, y = dboxes[:, 0::2].sort(1).values, dboxes[:, 1::2].sort(1).values    # x1 ≤ x2, y1 ≤ y2
+        x, y = dboxes[:, 0::2].sort(1).values, dboxes[:, 1::2].sort(1).values  # x1 ≤ x2, y1 ≤ y2
         dboxes = torch.stack([x[:, 0], y[:, 0], x[:, 1], y[:, 1]], 1)
         dlabels = labels[src] if n else torch.randint(1, 4, (k,), generator=g)
         flip = torch.rand(k, generator=g) < 0.2
@@ -599,7 +632,7 @@ def test_training_reaches_map_well_above_chance():
     losses = []
     for step in range(TRAIN_STEPS):
         start = (step * 32) % (len(train) - 32)
-        idx = order[start:start + 32]
+        idx = order[start : start + 32]
         losses.append(train_step(model, loss_fn, opt, *train.batch(idx)))
         sched.step()
     dets = []
@@ -621,19 +654,29 @@ def test_vgg_ssd_has_ssd300s_sources_and_default_boxes():
     model = build_ssd("vgg16_narrow")
     assert isinstance(model, VGGSSD) and isinstance(model, SSD) and model.image_size == 300
     assert model.feature_sizes == (38, 19, 10, 5, 3, 1) and model.boxes_per_location == (4, 6, 6, 6, 4, 4)
-    assert model.priors.shape == (8732, 4)                    # SSD300's 8,732 default boxes
+    assert model.priors.shape == (8732, 4)  # SSD300's 8,732 default boxes
     x = torch.rand(2, 1, 300, 300)
     loc, conf = model(x)
     assert loc.shape == (2, 8732, 4) and conf.shape == (2, 8732, 11)
     names = dict(model.named_modules())
-    for n in ("backbone.block1.conv1_2", "backbone.block3.pool3", "backbone.block4.conv4_3", "backbone.block5.pool5",
-              "backbone.block6.conv6", "backbone.block6.conv7", "extras.block8.conv8_2", "extras.block11.conv11_2",
-              "l2norm", "loc_heads.s38", "conf_heads.s1"):
+    for n in (
+        "backbone.block1.conv1_2",
+        "backbone.block3.pool3",
+        "backbone.block4.conv4_3",
+        "backbone.block5.pool5",
+        "backbone.block6.conv6",
+        "backbone.block6.conv7",
+        "extras.block8.conv8_2",
+        "extras.block11.conv11_2",
+        "l2norm",
+        "loc_heads.s38",
+        "conf_heads.s1",
+    ):
         assert n in names, n
     assert names["backbone.block6.conv6"].dilation == (6, 6) and names["backbone.block3.pool3"].ceil_mode
     convs = [m for m in model.backbone.modules() if isinstance(m, torch.nn.Conv2d)]
-    assert len(convs) == 15                                   # VGG-16's 13 convolutions, conv6 and conv7
-    assert [c.out_channels for c in convs[:13:3]] == [8, 16, 32, 64, 64]   # 64-128-256-512-512 × 1/8
+    assert len(convs) == 15  # VGG-16's 13 convolutions, conv6 and conv7
+    assert [c.out_channels for c in convs[:13:3]] == [8, 16, 32, 64, 64]  # 64-128-256-512-512 × 1/8
     relus = [m for m in model.modules() if isinstance(m, torch.nn.ReLU)]
     assert len(relus) == 23 and not any(m.inplace for m in relus)
     # at full width with 3 channels and 21 classes it is SSD300 (26.3M parameters)
@@ -643,8 +686,9 @@ def test_vgg_ssd_has_ssd300s_sources_and_default_boxes():
     # smaller inputs keep the sources that fit
     small = VGGSSD(image_size=64, width=0.125)
     assert small.feature_sizes == (8, 4, 2, 1) and small(torch.rand(1, 1, 64, 64))[0].shape == (1, 382, 4)
-    assert any(isinstance(m, torch.nn.BatchNorm2d) for m in VGGSSD(image_size=64, width=0.125,
-                                                                   batch_norm=True).modules())
+    assert any(
+        isinstance(m, torch.nn.BatchNorm2d) for m in VGGSSD(image_size=64, width=0.125, batch_norm=True).modules()
+    )
     with pytest.raises(ValueError, match="image_size"):
         VGGSSD(image_size=32)
 
@@ -656,15 +700,18 @@ def test_init_gain_and_input_scale():
     b = build_ssd("small", init_gain=0.5)
     for (name, pa), pb in zip(a.named_parameters(), b.parameters()):
         if name.startswith(("backbone", "extras")) and name.endswith("weight"):
-            assert torch.allclose(pb, 0.5 * pa), name             # backbone and extras: He × 0.5
+            assert torch.allclose(pb, 0.5 * pa), name  # backbone and extras: He × 0.5
         else:
-            assert torch.equal(pa, pb), name                      # heads, L2Norm and biases unchanged
+            assert torch.equal(pa, pb), name  # heads, L2Norm and biases unchanged
     c = build_ssd("small", input_scale=255.0)
     c.load_state_dict(a.state_dict())
     x = torch.rand(2, 1, 64, 64)
     assert torch.allclose(c(x)[0], a(x * 255.0)[0], rtol=1e-5, atol=1e-5)
-    for kwargs, exc in ((dict(init_gain=0.0), ValueError), (dict(input_scale="big"), TypeError),
-                        (dict(init_gain=float("inf")), ValueError)):
+    for kwargs, exc in (
+        (dict(init_gain=0.0), ValueError),
+        (dict(input_scale="big"), TypeError),
+        (dict(init_gain=float("inf")), ValueError),
+    ):
         with pytest.raises(exc, match=next(iter(kwargs))):
             SSD(**kwargs)
 

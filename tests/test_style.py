@@ -22,8 +22,7 @@ ANNOTATIONS_PENDING = {
 
 
 def _ruff(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ruff", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run([sys.executable, "-m", "ruff", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
 def _formatted() -> bool:
@@ -46,8 +45,10 @@ def test_ruff_check_is_clean():
 
 def test_ruff_format_check_is_clean():
     if not _formatted():
-        pytest.skip("the tree has not had its one `ruff format` pass yet (done after the branches of this turn are "
-                    "merged, in a commit of its own; then [tool.mpt_lab] ruff_formatted = true in pyproject.toml)")
+        pytest.skip(
+            "the tree has not had its one `ruff format` pass yet (done after the branches of this turn are "
+            "merged, in a commit of its own; then [tool.mpt_lab] ruff_formatted = true in pyproject.toml)"
+        )
     proc = _ruff("format", "--check", "--no-cache", ".")
     assert proc.returncode == 0, "ruff format --check (run `ruff format` on these files):\n" + proc.stdout[-6000:]
 
@@ -59,8 +60,7 @@ def _public_functions() -> list:
     out = []
     for path in sorted((ROOT / "mpt_lab").rglob("*.py")):
         rel = path.relative_to(ROOT)
-        if any(part.startswith("_") and part != "__init__.py" for part in rel.parts) or \
-                str(rel) in ANNOTATIONS_PENDING:
+        if any(part.startswith("_") and part != "__init__.py" for part in rel.parts) or str(rel) in ANNOTATIONS_PENDING:
             continue
         tree = ast.parse(path.read_text())
         for node in tree.body:
@@ -77,7 +77,7 @@ def _unannotated(node: ast.FunctionDef, method: bool) -> list:
     args = node.args
     params = [*args.posonlyargs, *args.args, *args.kwonlyargs]
     if method and params and not any(isinstance(d, ast.Name) and d.id == "staticmethod" for d in node.decorator_list):
-        params = params[1:]                                    # self / cls
+        params = params[1:]  # self / cls
     missing = [a.arg for a in params if a.annotation is None]
     missing += [f"*{a.arg}" for a in (args.vararg, args.kwarg) if a is not None and a.annotation is None]
     if node.returns is None and not any(isinstance(d, ast.Name) and d.id == "property" for d in node.decorator_list):
@@ -91,4 +91,5 @@ def test_public_functions_are_annotated():
     found = {where.split(" ")[1]: _unannotated(node, method) for where, node, method in _public_functions()}
     found = {name: missing for name, missing in found.items() if missing}
     assert not found, f"{len(found)} public functions without full annotations: " + "; ".join(
-        f"{name} ({', '.join(m)})" for name, m in sorted(found.items())[:60])
+        f"{name} ({', '.join(m)})" for name, m in sorted(found.items())[:60]
+    )

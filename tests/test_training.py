@@ -12,13 +12,13 @@ from mpt_lab.scaling import GradScaler
 
 def test_shuffled_batches_cover_each_epoch_once():
     it = training.shuffled_batches(10, 3, seed=0)
-    batches = [next(it) for _ in range(6)]                  # two epochs of 3 full batches (the tail is dropped)
+    batches = [next(it) for _ in range(6)]  # two epochs of 3 full batches (the tail is dropped)
     assert all(b.shape == (3,) and b.dtype == torch.int64 for b in batches)
     for epoch in (batches[:3], batches[3:]):
         seen = torch.cat(epoch)
         assert len(set(seen.tolist())) == 9 and seen.max() < 10
     again = training.shuffled_batches(10, 3, generator=torch.Generator().manual_seed(0))
-    assert all(torch.equal(a, next(again)) for a in batches)        # reproducible from the generator
+    assert all(torch.equal(a, next(again)) for a in batches)  # reproducible from the generator
     with pytest.raises(ValueError, match="batch_size"):
         next(training.shuffled_batches(10, 0))
     with pytest.raises(ValueError, match="n must"):
@@ -28,7 +28,7 @@ def test_shuffled_batches_cover_each_epoch_once():
 def test_backward_step_with_and_without_a_scaler():
     x, y = torch.randn(8, 64), torch.randint(0, 10, (8,))
     a, b = digits_mlp(16, seed=0), digits_mlp(16, seed=0)
-    for m, scaler in ((a, None), (b, GradScaler(init_scale=2.0 ** 10))):
+    for m, scaler in ((a, None), (b, GradScaler(init_scale=2.0**10))):
         opt = torch.optim.SGD(m.parameters(), lr=0.1)
         training.backward_step(torch.nn.functional.cross_entropy(m(x), y), opt, scaler)
     # a power-of-two loss scale cancels exactly in FP32
@@ -52,7 +52,7 @@ def test_digits_mlp_shapes_and_seed():
     assert m(torch.zeros(5, 64)).shape == (5, 10)
     state = torch.random.get_rng_state()
     same = digits_mlp(32, 2, seed=3)
-    assert torch.equal(torch.random.get_rng_state(), state)          # the global random state is untouched
+    assert torch.equal(torch.random.get_rng_state(), state)  # the global random state is untouched
     assert all(torch.equal(p, q) for p, q in zip(m.parameters(), same.parameters()))
     with pytest.raises(ValueError, match="hidden"):
         digits_mlp(0)
@@ -64,7 +64,7 @@ def test_upsampled_digits():
     xtr, ytr, xte, yte = upsampled_digits(16, seed=0)
     x8 = digits_data(seed=0)[0]
     assert xtr.shape == (len(x8), 1, 16, 16) and xte.shape[1:] == (1, 16, 16) and ytr.dtype == torch.int64
-    assert torch.allclose(xtr.mean((1, 2, 3)), x8.mean(1), atol=0.05)    # bilinear upsampling keeps the mean
+    assert torch.allclose(xtr.mean((1, 2, 3)), x8.mean(1), atol=0.05)  # bilinear upsampling keeps the mean
     with pytest.raises(ValueError, match="image_size"):
         upsampled_digits(0)
 
@@ -81,4 +81,4 @@ def test_evaluate_detector_runs_in_batches_and_restores_training_mode():
 def test_lr_factor_warms_up_then_decays_to_its_floor():
     assert training.lr_factor(0, 100) == pytest.approx(0.1) and training.lr_factor(9, 100) == 1.0
     assert training.lr_factor(100, 100) == pytest.approx(0.1)
-    assert training.lr_factor(55, 100) == pytest.approx(0.1 + 0.9 * 0.5)      # half-way through the decay
+    assert training.lr_factor(55, 100) == pytest.approx(0.1 + 0.9 * 0.5)  # half-way through the decay

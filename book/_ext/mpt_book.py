@@ -78,7 +78,7 @@ def _longest_first(paths: list[Path], srcdir: Path) -> list[Path]:
 
 
 def _execute_in_parallel(app, env, docnames) -> None:
-    config = getattr(env, "mystnb_config", None)       # myst-nb's settings, its cache path resolved
+    config = getattr(env, "mystnb_config", None)  # myst-nb's settings, its cache path resolved
     if config is None or config.execution_mode != "cache" or not config.execution_cache_path:
         return
     jobs = _jobs()
@@ -107,18 +107,22 @@ def _execute_in_parallel(app, env, docnames) -> None:
     timeout = config.execution_timeout
     t0 = time.perf_counter()
     with ProcessPoolExecutor(max_workers=min(jobs, len(todo))) as pool:
-        futures = [pool.submit(_execute, str(p), timeout, bool(config.execution_allow_errors),
-                               bool(config.execution_in_temp)) for p in todo]
+        futures = [
+            pool.submit(_execute, str(p), timeout, bool(config.execution_allow_errors), bool(config.execution_in_temp))
+            for p in todo
+        ]
         for future in as_completed(futures):
             path, text, seconds, error = future.result()
             rel = os.path.relpath(path, srcdir)
-            if error is not None:   # left out of the cache: myst-nb runs it again and reports the error its way
+            if error is not None:  # left out of the cache: myst-nb runs it again and reports the error its way
                 LOGGER.info(f"[mpt_book] {rel}: failed in {seconds:.2f} s; myst-nb reruns it")
                 continue
             cache.add_nb_to_project(path)
-            cache.cache_notebook_bundle(CacheBundleIn(nbformat.reads(text, as_version=4), path,
-                                                      data={"execution_seconds": seconds}),
-                                        check_validity=False, overwrite=True)
+            cache.cache_notebook_bundle(
+                CacheBundleIn(nbformat.reads(text, as_version=4), path, data={"execution_seconds": seconds}),
+                check_validity=False,
+                overwrite=True,
+            )
             LOGGER.info(f"{rel}: Executed notebook in {seconds:.2f} seconds")
     LOGGER.info(f"[mpt_book] {len(todo)} notebooks executed in {time.perf_counter() - t0:.0f} s")
 
@@ -127,7 +131,7 @@ def _cache_per_profile(app, config) -> None:
     """One execution cache per ``MPT_LAB_PROFILE`` (``_build/.jupyter_cache/<profile>``), so that a build in one
     profile never serves the outputs another profile computed (the cache keys a notebook by its code only)."""
     if getattr(config, "nb_execution_cache_path", None):
-        return                                            # set by the book's configuration: leave it
+        return  # set by the book's configuration: leave it
     profile = os.environ.get("MPT_LAB_PROFILE", "").strip().lower() or "default"
     config.nb_execution_cache_path = str(Path(app.outdir).parent / ".jupyter_cache" / profile)
 
@@ -152,7 +156,7 @@ def _write_executed_notebooks(app, exception) -> None:
         try:
             _, merged = cache.merge_match_into_notebook(nbformat.read(str(path), as_version=4))
         except KeyError:
-            continue                                          # not executed (excluded, or failed)
+            continue  # not executed (excluded, or failed)
         target = out.joinpath(*(docname + ".ipynb").split("/"))
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(nbformat.writes(merged), encoding="utf8")

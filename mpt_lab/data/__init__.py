@@ -13,17 +13,37 @@
 
 from .digits import digits_data, upsampled_digits
 from .digits_detection import (
-                               BACKGROUNDS,
-                               CLASS_NAMES,
-                               NUM_CLASSES,
-                               TEST_GLYPHS,
-                               TRAIN_GLYPHS,
-                               DigitsDetection,
-                               collate_fn,
-                               detection_split,
+    BACKGROUNDS,
+    CLASS_NAMES,
+    NUM_CLASSES,
+    TEST_GLYPHS,
+    TRAIN_GLYPHS,
+    DigitsDetection,
+    collate_fn,
+    detection_split,
 )
 from .graphs import REDDIT, Graph, rand_graph, synthetic_reddit
 from .text import TextCorpus, batchify, bptt_batches, kjv_characters, kjv_corpus, lm_windows
 
-__all__ = ["TextCorpus", "kjv_corpus", "kjv_characters", "batchify", "bptt_batches", "lm_windows", "REDDIT", "Graph", "rand_graph", "synthetic_reddit", "DigitsDetection", "digits_data", "upsampled_digits", "collate_fn", "CLASS_NAMES", "NUM_CLASSES", "TRAIN_GLYPHS", "TEST_GLYPHS",
-           "BACKGROUNDS", "detection_split"]
+__all__ = [
+    "TextCorpus",
+    "kjv_corpus",
+    "kjv_characters",
+    "batchify",
+    "bptt_batches",
+    "lm_windows",
+    "REDDIT",
+    "Graph",
+    "rand_graph",
+    "synthetic_reddit",
+    "DigitsDetection",
+    "digits_data",
+    "upsampled_digits",
+    "collate_fn",
+    "CLASS_NAMES",
+    "NUM_CLASSES",
+    "TRAIN_GLYPHS",
+    "TEST_GLYPHS",
+    "BACKGROUNDS",
+    "detection_split",
+]

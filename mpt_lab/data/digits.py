@@ -10,7 +10,9 @@ from ..device import DeviceLike
 __all__ = ["digits_data", "upsampled_digits"]
 
 
-def digits_data(seed: int = 0, device: DeviceLike="cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def digits_data(
+    seed: int = 0, device: DeviceLike = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """scikit-learn's 8×8 digits as float32 tensors scaled to [0, 1], split 80/20 deterministically by ``seed``.
 
     Returns
@@ -29,7 +31,9 @@ def digits_data(seed: int = 0, device: DeviceLike="cpu") -> tuple[torch.Tensor, 
     return x[:n], y[:n], x[n:], y[n:]
 
 
-def upsampled_digits(image_size: int = 32, seed: int = 0, device: DeviceLike="cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def upsampled_digits(
+    image_size: int = 32, seed: int = 0, device: DeviceLike = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The digits of :func:`digits_data` as images, bilinearly upsampled from 8×8 to ``image_size``².
 
     Returns
@@ -47,7 +51,8 @@ def upsampled_digits(image_size: int = 32, seed: int = 0, device: DeviceLike="cp
     xtr, ytr, xte, yte = digits_data(seed, device)
 
     def up(x):
-        return F.interpolate(x.reshape(-1, 1, 8, 8), size=(image_size, image_size), mode="bilinear",
-                             align_corners=False)
+        return F.interpolate(
+            x.reshape(-1, 1, 8, 8), size=(image_size, image_size), mode="bilinear", align_corners=False
+        )
 
     return up(xtr), ytr, up(xte), yte

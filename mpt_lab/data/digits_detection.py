@@ -42,8 +42,18 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-__all__ = ["DigitsDetection", "detection_split", "WIDEST_TEST_IMAGE", "collate_fn", "CLASS_NAMES", "NUM_CLASSES", "INK_THRESHOLD",
-           "TRAIN_GLYPHS", "TEST_GLYPHS", "BACKGROUNDS"]
+__all__ = [
+    "DigitsDetection",
+    "detection_split",
+    "WIDEST_TEST_IMAGE",
+    "collate_fn",
+    "CLASS_NAMES",
+    "NUM_CLASSES",
+    "INK_THRESHOLD",
+    "TRAIN_GLYPHS",
+    "TEST_GLYPHS",
+    "BACKGROUNDS",
+]
 
 #: Class names indexed by label: 0 is the background class, 1..10 are the digits 0..9.
 CLASS_NAMES = ("background",) + tuple(str(d) for d in range(10))
@@ -155,9 +165,19 @@ class DigitsDetection(Dataset):
         An argument of the wrong type or out of range (the message names it).
     """
 
-    def __init__(self, split: str = "train", n_images: int = 2000, image_size: int = 64, seed: int = 0,
-                 max_objects: int = 4, background: str = "photo", *, min_size: int | None = None,
-                 max_size: int | None = None, max_overlap: float = 0.2):
+    def __init__(
+        self,
+        split: str = "train",
+        n_images: int = 2000,
+        image_size: int = 64,
+        seed: int = 0,
+        max_objects: int = 4,
+        background: str = "photo",
+        *,
+        min_size: int | None = None,
+        max_size: int | None = None,
+        max_overlap: float = 0.2,
+    ):
         if not isinstance(split, str):
             raise TypeError(f"split must be a str, got {type(split).__name__}")
         if split not in _SPLIT_CODE:
@@ -210,8 +230,16 @@ class DigitsDetection(Dataset):
                         ok = False
                         break
                 if ok:
-                    objs.append(dict(x0=x0, y0=y0, w=w, h=h, glyph=int(self.glyph_indices[int(r[4] * n_glyphs)]),
-                                     intensity=0.6 + 0.4 * float(r[5])))
+                    objs.append(
+                        dict(
+                            x0=x0,
+                            y0=y0,
+                            w=w,
+                            h=h,
+                            glyph=int(self.glyph_indices[int(r[4] * n_glyphs)]),
+                            intensity=0.6 + 0.4 * float(r[5]),
+                        )
+                    )
                     break
         bg: dict[str, Any] = dict(noise=0.04 * float(u[1]) if self.background != "none" else 0.0)
         if self.background == "photo":
@@ -224,13 +252,21 @@ class DigitsDetection(Dataset):
                 factor = 1
             c = s * factor
             if hi - lo < c or ph < c:
-                raise ValueError(f"image_size must be at most {min(ph, pw - _PHOTO_SPLIT_COLUMN)} for photo "
-                                 f"backgrounds, got {s}")
+                raise ValueError(
+                    f"image_size must be at most {min(ph, pw - _PHOTO_SPLIT_COLUMN)} for photo backgrounds, got {s}"
+                )
             # the crop's corner (in photograph pixels) is a multiple of `factor`
             x = lo + factor * int(u[4] * ((hi - lo - c) // factor + 1))
             y = factor * int(u[5] * ((ph - c) // factor + 1))
-            bg.update(photo=k, factor=factor, x=x, y=y,
-                      flip=bool(u[6] < 0.5), level=0.05 + 0.3 * float(u[7]), gain=float(rng.uniform(0.4, 1.2)))
+            bg.update(
+                photo=k,
+                factor=factor,
+                x=x,
+                y=y,
+                flip=bool(u[6] < 0.5),
+                level=0.05 + 0.3 * float(u[7]),
+                gain=float(rng.uniform(0.4, 1.2)),
+            )
         elif self.background == "noise":
             bg.update(level=0.3 * float(u[2]), noise=0.02 + 0.08 * float(u[3]))
         return dict(objects=objs, background=bg)
@@ -248,7 +284,7 @@ class DigitsDetection(Dataset):
             for (k, f), members in groups.items():
                 photo = _pooled_photo(k, f)
                 bgs = [layouts[i]["background"] for i in members]
-                crops = np.stack([photo[b["y"] // f:b["y"] // f + s, b["x"] // f:b["x"] // f + s] for b in bgs])
+                crops = np.stack([photo[b["y"] // f : b["y"] // f + s, b["x"] // f : b["x"] // f + s] for b in bgs])
                 flip = np.array([b["flip"] for b in bgs])
                 crops[flip] = crops[flip][:, :, ::-1]
                 level = np.array([b["level"] for b in bgs], dtype=np.float32)[:, None, None]
@@ -292,18 +328,23 @@ class DigitsDetection(Dataset):
             for j, o in enumerate(lay["objects"]):
                 a, (c0, r0, c1, r1) = alphas[(i, j)]
                 y0, x0 = o["y0"], o["x0"]
-                region = img[y0:y0 + o["h"], x0:x0 + o["w"]]
+                region = img[y0 : y0 + o["h"], x0 : x0 + o["w"]]
                 region *= 1.0 - a
                 region += o["intensity"] * a
                 boxes.append((x0 + c0, y0 + r0, x0 + c1, y0 + r1))
                 labels.append(int(digits[o["glyph"]]) + 1)
                 ids.append(o["glyph"])
-            targets.append({"boxes": torch.tensor(boxes, dtype=torch.float32).reshape(-1, 4) / s,
-                            "labels": torch.tensor(labels, dtype=torch.int64)})
+            targets.append(
+                {
+                    "boxes": torch.tensor(boxes, dtype=torch.float32).reshape(-1, 4) / s,
+                    "labels": torch.tensor(labels, dtype=torch.int64),
+                }
+            )
             glyph_ids.append(torch.tensor(ids, dtype=torch.int64))
         # Gaussian noise from one stream per (seed, split): image i takes the i-th block of H*W normals.
         noise = np.random.default_rng([self.seed, _SPLIT_CODE[self.split], 2**32 - 1]).standard_normal(
-            (n, s, s), dtype=np.float32)
+            (n, s, s), dtype=np.float32
+        )
         sigma = np.array([lay["background"]["noise"] for lay in layouts], dtype=np.float32)
         images += noise * sigma[:, None, None]
         np.clip(images, 0.0, 1.0, out=images)
@@ -329,7 +370,7 @@ class DigitsDetection(Dataset):
         s = self.image_size
         masks = torch.zeros(len(lay["objects"]), s, s)
         for j, o in enumerate(lay["objects"]):
-            masks[j, o["y0"]:o["y0"] + o["h"], o["x0"]:o["x0"] + o["w"]] = torch.from_numpy(alphas[(0, j)][0])
+            masks[j, o["y0"] : o["y0"] + o["h"], o["x0"] : o["x0"] + o["w"]] = torch.from_numpy(alphas[(0, j)][0])
         return masks
 
     def _index(self, index) -> int:
@@ -361,11 +402,15 @@ class DigitsDetection(Dataset):
         return self.images[idx], [self.targets[i] for i in idx]
 
     def __repr__(self) -> str:
-        return (f"DigitsDetection(split={self.split!r}, n_images={self.n_images}, image_size={self.image_size}, "
-                f"seed={self.seed}, max_objects={self.max_objects}, background={self.background!r})")
+        return (
+            f"DigitsDetection(split={self.split!r}, n_images={self.n_images}, image_size={self.image_size}, "
+            f"seed={self.seed}, max_objects={self.max_objects}, background={self.background!r})"
+        )
 
 
-def collate_fn(batch: Sequence[tuple[torch.Tensor, dict[str, torch.Tensor]]]) -> tuple[torch.Tensor, list[dict[str, torch.Tensor]]]:
+def collate_fn(
+    batch: Sequence[tuple[torch.Tensor, dict[str, torch.Tensor]]],
+) -> tuple[torch.Tensor, list[dict[str, torch.Tensor]]]:
     """Collate ``(image, target)`` pairs for a :class:`torch.utils.data.DataLoader`.
 
     Parameters
@@ -389,8 +434,12 @@ def collate_fn(batch: Sequence[tuple[torch.Tensor, dict[str, torch.Tensor]]]) ->
     if len(batch) == 0:
         raise ValueError("batch must not be empty")
     for item in batch:
-        if not (isinstance(item, (list, tuple)) and len(item) == 2 and isinstance(item[0], torch.Tensor)
-                and isinstance(item[1], dict)):
+        if not (
+            isinstance(item, (list, tuple))
+            and len(item) == 2
+            and isinstance(item[0], torch.Tensor)
+            and isinstance(item[1], dict)
+        ):
             raise TypeError("batch must hold (image tensor, target dict) pairs")
     return torch.stack([item[0] for item in batch]), [item[1] for item in batch]
 
@@ -404,8 +453,9 @@ class _Upsampled:
     """A detection data set's images resized to ``image_size`` (bilinear), with the same normalised boxes."""
 
     def __init__(self, data, image_size: int):
-        self.images = torch.nn.functional.interpolate(data.images, size=(image_size, image_size), mode="bilinear",
-                                                      align_corners=False).clamp_(0.0, 1.0)
+        self.images = torch.nn.functional.interpolate(
+            data.images, size=(image_size, image_size), mode="bilinear", align_corners=False
+        ).clamp_(0.0, 1.0)
         self.targets = data.targets
 
     def __len__(self) -> int:

@@ -80,19 +80,25 @@ class Graph:
 
     def nbytes(self) -> int:
         """Bytes held by the graph's tensors (edges, features, labels, masks)."""
-        return sum(t.numel() * t.element_size() for t in (self.edge_index, self.x, self.y, self.train_mask,
-                                                            self.val_mask, self.test_mask))
+        return sum(
+            t.numel() * t.element_size()
+            for t in (self.edge_index, self.x, self.y, self.train_mask, self.val_mask, self.test_mask)
+        )
 
     def to(self, device: DeviceLike) -> Graph:
         """A copy of the graph with every tensor on ``device`` (a torch.device or str)."""
-        return Graph(*(t.to(device) for t in (self.edge_index, self.x, self.y, self.train_mask, self.val_mask,
-                                               self.test_mask)), self.num_classes)
+        return Graph(
+            *(t.to(device) for t in (self.edge_index, self.x, self.y, self.train_mask, self.val_mask, self.test_mask)),
+            self.num_classes,
+        )
 
     def describe(self) -> str:
         """One line: nodes, edges, features, classes and the sizes of the train/val/test splits."""
-        return (f"{self.num_nodes:,} nodes, {self.num_edges:,} edges, {self.num_features} features, "
-                f"{self.num_classes} classes (train/val/test {int(self.train_mask.sum()):,}/"
-                f"{int(self.val_mask.sum()):,}/{int(self.test_mask.sum()):,})")
+        return (
+            f"{self.num_nodes:,} nodes, {self.num_edges:,} edges, {self.num_features} features, "
+            f"{self.num_classes} classes (train/val/test {int(self.train_mask.sum()):,}/"
+            f"{int(self.val_mask.sum()):,}/{int(self.test_mask.sum()):,})"
+        )
 
 
 def _positive_int(v, name: str, minimum: int = 1) -> int:
@@ -103,7 +109,7 @@ def _positive_int(v, name: str, minimum: int = 1) -> int:
     return v
 
 
-def rand_graph(num_nodes: int, num_edges: int, *, seed: int = 0, device: DeviceLike="cpu") -> torch.Tensor:
+def rand_graph(num_nodes: int, num_edges: int, *, seed: int = 0, device: DeviceLike = "cpu") -> torch.Tensor:
     """``edge_index`` of a random directed graph: ``num_edges`` (source, target) pairs drawn uniformly and
     independently from ``num_nodes`` nodes (duplicates and self loops possible), as ``dgl.rand_graph`` does.
 
@@ -128,10 +134,18 @@ def add_self_loops(edge_index: torch.Tensor, num_nodes: int) -> torch.Tensor:
     return torch.cat([edge_index[:, keep], loops], dim=1)
 
 
-def synthetic_reddit(num_nodes: int = REDDIT["num_nodes"], avg_degree: float = 50.0, *,
-                     num_features: int = REDDIT["num_features"], num_classes: int = REDDIT["num_classes"],
-                     homophily: float = 0.7, feature_signal: float = 2.0, self_loops: bool = True,
-                     seed: int = 0, device: DeviceLike="cpu") -> Graph:
+def synthetic_reddit(
+    num_nodes: int = REDDIT["num_nodes"],
+    avg_degree: float = 50.0,
+    *,
+    num_features: int = REDDIT["num_features"],
+    num_classes: int = REDDIT["num_classes"],
+    homophily: float = 0.7,
+    feature_signal: float = 2.0,
+    self_loops: bool = True,
+    seed: int = 0,
+    device: DeviceLike = "cpu",
+) -> Graph:
     """A synthetic graph with Reddit's shape and learnable class structure.  **Not the Reddit data.**
 
     Construction (all draws from ``torch.Generator`` seeded with ``seed``, on ``device``):
@@ -193,8 +207,8 @@ def synthetic_reddit(num_nodes: int = REDDIT["num_nodes"], avg_degree: float = 5
     y_sorted = torch.repeat_interleave(torch.arange(C), sizes)
     perm = torch.randperm(N, generator=cpu_gen)
     y = torch.empty(N, dtype=torch.long)
-    y[perm] = y_sorted                       # node perm[j] has class y_sorted[j]
-    members = perm.to(device)                # nodes grouped by class: members[start[c]:start[c] + sizes[c]]
+    y[perm] = y_sorted  # node perm[j] has class y_sorted[j]
+    members = perm.to(device)  # nodes grouped by class: members[start[c]:start[c] + sizes[c]]
     start = (torch.cumsum(sizes, 0) - sizes).to(device)
     sizes, y = sizes.to(device), y.to(device)
 
@@ -202,7 +216,7 @@ def synthetic_reddit(num_nodes: int = REDDIT["num_nodes"], avg_degree: float = 5
     mu = torch.randn(C, num_features, generator=gen, device=device)
     mu = mu / mu.norm(dim=1, keepdim=True)
     x = torch.empty(N, num_features, device=device)
-    chunk = max(1, 2 ** 24 // num_features)
+    chunk = max(1, 2**24 // num_features)
     for i in range(0, N, chunk):
         j = min(N, i + chunk)
         x[i:j] = feature_signal * mu[y[i:j]] + torch.randn(j - i, num_features, generator=gen, device=device)
@@ -214,7 +228,7 @@ def synthetic_reddit(num_nodes: int = REDDIT["num_nodes"], avg_degree: float = 5
     c = y[src]
     offset = (torch.rand(m, generator=gen, device=device) * sizes[c]).long().clamp_max_(sizes[c] - 1)
     mate = members[start[c] + offset]
-    mate = torch.where(mate == src, members[start[c] + (offset + 1) % sizes[c]], mate)   # a same-class *other* node
+    mate = torch.where(mate == src, members[start[c] + (offset + 1) % sizes[c]], mate)  # a same-class *other* node
     dst = torch.where(same, mate, torch.randint(0, N, (m,), generator=gen, device=device))
     del mate
     del same, c, offset

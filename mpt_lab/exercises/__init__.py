@@ -45,5 +45,18 @@ for _name in CHAPTER_MODULES:
     importlib.import_module(f"{__name__}.{_name}")
 del _name
 
-__all__ = ["Feedback", "Exercise", "EXERCISES", "check", "solution", "show", "list_exercises", "solution_dropdown",
-           "SolutionDropdown", "get_exercise", "CHAPTER_MODULES", "UNANSWERED_VALUE", "UNANSWERED_FUNCTION"]
+__all__ = [
+    "Feedback",
+    "Exercise",
+    "EXERCISES",
+    "check",
+    "solution",
+    "show",
+    "list_exercises",
+    "solution_dropdown",
+    "SolutionDropdown",
+    "get_exercise",
+    "CHAPTER_MODULES",
+    "UNANSWERED_VALUE",
+    "UNANSWERED_FUNCTION",
+]

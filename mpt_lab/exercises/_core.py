@@ -20,9 +20,27 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Feedback", "Exercise", "EXERCISES", "register", "get_exercise", "check", "solution", "show",
-           "list_exercises", "solution_dropdown", "SolutionDropdown", "UNANSWERED_VALUE", "UNANSWERED_FUNCTION",
-           "is_real", "expect_int", "expect_float", "as_list", "entries_text", "short"]
+__all__ = [
+    "Feedback",
+    "Exercise",
+    "EXERCISES",
+    "register",
+    "get_exercise",
+    "check",
+    "solution",
+    "show",
+    "list_exercises",
+    "solution_dropdown",
+    "SolutionDropdown",
+    "UNANSWERED_VALUE",
+    "UNANSWERED_FUNCTION",
+    "is_real",
+    "expect_int",
+    "expect_float",
+    "as_list",
+    "entries_text",
+    "short",
+]
 
 
 @dataclass(frozen=True)
@@ -64,13 +82,15 @@ class Feedback:
         icon, _, color = self._status()
         hint = "" if self.passed or not self.hint else f"<br><i>Hint:</i> {html.escape(self.hint)}"
         if self.details:
-            hint = (f'<pre style="white-space:pre-wrap;font-size:85%;margin:4px 0">{html.escape(self.details)}</pre>'
-                    + hint)
+            hint = (
+                f'<pre style="white-space:pre-wrap;font-size:85%;margin:4px 0">{html.escape(self.details)}</pre>' + hint
+            )
         style = f"background:{color};padding:6px 10px;border-radius:4px"
         if not self.answered:
             style += ";color:#555;border:1px dashed #bbb"
-        return (f'<div style="{style}">{icon} <b>{html.escape(self.exercise)}</b> '
-                f'{html.escape(self.message)}{hint}</div>')
+        return (
+            f'<div style="{style}">{icon} <b>{html.escape(self.exercise)}</b> {html.escape(self.message)}{hint}</div>'
+        )
 
 
 @dataclass(frozen=True)
@@ -138,8 +158,10 @@ def _key(exercise_id: str) -> tuple:
 
 #: What an unanswered exercise says, for a value and for a function.
 UNANSWERED_VALUE = "your answer goes here. Replace None with your answer and run the cell again."
-UNANSWERED_FUNCTION = ("your answer goes here. Write the function's body (its first call still raises "
-                       "NotImplementedError) and run the cell again.")
+UNANSWERED_FUNCTION = (
+    "your answer goes here. Write the function's body (its first call still raises "
+    "NotImplementedError) and run the cell again."
+)
 
 
 _REPR = reprlib.Repr()
@@ -149,9 +171,9 @@ _REPR.maxstring, _REPR.maxother, _REPR.maxlist, _REPR.maxtuple, _REPR.maxdict = 
 def _argument_text(value: Any) -> str:
     """A short, readable repr of one argument of the reader's function (arrays and tensors summarised)."""
     if isinstance(value, float):
-        return repr(value)                                      # every digit: the exact value matters here
+        return repr(value)  # every digit: the exact value matters here
     shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
-    if shape is not None and dtype is not None and hasattr(value, "tolist"):   # a NumPy array or a torch tensor
+    if shape is not None and dtype is not None and hasattr(value, "tolist"):  # a NumPy array or a torch tensor
         kind = "tensor" if type(value).__module__.startswith("torch") else "array"
         try:
             first = value.reshape(-1)[:6].tolist()
@@ -162,7 +184,7 @@ def _argument_text(value: Any) -> str:
         shown = ", ".join(f"{v:g}" if isinstance(v, (int, float)) else repr(v) for v in first[:3])
         return f"{kind} of shape {tuple(shape)}, dtype {dtype}: [{shown}, …]"
     text = _REPR.repr(value)
-    return f"{type(value).__name__}(…)" if "\n" in text else text   # a model: its name, not its many lines
+    return f"{type(value).__name__}(…)" if "\n" in text else text  # a model: its name, not its many lines
 
 
 def _call_text(fn: Callable, args: tuple, kwargs: dict) -> str:
@@ -233,13 +255,13 @@ def check(exercise_id: str, answer: Any) -> Feedback:
         answer, record = _watch_first_call(answer)
     details = ""
     try:
-        passed, message, *more = ex.checker(answer)   # (passed, message) or (passed, message, details)
+        passed, message, *more = ex.checker(answer)  # (passed, message) or (passed, message, details)
         details = more[0] if more else ""
     except Exception as err:  # a student's function may raise anything: report it, do not crash the notebook
         raised = record["error"] if record is not None else None
-        if raised is not None and raised[0] is err:   # the reader's function raised: show its call and traceback
+        if raised is not None and raised[0] is err:  # the reader's function raised: show its call and traceback
             passed, message, details = False, f"{raised[1]} raised {type(err).__name__}: {err}", raised[2]
-        else:                                         # the check could not handle what the function returned
+        else:  # the check could not handle what the function returned
             passed, message = False, f"checking raised {type(err).__name__}: {err}"
     if record is not None and record["not_implemented"]:
         return Feedback(ex.id, False, UNANSWERED_FUNCTION, answered=False)
@@ -297,7 +319,7 @@ def _render(worked: str) -> str:
     """HTML of a worked solution: fenced code blocks as <pre>, other paragraphs as <p>."""
     out, pos = [], 0
     for m in _FENCE.finditer(worked):
-        out += [f"<p>{_inline(p.strip())}</p>" for p in worked[pos:m.start()].split("\n\n") if p.strip()]
+        out += [f"<p>{_inline(p.strip())}</p>" for p in worked[pos : m.start()].split("\n\n") if p.strip()]
         out.append(f'<pre style="white-space:pre-wrap"><code>{html.escape(m.group(1))}</code></pre>')
         pos = m.end()
     out += [f"<p>{_inline(p.strip())}</p>" for p in worked[pos:].split("\n\n") if p.strip()]
@@ -314,25 +336,31 @@ class SolutionDropdown:
         self.exercise = ex
         answer = ex.solution()
         shown = _answer_text(answer)
-        asked = re.search(r"\bWrite (\w+)\(", ex.prompt)          # the name the prompt asks the reader to write
+        asked = re.search(r"\bWrite (\w+)\(", ex.prompt)  # the name the prompt asks the reader to write
         if callable(answer) and asked and getattr(answer, "__name__", "").startswith("_"):
             shown = re.sub(rf"\b{re.escape(answer.__name__)}\b", asked.group(1), shown)
         worked = ex.worked.replace("{answer}", shown) if ex.worked else ""
-        if isinstance(answer, dict):     # "{answer_items}": a dict answer as "key: value, ...", for prose
-            worked = worked.replace("{answer_items}", ", ".join(
-                f"{k}: {v if isinstance(v, str) else _answer_text(v)}" for k, v in answer.items()))
+        if isinstance(answer, dict):  # "{answer_items}": a dict answer as "key: value, ...", for prose
+            worked = worked.replace(
+                "{answer_items}",
+                ", ".join(f"{k}: {v if isinstance(v, str) else _answer_text(v)}" for k, v in answer.items()),
+            )
         self.text = worked or f"The reference answer:\n\n```python\n{_answer_text(answer)}\n```"
 
     def __repr__(self) -> str:
-        return (f"(the worked solution of exercise {self.exercise.id} is collapsed; "
-                f"print(exercises.solution_dropdown({self.exercise.id!r}).text) shows it)")
+        return (
+            f"(the worked solution of exercise {self.exercise.id} is collapsed; "
+            f"print(exercises.solution_dropdown({self.exercise.id!r}).text) shows it)"
+        )
 
     def _repr_html_(self) -> str:
         ex = self.exercise
-        return (f'<details class="mpt-solution" style="border:1px solid #ccc;border-radius:4px;'
-                f'padding:4px 10px;margin:6px 0">'
-                f'<summary style="cursor:pointer"><b>Solution to exercise {html.escape(ex.id)}</b> '
-                f'({html.escape(ex.title)}): click to open</summary>\n{_render(self.text)}\n</details>')
+        return (
+            f'<details class="mpt-solution" style="border:1px solid #ccc;border-radius:4px;'
+            f'padding:4px 10px;margin:6px 0">'
+            f'<summary style="cursor:pointer"><b>Solution to exercise {html.escape(ex.id)}</b> '
+            f"({html.escape(ex.title)}): click to open</summary>\n{_render(self.text)}\n</details>"
+        )
 
 
 def solution_dropdown(exercise_id: str) -> SolutionDropdown:
@@ -376,9 +404,11 @@ def entries_text(answer, values, n: int, ok) -> str:
     if len(values) != n:
         return f"{len(values)} entries"
     bad = [i for i, v in enumerate(values) if not ok(v)]
-    return (f"{n} entries, but entr{'y' if len(bad) == 1 else 'ies'} {', '.join(str(i + 1) for i in bad[:5])}"
-            f"{', …' if len(bad) > 5 else ''} {'is' if len(bad) == 1 else 'are'} "
-            f"{', '.join(sorted({type(values[i]).__name__ for i in bad}))}")
+    return (
+        f"{n} entries, but entr{'y' if len(bad) == 1 else 'ies'} {', '.join(str(i + 1) for i in bad[:5])}"
+        f"{', …' if len(bad) > 5 else ''} {'is' if len(bad) == 1 else 'are'} "
+        f"{', '.join(sorted({type(values[i]).__name__ for i in bad}))}"
+    )
 
 
 def short(values, n: int = 6) -> str:

@@ -33,10 +33,16 @@ def _ex61_truth() -> dict:
 def _ex61_lists() -> str:
     """Autocast's CUDA float16 lists of the installed PyTorch, as the prompt prints them."""
     lists = autocast.autocast_lists("cuda", torch.float16)
-    what = {"lower_precision": "cast to float16 (lower_precision)", "float32": "run in float32 (float32)",
-            "promote": "run in the widest dtype of their inputs (promote)", "banned": "refused (banned)"}
-    out = [f"Autocast's CUDA lists in the installed PyTorch {torch.__version__.split('+')[0]} "
-           "(mpt_lab.autocast.autocast_lists(\"cuda\"), read from its dispatcher), ATen op names:"]
+    what = {
+        "lower_precision": "cast to float16 (lower_precision)",
+        "float32": "run in float32 (float32)",
+        "promote": "run in the widest dtype of their inputs (promote)",
+        "banned": "refused (banned)",
+    }
+    out = [
+        f"Autocast's CUDA lists in the installed PyTorch {torch.__version__.split('+')[0]} "
+        '(mpt_lab.autocast.autocast_lists("cuda"), read from its dispatcher), ATen op names:'
+    ]
     for policy, words in what.items():
         if lists[policy]:
             out.append(textwrap.fill(f"{words}: {', '.join(lists[policy])}.", width=110, subsequent_indent="    "))
@@ -44,7 +50,7 @@ def _ex61_lists() -> str:
 
 
 def _dtype_name(value):
-    """"float16"/"float32" from a str ("float16", "torch.float16") or a torch.dtype; None for anything else."""
+    """ "float16"/"float32" from a str ("float16", "torch.float16") or a torch.dtype; None for anything else."""
     if isinstance(value, torch.dtype):
         value = str(value)
     if not isinstance(value, str):
@@ -56,43 +62,58 @@ def _dtype_name(value):
 def _ex61_check(a):
     keys = list(EX61_OPS)
     if not isinstance(a, dict):
-        return False, (f'expected a dict {{op name: "float16" or "float32"}} with the keys {keys}, '
-                       f"got {type(a).__name__}")
+        return False, (
+            f'expected a dict {{op name: "float16" or "float32"}} with the keys {keys}, got {type(a).__name__}'
+        )
     missing, unknown = [k for k in keys if k not in a], [k for k in a if k not in EX61_OPS]
     if missing or unknown:
-        return False, (f"expected a dict with exactly the keys {keys}"
-                       + (f"; missing: {missing}" if missing else "") + (f"; not asked: {unknown}" if unknown else ""))
+        return False, (
+            f"expected a dict with exactly the keys {keys}"
+            + (f"; missing: {missing}" if missing else "")
+            + (f"; not asked: {unknown}" if unknown else "")
+        )
     names = {k: _dtype_name(a[k]) for k in keys}
     bad = [k for k in keys if names[k] is None]
     if bad:
-        return False, f'expected "float16" or "float32" (or torch.float16 / torch.float32) as each value; not so for {bad}'
+        return (
+            False,
+            f'expected "float16" or "float32" (or torch.float16 / torch.float32) as each value; not so for {bad}',
+        )
     truth = _ex61_truth()
     wrong = [k for k in keys if names[k] != truth[k]]
     if wrong:
-        return False, (f"{len(wrong)} of the {len(keys)} dtypes are not what torch.autocast('cuda', "
-                       "dtype=torch.float16) returns from float16 inputs.")
+        return False, (
+            f"{len(wrong)} of the {len(keys)} dtypes are not what torch.autocast('cuda', "
+            "dtype=torch.float16) returns from float16 inputs."
+        )
     high = [k for k in keys if truth[k] == "float32"]
-    return True, (f"all {len(keys)} right: from float16 inputs autocast's CUDA policy returns float32 only for "
-                  f"{', '.join(high)} (a float32-list op is the last one they call); the others run in float16.")
+    return True, (
+        f"all {len(keys)} right: from float16 inputs autocast's CUDA policy returns float32 only for "
+        f"{', '.join(high)} (a float32-list op is the last one they call); the others run in float16."
+    )
 
 
-register(Exercise(
-    "6.1", "Read autocast's CUDA lists",
-    "Under torch.autocast(\"cuda\", dtype=torch.float16), with float16 inputs x [8, 16] and w [16, 16], which "
-    "dtype does each of these ops return? "
-    + "; ".join(f"{k!r}: {expr} (calls {', then '.join(f'aten::{o}' for o in aten)})"
-                for k, (expr, aten) in EX61_OPS.items())
-    + ". Autocast casts the inputs of an op on its lower_precision list to float16, runs an op on its float32 "
-    "list in float32, runs an op on its promote list in the widest dtype of its inputs, and leaves every other "
-    "op alone: it runs in the dtype of its inputs. Find each ATen op in the lists printed below. Answer with a "
-    "dict {op name: \"float16\" or \"float32\"} with exactly these keys (the names of mpt_lab.autocast.OPS). "
-    "None of them is in the chapter's probe table.",
-    _ex61_check,
-    "Look up every ATen op an expression calls, by its exact name: an op's name on no list means autocast "
-    "leaves it alone, whatever it computes inside. In a chain, each op sees the dtype the one before returned; "
-    "the last op decides.",
-    _ex61_truth,
-    worked="""Autocast decides per ATen op, by name, from its lists (printed with the prompt, read from the \
+register(
+    Exercise(
+        "6.1",
+        "Read autocast's CUDA lists",
+        'Under torch.autocast("cuda", dtype=torch.float16), with float16 inputs x [8, 16] and w [16, 16], which '
+        "dtype does each of these ops return? "
+        + "; ".join(
+            f"{k!r}: {expr} (calls {', then '.join(f'aten::{o}' for o in aten)})"
+            for k, (expr, aten) in EX61_OPS.items()
+        )
+        + ". Autocast casts the inputs of an op on its lower_precision list to float16, runs an op on its float32 "
+        "list in float32, runs an op on its promote list in the widest dtype of its inputs, and leaves every other "
+        "op alone: it runs in the dtype of its inputs. Find each ATen op in the lists printed below. Answer with a "
+        'dict {op name: "float16" or "float32"} with exactly these keys (the names of mpt_lab.autocast.OPS). '
+        "None of them is in the chapter's probe table.",
+        _ex61_check,
+        "Look up every ATen op an expression calls, by its exact name: an op's name on no list means autocast "
+        "leaves it alone, whatever it computes inside. In a chain, each op sees the dtype the one before returned; "
+        "the last op decides.",
+        _ex61_truth,
+        worked="""Autocast decides per ATen op, by name, from its lists (printed with the prompt, read from the \
 installed PyTorch by `mpt_lab.autocast.autocast_lists`; the torch.amp documentation's "Autocast Op Reference" \
 prints the same lists). An op on the lower_precision list has its inputs cast to float16; an op on the float32 \
 list runs in float32 (its inputs cast up, or a float32 result requested from the kernel); an op on the promote \
@@ -125,12 +146,20 @@ tensors, so no GPU is needed): {answer_items}.
 
 On a CPU the lists differ (the chapter prints both): there `sum`, `softmax` and `expm1` are on no list and \
 stay float16. Look up the ops of your own model in the lists of the device you train on.""",
-    details=_ex61_lists))
+        details=_ex61_lists,
+    )
+)
 
 
 #: Exercise 6.2's GradScaler and overflow pattern (iterations counted from 1).
-EX62 = {"init_scale": 1024.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 3,
-         "iterations": 12, "overflows": (5, 6, 11)}
+EX62 = {
+    "init_scale": 1024.0,
+    "growth_factor": 2.0,
+    "backoff_factor": 0.5,
+    "growth_interval": 3,
+    "iterations": 12,
+    "overflows": (5, 6, 11),
+}
 
 
 def _ex62_truth() -> list:
@@ -139,8 +168,12 @@ def _ex62_truth() -> list:
     c = EX62
     w = torch.nn.Parameter(torch.ones(1))
     opt = torch.optim.SGD([w], lr=0.0)
-    scaler = GradScaler(init_scale=c["init_scale"], growth_factor=c["growth_factor"],
-                        backoff_factor=c["backoff_factor"], growth_interval=c["growth_interval"])
+    scaler = GradScaler(
+        init_scale=c["init_scale"],
+        growth_factor=c["growth_factor"],
+        backoff_factor=c["backoff_factor"],
+        growth_interval=c["growth_interval"],
+    )
     for i in range(1, c["iterations"] + 1):
         g = math.inf if i in c["overflows"] else 1.0
         scaler.scale((w * g).sum()).backward()
@@ -154,16 +187,20 @@ def _ex62_check(a):
     n = EX62["iterations"]
     values = as_list(a)
     if values is None or len(values) != n or not all(is_real(v) for v in values):
-        return False, (f"expected a list of {n} numbers (the loss scale of iterations 1 to {n}), got "
-                       f"{entries_text(a, values, n, is_real)}")
+        return False, (
+            f"expected a list of {n} numbers (the loss scale of iterations 1 to {n}), got "
+            f"{entries_text(a, values, n, is_real)}"
+        )
     truth = _ex62_truth()
     for i, (got, want) in enumerate(zip(values, truth), 1):
         if float(got) != want:
             right = f"iterations 1–{i - 1} are right" if i > 1 else "iteration 1 uses init_scale"
             return False, f"iteration {i} is the first whose loss scale is not right ({right})."
-    return True, (f"the loss scales {', '.join(f'{v:g}' for v in truth)} are what mpt_lab.scaling.GradScaler "
-                  "(torch.amp.GradScaler's rule) uses; the steps of iterations "
-                  f"{', '.join(map(str, EX62['overflows']))} are skipped.")
+    return True, (
+        f"the loss scales {', '.join(f'{v:g}' for v in truth)} are what mpt_lab.scaling.GradScaler "
+        "(torch.amp.GradScaler's rule) uses; the steps of iterations "
+        f"{', '.join(map(str, EX62['overflows']))} are skipped."
+    )
 
 
 #: The worked solution of exercise 6.2 (the numbers of :data:`EX62` filled in when the module loads).
@@ -201,16 +238,20 @@ The loss scales of iterations 1 to {iterations}: {answer}. Two classic mistakes:
 completes the interval instead of the next one, and keeping the count of clean iterations across an overflow."""
 
 
-register(Exercise(
-    "6.2", "Follow a GradScaler",
-    f"A GradScaler(init_scale={EX62['init_scale']}, growth_factor={EX62['growth_factor']}, "
-    f"backoff_factor={EX62['backoff_factor']}, growth_interval={EX62['growth_interval']}) runs "
-    f"{EX62['iterations']} iterations of scaler.scale(loss).backward(), scaler.step(opt), scaler.update(). "
-    f"The gradients contain inf in iterations {', '.join(map(str, EX62['overflows']))} (counting from 1) and "
-    "are finite in all others. By which loss scale S is the loss multiplied in each iteration? Answer with a "
-    f"list of {EX62['iterations']} floats, iteration 1 first.",
-    _ex62_check,
-    "S changes only in update(), at the end of an iteration, and the new S is used from the next iteration "
-    "on. Keep a count of clean iterations since the start or the last overflow; an overflow empties it.",
-    _ex62_truth,
-    worked=_EX62_WORKED.format(**EX62, answer="{answer}")))
+register(
+    Exercise(
+        "6.2",
+        "Follow a GradScaler",
+        f"A GradScaler(init_scale={EX62['init_scale']}, growth_factor={EX62['growth_factor']}, "
+        f"backoff_factor={EX62['backoff_factor']}, growth_interval={EX62['growth_interval']}) runs "
+        f"{EX62['iterations']} iterations of scaler.scale(loss).backward(), scaler.step(opt), scaler.update(). "
+        f"The gradients contain inf in iterations {', '.join(map(str, EX62['overflows']))} (counting from 1) and "
+        "are finite in all others. By which loss scale S is the loss multiplied in each iteration? Answer with a "
+        f"list of {EX62['iterations']} floats, iteration 1 first.",
+        _ex62_check,
+        "S changes only in update(), at the end of an iteration, and the new S is used from the next iteration "
+        "on. Keep a count of clean iterations since the start or the last overflow; an overflow empties it.",
+        _ex62_truth,
+        worked=_EX62_WORKED.format(**EX62, answer="{answer}"),
+    )
+)

@@ -47,7 +47,7 @@ def planted_overflow() -> tuple[torch.nn.Module, Callable, tuple]:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
     with torch.no_grad():
-        model[2].weight.mul_(1e5)                   # outputs of order 1e5: beyond FP16, easily inside BF16
+        model[2].weight.mul_(1e5)  # outputs of order 1e5: beyond FP16, easily inside BF16
     x, y = torch.randn(64, 8), torch.randint(0, 4, (64,))
 
     def loss_fn(m, b):
@@ -63,8 +63,9 @@ def _ex121_check(fn):
     model, loss_fn, batch, name = out
     names = dict(model.named_modules())
     if not isinstance(name, str) or name not in names:
-        return False, (f"expected the name of one of your model's modules (as model.named_modules() gives it), got "
-                       f"{name!r}")
+        return False, (
+            f"expected the name of one of your model's modules (as model.named_modules() gives it), got {name!r}"
+        )
     r, msg, details = _report(model, loss_fn, batch, ("FP16", "BF16"))
     if r is None:
         return False, msg, details
@@ -75,34 +76,44 @@ def _ex121_check(fn):
     if over[0] != name:
         return False, f"the first module to overflow FP16 is {over[0] or '(model)'!r}, not {name!r}."
     if r.first_nonfinite("FP16") != (name, "forward"):
-        return False, (f"{name!r} overflows when its FP32 output is cast, but in the FP16 step the first inf/NaN is "
-                       f"{r.first_nonfinite('FP16')}.")
+        return False, (
+            f"{name!r} overflows when its FP32 output is cast, but in the FP16 step the first inf/NaN is "
+            f"{r.first_nonfinite('FP16')}."
+        )
     if r.forward_overflows("BF16"):
         return False, f"BF16 overflows too (at {r.forward_overflows('BF16')[0]!r}): plant a fault that BF16 holds."
     amax = next(m.activation.amax for m in r.modules if m.name == name)
-    return True, (f"{name!r} is the first module whose outputs overflow FP16 (up to {amax:.4g} > 65,504) and the FP16 "
-                  f"step turns inf there first; BF16 holds them. The report says: {r.recommendation('FP16')}")
+    return True, (
+        f"{name!r} is the first module whose outputs overflow FP16 (up to {amax:.4g} > 65,504) and the FP16 "
+        f"step turns inf there first; BF16 holds them. The report says: {r.recommendation('FP16')}"
+    )
 
 
-register(Exercise(
-    "12.1", "Plant an FP16 overflow where you choose",
-    "Write planted() that returns (model, loss_fn, batch, module_name): a model of your choosing (your own, or a "
-    "transformers model built from its configuration), a loss_fn(model, batch) that returns the scalar loss, a "
-    "batch, and the name of one of its modules (as model.named_modules() gives it). The check runs "
-    "precision_report on it and passes when module_name is the first module whose outputs overflow FP16, the FP16 "
-    "step first turns inf or NaN in that module's output, and nothing overflows BF16.",
-    _ex121_check,
-    "Make one layer's outputs larger than 65,504 and keep every layer before it below: multiply its weights by a "
-    "large factor inside torch.no_grad(). A container that returns the layer's output overflows too, but after the "
-    "layer; BF16's largest value is about 3.4e38.",
-    lambda: planted_overflow,
-    worked=("Take any small model and scale up the weights of the layer that should overflow, so that its outputs "
+register(
+    Exercise(
+        "12.1",
+        "Plant an FP16 overflow where you choose",
+        "Write planted() that returns (model, loss_fn, batch, module_name): a model of your choosing (your own, or a "
+        "transformers model built from its configuration), a loss_fn(model, batch) that returns the scalar loss, a "
+        "batch, and the name of one of its modules (as model.named_modules() gives it). The check runs "
+        "precision_report on it and passes when module_name is the first module whose outputs overflow FP16, the FP16 "
+        "step first turns inf or NaN in that module's output, and nothing overflows BF16.",
+        _ex121_check,
+        "Make one layer's outputs larger than 65,504 and keep every layer before it below: multiply its weights by a "
+        "large factor inside torch.no_grad(). A container that returns the layer's output overflows too, but after the "
+        "layer; BF16's largest value is about 3.4e38.",
+        lambda: planted_overflow,
+        worked=(
+            "Take any small model and scale up the weights of the layer that should overflow, so that its outputs "
             "land between FP16's largest value (65,504) and BF16's (about 3.4e38). The layers before it are "
             "untouched, so it is the first; the `Sequential` that returns its output overflows too, but it finishes "
             "later, so the report lists it second.\n\n```python\n{answer}\n```\n\n"
             "Under autocast the layer's FP16 output is inf, the FP32 loss computed from it is NaN, and no loss "
             "scale can help (the dynamic scaler would skip every step): keep that layer in FP32, as transformers "
-            "does for T5's `wo`, or train in BF16.")))
+            "does for T5's `wo`, or train in BF16."
+        ),
+    )
+)
 
 
 # ---------------------------------------------------------------------------------------------------- 12.2
@@ -114,7 +125,7 @@ def needs_a_loss_scale() -> tuple[torch.nn.Module, Callable, tuple]:
     x, y = torch.randn(256, 64), torch.randint(0, 10, (256,))
 
     def loss_fn(m, b):
-        return torch.nn.functional.cross_entropy(m(b[0]), b[1]) * 2.0 ** -20
+        return torch.nn.functional.cross_entropy(m(b[0]), b[1]) * 2.0**-20
 
     low, high = precision_report(model, loss_fn, (x, y), formats=("FP16",)).loss_scale_window("FP16")
     return model, loss_fn, (x, y), high
@@ -125,8 +136,12 @@ def _ex122_check(fn):
     if out is None:
         return False, msg
     model, loss_fn, batch, scale = out
-    if not isinstance(scale, numbers.Real) or isinstance(scale, bool) or not (0 < float(scale) < math.inf) \
-            or math.frexp(float(scale))[0] != 0.5:
+    if (
+        not isinstance(scale, numbers.Real)
+        or isinstance(scale, bool)
+        or not (0 < float(scale) < math.inf)
+        or math.frexp(float(scale))[0] != 0.5
+    ):
         return False, f"expected a power of two as the loss scale (e.g. 2.0 ** 10), got {scale!r}"
     r, msg, details = _report(model, loss_fn, batch, ("FP16",))
     if r is None:
@@ -136,39 +151,56 @@ def _ex122_check(fn):
         return False, "the report finds no non-zero gradient in your step: nothing to scale."
     k = int(math.log2(float(scale)))
     if low <= 1.0:
-        return False, (f"your model does not need a loss scale: at scale 1 FP16 already keeps 99.9% of its non-zero "
-                       f"gradients (the window starts at 2^{int(math.log2(low))}). Make its gradients smaller.")
+        return False, (
+            f"your model does not need a loss scale: at scale 1 FP16 already keeps 99.9% of its non-zero "
+            f"gradients (the window starts at 2^{int(math.log2(low))}). Make its gradients smaller."
+        )
     if low > high:
-        return False, (f"no single loss scale suits your model in FP16 (the window [2^{int(math.log2(low))}, "
-                       f"2^{int(math.log2(high))}] is empty): its gradients span too many binades.")
+        return False, (
+            f"no single loss scale suits your model in FP16 (the window [2^{int(math.log2(low))}, "
+            f"2^{int(math.log2(high))}] is empty): its gradients span too many binades."
+        )
     if not low <= scale <= high:
-        return False, (f"2^{k} lies outside the window [2^{int(math.log2(low))}, 2^{int(math.log2(high))}]: "
-                       + ("too small, FP16 still loses more than 0.1% of the non-zero gradients" if scale < low else
-                          "too large, the largest gradient overflows"))
-    return True, (f"your step needs a loss scale in FP16: the window is [2^{int(math.log2(low))}, "
-                  f"2^{int(math.log2(high))}], and 2^{k} lies inside it (keeps at least 99.9% of the non-zero gradients "
-                  "and overflows none).")
+        return False, (
+            f"2^{k} lies outside the window [2^{int(math.log2(low))}, 2^{int(math.log2(high))}]: "
+            + (
+                "too small, FP16 still loses more than 0.1% of the non-zero gradients"
+                if scale < low
+                else "too large, the largest gradient overflows"
+            )
+        )
+    return True, (
+        f"your step needs a loss scale in FP16: the window is [2^{int(math.log2(low))}, "
+        f"2^{int(math.log2(high))}], and 2^{k} lies inside it (keeps at least 99.9% of the non-zero gradients "
+        "and overflows none)."
+    )
 
 
-register(Exercise(
-    "12.2", "A loss scale for a model that needs one",
-    "Write needs_scale() that returns (model, loss_fn, batch, scale): a model of your choosing whose FP16 gradients "
-    "need a loss scale (at scale 1, FP16 would round more than 0.1% of its non-zero gradients to zero), and a "
-    "power-of-two loss scale that keeps at least 99.9% of them without overflowing the largest. The check runs "
-    "precision_report on your setup and compares your scale with its loss-scale window.",
-    _ex122_check,
-    "Gradients shrink with the loss: a mean over many values, or a loss multiplied by a tiny factor, puts most of "
-    "them below 2^-24. Then point precision_report at your setup: loss_scale_window('FP16') gives the range of "
-    "scales that work (the max-gradient rule is its upper end).",
-    lambda: needs_a_loss_scale,
-    worked=("A loss multiplied by 2^-20 (as if averaged over a million values) scales every gradient by 2^-20, which "
+register(
+    Exercise(
+        "12.2",
+        "A loss scale for a model that needs one",
+        "Write needs_scale() that returns (model, loss_fn, batch, scale): a model of your choosing whose FP16 gradients "
+        "need a loss scale (at scale 1, FP16 would round more than 0.1% of its non-zero gradients to zero), and a "
+        "power-of-two loss scale that keeps at least 99.9% of them without overflowing the largest. The check runs "
+        "precision_report on your setup and compares your scale with its loss-scale window.",
+        _ex122_check,
+        "Gradients shrink with the loss: a mean over many values, or a loss multiplied by a tiny factor, puts most of "
+        "them below 2^-24. Then point precision_report at your setup: loss_scale_window('FP16') gives the range of "
+        "scales that work (the max-gradient rule is its upper end).",
+        lambda: needs_a_loss_scale,
+        worked=(
+            "A loss multiplied by 2^-20 (as if averaged over a million values) scales every gradient by 2^-20, which "
             "pushes most of them below FP16's smallest subnormal. The report's window then starts above 1, and its "
             "upper end is the max-gradient rule of chapters 2 and 3: any power of two in between works.\n\n"
             "```python\n{answer}\n```\n\n"
             "A dynamic scaler finds such a scale by itself only from above: it halves on every overflow, so started "
             "above the window it comes down into it (`report.dynamic_scaler('FP16')` says after how many skipped "
             "steps); started below, as torch's default 2^16 is here, it overflows nothing and climbs only by one "
-            "doubling per growth interval. A static scale must be chosen from numbers like these.")))
+            "doubling per growth interval. A static scale must be chosen from numbers like these."
+        ),
+    )
+)
 
 
 # ---------------------------------------------------------------------------------------------------- 12.3
@@ -185,13 +217,13 @@ def overflow_between_submodules() -> tuple[torch.nn.Module, Callable, tuple, str
             self.fc1, self.fc2 = torch.nn.Linear(d, 4 * d), torch.nn.Linear(4 * d, d)
 
         def forward(self, x):
-            return x + self.fc2(torch.relu(self.fc1(self.ln(x))))   # the add: no module of its own
+            return x + self.fc2(torch.relu(self.fc1(self.ln(x))))  # the add: no module of its own
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), Residual(), torch.nn.Linear(16, 4))
     with torch.no_grad():
-        model[0].bias.fill_(4e4)                  # the residual stream near 40,000
-        model[1].fc2.bias.fill_(4e4)              # and the block's last layer too: each fits, their sum does not
+        model[0].bias.fill_(4e4)  # the residual stream near 40,000
+        model[1].fc2.bias.fill_(4e4)  # and the block's last layer too: each fits, their sum does not
     x, y = torch.randn(32, 8), torch.randint(0, 4, (32,))
 
     def loss_fn(m, b):
@@ -207,8 +239,9 @@ def _ex123_check(fn):
     model, loss_fn, batch, name = out
     names = dict(model.named_modules())
     if not isinstance(name, str) or name not in names:
-        return False, (f"expected the name of one of your model's modules (as model.named_modules() gives it), got "
-                       f"{name!r}")
+        return False, (
+            f"expected the name of one of your model's modules (as model.named_modules() gives it), got {name!r}"
+        )
     children = [f"{name}.{c}" if name else c for c, _ in names[name].named_children()]
     if not children:
         return False, f"{name!r} has no submodules: plant the overflow between the submodules of a module that has some"
@@ -224,33 +257,43 @@ def _ex123_check(fn):
         return False, f"the FP16 step first turns inf/NaN in {loc.describe()}, not inside {name!r}."
     over_children = [c for c in children if c in r.forward_overflows("FP16")]
     if over_children:
-        return False, (f"a submodule of {name!r} overflows itself ({over_children[0]!r}): the overflow should arise "
-                       "between the submodules, from an op of the module's own forward.")
+        return False, (
+            f"a submodule of {name!r} overflows itself ({over_children[0]!r}): the overflow should arise "
+            "between the submodules, from an op of the module's own forward."
+        )
     if r.first_nonfinite("BF16") is not None:
         return False, "BF16 turns inf/NaN too: keep the values within BF16's range."
-    return True, (f"the FP16 step first overflows at {loc.describe()}: an op in the forward of {name!r} itself, "
-                  f"while each of its submodules ({', '.join(children)}) stays within FP16's range. Module hooks "
-                  f"see only the module's output; the op shows where it happens. The report says: {r.recommendation('FP16')}")
+    return True, (
+        f"the FP16 step first overflows at {loc.describe()}: an op in the forward of {name!r} itself, "
+        f"while each of its submodules ({', '.join(children)}) stays within FP16's range. Module hooks "
+        f"see only the module's output; the op shows where it happens. The report says: {r.recommendation('FP16')}"
+    )
 
 
-register(Exercise(
-    "12.3", "An overflow between submodules",
-    "Write between() that returns (model, loss_fn, batch, module_name): a model in which, with every op and weight "
-    "in FP16, the first inf appears in an op of module_name's own forward (an addition, a product, a "
-    "scaled_dot_product_attention call; not one of its submodules), while none of its submodules' outputs overflows "
-    "FP16 and BF16 stays finite, as in the Pegasus layer of transformers issue 12225. The check runs precision_report "
-    "(mode='all') and compares its first_nonfinite('FP16') with your module_name.",
-    _ex123_check,
-    "A residual connection adds two tensors that each fit FP16; make both large (a bias near 40,000 does it) and their "
-    "sum passes 65,504 inside the block's forward.",
-    lambda: overflow_between_submodules,
-    worked=("A pre-LayerNorm residual block computes x + fc2(relu(fc1(ln(x)))) in its own forward: the addition "
+register(
+    Exercise(
+        "12.3",
+        "An overflow between submodules",
+        "Write between() that returns (model, loss_fn, batch, module_name): a model in which, with every op and weight "
+        "in FP16, the first inf appears in an op of module_name's own forward (an addition, a product, a "
+        "scaled_dot_product_attention call; not one of its submodules), while none of its submodules' outputs overflows "
+        "FP16 and BF16 stays finite, as in the Pegasus layer of transformers issue 12225. The check runs precision_report "
+        "(mode='all') and compares its first_nonfinite('FP16') with your module_name.",
+        _ex123_check,
+        "A residual connection adds two tensors that each fit FP16; make both large (a bias near 40,000 does it) and their "
+        "sum passes 65,504 inside the block's forward.",
+        lambda: overflow_between_submodules,
+        worked=(
+            "A pre-LayerNorm residual block computes x + fc2(relu(fc1(ln(x)))) in its own forward: the addition "
             "belongs to no submodule. With the stream and fc2's output both near 40,000, each fits FP16 and their "
             "sum, near 80,000, does not.\n\n```python\n{answer}\n```\n\n"
             "Module hooks see fc2's output (finite) and the block's output (inf); the op-level record names the "
             "addition (`Tensor.add`, or `Tensor.__add__`) inside the block. Under autocast the residual stream of "
             "such a model is often FP32 (an FP16 product plus an FP32 input is computed in FP32): the same sum then "
-            "does not overflow, which is why the exercise runs every op in FP16.")))
+            "does not overflow, which is why the exercise runs every op in FP16."
+        ),
+    )
+)
 
 
 # ---------------------------------------------------------------------------------------------------- 12.4
@@ -260,11 +303,18 @@ def breaks_nvfp4() -> tuple[torch.nn.Module, Callable, tuple, str]:
     block scales fall to E4M3's smallest, flushing them)."""
 
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 64), torch.nn.GELU(),
-                                torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 10))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(32, 64),
+        torch.nn.GELU(),
+        torch.nn.Linear(64, 64),
+        torch.nn.GELU(),
+        torch.nn.Linear(64, 64),
+        torch.nn.GELU(),
+        torch.nn.Linear(64, 10),
+    )
     with torch.no_grad():
         model[2].weight[3].zero_()
-        model[2].bias[3] = -20.0                  # GELU(-20) = 0: input channel 3 of layer 4 is always zero
+        model[2].bias[3] = -20.0  # GELU(-20) = 0: input channel 3 of layer 4 is always zero
         model[4].weight[:, 3] = 1e6
     x, y = torch.randn(128, 32), torch.randint(0, 10, (128,))
 
@@ -292,30 +342,42 @@ def _ex124_check(fn):
         return False, f"keep_wide could not run your setup: {type(err).__name__}: {err}"
     first, second = r.ranking[0], r.ranking[1]
     if first != name:
-        return False, (f"keep_wide ranks {first!r} first (keeping it in BF16 saves {r.score[first]:.3g} of the "
-                       f"gradient error), not {name!r} ({r.score[name]:.3g}).")
+        return False, (
+            f"keep_wide ranks {first!r} first (keeping it in BF16 saves {r.score[first]:.3g} of the "
+            f"gradient error), not {name!r} ({r.score[name]:.3g})."
+        )
     if r.score[first] < 2 * max(r.score[second], 0.0):
-        return False, (f"{name!r} is ranked first, but {second!r} comes close ({r.score[second]:.3g} against "
-                       f"{r.score[first]:.3g}): make {name!r} the one that breaks the recipe.")
-    return True, (f"keep_wide ranks {name!r} first: with every layer on NVIDIA's NVFP4 recipe the step's gradients are "
-                  f"{r.every['gradient']:.3g} off FP32 (relative L2), and keeping {name!r} in BF16 brings that to "
-                  f"{r.all_but_one[name]['gradient']:.3g}. The smallest set within 0.25: {r.keep}.")
+        return False, (
+            f"{name!r} is ranked first, but {second!r} comes close ({r.score[second]:.3g} against "
+            f"{r.score[first]:.3g}): make {name!r} the one that breaks the recipe."
+        )
+    return True, (
+        f"keep_wide ranks {name!r} first: with every layer on NVIDIA's NVFP4 recipe the step's gradients are "
+        f"{r.every['gradient']:.3g} off FP32 (relative L2), and keeping {name!r} in BF16 brings that to "
+        f"{r.all_but_one[name]['gradient']:.3g}. The smallest set within 0.25: {r.keep}."
+    )
 
 
-register(Exercise(
-    "12.4", "The layer that breaks NVFP4",
-    "Write breaks() that returns (model, loss_fn, batch, layer_name): a model with several nn.Linear layers, one of "
-    "which (layer_name) NVIDIA's NVFP4 recipe (mpt_lab.quantized_training.four_bit_recipe()) breaks: keep_wide must "
-    "rank it first, with at least twice the score of the second. The check runs keep_wide (tolerance 0.25 on the "
-    "relative gradient error).",
-    _ex124_check,
-    "NVFP4 scales each tensor by its amax / (448 · 6) and each block of 16 by an E4M3 scale of at least 2^-6 of "
-    "that: a few huge weights make every other block's scale too coarse, and its values round to zero. Put them "
-    "where they change nothing in FP32 (on an input channel that is always zero).",
-    lambda: breaks_nvfp4,
-    worked=("One layer gets weights of 10^6 on an input channel that the previous layer never activates (GELU of "
+register(
+    Exercise(
+        "12.4",
+        "The layer that breaks NVFP4",
+        "Write breaks() that returns (model, loss_fn, batch, layer_name): a model with several nn.Linear layers, one of "
+        "which (layer_name) NVIDIA's NVFP4 recipe (mpt_lab.quantized_training.four_bit_recipe()) breaks: keep_wide must "
+        "rank it first, with at least twice the score of the second. The check runs keep_wide (tolerance 0.25 on the "
+        "relative gradient error).",
+        _ex124_check,
+        "NVFP4 scales each tensor by its amax / (448 · 6) and each block of 16 by an E4M3 scale of at least 2^-6 of "
+        "that: a few huge weights make every other block's scale too coarse, and its values round to zero. Put them "
+        "where they change nothing in FP32 (on an input channel that is always zero).",
+        lambda: breaks_nvfp4,
+        worked=(
+            "One layer gets weights of 10^6 on an input channel that the previous layer never activates (GELU of "
             "-20 is zero), so its FP32 output is unchanged. NVFP4's tensor scale follows that amax; every other "
             "16 x 16 weight tile then needs a block scale below E4M3's 2^-6 floor, and its values round to zero: "
             "the layer's output collapses to its bias.\n\n```python\n{answer}\n```\n\n"
             "keep_wide measures it: quantising that layer alone moves the step's gradients far more than any other, "
-            "and keeping it in BF16 saves most of the error of the full recipe.")))
+            "and keeping it in BF16 saves most of the error of the full recipe."
+        ),
+    )
+)

@@ -61,10 +61,25 @@ from ..harness.runner import (
 )
 
 #: The experiments, in the order of the book's chapters.
-NAMES = ("ssd_histogram", "gradient_factors", "loss_scaling", "master_weights_stall", "amp_recipe",
-         "memory_tradeoffs", "lm_gradient_scale", "biglstm", "ssd_table2", "message_passing", "gat_amp",
-         "distributed", "fp8_recipes", "accumulation_error", "accumulation_training", "tensor_core_accumulation",
-         "fourbit_ablation")
+NAMES = (
+    "ssd_histogram",
+    "gradient_factors",
+    "loss_scaling",
+    "master_weights_stall",
+    "amp_recipe",
+    "memory_tradeoffs",
+    "lm_gradient_scale",
+    "biglstm",
+    "ssd_table2",
+    "message_passing",
+    "gat_amp",
+    "distributed",
+    "fp8_recipes",
+    "accumulation_error",
+    "accumulation_training",
+    "tensor_core_accumulation",
+    "fourbit_ablation",
+)
 
 
 def get(name: str) -> Experiment:
@@ -84,5 +99,16 @@ def saved(name: str, profile: str = "full") -> ExperimentResult | None:
     return get(name).saved(profile)
 
 
-__all__ = ["NAMES", "RUN_PROFILES", "get", "saved", "Experiment", "ExperimentConfig", "ExperimentResult", "save_json",
-           "load_json", "results_dir", "result_path"]
+__all__ = [
+    "NAMES",
+    "RUN_PROFILES",
+    "get",
+    "saved",
+    "Experiment",
+    "ExperimentConfig",
+    "ExperimentResult",
+    "save_json",
+    "load_json",
+    "results_dir",
+    "result_path",
+]

@@ -41,15 +41,28 @@ from ..autocast import probe_autocast
 from ..formats import FP8_E4M3, FP16, get_format, round_to
 from ..harness.runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
 
-__all__ = ["NAME", "Config", "PROFILES", "AccumulationErrorResult", "run", "config_for", "main", "EXPERIMENT",
-           "REDUCTION_OPS"]
+__all__ = [
+    "NAME",
+    "Config",
+    "PROFILES",
+    "AccumulationErrorResult",
+    "run",
+    "config_for",
+    "main",
+    "EXPERIMENT",
+    "REDUCTION_OPS",
+]
 
 NAME = "accumulation_error"
 #: The reductions and the ops (names of :data:`mpt_lab.autocast.OPS`) that perform each: the library's op
 #: (cross_entropy averages the per-token losses, log_softmax and layer_norm hold the other two), then the same
 #: reduction written by hand (``losses.mean()``, ``torch.logsumexp``, ``x.var()``).
-REDUCTION_OPS = {"mean loss": ("cross_entropy", "mean"), "log-sum-exp": ("log_softmax", "logsumexp"),
-                 "LayerNorm variance": ("layer_norm", "var"), "plain sum": ("sum",)}
+REDUCTION_OPS = {
+    "mean loss": ("cross_entropy", "mean"),
+    "log-sum-exp": ("log_softmax", "logsumexp"),
+    "LayerNorm variance": ("layer_norm", "var"),
+    "plain sum": ("sum",),
+}
 
 
 @dataclass
@@ -58,15 +71,15 @@ class Config(ExperimentConfig):
     and outputs, and the three FP16 reductions (each field's comment says what it is; :data:`PROFILES` holds each
     profile's values)."""
 
-    k_max: int = 16384                 # longest dot product (a power of two)
-    trials: int = 64                   # dot products per K
+    k_max: int = 16384  # longest dot product (a power of two)
+    trials: int = 64  # dot products per K
     formats: tuple = ("FP16", "BF16", "FP32")
-    tc_ks: tuple = (128, 512, 1024, 4096, 16384)   # K of the tensor-core model
-    tc_outputs: int = 64               # output elements per K (an 8 × 8 block of a GEMM)
-    tokens: int = 65536                # per-token losses averaged
-    vocab: int = 32768                 # logits in the log-sum-exp
-    width: int = 4096                  # features of the LayerNorm
-    rows: int = 16                     # independent draws of each reduction
+    tc_ks: tuple = (128, 512, 1024, 4096, 16384)  # K of the tensor-core model
+    tc_outputs: int = 64  # output elements per K (an 8 × 8 block of a GEMM)
+    tokens: int = 65536  # per-token losses averaged
+    vocab: int = 32768  # logits in the log-sum-exp
+    width: int = 4096  # features of the LayerNorm
+    rows: int = 16  # independent draws of each reduction
 
     def validate(self) -> None:
         super().validate()
@@ -82,12 +95,23 @@ class Config(ExperimentConfig):
 #: uses a GPU, so "full" is the cpu configuration (measured: 3.0 s on an H100 machine's host CPU, 10 s with the
 #: process start).
 PROFILES = {
-    "quick": {"k_max": 16384, "trials": 16, "tc_ks": (128, 512, 1024, 4096), "tc_outputs": 64, "rows": 4,
-              "threads": 1},
-    "cpu": {"k_max": 16384, "trials": 64, "tc_ks": (128, 512, 1024, 2048, 4096, 8192), "tc_outputs": 256,
-            "rows": 8, "threads": 1},
-    "full": {"k_max": 16384, "trials": 64, "tc_ks": (128, 512, 1024, 2048, 4096, 8192), "tc_outputs": 256,
-             "rows": 8, "threads": 1},
+    "quick": {"k_max": 16384, "trials": 16, "tc_ks": (128, 512, 1024, 4096), "tc_outputs": 64, "rows": 4, "threads": 1},
+    "cpu": {
+        "k_max": 16384,
+        "trials": 64,
+        "tc_ks": (128, 512, 1024, 2048, 4096, 8192),
+        "tc_outputs": 256,
+        "rows": 8,
+        "threads": 1,
+    },
+    "full": {
+        "k_max": 16384,
+        "trials": 64,
+        "tc_ks": (128, 512, 1024, 2048, 4096, 8192),
+        "tc_outputs": 256,
+        "rows": 8,
+        "threads": 1,
+    },
 }
 
 
@@ -120,8 +144,9 @@ class AccumulationErrorResult(ExperimentResult):
     reductions: dict
     autocast: dict
 
-    def slope(self, arm: str, k_min: int = 16, k_hi: int | None = None, stat: str = "median", *,
-              inputs: str = "one-signed") -> float:
+    def slope(
+        self, arm: str, k_min: int = 16, k_hi: int | None = None, stat: str = "median", *, inputs: str = "one-signed"
+    ) -> float:
         """Least-squares slope of log2(error) against log2(K) over ks in [k_min, k_hi], for the one-signed
         products (``error``) or, with ``inputs="zero-mean"``, the zero-mean ones (``zero_mean``)."""
         if inputs not in ("one-signed", "zero-mean"):
@@ -145,10 +170,13 @@ class AccumulationErrorResult(ExperimentResult):
         tc = self.tensor_core
         i = tc["ks"].index(4096) if 4096 in tc["ks"] else -1
         m = tc["models"]
-        return (f"accumulation error ({self.profile} profile): K = {k}, median relative error: "
-                + ", ".join(parts) + f"; tensor-core model at K = {tc['ks'][i]}: largest relative error "
-                f"{100 * m['DeepSeek-V3 model (14 bits, groups of 32)']['max_relative'][i]:.2f}%, with promotion "
-                f"every 128: {100 * m['… + FP32 promotion every 128']['max_relative'][i]:.3f}%")
+        return (
+            f"accumulation error ({self.profile} profile): K = {k}, median relative error: "
+            + ", ".join(parts)
+            + f"; tensor-core model at K = {tc['ks'][i]}: largest relative error "
+            f"{100 * m['DeepSeek-V3 model (14 bits, groups of 32)']['max_relative'][i]:.2f}%, with promotion "
+            f"every 128: {100 * m['… + FP32 promotion every 128']['max_relative'][i]:.3f}%"
+        )
 
 
 def _fp16_values(rng, shape) -> np.ndarray:
@@ -161,7 +189,7 @@ def _errors(got, exact) -> dict:
 
 
 def _error_vs_k(config: Config, run: Run, rng) -> tuple:
-    ks = [2 ** j for j in range(0, int(math.log2(config.k_max)) + 1)]
+    ks = [2**j for j in range(0, int(math.log2(config.k_max)) + 1)]
     running_ks = sorted({int(k) for k in np.geomspace(1, config.k_max, 200).round()})
     a = _fp16_values(rng, (config.trials, config.k_max))
     b = _fp16_values(rng, (config.trials, config.k_max))
@@ -170,11 +198,14 @@ def _error_vs_k(config: Config, run: Run, rng) -> tuple:
     for fmt in run.bar(config.formats, desc="error against K"):
         seq = acc.partial_sums(a, b, accumulator=fmt)
         arms[f"{fmt} sequential"] = [_errors(seq[:, k - 1], exact[:, k - 1]) for k in ks]
-        arms[f"{fmt} pairwise"] = [_errors(acc.dot(a[:, :k], b[:, :k], accumulator=fmt, order="pairwise"),
-                                           exact[:, k - 1]) for k in ks]
+        arms[f"{fmt} pairwise"] = [
+            _errors(acc.dot(a[:, :k], b[:, :k], accumulator=fmt, order="pairwise"), exact[:, k - 1]) for k in ks
+        ]
         if fmt == "FP16":
-            running = {"FP16": [float(seq[0, k - 1]) for k in running_ks],
-                       "exact": [float(exact[0, k - 1]) for k in running_ks]}
+            running = {
+                "FP16": [float(seq[0, k - 1]) for k in running_ks],
+                "exact": [float(exact[0, k - 1]) for k in running_ks],
+            }
     error = {arm: {s: [r[s] for r in rows] for s in ("median", "max")} for arm, rows in arms.items()}
     return ks, error, running_ks, running
 
@@ -194,32 +225,42 @@ def _zero_mean_vs_k(config: Config, run: Run, rng, ks: list) -> dict:
     for fmt in run.bar(config.formats, desc="zero-mean products"):
         seq = acc.partial_sums(a, b, accumulator=fmt)
         arms[f"{fmt} sequential"] = [errors(seq[:, k - 1], k) for k in ks]
-        arms[f"{fmt} pairwise"] = [errors(acc.dot(a[:, :k], b[:, :k], accumulator=fmt, order="pairwise"), k)
-                                   for k in ks]
+        arms[f"{fmt} pairwise"] = [
+            errors(acc.dot(a[:, :k], b[:, :k], accumulator=fmt, order="pairwise"), k) for k in ks
+        ]
     return {arm: {s: [r[s] for r in rows] for s in ("median", "max")} for arm, rows in arms.items()}
 
 
 def _tensor_core(config: Config, run: Run, rng) -> dict:
-    names = ("FP32 accumulator", "14 bits per product, toward zero", "DeepSeek-V3 model (14 bits, groups of 32)",
-             "… + FP32 promotion every 128")
+    names = (
+        "FP32 accumulator",
+        "14 bits per product, toward zero",
+        "DeepSeek-V3 model (14 bits, groups of 32)",
+        "… + FP32 promotion every 128",
+    )
     models = {n: {"max_relative": [], "median_relative": []} for n in names}
     for K in run.bar(config.tc_ks, desc="tensor-core model"):
         a = round_to(rng.uniform(0.0, 1.0, (config.tc_outputs, K)).astype(np.float32), FP8_E4M3)
         b = round_to(rng.uniform(0.0, 1.0, (config.tc_outputs, K)).astype(np.float32), FP8_E4M3)
         p = a.astype(np.float64) * b
         exact = np.array([math.fsum(r) for r in p])
-        outs = {names[0]: acc.dot(a, b, accumulator="FP32", products="FP32"),
-                names[1]: acc.dot(a, b, accumulator=acc.TENSOR_CORE_ACCUMULATOR, products="FP32",
-                                  rounding="toward_zero"),
-                names[2]: acc.tensor_core_dot(a, b),
-                names[3]: acc.tensor_core_dot(a, b, promote_every=128)}
+        outs = {
+            names[0]: acc.dot(a, b, accumulator="FP32", products="FP32"),
+            names[1]: acc.dot(a, b, accumulator=acc.TENSOR_CORE_ACCUMULATOR, products="FP32", rounding="toward_zero"),
+            names[2]: acc.tensor_core_dot(a, b),
+            names[3]: acc.tensor_core_dot(a, b, promote_every=128),
+        }
         for n, got in outs.items():
             d = np.abs(np.asarray(got, dtype=np.float64) - exact)
             rel = d / np.abs(exact)
             models[n]["max_relative"].append(float(rel.max()))
             models[n]["median_relative"].append(float(np.median(rel)))
-    return {"ks": list(config.tc_ks), "models": models, "format": FP8_E4M3.name,
-            "accumulator": {"precision_bits": acc.TENSOR_CORE_ACCUMULATOR.precision, "group": 32, "promote_every": 128}}
+    return {
+        "ks": list(config.tc_ks),
+        "models": models,
+        "format": FP8_E4M3.name,
+        "accumulator": {"precision_bits": acc.TENSOR_CORE_ACCUMULATOR.precision, "group": 32, "promote_every": 128},
+    }
 
 
 def _reduce(x: np.ndarray, how: str) -> np.ndarray:
@@ -248,17 +289,22 @@ def _reductions(config: Config, run: Run, rng) -> dict:
     # log-sum-exp: logits N(0, 3²); Σ exp(x − max) in the accumulator, then max + log(Σ)
     logits = round_to(rng.normal(0.0, 3.0, (config.rows, config.vocab)).astype(np.float32), FP16)
     m = logits.max(1, keepdims=True)
-    ex = round_to(np.exp(logits.astype(np.float64) - m), FP16).astype(np.float32)   # FP16 exp, one rounding
+    ex = round_to(np.exp(logits.astype(np.float64) - m), FP16).astype(np.float32)  # FP16 exp, one rounding
     exact = m[:, 0] + np.log(np.exp(logits.astype(np.float64) - m).sum(1))
     vals = {h: m[:, 0].astype(np.float64) + np.log(_reduce(ex, h)) for h in arms}
     out["log-sum-exp"] = (exact, vals)
     # the exact log-sum-exp of the FP16 exponentials: what separates the accumulators' errors from the
     # rounding of the exponentials, which every arm shares
     rounded_exp = m[:, 0] + np.log(np.array([math.fsum(r) for r in ex.astype(np.float64)]))
-    extra = {"log-sum-exp": {"exact, FP16 exponentials": {
-        "value": float(rounded_exp[0]),
-        "errors": {h: float(np.max(np.abs(v - rounded_exp) / np.abs(rounded_exp))) for h, v in vals.items()},
-        "exponentials_error": float(np.max(np.abs(rounded_exp - exact) / np.abs(exact)))}}}
+    extra = {
+        "log-sum-exp": {
+            "exact, FP16 exponentials": {
+                "value": float(rounded_exp[0]),
+                "errors": {h: float(np.max(np.abs(v - rounded_exp) / np.abs(rounded_exp))) for h, v in vals.items()},
+                "exponentials_error": float(np.max(np.abs(rounded_exp - exact) / np.abs(exact))),
+            }
+        }
+    }
     # LayerNorm variance: features N(3, 1) (a non-zero mean), two passes
     x = round_to(rng.normal(3.0, 1.0, (config.rows, config.width)).astype(np.float32), FP16)
     x64 = x.astype(np.float64)
@@ -276,19 +322,29 @@ def _reductions(config: Config, run: Run, rng) -> dict:
     mu = round_to(x64.mean(1), "FP16")
     dev = round_to(round_to(x64 - mu[:, None], "FP16") ** 2, "FP16").astype(np.float32)
     squares_only = _reduce(dev, "FP16 sequential") / config.width
-    extra["LayerNorm variance"] = {"passes": {
-        "mean": float(np.mean(x64)), "FP16 sequential mean": float(np.mean(mu16)),
-        "signed_errors": {"FP16 sequential mean, exact second pass": (mean_only / exact - 1).tolist(),
-                          "exact mean, FP16 sequential second pass": (squares_only / exact - 1).tolist(),
-                          "FP16 sequential, both passes": (vals["FP16 sequential"] / exact - 1).tolist()}}}
+    extra["LayerNorm variance"] = {
+        "passes": {
+            "mean": float(np.mean(x64)),
+            "FP16 sequential mean": float(np.mean(mu16)),
+            "signed_errors": {
+                "FP16 sequential mean, exact second pass": (mean_only / exact - 1).tolist(),
+                "exact mean, FP16 sequential second pass": (squares_only / exact - 1).tolist(),
+                "FP16 sequential, both passes": (vals["FP16 sequential"] / exact - 1).tolist(),
+            },
+        }
+    }
     result = {}
     for name, (exact, vals) in out.items():
         rel = {h: np.abs(v - exact) / np.abs(exact) for h, v in vals.items()}
-        result[name] = {"exact": float(exact[0]), **{h: float(v[0]) for h, v in vals.items()},
-                        "first_errors": {h: float(e[0]) for h, e in rel.items()},
-                        "errors": {h: float(np.max(e)) for h, e in rel.items()}, "rows": config.rows,
-                        "size": {"mean loss": config.tokens, "log-sum-exp": config.vocab,
-                                 "LayerNorm variance": config.width}[name], **extra.get(name, {})}
+        result[name] = {
+            "exact": float(exact[0]),
+            **{h: float(v[0]) for h, v in vals.items()},
+            "first_errors": {h: float(e[0]) for h, e in rel.items()},
+            "errors": {h: float(np.max(e)) for h, e in rel.items()},
+            "rows": config.rows,
+            "size": {"mean loss": config.tokens, "log-sum-exp": config.vocab, "LayerNorm variance": config.width}[name],
+            **extra.get(name, {}),
+        }
     return result
 
 
@@ -302,10 +358,18 @@ def measure(config: Config, run: Run) -> dict:
     rng = np.random.default_rng(config.seed)
     ks, error, running_ks, running = _error_vs_k(config, run, rng)
     tensor_core, reductions = _tensor_core(config, run, rng), _reductions(config, run, rng)
-    zero_mean = _zero_mean_vs_k(config, run, np.random.default_rng([config.seed, 1]), ks)   # a stream of its own
-    return {"ks": ks, "error": error, "zero_mean": zero_mean, "running_ks": running_ks, "running": running,
-            "unit_roundoff": {f: acc.unit_roundoff(get_format(f)) for f in config.formats},
-            "tensor_core": tensor_core, "reductions": reductions, "autocast": _autocast()}
+    zero_mean = _zero_mean_vs_k(config, run, np.random.default_rng([config.seed, 1]), ks)  # a stream of its own
+    return {
+        "ks": ks,
+        "error": error,
+        "zero_mean": zero_mean,
+        "running_ks": running_ks,
+        "running": running,
+        "unit_roundoff": {f: acc.unit_roundoff(get_format(f)) for f in config.formats},
+        "tensor_core": tensor_core,
+        "reductions": reductions,
+        "autocast": _autocast(),
+    }
 
 
 #: ``--smoke``: the full profile cut to a few trials or steps (shapes unchanged).

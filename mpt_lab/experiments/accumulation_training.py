@@ -39,15 +39,29 @@ from ..models import digits_mlp
 from ..quantized_training import TRAINING_RECIPES, quantize_linears_, round_weights_
 from ..training import accuracy, lr_factor, shuffled_batches
 
-__all__ = ["NAME", "Config", "PROFILES", "AccumulationTrainingResult", "ACCUMULATORS", "WEIGHT_ARMS", "run",
-           "config_for", "main", "EXPERIMENT"]
+__all__ = [
+    "NAME",
+    "Config",
+    "PROFILES",
+    "AccumulationTrainingResult",
+    "ACCUMULATORS",
+    "WEIGHT_ARMS",
+    "run",
+    "config_for",
+    "main",
+    "EXPERIMENT",
+]
 
 NAME = "accumulation_training"
 #: The accumulators of the first comparison: arm label → accumulator format name.
 ACCUMULATORS = {"FP32 accumulator": "FP32", "FP16 accumulator": "FP16", "BF16 accumulator": "BF16"}
 #: The weight storage of the second comparison: arm label → (chapter 11's recipe, how the weights are kept).
-WEIGHT_ARMS = {"FP32 master weights": ("bf16", "fp32"), "BF16, round to nearest": ("bf16_rne", "rne"),
-               "BF16, stochastic rounding": ("bf16_sr", "sr"), "BF16, Kahan-compensated": ("bf16", "kahan")}
+WEIGHT_ARMS = {
+    "FP32 master weights": ("bf16", "fp32"),
+    "BF16, round to nearest": ("bf16_rne", "rne"),
+    "BF16, stochastic rounding": ("bf16_sr", "sr"),
+    "BF16, Kahan-compensated": ("bf16", "kahan"),
+}
 
 
 @dataclass
@@ -58,14 +72,14 @@ class Config(ExperimentConfig):
 
     accumulators: tuple = tuple(ACCUMULATORS)
     weight_arms: tuple = tuple(WEIGHT_ARMS)
-    hidden: int = 64                    # the accumulator comparison's MLP: width, hidden layers
+    hidden: int = 64  # the accumulator comparison's MLP: width, hidden layers
     layers: int = 2
-    batch: int = 256                    # K of the weight-gradient products
+    batch: int = 256  # K of the weight-gradient products
     steps: int = 300
-    lr: float = 3e-3                    # Adam, betas (0.9, 0.95), lr_factor's warm-up and cosine decay
-    mlp_hidden: int = 64                # the BF16-weight comparison: chapter 11's digits MLP (fp8_recipes' mlp_*
-    mlp_layers: int = 2                 # fields, the same in every profile), its batch, steps and Adam's
-    mlp_batch: int = 128                # learning rate
+    lr: float = 3e-3  # Adam, betas (0.9, 0.95), lr_factor's warm-up and cosine decay
+    mlp_hidden: int = 64  # the BF16-weight comparison: chapter 11's digits MLP (fp8_recipes' mlp_*
+    mlp_layers: int = 2  # fields, the same in every profile), its batch, steps and Adam's
+    mlp_batch: int = 128  # learning rate
     mlp_steps: int = 200
     mlp_lr: float = 3e-3
 
@@ -109,8 +123,10 @@ class AccumulationTrainingResult(ExperimentResult):
     def describe(self) -> str:
         a = ", ".join(f"{k} {v['accuracy']:.3f}" for k, v in self.accumulator["test"].items())
         w = ", ".join(f"{k} {v['loss']:.3f}" for k, v in self.weights["test"].items())
-        return (f"accumulation in training ({self.profile} profile): test accuracy by accumulator: {a}; "
-                f"test loss by weight storage: {w}")
+        return (
+            f"accumulation in training ({self.profile} profile): test accuracy by accumulator: {a}; "
+            f"test loss by weight storage: {w}"
+        )
 
 
 def _evaluate(model, xte, yte) -> dict:
@@ -155,11 +171,11 @@ def _weight_runs(config: Config, run: Run) -> dict:
         torch.manual_seed(fc.seed + 1)
         model = digits_mlp(fc.mlp_hidden, fc.mlp_layers)
         model.load_state_dict(init_state)
-        quantizer = quantize_linears_(model, TRAINING_RECIPES[recipe])     # BF16: no scale to keep
+        quantizer = quantize_linears_(model, TRAINING_RECIPES[recipe])  # BF16: no scale to keep
         params = list(model.parameters())
         sr_gen = torch.Generator().manual_seed(fc.seed + 2)
         if keep != "fp32":
-            round_weights_(params, "nearest_even")             # stored in BF16 from the start
+            round_weights_(params, "nearest_even")  # stored in BF16 from the start
         comps = [torch.zeros_like(p) for p in params] if keep == "kahan" else None
         opt = torch.optim.Adam(params, lr=fc.mlp_lr, betas=(0.9, 0.95))
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, fc.mlp_steps))
@@ -180,7 +196,7 @@ def _weight_runs(config: Config, run: Run) -> dict:
             elif keep == "kahan":
                 with torch.no_grad():
                     for p, old, c in zip(params, before, comps):
-                        update = p - old                    # the FP32 update Adam computed
+                        update = p - old  # the FP32 update Adam computed
                         p.copy_(old)
                         acc.compensated_update_(p, update, c, BF16)
             quantizer.step()

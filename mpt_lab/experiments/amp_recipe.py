@@ -54,9 +54,23 @@ from ..recipes import AMP
 from ..recipes import RECIPES as REGISTRY
 from ..training import CAPTURES, StaticStep, autocast_to, backward_step
 
-__all__ = ["Config", "AmpRecipeResult", "PROFILES", "RECIPES", "RECIPE_CLAIM", "config_for", "run", "main",
-           "make_model", "flops_per_step", "counted_flops_per_step", "needs_scaler", "NAME", "COUNTED_FLOPS",
-           "train_step"]
+__all__ = [
+    "Config",
+    "AmpRecipeResult",
+    "PROFILES",
+    "RECIPES",
+    "RECIPE_CLAIM",
+    "config_for",
+    "run",
+    "main",
+    "make_model",
+    "flops_per_step",
+    "counted_flops_per_step",
+    "needs_scaler",
+    "NAME",
+    "COUNTED_FLOPS",
+    "train_step",
+]
 
 NAME = "amp_recipe"
 #: The recipes: FP32; FP16 autocast + GradScaler; BF16 autocast (``config.recipes`` names which run): the
@@ -68,6 +82,7 @@ def _dtype(recipe: str) -> torch.dtype:
     """The dtype ``recipe`` computes its matrix products in: its autocast dtype, float32 without autocast."""
     return REGISTRY[recipe].autocast or torch.float32
 
+
 #: The recipe's claim (Carilli, PyTorch AMP recipe): "2–3× speed-up on Volta, Turing and Ampere GPUs".
 RECIPE_CLAIM = "2–3× on tensor-core GPUs (Volta, Turing, Ampere); less on older GPUs"
 
@@ -76,21 +91,21 @@ RECIPE_CLAIM = "2–3× on tensor-core GPUs (Volta, Turing, Ampere); less on old
 class Config(ExperimentConfig):
     """The recipe's values are the defaults."""
 
-    width: int = 4096                 # in_size = out_size
+    width: int = 4096  # in_size = out_size
     num_layers: int = 3
     batch_sizes: tuple = (128, 256, 512, 513)
-    num_batches: int = 50             # batches per epoch
-    epochs: int = 3                   # timed epochs (median reported)
-    warmup_epochs: int = 1            # untimed epochs before timing
+    num_batches: int = 50  # batches per epoch
+    epochs: int = 3  # timed epochs (median reported)
+    warmup_epochs: int = 1  # untimed epochs before timing
     lr: float = 0.001
     recipes: tuple = RECIPES
-    peak_n: int = 0                   # matrix size for the matmul peak; 0: max(width, 512)
+    peak_n: int = 0  # matrix size for the matmul peak; 0: max(width, 512)
     measure_memory: bool = True
-    profile_steps: int = 0            # eager steps run under torch.profiler per (recipe, batch); 0: none
-    graph_batches: tuple = ()         # batch sizes of the GPU-limited variant (static buffers, fused SGD, graph)
-    graph_steps: int = 10             # steps per timed repeat of the variant (median of `epochs` repeats)
-    graph_pool: int = 4               # distinct batches copied into its static buffers in turn
-    capture: str = "auto"             # the variant's mpt_lab.training.CAPTURES: a CUDA graph on CUDA
+    profile_steps: int = 0  # eager steps run under torch.profiler per (recipe, batch); 0: none
+    graph_batches: tuple = ()  # batch sizes of the GPU-limited variant (static buffers, fused SGD, graph)
+    graph_steps: int = 10  # steps per timed repeat of the variant (median of `epochs` repeats)
+    graph_pool: int = 4  # distinct batches copied into its static buffers in turn
+    capture: str = "auto"  # the variant's mpt_lab.training.CAPTURES: a CUDA graph on CUDA
 
     def validate(self) -> None:
         super().validate()
@@ -100,8 +115,9 @@ class Config(ExperimentConfig):
         if any(not isinstance(b, int) or isinstance(b, bool) or b < 1 for b in self.graph_batches):
             raise ValueError(f"config.graph_batches must be ints ≥ 1, got {self.graph_batches!r}")
         self.check_choices("capture", CAPTURES)
-        if not self.batch_sizes or any(not isinstance(b, int) or isinstance(b, bool) or b < 1
-                                       for b in self.batch_sizes):
+        if not self.batch_sizes or any(
+            not isinstance(b, int) or isinstance(b, bool) or b < 1 for b in self.batch_sizes
+        ):
             raise ValueError(f"config.batch_sizes must be a non-empty sequence of ints ≥ 1, got {self.batch_sizes!r}")
         self.check_choices("recipes", RECIPES, subset=True)
         if "fp32" not in self.recipes:
@@ -122,12 +138,23 @@ PROFILES = {
 #: batch size, and a float16 step of 512 rows at width 4096 takes minutes on a CPU without FP16 instructions:
 #: ≈ 1 GFLOP/s), two profiled steps, the GPU-limited variant at 3 rows for two steps, and a small matrix for
 #: the peak.
-SMOKE = {"num_batches": 1, "epochs": 1, "warmup_epochs": 0, "batch_sizes": (3,), "peak_n": 256, "profile_steps": 2,
-         "graph_batches": (3,), "graph_steps": 2, "graph_pool": 1}
+SMOKE = {
+    "num_batches": 1,
+    "epochs": 1,
+    "warmup_epochs": 0,
+    "batch_sizes": (3,),
+    "peak_n": 256,
+    "profile_steps": 2,
+    "graph_batches": (3,),
+    "graph_steps": 2,
+    "graph_pool": 1,
+}
 
 #: What ``flops_convention`` says of a result whose FLOPs are counted (:func:`counted_flops_per_step`).
-COUNTED_FLOPS = ("counted by torch.utils.flop_counter.FlopCounterMode over one forward and backward (matrix "
-                 "products; the first layer's input gradient is not computed, so not counted)")
+COUNTED_FLOPS = (
+    "counted by torch.utils.flop_counter.FlopCounterMode over one forward and backward (matrix "
+    "products; the first layer's input gradient is not computed, so not counted)"
+)
 
 
 def flops_per_step(batch: int, width: int, num_layers: int) -> int:
@@ -168,7 +195,7 @@ def needs_scaler(dtype: torch.dtype) -> bool:
     return dtype == torch.float16
 
 
-def make_model(width: int, num_layers: int, device: DeviceLike="cpu") -> torch.nn.Sequential:
+def make_model(width: int, num_layers: int, device: DeviceLike = "cpu") -> torch.nn.Sequential:
     """The recipe's network: ``num_layers`` × ``Linear(width, width)`` with ReLU between them (none after the
     last), float32 parameters on ``device``."""
     layers = []
@@ -213,13 +240,19 @@ class AmpRecipeResult(ExperimentResult):
     @classmethod
     def upgrade(cls, d: dict) -> dict:
         """A result saved before the one recipe registry: its rows' ``precision`` is read as ``recipe``."""
-        d = {**d, **{k: [{("recipe" if f == "precision" else f): v for f, v in row.items()} for row in d[k]]
-                     for k in ("rows", "graphed") if isinstance(d.get(k), list)}}
+        d = {
+            **d,
+            **{
+                k: [{("recipe" if f == "precision" else f): v for f, v in row.items()} for row in d[k]]
+                for k in ("rows", "graphed")
+                if isinstance(d.get(k), list)
+            },
+        }
         return super().upgrade(d)
 
     def row(self, recipe: str, batch: int, *, graphed: bool = False) -> dict:
         """The row of ``recipe`` at ``batch`` (of the GPU-limited variant with ``graphed``); KeyError if none."""
-        for r in (self.graphed if graphed else self.rows):
+        for r in self.graphed if graphed else self.rows:
             if r["recipe"] == recipe and r["batch"] == batch:
                 return r
         raise KeyError(f"no {'graphed ' if graphed else ''}row for recipe={recipe!r}, batch={batch!r}")
@@ -227,42 +260,59 @@ class AmpRecipeResult(ExperimentResult):
     def describe(self) -> str:
         c = self.config
         best = {p: max(v.values()) for p, v in self.speedup.items() if v}
-        text = (f"AMP recipe ({self.profile} profile, {self.device}): {c['num_layers']} × Linear({c['width']}, "
-                f"{c['width']}), {c['num_batches']} batches per epoch, median of {c['epochs']} epochs; best "
-                "speed-up over FP32: " + ", ".join(f"{p} {v:.2f}×" for p, v in best.items()))
+        text = (
+            f"AMP recipe ({self.profile} profile, {self.device}): {c['num_layers']} × Linear({c['width']}, "
+            f"{c['width']}), {c['num_batches']} batches per epoch, median of {c['epochs']} epochs; best "
+            "speed-up over FP32: " + ", ".join(f"{p} {v:.2f}×" for p, v in best.items())
+        )
         if self.graphed_speedup:
             gbest = {p: max(v.values()) for p, v in self.graphed_speedup.items() if v}
-            text += (f"; the step limited by the device ({self.graphed[0]['captured']}): best speed-up "
-                     + ", ".join(f"{p} {v:.2f}×" for p, v in gbest.items()))
+            text += f"; the step limited by the device ({self.graphed[0]['captured']}): best speed-up " + ", ".join(
+                f"{p} {v:.2f}×" for p, v in gbest.items()
+            )
         return text
-
 
 
 def _cpu_note(peaks: dict, kernels) -> str:
     """What the measured CPU peaks mean, from the kernels PyTorch ran (:class:`mpt_lab.device.CpuKernels`)."""
     g = {k: v * 1e3 for k, v in peaks.items()}
-    s = (f"On this CPU a matrix product runs at {g.get('float32', math.nan):.1f} GFLOP/s in float32, "
-         f"{g.get('bfloat16', math.nan):.1f} in bfloat16 and {g.get('float16', math.nan):.1f} in float16 "
-         f"(measured; kernels: {kernels.describe()}).  ")
-    s += ("bfloat16 runs on oneDNN's kernel, fast where the CPU has bfloat16 dot-product instructions "
-          "(AVX-512 BF16 or AMX) and oneDNN may use them; " if kernels.onednn_bf16 else
-          "bfloat16 is slow: oneDNN has no bfloat16 kernel here, so torch takes a generic path; ")
-    s += ("float16 runs on oneDNN's kernel too (the CPU has AVX-512 FP16)." if kernels.onednn_fp16 else
-          "float16 is slow because oneDNN has no float16 kernel here (a CPU without AVX-512 FP16, or "
-          "ONEDNN_MAX_CPU_ISA below it), so torch's float16 matrix products take a generic path that converts "
-          "element by element.  A 'speed-up' below 1 is a slow-down on this machine; on a GPU both 16-bit types "
-          "use tensor cores.  Sizes are shrunk from the PyTorch AMP tutorial's 4096 to keep the CPU run short.")
+    s = (
+        f"On this CPU a matrix product runs at {g.get('float32', math.nan):.1f} GFLOP/s in float32, "
+        f"{g.get('bfloat16', math.nan):.1f} in bfloat16 and {g.get('float16', math.nan):.1f} in float16 "
+        f"(measured; kernels: {kernels.describe()}).  "
+    )
+    s += (
+        "bfloat16 runs on oneDNN's kernel, fast where the CPU has bfloat16 dot-product instructions "
+        "(AVX-512 BF16 or AMX) and oneDNN may use them; "
+        if kernels.onednn_bf16
+        else "bfloat16 is slow: oneDNN has no bfloat16 kernel here, so torch takes a generic path; "
+    )
+    s += (
+        "float16 runs on oneDNN's kernel too (the CPU has AVX-512 FP16)."
+        if kernels.onednn_fp16
+        else "float16 is slow because oneDNN has no float16 kernel here (a CPU without AVX-512 FP16, or "
+        "ONEDNN_MAX_CPU_ISA below it), so torch's float16 matrix products take a generic path that converts "
+        "element by element.  A 'speed-up' below 1 is a slow-down on this machine; on a GPU both 16-bit types "
+        "use tensor cores.  Sizes are shrunk from the PyTorch AMP tutorial's 4096 to keep the CPU run short."
+    )
     return s
 
 
-def train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None,
-               x: torch.Tensor, y: torch.Tensor, recipe: str, device: torch.device) -> None:
+def train_step(
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler | None,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    recipe: str,
+    device: torch.device,
+) -> None:
     """One step of the recipe's eager loop: forward and MSE loss under autocast to ``recipe``'s dtype (one of
     :data:`RECIPES`; none for "fp32"), backward and optimizer step through ``scaler`` (None: none), gradients set
     to None.  ``x``, ``y``: float32 [batch, width] on ``device``."""
     with autocast_to(device.type, _dtype(recipe)):
-        out = model(x)                                     # Linear output in float16/bfloat16
-        loss = torch.nn.functional.mse_loss(out, y)        # mse_loss autocasts to float32
+        out = model(x)  # Linear output in float16/bfloat16
+        loss = torch.nn.functional.mse_loss(out, y)  # mse_loss autocasts to float32
     backward_step(loss, opt, scaler)
     opt.zero_grad(set_to_none=True)
 
@@ -275,51 +325,82 @@ def _train_epoch(model, opt, scaler, batches, recipe: str, device: torch.device)
 def _make(config: Config, recipe: str, device: torch.device, fused: bool = False):
     torch.manual_seed(config.seed)
     model = make_model(config.width, config.num_layers, device)
-    opt = torch.optim.SGD(model.parameters(), lr=config.lr, fused=True) if fused else \
-        torch.optim.SGD(model.parameters(), lr=config.lr)
+    opt = (
+        torch.optim.SGD(model.parameters(), lr=config.lr, fused=True)
+        if fused
+        else torch.optim.SGD(model.parameters(), lr=config.lr)
+    )
     scaler = torch.amp.GradScaler(device.type) if needs_scaler(_dtype(recipe)) else None
     return model, opt, scaler
 
 
-_PEAK_KEY = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16"}      # the datasheet's key of each recipe (TF32 off)
+_PEAK_KEY = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16"}  # the datasheet's key of each recipe (TF32 off)
 
 
 def _rates(row: dict, flops: int, seconds: float, peak: float, datasheet: dict | None, recipe: str) -> None:
     """Fill ``row``'s flops_per_step, tflops and its two fractions of peak from the counted FLOPs of a step."""
     tflops = flops / seconds / 1e12
-    row.update(flops_per_step=flops, tflops=tflops, fraction_of_peak=tflops / peak if peak > 0 else math.nan,
-               fraction_of_datasheet_peak=tflops / datasheet[_PEAK_KEY[recipe]] if datasheet else None)
+    row.update(
+        flops_per_step=flops,
+        tflops=tflops,
+        fraction_of_peak=tflops / peak if peak > 0 else math.nan,
+        fraction_of_datasheet_peak=tflops / datasheet[_PEAK_KEY[recipe]] if datasheet else None,
+    )
 
 
 def _profiled(profile: dict) -> dict:
-    return {"host_seconds_per_step": profile["host_seconds_per_step"], "busy_fraction": profile["busy_fraction"],
-            "readbacks_per_step": profile["readbacks_per_step"], "kernels_per_step": profile["kernels_per_step"],
-            "sync_seconds_per_step": profile["sync_seconds"] / profile["steps"], "kernels": profile["kernels"]}
+    return {
+        "host_seconds_per_step": profile["host_seconds_per_step"],
+        "busy_fraction": profile["busy_fraction"],
+        "readbacks_per_step": profile["readbacks_per_step"],
+        "kernels_per_step": profile["kernels_per_step"],
+        "sync_seconds_per_step": profile["sync_seconds"] / profile["steps"],
+        "kernels": profile["kernels"],
+    }
 
 
-def _graphed(config: Config, recipe: str, batch: int, device: torch.device, flops: int, peaks: dict,
-             names: dict, datasheet) -> dict:
+def _graphed(
+    config: Config, recipe: str, batch: int, device: torch.device, flops: int, peaks: dict, names: dict, datasheet
+) -> dict:
     """The GPU-limited step (see the module docstring) at ``batch``: time per step, rates, its profile."""
     g = torch.Generator(device=device).manual_seed(config.seed + batch)
-    pool = [(torch.randn(batch, config.width, device=device, generator=g),
-             torch.randn(batch, config.width, device=device, generator=g)) for _ in range(config.graph_pool)]
+    pool = [
+        (
+            torch.randn(batch, config.width, device=device, generator=g),
+            torch.randn(batch, config.width, device=device, generator=g),
+        )
+        for _ in range(config.graph_pool)
+    ]
     model, opt, scaler = _make(config, recipe, device, fused=True)
-    step = StaticStep(model, torch.nn.functional.mse_loss, opt, *pool[0], dtype=_dtype(recipe), scaler=scaler,
-                      capture=config.capture)
+    step = StaticStep(
+        model, torch.nn.functional.mse_loss, opt, *pool[0], dtype=_dtype(recipe), scaler=scaler, capture=config.capture
+    )
 
     def steps():
         for i in range(config.graph_steps):
             step(*pool[i % len(pool)])
 
     timing = time_call(steps, repeat=config.epochs, warmup=1, device=device, timer="auto")
-    row = {"recipe": recipe, "batch": batch, "captured": step.captured,
-           "step_seconds": timing.median / config.graph_steps,
-           "step_times": [t / config.graph_steps for t in timing.times], "timer": timing.method}
+    row = {
+        "recipe": recipe,
+        "batch": batch,
+        "captured": step.captured,
+        "step_seconds": timing.median / config.graph_steps,
+        "step_times": [t / config.graph_steps for t in timing.times],
+        "timer": timing.method,
+    }
     _rates(row, flops, row["step_seconds"], peaks[names[recipe]], datasheet, recipe)
     if config.profile_steps:
-        counter = iter(range(10 ** 9))
-        row.update(_profiled(profile_steps(lambda: step(*pool[next(counter) % len(pool)]),
-                                           min(config.profile_steps, config.graph_steps), device)))
+        counter = iter(range(10**9))
+        row.update(
+            _profiled(
+                profile_steps(
+                    lambda: step(*pool[next(counter) % len(pool)]),
+                    min(config.profile_steps, config.graph_steps),
+                    device,
+                )
+            )
+        )
     return row
 
 
@@ -329,46 +410,66 @@ def measure(config: Config, run: Run) -> dict:
     device = run.device
     peak_n = config.peak_n or max(config.width, 512)
     names = {p: str(_dtype(p)).replace("torch.", "") for p in config.recipes}
-    peaks = {d: matmul_peak_tflops(device, getattr(torch, d), peak_n)
-             for d in run.bar(sorted(set(names.values()), key=["float32", "float16", "bfloat16"].index),
-                              desc="matmul peak")}
+    peaks = {
+        d: matmul_peak_tflops(device, getattr(torch, d), peak_n)
+        for d in run.bar(sorted(set(names.values()), key=["float32", "float16", "bfloat16"].index), desc="matmul peak")
+    }
     datasheet = datasheet_peaks(describe(device)) if device.type == "cuda" else None
     counted = {}
     rows = []
     combos = [(p, b) for b in config.batch_sizes for p in config.recipes]
     for recipe, batch in run.bar(combos, desc="AMP recipe"):
         g = torch.Generator(device=device).manual_seed(config.seed + batch)
-        batches = [(torch.randn(batch, config.width, device=device, generator=g),
-                    torch.randn(batch, config.width, device=device, generator=g)) for _ in range(config.num_batches)]
-        state = _make(config, recipe, device)                   # model, optimizer, scaler
-        timing = time_call(lambda: _train_epoch(*state, batches, recipe, device),
-                           repeat=config.epochs, warmup=config.warmup_epochs, device=device, timer="auto")
+        batches = [
+            (
+                torch.randn(batch, config.width, device=device, generator=g),
+                torch.randn(batch, config.width, device=device, generator=g),
+            )
+            for _ in range(config.num_batches)
+        ]
+        state = _make(config, recipe, device)  # model, optimizer, scaler
+        timing = time_call(
+            lambda: _train_epoch(*state, batches, recipe, device),
+            repeat=config.epochs,
+            warmup=config.warmup_epochs,
+            device=device,
+            timer="auto",
+        )
         profiled = {}
         if config.profile_steps:
-            counter = iter(range(10 ** 9))
+            counter = iter(range(10**9))
 
             def one_step():
                 x, y = batches[next(counter) % len(batches)]
                 train_step(*state, x, y, recipe, device)
 
             profiled = _profiled(profile_steps(one_step, config.profile_steps, device))
-        state = None                                                 # free them before measuring memory
+        state = None  # free them before measuring memory
         peak = None
         if config.measure_memory:
-            peak = peak_memory(lambda: _train_epoch(*_make(config, recipe, device), batches, recipe, device),
-                               device)
+            peak = peak_memory(lambda: _train_epoch(*_make(config, recipe, device), batches, recipe, device), device)
         if batch not in counted:
             counted[batch] = counted_flops_per_step(batch, config.width, config.num_layers)
-        row = {"recipe": recipe, "batch": batch, "dtype": names[recipe],
-               "epoch_seconds": timing.median, "epoch_times": list(timing.times), "timer": timing.method,
-               "peak_bytes": peak, "step_seconds": timing.median / config.num_batches}
+        row = {
+            "recipe": recipe,
+            "batch": batch,
+            "dtype": names[recipe],
+            "epoch_seconds": timing.median,
+            "epoch_times": list(timing.times),
+            "timer": timing.method,
+            "peak_bytes": peak,
+            "step_seconds": timing.median / config.num_batches,
+        }
         _rates(row, counted[batch], row["step_seconds"], peaks[names[recipe]], datasheet, recipe)
         row.update(profiled)
         rows.append(row)
         run.arm_done(f"eager {recipe}, batch {batch}", row)
     base = {r["batch"]: r["epoch_seconds"] for r in rows if r["recipe"] == "fp32"}
-    speedup = {p: {str(r["batch"]): base[r["batch"]] / r["epoch_seconds"] for r in rows if r["recipe"] == p}
-               for p in config.recipes if p != "fp32"}
+    speedup = {
+        p: {str(r["batch"]): base[r["batch"]] / r["epoch_seconds"] for r in rows if r["recipe"] == p}
+        for p in config.recipes
+        if p != "fp32"
+    }
     graphed = []
     gcombos = [(p, b) for b in config.graph_batches for p in config.recipes]
     for recipe, batch in run.bar(gcombos, desc="GPU-limited step"):
@@ -377,14 +478,29 @@ def measure(config: Config, run: Run) -> dict:
         graphed.append(_graphed(config, recipe, batch, device, counted[batch], peaks, names, datasheet))
         run.arm_done(f"graphed {recipe}, batch {batch}", graphed[-1])
     gbase = {r["batch"]: r["step_seconds"] for r in graphed if r["recipe"] == "fp32"}
-    graphed_speedup = {p: {str(r["batch"]): gbase[r["batch"]] / r["step_seconds"] for r in graphed
-                           if r["recipe"] == p} for p in config.recipes if p != "fp32" and graphed}
-    note = _cpu_note(peaks, cpu_kernels()) if device.type == "cpu" else (
-        f"CUDA: float32 matmul TF32 allowed = {torch.backends.cuda.matmul.allow_tf32}; "
-        "batch sizes that are multiples of 8 let float16/bfloat16 products use tensor cores fully.")
-    return {"rows": rows, "speedup": speedup, "matmul_tflops": peaks, "note": note,
-            "flops_convention": COUNTED_FLOPS, "datasheet": datasheet, "graphed": graphed,
-            "graphed_speedup": graphed_speedup}
+    graphed_speedup = {
+        p: {str(r["batch"]): gbase[r["batch"]] / r["step_seconds"] for r in graphed if r["recipe"] == p}
+        for p in config.recipes
+        if p != "fp32" and graphed
+    }
+    note = (
+        _cpu_note(peaks, cpu_kernels())
+        if device.type == "cpu"
+        else (
+            f"CUDA: float32 matmul TF32 allowed = {torch.backends.cuda.matmul.allow_tf32}; "
+            "batch sizes that are multiples of 8 let float16/bfloat16 products use tensor cores fully."
+        )
+    )
+    return {
+        "rows": rows,
+        "speedup": speedup,
+        "matmul_tflops": peaks,
+        "note": note,
+        "flops_convention": COUNTED_FLOPS,
+        "datasheet": datasheet,
+        "graphed": graphed,
+        "graphed_speedup": graphed_speedup,
+    }
 
 
 EXPERIMENT = Experiment(NAME, Config, PROFILES, measure, AmpRecipeResult, __doc__, smoke=SMOKE)

@@ -68,18 +68,31 @@ from ..models.lstm import CONFIGS, build_lstm_lm
 from ..recipes import LOSS_SCALING, OLD_LOSS_SCALING_NAMES, renamed
 from ..training import RecipeRun, collect_arms, lm_optimizer, lm_step
 
-__all__ = ["Config", "BigLSTMResult", "PROFILES", "PAPER", "BIGLSTM", "config_for", "run", "main",
-           "equivalent_shift", "sampled_softmax_gradients", "log_uniform_probability", "perplexity", "NAME"]
+__all__ = [
+    "Config",
+    "BigLSTMResult",
+    "PROFILES",
+    "PAPER",
+    "BIGLSTM",
+    "config_for",
+    "run",
+    "main",
+    "equivalent_shift",
+    "sampled_softmax_gradients",
+    "log_uniform_probability",
+    "perplexity",
+    "NAME",
+]
 
 NAME = "biglstm"
 
 #: What the paper reports (Micikevicius et al. 2018), cited, not computed.
 PAPER = {
     "model": "bigLSTM (Jozefowicz et al. 2016): 2 LSTM layers of 8192 cells projected to 1024, 793k-word vocabulary, "
-             "sampled softmax, Adagrad; One Billion Word benchmark",
+    "sampled softmax, Adagrad; One Billion Word benchmark",
     "loss_scale": 128,
     "finding": "FP16 mixed precision without loss scaling diverges after a while; with loss scale 128 the training "
-               "loss matches the FP32 baseline",
+    "loss matches the FP32 baseline",
 }
 
 
@@ -90,8 +103,15 @@ PAPER = {
 #: log Q: :func:`sampled_softmax_gradients`), ``batch_size = 128`` sequences unrolled over ``num_steps = 20`` time
 #: steps, and the loss ``reduce_mean(per-token loss) * num_steps``: the mean over the 128 sequences of the sum over
 #: the 20 steps, so each logit gradient is divided by ``loss_divisor`` = 128, not by the 2,560 tokens.
-BIGLSTM = {"vocab_size": 793471, "sampled_classes": 8192, "softmax_classes": 8192 + 1, "sequences": 128,
-           "bptt": 20, "tokens_per_batch": 128 * 20, "loss_divisor": 128}
+BIGLSTM = {
+    "vocab_size": 793471,
+    "sampled_classes": 8192,
+    "softmax_classes": 8192 + 1,
+    "sequences": 128,
+    "bptt": 20,
+    "tokens_per_batch": 128 * 20,
+    "loss_divisor": 128,
+}
 
 
 def log_uniform_probability(ids: int | np.ndarray, range_max: int) -> np.ndarray:
@@ -111,10 +131,15 @@ def log_uniform_probability(ids: int | np.ndarray, range_max: int) -> np.ndarray
     return (np.log(k + 2.0) - np.log(k + 1.0)) / math.log(range_max + 1.0)
 
 
-def sampled_softmax_gradients(*, vocab_size: int = BIGLSTM["vocab_size"],
-                              num_sampled: int = BIGLSTM["sampled_classes"],
-                              loss_divisor: int = BIGLSTM["loss_divisor"], steps: int = 8, tokens: int = 64,
-                              seed: int = 0) -> dict:
+def sampled_softmax_gradients(
+    *,
+    vocab_size: int = BIGLSTM["vocab_size"],
+    num_sampled: int = BIGLSTM["sampled_classes"],
+    loss_divisor: int = BIGLSTM["loss_divisor"],
+    steps: int = 8,
+    tokens: int = 64,
+    seed: int = 0,
+) -> dict:
     """bigLSTM's logit gradients at initialisation, simulated as TensorFlow's ``tf.nn.sampled_softmax_loss``
     computes them with the defaults that Jozefowicz et al.'s code uses (:data:`BIGLSTM`).
 
@@ -147,8 +172,13 @@ def sampled_softmax_gradients(*, vocab_size: int = BIGLSTM["vocab_size"],
     ``tf.random.log_uniform_candidate_sampler``, and its ``nn_impl.py`` (``_compute_sampled_logits``) and
     ``range_sampler.cc``; Jozefowicz et al.'s ``language_model.py`` (github.com/rafaljozefowicz/lm).
     """
-    for name, v in (("vocab_size", vocab_size), ("num_sampled", num_sampled), ("loss_divisor", loss_divisor),
-                    ("steps", steps), ("tokens", tokens)):
+    for name, v in (
+        ("vocab_size", vocab_size),
+        ("num_sampled", num_sampled),
+        ("loss_divisor", loss_divisor),
+        ("steps", steps),
+        ("tokens", tokens),
+    ):
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise ValueError(f"{name} must be an int ≥ 1, got {v!r}")
     if num_sampled >= vocab_size:
@@ -162,18 +192,18 @@ def sampled_softmax_gradients(*, vocab_size: int = BIGLSTM["vocab_size"],
     grads, normalisers, tries_all = [], [], []
     for _ in range(steps):
         vals = draw(2 * num_sampled)
-        while True:                                   # unique=True: draw until num_sampled distinct words
+        while True:  # unique=True: draw until num_sampled distinct words
             uniq, first = np.unique(vals, return_index=True)
             if len(uniq) >= num_sampled:
                 break
             vals = np.concatenate([vals, draw(num_sampled)])
-        order = np.sort(first)[:num_sampled]          # the first num_sampled distinct words, in draw order
+        order = np.sort(first)[:num_sampled]  # the first num_sampled distinct words, in draw order
         sampled, tries = vals[order], int(order[-1]) + 1
         q_s = -np.expm1(tries * np.log1p(-log_uniform_probability(sampled, vocab_size)))
         true = draw(tokens)
         q_t = -np.expm1(tries * np.log1p(-log_uniform_probability(true, vocab_size)))
-        inv = 1.0 / q_s                               # exp(−log Q_j): the sampled logits after the log-Q correction
-        hit = true[:, None] == sampled[None, :]       # accidental hits: their logits go to −FLOAT_MAX, p = 0
+        inv = 1.0 / q_s  # exp(−log Q_j): the sampled logits after the log-Q correction
+        hit = true[:, None] == sampled[None, :]  # accidental hits: their logits go to −FLOAT_MAX, p = 0
         z = 1.0 / q_t + inv.sum() - (hit * inv).sum(axis=1)
         p = inv[None, :] / z[:, None]
         grads.append((p / loss_divisor)[~hit])
@@ -182,13 +212,26 @@ def sampled_softmax_gradients(*, vocab_size: int = BIGLSTM["vocab_size"],
     g = np.concatenate(grads)
     zero = formats.round_to(g, formats.FP16) == 0
     zero_128 = formats.round_to(128.0 * g, formats.FP16) == 0
-    return {"gradients": g, "median_log2": float(np.log2(np.median(g))), "lost": float(zero.mean()),
-            "lost_128": float(zero_128.mean()), "lost_mass": float(g[zero].sum() / g.sum()),
-            "smallest_log2": float(np.log2(g.min())), "largest_log2": float(np.log2(g.max())),
-            "normaliser": float(np.concatenate(normalisers).mean()), "tries": float(np.mean(tries_all)),
-            "frequent_log2": -math.log2(vocab_size * loss_divisor),
-            "config": {"vocab_size": vocab_size, "num_sampled": num_sampled, "loss_divisor": loss_divisor,
-                       "steps": steps, "tokens": tokens, "seed": seed}}
+    return {
+        "gradients": g,
+        "median_log2": float(np.log2(np.median(g))),
+        "lost": float(zero.mean()),
+        "lost_128": float(zero_128.mean()),
+        "lost_mass": float(g[zero].sum() / g.sum()),
+        "smallest_log2": float(np.log2(g.min())),
+        "largest_log2": float(np.log2(g.max())),
+        "normaliser": float(np.concatenate(normalisers).mean()),
+        "tries": float(np.mean(tries_all)),
+        "frequent_log2": -math.log2(vocab_size * loss_divisor),
+        "config": {
+            "vocab_size": vocab_size,
+            "num_sampled": num_sampled,
+            "loss_divisor": loss_divisor,
+            "steps": steps,
+            "tokens": tokens,
+            "seed": seed,
+        },
+    }
 
 
 @functools.lru_cache(maxsize=1)
@@ -216,22 +259,22 @@ class Config(ExperimentConfig):
     """The bigLSTM-shaped language model, its data, optimizer and loss scales, and the recipes to train (one arm each)
     (each field's comment says what it is; :data:`PROFILES` holds each profile's values)."""
 
-    model: str = "tiny"                # mpt_lab.models.lstm.CONFIGS
-    max_vocab: int = 0                 # 0: every word of the training split
+    model: str = "tiny"  # mpt_lab.models.lstm.CONFIGS
+    max_vocab: int = 0  # 0: every word of the training split
     batch_size: int = 20
-    bptt: int = 20                     # time steps per window (truncated backpropagation through time)
-    steps: int = 1200                  # optimizer steps (windows); the stream restarts when it runs out
-    lr: float = 0.2                    # Adagrad, as bigLSTM (Jozefowicz et al. 2016: learning rate 0.2)
-    adagrad_init: float = 0.1          # Adagrad's initial accumulator (TensorFlow's default, × 4^-grad_shift)
-    static_scale: float = 128.0        # the paper's S for bigLSTM
-    init_scale: float = 2.0 ** 16      # GradScaler (torch's defaults)
+    bptt: int = 20  # time steps per window (truncated backpropagation through time)
+    steps: int = 1200  # optimizer steps (windows); the stream restarts when it runs out
+    lr: float = 0.2  # Adagrad, as bigLSTM (Jozefowicz et al. 2016: learning rate 0.2)
+    adagrad_init: float = 0.1  # Adagrad's initial accumulator (TensorFlow's default, × 4^-grad_shift)
+    static_scale: float = 128.0  # the paper's S for bigLSTM
+    init_scale: float = 2.0**16  # GradScaler (torch's defaults)
     growth_interval: int = 2000
-    grad_shift: int = 11               # loss × 2^-grad_shift (FP32 unchanged); -1: equivalent_shift (auto)
-    recipes: tuple = LOSS_SCALING      # mpt_lab.recipes.LOSS_SCALING to run, one arm each
-    eval_every: int = 200              # validation perplexity and histogram shares every N steps
-    hist_every: int = 1                # record gradient histograms on every N-th step
-    valid_tokens: int = 20000          # validation tokens evaluated (0: all)
-    sweep_shifts: tuple = ()           # gradient shifts k of the sweep (FP16 without scaling at each k)
+    grad_shift: int = 11  # loss × 2^-grad_shift (FP32 unchanged); -1: equivalent_shift (auto)
+    recipes: tuple = LOSS_SCALING  # mpt_lab.recipes.LOSS_SCALING to run, one arm each
+    eval_every: int = 200  # validation perplexity and histogram shares every N steps
+    hist_every: int = 1  # record gradient histograms on every N-th step
+    valid_tokens: int = 20000  # validation tokens evaluated (0: all)
+    sweep_shifts: tuple = ()  # gradient shifts k of the sweep (FP16 without scaling at each k)
 
     def validate(self) -> None:
         super().validate()
@@ -250,25 +293,65 @@ class Config(ExperimentConfig):
 PROFILES = {
     # the default shift of 11 binades: the failure is plain within the 120 steps a CPU affords (the sweep shows
     # smaller shifts)
-    "quick": {"max_vocab": 4000, "batch_size": 16, "bptt": 16, "steps": 120,
-              "recipes": ("fp32", "fp16_unscaled", "fp16_static"),
-              "eval_every": 30, "hist_every": 4, "valid_tokens": 4000, "threads": 1, "sweep_shifts": (0, 6)},
+    "quick": {
+        "max_vocab": 4000,
+        "batch_size": 16,
+        "bptt": 16,
+        "steps": 120,
+        "recipes": ("fp32", "fp16_unscaled", "fp16_static"),
+        "eval_every": 30,
+        "hist_every": 4,
+        "valid_tokens": 4000,
+        "threads": 1,
+        "sweep_shifts": (0, 6),
+    },
     # cpu: every shift from 6 to 11 (11 is the main FP16 run's), to show how the run falls behind between them; the
     # dynamic-scaling arm is left to the long and full profiles to keep chapter 8 within its 240 s
-    "cpu": {"max_vocab": 4000, "batch_size": 16, "bptt": 16, "steps": 120,
-            "recipes": ("fp32", "fp16_unscaled", "fp16_static"), "growth_interval": 40, "eval_every": 40, "hist_every": 4, "valid_tokens": 6000, "threads": 0,
-            "sweep_shifts": (0, 6, 7, 8, 9, 10)},
+    "cpu": {
+        "max_vocab": 4000,
+        "batch_size": 16,
+        "bptt": 16,
+        "steps": 120,
+        "recipes": ("fp32", "fp16_unscaled", "fp16_static"),
+        "growth_interval": 40,
+        "eval_every": 40,
+        "hist_every": 4,
+        "valid_tokens": 6000,
+        "threads": 0,
+        "sweep_shifts": (0, 6, 7, 8, 9, 10),
+    },
     # bigLSTM's result with no shift at all: 4096 × 16 = 65,536 tokens per batch, 2^8 times the cpu profile's, so the
     # softmax gradients p/N of words with p < 2^-9 fall below FP16's 2^-25 by themselves; the vocabulary (2048
     # words) and the "lean" model keep a step cheap (≈ 20 CPU seconds for the four arms, 150 steps ≤ 60 minutes)
-    "long": {"model": "lean", "max_vocab": 2048, "batch_size": 4096, "bptt": 16, "steps": 150, "grad_shift": 0,
-             "growth_interval": 50, "eval_every": 25, "hist_every": 25, "valid_tokens": 0, "threads": 1},
+    "long": {
+        "model": "lean",
+        "max_vocab": 2048,
+        "batch_size": 4096,
+        "bptt": 16,
+        "steps": 150,
+        "grad_shift": 0,
+        "growth_interval": 50,
+        "eval_every": 25,
+        "hist_every": 25,
+        "valid_tokens": 0,
+        "threads": 1,
+    },
     # one H100 (mpt_lab.harness.budget): the blog post's Figure 1 without a shift and with real FP16 autocast: 2048 × 32 = 65,536
     # tokens per batch as the long profile (where FP16 without loss scaling falls behind by itself), 8,192 words
     # (the logits of 65,536 tokens over all 12,548 words would move 50 % more bytes), the "small" model (two LSTM
     # layers of 512 cells)
-    "full": {"model": "small", "max_vocab": 8192, "batch_size": 2048, "bptt": 32, "steps": 100, "grad_shift": 0,
-             "growth_interval": 100, "eval_every": 50, "hist_every": 10, "valid_tokens": 0},
+    "full": {
+        "model": "small",
+        "max_vocab": 8192,
+        "batch_size": 2048,
+        "bptt": 32,
+        "steps": 100,
+        "grad_shift": 0,
+        "growth_interval": 100,
+        "eval_every": 50,
+        "hist_every": 10,
+        "valid_tokens": 0,
+    },
 }
 
 #: ``--smoke``: two steps per arm and one evaluation on 2,000 validation tokens; 16 sequences per batch (the full
@@ -326,8 +409,10 @@ class BigLSTMResult(ExperimentResult):
 
     def describe(self) -> str:
         parts = [f"{a}: loss {self.final(a):.3f}, ppl {self.final(a, 'ppl'):.1f}" for a in self.arms]
-        return (f"biglstm ({self.profile} profile, grad_shift {self.grad_shift}, "
-                f"{'real' if self.real_fp16 else 'simulated'} FP16, {self.device}): " + "; ".join(parts))
+        return (
+            f"biglstm ({self.profile} profile, grad_shift {self.grad_shift}, "
+            f"{'real' if self.real_fp16 else 'simulated'} FP16, {self.device}): " + "; ".join(parts)
+        )
 
 
 def _tail_mean(values, last: int) -> float:
@@ -353,14 +438,20 @@ def perplexity(model: torch.nn.Module, streams: torch.Tensor, bptt: int, device:
 def _train_arm(arm_name: str, config: Config, corpus, init_state: dict, run: Run) -> dict:
     """Train one arm from ``init_state``: the measured loop of the experiment."""
     device = run.device
-    torch.manual_seed(config.seed + 1)   # dropout (none by default) and anything random: the same in every arm
+    torch.manual_seed(config.seed + 1)  # dropout (none by default) and anything random: the same in every arm
     model = build_lstm_lm(config.model, corpus.vocab_size).to(device)
     model.load_state_dict(init_state)
     opt = lm_optimizer(model, config.lr, config.adagrad_init, config.grad_shift)
-    arm = RecipeRun(arm_name, device, static_scale=config.static_scale, init_scale=config.init_scale,
-                       growth_interval=config.growth_interval, grad_shift=config.grad_shift)
+    arm = RecipeRun(
+        arm_name,
+        device,
+        static_scale=config.static_scale,
+        init_scale=config.init_scale,
+        growth_interval=config.growth_interval,
+        grad_shift=config.grad_shift,
+    )
     windows = lm_windows(corpus.train, config.batch_size, config.bptt)
-    valid = corpus.valid[:config.valid_tokens] if config.valid_tokens else corpus.valid
+    valid = corpus.valid[: config.valid_tokens] if config.valid_tokens else corpus.valid
     valid = batchify(valid, min(config.batch_size, 10))
     state = None
     losses, scales, skipped, evals = [], [], [], []
@@ -377,11 +468,25 @@ def _train_arm(arm_name: str, config: Config, corpus, init_state: dict, run: Run
             if skip:
                 skipped.append(step)
             if step % config.eval_every == 0 or step == config.steps:
-                evals.append({"step": step, "valid_ppl": perplexity(model, valid, config.bptt, device),
-                              **gradient_shares(gh.histogram), "fp16_lost_mass": lost_mass(gh.histogram)})
+                evals.append(
+                    {
+                        "step": step,
+                        "valid_ppl": perplexity(model, valid, config.bptt, device),
+                        **gradient_shares(gh.histogram),
+                        "fp16_lost_mass": lost_mass(gh.histogram),
+                    }
+                )
                 gh.reset()
-    return {"losses": losses, "scales": scales, "skipped": skipped, "evals": evals, "label": arm.label(),
-            "real_fp16": arm.real_fp16, "seconds": run.elapsed() - t0, "cpu_seconds": time.process_time() - cpu0}
+    return {
+        "losses": losses,
+        "scales": scales,
+        "skipped": skipped,
+        "evals": evals,
+        "label": arm.label(),
+        "real_fp16": arm.real_fp16,
+        "seconds": run.elapsed() - t0,
+        "cpu_seconds": time.process_time() - cpu0,
+    }
 
 
 def measure(config: Config, run: Run) -> dict:
@@ -394,7 +499,7 @@ def measure(config: Config, run: Run) -> dict:
     torch.manual_seed(config.seed)
     init_state = {k: v.clone() for k, v in build_lstm_lm(config.model, corpus.vocab_size).state_dict().items()}
     out = {}
-    for a in config.recipes:               # each arm is kept the moment it finishes (a deadline keeps them)
+    for a in config.recipes:  # each arm is kept the moment it finishes (a deadline keeps them)
         out[a] = _train_arm(a, config, corpus, init_state, run)
         run.arm_done(a, out[a])
     sweep = {}
@@ -402,10 +507,15 @@ def measure(config: Config, run: Run) -> dict:
         fp32 = out.get("fp32") or _train_arm("fp32", replace(config, grad_shift=0), corpus, init_state, run)
         if "fp32" not in out:
             run.arm_done("sweep fp32", fp32)
-        sweep = {"fp32": _tail_mean(fp32["losses"], 50), "fp16_unscaled": {}, "zero_share": {},
-                 "steps": config.steps, "equivalent_shift": k_auto}
+        sweep = {
+            "fp32": _tail_mean(fp32["losses"], 50),
+            "fp16_unscaled": {},
+            "zero_share": {},
+            "steps": config.steps,
+            "equivalent_shift": k_auto,
+        }
         shifts = set(config.sweep_shifts) | ({config.grad_shift} if "fp16_unscaled" in out else set())
-        for k in sorted(shifts):       # the main FP16 run joins the sweep at its own shift, at no cost
+        for k in sorted(shifts):  # the main FP16 run joins the sweep at its own shift, at no cost
             if k == config.grad_shift and "fp16_unscaled" in out:
                 d = out["fp16_unscaled"]
             else:
@@ -413,8 +523,13 @@ def measure(config: Config, run: Run) -> dict:
                 run.arm_done(f"sweep fp16_unscaled, shift {k}", d)
             sweep["fp16_unscaled"][k] = _tail_mean(d["losses"], 50)
             sweep["zero_share"][k] = d["evals"][-1]["zero_share"]
-    return {"vocab_size": corpus.vocab_size, "train_tokens": len(corpus.train), "sweep": sweep,
-            "grad_shift": config.grad_shift, **collect_arms(out)}
+    return {
+        "vocab_size": corpus.vocab_size,
+        "train_tokens": len(corpus.train),
+        "sweep": sweep,
+        "grad_shift": config.grad_shift,
+        **collect_arms(out),
+    }
 
 
 EXPERIMENT = Experiment(NAME, Config, PROFILES, measure, BigLSTMResult, __doc__, smoke=SMOKE)

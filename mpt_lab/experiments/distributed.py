@@ -69,8 +69,23 @@ from ..recipes import RECIPES as REGISTRY
 from ..scaling import GradScaler, max_gradient_scale
 from ..training import accuracy, autocast_to, backward_step, shuffled_batches
 
-__all__ = ["NAME", "Config", "PROFILES", "Recipe", "RECIPES", "DistributedResult", "AGREEMENT", "LaunchError",
-           "placement", "launch", "in_torchrun", "reduction_config", "run", "config_for", "main"]
+__all__ = [
+    "NAME",
+    "Config",
+    "PROFILES",
+    "Recipe",
+    "RECIPES",
+    "DistributedResult",
+    "AGREEMENT",
+    "LaunchError",
+    "placement",
+    "launch",
+    "in_torchrun",
+    "reduction_config",
+    "run",
+    "config_for",
+    "main",
+]
 
 NAME = "distributed"
 
@@ -103,7 +118,7 @@ class Config(ExperimentConfig):
     hidden: int = 128
     layers: int = 2
     lr: float = 1e-3
-    init_scale: float = 2.0 ** 16
+    init_scale: float = 2.0**16
     growth_interval: int = 50
     sweep_max: int = 1024
     sweep_elements: int = 4096
@@ -114,8 +129,9 @@ class Config(ExperimentConfig):
 
     def validate(self) -> None:
         super().validate()
-        self.check_positive("steps", "batch_size", "hidden", "layers", "growth_interval", "sweep_elements",
-                            "sweep_batch")
+        self.check_positive(
+            "steps", "batch_size", "hidden", "layers", "growth_interval", "sweep_elements", "sweep_batch"
+        )
         self.check_positive("nproc", "flag_steps", "inject_rank", "sweep_max", minimum=0)
         if self.sweep_max == 1:
             raise ValueError("config.sweep_max must be 0 (no sweep) or an int ≥ 2, got 1")
@@ -127,19 +143,35 @@ class Config(ExperimentConfig):
         if not (isinstance(self.init_scale, (int, float)) and 0 < self.init_scale < math.inf):
             raise ValueError(f"config.init_scale must be a positive number, got {self.init_scale!r}")
         if not all(isinstance(s, int) and 0 <= s < max(self.flag_steps, 1) for s in self.inject_steps):
-            raise ValueError(f"config.inject_steps must be ints in [0, flag_steps = {self.flag_steps}), "
-                             f"got {self.inject_steps!r}")
+            raise ValueError(
+                f"config.inject_steps must be ints in [0, flag_steps = {self.flag_steps}), got {self.inject_steps!r}"
+            )
 
 
 PROFILES = {
     "quick": {"steps": 60, "flag_steps": 16, "inject_steps": (3, 9), "sweep_elements": 1024, "threads": 1},
-    "cpu": {"steps": 200, "hidden": 256, "flag_steps": 40, "inject_steps": (5, 20), "growth_interval": 10,
-            "sweep_elements": 4096, "threads": 1},
+    "cpu": {
+        "steps": 200,
+        "hidden": 256,
+        "flag_steps": 40,
+        "inject_steps": (5, 20),
+        "growth_interval": 10,
+        "sweep_elements": 4096,
+        "threads": 1,
+    },
     # one rank per GPU with NCCL where there are two GPUs or more; on a machine with one GPU two gloo ranks on its
     # CPU (placement()), where float16 products have no fast kernels: so the cpu profile's network at twice its
     # batch, for half its steps (mpt_lab.harness.budget)
-    "full": {"nproc": 0, "steps": 100, "hidden": 256, "batch_size": 128, "flag_steps": 30, "inject_steps": (5, 15),
-             "growth_interval": 10, "sweep_elements": 4096},
+    "full": {
+        "nproc": 0,
+        "steps": 100,
+        "hidden": 256,
+        "batch_size": 128,
+        "flag_steps": 30,
+        "inject_steps": (5, 15),
+        "growth_interval": 10,
+        "sweep_elements": 4096,
+    },
 }
 
 #: ``--smoke``: two steps of every recipe and of the overflow study (an inf injected at the second), the reduction
@@ -187,9 +219,16 @@ class DistributedResult(ExperimentResult):
     ranks_device: str = ""
 
     def __post_init__(self):
-        self.provenance.setdefault("distributed", {"world_size": self.world_size, "nnodes": self.nnodes,
-                                                   "backend": self.backend, "ranks_device": self.ranks_device,
-                                                   **self.comm_versions})
+        self.provenance.setdefault(
+            "distributed",
+            {
+                "world_size": self.world_size,
+                "nnodes": self.nnodes,
+                "backend": self.backend,
+                "ranks_device": self.ranks_device,
+                **self.comm_versions,
+            },
+        )
 
     # --- what the chapter and the tests ask ---------------------------------------------------------------
     def agreement(self, recipe: str, reference: str = "ddp_fp32") -> dict:
@@ -201,8 +240,10 @@ class DistributedResult(ExperimentResult):
             if name not in self.recipes:
                 raise KeyError(f"{name!r} was not run; the recipes are {list(self.recipes)}")
         a, b = self.recipes[recipe], self.recipes[reference]
-        gaps = {"final_loss": abs(a["final_loss"] - b["final_loss"]),
-                "test_accuracy": abs(a["test_accuracy"] - b["test_accuracy"])}
+        gaps = {
+            "final_loss": abs(a["final_loss"] - b["final_loss"]),
+            "test_accuracy": abs(a["test_accuracy"] - b["test_accuracy"]),
+        }
         return {**gaps, "agree": all(gaps[k] <= AGREEMENT[k] for k in AGREEMENT)}
 
     def scales_part_at(self, variant: str = "unsynchronised") -> int | None:
@@ -220,17 +261,26 @@ class DistributedResult(ExperimentResult):
                 if name in self.recipes:
                     parts.append(f"{name} vs ddp_fp32: final loss gap {self.agreement(name)['final_loss']:.3g}")
         m = self.reduction["measured"]
-        parts.append("all-reduce error at N = {}: {}; equal to the simulated ring: {}".format(
-            m["n"], ", ".join(f"{f} {m[f]['rel_error']:.2g}" for f in COMM_FORMATS),
-            all(m[f]["matches_ring"] for f in COMM_FORMATS)))
+        parts.append(
+            "all-reduce error at N = {}: {}; equal to the simulated ring: {}".format(
+                m["n"],
+                ", ".join(f"{f} {m[f]['rel_error']:.2g}" for f in COMM_FORMATS),
+                all(m[f]["matches_ring"] for f in COMM_FORMATS),
+            )
+        )
         fp16 = self.reduction.get("fp16")
         if fp16:
-            parts.append(f"FP16 sum without pre-division first overflows at N = {fp16['first_overflow_n']}"
-                         if fp16["first_overflow_n"] else f"FP16 sums do not overflow up to N = {fp16['n'][-1]}")
+            parts.append(
+                f"FP16 sum without pre-division first overflows at N = {fp16['first_overflow_n']}"
+                if fp16["first_overflow_n"]
+                else f"FP16 sums do not overflow up to N = {fp16['n'][-1]}"
+            )
         if self.flag_agreement:
             fa = self.flag_agreement
-            parts.append(f"ours identical to torch under FSDP2: {fa['identical_to_torch']}; unsynchronised "
-                         f"scales part at step {self.scales_part_at()}, drift {fa['drift'][-1]:.2g}")
+            parts.append(
+                f"ours identical to torch under FSDP2: {fa['identical_to_torch']}; unsynchronised "
+                f"scales part at step {self.scales_part_at()}, drift {fa['drift'][-1]:.2g}"
+            )
         return "; ".join(parts)
 
 
@@ -259,14 +309,31 @@ def placement(config: Config, local_world: int) -> tuple:
         if gpus < local_world:
             raise ValueError(f"config.backend 'nccl' needs a GPU per rank: {local_world} ranks, {gpus} GPU(s)")
         return "nccl", "cuda", f"NCCL, one rank per GPU ({local_world} of {gpus})"
-    why = ("gloo on the CPU: " + ("this machine has one GPU and NCCL takes one GPU per rank" if gpus == 1 else
-                                  f"{gpus} GPUs for {local_world} ranks" if gpus else "no GPU")
-           if config.backend == "auto" else "gloo on the CPU, as configured")
+    why = (
+        "gloo on the CPU: "
+        + (
+            "this machine has one GPU and NCCL takes one GPU per rank"
+            if gpus == 1
+            else f"{gpus} GPUs for {local_world} ranks"
+            if gpus
+            else "no GPU"
+        )
+        if config.backend == "auto"
+        else "gloo on the CPU, as configured"
+    )
     return "gloo", "cpu", why
 
 
-def launch(config: Config | str | None=None, *, nproc: int | None = None, timeout: float = 900.0, progress: bool | None = None,
-           command: str | None = None, env: dict | None = None, echo: Callable[[str], None]=print) -> DistributedResult:
+def launch(
+    config: Config | str | None = None,
+    *,
+    nproc: int | None = None,
+    timeout: float = 900.0,
+    progress: bool | None = None,
+    command: str | None = None,
+    env: dict | None = None,
+    echo: Callable[[str], None] = print,
+) -> DistributedResult:
     """Run the experiment under torchrun in a subprocess and return rank 0's result.
 
     Starts ``python -m torch.distributed.run --standalone --nproc_per_node N -m mpt_lab.experiments.distributed
@@ -308,37 +375,49 @@ def launch(config: Config | str | None=None, *, nproc: int | None = None, timeou
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
     show = progress_enabled(progress)
     config = dataclasses.replace(config, nproc=n)
-    args = shlex.split(EXPERIMENT.command(config))[3:]        # --profile P --set …, without "python -m NAME"
+    args = shlex.split(EXPERIMENT.command(config))[3:]  # --profile P --set …, without "python -m NAME"
     with tempfile.TemporaryDirectory(prefix="mpt_lab_distributed_") as tmp:
         out, err_path = Path(tmp) / "result.json", Path(tmp) / "stderr.txt"
         module = ["-m", f"mpt_lab.experiments.{NAME}", *args, "--out", str(out)]
-        root = str(Path(__file__).resolve().parents[2])          # the ranks import this very mpt_lab
-        child_env = {**os.environ, "OMP_NUM_THREADS": str(config.threads or 1), "PYTHONUNBUFFERED": "1",
-                     "MPT_LAB_PROGRESS": "1" if show else "0",
-                     "PYTHONPATH": os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])]),
-                     **(env or {})}
-        summary = f"{NAME} ({config.profile} profile, "              # rank 0's describe(): the caller's to show
+        root = str(Path(__file__).resolve().parents[2])  # the ranks import this very mpt_lab
+        child_env = {
+            **os.environ,
+            "OMP_NUM_THREADS": str(config.threads or 1),
+            "PYTHONUNBUFFERED": "1",
+            "MPT_LAB_PROGRESS": "1" if show else "0",
+            "PYTHONPATH": os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])]),
+            **(env or {}),
+        }
+        summary = f"{NAME} ({config.profile} profile, "  # rank 0's describe(): the caller's to show
         with open(err_path, "w+") as err:
-            rc = run_torchrun(module, nproc=n, timeout=timeout, env=child_env, pid_dir=Path(tmp) / "pids", err=err,
-                              echo=echo, keep=lambda line: line != f"wrote {out}" and not line.startswith(summary))
+            rc = run_torchrun(
+                module,
+                nproc=n,
+                timeout=timeout,
+                env=child_env,
+                pid_dir=Path(tmp) / "pids",
+                err=err,
+                echo=echo,
+                keep=lambda line: line != f"wrote {out}" and not line.startswith(summary),
+            )
             err.seek(0)
             errors = err.read()
         if rc != 0:
-            raise LaunchError(f"torchrun exited with status {rc}; the last lines of the ranks' error output:\n"
-                              f"{tail(errors)}")
+            raise LaunchError(
+                f"torchrun exited with status {rc}; the last lines of the ranks' error output:\n{tail(errors)}"
+            )
         if not out.exists():
-            raise LaunchError(f"torchrun finished but rank 0 wrote no result; the ranks' error output:\n"
-                              f"{tail(errors)}")
+            raise LaunchError(f"torchrun finished but rank 0 wrote no result; the ranks' error output:\n{tail(errors)}")
         result = DistributedResult.load(out)
     result.provenance["command"] = command or EXPERIMENT.command(config)
-    if result.ranks_device == "cpu" and torch.cuda.is_available():      # one GPU: the ranks ran on the CPU, with gloo
+    if result.ranks_device == "cpu" and torch.cuda.is_available():  # one GPU: the ranks ran on the CPU, with gloo
         result.provenance["device"] = f"{describe('cpu')}; ranks on the CPU with gloo (GPU present: {describe('cuda')})"
         result.provenance["placement"] = placement(config, n)[2]
     result.provenance["launcher"] = shlex.join(["torchrun", "--standalone", "--nproc_per_node", str(n), *module[:-2]])
     return result
 
 
-def reduction_config(config: Config | str | None=None, nproc: int = 3) -> Config:
+def reduction_config(config: Config | str | None = None, nproc: int = 3) -> Config:
     """``config`` cut down to the real all-reduce of the ranks' gradients alone, for ``nproc`` ranks on gloo.
 
     No recipe is trained, no sweep simulated, no overflow study run: what is left is part 2's check that gloo's
@@ -362,8 +441,18 @@ def reduction_config(config: Config | str | None=None, nproc: int = 3) -> Config
     if not isinstance(nproc, int) or isinstance(nproc, bool) or nproc < 2:
         raise ValueError(f"nproc must be an int ≥ 2, got {nproc!r}")
     batch = max(nproc, config.batch_size - config.batch_size % nproc)
-    return dataclasses.replace(config, nproc=nproc, backend="gloo", device="cpu", recipes=(), steps=1,
-                               batch_size=batch, sweep_max=0, flag_steps=0, inject_steps=())
+    return dataclasses.replace(
+        config,
+        nproc=nproc,
+        backend="gloo",
+        device="cpu",
+        recipes=(),
+        steps=1,
+        batch_size=batch,
+        sweep_max=0,
+        flag_steps=0,
+        inject_steps=(),
+    )
 
 
 def _launcher(config: Config, *, progress, command):
@@ -389,7 +478,7 @@ class _Ranks:
     device: torch.device
     backend: str
     progress: bool
-    shard: slice          # this rank's part of every global batch
+    shard: slice  # this rank's part of every global batch
 
     def say(self, text: str) -> None:
         """Rank 0's progress line (streamed by :func:`launch`)."""
@@ -401,21 +490,28 @@ def _setup(config: Config, run: Run) -> _Ranks:
     """Check the configuration against what torchrun started, write this rank's pid for :func:`launch`, and
     join the process group."""
     if not in_torchrun():
-        raise RuntimeError("measure runs in the ranks that torchrun starts: call run() or launch(), which start "
-                           "torchrun, or run this module under torchrun")
+        raise RuntimeError(
+            "measure runs in the ranks that torchrun starts: call run() or launch(), which start "
+            "torchrun, or run this module under torchrun"
+        )
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ["LOCAL_RANK"])
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     if config.nproc and local_world != config.nproc:
-        raise ValueError(f"torchrun started {local_world} processes on this machine but config.nproc is "
-                         f"{config.nproc}: add --set nproc={local_world}")
+        raise ValueError(
+            f"torchrun started {local_world} processes on this machine but config.nproc is "
+            f"{config.nproc}: add --set nproc={local_world}"
+        )
     if config.batch_size % world:
         raise ValueError(f"config.batch_size = {config.batch_size} must be a multiple of the world size {world}")
     if config.flag_steps and not 0 <= config.inject_rank < world:
         raise ValueError(f"config.inject_rank must be a rank in [0, {world}), got {config.inject_rank}")
     write_pid(rank)
-    backend, kind, _ = placement(config, local_world) if run.device.type == "cuda" else \
-        ("gloo" if config.backend in ("auto", "gloo") else config.backend, "cpu", "")
+    backend, kind, _ = (
+        placement(config, local_world)
+        if run.device.type == "cuda"
+        else ("gloo" if config.backend in ("auto", "gloo") else config.backend, "cpu", "")
+    )
     if backend == "nccl" and kind != "cuda":
         raise ValueError("config.backend 'nccl' needs CUDA GPUs")
     device = torch.device("cuda", local_rank) if kind == "cuda" else torch.device("cpu")
@@ -424,8 +520,15 @@ def _setup(config: Config, run: Run) -> _Ranks:
     dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
     _inject_fault(rank)
     per_rank = config.batch_size // world
-    return _Ranks(rank, world, max(1, world // local_world), device, backend, run.progress,
-                  slice(rank * per_rank, (rank + 1) * per_rank))
+    return _Ranks(
+        rank,
+        world,
+        max(1, world // local_world),
+        device,
+        backend,
+        run.progress,
+        slice(rank * per_rank, (rank + 1) * per_rank),
+    )
 
 
 def _inject_fault(rank: int) -> None:
@@ -454,9 +557,9 @@ def _wrap(model: torch.nn.Module, recipe: Recipe, ctx: _Ranks) -> torch.nn.Modul
     whole), with the recipe's ``MixedPrecisionPolicy``."""
     dist_ = recipe.distribution
     if dist_.wrapper == "ddp":
-
-        ddp = DistributedDataParallel(model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
-                                      gradient_as_bucket_view=True)
+        ddp = DistributedDataParallel(
+            model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None, gradient_as_bucket_view=True
+        )
         if dist_.hook:
             hook = getattr(default_hooks, f"{dist_.hook}_compress_hook")
             if dist_.hook == "bf16" and ctx.backend == "gloo":
@@ -498,18 +601,25 @@ def _memory(model, optimizer, recipe: Recipe) -> dict:
     gathered = 0
     if recipe.distribution.wrapper == "fsdp":
         itemsize = torch.empty((), dtype=_dtype(recipe.distribution.param_dtype) or torch.float32).element_size()
-        gathered = max(sum(p.numel() for p in layer.parameters()) * itemsize
-                       for layer in model if isinstance(layer, torch.nn.Linear))
-    return {"params": _nbytes(_local(p) for p in params),
-            "grads": _nbytes(_local(p.grad) for p in params if p.grad is not None),
-            "optimizer": _nbytes(_local(v) for v in state), "gathered": int(gathered)}
+        gathered = max(
+            sum(p.numel() for p in layer.parameters()) * itemsize
+            for layer in model
+            if isinstance(layer, torch.nn.Linear)
+        )
+    return {
+        "params": _nbytes(_local(p) for p in params),
+        "grads": _nbytes(_local(p.grad) for p in params if p.grad is not None),
+        "optimizer": _nbytes(_local(v) for v in state),
+        "gathered": int(gathered),
+    }
 
 
 @torch.no_grad()
 def _full_parameters(model) -> torch.Tensor:
     """Every parameter, whole (FSDP2's shards gathered: a collective), as one float32 CPU vector."""
-    return torch.cat([(p.full_tensor() if isinstance(p, DTensor) else p).float().reshape(-1).cpu()
-                      for p in model.parameters()])
+    return torch.cat(
+        [(p.full_tensor() if isinstance(p, DTensor) else p).float().reshape(-1).cpu() for p in model.parameters()]
+    )
 
 
 def _global_mean(values: list, ctx: _Ranks) -> list:
@@ -533,10 +643,13 @@ def _train(recipe: Recipe, config: Config, ctx: _Ranks, data, batches) -> tuple:
     t0 = time.perf_counter()
     model = _wrap(_model(config, ctx.device), recipe, ctx)
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
-    scaler = GradScaler(init_scale=config.init_scale, growth_interval=config.growth_interval) \
-        if recipe.loss_scaling is LossScaling.DYNAMIC else None
+    scaler = (
+        GradScaler(init_scale=config.init_scale, growth_interval=config.growth_interval)
+        if recipe.loss_scaling is LossScaling.DYNAMIC
+        else None
+    )
     losses, scales = [], []
-    for idx in batches[:config.steps]:
+    for idx in batches[: config.steps]:
         local = idx[ctx.shard]
         optimizer.zero_grad(set_to_none=True)
         with autocast_to(ctx.device.type, recipe.autocast):
@@ -553,12 +666,18 @@ def _train(recipe: Recipe, config: Config, ctx: _Ranks, data, batches) -> tuple:
     losses = _global_mean(losses, ctx)
     per_rank = _gather({"memory": memory, "scales": scales if scaler is not None else None}, ctx)
     tail = max(1, len(losses) // 10)
-    record = {"label": recipe.label, "wrapper": recipe.distribution.wrapper, "comm": recipe.distribution.comm,
-              "losses": losses,
-              "test_accuracy": test_accuracy, "final_loss": float(np.mean(losses[-tail:])),
-              "parameters": int(flat.numel()), "memory": [r["memory"] for r in per_rank],
-              "scales": [r["scales"] for r in per_rank] if scaler is not None else None,
-              "seconds": time.perf_counter() - t0}
+    record = {
+        "label": recipe.label,
+        "wrapper": recipe.distribution.wrapper,
+        "comm": recipe.distribution.comm,
+        "losses": losses,
+        "test_accuracy": test_accuracy,
+        "final_loss": float(np.mean(losses[-tail:])),
+        "parameters": int(flat.numel()),
+        "memory": [r["memory"] for r in per_rank],
+        "scales": [r["scales"] for r in per_rank] if scaler is not None else None,
+        "seconds": time.perf_counter() - t0,
+    }
     return record, flat
 
 
@@ -567,8 +686,10 @@ def _recipes(config: Config, ctx: _Ranks, data, batches) -> dict:
     for i, name in enumerate(config.recipes, 1):
         out[name], flats[name] = _train(RECIPES[name], config, ctx, data, batches)
         r = out[name]
-        ctx.say(f"[{i}/{len(config.recipes)}] {name} ({r['label']}): {config.steps} steps in {r['seconds']:.1f} s, "
-                f"final loss {r['final_loss']:.3f}, test accuracy {r['test_accuracy']:.3f}")
+        ctx.say(
+            f"[{i}/{len(config.recipes)}] {name} ({r['label']}): {config.steps} steps in {r['seconds']:.1f} s, "
+            f"final loss {r['final_loss']:.3f}, test accuracy {r['test_accuracy']:.3f}"
+        )
     reference = flats["ddp_fp32"] if "ddp_fp32" in flats else flats[config.recipes[0]]
     ref = reference.double()
     for name, flat in flats.items():
@@ -592,7 +713,7 @@ def _reduction_measured(config: Config, ctx: _Ranks, data, batches) -> dict:
     against :func:`ring_allreduce`, and DDP's gradients under the two compression hooks."""
     g = _local_gradient(config, ctx, data, batches)
     m, n = g.numel(), ctx.world
-    g = F_nn.pad(g, (0, (-m) % (2 * n)))      # a multiple of 2N elements: gloo's chunk boundaries are ⌈M/N⌉·k
+    g = F_nn.pad(g, (0, (-m) % (2 * n)))  # a multiple of 2N elements: gloo's chunk boundaries are ⌈M/N⌉·k
     gathered = [torch.empty_like(g) for _ in range(n)]
     dist.all_gather(gathered, g)
     values = torch.stack(gathered).cpu().double().numpy()
@@ -602,15 +723,16 @@ def _reduction_measured(config: Config, ctx: _Ranks, data, batches) -> dict:
         t = g.to(dtype, copy=True).div_(n)
         dist.all_reduce(t)
         got = t.cpu().double().numpy()
-        out[fmt] = {"rel_error": relative_error(got[:m], exact),
-                    "matches_ring": bool(np.array_equal(got, ring_allreduce(values, fmt, predivide=n),
-                                                        equal_nan=True)),
-                    "differs_from_tree": float(np.mean(got != tree_allreduce(values, fmt, predivide=n)))}
+        out[fmt] = {
+            "rel_error": relative_error(got[:m], exact),
+            "matches_ring": bool(np.array_equal(got, ring_allreduce(values, fmt, predivide=n), equal_nan=True)),
+            "differs_from_tree": float(np.mean(got != tree_allreduce(values, fmt, predivide=n))),
+        }
     hooks = {}
     xtr, ytr = data[:2]
     local = batches[0][ctx.shard]
     for hook, fmt in (("bf16", "BF16"), ("fp16", "FP16")):
-        if n != 2:                              # DDP's buckets move the chunk boundaries: exact only for N = 2
+        if n != 2:  # DDP's buckets move the chunk boundaries: exact only for N = 2
             hooks[hook] = None
             continue
         ddp = _wrap(_model(config, ctx.device), RECIPES[f"ddp_{hook}_hook"], ctx)
@@ -621,7 +743,7 @@ def _reduction_measured(config: Config, ctx: _Ranks, data, batches) -> dict:
 
 
 def _sweep_sizes(sweep_max: int) -> list:
-    ns = [2 ** k for k in range(1, sweep_max.bit_length()) if 2 ** k <= sweep_max]
+    ns = [2**k for k in range(1, sweep_max.bit_length()) if 2**k <= sweep_max]
     return ns + ([sweep_max] if ns[-1] != sweep_max else [])
 
 
@@ -632,10 +754,12 @@ def _sweep_gradients(config: Config, data, n_ranks: int) -> np.ndarray:
     model = _model(config, torch.device("cpu"))
     params = {k: v.detach() for k, v in model.named_parameters()}
     total = sum(v.numel() for v in params.values())
-    pick = torch.from_numpy(np.unique(np.linspace(0, total - 1, min(config.sweep_elements, total)).round()
-                                      .astype(np.int64)))
-    idx = torch.randint(0, len(xtr), (n_ranks, config.sweep_batch),
-                        generator=torch.Generator().manual_seed(config.seed + 1))
+    pick = torch.from_numpy(
+        np.unique(np.linspace(0, total - 1, min(config.sweep_elements, total)).round().astype(np.int64))
+    )
+    idx = torch.randint(
+        0, len(xtr), (n_ranks, config.sweep_batch), generator=torch.Generator().manual_seed(config.seed + 1)
+    )
 
     def loss(p, x, y):
         return F_nn.cross_entropy(functional_call(model, p, (x,)), y)
@@ -643,26 +767,31 @@ def _sweep_gradients(config: Config, data, n_ranks: int) -> np.ndarray:
     per_rank = vmap(grad(loss), in_dims=(None, 0, 0))
     rows = []
     for lo in range(0, n_ranks, 64):
-        g = per_rank(params, xtr[idx[lo:lo + 64]], ytr[idx[lo:lo + 64]])
+        g = per_rank(params, xtr[idx[lo : lo + 64]], ytr[idx[lo : lo + 64]])
         rows.append(torch.cat([g[k].reshape(g[k].shape[0], -1) for k in params], 1)[:, pick].double())
     return torch.cat(rows).numpy()
 
 
 #: The simulated reductions: (algorithm, format, division, loss-scaled).  Unscaled gradients are what DDP's
 #: hooks see in FP32 training; the scaled ones are FP16 gradients under a loss scale.
-_SWEEP_UNITS = ([("ring", f, "predivide", False) for f in COMM_FORMATS]
-                + [("tree", f, "predivide", False) for f in COMM_FORMATS]
-                + [("ring", "FP16", d, True) for d in ("sum_then_divide", "predivide", "fsdp_split")])
+_SWEEP_UNITS = (
+    [("ring", f, "predivide", False) for f in COMM_FORMATS]
+    + [("tree", f, "predivide", False) for f in COMM_FORMATS]
+    + [("ring", "FP16", d, True) for d in ("sum_then_divide", "predivide", "fsdp_split")]
+)
 
 
 def _sweep_unit(values: np.ndarray, ns: list, algorithm: str, fmt: str, division: str, scale: float) -> dict:
     fn = ring_allreduce if algorithm == "ring" else tree_allreduce
     out: dict = {"rel_error": [], "overflow_share": [], "underflow_share": []}
     for n in ns:
-        v = values[:n] * scale                           # exact: the scale is a power of two
+        v = values[:n] * scale  # exact: the scale is a power of two
         exact = v.sum(0) / n
-        pre, post = {"sum_then_divide": (1.0, float(n)), "predivide": (float(n), 1.0),
-                     "fsdp_split": fsdp_divide_factors(n)}[division]
+        pre, post = {
+            "sum_then_divide": (1.0, float(n)),
+            "predivide": (float(n), 1.0),
+            "fsdp_split": fsdp_divide_factors(n),
+        }[division]
         got = fn(v, fmt, predivide=pre, postdivide=post)
         out["rel_error"].append(relative_error(got, exact))
         out["overflow_share"].append(float(np.mean(~np.isfinite(got))))
@@ -675,8 +804,11 @@ def _reduction_sweep(config: Config, ctx: _Ranks, data) -> dict:
     ns = _sweep_sizes(config.sweep_max)
     values = _sweep_gradients(config, data, ns[-1])
     scale = max_gradient_scale(float(np.abs(values).max()), "FP16")
-    mine = {i: _sweep_unit(values, ns, a, f, d, scale if scaled else 1.0)
-            for i, (a, f, d, scaled) in enumerate(_SWEEP_UNITS) if i % ctx.world == ctx.rank}
+    mine = {
+        i: _sweep_unit(values, ns, a, f, d, scale if scaled else 1.0)
+        for i, (a, f, d, scaled) in enumerate(_SWEEP_UNITS)
+        if i % ctx.world == ctx.rank
+    }
     done = {i: r for part in _gather(mine, ctx) for i, r in part.items()}
     sweep: dict = {"n": ns, "elements": int(values.shape[1]), "ring": {}, "tree": {}, "underflow": {}}
     fp16: dict = {"scale": scale, "n": ns}
@@ -706,8 +838,11 @@ def _flag_agreement(config: Config, ctx: _Ranks, data, batches) -> dict:
     xtr, ytr = data[:2]
     recipe = RECIPES["fsdp_fp16_fp32"]
     kw = dict(init_scale=config.init_scale, growth_interval=config.growth_interval)
-    scalers = {"torch": torch.amp.GradScaler(ctx.device.type, **kw), "mpt_lab": GradScaler(**kw),
-               "unsynchronised": _UnsynchronisedGradScaler(**kw)}
+    scalers = {
+        "torch": torch.amp.GradScaler(ctx.device.type, **kw),
+        "mpt_lab": GradScaler(**kw),
+        "unsynchronised": _UnsynchronisedGradScaler(**kw),
+    }
     models = {k: _wrap(_model(config, ctx.device), recipe, ctx) for k in scalers}
     opts = {k: torch.optim.Adam(m.parameters(), lr=config.lr) for k, m in models.items()}
     scales = {k: [] for k in scalers}
@@ -722,7 +857,7 @@ def _flag_agreement(config: Config, ctx: _Ranks, data, batches) -> dict:
             loss = F_nn.cross_entropy(model(xtr[local]).float(), ytr[local])
             scalers[k].scale(loss).backward()
             if step in config.inject_steps and ctx.rank == config.inject_rank:
-                with torch.no_grad():                  # an overflow in this rank's rows of the first layer
+                with torch.no_grad():  # an overflow in this rank's rows of the first layer
                     first = next(layer for layer in model if isinstance(layer, torch.nn.Linear))
                     shard = _local(first.weight.grad)
                     shard[(0,) * shard.dim()] = math.inf
@@ -736,8 +871,9 @@ def _flag_agreement(config: Config, ctx: _Ranks, data, batches) -> dict:
         with torch.no_grad():
             shards = {k: [_local(p).double() for p in m.parameters()] for k, m in models.items()}
             identical = identical and all(torch.equal(a, b) for a, b in zip(shards["torch"], shards["mpt_lab"]))
-            drift[step, 0] = sum(float((u - s).pow(2).sum()) for u, s in zip(shards["unsynchronised"],
-                                                                              shards["mpt_lab"]))
+            drift[step, 0] = sum(
+                float((u - s).pow(2).sum()) for u, s in zip(shards["unsynchronised"], shards["mpt_lab"])
+            )
             drift[step, 1] = sum(float(s.pow(2).sum()) for s in shards["mpt_lab"])
     drift = drift.to(ctx.device)
     dist.all_reduce(drift)
@@ -745,14 +881,24 @@ def _flag_agreement(config: Config, ctx: _Ranks, data, batches) -> dict:
     dist.all_reduce(agree, op=dist.ReduceOp.MIN)
     losses = {k: _global_mean(v, ctx) for k, v in losses.items()}
     per_rank = _gather({"scales": scales, "skipped": skipped}, ctx)
-    variants = {k: {"scales": [r["scales"][k] for r in per_rank], "skipped": [r["skipped"][k] for r in per_rank],
-                    "losses": losses[k]} for k in scalers}
-    same_scales = variants["mpt_lab"]["scales"] == variants["torch"]["scales"]       # on every rank, every step
+    variants = {
+        k: {
+            "scales": [r["scales"][k] for r in per_rank],
+            "skipped": [r["skipped"][k] for r in per_rank],
+            "losses": losses[k],
+        }
+        for k in scalers
+    }
+    same_scales = variants["mpt_lab"]["scales"] == variants["torch"]["scales"]  # on every rank, every step
     drift = drift.cpu()
-    return {"steps": config.flag_steps, "inject_steps": list(config.inject_steps),
-            "inject_rank": config.inject_rank, "variants": variants,
-            "identical_to_torch": bool(agree.item() == 1.0 and same_scales),
-            "drift": (drift[:, 0] / drift[:, 1]).sqrt().tolist()}
+    return {
+        "steps": config.flag_steps,
+        "inject_steps": list(config.inject_steps),
+        "inject_rank": config.inject_rank,
+        "variants": variants,
+        "identical_to_torch": bool(agree.item() == 1.0 and same_scales),
+        "drift": (drift[:, 0] / drift[:, 1]).sqrt().tolist(),
+    }
 
 
 # ====================================================================================================== measure
@@ -764,8 +910,11 @@ def measure(config: Config, run: Run) -> dict | None:
     batches = [next(order).to(ctx.device) for _ in range(max(config.steps, config.flag_steps))]
     recipes = _recipes(config, ctx, data, batches) if config.recipes else {}
     reduction = _reduction_measured(config, ctx, data, batches)
-    ctx.say("all-reduce of the ranks' gradients, N = {}: relative error {}".format(
-        ctx.world, ", ".join(f"{f} {reduction['measured'][f]['rel_error']:.2g}" for f in COMM_FORMATS)))
+    ctx.say(
+        "all-reduce of the ranks' gradients, N = {}: relative error {}".format(
+            ctx.world, ", ".join(f"{f} {reduction['measured'][f]['rel_error']:.2g}" for f in COMM_FORMATS)
+        )
+    )
     if config.sweep_max:
         t0 = time.perf_counter()
         reduction.update(_reduction_sweep(config, ctx, data))
@@ -773,22 +922,30 @@ def measure(config: Config, run: Run) -> dict | None:
     t0 = time.perf_counter()
     flag = _flag_agreement(config, ctx, data, batches) if config.flag_steps else {}
     if flag:
-        ctx.say(f"overflow agreement: {config.flag_steps} steps in {time.perf_counter() - t0:.1f} s, ours identical "
-                f"to torch's: {flag['identical_to_torch']}")
+        ctx.say(
+            f"overflow agreement: {config.flag_steps} steps in {time.perf_counter() - t0:.1f} s, ours identical "
+            f"to torch's: {flag['identical_to_torch']}"
+        )
     versions = {"nccl": ".".join(map(str, torch.cuda.nccl.version()))} if ctx.backend == "nccl" else {}
     dist.destroy_process_group()
     if ctx.rank != 0:
         return None
-    return {"world_size": ctx.world, "nnodes": ctx.nnodes, "backend": ctx.backend, "comm_versions": versions,
-            "ranks_device": ctx.device.type,
-            "recipes": recipes, "reduction": reduction, "flag_agreement": flag}
+    return {
+        "world_size": ctx.world,
+        "nnodes": ctx.nnodes,
+        "backend": ctx.backend,
+        "comm_versions": versions,
+        "ranks_device": ctx.device.type,
+        "recipes": recipes,
+        "reduction": reduction,
+        "flag_agreement": flag,
+    }
 
 
-EXPERIMENT = Experiment(NAME, Config, PROFILES, measure, DistributedResult, __doc__, launcher=_launcher,
-                        smoke=SMOKE)
+EXPERIMENT = Experiment(NAME, Config, PROFILES, measure, DistributedResult, __doc__, launcher=_launcher, smoke=SMOKE)
 run, config_for, main = EXPERIMENT.run, EXPERIMENT.config_for, EXPERIMENT.main
 
 if __name__ == "__main__":
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    record(run_main)(EXPERIMENT)       # a rank's exception reaches torchrun's error summary with its traceback
+    record(run_main)(EXPERIMENT)  # a rank's exception reaches torchrun's error summary with its traceback

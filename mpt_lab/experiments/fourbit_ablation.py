@@ -88,9 +88,29 @@ from ..quantized_training import TRAINING_RECIPES, Quantizer, QuantLinear, four_
 from ..recipes import Recipe
 from ..training import lr_factor
 
-__all__ = ["NAME", "Arm", "ARMS", "ARM_ORDER", "Config", "PROFILES", "SMOKE", "FourbitAblationResult",
-           "build_arm", "sr_bias", "hadamard_outlier_error", "weight_mismatch", "channel_outliers",
-           "capture_linears", "layer_sensitivity", "wgrad_error", "sr_residual_bias", "run", "config_for", "main", "EXPERIMENT"]
+__all__ = [
+    "NAME",
+    "Arm",
+    "ARMS",
+    "ARM_ORDER",
+    "Config",
+    "PROFILES",
+    "SMOKE",
+    "FourbitAblationResult",
+    "build_arm",
+    "sr_bias",
+    "hadamard_outlier_error",
+    "weight_mismatch",
+    "channel_outliers",
+    "capture_linears",
+    "layer_sensitivity",
+    "wgrad_error",
+    "sr_residual_bias",
+    "run",
+    "config_for",
+    "main",
+    "EXPERIMENT",
+]
 
 NAME = "fourbit_ablation"
 
@@ -119,36 +139,76 @@ class Arm:
         """The arm as a dict for the result's JSON: label, what it changes, kind, and its ingredients."""
         d = {"label": self.label, "change": self.change, "kind": self.kind}
         if self.kind == "four_bit":
-            d.update(format=self.fmt.upper(), hadamard=self.hadamard, weights_2d=self.weights_2d,
-                     stochastic_gradients=self.stochastic_gradients, bf16_layers=self.bf16_layers)
+            d.update(
+                format=self.fmt.upper(),
+                hadamard=self.hadamard,
+                weights_2d=self.weights_2d,
+                stochastic_gradients=self.stochastic_gradients,
+                bf16_layers=self.bf16_layers,
+            )
         return d
 
 
 #: The arms, by name (see the module docstring's table).
-ARMS: dict[str, Arm] = {a.name: a for a in (
-    Arm("bf16", "BF16", "every GEMM in BF16: the reference", kind="bf16"),
-    Arm("fp8", "FP8 (per-tensor current scaling)", "E4M3 forward, E5M2 gradients, one scale per tensor",
-        kind="fp8"),
-    Arm("mxfp4", "MXFP4 + RHT + SR", "MXFP4 (32-value blocks, E8M0 scales), 1D weights", fmt="mxfp4",
-        weights_2d=False),
-    Arm("nvfp4", "NVFP4 recipe", "the full recipe"),
-    Arm("nvfp4_no_rht", "NVFP4 recipe, no Hadamard", "no random Hadamard transform on the weight-gradient GEMM",
-        hadamard=False),
-    Arm("nvfp4_1d_weights", "NVFP4 recipe, 1D weights", "weights in 1 × 16 blocks instead of 16 × 16 tiles",
-        weights_2d=False),
-    Arm("nvfp4_rtn_gradients", "NVFP4 recipe, RTN gradients", "gradients rounded to nearest, not stochastically",
-        stochastic_gradients=False),
-    Arm("nvfp4_no_bf16_layers", "NVFP4 recipe, no BF16 layers", "every block's Linear layers in NVFP4",
-        bf16_layers=False),
-    Arm("nvfp4_plain", "NVFP4, no ingredient", "none of the four ingredients (chapter 11's NVFP4)",
-        hadamard=False, weights_2d=False, stochastic_gradients=False, bf16_layers=False),
-)}
+ARMS: dict[str, Arm] = {
+    a.name: a
+    for a in (
+        Arm("bf16", "BF16", "every GEMM in BF16: the reference", kind="bf16"),
+        Arm(
+            "fp8", "FP8 (per-tensor current scaling)", "E4M3 forward, E5M2 gradients, one scale per tensor", kind="fp8"
+        ),
+        Arm(
+            "mxfp4",
+            "MXFP4 + RHT + SR",
+            "MXFP4 (32-value blocks, E8M0 scales), 1D weights",
+            fmt="mxfp4",
+            weights_2d=False,
+        ),
+        Arm("nvfp4", "NVFP4 recipe", "the full recipe"),
+        Arm(
+            "nvfp4_no_rht",
+            "NVFP4 recipe, no Hadamard",
+            "no random Hadamard transform on the weight-gradient GEMM",
+            hadamard=False,
+        ),
+        Arm(
+            "nvfp4_1d_weights",
+            "NVFP4 recipe, 1D weights",
+            "weights in 1 × 16 blocks instead of 16 × 16 tiles",
+            weights_2d=False,
+        ),
+        Arm(
+            "nvfp4_rtn_gradients",
+            "NVFP4 recipe, RTN gradients",
+            "gradients rounded to nearest, not stochastically",
+            stochastic_gradients=False,
+        ),
+        Arm(
+            "nvfp4_no_bf16_layers",
+            "NVFP4 recipe, no BF16 layers",
+            "every block's Linear layers in NVFP4",
+            bf16_layers=False,
+        ),
+        Arm(
+            "nvfp4_plain",
+            "NVFP4, no ingredient",
+            "none of the four ingredients (chapter 11's NVFP4)",
+            hadamard=False,
+            weights_2d=False,
+            stochastic_gradients=False,
+            bf16_layers=False,
+        ),
+    )
+}
 #: The arms in the order of the book's tables.
 ARM_ORDER = tuple(ARMS)
 #: The ablations of the full recipe, one ingredient off each: arm → the ingredient.
-ABLATIONS = {"nvfp4_no_rht": "random Hadamard transform", "nvfp4_1d_weights": "2D weight scaling",
-             "nvfp4_rtn_gradients": "stochastic rounding of gradients",
-             "nvfp4_no_bf16_layers": "BF16 layers"}
+ABLATIONS = {
+    "nvfp4_no_rht": "random Hadamard transform",
+    "nvfp4_1d_weights": "2D weight scaling",
+    "nvfp4_rtn_gradients": "stochastic rounding of gradients",
+    "nvfp4_no_bf16_layers": "BF16 layers",
+}
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -158,25 +218,25 @@ ABLATIONS = {"nvfp4_no_rht": "random Hadamard transform", "nvfp4_1d_weights": "2
 class Config(ExperimentConfig):
     """The ablation's arms and seeds, the character language model's shape, and the training run's length."""
 
-    arms: tuple = ARM_ORDER            # names of ARMS; "bf16" is required (the reference)
-    seeds: int = 3                     # seeds per arm: config.seed, config.seed + 1, ...
-    dim: int = 64                      # the language model: width, blocks, heads, context (characters)
+    arms: tuple = ARM_ORDER  # names of ARMS; "bf16" is required (the reference)
+    seeds: int = 3  # seeds per arm: config.seed, config.seed + 1, ...
+    dim: int = 64  # the language model: width, blocks, heads, context (characters)
     layers: int = 2
     heads: int = 4
     context: int = 64
-    batch: int = 8                     # sequences per step (batch × context characters)
+    batch: int = 8  # sequences per step (batch × context characters)
     steps: int = 120
-    lr: float = 3e-3                   # Adam, betas (0.9, 0.95); warm-up and cosine decay (lr_factor)
-    valid_chars: int = 8192            # validation characters evaluated
-    evals: int = 3                     # validation evaluations per run (the last after the last step)
-    bf16_layers: tuple = ("-1.fc1", "-1.fc2")   # "block.layer": the Linear layers the recipe keeps in BF16
-    diag_sequences: int = 8            # sequences of the batch the diagnostics read
-    sr_layer: str = "0.fc1"            # "block.layer" (or "head") whose weight gradient sr_bias measures
-    sr_draws: int = 64                 # stochastic-rounding draws of the sr_bias measurement
-    outlier_factors: tuple = (1.0, 3.0, 10.0, 30.0, 100.0)   # hadamard: outlier channels scaled by these
+    lr: float = 3e-3  # Adam, betas (0.9, 0.95); warm-up and cosine decay (lr_factor)
+    valid_chars: int = 8192  # validation characters evaluated
+    evals: int = 3  # validation evaluations per run (the last after the last step)
+    bf16_layers: tuple = ("-1.fc1", "-1.fc2")  # "block.layer": the Linear layers the recipe keeps in BF16
+    diag_sequences: int = 8  # sequences of the batch the diagnostics read
+    sr_layer: str = "0.fc1"  # "block.layer" (or "head") whose weight gradient sr_bias measures
+    sr_draws: int = 64  # stochastic-rounding draws of the sr_bias measurement
+    outlier_factors: tuple = (1.0, 3.0, 10.0, 30.0, 100.0)  # hadamard: outlier channels scaled by these
     outlier_channels: int = 4
     outlier_shape: tuple = (512, 256)  # hadamard: rows (tokens) × channels of the Gaussian matrix
-    sens_valid_chars: int = 4096       # validation characters of the sensitivity measurement
+    sens_valid_chars: int = 4096  # validation characters of the sensitivity measurement
 
     def validate(self) -> None:
         super().validate()
@@ -185,16 +245,33 @@ class Config(ExperimentConfig):
             raise ValueError(f"config.arms must include 'bf16' (the reference of every gap), got {self.arms!r}")
         if len(set(self.arms)) != len(self.arms):
             raise ValueError(f"config.arms must not repeat an arm, got {self.arms!r}")
-        self.check_positive("seeds", "dim", "layers", "heads", "context", "batch", "steps", "valid_chars", "evals",
-                            "diag_sequences", "sr_draws", "outlier_channels", "sens_valid_chars")
+        self.check_positive(
+            "seeds",
+            "dim",
+            "layers",
+            "heads",
+            "context",
+            "batch",
+            "steps",
+            "valid_chars",
+            "evals",
+            "diag_sequences",
+            "sr_draws",
+            "outlier_channels",
+            "sens_valid_chars",
+        )
         if self.seed < 0:
             raise ValueError(f"config.seed must be ≥ 0 (it seeds stochastic rounding), got {self.seed!r}")
         if self.dim % self.heads or self.dim % 32:
-            raise ValueError(f"config.dim must be a multiple of 32 (MXFP4's blocks) and of config.heads, got "
-                             f"{self.dim} and {self.heads}")
+            raise ValueError(
+                f"config.dim must be a multiple of 32 (MXFP4's blocks) and of config.heads, got "
+                f"{self.dim} and {self.heads}"
+            )
         if self.valid_chars < self.context + 1 or self.sens_valid_chars < self.context + 1:
-            raise ValueError("config.valid_chars and config.sens_valid_chars must be ≥ context + 1, got "
-                             f"{self.valid_chars!r} and {self.sens_valid_chars!r}")
+            raise ValueError(
+                "config.valid_chars and config.sens_valid_chars must be ≥ context + 1, got "
+                f"{self.valid_chars!r} and {self.sens_valid_chars!r}"
+            )
         if not isinstance(self.lr, (int, float)) or isinstance(self.lr, bool) or not 0 < self.lr < math.inf:
             raise ValueError(f"config.lr must be a positive number, got {self.lr!r}")
         for name in ("bf16_layers",):
@@ -204,22 +281,29 @@ class Config(ExperimentConfig):
             for s in v:
                 _layer_name(s, self.layers)
         _layer_name(self.sr_layer, self.layers)
-        if (not self.outlier_factors or any(not isinstance(f, (int, float)) or isinstance(f, bool) or f < 1
-                                            for f in self.outlier_factors)):
+        if not self.outlier_factors or any(
+            not isinstance(f, (int, float)) or isinstance(f, bool) or f < 1 for f in self.outlier_factors
+        ):
             raise ValueError(f"config.outlier_factors must be numbers ≥ 1, got {self.outlier_factors!r}")
         shape = self.outlier_shape
-        if (not isinstance(shape, (tuple, list)) or len(shape) != 2 or any(not isinstance(n, int) or n < 32
-                                                                           for n in shape)
-                or shape[1] % 32 or not self.outlier_channels < shape[1]):
-            raise ValueError("config.outlier_shape must be (rows, channels), ints ≥ 32, channels a multiple of 32 and "
-                             f"more than outlier_channels; got {shape!r}")
+        if (
+            not isinstance(shape, (tuple, list))
+            or len(shape) != 2
+            or any(not isinstance(n, int) or n < 32 for n in shape)
+            or shape[1] % 32
+            or not self.outlier_channels < shape[1]
+        ):
+            raise ValueError(
+                "config.outlier_shape must be (rows, channels), ints ≥ 32, channels a multiple of 32 and "
+                f"more than outlier_channels; got {shape!r}"
+            )
 
 
 _LINEARS = ("qkv", "proj", "fc1", "fc2")
 
 
 def _layer_name(spec: str, layers: int) -> str:
-    """"-1.fc2" → "blocks.<layers - 1>.fc2"; "head" → "head".  Raises ValueError for anything else."""
+    """ "-1.fc2" → "blocks.<layers - 1>.fc2"; "head" → "head".  Raises ValueError for anything else."""
     if spec == "head":
         return spec
     block, _, lin = str(spec).partition(".")
@@ -228,8 +312,10 @@ def _layer_name(spec: str, layers: int) -> str:
     except ValueError:
         b = None
     if b is None or lin not in _LINEARS or not -layers <= b < layers:
-        raise ValueError(f"a layer must be 'head' or 'block.layer' with block in [-{layers}, {layers}) and layer one "
-                         f"of {_LINEARS}, got {spec!r}")
+        raise ValueError(
+            f"a layer must be 'head' or 'block.layer' with block in [-{layers}, {layers}) and layer one "
+            f"of {_LINEARS}, got {spec!r}"
+        )
     return f"blocks.{b % layers}.{lin}"
 
 
@@ -245,21 +331,56 @@ def _layer_name(spec: str, layers: int) -> str:
 #: The full profile is the cpu profile: the emulated quantisers launch thousands of operators per step, which a
 #: GPU slot cannot afford for 20 runs (mpt_lab.harness.budget: a CPU row).
 PROFILES = {
-    "quick": {"dim": 32, "layers": 2, "heads": 2, "context": 32, "batch": 8, "steps": 50, "seeds": 2, "evals": 2,
-              "lr": 4e-3, "valid_chars": 4096, "sr_draws": 16, "sens_valid_chars": 2048, "diag_sequences": 8,
-              "outlier_shape": (256, 128), "threads": 1},
+    "quick": {
+        "dim": 32,
+        "layers": 2,
+        "heads": 2,
+        "context": 32,
+        "batch": 8,
+        "steps": 50,
+        "seeds": 2,
+        "evals": 2,
+        "lr": 4e-3,
+        "valid_chars": 4096,
+        "sr_draws": 16,
+        "sens_valid_chars": 2048,
+        "diag_sequences": 8,
+        "outlier_shape": (256, 128),
+        "threads": 1,
+    },
     "cpu": {"seeds": 2, "threads": 1},
-    "long": {"arms": tuple(a for a in ARM_ORDER if a != "nvfp4_plain"),
-             "dim": 128, "layers": 4, "heads": 4, "context": 128, "batch": 8, "steps": 256, "seeds": 3,
-             "lr": 2e-3, "evals": 4, "valid_chars": 16384, "sr_draws": 256, "sens_valid_chars": 8192,
-             "diag_sequences": 8, "outlier_shape": (1024, 512), "threads": 1},
+    "long": {
+        "arms": tuple(a for a in ARM_ORDER if a != "nvfp4_plain"),
+        "dim": 128,
+        "layers": 4,
+        "heads": 4,
+        "context": 128,
+        "batch": 8,
+        "steps": 256,
+        "seeds": 3,
+        "lr": 2e-3,
+        "evals": 4,
+        "valid_chars": 16384,
+        "sr_draws": 256,
+        "sens_valid_chars": 8192,
+        "diag_sequences": 8,
+        "outlier_shape": (1024, 512),
+        "threads": 1,
+    },
     "full": {"seeds": 2, "threads": 1},
 }
 
 #: ``--smoke``: the full (= cpu) profile cut to two steps of one seed, one evaluation, four stochastic-rounding
 #: draws and short validation sets.
-SMOKE = {"steps": 2, "seeds": 1, "evals": 1, "valid_chars": 257, "sens_valid_chars": 257, "sr_draws": 4,
-         "diag_sequences": 2}
+SMOKE = {
+    "steps": 2,
+    "seeds": 1,
+    "evals": 1,
+    "valid_chars": 257,
+    "sens_valid_chars": 257,
+    "sr_draws": 4,
+    "diag_sequences": 2,
+}
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -269,8 +390,13 @@ def _summary(values: list) -> dict:
     v = [x for x in values if math.isfinite(x)]
     if not v:
         return {"mean": math.nan, "std": math.nan, "min": math.nan, "max": math.nan, "n": 0}
-    return {"mean": statistics.fmean(v), "std": statistics.stdev(v) if len(v) > 1 else 0.0, "min": min(v),
-            "max": max(v), "n": len(v)}
+    return {
+        "mean": statistics.fmean(v),
+        "std": statistics.stdev(v) if len(v) > 1 else 0.0,
+        "min": min(v),
+        "max": max(v),
+        "n": len(v),
+    }
 
 
 @dataclass
@@ -345,15 +471,16 @@ class FourbitAblationResult(ExperimentResult):
                 continue
             g = self.gap(arm)
             parts.append(f"{self.label(arm)} {g['mean']:+.2f}% [{g['min']:+.2f}, {g['max']:+.2f}]")
-        return (f"fourbit_ablation ({self.profile} profile, {self.device}, {len(self.seeds)} seeds, "
-                f"{self.model.get('parameters', 0):,} parameters): final validation loss against BF16: "
-                + "; ".join(parts))
+        return (
+            f"fourbit_ablation ({self.profile} profile, {self.device}, {len(self.seeds)} seeds, "
+            f"{self.model.get('parameters', 0):,} parameters): final validation loss against BF16: " + "; ".join(parts)
+        )
 
 
 # ----------------------------------------------------------------------------------------------------------
 # the arms
 # ----------------------------------------------------------------------------------------------------------
-def build_arm(model: nn.Module, arm: Arm, *, bf16_layers: Sequence[str]=("-1.fc1", "-1.fc2"), seed: int = 0) -> dict:
+def build_arm(model: nn.Module, arm: Arm, *, bf16_layers: Sequence[str] = ("-1.fc1", "-1.fc2"), seed: int = 0) -> dict:
     """Make ``model`` (a :class:`~mpt_lab.models.CharTransformerLM`, in place) compute in ``arm``.
 
     The Linear layers of the blocks take the arm's recipe; the output layer ``head`` and, for four-bit arms that
@@ -387,12 +514,21 @@ def build_arm(model: nn.Module, arm: Arm, *, bf16_layers: Sequence[str]=("-1.fc1
         recipe = TRAINING_RECIPES["fp8_current"]
         q = quantize_linears_(model, recipe, skip=tuple(keep))
     else:
-        recipe = four_bit_recipe(arm.fmt, hadamard=arm.hadamard, weights_2d=arm.weights_2d,
-                                 stochastic_gradients=arm.stochastic_gradients, hadamard_seed=seed)
+        recipe = four_bit_recipe(
+            arm.fmt,
+            hadamard=arm.hadamard,
+            weights_2d=arm.weights_2d,
+            stochastic_gradients=arm.stochastic_gradients,
+            hadamard_seed=seed,
+        )
         q = quantize_linears_(model, recipe, skip=tuple(keep), seed=seed)
     qb = quantize_linears_(model, "bf16")
-    return {"quantizers": [q, qb], "recipe": recipe.describe(), "bf16": keep,
-            "quantized": [n for n in linears if n not in keep]}
+    return {
+        "quantizers": [q, qb],
+        "recipe": recipe.describe(),
+        "bf16": keep,
+        "quantized": [n for n in linears if n not in keep],
+    }
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -409,7 +545,7 @@ class _Text:
     def windows(self, chars: int) -> tuple:
         c = self.config.context
         n = (min(chars, len(self.valid) - 1) // c) * c
-        return (self.valid[:n].view(-1, c).to(self.device), self.valid[1:n + 1].view(-1, c).to(self.device))
+        return (self.valid[:n].view(-1, c).to(self.device), self.valid[1 : n + 1].view(-1, c).to(self.device))
 
     def batches(self, generator: torch.Generator, batch: int):
         """Endless (input, target) batches of ``batch`` random windows, the same sequence for every arm."""
@@ -433,7 +569,7 @@ def _evaluate(model: nn.Module, windows: tuple) -> float:
     vx, vy = windows
     total, count = 0.0, 0
     for i in range(0, len(vx), 64):
-        x, y = vx[i:i + 64], vy[i:i + 64]
+        x, y = vx[i : i + 64], vy[i : i + 64]
         total += float(_loss(model, x, y)) * y.numel()
         count += y.numel()
     model.train()
@@ -472,8 +608,14 @@ def _train(text: _Text, init_state: dict, arm: Arm, seed: int, config: Config, r
             break
         if step in eval_at:
             evals.append({"step": step, "valid_loss": _evaluate(model, valid)})
-    record = {"seed": seed, "losses": losses, "evals": evals, "diverged": diverged,
-              "seconds": run.elapsed() - t0, "cpu_seconds": time.process_time() - cpu0}
+    record = {
+        "seed": seed,
+        "losses": losses,
+        "evals": evals,
+        "diverged": diverged,
+        "seconds": run.elapsed() - t0,
+        "cpu_seconds": time.process_time() - cpu0,
+    }
     return record, model, built
 
 
@@ -498,8 +640,10 @@ def capture_linears(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict:
         def fn(module, inputs, output):
             a = inputs[0].detach().reshape(-1, inputs[0].shape[-1]).float()
             found[name] = {"x": a.clone(), "w": module.weight.detach().float().clone()}
-            output.register_hook(lambda g: found[name].__setitem__("g", g.detach().reshape(-1, g.shape[-1])
-                                                                     .float().clone()))
+            output.register_hook(
+                lambda g: found[name].__setitem__("g", g.detach().reshape(-1, g.shape[-1]).float().clone())
+            )
+
         return fn
 
     for name, m in model.named_modules():
@@ -561,7 +705,7 @@ def sr_bias(g: torch.Tensor, x: torch.Tensor, *, draws: int = 64, seed: int = 0)
     norm2 = float((exact * exact).sum())
     gen = torch.Generator(device=g.device).manual_seed(seed)
     total = torch.zeros_like(exact)
-    report = [k for k in (2 ** i for i in range(draws.bit_length())) if k <= draws]
+    report = [k for k in (2**i for i in range(draws.bit_length())) if k <= draws]
     sr_mean, singles, zeros = [], [], []
     for k in range(1, draws + 1):
         q = fake_quantize_nvfp4(gt, rounding="stochastic", generator=gen)
@@ -572,10 +716,16 @@ def sr_bias(g: torch.Tensor, x: torch.Tensor, *, draws: int = 64, seed: int = 0)
         if k in report:
             sr_mean.append(_rel(total / k, exact))
     mean = total / draws
-    return {"rtn": _rel(rtn_gw, exact), "sr_single": statistics.fmean(singles), "draws": report, "sr_mean": sr_mean,
-            "rtn_zero": float((nz & (rtn_q == 0)).sum()) / n_nz, "sr_zero": statistics.fmean(zeros),
-            "rtn_along": float(((rtn_gw - exact) * exact).sum()) / norm2 if norm2 else math.nan,
-            "sr_along": float(((mean - exact) * exact).sum()) / norm2 if norm2 else math.nan}
+    return {
+        "rtn": _rel(rtn_gw, exact),
+        "sr_single": statistics.fmean(singles),
+        "draws": report,
+        "sr_mean": sr_mean,
+        "rtn_zero": float((nz & (rtn_q == 0)).sum()) / n_nz,
+        "sr_zero": statistics.fmean(zeros),
+        "rtn_along": float(((rtn_gw - exact) * exact).sum()) / norm2 if norm2 else math.nan,
+        "sr_along": float(((mean - exact) * exact).sum()) / norm2 if norm2 else math.nan,
+    }
 
 
 def sr_residual_bias(x: torch.Tensor, *, draws: int = 64, seed: int = 0) -> dict:
@@ -616,9 +766,14 @@ def sr_residual_bias(x: torch.Tensor, *, draws: int = 64, seed: int = 0) -> dict
         single += float((q - x64).pow(2).mean())
     bias = total / draws - x64
     rms = float(x64.pow(2).mean().sqrt())
-    return {"above_six": float((scaled > 6).double().mean()), "largest_scaled": float(scaled.max()),
-            "top": float(bias[top].pow(2).mean().sqrt()) / rms, "others": float(bias[~top].pow(2).mean().sqrt()) / rms,
-            "noise": math.sqrt(single / draws / draws) / rms, "top_shrink": float((bias[top] / x64[top]).mean())}
+    return {
+        "above_six": float((scaled > 6).double().mean()),
+        "largest_scaled": float(scaled.max()),
+        "top": float(bias[top].pow(2).mean().sqrt()) / rms,
+        "others": float(bias[~top].pow(2).mean().sqrt()) / rms,
+        "noise": math.sqrt(single / draws / draws) / rms,
+        "top_shrink": float((bias[top] / x64[top]).mean()),
+    }
 
 
 def _snr(x: torch.Tensor, xq: torch.Tensor, mask: torch.Tensor | None = None) -> float:
@@ -644,8 +799,13 @@ def _per_tensor_fp4(x: torch.Tensor) -> torch.Tensor:
     return ScaledTensor(q, scale, FP4_E2M1, torch.float32).dequantize()
 
 
-def hadamard_outlier_error(*, factors: Sequence[float]=(1.0, 3.0, 10.0, 30.0, 100.0), channels: int = 4, shape: tuple[int, int]=(512, 256),
-                           seed: int = 0) -> dict:
+def hadamard_outlier_error(
+    *,
+    factors: Sequence[float] = (1.0, 3.0, 10.0, 30.0, 100.0),
+    channels: int = 4,
+    shape: tuple[int, int] = (512, 256),
+    seed: int = 0,
+) -> dict:
     """NVFP4 and MXFP4 block error along the channels of a Gaussian matrix with a few outlier channels, with and
     without the random Hadamard transform.
 
@@ -684,9 +844,12 @@ def hadamard_outlier_error(*, factors: Sequence[float]=(1.0, 3.0, 10.0, 30.0, 10
                 out[fmt][k]["all"].append(_snr(x, xq))
                 out[fmt][k]["rest"].append(_snr(x, xq, rest))
     t3 = torch.randn(rows, cols, generator=gen) / torch.sqrt(
-        sum(torch.randn(rows, cols, generator=gen) ** 2 for _ in range(3)) / 3)
-    out["student_t"] = {fmt: {k: _snr(t3, _block_fp4(t3, fmt, k == "rht", seed)) for k in ("plain", "rht")}
-                        for fmt in ("nvfp4", "mxfp4")}                # Z / sqrt(χ²₃ / 3): Student's t(3)
+        sum(torch.randn(rows, cols, generator=gen) ** 2 for _ in range(3)) / 3
+    )
+    out["student_t"] = {
+        fmt: {k: _snr(t3, _block_fp4(t3, fmt, k == "rht", seed)) for k in ("plain", "rht")}
+        for fmt in ("nvfp4", "mxfp4")
+    }  # Z / sqrt(χ²₃ / 3): Student's t(3)
     return out
 
 
@@ -708,14 +871,18 @@ def channel_outliers(captured: dict, *, seed: int = 0) -> dict:
         med = float(amax.median())
         m = (x.shape[0] // 16) * 16
         xt, gt = x[:m].t().contiguous(), t["g"][:m].t().contiguous()
-        out[name] = {"amax_ratio": float(amax.max()) / med if med > 0 else math.inf,
-                     "top_channels": amax.argsort(descending=True)[:3].tolist(), "channel_amax": amax.tolist(),
-                     "tensor": _snr(x, _per_tensor_fp4(x)), "block": _snr(x, _block_fp4(x, "nvfp4", False, seed)),
-                     "block_rht": _snr(x, _block_fp4(x, "nvfp4", True, seed)),
-                     "wgrad_x": _snr(xt, _block_fp4(xt, "nvfp4", False, seed)),
-                     "wgrad_x_rht": _snr(xt, _block_fp4(xt, "nvfp4", True, seed)),
-                     "wgrad_g": _snr(gt, _block_fp4(gt, "nvfp4", False, seed)),
-                     "wgrad_g_rht": _snr(gt, _block_fp4(gt, "nvfp4", True, seed))}
+        out[name] = {
+            "amax_ratio": float(amax.max()) / med if med > 0 else math.inf,
+            "top_channels": amax.argsort(descending=True)[:3].tolist(),
+            "channel_amax": amax.tolist(),
+            "tensor": _snr(x, _per_tensor_fp4(x)),
+            "block": _snr(x, _block_fp4(x, "nvfp4", False, seed)),
+            "block_rht": _snr(x, _block_fp4(x, "nvfp4", True, seed)),
+            "wgrad_x": _snr(xt, _block_fp4(xt, "nvfp4", False, seed)),
+            "wgrad_x_rht": _snr(xt, _block_fp4(xt, "nvfp4", True, seed)),
+            "wgrad_g": _snr(gt, _block_fp4(gt, "nvfp4", False, seed)),
+            "wgrad_g_rht": _snr(gt, _block_fp4(gt, "nvfp4", True, seed)),
+        }
     return out
 
 
@@ -739,15 +906,24 @@ def weight_mismatch(w: torch.Tensor, g: torch.Tensor | None = None) -> dict:
     for blocks in ("1d", "2d"):
         fwd = fake_quantize_nvfp4(w, axis=-1, blocks=blocks)
         bwd = fake_quantize_nvfp4(w, axis=0, blocks=blocks)
-        d = {"relative": float((bwd - fwd).double().norm() / w.double().norm()),
-             "differ": float((bwd != fwd).float().mean())}
+        d = {
+            "relative": float((bwd - fwd).double().norm() / w.double().norm()),
+            "differ": float((bwd != fwd).float().mean()),
+        }
         d["dgrad"] = _rel(g.float() @ bwd, g.float() @ fwd) if g is not None else math.nan
         out[blocks] = d
     return out
 
 
-def layer_sensitivity(model: nn.Module, recipe: str | Recipe, batch: tuple, valid: tuple, *, seed: int = 0,
-                      progress: Callable | None=None) -> dict:
+def layer_sensitivity(
+    model: nn.Module,
+    recipe: str | Recipe,
+    batch: tuple,
+    valid: tuple,
+    *,
+    seed: int = 0,
+    progress: Callable | None = None,
+) -> dict:
     """Each Linear layer of ``model`` quantised alone with ``recipe``, every other computing in FP32.
 
     ``model`` is a plain model (no quantised layers); each layer is tried on a fresh copy.  Returns {"fp32_loss":
@@ -797,19 +973,27 @@ def _diagnostics(model: nn.Module, text: _Text, config: Config, run: Run) -> dic
     captured = capture_linears(model, *batch)
     sr_name = _layer_name(config.sr_layer, config.layers)
     t = captured[sr_name]
-    out = {"sr_bias": {"layer": sr_name, "tokens": t["x"].shape[0],
-                       **sr_bias(t["g"], t["x"], draws=config.sr_draws, seed=seed)}}
-    out["hadamard"] = hadamard_outlier_error(factors=config.outlier_factors, channels=config.outlier_channels,
-                                             shape=config.outlier_shape, seed=seed)
+    out = {
+        "sr_bias": {
+            "layer": sr_name,
+            "tokens": t["x"].shape[0],
+            **sr_bias(t["g"], t["x"], draws=config.sr_draws, seed=seed),
+        }
+    }
+    out["hadamard"] = hadamard_outlier_error(
+        factors=config.outlier_factors, channels=config.outlier_channels, shape=config.outlier_shape, seed=seed
+    )
     out["outliers"] = channel_outliers(captured, seed=seed)
     out["mismatch"] = {name: weight_mismatch(c["w"], c["g"]) for name, c in captured.items()}
     plain = CharTransformerLM(len(text.vocab), config.dim, config.layers, config.heads, config.context).to(run.device)
     plain.load_state_dict(model.state_dict())
     recipe = four_bit_recipe(hadamard_seed=seed)
-    sens = layer_sensitivity(plain, recipe, batch, text.windows(config.sens_valid_chars), seed=seed,
-                             progress=run.bar)
-    out["sensitivity"] = {"recipe": "nvfp4 (the full recipe)", **sens,
-                          "wgrad_error": wgrad_error(captured, recipe, seed=seed)}
+    sens = layer_sensitivity(plain, recipe, batch, text.windows(config.sens_valid_chars), seed=seed, progress=run.bar)
+    out["sensitivity"] = {
+        "recipe": "nvfp4 (the full recipe)",
+        **sens,
+        "wgrad_error": wgrad_error(captured, recipe, seed=seed),
+    }
     return out
 
 
@@ -833,15 +1017,24 @@ def measure(config: Config, run: Run) -> dict:
     linears = [n for n, mod in m.named_modules() if isinstance(mod, nn.Linear)]
     block_linears = [n for n in linears if n != "head"]
     kept = [_layer_name(s, config.layers) for s in config.bf16_layers]
-    out["model"] = {"what": "character-level transformer (CharTransformerLM) on the King James Bible",
-                    "parameters": sum(p.numel() for p in m.parameters()), "linears": linears, "dim": config.dim,
-                    "layers": config.layers, "heads": config.heads, "context": config.context,
-                    "vocab_size": len(text.vocab), "train_chars": len(text.train),
-                    "tokens_per_step": config.batch * config.context, "steps": config.steps,
-                    "tokens": config.batch * config.context * config.steps, "valid_chars": valid[1].numel(),
-                    "bf16_layers": kept,
-                    "bf16_share": len([k for k in kept if k in block_linears]) / len(block_linears),
-                    "eval_steps": _eval_steps(config.steps, config.evals)}
+    out["model"] = {
+        "what": "character-level transformer (CharTransformerLM) on the King James Bible",
+        "parameters": sum(p.numel() for p in m.parameters()),
+        "linears": linears,
+        "dim": config.dim,
+        "layers": config.layers,
+        "heads": config.heads,
+        "context": config.context,
+        "vocab_size": len(text.vocab),
+        "train_chars": len(text.train),
+        "tokens_per_step": config.batch * config.context,
+        "steps": config.steps,
+        "tokens": config.batch * config.context * config.steps,
+        "valid_chars": valid[1].numel(),
+        "bf16_layers": kept,
+        "bf16_share": len([k for k in kept if k in block_linears]) / len(block_linears),
+        "eval_steps": _eval_steps(config.steps, config.evals),
+    }
     trained_bf16 = None
     for arm_name in run.bar(arms, desc="arms"):
         arm = ARMS[arm_name]
@@ -849,14 +1042,20 @@ def measure(config: Config, run: Run) -> dict:
             record, model, built = _train(text, inits[s], arm, s, config, run, valid)
             out["runs"][arm_name].append(record)
             if arm_name not in out["arms"]:
-                out["arms"][arm_name] = {**arm.describe(), "recipe": built["recipe"], "bf16": built["bf16"],
-                                         "quantized": built["quantized"]}
+                out["arms"][arm_name] = {
+                    **arm.describe(),
+                    "recipe": built["recipe"],
+                    "bf16": built["bf16"],
+                    "quantized": built["quantized"],
+                }
             if arm_name == "bf16" and s == seeds[0]:
                 trained_bf16 = model
     out["diagnostics"] = _diagnostics(trained_bf16, text, config, run)
-    out["machine"] = {"load_start": load_start,
-                      "load_end": os.getloadavg()[0] if hasattr(os, "getloadavg") else math.nan,
-                      "cpus": os.cpu_count()}
+    out["machine"] = {
+        "load_start": load_start,
+        "load_end": os.getloadavg()[0] if hasattr(os, "getloadavg") else math.nan,
+        "cpus": os.cpu_count(),
+    }
     return out
 
 

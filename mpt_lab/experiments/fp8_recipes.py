@@ -74,8 +74,19 @@ from ..quantized_training import (
 from ..scaling import GradScaler
 from ..training import lr_factor
 
-__all__ = ["NAME", "Config", "PROFILES", "FP8RecipesResult", "MODELS", "RECIPE_ORDER",
-           "HARDWARE_RECIPES", "run", "config_for", "main", "EXPERIMENT"]
+__all__ = [
+    "NAME",
+    "Config",
+    "PROFILES",
+    "FP8RecipesResult",
+    "MODELS",
+    "RECIPE_ORDER",
+    "HARDWARE_RECIPES",
+    "run",
+    "config_for",
+    "main",
+    "EXPERIMENT",
+]
 
 NAME = "fp8_recipes"
 #: The models the experiment trains.
@@ -94,42 +105,57 @@ class Config(ExperimentConfig):
     """The recipes to train and the two models' sizes, steps and learning rates (each field's comment says what
     it is; :data:`PROFILES` holds each profile's values)."""
 
-    recipes: tuple = RECIPE_ORDER      # names of TRAINING_RECIPES
+    recipes: tuple = RECIPE_ORDER  # names of TRAINING_RECIPES
     models: tuple = MODELS
-    lm_dim: int = 64                   # the language model: width, blocks, heads, context (characters)
+    lm_dim: int = 64  # the language model: width, blocks, heads, context (characters)
     lm_layers: int = 2
     lm_heads: int = 4
     lm_context: int = 64
-    lm_batch: int = 16                 # sequences per step (lm_batch × lm_context characters)
+    lm_batch: int = 16  # sequences per step (lm_batch × lm_context characters)
     lm_steps: int = 150
-    lm_lr: float = 2e-3                # Adam, betas (0.9, 0.95); warm-up and cosine decay (training.lr_factor)
-    lm_valid_chars: int = 16384        # validation characters evaluated
-    mlp_hidden: int = 64               # the digits MLP: width and hidden layers
+    lm_lr: float = 2e-3  # Adam, betas (0.9, 0.95); warm-up and cosine decay (training.lr_factor)
+    lm_valid_chars: int = 16384  # validation characters evaluated
+    mlp_hidden: int = 64  # the digits MLP: width and hidden layers
     mlp_layers: int = 2
     mlp_batch: int = 128
     mlp_steps: int = 200
     mlp_lr: float = 3e-3
-    evals: int = 4                     # validation evaluations per run (the last after the last step)
-    stats_every: int = 10              # record quantisation statistics on every N-th step
-    history_len: int = 16              # delayed scaling: amax history length and margin (Transformer Engine)
+    evals: int = 4  # validation evaluations per run (the last after the last step)
+    stats_every: int = 10  # record quantisation statistics on every N-th step
+    history_len: int = 16  # delayed scaling: amax history length and margin (Transformer Engine)
     margin: int = 0
-    scale_rounding: str = "floor"      # MX shared scale: OCP MX v1.0's floor, or "ceil", "even", "rceil"
-    init_scale: float = 2.0 ** 16      # FP16's GradScaler
+    scale_rounding: str = "floor"  # MX shared scale: OCP MX v1.0's floor, or "ceil", "even", "rceil"
+    init_scale: float = 2.0**16  # FP16's GradScaler
     growth_interval: int = 100
     block_sizes: tuple = (8, 16, 32, 64, 128, 256)
     sweep_formats: tuple = ("FP8_E4M3", "FP8_E5M2", "FP6_E3M2", "FP6_E2M3", "FP4_E2M1")
-    hardware: bool = True              # on a GPU with FP8 tensor cores, also run the FP8 per-tensor recipes there
+    hardware: bool = True  # on a GPU with FP8 tensor cores, also run the FP8 per-tensor recipes there
 
     def validate(self) -> None:
         super().validate()
         self.check_choices("recipes", TRAINING_RECIPES, subset=True)
         self.check_choices("models", MODELS, subset=True)
-        self.check_positive("lm_dim", "lm_layers", "lm_heads", "lm_context", "lm_batch", "lm_steps",
-                            "lm_valid_chars", "mlp_hidden", "mlp_layers", "mlp_batch", "mlp_steps", "evals",
-                            "stats_every", "history_len", "growth_interval")
+        self.check_positive(
+            "lm_dim",
+            "lm_layers",
+            "lm_heads",
+            "lm_context",
+            "lm_batch",
+            "lm_steps",
+            "lm_valid_chars",
+            "mlp_hidden",
+            "mlp_layers",
+            "mlp_batch",
+            "mlp_steps",
+            "evals",
+            "stats_every",
+            "history_len",
+            "growth_interval",
+        )
         if self.lm_dim % self.lm_heads:
-            raise ValueError(f"config.lm_dim must be divisible by config.lm_heads, got {self.lm_dim} and "
-                             f"{self.lm_heads}")
+            raise ValueError(
+                f"config.lm_dim must be divisible by config.lm_heads, got {self.lm_dim} and {self.lm_heads}"
+            )
         if self.lm_valid_chars < self.lm_context + 1:
             raise ValueError(f"config.lm_valid_chars must be ≥ lm_context + 1, got {self.lm_valid_chars!r}")
         for name in ("lm_lr", "mlp_lr", "init_scale"):
@@ -141,8 +167,7 @@ class Config(ExperimentConfig):
         self.check_choices("scale_rounding", ("floor", "ceil", "even", "rceil"))
         if not self.block_sizes or any(not isinstance(b, int) or b < 1 for b in self.block_sizes):
             raise ValueError(f"config.block_sizes must be ints ≥ 1, got {self.block_sizes!r}")
-        self.check_choices("sweep_formats", ("FP8_E4M3", "FP8_E5M2", "FP6_E3M2", "FP6_E2M3", "FP4_E2M1"),
-                           subset=True)
+        self.check_choices("sweep_formats", ("FP8_E4M3", "FP8_E5M2", "FP6_E3M2", "FP6_E2M3", "FP4_E2M1"), subset=True)
         if not isinstance(self.hardware, bool):
             raise ValueError(f"config.hardware must be a bool, got {self.hardware!r}")
 
@@ -157,16 +182,47 @@ class Config(ExperimentConfig):
 #: the sizes, so the full profile trains the wider language model only, in the recipes the chapter asserts on and
 #: on the FP8 tensor cores, for 100 steps; the cpu profile's live run has every recipe and the MLP.
 PROFILES = {
-    "quick": {"lm_steps": 60, "lm_batch": 12, "mlp_steps": 120, "evals": 2, "stats_every": 30,
-              "lm_valid_chars": 8192, "block_sizes": (8, 32, 128), "sweep_formats": ("FP8_E4M3", "FP4_E2M1"),
-              "recipes": ("fp32", "bf16", "fp16", "fp8_unscaled", "fp8_current", "fp8_delayed", "mxfp8", "mxfp4",
-                          "nvfp4", "bf16_sr", "bf16_rne"), "threads": 1},
+    "quick": {
+        "lm_steps": 60,
+        "lm_batch": 12,
+        "mlp_steps": 120,
+        "evals": 2,
+        "stats_every": 30,
+        "lm_valid_chars": 8192,
+        "block_sizes": (8, 32, 128),
+        "sweep_formats": ("FP8_E4M3", "FP4_E2M1"),
+        "recipes": (
+            "fp32",
+            "bf16",
+            "fp16",
+            "fp8_unscaled",
+            "fp8_current",
+            "fp8_delayed",
+            "mxfp8",
+            "mxfp4",
+            "nvfp4",
+            "bf16_sr",
+            "bf16_rne",
+        ),
+        "threads": 1,
+    },
     "cpu": {"lm_steps": 100, "lm_batch": 12, "mlp_steps": 150, "evals": 3, "stats_every": 25, "threads": 0},
-    "full": {"models": ("lm",), "recipes": ("fp32", "bf16", "fp8_unscaled", "fp8_current", "fp8_delayed", "mxfp8",
-                                            "mxfp4"),
-             "lm_dim": 256, "lm_layers": 4, "lm_heads": 8, "lm_context": 128, "lm_batch": 32, "lm_steps": 100,
-             "lm_lr": 1e-3, "lm_valid_chars": 16384, "mlp_hidden": 256, "mlp_steps": 200, "evals": 2,
-             "stats_every": 25},
+    "full": {
+        "models": ("lm",),
+        "recipes": ("fp32", "bf16", "fp8_unscaled", "fp8_current", "fp8_delayed", "mxfp8", "mxfp4"),
+        "lm_dim": 256,
+        "lm_layers": 4,
+        "lm_heads": 8,
+        "lm_context": 128,
+        "lm_batch": 32,
+        "lm_steps": 100,
+        "lm_lr": 1e-3,
+        "lm_valid_chars": 16384,
+        "mlp_hidden": 256,
+        "mlp_steps": 200,
+        "evals": 2,
+        "stats_every": 25,
+    },
 }
 
 #: ``--smoke``: two steps of each model in each recipe, one evaluation on two context windows, statistics on
@@ -229,13 +285,20 @@ class FP8RecipesResult(ExperimentResult):
         if steps == "all":
             return run["stats"]
         if "stats_first" not in run:
-            raise ValueError(f"the {recipe} run of {model} did not keep step 1 apart (a result saved before it "
-                             f"did): only steps='all' is available")
+            raise ValueError(
+                f"the {recipe} run of {model} did not keep step 1 apart (a result saved before it "
+                f"did): only steps='all' is available"
+            )
         first = run["stats_first"]
         if steps == "first":
             return first
-        return {layer: {role: {k: v - first.get(layer, {}).get(role, {}).get(k, 0) for k, v in c.items()}
-                        for role, c in roles.items()} for layer, roles in run["stats"].items()}
+        return {
+            layer: {
+                role: {k: v - first.get(layer, {}).get(role, {}).get(k, 0) for k, v in c.items()}
+                for role, c in roles.items()
+            }
+            for layer, roles in run["stats"].items()
+        }
 
     def stats(self, model: str, recipe: str, steps: str = "all") -> dict:
         """Shares and SNR per layer and role, and over all layers under "all"
@@ -295,18 +358,30 @@ class _Task:
             self.train, self.vocab = train.to(device), vocab
             n = (min(c.lm_valid_chars, len(valid) - 1) // c.lm_context) * c.lm_context
             self.valid_x = valid[:n].view(-1, c.lm_context).to(device)
-            self.valid_y = valid[1:n + 1].view(-1, c.lm_context).to(device)
+            self.valid_y = valid[1 : n + 1].view(-1, c.lm_context).to(device)
             self.steps, self.lr = c.lm_steps, c.lm_lr
-            self.info = {"what": "character-level transformer on the King James Bible", "vocab_size": len(vocab),
-                         "train_chars": len(train), "tokens_per_step": c.lm_batch * c.lm_context,
-                         "loss_unit": "nats per character", "dim": c.lm_dim, "layers": c.lm_layers,
-                         "heads": c.lm_heads, "context": c.lm_context}
+            self.info = {
+                "what": "character-level transformer on the King James Bible",
+                "vocab_size": len(vocab),
+                "train_chars": len(train),
+                "tokens_per_step": c.lm_batch * c.lm_context,
+                "loss_unit": "nats per character",
+                "dim": c.lm_dim,
+                "layers": c.lm_layers,
+                "heads": c.lm_heads,
+                "context": c.lm_context,
+            }
         else:
             self.xtr, self.ytr, self.xte, self.yte = digits_data(c.seed, device)
             self.steps, self.lr = c.mlp_steps, c.mlp_lr
-            self.info = {"what": "digits MLP (scikit-learn's 8×8 digits)", "train_images": len(self.xtr),
-                         "tokens_per_step": c.mlp_batch, "loss_unit": "nats per image", "hidden": c.mlp_hidden,
-                         "layers": c.mlp_layers}
+            self.info = {
+                "what": "digits MLP (scikit-learn's 8×8 digits)",
+                "train_images": len(self.xtr),
+                "tokens_per_step": c.mlp_batch,
+                "loss_unit": "nats per image",
+                "hidden": c.mlp_hidden,
+                "layers": c.mlp_layers,
+            }
 
     def build(self) -> nn.Module:
         c = self.config
@@ -331,7 +406,7 @@ class _Task:
             while True:
                 perm = torch.randperm(n, generator=generator).to(self.device)
                 for i in range(0, n - c.mlp_batch + 1, c.mlp_batch):
-                    idx = perm[i:i + c.mlp_batch]
+                    idx = perm[i : i + c.mlp_batch]
                     yield self.xtr[idx], self.ytr[idx]
 
     def loss(self, model: nn.Module, x, y) -> torch.Tensor:
@@ -344,14 +419,16 @@ class _Task:
         if self.model_name == "lm":
             total, count = 0.0, 0
             for i in range(0, len(self.valid_x), 64):
-                x, y = self.valid_x[i:i + 64], self.valid_y[i:i + 64]
+                x, y = self.valid_x[i : i + 64], self.valid_y[i : i + 64]
                 total += float(self.loss(model, x, y)) * y.numel()
                 count += y.numel()
             out = {"valid_loss": total / count}
         else:
             logits = model(self.xte)
-            out = {"valid_loss": float(Fn.cross_entropy(logits.float(), self.yte)),
-                   "accuracy": float((logits.argmax(1) == self.yte).float().mean())}
+            out = {
+                "valid_loss": float(Fn.cross_entropy(logits.float(), self.yte)),
+                "accuracy": float((logits.argmax(1) == self.yte).float().mean()),
+            }
         model.train()
         if not math.isfinite(out["valid_loss"]):
             out["valid_loss"] = math.nan
@@ -366,8 +443,9 @@ class _Recorder:
         self.hist: dict = {}
         self.last: dict = {}
         self.active = False
-        self.handles = [m.register_forward_hook(self._hook(name)) for name, m in model.named_modules()
-                        if isinstance(m, nn.Linear)]
+        self.handles = [
+            m.register_forward_hook(self._hook(name)) for name, m in model.named_modules() if isinstance(m, nn.Linear)
+        ]
 
     def _hook(self, name: str):
         def hook(module, inputs, output):
@@ -385,6 +463,7 @@ class _Recorder:
                 self.last[name]["g"] = g2.clone()
 
             output.register_hook(grad_hook)
+
         return hook
 
     def close(self) -> None:
@@ -396,8 +475,17 @@ def _eval_steps(steps: int, evals: int) -> set:
     return {max(1, round(steps * (i + 1) / evals)) for i in range(evals)}
 
 
-def _train(task: _Task, init_state: dict, run_name: str, recipe: str, config: Config, run: Run, *,
-           hardware: bool = False, record_fp32: bool = False) -> tuple:
+def _train(
+    task: _Task,
+    init_state: dict,
+    run_name: str,
+    recipe: str,
+    config: Config,
+    run: Run,
+    *,
+    hardware: bool = False,
+    record_fp32: bool = False,
+) -> tuple:
     """Train one model in one recipe from ``init_state``; the measured loop of the experiment.
 
     Returns (the run's record, extras: the FP32 run's histograms and last tensors, the DelayedScaling object,
@@ -408,17 +496,26 @@ def _train(task: _Task, init_state: dict, run_name: str, recipe: str, config: Co
     model.load_state_dict(init_state)
     quantizer = None
     if spec.quantized:
-        quantizer = quantize_linears_(model, spec, history_len=config.history_len, margin=config.margin,
-                                      scale_rounding=config.scale_rounding, hardware=hardware)
+        quantizer = quantize_linears_(
+            model,
+            spec,
+            history_len=config.history_len,
+            margin=config.margin,
+            scale_rounding=config.scale_rounding,
+            hardware=hardware,
+        )
     recorder = _Recorder(model) if record_fp32 else None
     params = list(model.parameters())
     sr_gen = torch.Generator(device=task.device).manual_seed(config.seed + 2)
     if spec.weights != "fp32":
-        round_weights_(params, "nearest_even")                  # the weights are stored in BF16 from the start
+        round_weights_(params, "nearest_even")  # the weights are stored in BF16 from the start
     opt = torch.optim.Adam(params, lr=task.lr, betas=(0.9, 0.95))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, task.steps))
-    scaler = GradScaler(init_scale=config.init_scale, growth_interval=config.growth_interval) \
-        if spec.loss_scaling == "dynamic" else None
+    scaler = (
+        GradScaler(init_scale=config.init_scale, growth_interval=config.growth_interval)
+        if spec.loss_scaling == "dynamic"
+        else None
+    )
     batches = task.batches(torch.Generator().manual_seed(config.seed + 3))
     eval_at = _eval_steps(task.steps, config.evals)
     losses, evals, skipped, diverged, first_stats = [], [], [], False, None
@@ -447,7 +544,7 @@ def _train(task: _Task, init_state: dict, run_name: str, recipe: str, config: Co
             round_weights_(params, "stochastic" if spec.weights == "bf16_sr" else "nearest_even", generator=sr_gen)
         if quantizer is not None:
             quantizer.step()
-            if step == 1:                 # step 1 apart: delayed scaling has no amax history yet (scale 1)
+            if step == 1:  # step 1 apart: delayed scaling has no amax history yet (scale 1)
                 first_stats = copy.deepcopy(quantizer.stats)
         value = float(loss.detach())
         losses.append(value)
@@ -459,11 +556,17 @@ def _train(task: _Task, init_state: dict, run_name: str, recipe: str, config: Co
             if quantizer is not None:
                 quantizer.recording = False
             evals.append({"step": step, **task.evaluate(model)})
-    out = {"losses": losses, "evals": evals, "skipped": skipped, "diverged": diverged,
-           "stats": quantizer.stats if quantizer is not None else {},
-           "stats_first": first_stats if first_stats is not None else {},
-           "gemms": dict(quantizer.gemms) if quantizer is not None else {},
-           "seconds": run.elapsed() - t0, "cpu_seconds": time.process_time() - cpu0}
+    out = {
+        "losses": losses,
+        "evals": evals,
+        "skipped": skipped,
+        "diverged": diverged,
+        "stats": quantizer.stats if quantizer is not None else {},
+        "stats_first": first_stats if first_stats is not None else {},
+        "gemms": dict(quantizer.gemms) if quantizer is not None else {},
+        "seconds": run.elapsed() - t0,
+        "cpu_seconds": time.process_time() - cpu0,
+    }
     extras = {}
     if recorder is not None:
         recorder.close()
@@ -496,9 +599,13 @@ def _delayed_summary(ds, config: Config, lm_layers: list) -> dict:
             pick.append(worst)
     for name in pick:
         rows = [e for e in ds.log if e["name"] == name]
-        traces[name] = {"step": [e["step"] + 1 for e in rows], "amax": [e["amax"] for e in rows],
-                        "scale": [e["scale"] for e in rows], "exceeded": [e["exceeded"] for e in rows],
-                        "format": rows[0]["format"] if rows else ""}
+        traces[name] = {
+            "step": [e["step"] + 1 for e in rows],
+            "amax": [e["amax"] for e in rows],
+            "scale": [e["scale"] for e in rows],
+            "exceeded": [e["exceeded"] for e in rows],
+            "format": rows[0]["format"] if rows else "",
+        }
     return {"history_len": config.history_len, "margin": config.margin, "tensors": tensors, "traces": traces}
 
 
@@ -515,8 +622,13 @@ def _hardware_check(last: dict, device: torch.device) -> dict:
     hw = q.matmul(a.dequantize(), b.dequantize(), a, b, tb=True)
     diff = (hw.double() - emulated.double()).abs()
     scale = emulated.double().abs().max()
-    return {"layer": name, "shape": [list(x.shape), list(w.shape)], "on_tensor_cores": q.gemms["hardware"] == 1,
-            "max_abs_diff": float(diff.max()), "max_rel_diff": float(diff.max() / scale) if scale > 0 else 0.0}
+    return {
+        "layer": name,
+        "shape": [list(x.shape), list(w.shape)],
+        "on_tensor_cores": q.gemms["hardware"] == 1,
+        "max_abs_diff": float(diff.max()),
+        "max_rel_diff": float(diff.max() / scale) if scale > 0 else 0.0,
+    }
 
 
 def measure(config: Config, run: Run) -> dict:
@@ -526,18 +638,32 @@ def measure(config: Config, run: Run) -> dict:
     device = run.device
     hw_ok = config.hardware and hardware_fp8_available(device) if device.type == "cuda" else False
     recipes = {r: TRAINING_RECIPES[r].describe() for r in config.recipes}
-    out = {"recipes": recipes, "models": {}, "runs": {}, "histograms": {}, "block_sweep": {}, "block_scales": {},
-           "delayed": {}, "hardware": {"available": bool(hw_ok), "device": str(device),
-                                       "reason": "" if hw_ok else "no CUDA GPU with FP8 tensor cores "
-                                                                  "(compute capability ≥ 8.9)"}}
+    out = {
+        "recipes": recipes,
+        "models": {},
+        "runs": {},
+        "histograms": {},
+        "block_sweep": {},
+        "block_scales": {},
+        "delayed": {},
+        "hardware": {
+            "available": bool(hw_ok),
+            "device": str(device),
+            "reason": "" if hw_ok else "no CUDA GPU with FP8 tensor cores (compute capability ≥ 8.9)",
+        },
+    }
     for model_name in config.models:
         task = _Task(model_name, config, device)
         torch.manual_seed(config.seed)
         base = task.build()
         init_state = copy.deepcopy(base.state_dict())
         linears = [n for n, m in base.named_modules() if isinstance(m, nn.Linear)]
-        out["models"][model_name] = {**task.info, "parameters": sum(p.numel() for p in base.parameters()),
-                                     "linears": linears, "steps": task.steps}
+        out["models"][model_name] = {
+            **task.info,
+            "parameters": sum(p.numel() for p in base.parameters()),
+            "linears": linears,
+            "steps": task.steps,
+        }
         runs = out["runs"][model_name] = {}
         for recipe in config.recipes:
             record = model_name == "lm" and recipe == "fp32"
@@ -547,8 +673,9 @@ def measure(config: Config, run: Run) -> dict:
                 out["histograms"] = extras["histograms"]
                 last = extras["last"]
                 by_role = {role: {layer: t[role] for layer, t in last.items() if role in t} for role in ROLES}
-                out["block_sweep"] = {role: block_size_sweep(ts, config.sweep_formats, config.block_sizes)
-                                      for role, ts in by_role.items()}
+                out["block_sweep"] = {
+                    role: block_size_sweep(ts, config.sweep_formats, config.block_sizes) for role, ts in by_role.items()
+                }
                 out["block_scales"] = {role: block_scale_comparison(ts) for role, ts in by_role.items()}
                 if hw_ok:
                     out["hardware"]["gemm_check"] = _hardware_check(last, device)
@@ -559,8 +686,7 @@ def measure(config: Config, run: Run) -> dict:
                 if recipe in config.recipes:
                     res, extras, _ = _train(task, init_state, recipe + "_hw", recipe, config, run, hardware=True)
                     runs[recipe + "_hw"] = res
-                    recipes[recipe + "_hw"] = {**recipes[recipe], "label": recipes[recipe]["label"] +
-                                               " (tensor cores)"}
+                    recipes[recipe + "_hw"] = {**recipes[recipe], "label": recipes[recipe]["label"] + " (tensor cores)"}
     return out
 
 

@@ -74,8 +74,18 @@ from ..recipes import AMP, LossScaling
 from ..recipes import RECIPES as REGISTRY
 from ..training import autocast_to, backward_step
 
-__all__ = ["Config", "GatAmpResult", "PROFILES", "RECIPES", "DGL_GUIDE", "config_for", "run", "main",
-           "memory_model", "NAME"]
+__all__ = [
+    "Config",
+    "GatAmpResult",
+    "PROFILES",
+    "RECIPES",
+    "DGL_GUIDE",
+    "config_for",
+    "run",
+    "main",
+    "memory_model",
+    "NAME",
+]
 
 NAME = "gat_amp"
 #: The recipes: FP32; FP16 autocast + GradScaler (the guide's); BF16 autocast (``config.recipes`` names which run):
@@ -99,31 +109,32 @@ DGL_GUIDE = {
 }
 
 
-
 @dataclass
 class Config(ExperimentConfig):
     """The guide's model and optimizer are the defaults."""
 
     num_nodes: int = 1500
-    avg_degree: float = 16.0       # directed edges per node before self loops (Reddit ≈ 492)
+    avg_degree: float = 16.0  # directed edges per node before self loops (Reddit ≈ 492)
     num_features: int = REDDIT["num_features"]
     num_classes: int = REDDIT["num_classes"]
     homophily: float = 0.7
     feature_signal: float = 2.0
     hidden: int = 256
-    heads: tuple = (1, 2)          # each h trains heads [h, h, h]
+    heads: tuple = (1, 2)  # each h trains heads [h, h, h]
     recipes: tuple = RECIPES
     epochs: int = 30
     lr: float = 1e-3
     weight_decay: float = 5e-4
-    fit_nodes: int | tuple = 300    # the memory fit: FP32 step peaks on graphs of these sizes (an int n: n // 2 and n) ...
+    fit_nodes: int | tuple = (
+        300  # the memory fit: FP32 step peaks on graphs of these sizes (an int n: n // 2 and n) ...
+    )
     fit_degrees: tuple = (4, 8, 16)  # ... with these average degrees (empty: no fit) ...
-    fit_heads: tuple = (1, 2, 3)     # ... and these head counts
+    fit_heads: tuple = (1, 2, 3)  # ... and these head counts
 
     def validate(self) -> None:
         super().validate()
         self.check_positive("num_nodes", "num_features", "num_classes", "hidden")
-        self.check_positive("epochs", minimum=3)     # two warm-up epochs, then a measured one
+        self.check_positive("epochs", minimum=3)  # two warm-up epochs, then a measured one
         if not self.heads or any(not isinstance(h, int) or isinstance(h, bool) or h < 1 for h in self.heads):
             raise ValueError(f"config.heads must be a non-empty tuple of positive ints, got {self.heads!r}")
         self.check_choices("recipes", RECIPES, subset=True)
@@ -132,15 +143,21 @@ class Config(ExperimentConfig):
         elif isinstance(self.fit_nodes, int) and not isinstance(self.fit_nodes, bool):
             nodes = (self.fit_nodes // 2, self.fit_nodes)
         else:
-            nodes = (self.fit_nodes,)         # not a size: refused below
+            nodes = (self.fit_nodes,)  # not a size: refused below
         if not nodes or any(not isinstance(n, int) or isinstance(n, bool) or n < self.num_classes for n in nodes):
-            raise ValueError(f"config.fit_nodes must be a tuple of graph sizes ≥ {self.num_classes} (num_classes), "
-                             f"or an int n with n // 2 ≥ {self.num_classes}, got {self.fit_nodes!r}")
-        if self.fit_degrees and (len(self.fit_degrees) < 2 or any(not isinstance(d, (int, float)) or d <= 0
-                                                                   for d in self.fit_degrees)):
+            raise ValueError(
+                f"config.fit_nodes must be a tuple of graph sizes ≥ {self.num_classes} (num_classes), "
+                f"or an int n with n // 2 ≥ {self.num_classes}, got {self.fit_nodes!r}"
+            )
+        if self.fit_degrees and (
+            len(self.fit_degrees) < 2 or any(not isinstance(d, (int, float)) or d <= 0 for d in self.fit_degrees)
+        ):
             raise ValueError(f"config.fit_degrees must be empty or ≥ 2 positive degrees, got {self.fit_degrees!r}")
-        if not self.fit_heads or any(not isinstance(h, int) or isinstance(h, bool) or h < 1 for h in self.fit_heads) \
-                or (self.fit_degrees and len(set(self.fit_heads)) < 2):
+        if (
+            not self.fit_heads
+            or any(not isinstance(h, int) or isinstance(h, bool) or h < 1 for h in self.fit_heads)
+            or (self.fit_degrees and len(set(self.fit_heads)) < 2)
+        ):
             raise ValueError(f"config.fit_heads must hold ≥ 2 different positive ints, got {self.fit_heads!r}")
         for name in ("lr", "avg_degree"):
             v = getattr(self, name)
@@ -149,12 +166,29 @@ class Config(ExperimentConfig):
 
 
 PROFILES = {
-    "quick": {"num_nodes": 400, "avg_degree": 10.0, "epochs": 15, "threads": 1, "fit_nodes": (200, 400),
-              "fit_degrees": (4, 8, 16)},
-    "cpu": {"num_nodes": 1000, "avg_degree": 12.0, "epochs": 14, "fit_nodes": (300, 600), "fit_degrees": (4, 8, 16),
-            "threads": 1},
-    "full": {"num_nodes": REDDIT["num_nodes"], "avg_degree": 8.0, "epochs": 100, "fit_nodes": 20000,
-             "fit_degrees": (8, 16, 32, 64)},
+    "quick": {
+        "num_nodes": 400,
+        "avg_degree": 10.0,
+        "epochs": 15,
+        "threads": 1,
+        "fit_nodes": (200, 400),
+        "fit_degrees": (4, 8, 16),
+    },
+    "cpu": {
+        "num_nodes": 1000,
+        "avg_degree": 12.0,
+        "epochs": 14,
+        "fit_nodes": (300, 600),
+        "fit_degrees": (4, 8, 16),
+        "threads": 1,
+    },
+    "full": {
+        "num_nodes": REDDIT["num_nodes"],
+        "avg_degree": 8.0,
+        "epochs": 100,
+        "fit_nodes": 20000,
+        "fit_degrees": (8, 16, 32, 64),
+    },
 }
 
 #: ``--smoke``: three epochs (two warm-up, one measured) of every run on a graph of 400 nodes (Reddit's 232,965
@@ -200,9 +234,11 @@ class GatAmpResult(ExperimentResult):
         g = self.graph
         ratios = ", ".join(f"{hk} {self.ratio(hk):.3f}" for hk in self.runs if self.ratio(hk) is not None)
         guide = DGL_GUIDE["runs"]["[1, 1, 1]"]
-        return (f"GAT with AMP ({self.profile} profile, {self.device}); synthetic Reddit-shaped graph: "
-                f"{g['num_nodes']:,} nodes, {g['num_edges']:,} edges; FP16 ÷ FP32 total memory: {ratios} "
-                f"(DGL User Guide, V100: {guide['fp16']['memory_gb'] / guide['fp32']['memory_gb']:.3f})")
+        return (
+            f"GAT with AMP ({self.profile} profile, {self.device}); synthetic Reddit-shaped graph: "
+            f"{g['num_nodes']:,} nodes, {g['num_edges']:,} edges; FP16 ÷ FP32 total memory: {ratios} "
+            f"(DGL User Guide, V100: {guide['fp16']['memory_gb'] / guide['fp32']['memory_gb']:.3f})"
+        )
 
 
 def _tensor_bytes(tensors) -> int:
@@ -227,7 +263,7 @@ def _train(model, graph, recipe: str, config, run: Run, desc) -> dict:
     peak = None
     for epoch in run.bar(range(config.epochs), desc=desc, leave=False):
         scale_before = scaler.get_scale() if scaler is not None else None
-        if epoch == 2:                       # measured apart from timing (the CPU method slows each op)
+        if epoch == 2:  # measured apart from timing (the CPU method slows each op)
             box = {}
             peak = peak_memory(lambda: box.setdefault("loss", step()), device)
             loss = box["loss"]
@@ -240,19 +276,32 @@ def _train(model, graph, recipe: str, config, run: Run, desc) -> dict:
         losses.append(float(loss))
         if scaler is not None and scaler.get_scale() < scale_before:
             skipped += 1
-    static = (graph.nbytes() + _tensor_bytes(model.parameters())
-              + _tensor_bytes(t for s in opt.state.values() for t in s.values() if isinstance(t, torch.Tensor)))
+    static = (
+        graph.nbytes()
+        + _tensor_bytes(model.parameters())
+        + _tensor_bytes(t for s in opt.state.values() for t in s.values() if isinstance(t, torch.Tensor))
+    )
     model.eval()
     with torch.no_grad(), autocast_to(device.type, dtype):
         pred = model(x, ei).argmax(1)
     model.train()
-    acc = {k: float((pred[m] == y[m]).float().mean()) for k, m in
-           (("train", graph.train_mask), ("val", graph.val_mask), ("test", graph.test_mask))}
-    timed = times[1:] if len(times) > 1 else times    # the first epoch includes one-time setup
-    out = {"losses": losses, "accuracy": acc, "epoch_seconds": statistics.median(timed), "epoch_times": times,
-           "peak_bytes": int(peak), "static_bytes": int(static), "total_bytes": int(static + peak),
-           "skipped_steps": skipped, "final_scale": scaler.get_scale() if scaler is not None else None,
-           "oom": False}
+    acc = {
+        k: float((pred[m] == y[m]).float().mean())
+        for k, m in (("train", graph.train_mask), ("val", graph.val_mask), ("test", graph.test_mask))
+    }
+    timed = times[1:] if len(times) > 1 else times  # the first epoch includes one-time setup
+    out = {
+        "losses": losses,
+        "accuracy": acc,
+        "epoch_seconds": statistics.median(timed),
+        "epoch_times": times,
+        "peak_bytes": int(peak),
+        "static_bytes": int(static),
+        "total_bytes": int(static + peak),
+        "skipped_steps": skipped,
+        "final_scale": scaler.get_scale() if scaler is not None else None,
+        "oom": False,
+    }
     if device.type == "cuda":
         out["cuda_max_allocated_bytes"] = int(torch.cuda.max_memory_allocated(device))
     return out
@@ -266,14 +315,30 @@ def measure(config: Config, run: Run) -> dict:
     from ..models.gat import GAT
 
     device = run.device
-    graph = synthetic_reddit(config.num_nodes, config.avg_degree, num_features=config.num_features,
-                             num_classes=config.num_classes, homophily=config.homophily,
-                             feature_signal=config.feature_signal, seed=config.seed, device=device)
-    ginfo = {"synthetic": True, "generator": "mpt_lab.data.graphs.synthetic_reddit", "num_nodes": graph.num_nodes,
-             "num_edges": graph.num_edges, "num_features": graph.num_features, "num_classes": graph.num_classes,
-             "train": int(graph.train_mask.sum()), "val": int(graph.val_mask.sum()),
-             "test": int(graph.test_mask.sum()), "bytes": graph.nbytes(), "self_loops": True,
-             "reddit": dict(REDDIT)}
+    graph = synthetic_reddit(
+        config.num_nodes,
+        config.avg_degree,
+        num_features=config.num_features,
+        num_classes=config.num_classes,
+        homophily=config.homophily,
+        feature_signal=config.feature_signal,
+        seed=config.seed,
+        device=device,
+    )
+    ginfo = {
+        "synthetic": True,
+        "generator": "mpt_lab.data.graphs.synthetic_reddit",
+        "num_nodes": graph.num_nodes,
+        "num_edges": graph.num_edges,
+        "num_features": graph.num_features,
+        "num_classes": graph.num_classes,
+        "train": int(graph.train_mask.sum()),
+        "val": int(graph.val_mask.sum()),
+        "test": int(graph.test_mask.sum()),
+        "bytes": graph.nbytes(),
+        "self_loops": True,
+        "reddit": dict(REDDIT),
+    }
     runs = {}
     for h, p in run.bar([(h, p) for h in config.heads for p in config.recipes], desc="GAT runs"):
         key = f"[{h}, {h}, {h}]"
@@ -284,18 +349,22 @@ def measure(config: Config, run: Run) -> dict:
             torch.cuda.reset_peak_memory_stats(device)
         try:
             rec = _train(model, graph, p, config, run, f"heads {key} {p}")
-        except _OOM as e:   # a real out-of-memory error on the device: recorded, not faked, not retried
+        except _OOM as e:  # a real out-of-memory error on the device: recorded, not faked, not retried
             rec = {"oom": True, "error": str(e).splitlines()[0]}
         del model
         runs.setdefault(key, {})[p] = rec
-    mem = ("torch.cuda allocator: max_memory_allocated − memory_allocated around one training step "
-           "(mpt_lab.bench.peak_memory), plus the bytes of graph, weights and Adam state"
-           if device.type == "cuda" else
-           "mpt_lab.bench.peak_memory on a CPU: peak of live tensor storage made by ATen operators during one "
-           "training step (a TorchDispatchMode; a lower bound that misses operator-internal scratch buffers), "
-           "plus the bytes of graph, weights and Adam state")
-    timing = ("time.perf_counter around each full-batch epoch (one training step), CUDA synchronised; median "
-              "of the epochs after the first, the memory-measured epoch excluded")
+    mem = (
+        "torch.cuda allocator: max_memory_allocated − memory_allocated around one training step "
+        "(mpt_lab.bench.peak_memory), plus the bytes of graph, weights and Adam state"
+        if device.type == "cuda"
+        else "mpt_lab.bench.peak_memory on a CPU: peak of live tensor storage made by ATen operators during one "
+        "training step (a TorchDispatchMode; a lower bound that misses operator-internal scratch buffers), "
+        "plus the bytes of graph, weights and Adam state"
+    )
+    timing = (
+        "time.perf_counter around each full-batch epoch (one training step), CUDA synchronised; median "
+        "of the epochs after the first, the memory-measured epoch excluded"
+    )
     fit = _memory_fit(config, run) if config.fit_degrees else {}
     return {"graph": ginfo, "memory_method": mem, "timing_method": timing, "runs": runs, "memory_fit": fit}
 
@@ -305,12 +374,21 @@ def _memory_fit(config: Config, run: Run) -> dict:
     ``fit_degrees`` edges per node, for each of ``fit_heads``, and the model they test (:func:`memory_model`)."""
     from ..models.gat import GAT
 
-    nodes = tuple(config.fit_nodes) if isinstance(config.fit_nodes, (tuple, list)) \
+    nodes = (
+        tuple(config.fit_nodes)
+        if isinstance(config.fit_nodes, (tuple, list))
         else (config.fit_nodes // 2, config.fit_nodes)
+    )
     points = []
     for n, d in run.bar([(n, d) for n in nodes for d in config.fit_degrees], desc="memory fit"):
-        g = synthetic_reddit(n, float(d), num_features=config.num_features, num_classes=config.num_classes,
-                             seed=config.seed, device=run.device)
+        g = synthetic_reddit(
+            n,
+            float(d),
+            num_features=config.num_features,
+            num_classes=config.num_classes,
+            seed=config.seed,
+            device=run.device,
+        )
         for h in config.fit_heads:
             torch.manual_seed(config.seed)
             model = GAT(config.num_features, config.hidden, config.num_classes, (h, h, h)).to(run.device)
@@ -321,7 +399,7 @@ def _memory_fit(config: Config, run: Run) -> dict:
                 F.cross_entropy(model(g.x, g.edge_index)[g.train_mask], g.y[g.train_mask]).backward()
                 opt.step()
 
-            step()                     # Adam's state exists before the measured step, as in training
+            step()  # Adam's state exists before the measured step, as in training
             points.append([g.num_nodes, g.num_edges, h, int(peak_memory(step, run.device))])
     return memory_model(points)
 
@@ -356,8 +434,16 @@ def memory_model(points: Sequence[Sequence[float]]) -> dict:
         a = torch.stack([sel[:, 1], torch.ones_like(sel[:, 1])], 1)
         coef = torch.linalg.lstsq(a, sel[:, 3:]).solution[:, 0]
         res = float(((a @ coef - sel[:, 3]).abs() / sel[:, 3]).max())
-        lines.append({"nodes": int(n), "heads": int(h), "slope": float(coef[0]), "intercept": float(coef[1]),
-                      "max_relative_residual": res, "points": len(sel)})
+        lines.append(
+            {
+                "nodes": int(n),
+                "heads": int(h),
+                "slope": float(coef[0]),
+                "intercept": float(coef[1]),
+                "max_relative_residual": res,
+                "points": len(sel),
+            }
+        )
     heads = sorted({line["heads"] for line in lines})
     if len(heads) < 2:
         raise ValueError(f"points must cover ≥ 2 head counts to separate per-head from per-edge memory, got {heads}")
@@ -368,12 +454,23 @@ def memory_model(points: Sequence[Sequence[float]]) -> dict:
     sizes = sorted({line["nodes"] for line in lines})
     spread = None
     if len(sizes) > 1:
-        spread = max((max(sl) - min(sl)) / min(sl) for sl in
-                     ([line["slope"] for line in lines if line["heads"] == hh] for hh in heads) if len(sl) > 1)
-    return {"points": [list(p) for p in points], "lines": lines, "per_edge_head": per_head, "per_edge": per_edge,
-            "max_relative_residual": max(line["max_relative_residual"] for line in lines),
-            "slope_residual": float(slope_residual), "node_spread": spread,
-            "points_per_line": min(line["points"] for line in lines), "head_counts": heads, "graph_sizes": sizes}
+        spread = max(
+            (max(sl) - min(sl)) / min(sl)
+            for sl in ([line["slope"] for line in lines if line["heads"] == hh] for hh in heads)
+            if len(sl) > 1
+        )
+    return {
+        "points": [list(p) for p in points],
+        "lines": lines,
+        "per_edge_head": per_head,
+        "per_edge": per_edge,
+        "max_relative_residual": max(line["max_relative_residual"] for line in lines),
+        "slope_residual": float(slope_residual),
+        "node_spread": spread,
+        "points_per_line": min(line["points"] for line in lines),
+        "head_counts": heads,
+        "graph_sizes": sizes,
+    }
 
 
 EXPERIMENT = Experiment(NAME, Config, PROFILES, measure, GatAmpResult, __doc__, smoke=SMOKE)

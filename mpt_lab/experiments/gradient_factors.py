@@ -43,19 +43,43 @@ from ..histogram import GradientHistogram
 from ..models.ssd import MultiBoxLoss, build_ssd, make_optimizer
 from ..training import shift_eps, shuffled_batches
 
-__all__ = ["Config", "GradientFactorsResult", "PROFILES", "VARIANTS", "BASE", "SETTINGS", "config_for", "run",
-           "main", "NAME"]
+__all__ = [
+    "Config",
+    "GradientFactorsResult",
+    "PROFILES",
+    "VARIANTS",
+    "BASE",
+    "SETTINGS",
+    "config_for",
+    "run",
+    "main",
+    "NAME",
+]
 
 NAME = "gradient_factors"
 
 #: The settings a variant may change, with our detector's values (chapter 2's detector).
-BASE = {"model": "small", "image_size": 64, "batch_size": 32, "normalize": "matched", "init_gain": 1.0,
-        "batch_norm": False, "input_scale": 1.0, "grad_shift": 0}
+BASE = {
+    "model": "small",
+    "image_size": 64,
+    "batch_size": 32,
+    "normalize": "matched",
+    "init_gain": 1.0,
+    "batch_norm": False,
+    "input_scale": 1.0,
+    "grad_shift": 0,
+}
 SETTINGS = tuple(BASE)
 
 #: SSD's settings (Liu et al. 2016, §3; its Caffe model read pixels in 0-255 with the mean subtracted), cited.
-PAPER_SSD = {"model": "VGG-16 (SSD300)", "image_size": 300, "batch_size": 32, "normalize": "matched",
-             "batch_norm": False, "input_scale": 255}
+PAPER_SSD = {
+    "model": "VGG-16 (SSD300)",
+    "image_size": 300,
+    "batch_size": 32,
+    "normalize": "matched",
+    "batch_norm": False,
+    "input_scale": 255,
+}
 
 #: id → (factor, label, settings that differ from :data:`BASE`).  Ids are what ``Config.variants`` lists.
 VARIANTS: dict[str, tuple[str, str, dict]] = {
@@ -65,8 +89,7 @@ VARIANTS: dict[str, tuple[str, str, dict]] = {
     "medium": ("width", "width × 8/3 (channels 16–128)", {"model": "medium"}),
     "large": ("width", "width × 16/3 (channels 32–256)", {"model": "large"}),
     "vgg16_64": ("depth", "VGG-16 shape, ⅛ width, 64 px", {"model": "vgg16_narrow"}),
-    "vgg16_128": ("depth", "VGG-16 shape, ⅛ width, 128 px",
-                  {"model": "vgg16_narrow", "image_size": 128}),
+    "vgg16_128": ("depth", "VGG-16 shape, ⅛ width, 128 px", {"model": "vgg16_narrow", "image_size": 128}),
     "batch8": ("batch size", "batch 8", {"batch_size": 8}),
     "batch128": ("batch size", "batch 128", {"batch_size": 128}),
     "per_image": ("loss normalisation", "loss ÷ images, not ÷ N", {"normalize": "batch"}),
@@ -79,8 +102,11 @@ VARIANTS: dict[str, tuple[str, str, dict]] = {
     "shift12": ("gradient shift (chapter 8)", "ours, loss × 2⁻¹²", {"grad_shift": 12}),
     "vgg16_300": ("SSD300 shape", "VGG-16 shape, ⅛ width, 300 px", {"model": "vgg16_narrow", "image_size": 300}),
     "vgg16w4_300": ("SSD300 shape", "VGG-16 shape, ¼ width, 300 px", {"model": "vgg16", "image_size": 300}),
-    "vgg16_300_255": ("SSD300 shape", "VGG-16 shape, ⅛ width, 300 px, pixels 0–255",
-                      {"model": "vgg16_narrow", "image_size": 300, "input_scale": 255.0}),
+    "vgg16_300_255": (
+        "SSD300 shape",
+        "VGG-16 shape, ⅛ width, 300 px, pixels 0–255",
+        {"model": "vgg16_narrow", "image_size": 300, "input_scale": 255.0},
+    ),
 }
 
 
@@ -89,12 +115,12 @@ class Config(ExperimentConfig):
     """The variants to train ("ours" first), their steps, data and learning rate (each field's comment says what
     it is; :data:`PROFILES` holds each profile's values)."""
 
-    variants: tuple = ("ours", "batch8", "sum", "shift12")   # ids of VARIANTS, "ours" first
-    steps: int = 60                   # FP32 optimizer steps of each variant (all recorded)
-    n_train: int = 4000               # at most this many generated images per variant (fewer when steps × batch is)
-    lr: float = 3e-3                  # Adam, warm-up and cosine decay (models.ssd.make_optimizer)
+    variants: tuple = ("ours", "batch8", "sum", "shift12")  # ids of VARIANTS, "ours" first
+    steps: int = 60  # FP32 optimizer steps of each variant (all recorded)
+    n_train: int = 4000  # at most this many generated images per variant (fewer when steps × batch is)
+    lr: float = 3e-3  # Adam, warm-up and cosine decay (models.ssd.make_optimizer)
     warmup_steps: int = 20
-    max_batch: int = 0                # at most this many images per batch in every variant (0: each its own)
+    max_batch: int = 0  # at most this many images per batch in every variant (0: each its own)
 
     def validate(self) -> None:
         super().validate()
@@ -102,8 +128,9 @@ class Config(ExperimentConfig):
         self.check_positive("max_batch", minimum=0)
         self.check_choices("variants", VARIANTS, subset=True)
         if self.variants[0] != "ours":
-            raise ValueError(f"config.variants must start with 'ours' (the reference of every shift), got "
-                             f"{tuple(self.variants)!r}")
+            raise ValueError(
+                f"config.variants must start with 'ours' (the reference of every shift), got {tuple(self.variants)!r}"
+            )
         if len(set(self.variants)) != len(self.variants):
             raise ValueError(f"config.variants must not repeat an id, got {tuple(self.variants)!r}")
         if not (isinstance(self.lr, (int, float)) and self.lr > 0):
@@ -113,11 +140,22 @@ class Config(ExperimentConfig):
 _CHEAP = ("ours", "px128", "vgg16_64", "batch8", "sum", "gain0.5", "pixels255", "shift12")
 
 PROFILES = {
-    "quick": {"variants": ("ours", "px128", "batch8", "sum", "gain0.5", "shift12"), "steps": 12,
-              "warmup_steps": 5, "n_train": 400, "threads": 1},
+    "quick": {
+        "variants": ("ours", "px128", "batch8", "sum", "gain0.5", "shift12"),
+        "steps": 12,
+        "warmup_steps": 5,
+        "n_train": 400,
+        "threads": 1,
+    },
     # chapter 2's cpu profile: the factors a reader can act on, short enough to add about a minute to the chapter
     "cpu": {"variants": _CHEAP, "steps": 24, "warmup_steps": 8, "n_train": 800, "threads": 0},
-    "long": {"variants": tuple(v for v in VARIANTS if v != "vgg16w4_300"), "steps": 100, "warmup_steps": 20, "n_train": 1600, "threads": 1},
+    "long": {
+        "variants": tuple(v for v in VARIANTS if v != "vgg16w4_300"),
+        "steps": 100,
+        "warmup_steps": 20,
+        "n_train": 1600,
+        "threads": 1,
+    },
     # one H100 (mpt_lab.harness.budget): the SSD300-shape series with the quarter-width VGG-16 at 300 px that
     # the long profile leaves out (each step records every module's gradient: its operator launches dominate)
     "full": {"variants": ("ours", "vgg16_300", "vgg16w4_300"), "steps": 100, "warmup_steps": 20, "n_train": 800},
@@ -170,10 +208,13 @@ class GradientFactorsResult(ExperimentResult):
         s, s0 = self._v(vid)["settings"], self.variants["ours"]["settings"]
 
         def divisor(settings, matched):
-            return {"matched": float(matched), "batch": float(settings["batch_size"]), "none": 1.0}[settings["normalize"]]
+            return {"matched": float(matched), "batch": float(settings["batch_size"]), "none": 1.0}[
+                settings["normalize"]
+            ]
 
-        return (math.log2(divisor(s0, self.variants["ours"]["matched"]) / divisor(s, self._v(vid)["matched"]))
-                - (s["grad_shift"] - s0["grad_shift"]))
+        return math.log2(divisor(s0, self.variants["ours"]["matched"]) / divisor(s, self._v(vid)["matched"])) - (
+            s["grad_shift"] - s0["grad_shift"]
+        )
 
     def shares(self, vid: str) -> dict:
         """Shares of variant ``vid``'s activation gradients (0 to 1): "zeros" (of all values), "below" (of the
@@ -184,13 +225,18 @@ class GradientFactorsResult(ExperimentResult):
         if nonzero <= 0:
             return {"zeros": h.fraction_zero(), "below": math.nan, "lost": math.nan}
         below = float(h.counts[h.exponents < -24].sum()) / nonzero
-        return {"zeros": h.fraction_zero(), "below": below,
-                "lost": h.fractions("FP16")["underflow"] * h.total / nonzero}
+        return {
+            "zeros": h.fraction_zero(),
+            "below": below,
+            "lost": h.fractions("FP16")["underflow"] * h.total / nonzero,
+        }
 
     def describe(self) -> str:
         parts = [f"{'ours, ' if k == 'ours' else ''}{v['label']}: 2^{self.median(k)}" for k, v in self.variants.items()]
-        return (f"gradient_factors ({self.profile} profile, {self.device}, {self.config['steps']} steps each): "
-                f"median binade of the non-zero activation gradients: " + "; ".join(parts))
+        return (
+            f"gradient_factors ({self.profile} profile, {self.device}, {self.config['steps']} steps each): "
+            f"median binade of the non-zero activation gradients: " + "; ".join(parts)
+        )
 
 
 def _weight_gain(model: torch.nn.Module) -> float:
@@ -208,15 +254,20 @@ def _train_variant(vid: str, config: Config, run: Run) -> dict:
     """Train variant ``vid`` in FP32 for ``config.steps`` steps, recording every activation gradient."""
     factor, label, over = VARIANTS[vid]
     s = {**BASE, **over}
-    if config.max_batch:                 # a smoke run's cut; the settings record the batch that ran
+    if config.max_batch:  # a smoke run's cut; the settings record the batch that ran
         s["batch_size"] = min(s["batch_size"], config.max_batch)
     device = run.device
     batch = s["batch_size"]
     n_train = max(batch, min(config.n_train, config.steps * batch))
     data = DigitsDetection("train", n_train, s["image_size"], seed=config.seed)
     torch.manual_seed(config.seed)
-    model = build_ssd(s["model"], image_size=s["image_size"], batch_norm=s["batch_norm"], init_gain=s["init_gain"],
-                      input_scale=s["input_scale"]).to(device)
+    model = build_ssd(
+        s["model"],
+        image_size=s["image_size"],
+        batch_norm=s["batch_norm"],
+        init_gain=s["init_gain"],
+        input_scale=s["input_scale"],
+    ).to(device)
     loss_fn = MultiBoxLoss(model.priors, num_classes=model.num_classes, normalize=s["normalize"]).to(device)
     opt, sched = make_optimizer(model, config.steps, lr=config.lr, warmup_steps=min(config.warmup_steps, config.steps))
     shift_eps(opt, s["grad_shift"])
@@ -238,16 +289,24 @@ def _train_variant(vid: str, config: Config, run: Run) -> dict:
             losses.append(float(out["loc"] + out["conf"]))
             matched.append(out["num_pos"])
     hist = gh.histogram.copy()
-    return {"factor": factor, "label": label, "settings": s, "activation": hist, "losses": losses,
-            "matched": sum(matched) / len(matched), "values_per_image": hist.total / (config.steps * batch),
-            "parameters": sum(p.numel() for p in model.parameters()), "weight_gain": _weight_gain(model),
-            "seconds": run.elapsed() - t0}
+    return {
+        "factor": factor,
+        "label": label,
+        "settings": s,
+        "activation": hist,
+        "losses": losses,
+        "matched": sum(matched) / len(matched),
+        "values_per_image": hist.total / (config.steps * batch),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "weight_gain": _weight_gain(model),
+        "seconds": run.elapsed() - t0,
+    }
 
 
 def measure(config: Config, run: Run) -> dict:
     """Train every variant of ``config.variants`` briefly in FP32 and keep its activation-gradient histogram."""
     variants = {}
-    for vid in config.variants:            # each variant is kept the moment it finishes (a deadline keeps them)
+    for vid in config.variants:  # each variant is kept the moment it finishes (a deadline keeps them)
         variants[vid] = _train_variant(vid, config, run)
         run.arm_done(vid, variants[vid])
     return {"variants": variants}

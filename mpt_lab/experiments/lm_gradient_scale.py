@@ -52,15 +52,15 @@ class Config(ExperimentConfig):
     """The grid of vocabularies and batch sizes, the model and its FP32 training (each field's comment says what
     it is; :data:`PROFILES` holds each profile's values)."""
 
-    model: str = "tiny"                # mpt_lab.models.lstm.CONFIGS
-    vocabs: tuple = (1024, 4096)       # max_vocab of each grid point (0: every word of the training split)
-    batch_sizes: tuple = (16, 64)      # sequences per batch of each grid point
-    bptt: int = 16                     # time steps per window: N = batch_size × bptt tokens per batch
-    steps: int = 60                    # FP32 Adagrad steps per grid point
-    record_steps: int = 10             # the "trained" histogram: the last record_steps steps
-    lr: float = 0.2                    # Adagrad, as bigLSTM and the biglstm experiment
+    model: str = "tiny"  # mpt_lab.models.lstm.CONFIGS
+    vocabs: tuple = (1024, 4096)  # max_vocab of each grid point (0: every word of the training split)
+    batch_sizes: tuple = (16, 64)  # sequences per batch of each grid point
+    bptt: int = 16  # time steps per window: N = batch_size × bptt tokens per batch
+    steps: int = 60  # FP32 Adagrad steps per grid point
+    record_steps: int = 10  # the "trained" histogram: the last record_steps steps
+    lr: float = 0.2  # Adagrad, as bigLSTM and the biglstm experiment
     adagrad_init: float = 0.1
-    shift_check: int = 3               # train the first point again with the loss × 2^-k (0: don't)
+    shift_check: int = 3  # train the first point again with the loss × 2^-k (0: don't)
 
     def validate(self) -> None:
         super().validate()
@@ -69,27 +69,35 @@ class Config(ExperimentConfig):
         self.check_positive("shift_check", minimum=0)
         for name, lo in (("vocabs", 0), ("batch_sizes", 1)):
             v = getattr(self, name)
-            if not (isinstance(v, (tuple, list)) and v and all(isinstance(x, int) and not isinstance(x, bool)
-                                                               and x >= lo for x in v)):
+            if not (
+                isinstance(v, (tuple, list))
+                and v
+                and all(isinstance(x, int) and not isinstance(x, bool) and x >= lo for x in v)
+            ):
                 raise ValueError(f"config.{name} must be a non-empty sequence of ints ≥ {lo}, got {v!r}")
             if len(set(v)) != len(v):
                 raise ValueError(f"config.{name} must not repeat a value, got {v!r}")
         if any(0 < v < 3 for v in self.vocabs):
             raise ValueError(f"config.vocabs: a max_vocab must be 0 (every word) or ≥ 3, got {self.vocabs!r}")
         if self.record_steps >= self.steps:
-            raise ValueError(f"config.record_steps must be smaller than config.steps ({self.steps}), "
-                             f"got {self.record_steps!r}")
+            raise ValueError(
+                f"config.record_steps must be smaller than config.steps ({self.steps}), got {self.record_steps!r}"
+            )
         if not (isinstance(self.lr, (int, float)) and self.lr > 0):
             raise ValueError(f"config.lr must be a positive float, got {self.lr!r}")
 
 
 PROFILES = {
-    "quick": {"vocabs": (512, 2048), "batch_sizes": (8, 32), "bptt": 16, "steps": 30, "record_steps": 10,
-              "threads": 1},
-    "cpu": {"vocabs": (1024, 4096), "batch_sizes": (16, 64), "bptt": 16, "steps": 60, "record_steps": 15,
-            "threads": 0},
-    "long": {"vocabs": (1024, 2048, 4096, 8192, 0), "batch_sizes": (16, 64, 256), "bptt": 16, "steps": 200,
-             "record_steps": 50, "threads": 1},
+    "quick": {"vocabs": (512, 2048), "batch_sizes": (8, 32), "bptt": 16, "steps": 30, "record_steps": 10, "threads": 1},
+    "cpu": {"vocabs": (1024, 4096), "batch_sizes": (16, 64), "bptt": 16, "steps": 60, "record_steps": 15, "threads": 0},
+    "long": {
+        "vocabs": (1024, 2048, 4096, 8192, 0),
+        "batch_sizes": (16, 64, 256),
+        "bptt": 16,
+        "steps": 200,
+        "record_steps": 50,
+        "threads": 1,
+    },
     # one H100 (mpt_lab.harness.budget): vocabularies 2^3 and batches 2^6 apart, up to 2^14 tokens per batch
     "full": {"vocabs": (1024, 8192), "batch_sizes": (16, 1024), "bptt": 16, "steps": 100, "record_steps": 25},
 }
@@ -136,11 +144,20 @@ class LMGradientScaleResult(ExperimentResult):
         :func:`~mpt_lab.histogram.lost_mass`), "zero", "loss"} of the ``which`` histogram ("init" or
         "trained")."""
         self._check(which)
-        return [{"vocab_size": p["vocab_size"], "tokens": p["tokens"], "log2_vn": p["log2_vn"],
-                 "median_binade": p[which].median_binade(), "median_log2": median_log2(p[which]),
-                 "lost": lost_share(p[which]), "lost_mass": lost_mass(p[which]),
-                 "zero": float(p[which].fraction_zero()),
-                 "loss": p["loss_" + which]} for p in self.points]
+        return [
+            {
+                "vocab_size": p["vocab_size"],
+                "tokens": p["tokens"],
+                "log2_vn": p["log2_vn"],
+                "median_binade": p[which].median_binade(),
+                "median_log2": median_log2(p[which]),
+                "lost": lost_share(p[which]),
+                "lost_mass": lost_mass(p[which]),
+                "zero": float(p[which].fraction_zero()),
+                "loss": p["loss_" + which],
+            }
+            for p in self.points
+        ]
 
     def comparisons(self, which: str = "trained") -> list:
         """Every pair of points whose vocabularies (at the same N) or batches (at the same V) differ by a
@@ -157,14 +174,23 @@ class LMGradientScaleResult(ExperimentResult):
             for axis, key, other in (("V", "vocab_size", "tokens"), ("N", "tokens", "vocab_size")):
                 ratio = b[key] / a[key]
                 k = round(math.log2(ratio)) if ratio > 1 else 0
-                if a[other] != b[other] or k < 1 or 2 ** k != ratio:
+                if a[other] != b[other] or k < 1 or 2**k != ratio:
                     continue
                 ha, hb = a[which], b[which]
-                out.append({"axis": axis, "k": k, "base": (a["vocab_size"], a["tokens"]),
-                            "target": (b["vocab_size"], b["tokens"]), "shifted_median": median_log2(ha) - k,
-                            "measured_median": median_log2(hb), "shifted_lost": lost_share(ha, k),
-                            "measured_lost": lost_share(hb), "shifted_lost_mass": lost_mass(ha, k),
-                            "measured_lost_mass": lost_mass(hb)})
+                out.append(
+                    {
+                        "axis": axis,
+                        "k": k,
+                        "base": (a["vocab_size"], a["tokens"]),
+                        "target": (b["vocab_size"], b["tokens"]),
+                        "shifted_median": median_log2(ha) - k,
+                        "measured_median": median_log2(hb),
+                        "shifted_lost": lost_share(ha, k),
+                        "measured_lost": lost_share(hb),
+                        "shifted_lost_mass": lost_mass(ha, k),
+                        "measured_lost_mass": lost_mass(hb),
+                    }
+                )
         return out
 
     def fit(self, which: str = "trained") -> dict:
@@ -189,9 +215,11 @@ class LMGradientScaleResult(ExperimentResult):
     def describe(self) -> str:
         s = self.summary()
         lo, hi = min(s, key=lambda r: r["log2_vn"]), max(s, key=lambda r: r["log2_vn"])
-        text = (f"lm_gradient_scale ({self.profile} profile, {len(s)} points, {self.device}): median activation "
-                f"gradient 2^{lo['median_log2']:.1f} at V·N = 2^{lo['log2_vn']:.1f} … 2^{hi['median_log2']:.1f} at "
-                f"2^{hi['log2_vn']:.1f}; lost in FP16 {100 * lo['lost']:.1f}% … {100 * hi['lost']:.1f}%")
+        text = (
+            f"lm_gradient_scale ({self.profile} profile, {len(s)} points, {self.device}): median activation "
+            f"gradient 2^{lo['median_log2']:.1f} at V·N = 2^{lo['log2_vn']:.1f} … 2^{hi['median_log2']:.1f} at "
+            f"2^{hi['log2_vn']:.1f}; lost in FP16 {100 * lo['lost']:.1f}% … {100 * hi['lost']:.1f}%"
+        )
         if len(s) >= 3:
             try:
                 f = self.fit()
@@ -209,7 +237,7 @@ def shifted_exactly(h: Log2Histogram, shifted: Log2Histogram, k: int) -> bool:
     a, b = h.fine, shifted.fine
     if h.zeros != shifted.zeros or h.nonfinite != shifted.nonfinite or a.sum() != b.sum():
         return False
-    return bool(np.array_equal(a[k:], b[:len(b) - k]) and not a[:k].any())
+    return bool(np.array_equal(a[k:], b[: len(b) - k]) and not a[:k].any())
 
 
 def _train_point(config: Config, max_vocab: int, batch_size: int, run: Run, grad_shift: int = 0) -> dict:
@@ -226,8 +254,9 @@ def _train_point(config: Config, max_vocab: int, batch_size: int, run: Run, grad
     gh = GradientHistogram(model, "activation")
     with gh, warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="LSTM with projections is not supported with oneDNN")
-        for step in run.bar(range(1, config.steps + 1), desc=f"V = {corpus.vocab_size}, N = {batch_size * config.bptt}",
-                            leave=False):
+        for step in run.bar(
+            range(1, config.steps + 1), desc=f"V = {corpus.vocab_size}, N = {batch_size * config.bptt}", leave=False
+        ):
             which = "init" if step == 1 else ("trained" if step >= first_recorded else None)
             (gh.resume if which else gh.pause)()
             x, y, fresh = next(windows)
@@ -239,16 +268,23 @@ def _train_point(config: Config, max_vocab: int, batch_size: int, run: Run, grad
                 gh.reset()
         hists["trained"] = gh.histogram
     tokens = batch_size * config.bptt
-    return {"max_vocab": max_vocab, "vocab_size": corpus.vocab_size, "batch_size": batch_size, "tokens": tokens,
-            "log2_vn": math.log2(corpus.vocab_size * tokens), **hists,
-            "loss_init": losses["init"][0], "loss_trained": sum(losses["trained"]) / len(losses["trained"]),
-            "seconds": run.elapsed() - t0}
+    return {
+        "max_vocab": max_vocab,
+        "vocab_size": corpus.vocab_size,
+        "batch_size": batch_size,
+        "tokens": tokens,
+        "log2_vn": math.log2(corpus.vocab_size * tokens),
+        **hists,
+        "loss_init": losses["init"][0],
+        "loss_trained": sum(losses["trained"]) / len(losses["trained"]),
+        "seconds": run.elapsed() - t0,
+    }
 
 
 def measure(config: Config, run: Run) -> dict:
     """Train the grid's points in FP32 (then the first again with the shift check) and keep their histograms."""
     points = []
-    for v, b in itertools.product(config.vocabs, config.batch_sizes):   # each point kept the moment it finishes
+    for v, b in itertools.product(config.vocabs, config.batch_sizes):  # each point kept the moment it finishes
         points.append(_train_point(config, v, b, run))
         run.arm_done(f"V {v}, batch {b}", points[-1])
     check = {}
@@ -256,11 +292,16 @@ def measure(config: Config, run: Run) -> dict:
         k, first = config.shift_check, points[0]
         d = _train_point(config, first["max_vocab"], first["batch_size"], run, grad_shift=k)
         run.arm_done(f"shift check, k {k}", d)
-        check = {"k": k, "vocab_size": d["vocab_size"], "tokens": d["tokens"], "init": d["init"],
-                 "trained": d["trained"],
-                 "exact": shifted_exactly(first["init"], d["init"], k) and shifted_exactly(first["trained"],
-                                                                                           d["trained"], k),
-                 "same_losses": d["loss_init"] == first["loss_init"] and d["loss_trained"] == first["loss_trained"]}
+        check = {
+            "k": k,
+            "vocab_size": d["vocab_size"],
+            "tokens": d["tokens"],
+            "init": d["init"],
+            "trained": d["trained"],
+            "exact": shifted_exactly(first["init"], d["init"], k)
+            and shifted_exactly(first["trained"], d["trained"], k),
+            "same_losses": d["loss_init"] == first["loss_init"] and d["loss_trained"] == first["loss_trained"],
+        }
     return {"points": points, "shift_check": check}
 
 

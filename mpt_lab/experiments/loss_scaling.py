@@ -36,12 +36,12 @@ class Config(ExperimentConfig):
 
     steps: int = 1500
     batch_size: int = 64
-    hidden: int = 256                 # two hidden layers of this width
-    lr: float = 0.05                  # SGD with momentum
+    hidden: int = 256  # two hidden layers of this width
+    lr: float = 0.05  # SGD with momentum
     momentum: float = 0.9
-    init_scale: float = 2.0 ** 16     # torch's default
-    growth_interval: int = 200        # torch's default is 2000; shorter so that a short run shows growth
-    dtype: str = "float16"            # the autocast dtype: "float16" or "bfloat16"
+    init_scale: float = 2.0**16  # torch's default
+    growth_interval: int = 200  # torch's default is 2000; shorter so that a short run shows growth
+    dtype: str = "float16"  # the autocast dtype: "float16" or "bfloat16"
 
     def validate(self) -> None:
         super().validate()
@@ -81,9 +81,11 @@ class LossScalingResult(ExperimentResult):
     def describe(self) -> str:
         h = self.history["mpt_lab"]
         scales = [s for _, s, _ in h]
-        return (f"loss scaling ({self.profile} profile, {self.device}): {len(h)} steps, "
-                f"{len(self.overflow_steps)} overflows, scale {min(scales):g} … {max(scales):g}, "
-                f"test accuracy {self.test_accuracy['mpt_lab']:.3f}; identical to torch: {self.identical}")
+        return (
+            f"loss scaling ({self.profile} profile, {self.device}): {len(h)} steps, "
+            f"{len(self.overflow_steps)} overflows, scale {min(scales):g} … {max(scales):g}, "
+            f"test accuracy {self.test_accuracy['mpt_lab']:.3f}; identical to torch: {self.identical}"
+        )
 
 
 def measure(config: Config, run: Run) -> dict:
@@ -113,15 +115,20 @@ def measure(config: Config, run: Run) -> dict:
             scalers[k].update()
             losses[k].append(float(loss.detach()))
         if identical:
-            identical = all(torch.equal(a, b) for a, b in zip(models["mpt_lab"].parameters(),
-                                                               models["torch"].parameters()))
+            identical = all(
+                torch.equal(a, b) for a, b in zip(models["mpt_lab"].parameters(), models["torch"].parameters())
+            )
     # torch's scaler keeps no history: its scale before each update, and overflow = the scale went down
     after = torch_scales[1:] + [float(scalers["torch"].get_scale())]
     theirs = [(s, v, nxt < v) for s, (v, nxt) in enumerate(zip(torch_scales, after))]
     with torch.no_grad():
         acc = {k: accuracy(m(xte), yte) for k, m in models.items()}
-    return {"losses": losses, "history": {"mpt_lab": list(scalers["mpt_lab"].history), "torch": theirs},
-            "identical": identical, "test_accuracy": acc}
+    return {
+        "losses": losses,
+        "history": {"mpt_lab": list(scalers["mpt_lab"].history), "torch": theirs},
+        "identical": identical,
+        "test_accuracy": acc,
+    }
 
 
 EXPERIMENT = Experiment(NAME, Config, PROFILES, measure, LossScalingResult, __doc__, smoke=SMOKE)

@@ -45,8 +45,8 @@ class Config(ExperimentConfig):
     steps: int = 10000
     batch_size: int = 64
     hidden: int = 64
-    lr: float = 0.001                 # a small learning rate, as late in training: most FP16 updates round away
-    masters_without_scale: bool = True    # the fourth run: FP32 masters without a loss scale
+    lr: float = 0.001  # a small learning rate, as late in training: most FP16 updates round away
+    masters_without_scale: bool = True  # the fourth run: FP32 masters without a loss scale
 
     def validate(self) -> None:
         super().validate()
@@ -81,10 +81,12 @@ class StallResult(ExperimentResult):
     def describe(self) -> str:
         acc = ", ".join(f"{k} {v:.3f}" for k, v in self.test_accuracy.items())
         mean = sum(self.swamped) / max(len(self.swamped), 1)
-        text = (f"master weights ({self.profile} profile, {self.device}): {self.config['steps']} SGD steps at "
-                f"lr {self.config['lr']}; test accuracy {acc}; pure FP16, averaged over the steps: "
-                f"{100 * mean:.1f}% of the updates that FP16 can represent were lost when added to their weight")
-        if self.underflowed:   # of all non-zero updates: those that underflow, and the swamped share of the others
+        text = (
+            f"master weights ({self.profile} profile, {self.device}): {self.config['steps']} SGD steps at "
+            f"lr {self.config['lr']}; test accuracy {acc}; pure FP16, averaged over the steps: "
+            f"{100 * mean:.1f}% of the updates that FP16 can represent were lost when added to their weight"
+        )
+        if self.underflowed:  # of all non-zero updates: those that underflow, and the swamped share of the others
             both = sum(u + (1 - u) * s for u, s in zip(self.underflowed, self.swamped)) / len(self.swamped)
             text += f"; with those that round to zero, {100 * both:.1f}% of all its non-zero updates"
         return text
@@ -97,10 +99,14 @@ def measure(config: Config, run: Run) -> dict:
     base = digits_mlp(config.hidden).to(device)
     fp32, pure = copy.deepcopy(base), copy.deepcopy(base).half()
     opt32 = torch.optim.SGD(fp32.parameters(), lr=config.lr)
-    trainer = MasterWeightTrainer(copy.deepcopy(base), lambda p: torch.optim.SGD(p, lr=config.lr), F.cross_entropy,
-                                  scaler=GradScaler())
-    unscaled = (MasterWeightTrainer(copy.deepcopy(base), lambda p: torch.optim.SGD(p, lr=config.lr), F.cross_entropy)
-                if config.masters_without_scale else None)
+    trainer = MasterWeightTrainer(
+        copy.deepcopy(base), lambda p: torch.optim.SGD(p, lr=config.lr), F.cross_entropy, scaler=GradScaler()
+    )
+    unscaled = (
+        MasterWeightTrainer(copy.deepcopy(base), lambda p: torch.optim.SGD(p, lr=config.lr), F.cross_entropy)
+        if config.masters_without_scale
+        else None
+    )
     losses = {k: [] for k in RUNS if unscaled is not None or k != RUNS[3]}
     swamped, underflowed = [], []
     gen = torch.Generator().manual_seed(config.seed)
@@ -133,8 +139,11 @@ def measure(config: Config, run: Run) -> dict:
         if unscaled is not None:
             losses[RUNS[3]].append(unscaled.train_step(xb, yb)["loss"])
     with torch.no_grad():
-        acc = {"FP32": accuracy(fp32(xte), yte), "pure FP16": accuracy(pure(xte.half()), yte),
-               "FP16 + FP32 masters": accuracy(trainer.predict(xte), yte)}
+        acc = {
+            "FP32": accuracy(fp32(xte), yte),
+            "pure FP16": accuracy(pure(xte.half()), yte),
+            "FP16 + FP32 masters": accuracy(trainer.predict(xte), yte),
+        }
         if unscaled is not None:
             acc[RUNS[3]] = accuracy(unscaled.predict(xte), yte)
     return {"losses": losses, "swamped": swamped, "underflowed": underflowed, "test_accuracy": acc}

@@ -66,20 +66,36 @@ from ..harness.runner import Experiment, ExperimentConfig, ExperimentResult, Run
 from ..models.resnet import build_resnet
 from ..training import accuracy, autocast_to, backward_step
 
-__all__ = ["Config", "MemoryTradeoffsResult", "PROFILES", "WAYS", "CIFAR10_RESNET50", "RECOMPUTE_VS_PRECISION",
-           "config_for", "run", "main", "step_flops", "NAME", "LAYOUTS", "baseline_name"]
+__all__ = [
+    "Config",
+    "MemoryTradeoffsResult",
+    "PROFILES",
+    "WAYS",
+    "CIFAR10_RESNET50",
+    "RECOMPUTE_VS_PRECISION",
+    "config_for",
+    "run",
+    "main",
+    "step_flops",
+    "NAME",
+    "LAYOUTS",
+    "baseline_name",
+]
 
 NAME = "memory_tradeoffs"
 
 #: The four ways to train, in the order the result lists them: (mixed precision?, activation checkpointing?).
-WAYS = {"fp32": (False, False), "mixed": (True, False), "checkpoint": (False, True),
-        "mixed+checkpoint": (True, True)}
+WAYS = {"fp32": (False, False), "mixed": (True, False), "checkpoint": (False, True), "mixed+checkpoint": (True, True)}
 
 #: The timing variants of ``layouts``: name → (memory format, cudnn.benchmark, TF32 for cuDNN: None keeps the
 #: default).  "TF32 off" is timed for the FP32 way only (the mixed way's convolutions are 16-bit).
-LAYOUTS = {"default": ("contiguous", False, None), "channels_last": ("channels_last", False, None),
-           "cudnn.benchmark": ("contiguous", True, None), "channels_last + cudnn.benchmark": ("channels_last", True, None),
-           "TF32 off": ("contiguous", False, False)}
+LAYOUTS = {
+    "default": ("contiguous", False, None),
+    "channels_last": ("channels_last", False, None),
+    "cudnn.benchmark": ("contiguous", True, None),
+    "channels_last + cudnn.benchmark": ("channels_last", True, None),
+    "TF32 off": ("contiguous", False, False),
+}
 
 
 def baseline_name(device_type: str, backends: dict | None) -> str:
@@ -95,8 +111,11 @@ def baseline_name(device_type: str, backends: dict | None) -> str:
         return "FP32"
     if backends is None:
         return "TF32 convolutions (cuDNN's default, the switches not recorded), FP32 storage"
-    return "TF32 convolutions (cuDNN's default), FP32 storage" if backends.get("cudnn_allow_tf32", True) else \
-        "FP32 (cuDNN's TF32 off)"
+    return (
+        "TF32 convolutions (cuDNN's default), FP32 storage"
+        if backends.get("cudnn_allow_tf32", True)
+        else "FP32 (cuDNN's TF32 off)"
+    )
 
 
 #: Manna (2018), github.com/suvojit-0x55aa/mixed-precision-pytorch, README: CIFAR-10, ResNet-50, batch 128,
@@ -121,18 +140,18 @@ class Config(ExperimentConfig):
     """The network, the measurement and the training of the four ways (each field's comment says what it is;
     :data:`PROFILES` holds each profile's values)."""
 
-    image_size: int = 32        # the 8×8 digits are upsampled (bilinear) to image_size × image_size
+    image_size: int = 32  # the 8×8 digits are upsampled (bilinear) to image_size × image_size
     width: int = 16
     stages: int = 3
     depth: int = 1
-    batch_size: int = 64        # batch of the memory/time measurement and of training
-    repeat: int = 5             # timed steps per way (the median is reported)
+    batch_size: int = 64  # batch of the memory/time measurement and of training
+    repeat: int = 5  # timed steps per way (the median is reported)
     warmup: int = 2
     epochs: int = 3
-    lr: float = 0.02            # higher rates leave BatchNorm's running statistics behind the weights
+    lr: float = 0.02  # higher rates leave BatchNorm's running statistics behind the weights
     momentum: float = 0.9
-    mixed_dtype: str = "auto"   # "auto": float16 on CUDA, bfloat16 elsewhere; or "float16", "bfloat16"
-    max_images: int = 0         # train and test on at most this many images of each split (0: all; smoke runs)
+    mixed_dtype: str = "auto"  # "auto": float16 on CUDA, bfloat16 elsewhere; or "float16", "bfloat16"
+    max_images: int = 0  # train and test on at most this many images of each split (0: all; smoke runs)
     time_layouts: bool = False  # time the FP32 and mixed steps in each of LAYOUTS (the full profile)
 
     def validate(self) -> None:
@@ -140,8 +159,9 @@ class Config(ExperimentConfig):
         self.check_positive("image_size", "width", "stages", "depth", "batch_size", "repeat", "epochs")
         self.check_positive("warmup", "max_images", minimum=0)
         if self.image_size < 2 ** (self.stages - 1):
-            raise ValueError(f"config.image_size must be ≥ 2**(stages-1) = {2 ** (self.stages - 1)}, "
-                             f"got {self.image_size}")
+            raise ValueError(
+                f"config.image_size must be ≥ 2**(stages-1) = {2 ** (self.stages - 1)}, got {self.image_size}"
+            )
         self.check_choices("mixed_dtype", ("auto", "float16", "bfloat16"))
         if not (isinstance(self.lr, (int, float)) and self.lr > 0 and math.isfinite(self.lr)):
             raise ValueError(f"config.lr must be a positive finite number, got {self.lr!r}")
@@ -150,8 +170,17 @@ class Config(ExperimentConfig):
 PROFILES = {
     "quick": {"image_size": 16, "width": 8, "batch_size": 32, "repeat": 5, "warmup": 1, "epochs": 4, "threads": 1},
     "cpu": {"image_size": 24, "width": 12, "batch_size": 64, "repeat": 5, "warmup": 1, "epochs": 4, "threads": 0},
-    "full": {"image_size": 64, "width": 64, "stages": 4, "depth": 2, "batch_size": 256, "repeat": 10, "warmup": 3,
-             "epochs": 10, "time_layouts": True},
+    "full": {
+        "image_size": 64,
+        "width": 64,
+        "stages": 4,
+        "depth": 2,
+        "batch_size": 256,
+        "repeat": 10,
+        "warmup": 3,
+        "epochs": 10,
+        "time_layouts": True,
+    },
 }
 
 #: ``--smoke``: one warm-up and one timed step per way, one epoch of two batches of 2 images on 4 training and 4
@@ -200,9 +229,12 @@ class MemoryTradeoffsResult(ExperimentResult):
 
     def describe(self) -> str:
         w, t = self.ways, self.training
-        return (f"memory trade-offs ({self.profile} profile, {self.device}; mixed = {self.mixed_dtype} autocast): "
-                f"peak MiB per step " + ", ".join(f"{k} {v['peak_bytes'] / 2**20:.2f}" for k, v in w.items())
-                + f"; accuracy FP32 {t['fp32']['accuracy']:.3f}, mixed {t['mixed']['accuracy']:.3f}")
+        return (
+            f"memory trade-offs ({self.profile} profile, {self.device}; mixed = {self.mixed_dtype} autocast): "
+            f"peak MiB per step "
+            + ", ".join(f"{k} {v['peak_bytes'] / 2**20:.2f}" for k, v in w.items())
+            + f"; accuracy FP32 {t['fp32']['accuracy']:.3f}, mixed {t['mixed']['accuracy']:.3f}"
+        )
 
 
 def _make_step(model, opt, scaler, x, y, device, dtype):
@@ -212,10 +244,11 @@ def _make_step(model, opt, scaler, x, y, device, dtype):
             loss = F.cross_entropy(model(x), y)
         backward_step(loss, opt, scaler)
         return loss
+
     return step
 
 
-def step_flops(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, dtype: torch.dtype | None=None) -> tuple:
+def step_flops(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, dtype: torch.dtype | None = None) -> tuple:
     """FLOPs of one training step of ``model`` on the batch ``x`` (images) with labels ``y`` (cross-entropy,
     backward; no optimizer step), and of its forward pass alone, as counted by PyTorch's
     ``torch.utils.flop_counter.FlopCounterMode`` (matrix products and convolutions; a recomputed forward of
@@ -244,8 +277,9 @@ def _grads(model, x, y, device, dtype, scale: float = 1.0):
     with autocast_to(device.type, dtype):
         loss = F.cross_entropy(model(x), y)
     (loss * scale if scale != 1.0 else loss).backward()
-    return loss.detach().float(), [p.grad.detach().float() / scale if scale != 1.0 else p.grad.detach().clone()
-                                   for p in model.parameters()]
+    return loss.detach().float(), [
+        p.grad.detach().float() / scale if scale != 1.0 else p.grad.detach().clone() for p in model.parameters()
+    ]
 
 
 def _precise_bn(model, x, batch_size, device, dtype):
@@ -257,11 +291,11 @@ def _precise_bn(model, x, batch_size, device, dtype):
     saved = [mod.momentum for mod in bns]
     for mod in bns:
         mod.reset_running_stats()
-        mod.momentum = None          # cumulative average
+        mod.momentum = None  # cumulative average
     model.train()
     with torch.no_grad(), autocast_to(device.type, dtype):
         for i in range(0, len(x), batch_size):
-            model(x[i:i + batch_size])
+            model(x[i : i + batch_size])
     for mod, mom in zip(bns, saved):
         mod.momentum = mom
 
@@ -274,8 +308,8 @@ def _exactness(init, xb, yb, device, dtype) -> tuple:
     try:
         ref_loss, ref = _grads(copy.deepcopy(init), xb, yb, device, None)
         scale = 1.0
-        if dtype == torch.float16:                 # as a GradScaler settles: from 2^16 down to finite gradients
-            scale = 2.0 ** 16
+        if dtype == torch.float16:  # as a GradScaler settles: from 2^16 down to finite gradients
+            scale = 2.0**16
             while scale > 1.0:
                 m = copy.deepcopy(init)
                 _, g = _grads(m, xb, yb, device, dtype, scale)
@@ -290,9 +324,13 @@ def _exactness(init, xb, yb, device, dtype) -> tuple:
             same = bool(torch.equal(loss, ref_loss)) and all(torch.equal(a, b) for a, b in zip(g, ref))
             flat, flat_ref = torch.cat([a.float().reshape(-1) for a in g]), torch.cat([b.reshape(-1) for b in ref])
             den = float(flat_ref.norm())
-            out[way] = {"bit_identical": same, "grad_rel_diff": float((flat - flat_ref).norm()) / den if den else 0.0,
-                        "grad_cosine": float(torch.nn.functional.cosine_similarity(flat, flat_ref, dim=0)),
-                        "loss": float(loss), "loss_diff": float(loss - ref_loss)}
+            out[way] = {
+                "bit_identical": same,
+                "grad_rel_diff": float((flat - flat_ref).norm()) / den if den else 0.0,
+                "grad_cosine": float(torch.nn.functional.cosine_similarity(flat, flat_ref, dim=0)),
+                "loss": float(loss),
+                "loss_diff": float(loss - ref_loss),
+            }
         return out, scale
     finally:
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = det_prev
@@ -318,11 +356,13 @@ def _breakdown(init, x, y, device, dtype, config) -> dict:
     opt.step()
     params = list(m.parameters())
     param_ptrs = {(p.untyped_storage().data_ptr(), p.device) for p in params}
-    nbytes = lambda ts: sum(t.numel() * t.element_size() for t in ts)       # noqa: E731
-    return {"weights": nbytes(params), "gradients": nbytes(p.grad for p in params if p.grad is not None),
-            "optimizer_state": nbytes(t for st in opt.state.values() for t in st.values()
-                                      if isinstance(t, torch.Tensor)),
-            "saved_for_backward": sum(b for k, b in saved.items() if k not in param_ptrs)}
+    nbytes = lambda ts: sum(t.numel() * t.element_size() for t in ts)  # noqa: E731
+    return {
+        "weights": nbytes(params),
+        "gradients": nbytes(p.grad for p in params if p.grad is not None),
+        "optimizer_state": nbytes(t for st in opt.state.values() for t in st.values() if isinstance(t, torch.Tensor)),
+        "saved_for_backward": sum(b for k, b in saved.items() if k not in param_ptrs),
+    }
 
 
 def measure(config: Config, run: Run) -> dict:
@@ -331,21 +371,30 @@ def measure(config: Config, run: Run) -> dict:
     name = config.mixed_dtype if config.mixed_dtype != "auto" else ("float16" if device.type == "cuda" else "bfloat16")
     dtype = getattr(torch, name)
     use_scaler = dtype == torch.float16
-    note = ("float16 autocast with torch.amp.GradScaler" if use_scaler else
-            "bfloat16 autocast without a loss scaler (bfloat16 has FP32's exponent range)")
+    note = (
+        "float16 autocast with torch.amp.GradScaler"
+        if use_scaler
+        else "bfloat16 autocast without a loss scaler (bfloat16 has FP32's exponent range)"
+    )
     if device.type == "cpu":
-        note += ("; CPU runs use bfloat16, CPU autocast's default (float16 convolutions are slow only where oneDNN "
-                 "has no float16 kernel)"
-                 if not use_scaler else "; float16 on a CPU is slow (no fast kernels): times are not representative")
-    method = ("torch.cuda max_memory_allocated - memory_allocated around one step" if device.type == "cuda" else
-              "mpt_lab.bench.peak_memory: live bytes of the tensor storages created by ATen ops during one step "
-              "(a dispatch mode; freed storages subtracted); a lower bound, excludes operator-internal workspaces")
+        note += (
+            "; CPU runs use bfloat16, CPU autocast's default (float16 convolutions are slow only where oneDNN "
+            "has no float16 kernel)"
+            if not use_scaler
+            else "; float16 on a CPU is slow (no fast kernels): times are not representative"
+        )
+    method = (
+        "torch.cuda max_memory_allocated - memory_allocated around one step"
+        if device.type == "cuda"
+        else "mpt_lab.bench.peak_memory: live bytes of the tensor storages created by ATen ops during one step "
+        "(a dispatch mode; freed storages subtracted); a lower bound, excludes operator-internal workspaces"
+    )
     xtr, ytr, xte, yte = upsampled_digits(config.image_size, config.seed, device)
     if config.max_images:
-        xtr, ytr, xte, yte = (t[:config.max_images] for t in (xtr, ytr, xte, yte))
+        xtr, ytr, xte, yte = (t[: config.max_images] for t in (xtr, ytr, xte, yte))
     init = build_resnet(config.width, config.stages, config.depth, seed=config.seed).to(device)
     param_bytes = sum(p.numel() * p.element_size() for p in init.parameters())
-    idx = torch.randperm(len(xtr), generator=torch.Generator().manual_seed(config.seed))[:config.batch_size]
+    idx = torch.randperm(len(xtr), generator=torch.Generator().manual_seed(config.seed))[: config.batch_size]
     xb, yb = xtr[idx.to(device)], ytr[idx.to(device)]
 
     baseline = baseline_name(device.type, backends())
@@ -357,31 +406,44 @@ def measure(config: Config, run: Run) -> dict:
         opt = torch.optim.SGD(m.parameters(), lr=config.lr, momentum=config.momentum)
         scaler = torch.amp.GradScaler(device.type) if (mixed and use_scaler) else None
         steps[way] = (m, opt, _make_step(m, opt, scaler, xb, yb, device, dtype if mixed else None))
-        time_call(steps[way][2], repeat=1, warmup=max(config.warmup, 1) - 1, device=device)   # warm-up
+        time_call(steps[way][2], repeat=1, warmup=max(config.warmup, 1) - 1, device=device)  # warm-up
     times = {way: [] for way in WAYS}
-    for _ in run.bar(range(config.repeat), desc="four ways, timed rounds"):   # interleaved: one step of each
+    for _ in run.bar(range(config.repeat), desc="four ways, timed rounds"):  # interleaved: one step of each
         for way, (_, _, step) in steps.items():
             times[way].append(time_call(step, repeat=1, warmup=0, device=device).median)
     for way, (mixed, _) in WAYS.items():
         m, opt, step = steps[way]
         opt.zero_grad(set_to_none=True)
         flops, fwd_flops = step_flops(m, xb, yb, dtype if mixed else None)
-        ways[way] = {"peak_bytes": int(peak_memory(step, device)), "step_seconds": statistics.median(times[way]),
-                     "step_times": times[way], "step_flops": flops, "forward_flops": fwd_flops, **exact[way]}
+        ways[way] = {
+            "peak_bytes": int(peak_memory(step, device)),
+            "step_seconds": statistics.median(times[way]),
+            "step_times": times[way],
+            "step_flops": flops,
+            "forward_flops": fwd_flops,
+            **exact[way],
+        }
     for w in ways.values():
         w["memory_saved"] = 1.0 - w["peak_bytes"] / ways["fp32"]["peak_bytes"]
         w["overhead"] = w["step_seconds"] / ways["fp32"]["step_seconds"] - 1.0
 
     layouts = {}
-    variants = [(way, v) for way in ("fp32", "mixed") for v in LAYOUTS if not (way == "mixed" and v == "TF32 off")
-                and config.time_layouts]
+    variants = [
+        (way, v)
+        for way in ("fp32", "mixed")
+        for v in LAYOUTS
+        if not (way == "mixed" and v == "TF32 off") and config.time_layouts
+    ]
     for way, variant in run.bar(variants, desc="layouts"):
-        layouts.setdefault(way, {})[variant] = _layout_timing(init, xb, yb, device, dtype if way == "mixed" else None,
-                                                              use_scaler and way == "mixed", config, variant)
+        layouts.setdefault(way, {})[variant] = _layout_timing(
+            init, xb, yb, device, dtype if way == "mixed" else None, use_scaler and way == "mixed", config, variant
+        )
         run.arm_done(f"{way}, {variant}", layouts[way][variant])
 
-    breakdown = {"fp32": _breakdown(init, xb, yb, device, None, config),
-                 "mixed": _breakdown(init, xb, yb, device, dtype, config)}
+    breakdown = {
+        "fp32": _breakdown(init, xb, yb, device, None, config),
+        "mixed": _breakdown(init, xb, yb, device, dtype, config),
+    }
     fp32_b, fp16_b = checkpoint_bytes(init, torch.float32), checkpoint_bytes(init, torch.float16)
     storage = {"fp32_bytes": fp32_b, "fp16_bytes": fp16_b, "ratio": fp16_b / fp32_b}
 
@@ -398,7 +460,7 @@ def measure(config: Config, run: Run) -> dict:
             run.sync()
             t0 = time.perf_counter()
             for i in range(0, len(perm), config.batch_size):
-                b = perm[i:i + config.batch_size]
+                b = perm[i : i + config.batch_size]
                 loss = _make_step(m, opt, scaler, xtr[b], ytr[b], device, dt)()
             losses.append(float(loss.detach()))
             run.sync()
@@ -408,13 +470,28 @@ def measure(config: Config, run: Run) -> dict:
         with torch.no_grad():
             with autocast_to(device.type, dt):
                 acc = accuracy(m(xte), yte)
-            acc32 = accuracy(m(xte), yte)   # the same weights in FP32: separates training from inference rounding
-        training[label] = {"accuracy": acc, "accuracy_fp32_eval": acc32, "epoch_seconds": statistics.median(times),
-                           "epoch_times": times, "final_loss": losses[-1],
-                           "storage_bytes": checkpoint_bytes(m, dtype if mixed else torch.float32)}
-    return {"mixed_dtype": name, "mixed_note": note, "memory_method": method, "param_bytes": int(param_bytes),
-            "ways": ways, "storage": storage, "training": training, "breakdown": breakdown, "baseline": baseline,
-            "layouts": layouts, "exactness_loss_scale": exact_scale}
+            acc32 = accuracy(m(xte), yte)  # the same weights in FP32: separates training from inference rounding
+        training[label] = {
+            "accuracy": acc,
+            "accuracy_fp32_eval": acc32,
+            "epoch_seconds": statistics.median(times),
+            "epoch_times": times,
+            "final_loss": losses[-1],
+            "storage_bytes": checkpoint_bytes(m, dtype if mixed else torch.float32),
+        }
+    return {
+        "mixed_dtype": name,
+        "mixed_note": note,
+        "memory_method": method,
+        "param_bytes": int(param_bytes),
+        "ways": ways,
+        "storage": storage,
+        "training": training,
+        "breakdown": breakdown,
+        "baseline": baseline,
+        "layouts": layouts,
+        "exactness_loss_scale": exact_scale,
+    }
 
 
 def _layout_timing(init, xb, yb, device, dtype, scaled: bool, config, variant: str) -> dict:
@@ -434,10 +511,16 @@ def _layout_timing(init, xb, yb, device, dtype, scaled: bool, config, variant: s
         scaler = torch.amp.GradScaler(device.type) if scaled else None
         step = _make_step(m, opt, scaler, x, yb, device, dtype)
         # cudnn.benchmark times its algorithms on the first calls of each shape: two more warm-up steps
-        timing = time_call(step, repeat=config.repeat, warmup=max(config.warmup, 1) + (2 if bench else 0),
-                           device=device)
-        return {"step_seconds": timing.median, "step_times": list(timing.times), "memory_format": fmt,
-                "cudnn_benchmark": bench, "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32)}
+        timing = time_call(
+            step, repeat=config.repeat, warmup=max(config.warmup, 1) + (2 if bench else 0), device=device
+        )
+        return {
+            "step_seconds": timing.median,
+            "step_times": list(timing.times),
+            "memory_format": fmt,
+            "cudnn_benchmark": bench,
+            "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
+        }
     finally:
         torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32 = before
 

@@ -41,8 +41,22 @@ from ..data.graphs import rand_graph
 from ..device import DeviceLike
 from ..harness.runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
 
-__all__ = ["Config", "MessagePassingResult", "PROFILES", "config_for", "run", "main", "DGL_CODE", "EXAMPLES",
-           "IMPLEMENTATIONS", "make_inputs", "mailbox", "errors", "code_side_by_side", "NAME"]
+__all__ = [
+    "Config",
+    "MessagePassingResult",
+    "PROFILES",
+    "config_for",
+    "run",
+    "main",
+    "DGL_CODE",
+    "EXAMPLES",
+    "IMPLEMENTATIONS",
+    "make_inputs",
+    "mailbox",
+    "errors",
+    "code_side_by_side",
+    "NAME",
+]
 
 NAME = "message_passing"
 
@@ -56,22 +70,35 @@ EXAMPLES = {
 
 #: The DGL User Guide's code for each example, quoted verbatim (DGL User Guide, chapter 8).  Shown, not run.
 DGL_CODE = {
-    "setup": ("g = dgl.rand_graph(30, 100).to(dev)  # Create a graph on GPU w/ 30 nodes and 100 edges.\n"
-              "g.ndata['h'] = torch.rand(30, 16).to(dev).half()  # Create fp16 node features.\n"
-              "g.edata['w'] = torch.rand(100, 1).to(dev).half()  # Create fp16 edge features."),
+    "setup": (
+        "g = dgl.rand_graph(30, 100).to(dev)  # Create a graph on GPU w/ 30 nodes and 100 edges.\n"
+        "g.ndata['h'] = torch.rand(30, 16).to(dev).half()  # Create fp16 node features.\n"
+        "g.edata['w'] = torch.rand(100, 1).to(dev).half()  # Create fp16 edge features."
+    ),
     "builtin u_mul_e+sum": "g.update_all(fn.u_mul_e('h', 'w', 'm'), fn.sum('m', 'x'))\ng.ndata['x'].dtype",
     "builtin u_dot_v": "g.apply_edges(fn.u_dot_v('h', 'x', 'hx'))\ng.edata['hx'].dtype",
-    "UDF message+reduce": ("def message(edges):\n    return {'m': edges.src['h'] * edges.data['w']}\n\n"
-                           "def reduce(nodes):\n    return {'y': torch.sum(nodes.mailbox['m'], 1)}\n\n"
-                           "g.update_all(message, reduce)\ng.ndata['y'].dtype"),
-    "UDF dot": ("def dot(edges):\n    return {'hy': (edges.src['h'] * edges.dst['y']).sum(-1, keepdims=True)}\n\n"
-                "g.apply_edges(dot)\ng.edata['hy'].dtype"),
+    "UDF message+reduce": (
+        "def message(edges):\n    return {'m': edges.src['h'] * edges.data['w']}\n\n"
+        "def reduce(nodes):\n    return {'y': torch.sum(nodes.mailbox['m'], 1)}\n\n"
+        "g.update_all(message, reduce)\ng.ndata['y'].dtype"
+    ),
+    "UDF dot": (
+        "def dot(edges):\n    return {'hy': (edges.src['h'] * edges.dst['y']).sum(-1, keepdims=True)}\n\n"
+        "g.apply_edges(dot)\ng.edata['hy'].dtype"
+    ),
 }
 
 
 # ------------------------------------------------------------------------------------------------ inputs
-def make_inputs(num_nodes: int = 30, num_edges: int = 100, num_features: int = 16, *, dtype: torch.dtype=torch.float16,
-                seed: int = 0, device: DeviceLike="cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def make_inputs(
+    num_nodes: int = 30,
+    num_edges: int = 100,
+    num_features: int = 16,
+    *,
+    dtype: torch.dtype = torch.float16,
+    seed: int = 0,
+    device: DeviceLike = "cpu",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The guide's inputs: ``edge_index`` int64 [2, E] (:func:`mpt_lab.data.graphs.rand_graph`), node features
     ``h`` [N, F] and edge weights ``w`` [E, 1] drawn uniformly in [0, 1) in float32 and cast to ``dtype``.
 
@@ -140,10 +167,10 @@ def _pyg():
         def forward(self, h, w, edge_index):
             return self.propagate(edge_index, h=h, w=w)
 
-        def message(self, h_j, w):                       # the guide's message(edges)
+        def message(self, h_j, w):  # the guide's message(edges)
             return h_j * w
 
-        def aggregate(self, inputs, index, dim_size=None):   # the guide's reduce(nodes)
+        def aggregate(self, inputs, index, dim_size=None):  # the guide's reduce(nodes)
             return torch.sum(mailbox(inputs, index, dim_size), 1)
 
     class Dot(MessagePassing):
@@ -177,9 +204,9 @@ def torch_examples(edge_index: torch.Tensor, h: torch.Tensor, w: torch.Tensor) -
     x = torch.zeros_like(h).index_add_(0, dst, h[src] * w)
     hx = (h[src] * x[dst]).sum(-1, keepdim=True)
     # user-defined: the guide's functions on edges and on a mailbox
-    m = h[src] * w                                        # message(edges): edges.src['h'] * edges.data['w']
-    y = torch.sum(mailbox(m, dst, n), 1)                  # reduce(nodes): torch.sum(nodes.mailbox['m'], 1)
-    hy = (h[src] * y[dst]).sum(-1, keepdims=True)         # dot(edges)
+    m = h[src] * w  # message(edges): edges.src['h'] * edges.data['w']
+    y = torch.sum(mailbox(m, dst, n), 1)  # reduce(nodes): torch.sum(nodes.mailbox['m'], 1)
+    hy = (h[src] * y[dst]).sum(-1, keepdims=True)  # dot(edges)
     return {"builtin u_mul_e+sum": x, "builtin u_dot_v": hx, "UDF message+reduce": y, "UDF dot": hy}
 
 
@@ -196,8 +223,9 @@ def code_side_by_side(example: str) -> dict:
     if example not in EXAMPLES:
         raise ValueError(f"example must be one of {list(EXAMPLES)}, got {example!r}")
     UMulESum, UDotV, MailboxSum, Dot = _pyg()
-    cls = {"builtin u_mul_e+sum": UMulESum, "builtin u_dot_v": UDotV, "UDF message+reduce": MailboxSum,
-           "UDF dot": Dot}[example]
+    cls = {"builtin u_mul_e+sum": UMulESum, "builtin u_dot_v": UDotV, "UDF message+reduce": MailboxSum, "UDF dot": Dot}[
+        example
+    ]
     src = inspect.getsource(_pyg)
     name = cls.__name__
     start = src.index(f"    class {name}(")
@@ -205,8 +233,12 @@ def code_side_by_side(example: str) -> dict:
     end = src.index("\n    return ", start) if end < 0 else end
     pyg = inspect.cleandoc("\n" + src[start:end])
     lines = inspect.getsource(torch_examples).splitlines()
-    key = {"builtin u_mul_e+sum": "x = ", "builtin u_dot_v": "hx = ", "UDF message+reduce": ("m = ", "y = "),
-           "UDF dot": "hy = "}[example]
+    key = {
+        "builtin u_mul_e+sum": "x = ",
+        "builtin u_dot_v": "hx = ",
+        "UDF message+reduce": ("m = ", "y = "),
+        "UDF dot": "hy = ",
+    }[example]
     keys = key if isinstance(key, tuple) else (key,)
     torch_code = "\n".join(line.strip() for line in lines if line.strip().startswith(keys))
     return {"DGL": DGL_CODE[example], "PyG": pyg, "PyTorch": torch_code}
@@ -227,10 +259,12 @@ def errors(result: torch.Tensor, reference: torch.Tensor) -> dict:
     d = (a - r).abs()
     nz = r != 0
     u = formats.ulp(r, "FP16")
-    return {"max_abs": float(d.max()) if d.numel() else 0.0,
-            "rel_norm": float(d.norm() / r.norm()) if float(r.norm()) else 0.0,
-            "max_ulp": float((d / u).max()) if d.numel() else 0.0,
-            "max_rel": float((d[nz] / r[nz].abs()).max()) if bool(nz.any()) else 0.0}
+    return {
+        "max_abs": float(d.max()) if d.numel() else 0.0,
+        "rel_norm": float(d.norm() / r.norm()) if float(r.norm()) else 0.0,
+        "max_ulp": float((d / u).max()) if d.numel() else 0.0,
+        "max_rel": float((d[nz] / r[nz].abs()).max()) if bool(nz.any()) else 0.0,
+    }
 
 
 # ------------------------------------------------------------------------------------------------ run
@@ -270,31 +304,43 @@ class MessagePassingResult(ExperimentResult):
 
     def describe(self) -> str:
         worst = max(self.rows, key=lambda r: r["max_ulp"])
-        return (f"DGL User Guide message passing in {self.config['dtype']} ({self.config['num_nodes']} nodes, "
-                f"{self.config['num_edges']} edges, {self.device}): every result {self.config['dtype']}: "
-                f"{self.all_low_precision()}; largest error {worst['max_ulp']:.2f} FP16 ulps "
-                f"({worst['library']}, {worst['example']})")
+        return (
+            f"DGL User Guide message passing in {self.config['dtype']} ({self.config['num_nodes']} nodes, "
+            f"{self.config['num_edges']} edges, {self.device}): every result {self.config['dtype']}: "
+            f"{self.all_low_precision()}; largest error {worst['max_ulp']:.2f} FP16 ulps "
+            f"({worst['library']}, {worst['example']})"
+        )
 
 
 def measure(config: Config, run: Run) -> dict:
     """Run the four examples in float16 (or ``config.dtype``) with PyG and PyTorch and measure their errors
     against FP32 references."""
     dtype = getattr(torch, config.dtype)
-    ei, h, w = make_inputs(config.num_nodes, config.num_edges, config.num_features, dtype=dtype,
-                           seed=config.seed, device=run.device)
+    ei, h, w = make_inputs(
+        config.num_nodes, config.num_edges, config.num_features, dtype=dtype, seed=config.seed, device=run.device
+    )
     # the FP32 reference: the same (already rounded) inputs, computed in float32 with plain PyTorch
     ref = torch_examples(ei, h.float(), w.float())
     rows, outs = [], {}
     for lib, fn in IMPLEMENTATIONS.items():
         outs[lib] = fn(ei, h, w)
         for ex, out in outs[lib].items():
-            rows.append({"library": lib, "example": ex, "dtype": str(out.dtype).replace("torch.", ""),
-                         "shape": list(out.shape), **errors(out, ref[ex])})
+            rows.append(
+                {
+                    "library": lib,
+                    "example": ex,
+                    "dtype": str(out.dtype).replace("torch.", ""),
+                    "shape": list(out.shape),
+                    **errors(out, ref[ex]),
+                }
+            )
     for r in rows:
         other = outs["PyTorch" if r["library"] == "PyG" else "PyG"][r["example"]]
         r["agrees_with_other_library"] = float((outs[r["library"]][r["example"]].double() - other.double()).abs().max())
-    note = ("plain PyTorch in float32 on the same inputs (the float16 values upcast exactly to float32); "
-            "errors measured in float64")
+    note = (
+        "plain PyTorch in float32 on the same inputs (the float16 values upcast exactly to float32); "
+        "errors measured in float64"
+    )
     return {"reference": note, "rows": rows}
 
 

@@ -68,21 +68,22 @@ class Config(ExperimentConfig):
     n_train: int = 6000
     n_test: int = 400
     image_size: int = 64
-    model: str = "small"               # mpt_lab.models.ssd.CONFIGS
-    lr: float = 3e-3                   # Adam + warm-up + cosine (mpt_lab.models.ssd.make_optimizer)
+    model: str = "small"  # mpt_lab.models.ssd.CONFIGS
+    lr: float = 3e-3  # Adam + warm-up + cosine (mpt_lab.models.ssd.make_optimizer)
     warmup_steps: int = 50
-    static_scale: float = 8.0          # the paper's S for SSD
-    init_scale: float = 2.0 ** 16
+    static_scale: float = 8.0  # the paper's S for SSD
+    init_scale: float = 2.0**16
     growth_interval: int = 2000
     grad_shift: int = 12
-    recipes: tuple = ("fp32", "fp16_unscaled", "fp16_static")   # of mpt_lab.recipes.LOSS_SCALING
-    eval_every: int = 0                # mAP@0.5 every N steps as well (0: only at the end)
+    recipes: tuple = ("fp32", "fp16_unscaled", "fp16_static")  # of mpt_lab.recipes.LOSS_SCALING
+    eval_every: int = 0  # mAP@0.5 every N steps as well (0: only at the end)
     hist_every: int = 2
 
     def validate(self) -> None:
         super().validate()
-        self.check_positive("steps", "batch_size", "n_test", "image_size", "warmup_steps", "hist_every",
-                            "growth_interval")
+        self.check_positive(
+            "steps", "batch_size", "n_test", "image_size", "warmup_steps", "hist_every", "growth_interval"
+        )
         self.check_positive("grad_shift", "eval_every", minimum=0)
         self.check_choices("model", CONFIGS)
         self.check_choices("recipes", LOSS_SCALING, subset=True)
@@ -97,12 +98,28 @@ PROFILES = {
     "cpu": {"steps": 120, "n_train": 4000, "n_test": 200, "hist_every": 4, "threads": 0},
     # no gradient shift: the gradients as the detector makes them, on 128 px images (FP16 emulated on a CPU costs
     # ~2.3x an FP32 step here; SSD300's VGG-16 shape at 300 px costs ~5x and would allow ~60 steps per arm)
-    "long": {"steps": 800, "n_train": 6000, "n_test": 300, "image_size": 128, "grad_shift": 0,
-             "recipes": LOSS_SCALING, "eval_every": 200, "threads": 1},
+    "long": {
+        "steps": 800,
+        "n_train": 6000,
+        "n_test": 300,
+        "image_size": 128,
+        "grad_shift": 0,
+        "recipes": LOSS_SCALING,
+        "eval_every": 200,
+        "threads": 1,
+    },
     # one H100 (mpt_lab.harness.budget): Table 2 at SSD's natural scale with real FP16 autocast: SSD300 itself
     # (VGG-16 at full width, 300 px, batch 32), no gradient shift, the paper's three arms
-    "full": {"steps": 150, "batch_size": 32, "n_train": 1600, "n_test": 300, "model": "vgg16_full", "image_size": 300,
-             "grad_shift": 0, "hist_every": 5},
+    "full": {
+        "steps": 150,
+        "batch_size": 32,
+        "n_train": 1600,
+        "n_test": 300,
+        "model": "vgg16_full",
+        "image_size": 300,
+        "grad_shift": 0,
+        "hist_every": 5,
+    },
 }
 
 #: ``--smoke``: two steps per arm (gradient histograms on the first) and one evaluation of one image, one image
@@ -160,9 +177,11 @@ class SSDTable2Result(ExperimentResult):
 
     def describe(self) -> str:
         parts = [f"{a}: mAP@0.5 {self.final_map(a):.3f}, loss {self.final_loss(a):.3f}" for a in self.arms]
-        return (f"ssd_table2 ({self.profile} profile, grad_shift {self.config['grad_shift']}, "
-                f"{'real' if self.real_fp16 else 'simulated'} FP16, {self.device}, mAP by {self.map_evaluator}): "
-                + "; ".join(parts))
+        return (
+            f"ssd_table2 ({self.profile} profile, grad_shift {self.config['grad_shift']}, "
+            f"{'real' if self.real_fp16 else 'simulated'} FP16, {self.device}, mAP by {self.map_evaluator}): "
+            + "; ".join(parts)
+        )
 
 
 def _train_arm(arm_name: str, config: Config, train, test, init_state: dict, run: Run) -> dict:
@@ -173,8 +192,14 @@ def _train_arm(arm_name: str, config: Config, train, test, init_state: dict, run
     loss_fn = MultiBoxLoss(model.priors, num_classes=model.num_classes).to(device)
     opt, sched = make_optimizer(model, config.steps, lr=config.lr, warmup_steps=config.warmup_steps)
     shift_eps(opt, config.grad_shift)
-    arm = RecipeRun(arm_name, device, static_scale=config.static_scale, init_scale=config.init_scale,
-                       growth_interval=config.growth_interval, grad_shift=config.grad_shift)
+    arm = RecipeRun(
+        arm_name,
+        device,
+        static_scale=config.static_scale,
+        init_scale=config.init_scale,
+        growth_interval=config.growth_interval,
+        grad_shift=config.grad_shift,
+    )
     batches = shuffled_batches(len(train), config.batch_size, seed=config.seed)
     losses, skipped, evals, map50 = [], [], [], []
     gh = GradientHistogram(model, "activation")
@@ -205,8 +230,15 @@ def _train_arm(arm_name: str, config: Config, train, test, init_state: dict, run
                 gh.pause()
                 map50.append([step, evaluate_detector(model, test, device=device)])
                 model.train()
-    return {"losses": losses, "skipped": skipped, "evals": evals, "map50": map50, "label": arm.label(),
-            "real_fp16": arm.real_fp16, "seconds": run.elapsed() - t0}
+    return {
+        "losses": losses,
+        "skipped": skipped,
+        "evals": evals,
+        "map50": map50,
+        "label": arm.label(),
+        "real_fp16": arm.real_fp16,
+        "seconds": run.elapsed() - t0,
+    }
 
 
 def measure(config: Config, run: Run) -> dict:
@@ -216,7 +248,7 @@ def measure(config: Config, run: Run) -> dict:
     torch.manual_seed(config.seed)
     init_state = {k: v.clone() for k, v in build_ssd(config.model, image_size=config.image_size).state_dict().items()}
     arms = {}
-    for a in config.recipes:               # each arm is kept the moment it finishes (a deadline keeps them)
+    for a in config.recipes:  # each arm is kept the moment it finishes (a deadline keeps them)
         arms[a] = _train_arm(a, config, train, test, init_state, run)
         run.arm_done(a, arms[a])
     out = collect_arms(arms)

@@ -46,17 +46,36 @@ from ..device import describe
 from ..formats import FP8_E4M3, FP16, round_to
 from ..harness.runner import Experiment, ExperimentConfig, ExperimentResult, Run, run_main
 
-__all__ = ["NAME", "Config", "PROFILES", "TensorCoreResult", "FP16_RUNS", "FP8_RUNS", "run", "config_for", "main",
-           "EXPERIMENT"]
+__all__ = [
+    "NAME",
+    "Config",
+    "PROFILES",
+    "TensorCoreResult",
+    "FP16_RUNS",
+    "FP8_RUNS",
+    "run",
+    "config_for",
+    "main",
+    "EXPERIMENT",
+]
 
 NAME = "tensor_core_accumulation"
 #: The FP16 rows: measured on the device ("device, ...") and predicted by the module ("model, ...").
-FP16_RUNS = ("device, reduced-precision reduction on", "device, reduced-precision reduction off",
-             "model, FP32 accumulator", "model, FP16 accumulator")
+FP16_RUNS = (
+    "device, reduced-precision reduction on",
+    "device, reduced-precision reduction off",
+    "model, FP32 accumulator",
+    "model, FP16 accumulator",
+)
 #: The FP8 rows.
-FP8_RUNS = ("device, use_fast_accum off", "device, use_fast_accum on", "model, FP32 accumulator",
-            "model, 14 bits per product, toward zero", "model, 14-bit tensor core (DeepSeek-V3)",
-            "model, 14-bit + FP32 promotion every 128")
+FP8_RUNS = (
+    "device, use_fast_accum off",
+    "device, use_fast_accum on",
+    "model, FP32 accumulator",
+    "model, 14 bits per product, toward zero",
+    "model, 14-bit tensor core (DeepSeek-V3)",
+    "model, 14-bit + FP32 promotion every 128",
+)
 
 
 @dataclass
@@ -65,9 +84,9 @@ class Config(ExperimentConfig):
     products measured (:data:`PROFILES` holds each profile's values)."""
 
     ks: tuple = (256, 1024, 4096, 16384)
-    m: int = 64                        # output rows and columns (multiples of 16 for FP8 tensor cores)
+    m: int = 64  # output rows and columns (multiples of 16 for FP8 tensor cores)
     n: int = 64
-    large_mn: int = 0                  # also the device runs at m = n = large_mn (0: not), against float64 exact
+    large_mn: int = 0  # also the device runs at m = n = large_mn (0: not), against float64 exact
 
     def validate(self) -> None:
         super().validate()
@@ -158,10 +177,10 @@ def _device_runs(operands: dict, device: torch.device, reason: str) -> tuple:
     calls = {}
     for K, (a16, b16, a8, b8) in operands.items():
         for r, reduced in zip(FP16_RUNS[:2], (True, False)):
-            calls[f"fp16|{r}|{K}"] = (lambda a=a16, b=b16, red=reduced: _fp16_product(a, b, device, red))
+            calls[f"fp16|{r}|{K}"] = lambda a=a16, b=b16, red=reduced: _fp16_product(a, b, device, red)
         if not reason:
             for r, fast in zip(FP8_RUNS[:2], (False, True)):
-                calls[f"fp8|{r}|{K}"] = (lambda a=a8, b=b8, f=fast: _fp8_product(a, b, device, f))
+                calls[f"fp8|{r}|{K}"] = lambda a=a8, b=b8, f=fast: _fp8_product(a, b, device, f)
     got = profile_calls(calls, device)
     out = {"fp16": {r: {} for r in FP16_RUNS[:2]}, "fp8": {r: {} for r in FP8_RUNS[:2]} if not reason else {}}
     names = {"fp16": {r: {} for r in FP16_RUNS[:2]}, "fp8": {r: {} for r in FP8_RUNS[:2]} if not reason else {}}
@@ -189,12 +208,13 @@ def _large(config: Config, device: torch.device, reason: str, kernels: dict, run
     g = torch.Generator(device=device).manual_seed(config.seed + 1)
     operands = {}
     for K in run.bar(config.ks, desc=f"operands at {size} x {size}"):
-        operands[K] = _operands(torch.rand(size, K, device=device, generator=g),
-                                torch.rand(K, size, device=device, generator=g), reason)
+        operands[K] = _operands(
+            torch.rand(size, K, device=device, generator=g), torch.rand(K, size, device=device, generator=g), reason
+        )
     runs, kernels[f"{size}x{size}"] = _device_runs(operands, device, reason)
     stats = {}
     for fmt, by_run in runs.items():
-        if not by_run:                                       # FP8 where there are no FP8 tensor cores
+        if not by_run:  # FP8 where there are no FP8 tensor cores
             continue
         rows = {r: [] for r in by_run}
         for K, (a16, b16, a8, b8) in operands.items():
@@ -207,8 +227,9 @@ def _large(config: Config, device: torch.device, reason: str, kernels: dict, run
 
 
 def _stats(rows: dict) -> dict:
-    return {r: {"median": [float(np.median(e)) for e in v], "max": [float(np.max(e)) for e in v]}
-            for r, v in rows.items()}
+    return {
+        r: {"median": [float(np.median(e)) for e in v], "max": [float(np.max(e)) for e in v]} for r, v in rows.items()
+    }
 
 
 def measure(config: Config, run: Run) -> dict:
@@ -217,26 +238,33 @@ def measure(config: Config, run: Run) -> dict:
     reason = _fp8_reason(device)
     fp16 = {r: [] for r in FP16_RUNS}
     fp8 = {r: [] for r in FP8_RUNS} if not reason else {}
-    agree = {"fp16": {r: {m: [] for m in FP16_RUNS[2:]} for r in FP16_RUNS[:2]},
-             "fp8": {r: {m: [] for m in FP8_RUNS[2:]} for r in FP8_RUNS[:2]} if not reason else {}}
+    agree = {
+        "fp16": {r: {m: [] for m in FP16_RUNS[2:]} for r in FP16_RUNS[:2]},
+        "fp8": {r: {m: [] for m in FP8_RUNS[2:]} for r in FP8_RUNS[:2]} if not reason else {},
+    }
     shape = f"{config.m}x{config.n}"
     mats = {}
-    for K in config.ks:                                     # the operands of every K first (the same draws as before)
+    for K in config.ks:  # the operands of every K first (the same draws as before)
         A = rng.uniform(0.0, 1.0, (config.m, K)).astype(np.float32)
         B = rng.uniform(0.0, 1.0, (K, config.n)).astype(np.float32)
         mats[K] = (A, B)
-    operands = {K: _operands(torch.from_numpy(A).to(device), torch.from_numpy(B).to(device), reason)
-                for K, (A, B) in mats.items()}
-    device_out, names = _device_runs(operands, device, reason)       # every device product, profiled once
+    operands = {
+        K: _operands(torch.from_numpy(A).to(device), torch.from_numpy(B).to(device), reason)
+        for K, (A, B) in mats.items()
+    }
+    device_out, names = _device_runs(operands, device, reason)  # every device product, profiled once
     kernels = {shape: names}
     for K in run.bar(config.ks, desc="K"):
         A, B = mats[K]
         A16, B16 = round_to(A, FP16), round_to(B, FP16)
         exact = A16.astype(np.float64) @ B16.astype(np.float64)
         on, off = (device_out["fp16"][r][K].cpu().numpy() for r in FP16_RUNS[:2])
-        out = {FP16_RUNS[0]: on, FP16_RUNS[1]: off,
-               FP16_RUNS[2]: round_to(acc.matmul(A16, B16, accumulator="FP32", products="FP32"), FP16),
-               FP16_RUNS[3]: acc.matmul(A16, B16, accumulator="FP16", products="FP32")}
+        out = {
+            FP16_RUNS[0]: on,
+            FP16_RUNS[1]: off,
+            FP16_RUNS[2]: round_to(acc.matmul(A16, B16, accumulator="FP32", products="FP32"), FP16),
+            FP16_RUNS[3]: acc.matmul(A16, B16, accumulator="FP16", products="FP32"),
+        }
         for r, got in out.items():
             fp16[r].append(_rel(got, exact))
         for r in FP16_RUNS[:2]:
@@ -248,20 +276,32 @@ def measure(config: Config, run: Run) -> dict:
         exact8 = A8.astype(np.float64) @ B8.astype(np.float64)
         Bt = np.ascontiguousarray(B8.T)
         slow, fast = (device_out["fp8"][r][K].cpu().numpy() for r in FP8_RUNS[:2])
-        out = {FP8_RUNS[0]: slow, FP8_RUNS[1]: fast,
-               FP8_RUNS[2]: acc.matmul(A8, B8, accumulator="FP32", products="FP32"),
-               FP8_RUNS[3]: acc.matmul(A8, B8, accumulator=acc.TENSOR_CORE_ACCUMULATOR, products="FP32",
-                                       rounding="toward_zero"),
-               FP8_RUNS[4]: np.stack([acc.tensor_core_dot(row, Bt) for row in A8]),   # row by row: n × K each
-               FP8_RUNS[5]: np.stack([acc.tensor_core_dot(row, Bt, promote_every=128) for row in A8])}
+        out = {
+            FP8_RUNS[0]: slow,
+            FP8_RUNS[1]: fast,
+            FP8_RUNS[2]: acc.matmul(A8, B8, accumulator="FP32", products="FP32"),
+            FP8_RUNS[3]: acc.matmul(
+                A8, B8, accumulator=acc.TENSOR_CORE_ACCUMULATOR, products="FP32", rounding="toward_zero"
+            ),
+            FP8_RUNS[4]: np.stack([acc.tensor_core_dot(row, Bt) for row in A8]),  # row by row: n × K each
+            FP8_RUNS[5]: np.stack([acc.tensor_core_dot(row, Bt, promote_every=128) for row in A8]),
+        }
         for r, got in out.items():
             fp8[r].append(_rel(got, exact8))
         for r in FP8_RUNS[:2]:
             for m in FP8_RUNS[2:]:
                 agree["fp8"][r][m].append(float(np.mean(out[r] == out[m])))
     large = _large(config, device, reason, kernels, run) if config.large_mn else {}
-    return {"ks": list(config.ks), "fp16": _stats(fp16), "fp8": _stats(fp8) if fp8 else {}, "fp8_skipped": reason,
-            "agreement": agree, "device_name": describe(device).split(" (")[0], "large": large, "kernels": kernels}
+    return {
+        "ks": list(config.ks),
+        "fp16": _stats(fp16),
+        "fp8": _stats(fp8) if fp8 else {},
+        "fp8_skipped": reason,
+        "agreement": agree,
+        "device_name": describe(device).split(" (")[0],
+        "large": large,
+        "kernels": kernels,
+    }
 
 
 #: ``--smoke``: the full profile cut to a few trials or steps (shapes unchanged).

@@ -96,23 +96,77 @@ from .scaling import (
 )
 from .training import autocast_lists_table, autocast_table, plot_losses, plot_master_weight_loop, speedup_table
 
-__all__ = ["show_saved", "BookFigure", "HTML", "table_html", "running_mean", "FORMAT_COLORS",
-           "plot_format_ranges", "plot_ulp", "plot_fixed_vs_float", "plot_accumulation", "round_to_speed_table",
-           "plot_gradient_histogram", "plot_kept_vs_scale", "plot_detection_samples", "plot_training",
-           "histogram_table", "phases_table", "sweep_table", "plot_gradient_factors", "gradient_factors_table",
-           "plot_scale_history", "plot_divergence", "plot_shift_sweep", "divergence_table",
-           "plot_gradient_scale", "gradient_scale_table", "plot_gradient_shift", "plot_sampled_softmax",
-           "plot_losses", "plot_master_weight_loop", "speedup_table", "autocast_table", "autocast_lists_table",
-           "plot_tradeoffs", "tradeoff_table", "training_table", "breakdown_table",
-           "plot_gat_training", "plot_gat_memory", "plot_attention_overflow", "plot_gat_memory_fit",
-           "gat_memory_table", "gat_budget_table",
-           "message_passing_table", "code_table",
-           "plot_recipe_losses", "plot_memory_per_rank", "plot_reduction_error", "plot_flag_agreement", "memory_table",
-           "reduction_table",
-           "plot_fp8_training", "fp8_results_table", "plot_layer_quantization", "plot_recipe_snr",
-           "plot_amax_history", "plot_block_size_error", "block_scale_table", "one_scale_table", "hardware_table",
-           "plot_error_vs_k", "plot_running_sum", "plot_tensor_core_model", "reductions_table", "weights_table",
-           "plot_gpu_accumulation", "plot_precision_report", "report_table", "plot_loss_scales"]
+__all__ = [
+    "show_saved",
+    "BookFigure",
+    "HTML",
+    "table_html",
+    "running_mean",
+    "FORMAT_COLORS",
+    "plot_format_ranges",
+    "plot_ulp",
+    "plot_fixed_vs_float",
+    "plot_accumulation",
+    "round_to_speed_table",
+    "plot_gradient_histogram",
+    "plot_kept_vs_scale",
+    "plot_detection_samples",
+    "plot_training",
+    "histogram_table",
+    "phases_table",
+    "sweep_table",
+    "plot_gradient_factors",
+    "gradient_factors_table",
+    "plot_scale_history",
+    "plot_divergence",
+    "plot_shift_sweep",
+    "divergence_table",
+    "plot_gradient_scale",
+    "gradient_scale_table",
+    "plot_gradient_shift",
+    "plot_sampled_softmax",
+    "plot_losses",
+    "plot_master_weight_loop",
+    "speedup_table",
+    "autocast_table",
+    "autocast_lists_table",
+    "plot_tradeoffs",
+    "tradeoff_table",
+    "training_table",
+    "breakdown_table",
+    "plot_gat_training",
+    "plot_gat_memory",
+    "plot_attention_overflow",
+    "plot_gat_memory_fit",
+    "gat_memory_table",
+    "gat_budget_table",
+    "message_passing_table",
+    "code_table",
+    "plot_recipe_losses",
+    "plot_memory_per_rank",
+    "plot_reduction_error",
+    "plot_flag_agreement",
+    "memory_table",
+    "reduction_table",
+    "plot_fp8_training",
+    "fp8_results_table",
+    "plot_layer_quantization",
+    "plot_recipe_snr",
+    "plot_amax_history",
+    "plot_block_size_error",
+    "block_scale_table",
+    "one_scale_table",
+    "hardware_table",
+    "plot_error_vs_k",
+    "plot_running_sum",
+    "plot_tensor_core_model",
+    "reductions_table",
+    "weights_table",
+    "plot_gpu_accumulation",
+    "plot_precision_report",
+    "report_table",
+    "plot_loss_scales",
+]
 
 # Chapters 10 and 11's diagrams and the FP8 recipe table (issue 26, items 17 and 18), kept on their own lines.
 from ..experiments import get, result_path
@@ -133,12 +187,22 @@ from .fourbit import (  # noqa: E402
     plot_sr_bias,
 )
 
-__all__ += ["ablation_table", "plot_fourbit_training", "plot_sr_bias", "plot_hadamard_outliers", "plot_outliers",
-            "outlier_table", "mismatch_table", "plot_layer_sensitivity"]
+__all__ += [
+    "ablation_table",
+    "plot_fourbit_training",
+    "plot_sr_bias",
+    "plot_hadamard_outliers",
+    "plot_outliers",
+    "outlier_table",
+    "mismatch_table",
+    "plot_layer_sensitivity",
+]
 
 #: What each saved profile is, in the words a reader needs.
-_PROFILE_WORDS = {"full": ("GPU", "On a machine with a CUDA GPU"),
-                  "long": ("long CPU", "On a CPU (up to an hour on 2 cores)")}
+_PROFILE_WORDS = {
+    "full": ("GPU", "On a machine with a CUDA GPU"),
+    "long": ("long CPU", "On a CPU (up to an hour on 2 cores)"),
+}
 
 
 def _display(obj) -> None:
@@ -150,8 +214,9 @@ def _display(obj) -> None:
     display(obj)
 
 
-def show_saved(name: str, profiles: Sequence[str] = ("full", "long"), *,
-               show: Callable | Sequence[Callable] = ()) -> dict:
+def show_saved(
+    name: str, profiles: Sequence[str] = ("full", "long"), *, show: Callable | Sequence[Callable] = ()
+) -> dict:
     """Show the saved results of experiment ``name`` for each of ``profiles``, or the command that makes each.
 
     For a saved ``book/results/NAME_PROFILE.json``: where it came from (device, profile, date, wall time, the
@@ -184,14 +249,22 @@ def show_saved(name: str, profiles: Sequence[str] = ("full", "long"), *,
         if result is None:
             out = f"book/results/{result_path(name, p).name}"
             cmd = experiment.command(experiment.config_for(p), out)
-            _display(HTML(f'<p class="mpt-saved"><b>No {what} result of <code>{name}</code> is saved yet.</b> '
-                          f'{where} it is made by <code>{html.escape(cmd)}</code>.</p>'))
+            _display(
+                HTML(
+                    f'<p class="mpt-saved"><b>No {what} result of <code>{name}</code> is saved yet.</b> '
+                    f"{where} it is made by <code>{html.escape(cmd)}</code>.</p>"
+                )
+            )
             continue
         found[p] = result
         # the file lives in book/results/ (a GPU slot wrote it elsewhere and --unpack moved it): name that place
         source = re.sub(r"--out \S+", f"--out book/results/{result_path(name, p).name}", result.source())
-        _display(HTML(f'<p class="mpt-saved"><b>Saved {what} result</b> ({html.escape(source)}):<br>'
-                      f'{html.escape(result.describe())}</p>'))
+        _display(
+            HTML(
+                f'<p class="mpt-saved"><b>Saved {what} result</b> ({html.escape(source)}):<br>'
+                f"{html.escape(result.describe())}</p>"
+            )
+        )
         for fn in shows:
             _display(fn(result))
     return found

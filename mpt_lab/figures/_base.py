@@ -12,14 +12,37 @@ from matplotlib.figure import Figure
 from .. import formats as F
 from ..recipes import RECIPES
 
-__all__ = ["BookFigure", "new_figure", "FORMAT_COLORS", "recipe_style", "format_color", "as_formats",
-           "running_mean", "HTML", "table_html", "pct", "pow2", "binade", "power_text", "mib"]
+__all__ = [
+    "BookFigure",
+    "new_figure",
+    "FORMAT_COLORS",
+    "recipe_style",
+    "format_color",
+    "as_formats",
+    "running_mean",
+    "HTML",
+    "table_html",
+    "pct",
+    "pow2",
+    "binade",
+    "power_text",
+    "mib",
+]
 
 FORMAT_COLORS = {
-    "FP64": "#4d4d4d", "FP32": "#1f77b4", "TF32": "#17becf", "FP16": "#d62728", "BF16": "#2ca02c",
-    "FP8_E4M3": "#9467bd", "FP8_E5M2": "#8c564b", "FP6_E3M2": "#e377c2", "FP6_E2M3": "#bcbd22",
-    "FP4_E2M1": "#ff7f0e", "E8M0": "#7f7f7f",
+    "FP64": "#4d4d4d",
+    "FP32": "#1f77b4",
+    "TF32": "#17becf",
+    "FP16": "#d62728",
+    "BF16": "#2ca02c",
+    "FP8_E4M3": "#9467bd",
+    "FP8_E5M2": "#8c564b",
+    "FP6_E3M2": "#e377c2",
+    "FP6_E2M3": "#bcbd22",
+    "FP4_E2M1": "#ff7f0e",
+    "E8M0": "#7f7f7f",
 }
+
 
 def recipe_style(name: str) -> tuple:
     """(label, colour, line style) of recipe ``name``, the same in every chapter: the recipe's own in
@@ -97,8 +120,9 @@ class HTML(str):
         return str(self)
 
 
-def table_html(header: Sequence[str], rows: Sequence[Sequence], caption: str = "",
-               align: Sequence[str] | None = None) -> HTML:
+def table_html(
+    header: Sequence[str], rows: Sequence[Sequence], caption: str = "", align: Sequence[str] | None = None
+) -> HTML:
     """The book's one HTML table builder.
 
     ``header``: column titles (escaped); ``rows``: cells inserted as given (numbers, or text that is already
@@ -123,8 +147,10 @@ def table_html(header: Sequence[str], rows: Sequence[Sequence], caption: str = "
     body = "".join("<tr>" + "".join(cell("td", i, c) for i, c in enumerate(r)) + "</tr>" for r in rows)
     cap = f"<caption>{html.escape(caption)}</caption>" if caption else ""
     classes = "mpt-table mpt-table-wide" if len(header) >= WIDE_TABLE_COLUMNS else "mpt-table"
-    return HTML(f'<div style="overflow-x:auto;max-width:100%"><table class="{classes}">{cap}<thead><tr>{th}</tr>'
-                f'</thead><tbody>{body}</tbody></table></div>')
+    return HTML(
+        f'<div style="overflow-x:auto;max-width:100%"><table class="{classes}">{cap}<thead><tr>{th}</tr>'
+        f"</thead><tbody>{body}</tbody></table></div>"
+    )
 
 
 def pct(v, digits: int = 3) -> str:

@@ -13,8 +13,14 @@ from .. import formats as F
 from ..harness.runner import ExperimentResult
 from ._base import FORMAT_COLORS, HTML, new_figure, table_html
 
-__all__ = ["plot_error_vs_k", "plot_running_sum", "plot_tensor_core_model", "reductions_table",
-           "weights_table", "plot_gpu_accumulation"]
+__all__ = [
+    "plot_error_vs_k",
+    "plot_running_sum",
+    "plot_tensor_core_model",
+    "reductions_table",
+    "weights_table",
+    "plot_gpu_accumulation",
+]
 
 _ORDER_STYLE = {"sequential": "-", "pairwise": "--"}
 
@@ -22,8 +28,10 @@ _ORDER_STYLE = {"sequential": "-", "pairwise": "--"}
 def _check(result, *fields):
     missing = [f for f in fields if not hasattr(result, f)]
     if missing:
-        raise TypeError(f"result must be an experiment result with {', '.join(fields)}; "
-                        f"{type(result).__name__} lacks {', '.join(missing)}")
+        raise TypeError(
+            f"result must be an experiment result with {', '.join(fields)}; "
+            f"{type(result).__name__} lacks {', '.join(missing)}"
+        )
 
 
 def plot_error_vs_k(result: ExperimentResult) -> Figure:
@@ -40,25 +48,56 @@ def plot_error_vs_k(result: ExperimentResult) -> Figure:
     fig = new_figure((12, 5.6))
     axes = fig.subplots(1, 2, sharey=True)
     ks = np.asarray(result.ks, dtype=float)
-    panels = ((axes[0], result.error, "one-signed products: a, b uniform in [0, 1)",
-               "relative error |ŝ − s| / |s| (median of trials)"),
-              (axes[1], result.zero_mean, "zero-mean products: a, b uniform in [−1, 1)",
-               "error relative to the sum's size, |ŝ − s| / √Σ(a·b)² (median)"))
+    panels = (
+        (
+            axes[0],
+            result.error,
+            "one-signed products: a, b uniform in [0, 1)",
+            "relative error |ŝ − s| / |s| (median of trials)",
+        ),
+        (
+            axes[1],
+            result.zero_mean,
+            "zero-mean products: a, b uniform in [−1, 1)",
+            "error relative to the sum's size, |ŝ − s| / √Σ(a·b)² (median)",
+        ),
+    )
     for i, (ax, arms, title, ylabel) in enumerate(panels):
         for arm, stats in arms.items():
             fmt, order = arm.split(" ", 1)
             e = np.asarray(stats["median"], dtype=float)
             keep = e > 0
-            ax.loglog(ks[keep], e[keep], _ORDER_STYLE.get(order, "-"), color=FORMAT_COLORS.get(fmt, "#333"),
-                      lw=1.8, marker="o", ms=3, label=f"{fmt} accumulator, {order}" if i == 0 else None)
+            ax.loglog(
+                ks[keep],
+                e[keep],
+                _ORDER_STYLE.get(order, "-"),
+                color=FORMAT_COLORS.get(fmt, "#333"),
+                lw=1.8,
+                marker="o",
+                ms=3,
+                label=f"{fmt} accumulator, {order}" if i == 0 else None,
+            )
         for fmt, u in result.unit_roundoff.items():
-            ax.loglog(ks, u * np.sqrt(ks), ":", color=FORMAT_COLORS.get(fmt, "#333"), lw=1,
-                      label=f"{fmt}: u·√K (u = 2⁻{F.get_format(fmt).precision})" if i == 0 else None)
+            ax.loglog(
+                ks,
+                u * np.sqrt(ks),
+                ":",
+                color=FORMAT_COLORS.get(fmt, "#333"),
+                lw=1,
+                label=f"{fmt}: u·√K (u = 2⁻{F.get_format(fmt).precision})" if i == 0 else None,
+            )
             p = F.get_format(fmt).precision
             if i == 0 and 2 ** (p - 3) <= ks.max():
                 ax.axvline(2 ** (p - 3), color=FORMAT_COLORS.get(fmt, "#333"), lw=0.8, alpha=0.5)
-                ax.text(2 ** (p - 3), 0.98, f" K = 2^{p - 3}", color=FORMAT_COLORS.get(fmt, "#333"),
-                        fontsize="small", va="top", transform=ax.get_xaxis_transform())
+                ax.text(
+                    2 ** (p - 3),
+                    0.98,
+                    f" K = 2^{p - 3}",
+                    color=FORMAT_COLORS.get(fmt, "#333"),
+                    fontsize="small",
+                    va="top",
+                    transform=ax.get_xaxis_transform(),
+                )
         ax.set_xlabel("K, products in the dot product")
         ax.set_ylabel(ylabel)
         ax.set_title(title)
@@ -83,9 +122,15 @@ def plot_running_sum(result: ExperimentResult) -> Figure:
     ks = np.asarray(result.running_ks)
     ax.loglog(ks, result.running["exact"], "k--", lw=1.2, label="exact sum")
     ax.loglog(ks, result.running["FP16"], color=FORMAT_COLORS["FP16"], lw=2, label="FP16 accumulator, sequential")
-    ax.axhline(2 ** 11, color="#888", lw=0.8)
-    ax.text(ks[-1], 2 ** 11 * 1.15, "2¹¹ = 2048: half an ulp of the sum is 1, above every product ", va="bottom",
-            ha="right", fontsize="small")
+    ax.axhline(2**11, color="#888", lw=0.8)
+    ax.text(
+        ks[-1],
+        2**11 * 1.15,
+        "2¹¹ = 2048: half an ulp of the sum is 1, above every product ",
+        va="bottom",
+        ha="right",
+        fontsize="small",
+    )
     ax.set_xlabel("K, products added so far")
     ax.set_ylabel("running sum (dimensionless)")
     ax.set_title("Swamping in a dot product: the FP16 running sum stops at 2048")
@@ -156,20 +201,30 @@ def reductions_table(result: ExperimentResult) -> HTML:
     for name, r in result.reductions.items():
         cells = [html.escape(f"{name} ({r['size']:,} values)"), f"{r['exact']:.6g}"]
         for a in arms:
-            first = (f"error {err_text(r['first_errors'][a])}; " if np.isfinite(r[a]) else "")
-            cells.append(f"{value_text(r[a])}<br><small>{first}largest error over the "
-                         f"{r['rows']} draws {err_text(r['errors'][a])}</small>")
+            first = f"error {err_text(r['first_errors'][a])}; " if np.isfinite(r[a]) else ""
+            cells.append(
+                f"{value_text(r[a])}<br><small>{first}largest error over the "
+                f"{r['rows']} draws {err_text(r['errors'][a])}</small>"
+            )
         ops = result.autocast.get(name, {})
-        cells.append("<br>".join(f"<code>{html.escape(op)}</code>: {html.escape(dt)}" for op, dt in ops.items())
-                     or "–")
+        cells.append("<br>".join(f"<code>{html.escape(op)}</code>: {html.escape(dt)}" for op, dt in ops.items()) or "–")
         rows.append(cells)
-    return table_html(["reduction", "exact (first draw)", "FP32 accumulator", "FP16 accumulator, sequential",
-                       "FP16 accumulator, pairwise", "CUDA FP16 autocast, from FP16 inputs"], rows,
-                      caption="A reduction's sum in an FP16 accumulator against FP32: the value of the first draw "
-                              "and its relative error, and the largest relative error over all the draws, "
-                              "against the exact value computed in float64 from the FP16 inputs (for the "
-                              "log-sum-exp, from the exponentials before their FP16 rounding); the "
-                              "last column names the library op and the hand-written one (mpt_lab.autocast.OPS)")
+    return table_html(
+        [
+            "reduction",
+            "exact (first draw)",
+            "FP32 accumulator",
+            "FP16 accumulator, sequential",
+            "FP16 accumulator, pairwise",
+            "CUDA FP16 autocast, from FP16 inputs",
+        ],
+        rows,
+        caption="A reduction's sum in an FP16 accumulator against FP32: the value of the first draw "
+        "and its relative error, and the largest relative error over all the draws, "
+        "against the exact value computed in float64 from the FP16 inputs (for the "
+        "log-sum-exp, from the exponentials before their FP16 rounding); the "
+        "last column names the library op and the hand-written one (mpt_lab.autocast.OPS)",
+    )
 
 
 def weights_table(result: ExperimentResult) -> HTML:
@@ -180,10 +235,13 @@ def weights_table(result: ExperimentResult) -> HTML:
     result : :class:`~mpt_lab.experiments.accumulation_training.AccumulationTrainingResult`
     """
     _check(result, "weights")
-    rows = [[html.escape(arm), f"{result.final('weights', arm):.4f}", f"{t['loss']:.4f}", f"{100 * t['accuracy']:.1f}%"]
-            for arm, t in result.weights["test"].items()]
-    return table_html(["weights kept as", "training loss, last 20 steps (nats)", "test loss (nats)",
-                       "test accuracy"], rows)
+    rows = [
+        [html.escape(arm), f"{result.final('weights', arm):.4f}", f"{t['loss']:.4f}", f"{100 * t['accuracy']:.1f}%"]
+        for arm, t in result.weights["test"].items()
+    ]
+    return table_html(
+        ["weights kept as", "training loss, last 20 steps (nats)", "test loss (nats)", "test accuracy"], rows
+    )
 
 
 def plot_gpu_accumulation(result: ExperimentResult) -> Figure:
@@ -195,8 +253,9 @@ def plot_gpu_accumulation(result: ExperimentResult) -> Figure:
     """
     _check(result, "ks", "fp16", "fp8")
     ks = np.asarray(result.ks, dtype=float)
-    panels = [("FP16 inputs: torch.matmul", result.fp16)] + ([("FP8 E4M3 inputs: torch._scaled_mm", result.fp8)]
-                                                              if result.fp8 else [])
+    panels = [("FP16 inputs: torch.matmul", result.fp16)] + (
+        [("FP8 E4M3 inputs: torch._scaled_mm", result.fp8)] if result.fp8 else []
+    )
     fig = new_figure((11 if len(panels) == 2 else 6, 5.6))
     axes = np.atleast_1d(fig.subplots(1, len(panels), sharey=True))
     for ax, (title, runs) in zip(axes, panels):
@@ -204,8 +263,9 @@ def plot_gpu_accumulation(result: ExperimentResult) -> Figure:
             e = np.asarray(v["median"], dtype=float)
             keep = e > 0
             device = name.startswith("device")
-            ax.loglog(ks[keep], e[keep], "-o" if device else "--", ms=4 if device else 0, lw=2 if device else 1.4,
-                      label=name)
+            ax.loglog(
+                ks[keep], e[keep], "-o" if device else "--", ms=4 if device else 0, lw=2 if device else 1.4, label=name
+            )
         _k_ticks(ax, ks)
         ax.set_xlabel("K, products per output")
         ax.set_title(title)

@@ -19,8 +19,15 @@ from ..collectives import ring_order, tree_children
 from ..harness.runner import ExperimentResult
 from ._base import HTML, new_figure, recipe_style, running_mean, table_html
 
-__all__ = ["plot_recipe_losses", "plot_memory_per_rank", "plot_reduction_error", "plot_flag_agreement",
-           "plot_reduction_orders", "memory_table", "reduction_table"]
+__all__ = [
+    "plot_recipe_losses",
+    "plot_memory_per_rank",
+    "plot_reduction_error",
+    "plot_flag_agreement",
+    "plot_reduction_orders",
+    "memory_table",
+    "reduction_table",
+]
 
 #: Colour of the dtype that does the work in each recipe: its gradients' sum (DDP hooks, FSDP2's reduce_dtype)
 #: or its compute (autocast, FSDP2's param_dtype): FP32 blue, BF16 green, FP16 red, as in every chapter.
@@ -58,9 +65,15 @@ def plot_recipe_losses(result: ExperimentResult, *, smooth: int = 5, title: str 
         r = result.recipes[name]
         x, mean = running_mean(r["losses"], smooth)
         color = _recipe_color(name)
-        k = used[r["wrapper"], color] = used.get((r["wrapper"], color), -1) + 1   # no two lines share a style
-        ax.plot(x, mean, ls=styles[r["wrapper"]][k % 3], color=color, lw=2.0 if r["wrapper"] == "ddp" else 1.4,
-                label=r["label"])
+        k = used[r["wrapper"], color] = used.get((r["wrapper"], color), -1) + 1  # no two lines share a style
+        ax.plot(
+            x,
+            mean,
+            ls=styles[r["wrapper"]][k % 3],
+            color=color,
+            lw=2.0 if r["wrapper"] == "ddp" else 1.4,
+            label=r["label"],
+        )
     ax.set_xlabel("step")
     ax.set_ylabel(f"training loss (cross-entropy, nats)\nrunning mean of {smooth} steps")
     ax.set_title(f"Loss per recipe, {result.world_size} ranks ({result.backend})")
@@ -73,9 +86,8 @@ def plot_recipe_losses(result: ExperimentResult, *, smooth: int = 5, title: str 
     for yi, d in zip(y, diffs):
         if d > 0:
             bx.text(d, yi, f"  {d:.2g}", va="center", fontsize="small")
-        else:                                          # 0 has no place on a log axis: said in words
-            bx.text(0.02, yi, "bit-identical (0)", va="center", fontsize="small",
-                    transform=bx.get_yaxis_transform())
+        else:  # 0 has no place on a log axis: said in words
+            bx.text(0.02, yi, "bit-identical (0)", va="center", fontsize="small", transform=bx.get_yaxis_transform())
     bx.set_xscale("log")
     bx.set_yticks(y, [result.recipes[n]["label"] for n in names], fontsize="small")
     bx.set_ylim(-0.6, len(names) - 0.4)
@@ -109,21 +121,31 @@ def plot_memory_per_rank(result: ExperimentResult, *, rank: int = 0, title: str 
     rows = list(_memory_rows(result, rank))
     x = np.arange(len(rows))
     bottom = np.zeros(len(rows))
-    parts = [("params", "parameters", "#1f77b4"), ("grads", "gradients", "#ff7f0e"),
-             ("optimizer", "Adam state (two moments)", "#7f7f7f")]
+    parts = [
+        ("params", "parameters", "#1f77b4"),
+        ("grads", "gradients", "#ff7f0e"),
+        ("optimizer", "Adam state (two moments)", "#7f7f7f"),
+    ]
     for key, label, color in parts:
         v = np.array([m[key] for _, _, m, _ in rows]) / 2**10
         ax.bar(x, v, bottom=bottom, color=color, label=label)
         bottom += v
     gathered = np.array([m["gathered"] for _, _, m, _ in rows]) / 2**10
-    ax.bar(x, gathered, bottom=bottom, color="none", edgecolor="#333333", hatch="//",
-           label="all-gathered layer in param_dtype (FSDP2, transient)")
+    ax.bar(
+        x,
+        gathered,
+        bottom=bottom,
+        color="none",
+        edgecolor="#333333",
+        hatch="//",
+        label="all-gathered layer in param_dtype (FSDP2, transient)",
+    )
     top = float((bottom + gathered).max()) if len(rows) else 1.0
     ax.set_xticks(x, [r["label"] for _, r, _, _ in rows], rotation=25, ha="right", fontsize="small")
     ax.set_ylabel(f"bytes held by rank {rank} (KiB)")
     ax.set_xlabel("recipe")
     ax.set_title(title or f"Memory per rank: DDP replicates, FSDP2 shards over {result.world_size} ranks")
-    ax.set_ylim(0, 1.45 * top)                         # every bar whole, and room above them for the legend
+    ax.set_ylim(0, 1.45 * top)  # every bar whole, and room above them for the legend
     ax.legend(fontsize="small", loc="upper right", ncol=2)
     ax.grid(alpha=0.3, axis="y")
     return fig
@@ -139,12 +161,24 @@ def memory_table(result: ExperimentResult, *, rank: int = 0) -> HTML:
     def kib(b):
         return f"{b / 2**10:,.1f}"
 
-    body = [[html.escape(r["label"]), kib(m["params"]), kib(m["grads"]), kib(m["optimizer"]), kib(t),
-             f"{t / ref:.2f}", kib(m["gathered"]) if m["gathered"] else "–"] for _, r, m, t in rows]
-    return table_html(["recipe", "parameters", "gradients", "optimizer state", "total", "÷ DDP FP32",
-                       "all-gathered layer"], body,
-                      caption=f"KiB held by rank {rank} of {result.world_size} between steps "
-                              f"({result.recipes[rows[0][0]]['parameters']:,} parameters)")
+    body = [
+        [
+            html.escape(r["label"]),
+            kib(m["params"]),
+            kib(m["grads"]),
+            kib(m["optimizer"]),
+            kib(t),
+            f"{t / ref:.2f}",
+            kib(m["gathered"]) if m["gathered"] else "–",
+        ]
+        for _, r, m, t in rows
+    ]
+    return table_html(
+        ["recipe", "parameters", "gradients", "optimizer state", "total", "÷ DDP FP32", "all-gathered layer"],
+        body,
+        caption=f"KiB held by rank {rank} of {result.world_size} between steps "
+        f"({result.recipes[rows[0][0]]['parameters']:,} parameters)",
+    )
 
 
 def plot_reduction_error(result: ExperimentResult, *, title: str | None = None) -> Figure:
@@ -168,8 +202,16 @@ def plot_reduction_error(result: ExperimentResult, *, title: str | None = None) 
         label, color, _ = recipe_style(_FORMAT_KEY[fmt])
         ax.plot(ns, sweep["ring"][fmt], "-o", ms=3, color=color, label=f"{fmt} ring")
         ax.plot(ns, sweep["tree"][fmt], "--", color=color, label=f"{fmt} tree")
-        ax.plot([measured["n"]], [max(measured[fmt]["rel_error"], 1e-12)], "o", ms=10, mfc="none", mew=2,
-                color=color, label=f"{fmt} real, N = {measured['n']}")
+        ax.plot(
+            [measured["n"]],
+            [max(measured[fmt]["rel_error"], 1e-12)],
+            "o",
+            ms=10,
+            mfc="none",
+            mew=2,
+            color=color,
+            label=f"{fmt} real, N = {measured['n']}",
+        )
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("ranks N (log₂ scale)")
@@ -178,21 +220,31 @@ def plot_reduction_error(result: ExperimentResult, *, title: str | None = None) 
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize="x-small", ncol=3, loc="upper left")
     ymax = max(max(v) for v in sweep["ring"].values())
-    ax.set_ylim(top=ymax * 1e3)                      # room for the legend above the curves
+    ax.set_ylim(top=ymax * 1e3)  # room for the legend above the curves
     s = f"2^{int(math.log2(fp16['scale']))}"
-    lost = [(f"sum, then ÷ N (S = {s}): inf", fp16["sum_then_divide"]["overflow_share"], "#d62728", "-"),
-            (f"÷ N first, the hook (S = {s}): 0", fp16["predivide"]["underflow_share"], "#9467bd", "--"),
-            (f"÷ ≈√N before and after, FSDP2 (S = {s}): inf or 0",
-             np.add(fp16["fsdp_split"]["overflow_share"], fp16["fsdp_split"]["underflow_share"]), "#8c564b", ":"),
-            ("÷ N first, unscaled gradients (FP32 training + hook): 0", sweep["underflow"]["ring"]["FP16"],
-             "#ff7f0e", "-.")]
+    lost = [
+        (f"sum, then ÷ N (S = {s}): inf", fp16["sum_then_divide"]["overflow_share"], "#d62728", "-"),
+        (f"÷ N first, the hook (S = {s}): 0", fp16["predivide"]["underflow_share"], "#9467bd", "--"),
+        (
+            f"÷ ≈√N before and after, FSDP2 (S = {s}): inf or 0",
+            np.add(fp16["fsdp_split"]["overflow_share"], fp16["fsdp_split"]["underflow_share"]),
+            "#8c564b",
+            ":",
+        ),
+        (
+            "÷ N first, unscaled gradients (FP32 training + hook): 0",
+            sweep["underflow"]["ring"]["FP16"],
+            "#ff7f0e",
+            "-.",
+        ),
+    ]
     none_lost = []
     for label, share, color, ls in lost:
         share = 100 * np.asarray(share, dtype=float)
         shown = share > 0
-        if shown.any():                  # a series with no share above 0 has nothing to draw on a log axis ...
+        if shown.any():  # a series with no share above 0 has nothing to draw on a log axis ...
             bx.plot(ns[shown], share[shown], ls, marker="o", ms=4, color=color, label=label)
-        else:                            # ... and is named in a note instead of the legend
+        else:  # ... and is named in a note instead of the legend
             none_lost.append(label.rsplit(":", 1)[0])
 
     over = fp16["first_overflow_n"]
@@ -209,8 +261,11 @@ def plot_reduction_error(result: ExperimentResult, *, title: str | None = None) 
     legend = bx.legend(fontsize="x-small", loc="upper left", title=note, title_fontsize="x-small")
     if note:
         legend.get_title().set_ha("left")
-    fig.suptitle(title or f"The reduction error as the cluster grows ({sweep['elements']:,} gradient elements, "
-                          f"{result.profile} profile)")
+    fig.suptitle(
+        title
+        or f"The reduction error as the cluster grows ({sweep['elements']:,} gradient elements, "
+        f"{result.profile} profile)"
+    )
     return fig
 
 
@@ -238,13 +293,30 @@ def reduction_table(result: ExperimentResult, *more: ExperimentResult) -> HTML:
         m, hooks = r.reduction["measured"], r.reduction["hooks"]
         hook_of = {"BF16": hooks.get("bf16"), "FP16": hooks.get("fp16"), "FP32": None}
         for fmt in ("FP32", "BF16", "FP16"):
-            rows.append([f"{m['n']} ({r.backend})", fmt, f"{m[fmt]['rel_error']:.3g}", yes(m[fmt]["matches_ring"]),
-                         f"{100 * m[fmt]['differs_from_tree']:.1f}%", yes(hook_of[fmt])])
+            rows.append(
+                [
+                    f"{m['n']} ({r.backend})",
+                    fmt,
+                    f"{m[fmt]['rel_error']:.3g}",
+                    yes(m[fmt]["matches_ring"]),
+                    f"{100 * m[fmt]['differs_from_tree']:.1f}%",
+                    yes(hook_of[fmt]),
+                ]
+            )
     elements = " and ".join(dict.fromkeys(f"{r.reduction['measured']['elements']:,}" for r in results))
-    return table_html(["ranks", "format", "relative error", "= ring_allreduce, bit for bit",
-                       "elements a tree's order changes", "DDP's hook = ring_allreduce"], rows,
-                      caption=f"The ranks' gradients ({elements} elements), each divided by the number of ranks, "
-                              "all-reduced by the process group and compared with the simulation")
+    return table_html(
+        [
+            "ranks",
+            "format",
+            "relative error",
+            "= ring_allreduce, bit for bit",
+            "elements a tree's order changes",
+            "DDP's hook = ring_allreduce",
+        ],
+        rows,
+        caption=f"The ranks' gradients ({elements} elements), each divided by the number of ranks, "
+        "all-reduced by the process group and compared with the simulation",
+    )
 
 
 def plot_reduction_orders(n_ranks: int = 6, *, chunk: int = 0, title: str | None = None) -> Figure:
@@ -274,17 +346,30 @@ def plot_reduction_orders(n_ranks: int = 6, *, chunk: int = 0, title: str | None
         style = start if r == order[0] else end if r == order[-1] else node
         ax.text(*pos[r], f"{r}", ha="center", va="center", fontsize=13, bbox=style, zorder=3)
     for hop, (a, b) in enumerate(zip(order[:-1], order[1:]), 1):
-        ax.annotate("", xy=pos[b], xytext=pos[a], zorder=2,
-                    arrowprops=dict(arrowstyle="-|>", color="#333333", lw=1.6, shrinkA=17, shrinkB=17,
-                                    connectionstyle="arc3,rad=-0.25"))
+        ax.annotate(
+            "",
+            xy=pos[b],
+            xytext=pos[a],
+            zorder=2,
+            arrowprops=dict(
+                arrowstyle="-|>", color="#333333", lw=1.6, shrinkA=17, shrinkB=17, connectionstyle="arc3,rad=-0.25"
+            ),
+        )
         mid = (np.add(pos[a], pos[b])) / 2
         ax.text(*(mid * 1.3), f"hop {hop}", ha="center", va="center", fontsize="medium", color="#333333")
     ring_sum = f"x{order[0]}"
     for r in order[1:]:
         ring_sum = f"({ring_sum} + x{r})" if r != order[-1] else f"{ring_sum} + x{r}"
     ax.text(0, -1.55, f"chunk {chunk}: {ring_sum}", ha="center", va="center", fontsize="medium", family="monospace")
-    ax.text(0, -1.9, f"every + rounds to the buffer's format;\n{n_ranks} chunks, each a chain of {n_ranks - 1} hops",
-            ha="center", va="center", fontsize="small", color="#555555")
+    ax.text(
+        0,
+        -1.9,
+        f"every + rounds to the buffer's format;\n{n_ranks} chunks, each a chain of {n_ranks - 1} hops",
+        ha="center",
+        va="center",
+        fontsize="small",
+        color="#555555",
+    )
     ax.set_xlim(-1.6, 1.6)
     ax.set_ylim(-2.15, 1.35)
     ax.set_aspect("equal")
@@ -301,11 +386,23 @@ def plot_reduction_orders(n_ranks: int = 6, *, chunk: int = 0, title: str | None
         tpos[r] = ((r - first + 0.5) / slots * 2 - 1, 1.1 - depth[r] * (2.2 / max(1, levels - 1)) * 0.8)
     for r, kids in enumerate(children):
         for i, c in enumerate(kids, 1):
-            bx.annotate("", xy=tpos[r], xytext=tpos[c], zorder=2,
-                        arrowprops=dict(arrowstyle="-|>", color="#333333", lw=1.6, shrinkA=17, shrinkB=17))
+            bx.annotate(
+                "",
+                xy=tpos[r],
+                xytext=tpos[c],
+                zorder=2,
+                arrowprops=dict(arrowstyle="-|>", color="#333333", lw=1.6, shrinkA=17, shrinkB=17),
+            )
             mid = np.add(tpos[r], tpos[c]) / 2
-            bx.text(mid[0] + (0.1 if c % 2 == 0 else -0.1), mid[1], f"{i}", ha="center", va="center",
-                    fontsize="medium", color="#333333")
+            bx.text(
+                mid[0] + (0.1 if c % 2 == 0 else -0.1),
+                mid[1],
+                f"{i}",
+                ha="center",
+                va="center",
+                fontsize="medium",
+                color="#333333",
+            )
     for r in range(n_ranks):
         style = end if r == 0 else start if not children[r] else node
         bx.text(*tpos[r], f"{r}", ha="center", va="center", fontsize=13, bbox=style, zorder=3)
@@ -318,14 +415,22 @@ def plot_reduction_orders(n_ranks: int = 6, *, chunk: int = 0, title: str | None
         return out
 
     bx.text(0, -1.55, f"root: {expr(0)}", ha="center", va="center", fontsize="medium", family="monospace")
-    bx.text(0, -1.9, f"each rank adds its children's partial sums\nin turn (1, then 2): {levels} levels", ha="center",
-            va="center", fontsize="small", color="#555555")
+    bx.text(
+        0,
+        -1.9,
+        f"each rank adds its children's partial sums\nin turn (1, then 2): {levels} levels",
+        ha="center",
+        va="center",
+        fontsize="small",
+        color="#555555",
+    )
     bx.set_xlim(-1.25, 1.25)
     bx.set_ylim(-2.15, 1.35)
     bx.axis("off")
     bx.set_title(f"This book's binary tree, not NCCL's:\ntree_children({n_ranks}) = {children}", fontsize="medium")
-    fig.suptitle(title or f"In which order {n_ranks} ranks' values are added\n(orange: where a sum starts, "
-                          "green: where it ends)")
+    fig.suptitle(
+        title or f"In which order {n_ranks} ranks' values are added\n(orange: where a sum starts, green: where it ends)"
+    )
     return fig
 
 
@@ -346,14 +451,23 @@ def plot_flag_agreement(result: ExperimentResult, *, title: str | None = None) -
     fig = new_figure((12.5, 4.6))
     ax, bx = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
     steps = np.arange(fa["steps"])
-    look = {"torch": ("torch.amp.GradScaler", "#7f7f7f", "-", 5.0),
-            "mpt_lab": ("mpt_lab GradScaler", "#1f77b4", "--", 2.5),
-            "unsynchronised": ("unsynchronised", "#d62728", "-", 1.5)}
+    look = {
+        "torch": ("torch.amp.GradScaler", "#7f7f7f", "-", 5.0),
+        "mpt_lab": ("mpt_lab GradScaler", "#1f77b4", "--", 2.5),
+        "unsynchronised": ("unsynchronised", "#d62728", "-", 1.5),
+    }
     for variant, (label, color, ls, lw) in look.items():
         for rank, scales in enumerate(fa["variants"][variant]["scales"]):
-            ax.step(steps, np.log2(scales), where="post", color=color, ls=ls if rank == 0 else ":",
-                    lw=lw if variant != "unsynchronised" else lw + rank, alpha=0.6 if variant == "torch" else 1,
-                    label=f"{label}, rank {rank}")
+            ax.step(
+                steps,
+                np.log2(scales),
+                where="post",
+                color=color,
+                ls=ls if rank == 0 else ":",
+                lw=lw if variant != "unsynchronised" else lw + rank,
+                alpha=0.6 if variant == "torch" else 1,
+                label=f"{label}, rank {rank}",
+            )
     for i, s in enumerate(fa["inject_steps"]):
         ax.axvline(s, color="#ff7f0e", lw=1, label=f"inf in rank {fa['inject_rank']}'s shard" if i == 0 else None)
         bx.axvline(s, color="#ff7f0e", lw=1, label=f"inf in rank {fa['inject_rank']}'s shard" if i == 0 else None)

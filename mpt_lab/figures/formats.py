@@ -17,8 +17,14 @@ from .. import formats as F
 from ..formats import FormatLike
 from ._base import HTML, as_formats, format_color, new_figure, table_html
 
-__all__ = ["draw_format_ranges", "plot_format_ranges", "plot_ulp", "plot_fixed_vs_float", "plot_accumulation",
-           "round_to_speed_table"]
+__all__ = [
+    "draw_format_ranges",
+    "plot_format_ranges",
+    "plot_ulp",
+    "plot_fixed_vs_float",
+    "plot_accumulation",
+    "round_to_speed_table",
+]
 
 
 def draw_format_ranges(ax: Axes, fmts: Sequence[FormatLike], ticks_max_bits: int, *, legend: bool = True) -> None:
@@ -30,7 +36,9 @@ def draw_format_ranges(ax: Axes, fmts: Sequence[FormatLike], ticks_max_bits: int
         if f.subnormals and f.mantissa_bits:
             lo_s = np.log2(f.smallest_subnormal)
             ax.barh(i, lo_n - lo_s, left=lo_s, height=0.5, color=format_color(f), alpha=0.3)
-        ax.barh(i, hi - lo_n, left=lo_n, height=0.5, color=format_color(f), alpha=0.85 if f.bits > ticks_max_bits else 0.35)
+        ax.barh(
+            i, hi - lo_n, left=lo_n, height=0.5, color=format_color(f), alpha=0.85 if f.bits > ticks_max_bits else 0.35
+        )
         if f.bits <= ticks_max_bits:
             v = F.values(f, include_negative=False)
             v = v[v > 0]
@@ -38,18 +46,21 @@ def draw_format_ranges(ax: Axes, fmts: Sequence[FormatLike], ticks_max_bits: int
     ax.set_yticks(range(len(fmts)), [f"{f.name} ({f.bits} bits)" for f in fmts])
     ax.axvline(0, color="gray", lw=0.5, ls=":")
     ax.grid(axis="x", alpha=0.3)
-    handles = [Patch(color="0.35", alpha=0.85, label="normal range"), Patch(color="0.35", alpha=0.3,
-                                                                            label="subnormal range")]
+    handles = [
+        Patch(color="0.35", alpha=0.85, label="normal range"),
+        Patch(color="0.35", alpha=0.3, label="subnormal range"),
+    ]
     if any(f.bits <= ticks_max_bits for f in fmts):
         handles.append(Line2D([], [], color="black", lw=0.8, label="each representable value"))
     if legend:
         ax.legend(handles=handles, loc="lower right", fontsize="small")
 
 
-
-def plot_format_ranges(formats: Sequence = ("FP4_E2M1", "FP6_E2M3", "FP6_E3M2", "FP8_E4M3", "FP8_E5M2", "FP16",
-                                            "BF16", "TF32", "FP32"),
-                       *, value_ticks_max_bits: int = 8) -> Figure:
+def plot_format_ranges(
+    formats: Sequence = ("FP4_E2M1", "FP6_E2M3", "FP6_E3M2", "FP8_E4M3", "FP8_E5M2", "FP16", "BF16", "TF32", "FP32"),
+    *,
+    value_ticks_max_bits: int = 8,
+) -> Figure:
     """Where each format's positive values lie: subnormal and normal ranges on a log2 axis.
 
     Top: every format over its whole range.  Bottom: a zoom on the formats of at most
@@ -84,9 +95,13 @@ def plot_format_ranges(formats: Sequence = ("FP4_E2M1", "FP6_E2M3", "FP6_E3M2", 
     return fig
 
 
-
-def plot_ulp(formats: Sequence = ("FP8_E4M3", "FP8_E5M2", "FP16", "BF16", "FP32"), *, lo_log2: float = -30,
-             hi_log2: float = 20, relative: bool = True) -> Figure:
+def plot_ulp(
+    formats: Sequence = ("FP8_E4M3", "FP8_E5M2", "FP16", "BF16", "FP32"),
+    *,
+    lo_log2: float = -30,
+    hi_log2: float = 20,
+    relative: bool = True,
+) -> Figure:
     """How the spacing of values (ulp) grows with magnitude, and the relative spacing ulp(x)/|x|.
 
     The ulp doubles at every power of two (a staircase on log-log axes) while the relative spacing stays
@@ -126,9 +141,15 @@ def plot_ulp(formats: Sequence = ("FP8_E4M3", "FP8_E5M2", "FP16", "BF16", "FP32"
     return fig
 
 
-
-def plot_fixed_vs_float(int_bits: int = 7, frac_bits: int = 8, fmt: FormatLike="FP16", *, lo_log2: float = -20,
-                        hi_log2: float = 16, n: int = 20001) -> Figure:
+def plot_fixed_vs_float(
+    int_bits: int = 7,
+    frac_bits: int = 8,
+    fmt: FormatLike = "FP16",
+    *,
+    lo_log2: float = -20,
+    hi_log2: float = 16,
+    n: int = 20001,
+) -> Figure:
     """Relative rounding error of 16-bit fixed point against a 16-bit floating-point format, over magnitudes.
 
     Fixed point (step 2^−frac_bits) has a constant absolute error, so its relative error explodes for small
@@ -151,22 +172,50 @@ def plot_fixed_vs_float(int_bits: int = 7, frac_bits: int = 8, fmt: FormatLike="
     floor = 1e-7
     fig = new_figure((9, 4.2))
     ax = fig.add_subplot()
-    ax.plot(x, np.maximum(np.abs(fx - x) / x, floor), ".", ms=1.5, color="#ff7f0e",
-            label=f"fixed point Q{int_bits}.{frac_bits} ({1 + int_bits + frac_bits} bits)")
-    ax.plot(x, np.maximum(np.abs(fl - x) / x, floor), ".", ms=1.5, color=format_color(fmt),
-            label=f"{fmt.name} ({fmt.bits} bits), round to nearest even")
+    ax.plot(
+        x,
+        np.maximum(np.abs(fx - x) / x, floor),
+        ".",
+        ms=1.5,
+        color="#ff7f0e",
+        label=f"fixed point Q{int_bits}.{frac_bits} ({1 + int_bits + frac_bits} bits)",
+    )
+    ax.plot(
+        x,
+        np.maximum(np.abs(fl - x) / x, floor),
+        ".",
+        ms=1.5,
+        color=format_color(fmt),
+        label=f"{fmt.name} ({fmt.bits} bits), round to nearest even",
+    )
     # the largest error at each |x|: half the spacing there, over |x| (the sawtooth's tops), on a grid that holds
     # every power of two of the range and the value just below each
     k = np.arange(np.ceil(lo_log2), np.floor(hi_log2) + 1)
-    grid = np.unique(np.concatenate([np.exp2(k), np.exp2(k) * (1 - 2.0 ** -20), x]))
-    grid = grid[(grid >= 2.0 ** lo_log2) & (grid <= 2.0 ** hi_log2)]
+    grid = np.unique(np.concatenate([np.exp2(k), np.exp2(k) * (1 - 2.0**-20), x]))
+    grid = grid[(grid >= 2.0**lo_log2) & (grid <= 2.0**hi_log2)]
     in_range = grid <= fmt.max
-    ax.plot(grid[in_range], (F.ulp(grid[in_range], fmt) / 2 / grid[in_range]), "-", lw=0.7, color=format_color(fmt),
-            alpha=0.8, label=f"{fmt.name}: largest error at |x|, half its ulp over |x|")
-    fixed_ok = grid < 2.0 ** int_bits
-    ax.plot(grid[fixed_ok], 2.0 ** -(frac_bits + 1) / grid[fixed_ok], "-", lw=0.7, color="#ff7f0e", alpha=0.8,
-            label=f"Q{int_bits}.{frac_bits}: largest error, 2^-{frac_bits + 1} over |x|")
-    ax.axhline(fmt.epsilon / 2, color=format_color(fmt), ls="--", lw=1, label=f"{fmt.name} unit roundoff 2^-{fmt.precision}")
+    ax.plot(
+        grid[in_range],
+        (F.ulp(grid[in_range], fmt) / 2 / grid[in_range]),
+        "-",
+        lw=0.7,
+        color=format_color(fmt),
+        alpha=0.8,
+        label=f"{fmt.name}: largest error at |x|, half its ulp over |x|",
+    )
+    fixed_ok = grid < 2.0**int_bits
+    ax.plot(
+        grid[fixed_ok],
+        2.0 ** -(frac_bits + 1) / grid[fixed_ok],
+        "-",
+        lw=0.7,
+        color="#ff7f0e",
+        alpha=0.8,
+        label=f"Q{int_bits}.{frac_bits}: largest error, 2^-{frac_bits + 1} over |x|",
+    )
+    ax.axhline(
+        fmt.epsilon / 2, color=format_color(fmt), ls="--", lw=1, label=f"{fmt.name} unit roundoff 2^-{fmt.precision}"
+    )
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_ylim(floor * 0.8, 2)
@@ -179,8 +228,7 @@ def plot_fixed_vs_float(int_bits: int = 7, frac_bits: int = 8, fmt: FormatLike="
     return fig
 
 
-
-def plot_accumulation(trajectories: dict, *, exact: Sequence[float] | None=None, title: str | None = None) -> Figure:
+def plot_accumulation(trajectories: dict, *, exact: Sequence[float] | None = None, title: str | None = None) -> Figure:
     """Weight trajectories under repeated small updates (from :func:`mpt_lab.formats.accumulate`).
 
     Parameters
@@ -202,8 +250,14 @@ def plot_accumulation(trajectories: dict, *, exact: Sequence[float] | None=None,
         steps = np.arange(tr.shape[0])
         if tr.ndim == 2:
             (line,) = ax.plot(steps, tr.mean(axis=1), label=f"{label} (mean of {tr.shape[1]} runs)")
-            ax.fill_between(steps, np.percentile(tr, 5, axis=1), np.percentile(tr, 95, axis=1), alpha=0.2,
-                            color=line.get_color(), label=f"{label} (5th–95th percentile of runs)")
+            ax.fill_between(
+                steps,
+                np.percentile(tr, 5, axis=1),
+                np.percentile(tr, 95, axis=1),
+                alpha=0.2,
+                color=line.get_color(),
+                label=f"{label} (5th–95th percentile of runs)",
+            )
         else:
             ax.plot(steps, tr, label=label)
     if exact is not None:
@@ -245,14 +299,24 @@ def round_to_speed_table(result: dict, data: str = "normal") -> HTML:
             continue
         s = by.get((inp, fmt, "stochastic"))
         mark = "" if r["same_values"] else " ≠"
-        out.append([f"{inp} · {fmt}", f"<code>{html.escape(_cast_name(r['native']))}</code>",
-                    f"{1e3 * r['native_s']:.1f}",
-                    f"{1e3 * r['round_to_s']:.1f} ({r['ratio']:.2f}×){mark}",
-                    # against the cast time this row shows (the stochastic row timed its own cast beside it)
-                    "–" if s is None else f"{1e3 * s['round_to_s']:.1f} ({s['round_to_s'] / r['native_s']:.2f}×)"])
+        out.append(
+            [
+                f"{inp} · {fmt}",
+                f"<code>{html.escape(_cast_name(r['native']))}</code>",
+                f"{1e3 * r['native_s']:.1f}",
+                f"{1e3 * r['round_to_s']:.1f} ({r['ratio']:.2f}×){mark}",
+                # against the cast time this row shows (the stochastic row timed its own cast beside it)
+                "–" if s is None else f"{1e3 * s['round_to_s']:.1f} ({s['round_to_s'] / r['native_s']:.2f}×)",
+            ]
+        )
     n = result.get("provenance", {}).get("config", {}).get("n")
-    what = {"normal": "normally distributed (Gaussian) data",
-            "wide": "Gaussian data times 2ᵏ, k uniform in −30 … 11"}.get(data, f"{data} data")
+    what = {
+        "normal": "normally distributed (Gaussian) data",
+        "wide": "Gaussian data times 2ᵏ, k uniform in −30 … 11",
+    }.get(data, f"{data} data")
     caption = f"{n:,} float32 values of {what}, one thread, median times" if n else what
-    return table_html(["input · format", "cast through", "cast (ms)", "round_to nearest-even (ms)",
-                       "round_to stochastic (ms)"], out, caption=caption)
+    return table_html(
+        ["input · format", "cast through", "cast (ms)", "round_to nearest-even (ms)", "round_to stochastic (ms)"],
+        out,
+        caption=caption,
+    )

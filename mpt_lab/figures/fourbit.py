@@ -18,15 +18,31 @@ from matplotlib.figure import Figure
 from ..harness.runner import ExperimentResult
 from ._base import HTML, new_figure, running_mean, table_html
 
-__all__ = ["ARM_STYLE", "ablation_table", "plot_fourbit_training", "plot_sr_bias", "plot_hadamard_outliers",
-           "plot_outliers", "outlier_table", "mismatch_table", "plot_layer_sensitivity"]
+__all__ = [
+    "ARM_STYLE",
+    "ablation_table",
+    "plot_fourbit_training",
+    "plot_sr_bias",
+    "plot_hadamard_outliers",
+    "plot_outliers",
+    "outlier_table",
+    "mismatch_table",
+    "plot_layer_sensitivity",
+]
 
 #: Colour and line style of each arm of the ablation: BF16 green and FP8 purple as in chapter 11, MXFP4 orange,
 #: the NVFP4 recipe black, its ablations in colours of their own, NVFP4 without any ingredient grey.
-ARM_STYLE = {"bf16": ("#2ca02c", ":"), "fp8": ("#9467bd", "-"), "mxfp4": ("#ff7f0e", "-"),
-             "nvfp4": ("#000000", "-"), "nvfp4_no_rht": ("#d62728", "--"), "nvfp4_1d_weights": ("#1f77b4", "--"),
-             "nvfp4_rtn_gradients": ("#8c564b", "--"), "nvfp4_no_bf16_layers": ("#e377c2", "--"),
-             "nvfp4_plain": ("#7f7f7f", "-.")}
+ARM_STYLE = {
+    "bf16": ("#2ca02c", ":"),
+    "fp8": ("#9467bd", "-"),
+    "mxfp4": ("#ff7f0e", "-"),
+    "nvfp4": ("#000000", "-"),
+    "nvfp4_no_rht": ("#d62728", "--"),
+    "nvfp4_1d_weights": ("#1f77b4", "--"),
+    "nvfp4_rtn_gradients": ("#8c564b", "--"),
+    "nvfp4_no_bf16_layers": ("#e377c2", "--"),
+    "nvfp4_plain": ("#7f7f7f", "-."),
+}
 
 
 def _style(arm: str) -> tuple:
@@ -48,7 +64,7 @@ def _diag(result_or_dict, key: str, required: str) -> dict:
 
 
 def _pm(s: dict, digits: int = 2) -> str:
-    """"+1.23% [+0.90, +1.50]": the mean gap and its range over the seeds."""
+    """ "+1.23% [+0.90, +1.50]": the mean gap and its range over the seeds."""
     if not math.isfinite(s["mean"]):
         return "diverged"
     return f"{s['mean']:+.{digits}f}% [{s['min']:+.{digits}f}, {s['max']:+.{digits}f}]"
@@ -72,17 +88,34 @@ def ablation_table(result: ExperimentResult, *, reference: str = "bf16", against
             sep = result.separated(arm, against, reference)
             worse = result.gap(arm, reference)["mean"] > result.gap(against, reference)["mean"]
             verdict = ("worse" if worse else "better") + " than the recipe" if sep else "within the seed spread"
-        rows.append([html.escape(result.label(arm)), html.escape(result.arms.get(arm, {}).get("change", "")),
-                     f"{mean:.4f} ± {std:.4f}", gap, verdict])
+        rows.append(
+            [
+                html.escape(result.label(arm)),
+                html.escape(result.arms.get(arm, {}).get("change", "")),
+                f"{mean:.4f} ± {std:.4f}",
+                gap,
+                verdict,
+            ]
+        )
     n = len(result.seeds)
-    return table_html(["arm", "what it changes", "validation loss (nats/char)", f"gap to {result.label(reference)}",
-                       f"against {result.label(against)}"], rows,
-                      f"{n} seeds; loss: mean ± standard deviation; gap: mean [min, max] over the seeds, each seed "
-                      f"against its own {result.label(reference)} run",
-                      align=["left", "left", "right", "right", "left"])
+    return table_html(
+        [
+            "arm",
+            "what it changes",
+            "validation loss (nats/char)",
+            f"gap to {result.label(reference)}",
+            f"against {result.label(against)}",
+        ],
+        rows,
+        f"{n} seeds; loss: mean ± standard deviation; gap: mean [min, max] over the seeds, each seed "
+        f"against its own {result.label(reference)} run",
+        align=["left", "left", "right", "right", "left"],
+    )
 
 
-def plot_fourbit_training(result: ExperimentResult, *, smooth: int = 20, reference: str = "bf16", title: str | None = None) -> Figure:
+def plot_fourbit_training(
+    result: ExperimentResult, *, smooth: int = 20, reference: str = "bf16", title: str | None = None
+) -> Figure:
     """Three panels: the training loss of every arm (mean over the seeds, running mean over ``smooth`` steps);
     the validation-loss gap to ``reference`` at every evaluation (mean over the seeds, the band from the smallest
     to the largest seed); and the final gap per arm (bars at the mean, whiskers from the smallest to the largest
@@ -104,8 +137,7 @@ def plot_fourbit_training(result: ExperimentResult, *, smooth: int = 20, referen
         if arm == reference:
             continue
         c = result.gap_curve(arm, reference)
-        bx.plot(c["steps"], c["mean"], color=color, ls=ls, marker="o", ms=3,
-                lw=2.2 if arm == "nvfp4" else 1.3)
+        bx.plot(c["steps"], c["mean"], color=color, ls=ls, marker="o", ms=3, lw=2.2 if arm == "nvfp4" else 1.3)
         if arm == "nvfp4":
             bx.fill_between(c["steps"], c["min"], c["max"], color=color, alpha=0.15, lw=0)
     ax.set_xlabel("step")
@@ -134,8 +166,11 @@ def plot_fourbit_training(result: ExperimentResult, *, smooth: int = 20, referen
     cx.grid(alpha=0.3, axis="x")
     fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncol=5, fontsize="small")
     m = result.model
-    fig.suptitle(title or f"{m.get('parameters', 0):,}-parameter character transformer, {m.get('tokens', 0):,} "
-                          f"characters, {len(result.seeds)} seeds per arm ({result.profile} profile)")
+    fig.suptitle(
+        title
+        or f"{m.get('parameters', 0):,}-parameter character transformer, {m.get('tokens', 0):,} "
+        f"characters, {len(result.seeds)} seeds per arm ({result.profile} profile)"
+    )
     return fig
 
 
@@ -158,8 +193,10 @@ def plot_sr_bias(result_or_dict: ExperimentResult | dict, *, title: str | None =
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize="small", loc="lower left")
     layer = f" of {d['layer']}" if "layer" in d else ""
-    ax.set_title(title or f"Weight gradient{layer}, its output gradient in NVFP4\n(1 × 16 blocks along the tokens; "
-                          "the input in FP32)")
+    ax.set_title(
+        title
+        or f"Weight gradient{layer}, its output gradient in NVFP4\n(1 × 16 blocks along the tokens; the input in FP32)"
+    )
     return fig
 
 
@@ -183,8 +220,11 @@ def plot_hadamard_outliers(result_or_dict: ExperimentResult | dict, *, title: st
         if i == 0:
             ax.set_ylabel("signal-to-noise ratio (dB)")
             ax.legend(fontsize="small", loc="lower left")
-    fig.suptitle(title or f"{d['rows']} × {d['cols']} Gaussian values, {len(d['outlier_channels'])} outlier channels, "
-                          "quantised along the channels")
+    fig.suptitle(
+        title
+        or f"{d['rows']} × {d['cols']} Gaussian values, {len(d['outlier_channels'])} outlier channels, "
+        "quantised along the channels"
+    )
     return fig
 
 
@@ -204,9 +244,11 @@ def plot_outliers(result: ExperimentResult, *, title: str | None = None) -> Figu
     ax.set_xlabel("largest channel amax / median channel amax")
     ax.set_title("How far one input channel stands out")
     ax.grid(alpha=0.3, axis="x", which="both")
-    for key, color, marker, label in (("tensor", "#d62728", "o", "FP4, one scale per tensor"),
-                                      ("block", "#000000", "s", "NVFP4, 16 along the channels"),
-                                      ("block_rht", "#1f77b4", "^", "NVFP4 after a Hadamard transform")):
+    for key, color, marker, label in (
+        ("tensor", "#d62728", "o", "FP4, one scale per tensor"),
+        ("block", "#000000", "s", "NVFP4, 16 along the channels"),
+        ("block_rht", "#1f77b4", "^", "NVFP4 after a Hadamard transform"),
+    ):
         bx.plot([o[n][key] for n in names], y, marker, color=color, label=label)
     bx.set_yticks(y, names, fontsize="small")
     bx.set_xlabel("signal-to-noise ratio of the layer's input (dB)")
@@ -224,13 +266,31 @@ def outlier_table(result: ExperimentResult) -> HTML:
     _check(result)
     rows = []
     for name, v in result.diagnostics["outliers"].items():
-        rows.append([html.escape(name), f"{v['amax_ratio']:.1f}", f"{v['tensor']:.1f}", f"{v['block']:.1f}",
-                     f"{v['block_rht']:.1f}", f"{v['wgrad_x']:.1f} / {v['wgrad_x_rht']:.1f}",
-                     f"{v['wgrad_g']:.1f} / {v['wgrad_g_rht']:.1f}"])
-    return table_html(["layer", "max / median channel amax", "FP4 per tensor", "NVFP4", "NVFP4 + RHT",
-                       "wgrad x: NVFP4 / + RHT", "wgrad g: NVFP4 / + RHT"], rows,
-                      "SNR in dB; the forward GEMM's input in blocks along the channels, the weight-gradient GEMM's "
-                      "inputs in blocks along the tokens")
+        rows.append(
+            [
+                html.escape(name),
+                f"{v['amax_ratio']:.1f}",
+                f"{v['tensor']:.1f}",
+                f"{v['block']:.1f}",
+                f"{v['block_rht']:.1f}",
+                f"{v['wgrad_x']:.1f} / {v['wgrad_x_rht']:.1f}",
+                f"{v['wgrad_g']:.1f} / {v['wgrad_g_rht']:.1f}",
+            ]
+        )
+    return table_html(
+        [
+            "layer",
+            "max / median channel amax",
+            "FP4 per tensor",
+            "NVFP4",
+            "NVFP4 + RHT",
+            "wgrad x: NVFP4 / + RHT",
+            "wgrad g: NVFP4 / + RHT",
+        ],
+        rows,
+        "SNR in dB; the forward GEMM's input in blocks along the channels, the weight-gradient GEMM's "
+        "inputs in blocks along the tokens",
+    )
 
 
 def mismatch_table(result: ExperimentResult) -> HTML:
@@ -241,12 +301,28 @@ def mismatch_table(result: ExperimentResult) -> HTML:
     rows = []
     for name, v in result.diagnostics["mismatch"].items():
         one, two = v["1d"], v["2d"]
-        rows.append([html.escape(name), f"{100 * one['differ']:.1f}%", f"{100 * one['relative']:.2f}%",
-                     f"{100 * one['dgrad']:.2f}%", f"{100 * two['differ']:.1f}%", f"{100 * two['relative']:.2f}%"])
-    return table_html(["weight", "1D: elements that differ", "1D: ‖Q_N(W) − Q_K(W)‖ / ‖W‖",
-                       "1D: effect on the input gradient", "2D: elements that differ", "2D: relative difference"],
-                      rows, "forward reads Q_K(W) (blocks along the input features), backward Q_N(W) (along the "
-                            "output features)")
+        rows.append(
+            [
+                html.escape(name),
+                f"{100 * one['differ']:.1f}%",
+                f"{100 * one['relative']:.2f}%",
+                f"{100 * one['dgrad']:.2f}%",
+                f"{100 * two['differ']:.1f}%",
+                f"{100 * two['relative']:.2f}%",
+            ]
+        )
+    return table_html(
+        [
+            "weight",
+            "1D: elements that differ",
+            "1D: ‖Q_N(W) − Q_K(W)‖ / ‖W‖",
+            "1D: effect on the input gradient",
+            "2D: elements that differ",
+            "2D: relative difference",
+        ],
+        rows,
+        "forward reads Q_K(W) (blocks along the input features), backward Q_N(W) (along the output features)",
+    )
 
 
 def plot_layer_sensitivity(result: ExperimentResult, *, title: str | None = None) -> Figure:
@@ -258,10 +334,11 @@ def plot_layer_sensitivity(result: ExperimentResult, *, title: str | None = None
     names = list(s["layers"])
     y = np.arange(len(names))[::-1]
     fig = new_figure((14, 5))
-    panels = (([s["layers"][n]["delta_loss"] for n in names], "validation loss added (nats)", "Loss, forward only"),
-              ([100 * s["layers"][n]["grad_error"] for n in names], "‖∇ − ∇_FP32‖ / ‖∇_FP32‖ (%)",
-               "The whole gradient"),
-              ([100 * s["wgrad_error"][n] for n in names], "‖gw − gᵀx‖ / ‖gᵀx‖ (%)", "The layer's weight gradient"))
+    panels = (
+        ([s["layers"][n]["delta_loss"] for n in names], "validation loss added (nats)", "Loss, forward only"),
+        ([100 * s["layers"][n]["grad_error"] for n in names], "‖∇ − ∇_FP32‖ / ‖∇_FP32‖ (%)", "The whole gradient"),
+        ([100 * s["wgrad_error"][n] for n in names], "‖gw − gᵀx‖ / ‖gᵀx‖ (%)", "The layer's weight gradient"),
+    )
     for i, (vals, xlabel, head) in enumerate(panels):
         ax = fig.add_subplot(1, 3, i + 1)
         ax.barh(y, vals, color=["#d62728" if n == "head" else "#1f77b4" for n in names])
@@ -270,6 +347,9 @@ def plot_layer_sensitivity(result: ExperimentResult, *, title: str | None = None
         ax.set_xlabel(xlabel)
         ax.set_title(head)
         ax.grid(alpha=0.3, axis="x")
-    fig.suptitle(title or "One Linear layer at a time in the NVFP4 recipe, the others in FP32 (trained BF16 model; "
-                          "red: the output layer)")
+    fig.suptitle(
+        title
+        or "One Linear layer at a time in the NVFP4 recipe, the others in FP32 (trained BF16 model; "
+        "red: the output layer)"
+    )
     return fig

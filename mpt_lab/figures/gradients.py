@@ -31,25 +31,56 @@ from ..scaling import max_gradient_scale
 from ._base import HTML, as_formats, binade, format_color, new_figure, pct, pow2, power_text, running_mean, table_html
 from .formats import draw_format_ranges
 
-__all__ = ["plot_gradient_histogram", "plot_kept_vs_scale", "plot_detection_samples", "plot_training",
-           "histogram_table", "phases_table", "sweep_table", "plot_gradient_factors", "gradient_factors_table"]
+__all__ = [
+    "plot_gradient_histogram",
+    "plot_kept_vs_scale",
+    "plot_detection_samples",
+    "plot_training",
+    "histogram_table",
+    "phases_table",
+    "sweep_table",
+    "plot_gradient_factors",
+    "gradient_factors_table",
+]
 
 
 def _shade_format(ax, fmt: F.FloatFormat, lo: float) -> None:
     """Shade fmt's normal and subnormal ranges and its underflow zone on a log2 |x| axis starting at ``lo``."""
     m = fmt.mantissa_bits
-    ax.axvspan(fmt.emin, np.log2(fmt.max) + 1e-9, color=format_color(fmt), alpha=0.12,
-               label=f"{fmt.name} normal range [2^{fmt.emin}, max]")
+    ax.axvspan(
+        fmt.emin,
+        np.log2(fmt.max) + 1e-9,
+        color=format_color(fmt),
+        alpha=0.12,
+        label=f"{fmt.name} normal range [2^{fmt.emin}, max]",
+    )
     if fmt.subnormals and m:
         # bin emin-m-1 holds [2^(emin-m-1), 2^(emin-m)): all of it rounds up to the smallest subnormal but the tie
-        ax.axvspan(fmt.emin - m - 1, fmt.emin, color=format_color(fmt), alpha=0.05,
-                   label=f"{fmt.name} subnormals (values > 2^{fmt.emin - m - 1} round to ≥ 2^{fmt.emin - m})")
-        ax.axvspan(lo, fmt.emin - m - 1, color="0.5", alpha=0.12,
-                   label=f"lost: rounds to 0 in {fmt.name} (|x| ≤ 2^{fmt.emin - m - 1})")
+        ax.axvspan(
+            fmt.emin - m - 1,
+            fmt.emin,
+            color=format_color(fmt),
+            alpha=0.05,
+            label=f"{fmt.name} subnormals (values > 2^{fmt.emin - m - 1} round to ≥ 2^{fmt.emin - m})",
+        )
+        ax.axvspan(
+            lo,
+            fmt.emin - m - 1,
+            color="0.5",
+            alpha=0.12,
+            label=f"lost: rounds to 0 in {fmt.name} (|x| ≤ 2^{fmt.emin - m - 1})",
+        )
 
 
-def plot_gradient_histogram(hists: Log2Histogram | dict[str, Log2Histogram], fmt: FormatLike="FP16", *, scale: float | None = None, extra_formats: Sequence = (),
-                            title: str | None = None, xlim: tuple | None = None) -> Figure:
+def plot_gradient_histogram(
+    hists: Log2Histogram | dict[str, Log2Histogram],
+    fmt: FormatLike = "FP16",
+    *,
+    scale: float | None = None,
+    extra_formats: Sequence = (),
+    title: str | None = None,
+    xlim: tuple | None = None,
+) -> Figure:
     """Percentage of values (log scale) per binade of |g|, with a zero bin: the SSD histogram of NVIDIA's blog post
     (its Figure 2) and of the paper (its Figure 3), for any histogram.
 
@@ -96,12 +127,12 @@ def plot_gradient_histogram(hists: Log2Histogram | dict[str, Log2Histogram], fmt
     lo, hi = xlim
     n = len(hists)
     zero_w = 1.6 / n
-    zero_x0 = lo - 2 - 1.6                       # the zero bars sit left of a break at lo - 1
+    zero_x0 = lo - 2 - 1.6  # the zero bars sit left of a break at lo - 1
     range_fmts = [fmt] + [f for f in extras if f != fmt]
     fig = new_figure((10, 6.2 + 0.25 * len(range_fmts) + 0.2 * n))
     top, ax = fig.subplots(2, 1, sharex=True, height_ratios=[0.6 + 0.35 * len(range_fmts), 4])
     ax.set_xlim(zero_x0 - 1, hi)
-    draw_format_ranges(top, range_fmts, 0, legend=False)       # the figure's legend explains the shades
+    draw_format_ranges(top, range_fmts, 0, legend=False)  # the figure's legend explains the shades
     top.set_title(title or f"Gradient values by magnitude, with {fmt.name}'s ranges")
     top.set_ylim(-0.6, len(range_fmts) - 0.4)
     top.tick_params(axis="x", labelbottom=False)
@@ -110,15 +141,35 @@ def plot_gradient_histogram(hists: Log2Histogram | dict[str, Log2Histogram], fmt
         share = 100.0 * h.counts / max(h.total, 1)
         keep = share > 0
         color = f"C{i}"
-        ax.bar(h.exponents[keep] + 0.5, share[keep], width=1.0, facecolor=color, alpha=0.5 if n == 1 else 0.35,
-               edgecolor=color, lw=1.0, label=f"{label}: non-zero values")
-        ax.bar([zero_x0 + (i + 0.5) * zero_w], [100.0 * h.zeros / max(h.total, 1)], width=zero_w, color=color,
-               alpha=0.85, label=f"{label}: zeros ({100.0 * h.fraction_zero():.1f}%)")
+        ax.bar(
+            h.exponents[keep] + 0.5,
+            share[keep],
+            width=1.0,
+            facecolor=color,
+            alpha=0.5 if n == 1 else 0.35,
+            edgecolor=color,
+            lw=1.0,
+            label=f"{label}: non-zero values",
+        )
+        ax.bar(
+            [zero_x0 + (i + 0.5) * zero_w],
+            [100.0 * h.zeros / max(h.total, 1)],
+            width=zero_w,
+            color=color,
+            alpha=0.85,
+            label=f"{label}: zeros ({100.0 * h.fraction_zero():.1f}%)",
+        )
     if j:
         share = 100.0 * first.counts / max(first.total, 1)
         keep = share > 0
-        ax.step(first.exponents[keep] + j + 0.5, share[keep], where="mid", color="black", lw=1.2,
-                label=f"{first_label} × S = 2^{j} (shifted by {j} binades)")
+        ax.step(
+            first.exponents[keep] + j + 0.5,
+            share[keep],
+            where="mid",
+            color="black",
+            lw=1.2,
+            label=f"{first_label} × S = 2^{j} (shifted by {j} binades)",
+        )
     ax.axvline(lo - 1, color="black", lw=0.6)
     ax.set_yscale("log")
     ticks = list(range(int(np.ceil(lo / 8) * 8), hi + 1, 8))
@@ -131,8 +182,13 @@ def plot_gradient_histogram(hists: Log2Histogram | dict[str, Log2Histogram], fmt
     return fig
 
 
-def plot_kept_vs_scale(hist: Log2Histogram, fmt: FormatLike="FP16", *, log2_scales: Sequence[int] = tuple(range(0, 41)),
-                       title: str | None = None) -> Figure:
+def plot_kept_vs_scale(
+    hist: Log2Histogram,
+    fmt: FormatLike = "FP16",
+    *,
+    log2_scales: Sequence[int] = tuple(range(0, 41)),
+    title: str | None = None,
+) -> Figure:
     """Share of non-zero values kept (normal or subnormal), lost to zero and overflowed, against log2 S.
 
     Computed exactly from the histogram with :meth:`Log2Histogram.fractions`; the largest S without overflow
@@ -149,7 +205,7 @@ def plot_kept_vs_scale(hist: Log2Histogram, fmt: FormatLike="FP16", *, log2_scal
     js = np.asarray(list(log2_scales), dtype=int)
     if js.size == 0:
         raise ValueError("log2_scales must not be empty")
-    rows = [hist.fractions(fmt, float(2.0 ** j)) for j in js]
+    rows = [hist.fractions(fmt, float(2.0**j)) for j in js]
     nz = np.array([r["normal"] + r["subnormal"] + r["underflow"] + r["overflow"] for r in rows])
     nz = np.where(nz > 0, nz, np.nan)
     kept = np.array([r["normal"] + r["subnormal"] for r in rows]) / nz * 100
@@ -164,8 +220,9 @@ def plot_kept_vs_scale(hist: Log2Histogram, fmt: FormatLike="FP16", *, log2_scal
     smax = hist.max_scale(fmt)
     if np.isfinite(smax):
         for a in (ax, lx):
-            a.axvline(np.log2(smax), color="black", ls="--", lw=1,
-                      label=f"largest S without overflow: 2^{int(np.log2(smax))}")
+            a.axvline(
+                np.log2(smax), color="black", ls="--", lw=1, label=f"largest S without overflow: 2^{int(np.log2(smax))}"
+            )
     lx.set_yscale("log")
     lx.set_xlabel("log₂ S   (loss scale S)")
     lx.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -179,7 +236,13 @@ def plot_kept_vs_scale(hist: Log2Histogram, fmt: FormatLike="FP16", *, log2_scal
     return fig
 
 
-def plot_detection_samples(dataset: DigitsDetection, n: int = 8, *, detections: Sequence[dict[str, torch.Tensor]] | None=None, title: str | None = None) -> Figure:
+def plot_detection_samples(
+    dataset: DigitsDetection,
+    n: int = 8,
+    *,
+    detections: Sequence[dict[str, torch.Tensor]] | None = None,
+    title: str | None = None,
+) -> Figure:
     """The first ``n`` images of a detection data set with their ground-truth boxes (and detections).
 
     Parameters
@@ -254,10 +317,9 @@ def plot_training(result: ExperimentResult, *, title: str | None = None, smooth:
     if result.map50:
         ax2 = ax.twinx()
         s, m = zip(*result.map50)
-        by = result.map_evaluator.split(" (")[0]          # "pycocotools 2.0.11 COCOeval", or the old evaluator
+        by = result.map_evaluator.split(" (")[0]  # "pycocotools 2.0.11 COCOeval", or the old evaluator
         # measured only at these steps: markers, joined by a dotted line that is not a measurement
-        ax2.plot(s, m, "o:", ms=6, color="#d62728",
-                 label=f"mAP@0.5 at the {len(s)} steps evaluated (test split; {by})")
+        ax2.plot(s, m, "o:", ms=6, color="#d62728", label=f"mAP@0.5 at the {len(s)} steps evaluated (test split; {by})")
         ax2.set_ylabel("mAP@0.5 (0–1)")
         ax2.set_ylim(0, 1)
         h2, l2 = ax2.get_legend_handles_labels()
@@ -267,7 +329,7 @@ def plot_training(result: ExperimentResult, *, title: str | None = None, smooth:
     return fig
 
 
-def histogram_table(results: dict, fmt: FormatLike="FP16") -> HTML:
+def histogram_table(results: dict, fmt: FormatLike = "FP16") -> HTML:
     """The sources' numbers beside each result's, for the activation gradients in ``fmt`` (an HTML table).
 
     Two source columns, each holding only what that source says: NVIDIA's 2017 blog post (Figure 2: 66.8% zeros,
@@ -287,8 +349,11 @@ def histogram_table(results: dict, fmt: FormatLike="FP16") -> HTML:
         ``results`` is not a non-empty dict of such results.
     """
 
-    if not isinstance(results, dict) or not results or \
-            not all(isinstance(r, SSDHistogramResult) for r in results.values()):
+    if (
+        not isinstance(results, dict)
+        or not results
+        or not all(isinstance(r, SSDHistogramResult) for r in results.values())
+    ):
         raise TypeError("results must be a non-empty dict of label → SSDHistogramResult")
     fmt = F.get_format(fmt)
     sums = {k: r.summary(fmt) for k, r in results.items()}
@@ -298,58 +363,123 @@ def histogram_table(results: dict, fmt: FormatLike="FP16") -> HTML:
         return [fn(k) for k in results]
 
     rows = [
-        ["exactly zero (of all values)", pct(PAPER["zeros"]), pct(PAPER["paper_zeros"]), *ours(lambda k: pct(sums[k].zeros))],
-        ["in [2⁻³², 2⁻³⁰) (of all values)", pct(PAPER["share_2^-32_to_2^-30"]), "–",
-         *ours(lambda k: pct(sums[k].share_2_32_to_2_30))],
-        ["in [2⁻³⁴, 2⁻³²) (of all values)", "–", pct(PAPER["paper_share_2^-34_to_2^-32"]),
-         *ours(lambda k: pct(results[k].activation.fraction_between(2.0 ** -34, 2.0 ** -32)))],
-        ["non-zero, below the smallest subnormal 2⁻²⁴ (of all values)", "–", "“many values” (§3.2)",
-         *ours(lambda k: pct(sums[k].below_smallest_subnormal))],
+        [
+            "exactly zero (of all values)",
+            pct(PAPER["zeros"]),
+            pct(PAPER["paper_zeros"]),
+            *ours(lambda k: pct(sums[k].zeros)),
+        ],
+        [
+            "in [2⁻³², 2⁻³⁰) (of all values)",
+            pct(PAPER["share_2^-32_to_2^-30"]),
+            "–",
+            *ours(lambda k: pct(sums[k].share_2_32_to_2_30)),
+        ],
+        [
+            "in [2⁻³⁴, 2⁻³²) (of all values)",
+            "–",
+            pct(PAPER["paper_share_2^-34_to_2^-32"]),
+            *ours(lambda k: pct(results[k].activation.fraction_between(2.0**-34, 2.0**-32))),
+        ],
+        [
+            "non-zero, below the smallest subnormal 2⁻²⁴ (of all values)",
+            "–",
+            "“many values” (§3.2)",
+            *ours(lambda k: pct(sums[k].below_smallest_subnormal)),
+        ],
         ["lost in FP16 (rounds to 0: 0 < |x| ≤ 2⁻²⁵; of all values)", "–", "–", *ours(lambda k: pct(sums[k].lost))],
-        ["… of which ≥ 2⁻²⁷ (of all values)", "–", "these matter for training (§3.2)",
-         *ours(lambda k: pct(sums[k].lost_that_matters))],
-        ["lost with S = 8 (of all values)", "–", f"S = {PAPER['sufficient_scale']} was enough to match FP32 (§3.2)",
-         *ours(lambda k: pct(sums[k].lost_at_8))],
+        [
+            "… of which ≥ 2⁻²⁷ (of all values)",
+            "–",
+            "these matter for training (§3.2)",
+            *ours(lambda k: pct(sums[k].lost_that_matters)),
+        ],
+        [
+            "lost with S = 8 (of all values)",
+            "–",
+            f"S = {PAPER['sufficient_scale']} was enough to match FP32 (§3.2)",
+            *ours(lambda k: pct(sums[k].lost_at_8)),
+        ],
         ["kept by S = 8 (of the values lost at S = 1)", "–", "–", *ours(lambda k: pct(sums[k].recovered_by_8))],
-        ["kept by S = 2¹⁵ (of the values lost at S = 1)", f"all but {pct(PAPER['lost_after_2^15'])} (guide)", "–",
-         # the guide's 0.1% is for a scale that overflows nothing; say where 2^15 overflows a gradient of ours
-         *ours(lambda k: pct(sums[k].recovered_by_2_15)
-               + (" (but S = 2¹⁵ overflows here)" if every[k].max_scale(fmt) < 2.0 ** 15 else ""))],
+        [
+            "kept by S = 2¹⁵ (of the values lost at S = 1)",
+            f"all but {pct(PAPER['lost_after_2^15'])} (guide)",
+            "–",
+            # the guide's 0.1% is for a scale that overflows nothing; say where 2^15 overflows a gradient of ours
+            *ours(
+                lambda k: (
+                    pct(sums[k].recovered_by_2_15)
+                    + (" (but S = 2¹⁵ overflows here)" if every[k].max_scale(fmt) < 2.0**15 else "")
+                )
+            ),
+        ],
         ["median binade of the non-zero values", "–", "–", *ours(lambda k: binade(sums[k].median_binade))],
-        ["largest power-of-two S with no overflow, over every gradient (activation and weight)", "–", "–",
-         *ours(lambda k: pow2(every[k].max_scale(fmt)))],
-        ["max-gradient rule over every gradient: largest 2ᵏ with amax·2ᵏ ≤ 65504", "–", "–",
-         *ours(lambda k: pow2(max_gradient_scale(every[k].amax, fmt) if every[k].amax > 0 else math.inf))],
+        [
+            "largest power-of-two S with no overflow, over every gradient (activation and weight)",
+            "–",
+            "–",
+            *ours(lambda k: pow2(every[k].max_scale(fmt))),
+        ],
+        [
+            "max-gradient rule over every gradient: largest 2ᵏ with amax·2ᵏ ≤ 65504",
+            "–",
+            "–",
+            *ours(lambda k: pow2(max_gradient_scale(every[k].amax, fmt) if every[k].amax > 0 else math.inf)),
+        ],
     ]
-    header = ["activation gradients of Multibox SSD (VGG-16, 300×300) and of ours",
-              "NVIDIA blog post, Fig. 2, and guide", "the paper, Fig. 3 and §3.2"] + [
-        f"{k} ({r.device}, {r.profile} profile)" for k, r in results.items()]
+    header = [
+        "activation gradients of Multibox SSD (VGG-16, 300×300) and of ours",
+        "NVIDIA blog post, Fig. 2, and guide",
+        "the paper, Fig. 3 and §3.2",
+    ] + [f"{k} ({r.device}, {r.profile} profile)" for k, r in results.items()]
     return table_html(header, rows)
 
 
-def phases_table(result: ExperimentResult, fmt: FormatLike="FP16") -> HTML:
+def phases_table(result: ExperimentResult, fmt: FormatLike = "FP16") -> HTML:
     """Per part of training: share of zeros, median binade, share lost in ``fmt`` (an HTML table)."""
     rows = []
     for p in result.phases:
         h = p["activation"]
-        rows.append([f"{p['from']}–{p['to']}", pct(h.fraction_zero()), binade(h.median_binade()),
-                     pct(h.fractions(fmt)["underflow"])])
+        rows.append(
+            [
+                f"{p['from']}–{p['to']}",
+                pct(h.fraction_zero()),
+                binade(h.median_binade()),
+                pct(h.fractions(fmt)["underflow"]),
+            ]
+        )
     return table_html(["steps", "zeros", "median non-zero |g|", f"lost in {F.get_format(fmt).name} (S = 1)"], rows)
 
 
-def sweep_table(result: ExperimentResult, fmt: FormatLike="FP16") -> HTML:
+def sweep_table(result: ExperimentResult, fmt: FormatLike = "FP16") -> HTML:
     """The size sweep: per detector, median binade and the share of values below the smallest subnormal."""
     fmt = F.get_format(fmt)
     rows = []
     for label, h in result.sweep.items():
-        rows.append([label, binade(h.median_binade()), pct(h.fraction_zero()),
-                     pct(h.fraction_below(fmt.smallest_subnormal, include_zeros=False)),
-                     pct(h.fractions(fmt)["underflow"])])
-    return table_html(["detector, input size", "median non-zero |g|", "zeros",
-                       f"non-zero below {power_text(math.log2(fmt.smallest_subnormal))}", f"lost in {fmt.name}"], rows)
+        rows.append(
+            [
+                label,
+                binade(h.median_binade()),
+                pct(h.fraction_zero()),
+                pct(h.fraction_below(fmt.smallest_subnormal, include_zeros=False)),
+                pct(h.fractions(fmt)["underflow"]),
+            ]
+        )
+    return table_html(
+        [
+            "detector, input size",
+            "median non-zero |g|",
+            "zeros",
+            f"non-zero below {power_text(math.log2(fmt.smallest_subnormal))}",
+            f"lost in {fmt.name}",
+        ],
+        rows,
+    )
 
 
-def plot_gradient_factors(result: GradientFactorsResult, fmt: FormatLike="FP16", *, title: str | None = None) -> Figure:
+def plot_gradient_factors(
+    result: GradientFactorsResult, fmt: FormatLike = "FP16", *, title: str | None = None
+) -> Figure:
     """Where each variant of the gradient-factor experiment puts its activation gradients, against ``fmt``'s range.
 
     One row per variant (top: our detector): a dot at the median binade of the non-zero activation gradients, a
@@ -379,8 +509,7 @@ def plot_gradient_factors(result: GradientFactorsResult, fmt: FormatLike="FP16",
     rows = len(vids) + 1
     fig = new_figure((10, 1.6 + 0.36 * rows))
     ax = fig.add_subplot()
-    q = {v: [quantile_binade(result.variants[v]["activation"], p) for p in (0.1, 0.25, 0.5, 0.75, 0.9)]
-         for v in vids}
+    q = {v: [quantile_binade(result.variants[v]["activation"], p) for p in (0.1, 0.25, 0.5, 0.75, 0.9)] for v in vids}
     ks = [k for qs in q.values() for k in qs if k is not None]
     lo = min(ks + [-34]) - 2
     hi = max(ks + [0]) + 3
@@ -395,24 +524,59 @@ def plot_gradient_factors(result: GradientFactorsResult, fmt: FormatLike="FP16",
         k10, k25, k50, k75, k90 = q[v]
         if k50 is None:
             continue
-        ax.plot([k10, k90 + 1], [y, y], color="0.25", lw=1.2,
-                label="10th–90th percentile of the non-zero values" if v == vids[0] else None)
-        ax.plot([k25, k75 + 1], [y, y], color="#1f77b4", lw=6, alpha=0.6, solid_capstyle="butt",
-                label="25th–75th percentile" if v == vids[0] else None)
+        ax.plot(
+            [k10, k90 + 1],
+            [y, y],
+            color="0.25",
+            lw=1.2,
+            label="10th–90th percentile of the non-zero values" if v == vids[0] else None,
+        )
+        ax.plot(
+            [k25, k75 + 1],
+            [y, y],
+            color="#1f77b4",
+            lw=6,
+            alpha=0.6,
+            solid_capstyle="butt",
+            label="25th–75th percentile" if v == vids[0] else None,
+        )
         ax.plot([k50 + 0.5], [y], "o", color="#d62728", ms=7, label="median binade" if v == vids[0] else None)
     ax.axvline(q[vids[0]][2] + 0.5, color="#d62728", lw=0.8, ls=":", label="median of our detector")
-    ax.barh(ys[-1], 2, left=-34, height=0.5, color="none", edgecolor="0.2", hatch="///",
-            label="Multibox SSD: 2% of all values in [2⁻³⁴, 2⁻³²) (paper, Fig. 3)")
-    ax.barh(ys[-1], 2, left=-32, height=0.5, color="0.6", edgecolor="0.2", hatch="..",
-            label="Multibox SSD: 4% of all values in [2⁻³², 2⁻³⁰) (NVIDIA blog, Fig. 2)")
-    ax.set_yticks(ys, [f"{result.variants[v]['factor']}: {result.variants[v]['label']}" for v in vids]
-                  + ["Multibox SSD, VGG-16, 300 px: the sources' bins"], fontsize="small")
+    ax.barh(
+        ys[-1],
+        2,
+        left=-34,
+        height=0.5,
+        color="none",
+        edgecolor="0.2",
+        hatch="///",
+        label="Multibox SSD: 2% of all values in [2⁻³⁴, 2⁻³²) (paper, Fig. 3)",
+    )
+    ax.barh(
+        ys[-1],
+        2,
+        left=-32,
+        height=0.5,
+        color="0.6",
+        edgecolor="0.2",
+        hatch="..",
+        label="Multibox SSD: 4% of all values in [2⁻³², 2⁻³⁰) (NVIDIA blog, Fig. 2)",
+    )
+    ax.set_yticks(
+        ys,
+        [f"{result.variants[v]['factor']}: {result.variants[v]['label']}" for v in vids]
+        + ["Multibox SSD, VGG-16, 300 px: the sources' bins"],
+        fontsize="small",
+    )
     ax.set_ylim(-0.7, rows - 0.3)
     ax.set_xlim(lo, hi)
     ax.set_xlabel("log₂ |activation gradient|   (binade k holds 2ᵏ ≤ |g| < 2ᵏ⁺¹)")
     ax.set_ylabel("variant (one factor changed)")
-    ax.set_title(title or f"What moves the activation gradients\n{result.config['steps']} FP32 steps per variant, "
-                          f"{result.profile} profile")
+    ax.set_title(
+        title
+        or f"What moves the activation gradients\n{result.config['steps']} FP32 steps per variant, "
+        f"{result.profile} profile"
+    )
     ax.grid(axis="x", alpha=0.3)
     fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncol=2, fontsize="small")
     return fig
@@ -434,12 +598,31 @@ def gradient_factors_table(result: GradientFactorsResult) -> HTML:
     for vid, d in result.variants.items():
         sh = result.shares(vid)
         shift, law = result.shift(vid), result.divisor_shift(vid)
-        rows.append([f"{html.escape(d['factor'])}: {html.escape(d['label'])}", binade(result.median(vid)),
-                     signed(shift), signed(law, 1), signed(None if shift is None else shift - law, 1),
-                     f"{d['matched']:,.0f}", pct(sh["zeros"]), pct(sh["below"]), pct(sh["lost"])])
-    return table_html(["factor: variant", "median non-zero |g|", "shift from ours (binades)",
-                       "of which the loss's divisor: 1/N, 2⁻ᵏ (binades)", "the rest: the network (binades)",
-                       "matched boxes N per batch", "zeros (of all values)", "below 2⁻²⁴ (of non-zero)",
-                       "lost in FP16: 0 < |g| ≤ 2⁻²⁵ (of non-zero)"], rows,
-                      caption=f"{result.config['steps']} FP32 steps per variant, {result.profile} profile, "
-                              f"{result.device}")
+        rows.append(
+            [
+                f"{html.escape(d['factor'])}: {html.escape(d['label'])}",
+                binade(result.median(vid)),
+                signed(shift),
+                signed(law, 1),
+                signed(None if shift is None else shift - law, 1),
+                f"{d['matched']:,.0f}",
+                pct(sh["zeros"]),
+                pct(sh["below"]),
+                pct(sh["lost"]),
+            ]
+        )
+    return table_html(
+        [
+            "factor: variant",
+            "median non-zero |g|",
+            "shift from ours (binades)",
+            "of which the loss's divisor: 1/N, 2⁻ᵏ (binades)",
+            "the rest: the network (binades)",
+            "matched boxes N per batch",
+            "zeros (of all values)",
+            "below 2⁻²⁴ (of non-zero)",
+            "lost in FP16: 0 < |g| ≤ 2⁻²⁵ (of non-zero)",
+        ],
+        rows,
+        caption=f"{result.config['steps']} FP32 steps per variant, {result.profile} profile, {result.device}",
+    )

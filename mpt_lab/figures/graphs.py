@@ -13,8 +13,16 @@ from ..experiments.gat_amp import DGL_GUIDE, GatAmpResult
 from ..harness.runner import ExperimentResult
 from ._base import FORMAT_COLORS, HTML, mib, new_figure, recipe_style, table_html
 
-__all__ = ["plot_gat_training", "plot_gat_memory", "plot_attention_overflow", "plot_gat_memory_fit",
-           "gat_memory_table", "gat_budget_table", "message_passing_table", "code_table"]
+__all__ = [
+    "plot_gat_training",
+    "plot_gat_memory",
+    "plot_attention_overflow",
+    "plot_gat_memory_fit",
+    "gat_memory_table",
+    "gat_budget_table",
+    "message_passing_table",
+    "code_table",
+]
 
 
 def _check_gat(result):
@@ -47,8 +55,10 @@ def plot_gat_training(result: GatAmpResult, *, title: str | None = None) -> Figu
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("training loss (cross-entropy, nats)")
     fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncol=3, fontsize="small")
-    fig.suptitle(title or f"The DGL User Guide's GAT: training loss in FP32, FP16 and BF16 ({result.device}, "
-                          f"{result.profile} profile)")
+    fig.suptitle(
+        title
+        or f"The DGL User Guide's GAT: training loss in FP32, FP16 and BF16 ({result.device}, {result.profile} profile)"
+    )
     return fig
 
 
@@ -117,8 +127,14 @@ def plot_attention_overflow(demo: dict, *, title: str | None = None) -> Figure:
     fin = np.isfinite(ex)
     ax1.semilogy(e[fin], ex[fin], "o-", color=FORMAT_COLORS["FP16"], label="exp(e) in FP16")
     if (~fin).any():
-        ax1.plot(e[~fin], np.full((~fin).sum(), float(F.FP16.max)), "x", ms=10, color="black",
-                 label="exp(e) = inf in FP16 (overflow)")
+        ax1.plot(
+            e[~fin],
+            np.full((~fin).sum(), float(F.FP16.max)),
+            "x",
+            ms=10,
+            color="black",
+            label="exp(e) = inf in FP16 (overflow)",
+        )
     ax1.axhline(float(F.FP16.max), color="gray", ls=":", label="FP16 max = 65504")
     ax1.axvline(demo["limit"], color="black", ls="--", lw=1, label=f"e = ln(65504) ≈ {demo['limit']:.2f}")
     ax1.set_xlabel("attention logit e")
@@ -130,9 +146,17 @@ def plot_attention_overflow(demo: dict, *, title: str | None = None) -> Figure:
     naive = np.asarray(demo["naive_fp16"], dtype=float)
     nan = np.isnan(naive)
     ax2.bar(x - w, np.where(nan, 0.0, naive), w, color=FORMAT_COLORS["FP16"], alpha=0.5, label="naive exp/Σexp in FP16")
-    if nan.any():      # NaN is no probability: a marker on the axis, not a bar
-        ax2.plot(x[nan] - w, np.zeros(nan.sum()), "X", ms=9, color="black", clip_on=False, zorder=5,
-                 label="naive in FP16: NaN (inf / inf)")
+    if nan.any():  # NaN is no probability: a marker on the axis, not a bar
+        ax2.plot(
+            x[nan] - w,
+            np.zeros(nan.sum()),
+            "X",
+            ms=9,
+            color="black",
+            clip_on=False,
+            zorder=5,
+            label="naive in FP16: NaN (inf / inf)",
+        )
     ax2.bar(x, demo["max_subtracted_fp16"], w, color=FORMAT_COLORS["FP16"], label="max subtracted, FP16 (PyG)")
     ax2.bar(x + w, demo["fp32"], w, color=FORMAT_COLORS["FP32"], label="FP32 reference")
     ax2.set_xticks(x, [f"{v:g}" for v in e])
@@ -144,8 +168,6 @@ def plot_attention_overflow(demo: dict, *, title: str | None = None) -> Figure:
     ax2.grid(axis="y", alpha=0.3)
     fig.suptitle(title or "Where FP16 is fragile in graph attention")
     return fig
-
-
 
 
 def gat_memory_table(result: GatAmpResult) -> HTML:
@@ -161,13 +183,41 @@ def gat_memory_table(result: GatAmpResult) -> HTML:
                 rows.append([hk, p, "out of memory", "–", "–", "–", g_txt])
                 continue
             ratio = result.ratio(hk, p)
-            rows.append([hk, p, mib(r["peak_bytes"], 1), mib(r["total_bytes"], 1),
-                         "–" if ratio is None else f"{ratio:.3f}", f"{r['accuracy']['test']:.3f}", g_txt])
+            rows.append(
+                [
+                    hk,
+                    p,
+                    mib(r["peak_bytes"], 1),
+                    mib(r["total_bytes"], 1),
+                    "–" if ratio is None else f"{ratio:.3f}",
+                    f"{r['accuracy']['test']:.3f}",
+                    g_txt,
+                ]
+            )
     g = DGL_GUIDE["runs"]["[1, 1, 1]"]
-    rows.append(["[1, 1, 1]", "fp16 ÷ fp32", "", "", f"{g['fp16']['memory_gb'] / g['fp32']['memory_gb']:.3f}", "",
-                 "the guide's ratio"])
-    return table_html(["heads", "precision", f"step peak MiB ({result.device})", "total MiB (+ graph, weights, Adam)",
-                       "total ÷ FP32", "test accuracy", f"DGL User Guide, {DGL_GUIDE['device']}"], rows)
+    rows.append(
+        [
+            "[1, 1, 1]",
+            "fp16 ÷ fp32",
+            "",
+            "",
+            f"{g['fp16']['memory_gb'] / g['fp32']['memory_gb']:.3f}",
+            "",
+            "the guide's ratio",
+        ]
+    )
+    return table_html(
+        [
+            "heads",
+            "precision",
+            f"step peak MiB ({result.device})",
+            "total MiB (+ graph, weights, Adam)",
+            "total ÷ FP32",
+            "test accuracy",
+            f"DGL User Guide, {DGL_GUIDE['device']}",
+        ],
+        rows,
+    )
 
 
 def gat_budget_table(result: GatAmpResult) -> tuple[int, HTML]:
@@ -194,10 +244,21 @@ def gat_budget_table(result: GatAmpResult) -> tuple[int, HTML]:
 
 def message_passing_table(result: ExperimentResult) -> HTML:
     """The message-passing results: per library and example, the result's dtype and its error against FP32."""
-    return table_html(["library", "example", "result dtype", "shape", "max |error|", "‖error‖ / ‖FP32‖",
-                       "max error (FP16 ulps)"],
-                      [[r["library"], html.escape(r["example"]), r["dtype"], "×".join(map(str, r["shape"])),
-                        f"{r['max_abs']:.2e}", f"{r['rel_norm']:.2e}", f"{r['max_ulp']:.2f}"] for r in result.rows])
+    return table_html(
+        ["library", "example", "result dtype", "shape", "max |error|", "‖error‖ / ‖FP32‖", "max error (FP16 ulps)"],
+        [
+            [
+                r["library"],
+                html.escape(r["example"]),
+                r["dtype"],
+                "×".join(map(str, r["shape"])),
+                f"{r['max_abs']:.2e}",
+                f"{r['rel_norm']:.2e}",
+                f"{r['max_ulp']:.2f}",
+            ]
+            for r in result.rows
+        ],
+    )
 
 
 def code_table(example: str, codes: dict) -> HTML:
@@ -211,11 +272,13 @@ def code_table(example: str, codes: dict) -> HTML:
     """
     if not isinstance(codes, dict) or not all(isinstance(v, str) for v in codes.values()):
         raise TypeError(f"codes must be a dict {{library: source code}}, got {type(codes).__name__}")
-    pre = ('<pre style="margin:0;padding:4px;overflow-x:auto;max-width:80ch;'
-           'font-size:85%">{}</pre>')
-    return table_html(["library", "code"], [[html.escape(lib), pre.format(html.escape(code))]
-                                            for lib, code in codes.items()], caption=example,
-                      align=("left", "left"))
+    pre = '<pre style="margin:0;padding:4px;overflow-x:auto;max-width:80ch;font-size:85%">{}</pre>'
+    return table_html(
+        ["library", "code"],
+        [[html.escape(lib), pre.format(html.escape(code))] for lib, code in codes.items()],
+        caption=example,
+        align=("left", "left"),
+    )
 
 
 def plot_gat_memory_fit(result: GatAmpResult, *, title: str | None = None) -> Figure:
@@ -243,7 +306,7 @@ def plot_gat_memory_fit(result: GatAmpResult, *, title: str | None = None) -> Fi
         raise ValueError("result has no memory_fit (config.fit_degrees was empty)")
     if "lines" not in fit:
         raise ValueError("result has a memory_fit of an older form (no lines); rerun the experiment")
-    pts = np.asarray(fit["points"], dtype=float)       # N, E, H, bytes
+    pts = np.asarray(fit["points"], dtype=float)  # N, E, H, bytes
     heads = fit["head_counts"]
     sizes = fit["graph_sizes"]
     colors = {h: c for h, c in zip(heads, ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2"))}
@@ -268,11 +331,24 @@ def plot_gat_memory_fit(result: GatAmpResult, *, title: str | None = None) -> Fi
     ax.legend(fontsize="small", loc="upper left", ncol=2)
     for line in fit["lines"]:
         n = line["nodes"]
-        bx.plot(line["heads"], line["slope"], markers[n], color=colors[line["heads"]],
-                ms=7 if n == sizes[0] else 14, mfc="none" if n != sizes[0] else None, mew=1.5)
+        bx.plot(
+            line["heads"],
+            line["slope"],
+            markers[n],
+            color=colors[line["heads"]],
+            ms=7 if n == sizes[0] else 14,
+            mfc="none" if n != sizes[0] else None,
+            mew=1.5,
+        )
     hh = np.linspace(0, max(heads) + 0.3, 20)
-    bx.plot(hh, fit["per_edge_head"] * hh + fit["per_edge"], "--", color="0.3", lw=1,
-            label=f"{fit['per_edge_head']:,.0f} · H + {fit['per_edge']:,.0f} bytes")
+    bx.plot(
+        hh,
+        fit["per_edge_head"] * hh + fit["per_edge"],
+        "--",
+        color="0.3",
+        lw=1,
+        label=f"{fit['per_edge_head']:,.0f} · H + {fit['per_edge']:,.0f} bytes",
+    )
     for n in sizes:
         bx.plot([], [], markers[n], color="0.3", mfc="none" if n != sizes[0] else None, label=f"slope, {n:,} nodes")
     bx.set_xlabel("heads per layer H")
@@ -283,6 +359,9 @@ def plot_gat_memory_fit(result: GatAmpResult, *, title: str | None = None) -> Fi
     bx.set_title("The slope grows by the same bytes with every head")
     bx.grid(alpha=0.3)
     bx.legend(fontsize="small", loc="upper left")
-    fig.suptitle(title or f"What PyG's GAT keeps per edge during a step (hidden size {result.config['hidden']}, "
-                          f"{result.device}, {result.profile} profile)")
+    fig.suptitle(
+        title
+        or f"What PyG's GAT keeps per edge during a step (hidden size {result.config['hidden']}, "
+        f"{result.device}, {result.profile} profile)"
+    )
     return fig

@@ -42,8 +42,11 @@ def plot_tradeoffs(result: MemoryTradeoffsResult, *, title: str | None = None) -
         ax.set_xlabel("way of training")
         ax.tick_params(axis="x", labelrotation=15)
         ax.grid(axis="y", alpha=0.3)
-    fig.suptitle(title or f"Recomputation or lower precision: what each costs and saves ({result.device}, "
-                          f"mixed = {result.mixed_dtype})")
+    fig.suptitle(
+        title
+        or f"Recomputation or lower precision: what each costs and saves ({result.device}, "
+        f"mixed = {result.mixed_dtype})"
+    )
     return fig
 
 
@@ -60,19 +63,48 @@ def tradeoff_table(result: MemoryTradeoffsResult) -> HTML:
     base = result.ways["fp32"]
     rows = []
     for way, w in result.ways.items():
-        same = "yes" if w["bit_identical"] else \
-            f"no: rel. diff. {w['grad_rel_diff']:.2g}, cos {w.get('grad_cosine', float('nan')):.3f}"
-        flops = (f"{w['step_flops'] / base['step_flops']:.2f}×" if w.get("step_flops") and base.get("step_flops")
-                 else "–")
+        same = (
+            "yes"
+            if w["bit_identical"]
+            else f"no: rel. diff. {w['grad_rel_diff']:.2g}, cos {w.get('grad_cosine', float('nan')):.3f}"
+        )
+        flops = (
+            f"{w['step_flops'] / base['step_flops']:.2f}×" if w.get("step_flops") and base.get("step_flops") else "–"
+        )
         name = way if way != "fp32" or result.baseline_label == "FP32" else f"fp32: {result.baseline_label}"
-        rows.append([name, mib(w["peak_bytes"]), f"{100 * w['memory_saved']:.0f}%", f"{1e3 * w['step_seconds']:.1f}",
-                     f"{100 * w['overhead']:+.0f}%", flops, same])
-    caption = ("The usual verdict: recomputation is " + say(RECOMPUTE_VS_PRECISION["recomputation"])
-               + "; lower precision is " + say(RECOMPUTE_VS_PRECISION["lower precision"]) + " (where 16-bit "
-               "arithmetic is fast it even saves time). The time columns are measured on the machine that ran this table "
-               "(median of interleaved rounds); whether lower precision saves time there depends on its 16-bit kernels.")
-    return table_html(["way", "peak MiB", "memory saved", "ms / step", "time overhead", "FLOPs / step vs FP32",
-                       "gradients = FP32's?"], rows, caption=caption)
+        rows.append(
+            [
+                name,
+                mib(w["peak_bytes"]),
+                f"{100 * w['memory_saved']:.0f}%",
+                f"{1e3 * w['step_seconds']:.1f}",
+                f"{100 * w['overhead']:+.0f}%",
+                flops,
+                same,
+            ]
+        )
+    caption = (
+        "The usual verdict: recomputation is "
+        + say(RECOMPUTE_VS_PRECISION["recomputation"])
+        + "; lower precision is "
+        + say(RECOMPUTE_VS_PRECISION["lower precision"])
+        + " (where 16-bit "
+        "arithmetic is fast it even saves time). The time columns are measured on the machine that ran this table "
+        "(median of interleaved rounds); whether lower precision saves time there depends on its 16-bit kernels."
+    )
+    return table_html(
+        [
+            "way",
+            "peak MiB",
+            "memory saved",
+            "ms / step",
+            "time overhead",
+            "FLOPs / step vs FP32",
+            "gradients = FP32's?",
+        ],
+        rows,
+        caption=caption,
+    )
 
 
 def training_table(result: MemoryTradeoffsResult) -> HTML:
@@ -84,15 +116,28 @@ def training_table(result: MemoryTradeoffsResult) -> HTML:
     t = result.training
     rows = []
     for k, label in (("fp32", result.baseline_label), ("mixed", f"mixed ({result.mixed_dtype})")):
-        size = mib(t[k]["storage_bytes"], 3) + (f" (the FP32 weights cast to {result.mixed_dtype} at save)"
-                                                if k == "mixed" else "")
-        rows.append([f"this book: {label}, ResNet on digits ({result.device}, {result.profile} profile)",
-                     f"{100 * t[k]['accuracy']:.2f}%", f"{t[k]['epoch_seconds']:.3g}", size])
+        size = mib(t[k]["storage_bytes"], 3) + (
+            f" (the FP32 weights cast to {result.mixed_dtype} at save)" if k == "mixed" else ""
+        )
+        rows.append(
+            [
+                f"this book: {label}, ResNet on digits ({result.device}, {result.profile} profile)",
+                f"{100 * t[k]['accuracy']:.2f}%",
+                f"{t[k]['epoch_seconds']:.3g}",
+                size,
+            ]
+        )
     c = CIFAR10_RESNET50
     for k, label in (("fp32", "FP32"), ("mixed", "mixed")):
         mb = c[k]["storage_mb"]
-        rows.append([f"CIFAR-10 ResNet-50 ({c['device']}): {label}", f"{100 * c[k]['accuracy']:.2f}%",
-                     f"{c[k]['epoch_seconds']:.3g}", f"{mb:.0f} MB as reported (the source's unit)"])
+        rows.append(
+            [
+                f"CIFAR-10 ResNet-50 ({c['device']}): {label}",
+                f"{100 * c[k]['accuracy']:.2f}%",
+                f"{c[k]['epoch_seconds']:.3g}",
+                f"{mb:.0f} MB as reported (the source's unit)",
+            ]
+        )
     return table_html(["run", "test accuracy", "s / epoch", "checkpoint (ours in MiB)"], rows)
 
 
@@ -101,12 +146,24 @@ def breakdown_table(result: MemoryTradeoffsResult) -> HTML:
     optimizer state and the tensors autograd saves for the backward pass."""
     if not isinstance(result, MemoryTradeoffsResult):
         raise TypeError(f"result must be a MemoryTradeoffsResult, got {type(result).__name__}")
-    parts = (("weights", "weights (FP32 in both: autocast casts per op)"), ("gradients", "gradients (FP32)"),
-             ("optimizer_state", "optimizer state (SGD momentum, FP32)"),
-             ("saved_for_backward", "saved for backward: activations (and autocast's weight copies)"))
+    parts = (
+        ("weights", "weights (FP32 in both: autocast casts per op)"),
+        ("gradients", "gradients (FP32)"),
+        ("optimizer_state", "optimizer state (SGD momentum, FP32)"),
+        ("saved_for_backward", "saved for backward: activations (and autocast's weight copies)"),
+    )
     b = result.breakdown
-    rows = [[label, mib(b["fp32"][k], 3), mib(b["mixed"][k], 3),
-             f"{b['mixed'][k] / b['fp32'][k]:.2f}" if b["fp32"][k] else "–"] for k, label in parts]
+    rows = [
+        [
+            label,
+            mib(b["fp32"][k], 3),
+            mib(b["mixed"][k], 3),
+            f"{b['mixed'][k] / b['fp32'][k]:.2f}" if b["fp32"][k] else "–",
+        ]
+        for k, label in parts
+    ]
     total = {w: sum(b[w][k] for k, _ in parts) for w in ("fp32", "mixed")}
-    rows.append(["<b>total</b>", mib(total["fp32"], 3), mib(total["mixed"], 3), f"{total['mixed'] / total['fp32']:.2f}"])
+    rows.append(
+        ["<b>total</b>", mib(total["fp32"], 3), mib(total["mixed"], 3), f"{total['mixed'] / total['fp32']:.2f}"]
+    )
     return table_html(["part of one step", "FP32 (MiB)", f"mixed, {result.mixed_dtype} (MiB)", "mixed ÷ FP32"], rows)

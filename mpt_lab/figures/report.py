@@ -105,12 +105,18 @@ def plot_precision_report(report, formats=None, *, loss_scale: float = 1.0, max_
     fig = new_figure((12, min(3.0 + 0.16 * n, 16)))
     axes = fig.subplots(1, 2, sharey=True)
     norm = LogNorm(vmin=1e-6, vmax=1.0)
-    x_edges = np.concatenate([[lo - 3.5, lo - 2.5], np.arange(lo, hi + 2)])   # the zero column, a gap, binades
+    x_edges = np.concatenate([[lo - 3.5, lo - 2.5], np.arange(lo, hi + 2)])  # the zero column, a gap, binades
     y_edges = np.arange(n + 1)
     mesh = None
-    for ax, hists, s, what in ((axes[0], acts, 0, "module outputs (activations)"),
-                               (axes[1], grads, shift, "gradients of the outputs" +
-                                (f" × loss scale 2^{shift}" if shift else " (loss scale 1)"))):
+    for ax, hists, s, what in (
+        (axes[0], acts, 0, "module outputs (activations)"),
+        (
+            axes[1],
+            grads,
+            shift,
+            "gradients of the outputs" + (f" × loss scale 2^{shift}" if shift else " (loss scale 1)"),
+        ),
+    ):
         m = _matrix(hists, s, lo, hi)
         # pcolormesh wants one edge more than cells: zero column [lo-3.5, lo-2.5], a blank gap, then binades
         cells = np.concatenate([m[:, :1], np.full((n, 1), np.nan), m[:, 1:]], axis=1)
@@ -120,14 +126,17 @@ def plot_precision_report(report, formats=None, *, loss_scale: float = 1.0, max_
             ax.axvline(lost, color=format_color(f), ls="--", lw=1.4)
             ax.axvline(over, color=format_color(f), ls="-", lw=1.4)
         ax.set_title(what, fontsize="medium")
-        ticks = [t for t in range(int(math.ceil((lo + 2) / 8) * 8), hi + 1, 8)]   # clear of the zeros' label
+        ticks = [t for t in range(int(math.ceil((lo + 2) / 8) * 8), hi + 1, 8)]  # clear of the zeros' label
         ax.set_xticks([lo - 3] + ticks, ["zeros"] + [str(t) for t in ticks])
         ax.set_xlim(lo - 3.5, hi + 1)
         ax.set_xlabel("log₂ |value|   (column k holds 2ᵏ ≤ |x| < 2ᵏ⁺¹)")
         ax.grid(axis="x", alpha=0.25)
     step = max(1, math.ceil(n / max_modules))
-    axes[0].set_yticks(np.arange(0, n, step) + 0.5, [mods[i].label for i in range(0, n, step)],
-                       fontsize="x-small" if n > 30 else "small")
+    axes[0].set_yticks(
+        np.arange(0, n, step) + 0.5,
+        [mods[i].label for i in range(0, n, step)],
+        fontsize="x-small" if n > 30 else "small",
+    )
     axes[0].set_ylim(n, 0)
     axes[0].set_ylabel("module, in execution order")
     fig.colorbar(mesh, ax=list(axes), label="share of the module's values (log scale)", shrink=0.8)
@@ -135,13 +144,30 @@ def plot_precision_report(report, formats=None, *, loss_scale: float = 1.0, max_
     for f in fmts:
         lost, over = format_window(f)
         if f in drawn:
-            handles.append(Line2D([], [], color=format_color(f), ls="--",
-                                  label=f"{f.name}: rounds to 0 left of this (|x| ≤ 2^{lost})"))
-            handles.append(Line2D([], [], color=format_color(f), ls="-",
-                                  label=f"{f.name}: overflows right of this (|x| > max {f.max:g})"))
+            handles.append(
+                Line2D(
+                    [], [], color=format_color(f), ls="--", label=f"{f.name}: rounds to 0 left of this (|x| ≤ 2^{lost})"
+                )
+            )
+            handles.append(
+                Line2D(
+                    [],
+                    [],
+                    color=format_color(f),
+                    ls="-",
+                    label=f"{f.name}: overflows right of this (|x| > max {f.max:g})",
+                )
+            )
         else:
-            handles.append(Line2D([], [], color=format_color(f), ls=":",
-                                  label=f"{f.name}: window 2^{lost} … {f.max:.3g}, wider than the axis"))
+            handles.append(
+                Line2D(
+                    [],
+                    [],
+                    color=format_color(f),
+                    ls=":",
+                    label=f"{f.name}: window 2^{lost} … {f.max:.3g}, wider than the axis",
+                )
+            )
     fig.legend(handles=handles, loc="outside lower center", ncol=2, fontsize="small")
     fig.suptitle(f"{report.model_type}: where each module's values lie, and each format's window")
     return fig
@@ -168,8 +194,11 @@ def report_table(reports: dict, formats=None):
     TypeError
         ``reports`` is not a non-empty dict of PrecisionReports.
     """
-    if not isinstance(reports, dict) or not reports or not all(isinstance(r, PrecisionReport)
-                                                               for r in reports.values()):
+    if (
+        not isinstance(reports, dict)
+        or not reports
+        or not all(isinstance(r, PrecisionReport) for r in reports.values())
+    ):
         raise TypeError("reports must be a non-empty dict of label → PrecisionReport")
     fmts = list(formats) if formats is not None else next(iter(reports.values())).formats
     head = ["model", "parameters", "modules"]
@@ -182,9 +211,15 @@ def report_table(reports: dict, formats=None):
             low, high = r.loss_scale_window(f)
             first = r.first_nonfinite(f)
             op = getattr(first, "op", None)
-            row += [html.escape(r.verdict(f)), f"[{pow2(low)}, {pow2(high)}]",
-                    "–" if first is None else f"<code>{html.escape(first[0] or '(model)')}</code> ({first[1]}"
-                    + (f", <code>{html.escape(op)}</code>" if op else "") + ")"]
+            row += [
+                html.escape(r.verdict(f)),
+                f"[{pow2(low)}, {pow2(high)}]",
+                "–"
+                if first is None
+                else f"<code>{html.escape(first[0] or '(model)')}</code> ({first[1]}"
+                + (f", <code>{html.escape(op)}</code>" if op else "")
+                + ")",
+            ]
         rows.append(row)
     align = ["left", "right", "right"] + ["left"] * (len(head) - 3)
     return table_html(head, rows, align=align)
@@ -210,8 +245,11 @@ def plot_loss_scales(monitors: dict, title: str = "The loss scale over the steps
         ``monitors`` is not a non-empty dict of PrecisionMonitors.
     """
 
-    if not isinstance(monitors, dict) or not monitors or not all(isinstance(m, PrecisionMonitor)
-                                                                 for m in monitors.values()):
+    if (
+        not isinstance(monitors, dict)
+        or not monitors
+        or not all(isinstance(m, PrecisionMonitor) for m in monitors.values())
+    ):
         raise TypeError("monitors must be a non-empty dict of label → PrecisionMonitor")
     fig = new_figure((8, 3.8))
     ax = fig.add_subplot(1, 1, 1)
@@ -227,6 +265,12 @@ def plot_loss_scales(monitors: dict, title: str = "The loss scale over the steps
     ax.set_xlabel("training step")
     ax.set_ylabel("log2 of the loss scale")
     ax.set_title(title)
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, fontsize=8,
-              title="× a skipped step (a gradient held inf/NaN)", title_fontsize=8)
+    ax.legend(
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.2),
+        ncol=2,
+        fontsize=8,
+        title="× a skipped step (a gradient held inf/NaN)",
+        title_fontsize=8,
+    )
     return fig

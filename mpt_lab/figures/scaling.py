@@ -17,8 +17,16 @@ from ..harness.runner import ExperimentResult
 from ..histogram import Log2Histogram, log2_histogram, lost_mass, lost_share
 from ._base import FORMAT_COLORS, HTML, new_figure, pct, power_text, recipe_style, running_mean, table_html
 
-__all__ = ["plot_scale_history", "plot_divergence", "plot_shift_sweep", "divergence_table", "plot_gradient_scale",
-           "gradient_scale_table", "plot_gradient_shift", "plot_sampled_softmax"]
+__all__ = [
+    "plot_scale_history",
+    "plot_divergence",
+    "plot_shift_sweep",
+    "divergence_table",
+    "plot_gradient_scale",
+    "gradient_scale_table",
+    "plot_gradient_shift",
+    "plot_sampled_softmax",
+]
 
 _STYLES = ["-", "--", ":", "-."]
 
@@ -36,8 +44,11 @@ def plot_scale_history(result: ExperimentResult | dict, *, title: str | None = N
     -------
     Figure; x = step, y = log2 S.
     """
-    histories = result if isinstance(result, dict) else {
-        "mpt_lab.scaling.GradScaler": result.history["mpt_lab"], "torch.amp.GradScaler": result.history["torch"]}
+    histories = (
+        result
+        if isinstance(result, dict)
+        else {"mpt_lab.scaling.GradScaler": result.history["mpt_lab"], "torch.amp.GradScaler": result.history["torch"]}
+    )
     if not histories:
         raise TypeError("result must be a LossScalingResult or a non-empty dict of label → history")
     fig = new_figure((9, 4))
@@ -47,21 +58,22 @@ def plot_scale_history(result: ExperimentResult | dict, *, title: str | None = N
             continue
         steps = np.array([s for s, _, _ in h])
         scales = np.log2(np.array([v for _, v, _ in h], dtype=float))
-        ax.step(steps, scales, where="post", lw=2.2 if i == 0 else 1.2, ls="-" if i == 0 else "--",
-                label=f"S, {label}")
+        ax.step(steps, scales, where="post", lw=2.2 if i == 0 else 1.2, ls="-" if i == 0 else "--", label=f"S, {label}")
         inf = np.array([bool(f) for _, _, f in h])
         if inf.any() and i == 0:
             ax.plot(steps[inf], scales[inf], "v", color="#d62728", ms=7, label="overflow: step skipped, S halved")
     ax.set_xlabel("step")
     ax.set_ylabel("log₂ S   (loss scale)")
-    ax.yaxis.set_major_locator(MaxNLocator(integer=True))      # S is a power of two: whole exponents only
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # S is a power of two: whole exponents only
     ax.set_title(title or "Dynamic loss scaling: grow after N clean steps, back off on overflow")
     ax.legend(fontsize="small", loc="lower right")
     ax.grid(alpha=0.3)
     return fig
 
 
-def plot_divergence(result: ExperimentResult, *, smooth: int = 20, title: str | None = None, ylabel: str | None = None) -> Figure:
+def plot_divergence(
+    result: ExperimentResult, *, smooth: int = 20, title: str | None = None, ylabel: str | None = None
+) -> Figure:
     """Training loss per arm beside the share of activation-gradient values that are zero, over training.
 
     bigLSTM's training-loss curves (left) and their explanation (right): a run whose gradients underflow in FP16 loses them
@@ -83,8 +95,9 @@ def plot_divergence(result: ExperimentResult, *, smooth: int = 20, title: str | 
     if not isinstance(arms, dict) or not arms:
         raise TypeError("result must be a BigLSTMResult or SSDTable2Result with at least one arm")
     if ylabel is None:
-        ylabel = "training loss (SSD eq. 1)" if "map50" in next(iter(arms.values())) else \
-            "training loss (nats per token)"
+        ylabel = (
+            "training loss (SSD eq. 1)" if "map50" in next(iter(arms.values())) else "training loss (nats per token)"
+        )
     fig = new_figure((12, 4.6))
     ax, bx = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
     for i, (arm, d) in enumerate(arms.items()):
@@ -92,8 +105,13 @@ def plot_divergence(result: ExperimentResult, *, smooth: int = 20, title: str | 
         x, mean = running_mean(d["losses"], smooth)
         ax.plot(x, mean, ls=_STYLES[i % 4], lw=2.2 if i == 0 else 1.6, label=label)
         if d["evals"]:
-            bx.plot([e["step"] for e in d["evals"]], [100 * e["zero_share"] for e in d["evals"]], "o" + _STYLES[i % 4],
-                    lw=2.2 if i == 0 else 1.6, label=label)
+            bx.plot(
+                [e["step"] for e in d["evals"]],
+                [100 * e["zero_share"] for e in d["evals"]],
+                "o" + _STYLES[i % 4],
+                lw=2.2 if i == 0 else 1.6,
+                label=label,
+            )
     ax.set_xlabel("step")
     ax.set_ylabel(f"{ylabel}\n(running mean of {smooth} steps)")
     ax.set_title("Training loss")
@@ -103,12 +121,13 @@ def plot_divergence(result: ExperimentResult, *, smooth: int = 20, title: str | 
     bx.set_ylim(-2, 102)
     bx.set_title("Zeros: FP32's own, plus underflow in the FP16 runs")
     bx.grid(alpha=0.3)
-    fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncol=min(4, len(arms)),
-               fontsize="small")
+    fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncol=min(4, len(arms)), fontsize="small")
     shift = getattr(result, "grad_shift", result.config.get("grad_shift"))
     fp16 = "real" if result.real_fp16 else "simulated"
-    fig.suptitle(title or f"FP32 against FP16 mixed precision ({fp16} FP16, gradient shift k = {shift}, "
-                          f"{result.profile} profile)")
+    fig.suptitle(
+        title
+        or f"FP32 against FP16 mixed precision ({fp16} FP16, gradient shift k = {shift}, {result.profile} profile)"
+    )
     return fig
 
 
@@ -132,23 +151,38 @@ def plot_shift_sweep(result: ExperimentResult, *, title: str | None = None) -> F
     zeros = [100 * float(sweep["zero_share"][str(k)]) for k in ks]
     fig = new_figure((9, 4.4))
     ax = fig.add_subplot()
-    runs = [[ks[0]]]                      # lines join neighbouring shifts only: none across an unmeasured k
+    runs = [[ks[0]]]  # lines join neighbouring shifts only: none across an unmeasured k
     for a in ks[1:]:
         runs[-1].append(a) if a == runs[-1][-1] + 1 else runs.append([a])
     for i, run in enumerate(runs):
-        ax.plot(run, [loss[ks.index(a)] for a in run], "o-", color="#d62728", lw=2,
-                label=f"{recipe_style('fp16_unscaled')[0]}: final loss (lines join neighbouring k)" if i == 0 else None)
+        ax.plot(
+            run,
+            [loss[ks.index(a)] for a in run],
+            "o-",
+            color="#d62728",
+            lw=2,
+            label=f"{recipe_style('fp16_unscaled')[0]}: final loss (lines join neighbouring k)" if i == 0 else None,
+        )
     ax.axhline(float(sweep["fp32"]), color="#1f77b4", lw=2, label="FP32 (identical for every k)")
     if sweep.get("equivalent_shift") is not None:
-        ax.axvline(sweep["equivalent_shift"], color="0.4", ls=":",
-                   label=f"bigLSTM's median sampled-logit gradient (simulated): k = {sweep['equivalent_shift']}")
+        ax.axvline(
+            sweep["equivalent_shift"],
+            color="0.4",
+            ls=":",
+            label=f"bigLSTM's median sampled-logit gradient (simulated): k = {sweep['equivalent_shift']}",
+        )
     ax.set_xlabel("gradient shift k (every gradient × 2⁻ᵏ)")
     ax.set_ylabel("final training loss (nats per token)")
     ax.grid(alpha=0.3)
     bx = ax.twinx()
     for i, run in enumerate(runs):
-        bx.plot(run, [zeros[ks.index(a)] for a in run], "s--", color="0.5",
-                label="FP16 run: activation-gradient values = 0 (%)" if i == 0 else None)
+        bx.plot(
+            run,
+            [zeros[ks.index(a)] for a in run],
+            "s--",
+            color="0.5",
+            label="FP16 run: activation-gradient values = 0 (%)" if i == 0 else None,
+        )
     bx.set_ylabel("activation-gradient values = 0 (%)")
     bx.set_ylim(0, 100)
     h1, l1 = ax.get_legend_handles_labels()
@@ -183,8 +217,12 @@ def divergence_table(result: ExperimentResult, paper: dict | None = None) -> HTM
             quality = f"{100 * result.final_map(arm):.1f}" + (" (diverged)" if result.diverged(arm) else "")
         else:
             quality = f"{result.final(arm, 'ppl'):.1f}"
-        row = [result.labels.get(arm, arm), f"{loss(arm):.3f}", "–" if arm == "fp32" else f"{loss(arm) - base:+.3f}",
-               quality]
+        row = [
+            result.labels.get(arm, arm),
+            f"{loss(arm):.3f}",
+            "–" if arm == "fp32" else f"{loss(arm) - base:+.3f}",
+            quality,
+        ]
         if paper is not None:
             row.append(str(paper.get(arm, "—")))
         flush = pct(e.get("fp16_underflow"), 3) if arm == "fp32" else "– (its values are FP16)"
@@ -195,11 +233,13 @@ def divergence_table(result: ExperimentResult, paper: dict | None = None) -> HTM
     shift = getattr(result, "grad_shift", None)
     shift = result.config.get("grad_shift") if shift is None else shift
     evaluator = f"mAP@0.5 by {result.map_evaluator}. " if detector else ""
-    caption = (evaluator + f"Gradient shift k = {shift}{' (none)' if shift == 0 else ''}. Final loss: mean of the last 50 "
-               "steps. = 0: activation-gradient values exactly zero in the run's own arithmetic (in the FP16 runs, "
-               "the zeros the FP32 run has too, plus what FP16 lost: compare with the FP32 row). FP16 would flush: "
-               "the share of the FP32 run's values that FP16 would round to zero "
-               "(|x| ≤ 2⁻²⁵)." + (" Paper: Micikevicius et al. 2018, Table 2, its own runs." if paper else ""))
+    caption = (
+        evaluator + f"Gradient shift k = {shift}{' (none)' if shift == 0 else ''}. Final loss: mean of the last 50 "
+        "steps. = 0: activation-gradient values exactly zero in the run's own arithmetic (in the FP16 runs, "
+        "the zeros the FP32 run has too, plus what FP16 lost: compare with the FP32 row). FP16 would flush: "
+        "the share of the FP32 run's values that FP16 would round to zero "
+        "(|x| ≤ 2⁻²⁵)." + (" Paper: Micikevicius et al. 2018, Table 2, its own runs." if paper else "")
+    )
     return table_html(header + ["= 0", "FP16 would flush", "skipped steps"], rows, caption=caption)
 
 
@@ -241,7 +281,7 @@ def plot_gradient_scale(result: ExperimentResult, *, which: str = "trained", tit
     for r in rows:
         ci, mi = vocabs.index(r["vocab_size"]), tokens.index(r["tokens"])
         ax.plot(r["log2_vn"], r["median_log2"], markers[mi % len(markers)], color=f"C{ci}", ms=8)
-    for ci, v in enumerate(vocabs):       # legend entries: colour = vocabulary, marker = batch
+    for ci, v in enumerate(vocabs):  # legend entries: colour = vocabulary, marker = batch
         ax.plot([], [], "o", color=f"C{ci}", label=f"V = {v:,} words")
     for mi, n in enumerate(tokens):
         ax.plot([], [], markers[mi % len(markers)], color="0.4", mfc="none", label=f"N = {n:,} tokens per batch")
@@ -263,25 +303,37 @@ def plot_gradient_scale(result: ExperimentResult, *, which: str = "trained", tit
         h = pts[base]
         share = 100.0 * h.counts / max(h.total, 1)
         keep = share > 0
-        bx.plot(h.exponents[keep] - k, share[keep], "k--", lw=2,
-                label=f"V = {base[0]:,}, N = {base[1]:,}, shifted by k = {k} (loss × 2⁻{_sup(k)})")
+        bx.plot(
+            h.exponents[keep] - k,
+            share[keep],
+            "k--",
+            lw=2,
+            label=f"V = {base[0]:,}, N = {base[1]:,}, shifted by k = {k} (loss × 2⁻{_sup(k)})",
+        )
         for i, c in enumerate(c for c in comps if c["k"] == k and c["base"] == base):
             t = pts[c["target"]]
             share = 100.0 * t.counts / max(t.total, 1)
             keep = share > 0
-            bx.plot(t.exponents[keep], share[keep], _STYLES[i % 4], color=f"C{i + 2}", lw=1.6,
-                    label=f"measured: V = {c['target'][0]:,}, N = {c['target'][1]:,} "
-                          f"({'vocabulary' if c['axis'] == 'V' else 'batch'} × 2{_sup(k)})")
+            bx.plot(
+                t.exponents[keep],
+                share[keep],
+                _STYLES[i % 4],
+                color=f"C{i + 2}",
+                lw=1.6,
+                label=f"measured: V = {c['target'][0]:,}, N = {c['target'][1]:,} "
+                f"({'vocabulary' if c['axis'] == 'V' else 'batch'} × 2{_sup(k)})",
+            )
     bx.axvline(-25, color=FORMAT_COLORS["FP16"], ls=":", lw=1.5, label="FP16: |x| ≤ 2⁻²⁵ → 0")
     bx.set_yscale("log")
     bx.set_xlabel("log₂|activation gradient|   (bin k: 2ᵏ ≤ |g| < 2ᵏ⁺¹)")
     bx.set_ylabel("share of values (%)")
     bx.set_title("A shift k against 2ᵏ times the vocabulary or batch")
     bx.grid(alpha=0.3)
-    bx.legend(fontsize="x-small", loc="upper center", bbox_to_anchor=(0.5, -0.16))   # below: no data covered
+    bx.legend(fontsize="x-small", loc="upper center", bbox_to_anchor=(0.5, -0.16))  # below: no data covered
     _plot_lost_against_shift(cx, result, which, vocabs)
-    fig.suptitle(title or f"What sets a language model's gradient scale ({which} histograms, FP32, "
-                          f"{result.profile} profile)")
+    fig.suptitle(
+        title or f"What sets a language model's gradient scale ({which} histograms, FP32, {result.profile} profile)"
+    )
     return fig
 
 
@@ -318,25 +370,63 @@ def gradient_scale_table(result: ExperimentResult, *, which: str = "trained") ->
     log₂ of the median (2 decimals, as the comparisons and the figure give it) and the share FP16 loses at the first step and over the recorded steps, the loss
     (an HTML table); below it, each comparison of a shifted point with a measured one."""
     init, trained = _gradient_scale_points(result, "init"), _gradient_scale_points(result, which)
-    rows = [[f"{a['vocab_size']:,}", f"{a['tokens']:,}", f"{a['log2_vn']:.1f}", f"{a['median_log2']:.2f}",
-             f"{b['median_log2']:.2f}", _share(a["lost"]), _share(b["lost"]), f"{b['loss']:.2f}"]
-            for a, b in zip(init, trained)]
-    points = table_html(["V (words)", "N (tokens per batch)", "log₂(V·N)", "log₂ median, first step",
-                         "log₂ median, trained", "lost in FP16, first step", "lost in FP16, trained",
-                         "loss, trained (nats per token)"], rows)
-    comps = [[("vocabulary" if c["axis"] == "V" else "batch") + f" × 2<sup>{c['k']}</sup>",
-              f"{c['base'][0]:,} × {c['base'][1]:,} → {c['target'][0]:,} × {c['target'][1]:,}",
-              f"{c['shifted_median']:.2f}", f"{c['measured_median']:.2f}", _share(c["shifted_lost"]),
-              _share(c["measured_lost"])] for c in result.comparisons(which)]
+    rows = [
+        [
+            f"{a['vocab_size']:,}",
+            f"{a['tokens']:,}",
+            f"{a['log2_vn']:.1f}",
+            f"{a['median_log2']:.2f}",
+            f"{b['median_log2']:.2f}",
+            _share(a["lost"]),
+            _share(b["lost"]),
+            f"{b['loss']:.2f}",
+        ]
+        for a, b in zip(init, trained)
+    ]
+    points = table_html(
+        [
+            "V (words)",
+            "N (tokens per batch)",
+            "log₂(V·N)",
+            "log₂ median, first step",
+            "log₂ median, trained",
+            "lost in FP16, first step",
+            "lost in FP16, trained",
+            "loss, trained (nats per token)",
+        ],
+        rows,
+    )
+    comps = [
+        [
+            ("vocabulary" if c["axis"] == "V" else "batch") + f" × 2<sup>{c['k']}</sup>",
+            f"{c['base'][0]:,} × {c['base'][1]:,} → {c['target'][0]:,} × {c['target'][1]:,}",
+            f"{c['shifted_median']:.2f}",
+            f"{c['measured_median']:.2f}",
+            _share(c["shifted_lost"]),
+            _share(c["measured_lost"]),
+        ]
+        for c in result.comparisons(which)
+    ]
     if not comps:
         return points
-    shifts = table_html(["larger by", "V × N → V × N", "log₂ median, shifted", "log₂ median, measured",
-                         "lost in FP16, shifted", "lost in FP16, measured"], comps)
+    shifts = table_html(
+        [
+            "larger by",
+            "V × N → V × N",
+            "log₂ median, shifted",
+            "log₂ median, measured",
+            "lost in FP16, shifted",
+            "lost in FP16, measured",
+        ],
+        comps,
+    )
     return type(points)(points + shifts)
 
 
 # ------------------------------------------------------------------------------- the gradient shift, drawn
-def plot_gradient_shift(hist: Log2Histogram, k: int, scale: float = 128.0, *, label: str = "", title: str | None = None) -> Figure:
+def plot_gradient_shift(
+    hist: Log2Histogram, k: int, scale: float = 128.0, *, label: str = "", title: str | None = None
+) -> Figure:
     """A diagram of the gradient shift drawn from a measured histogram: the activation gradients as the model
     computes them (FP32), after the gradient shift 2⁻ᵏ, and after the loss scale S on top of it, each against
     FP16's ranges (normal, subnormal, rounded to zero).
@@ -373,11 +463,18 @@ def plot_gradient_shift(hist: Log2Histogram, k: int, scale: float = 128.0, *, la
         raise ValueError("hist has no non-zero finite values to draw")
     e = hist.exponents[keep]
     share = share[keep]
-    stages = [(0, f"1. FP32: the gradients as the model computes them{' (' + label + ')' if label else ''}"),
-              (-k, f"2. × 2⁻ᵏ, k = {k}: the gradient shift, every value k binades lower "
-                   "(in FP32 Adagrad cancels it exactly)"),
-              (up - k, f"3. then × S = {scale:g} = {power_text(up)}: the loss scale, {up} binades back up "
-                       "(the FP32 update divides by S again)")]
+    stages = [
+        (0, f"1. FP32: the gradients as the model computes them{' (' + label + ')' if label else ''}"),
+        (
+            -k,
+            f"2. × 2⁻ᵏ, k = {k}: the gradient shift, every value k binades lower (in FP32 Adagrad cancels it exactly)",
+        ),
+        (
+            up - k,
+            f"3. then × S = {scale:g} = {power_text(up)}: the loss scale, {up} binades back up "
+            "(the FP32 update divides by S again)",
+        ),
+    ]
     lo, hi = min(e.min() - k, -27) - 1, max(e.max() + up, -12) + 2
     fig = new_figure((11, 7.6))
     axes = fig.subplots(3, 1, sharex=True)
@@ -387,7 +484,7 @@ def plot_gradient_shift(hist: Log2Histogram, k: int, scale: float = 128.0, *, la
         ax.axvspan(-25, -14, color="#ffbf00", alpha=0.12, lw=0)
         ax.axvspan(-14, hi, color="#2ca02c", alpha=0.07, lw=0)
         x = e + move
-        lost = x <= -26                                   # bins with |x| < 2⁻²⁵: rounded to zero
+        lost = x <= -26  # bins with |x| < 2⁻²⁵: rounded to zero
         ax.bar(x[~lost], share[~lost], width=1.0, align="edge", color="#1f77b4", edgecolor="white", lw=0.3)
         ax.bar(x[lost], share[lost], width=1.0, align="edge", color=fp16, edgecolor="white", lw=0.3)
         ax.set_yscale("log")
@@ -395,21 +492,29 @@ def plot_gradient_shift(hist: Log2Histogram, k: int, scale: float = 128.0, *, la
         ax.set_ylabel("share of\nvalues (%)")
         ax.grid(axis="y", alpha=0.3)
         shift = -move
-        ax.set_title(f"{head}\nFP16 would round to zero {_share(lost_share(hist, shift))} of the values, "
-                     f"{_share(lost_mass(hist, shift))} of their sum |g|", fontsize="medium", loc="left")
+        ax.set_title(
+            f"{head}\nFP16 would round to zero {_share(lost_share(hist, shift))} of the values, "
+            f"{_share(lost_mass(hist, shift))} of their sum |g|",
+            fontsize="medium",
+            loc="left",
+        )
     axes[-1].set_xlim(lo, hi)
     axes[-1].set_xlabel("log₂|activation gradient|   (bin e: 2ᵉ ≤ |g| < 2ᵉ⁺¹)")
-    handles = [Patch(color="#1f77b4", label="kept by FP16"), Patch(color=fp16, label="rounded to zero by FP16"),
-               Patch(color=fp16, alpha=0.10, label="FP16: |x| ≤ 2⁻²⁵ → 0"),
-               Patch(color="#ffbf00", alpha=0.25, label="FP16 subnormal: 2⁻²⁵ < |x| < 2⁻¹⁴"),
-               Patch(color="#2ca02c", alpha=0.15, label="FP16 normal: ≥ 2⁻¹⁴")]
+    handles = [
+        Patch(color="#1f77b4", label="kept by FP16"),
+        Patch(color=fp16, label="rounded to zero by FP16"),
+        Patch(color=fp16, alpha=0.10, label="FP16: |x| ≤ 2⁻²⁵ → 0"),
+        Patch(color="#ffbf00", alpha=0.25, label="FP16 subnormal: 2⁻²⁵ < |x| < 2⁻¹⁴"),
+        Patch(color="#2ca02c", alpha=0.15, label="FP16 normal: ≥ 2⁻¹⁴"),
+    ]
     fig.legend(handles=handles, loc="outside lower center", ncol=5, fontsize="small")
     fig.suptitle(title or "The gradient shift and the loss scale move the whole histogram: what FP16 keeps")
     return fig
 
 
-def plot_sampled_softmax(sim: dict, *, ours_log2: float | None = None, ours_label: str = "",
-                         title: str | None = None) -> Figure:
+def plot_sampled_softmax(
+    sim: dict, *, ours_log2: float | None = None, ours_label: str = "", title: str | None = None
+) -> Figure:
     """bigLSTM's sampled-logit gradients at initialisation, as simulated, against FP16's ranges.
 
     Parameters
@@ -441,23 +546,32 @@ def plot_sampled_softmax(sim: dict, *, ours_log2: float | None = None, ours_labe
     lost = e <= -26
     ax.bar(e[~lost], share[~lost], width=1.0, align="edge", color="#1f77b4", edgecolor="white", lw=0.3)
     ax.bar(e[lost], share[lost], width=1.0, align="edge", color=fp16, edgecolor="white", lw=0.3)
-    lines = [ax.axvline(sim["median_log2"], color="k", ls="--", lw=1.5,
-                        label=f"median: 2^{sim['median_log2']:.1f}")]
+    lines = [ax.axvline(sim["median_log2"], color="k", ls="--", lw=1.5, label=f"median: 2^{sim['median_log2']:.1f}")]
     if ours_log2 is not None:
-        lines.append(ax.axvline(ours_log2, color="#9467bd", ls=":", lw=2,
-                                label=ours_label or f"ours: 2^{ours_log2:.1f}"))
+        lines.append(
+            ax.axvline(ours_log2, color="#9467bd", ls=":", lw=2, label=ours_label or f"ours: 2^{ours_log2:.1f}")
+        )
     ax.set_xlim(lo, hi)
     ax.set_ylim(0, share.max() * 1.25)
     ax.set_xlabel("log₂|logit gradient|   (bin e: 2ᵉ ≤ |g| < 2ᵉ⁺¹)")
     ax.set_ylabel("share of sampled-logit gradients (%)")
     ax.grid(axis="y", alpha=0.3)
-    handles = [Patch(color="#1f77b4", label="kept by FP16"),
-               Patch(color=fp16, label=f"rounded to zero by FP16 ({_share(sim['lost'])})"),
-               Patch(color="#ffbf00", alpha=0.25, label="FP16 subnormal"),
-               Patch(color="#2ca02c", alpha=0.15, label="FP16 normal"), *lines]
+    handles = [
+        Patch(color="#1f77b4", label="kept by FP16"),
+        Patch(color=fp16, label=f"rounded to zero by FP16 ({_share(sim['lost'])})"),
+        Patch(color="#ffbf00", alpha=0.25, label="FP16 subnormal"),
+        Patch(color="#2ca02c", alpha=0.15, label="FP16 normal"),
+        *lines,
+    ]
     fig.legend(handles=handles, loc="outside lower center", ncol=3, fontsize="small")
     c = sim.get("config", {})
-    ax.set_title(title or (f"bigLSTM's sampled-logit gradients at its first step, simulated "
-                           f"({c.get('num_sampled', '?'):,} of {c.get('vocab_size', '?'):,} words sampled, "
-                           f"log-Q correction, loss ÷ {c.get('loss_divisor', '?')})"), fontsize="medium")
+    ax.set_title(
+        title
+        or (
+            f"bigLSTM's sampled-logit gradients at its first step, simulated "
+            f"({c.get('num_sampled', '?'):,} of {c.get('vocab_size', '?'):,} words sampled, "
+            f"log-Q correction, loss ÷ {c.get('loss_divisor', '?')})"
+        ),
+        fontsize="medium",
+    )
     return fig

@@ -22,7 +22,9 @@ __all__ = ["plot_losses", "plot_master_weight_loop", "speedup_table", "autocast_
 _STYLES = ["-", "--", ":", "-."]
 
 
-def plot_losses(result: ExperimentResult | dict, *, smooth: int = 50, title: str | None = None, reference: str | None = None) -> Figure:
+def plot_losses(
+    result: ExperimentResult | dict, *, smooth: int = 50, title: str | None = None, reference: str | None = None
+) -> Figure:
     """Running means of the loss curves of a run with several arms, against step (one line per arm).
 
     The first arm is drawn as a wide, pale band and the others as thinner lines on top of it (dotted ones with
@@ -127,10 +129,13 @@ def plot_master_weight_loop(trace: dict, *, title: str | None = None) -> Figure:
     ValueError
         A step of the loop is missing from ``trace``.
     """
-    if not isinstance(trace, (list, tuple)) or not all(isinstance(r, dict) and "step" in r and "dtype" in r
-                                                        for r in trace):
-        raise TypeError("trace must be MasterWeightTrainer.last_trace: a list of records with 'step' and 'dtype' "
-                        "(make the trainer with trace=True and call train_step once)")
+    if not isinstance(trace, (list, tuple)) or not all(
+        isinstance(r, dict) and "step" in r and "dtype" in r for r in trace
+    ):
+        raise TypeError(
+            "trace must be MasterWeightTrainer.last_trace: a list of records with 'step' and 'dtype' "
+            "(make the trainer with trace=True and call train_step once)"
+        )
     by_step: dict = {}
     for r in trace:
         by_step.setdefault(r["step"], []).append(r)
@@ -149,38 +154,88 @@ def plot_master_weight_loop(trace: dict, *, title: str | None = None) -> Figure:
     for step, idx, label, x, y in _LOOP_BOXES:
         r = by_step[step][idx]
         c = colors.get(r["dtype"], "0.5")
-        ax.add_patch(FancyBboxPatch((x - w / 2, y - h / 2), w, h, boxstyle="round,pad=0.02,rounding_size=0.05",
-                                    facecolor=c, alpha=0.22, edgecolor=c, lw=2))
+        ax.add_patch(
+            FancyBboxPatch(
+                (x - w / 2, y - h / 2),
+                w,
+                h,
+                boxstyle="round,pad=0.02,rounding_size=0.05",
+                facecolor=c,
+                alpha=0.22,
+                edgecolor=c,
+                lw=2,
+            )
+        )
         ax.text(x, y + 0.09, label, ha="center", va="center", fontsize=10, weight="bold")
         ax.text(x, y - 0.11, r["dtype"], ha="center", va="center", fontsize=10, family="monospace")
         centers.append((x, y))
     # step (5): the scaled loss as the trace recorded it, beside the loss box
     c5 = colors.get(step5["dtype"], "0.5")
     naive = step5["dtype"] != "float32"
-    ax.add_patch(FancyBboxPatch((4.0 - w / 2, 0.0 - h / 2), w, h, boxstyle="round,pad=0.02,rounding_size=0.05",
-                                facecolor=c5, alpha=0.22, edgecolor=c5, lw=2, ls="--" if naive else "-"))
-    ax.text(4.0, 0.09, "scaled loss, cast" if naive else "scaled loss", ha="center",
-            va="center", fontsize=10, weight="bold")
-    ax.text(4.0, -0.11, step5["dtype"] + (" (naive)" if naive else ""), ha="center", va="center", fontsize=10,
-            family="monospace")
+    ax.add_patch(
+        FancyBboxPatch(
+            (4.0 - w / 2, 0.0 - h / 2),
+            w,
+            h,
+            boxstyle="round,pad=0.02,rounding_size=0.05",
+            facecolor=c5,
+            alpha=0.22,
+            edgecolor=c5,
+            lw=2,
+            ls="--" if naive else "-",
+        )
+    )
+    ax.text(
+        4.0, 0.09, "scaled loss, cast" if naive else "scaled loss", ha="center", va="center", fontsize=10, weight="bold"
+    )
+    ax.text(
+        4.0,
+        -0.11,
+        step5["dtype"] + (" (naive)" if naive else ""),
+        ha="center",
+        va="center",
+        fontsize=10,
+        family="monospace",
+    )
     arrows = [(a, b, t.format(half=half_name)) for a, b, t in _LOOP_ARROWS]
     for a, b, text in arrows:
         (x0, y0), (x1, y1) = centers[a], centers[b]
-        if a == 4 and b == 5:       # down from the loss to step 5, then left to the half-precision gradients
-            ax.add_patch(FancyArrowPatch((4.0, 1.0 - h / 2), (4.0, h / 2), arrowstyle="-|>", mutation_scale=14,
-                                         lw=1.4, color="0.2"))
-            ax.add_patch(FancyArrowPatch((4.0 - w / 2, 0.0), (x1 + w / 2, y1), arrowstyle="-|>", mutation_scale=14,
-                                         lw=1.4, color="0.2"))
+        if a == 4 and b == 5:  # down from the loss to step 5, then left to the half-precision gradients
+            ax.add_patch(
+                FancyArrowPatch(
+                    (4.0, 1.0 - h / 2), (4.0, h / 2), arrowstyle="-|>", mutation_scale=14, lw=1.4, color="0.2"
+                )
+            )
+            ax.add_patch(
+                FancyArrowPatch(
+                    (4.0 - w / 2, 0.0), (x1 + w / 2, y1), arrowstyle="-|>", mutation_scale=14, lw=1.4, color="0.2"
+                )
+            )
             ax.text(3.0, 0.06, text, ha="center", va="bottom", fontsize=9)
             continue
         if y0 == y1:
             start, end = (x0 + np.sign(x1 - x0) * w / 2, y0), (x1 - np.sign(x1 - x0) * w / 2, y1)
             ax.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=14, lw=1.4, color="0.2"))
-            ax.text((x0 + x1) / 2, y0 + (0.26 if y0 > 0.5 else -0.26), text, ha="center",
-                    va="bottom" if y0 > 0.5 else "top", fontsize=9)
-        else:                       # the vertical arrow back to the masters
-            ax.add_patch(FancyArrowPatch((x0, y0 + h / 2), (x1, y1 - h / 2), arrowstyle="-|>", mutation_scale=14,
-                                         lw=1.4, color="0.2", ls="--"))
+            ax.text(
+                (x0 + x1) / 2,
+                y0 + (0.26 if y0 > 0.5 else -0.26),
+                text,
+                ha="center",
+                va="bottom" if y0 > 0.5 else "top",
+                fontsize=9,
+            )
+        else:  # the vertical arrow back to the masters
+            ax.add_patch(
+                FancyArrowPatch(
+                    (x0, y0 + h / 2),
+                    (x1, y1 - h / 2),
+                    arrowstyle="-|>",
+                    mutation_scale=14,
+                    lw=1.4,
+                    color="0.2",
+                    ls="--",
+                )
+            )
             ax.text(x0 + 0.06, 0.5, text, ha="left", va="center", fontsize=9)
     ax.set_xlim(-0.5, 4.5)
     ax.set_ylim(-0.62, 1.62)
@@ -192,10 +247,12 @@ def plot_master_weight_loop(trace: dict, *, title: str | None = None) -> Figure:
     ax.text(-0.45, -0.56, "← backward and update", fontsize=9, style="italic", color="0.35")
     ax.set_xlabel("box colour: the tensor's dtype, as one train_step recorded it; (n): step n of the loop")
     article = "an" if half_name == "FP16" else "a"
-    ax.set_title(title or f"One iteration with FP32 master weights and {article} {half_name} copy:\n"
-                          "the dtype of every tensor")
-    handles = [Patch(facecolor=colors[d], alpha=0.35, edgecolor=colors[d], label=d)
-               for d in ("float32", half) if d in colors]
+    ax.set_title(
+        title or f"One iteration with FP32 master weights and {article} {half_name} copy:\nthe dtype of every tensor"
+    )
+    handles = [
+        Patch(facecolor=colors[d], alpha=0.35, edgecolor=colors[d], label=d) for d in ("float32", half) if d in colors
+    ]
     ax.legend(handles=handles, loc="upper right", fontsize="small", title="dtype", ncol=2)
     return fig
 
@@ -216,8 +273,11 @@ def speedup_table(results: AmpRecipeResult | dict[str, AmpRecipeResult]) -> HTML
     """
     if isinstance(results, AmpRecipeResult):
         results = {"saved run": results}
-    if not isinstance(results, dict) or not results or \
-            not all(isinstance(r, AmpRecipeResult) for r in results.values()):
+    if (
+        not isinstance(results, dict)
+        or not results
+        or not all(isinstance(r, AmpRecipeResult) for r in results.values())
+    ):
         raise TypeError("results must be an AmpRecipeResult or a non-empty dict of label → AmpRecipeResult")
     tables = []
     for label, r in results.items():
@@ -225,16 +285,32 @@ def speedup_table(results: AmpRecipeResult | dict[str, AmpRecipeResult]) -> HTML
         sheet = r.datasheet is not None
         for row in r.rows:
             sp = r.speedup.get(row["recipe"], {}).get(str(row["batch"]), 1.0)
-            rows.append([row["recipe"], row["batch"], f"{row['epoch_seconds']:.4g}", f"{sp:.2f}×",
-                         f"{row['tflops'] * 1e3:.3g}", f"{100 * row['fraction_of_peak']:.0f}%"]
-                        + ([f"{100 * row['fraction_of_datasheet_peak']:.0f}%"] if sheet else [])
-                        + [mib(row["peak_bytes"], 1)])
+            rows.append(
+                [
+                    row["recipe"],
+                    row["batch"],
+                    f"{row['epoch_seconds']:.4g}",
+                    f"{sp:.2f}×",
+                    f"{row['tflops'] * 1e3:.3g}",
+                    f"{100 * row['fraction_of_peak']:.0f}%",
+                ]
+                + ([f"{100 * row['fraction_of_datasheet_peak']:.0f}%"] if sheet else [])
+                + [mib(row["peak_bytes"], 1)]
+            )
         c = r.config
-        caption = (f"{label}: {r.device}, {r.profile} profile, {c['num_layers']} × Linear({c['width']}, "
-                   f"{c['width']}); FLOPs: {r.flops_convention}")
-        tables.append(table_html(["recipe", "batch", "s / epoch", "speed-up vs FP32", "GFLOP/s",
-                                  "of measured matmul peak"] + (["of datasheet peak"] if sheet else [])
-                                 + ["peak MiB"], rows, caption=caption))
+        caption = (
+            f"{label}: {r.device}, {r.profile} profile, {c['num_layers']} × Linear({c['width']}, "
+            f"{c['width']}); FLOPs: {r.flops_convention}"
+        )
+        tables.append(
+            table_html(
+                ["recipe", "batch", "s / epoch", "speed-up vs FP32", "GFLOP/s", "of measured matmul peak"]
+                + (["of datasheet peak"] if sheet else [])
+                + ["peak MiB"],
+                rows,
+                caption=caption,
+            )
+        )
     return type(tables[0])("".join(tables))
 
 
@@ -254,9 +330,13 @@ def autocast_table(probes: dict) -> HTML:
 
 
 #: What each of autocast's groups does, as the lists table says it.
-_POLICY_WORDS = {"lower_precision": "cast to the lower-precision dtype", "float32": "run in float32",
-                 "promote": "run in the widest dtype of their inputs", "banned": "refused (an error)",
-                 "undetermined": "listed; the probe could not tell the group"}
+_POLICY_WORDS = {
+    "lower_precision": "cast to the lower-precision dtype",
+    "float32": "run in float32",
+    "promote": "run in the widest dtype of their inputs",
+    "banned": "refused (an error)",
+    "undetermined": "listed; the probe could not tell the group",
+}
 
 
 def autocast_lists_table(lists: dict) -> HTML:
@@ -280,11 +360,18 @@ def autocast_lists_table(lists: dict) -> HTML:
         cells = [f"<b>{html.escape(g)}</b><br><small>{html.escape(_POLICY_WORDS[g])}</small>"]
         for al in lists.values():
             ops = al.lists.get(g, ())
-            cells.append(f"<small>{html.escape(', '.join(ops)) if ops else '–'}</small><br>"
-                         f"<small>({len(ops)} ops)</small>")
+            cells.append(
+                f"<small>{html.escape(', '.join(ops)) if ops else '–'}</small><br><small>({len(ops)} ops)</small>"
+            )
         rows.append(cells)
-    rows.append(["<b>not listed</b><br><small>left alone: the dtype of their inputs</small>"]
-                + ["<small>every other op (relu, add, …)</small>"] * len(lists))
-    return table_html(["group"] + list(lists), rows, align=["left"] * (1 + len(lists)),
-                      caption="Autocast's op lists (ATen op names), read from the installed PyTorch's dispatcher by "
-                              "mpt_lab.autocast.autocast_lists")
+    rows.append(
+        ["<b>not listed</b><br><small>left alone: the dtype of their inputs</small>"]
+        + ["<small>every other op (relu, add, …)</small>"] * len(lists)
+    )
+    return table_html(
+        ["group"] + list(lists),
+        rows,
+        align=["left"] * (1 + len(lists)),
+        caption="Autocast's op lists (ATen op names), read from the installed PyTorch's dispatcher by "
+        "mpt_lab.autocast.autocast_lists",
+    )

@@ -29,7 +29,7 @@ class Benchmark(Experiment):
     Parameters as :class:`~mpt_lab.harness.runner.Experiment`; ``main(argv)`` is the script's command line.
     """
 
-    def command(self, config: ExperimentConfig | None=None, out: str | os.PathLike | None=None) -> str:
+    def command(self, config: ExperimentConfig | None = None, out: str | os.PathLike | None = None) -> str:
         """The command line that runs ``config``: ``python benchmarks/NAME.py --profile P [--set ...] [--out F]``."""
         cmd = super().command(config, out)
         return cmd.replace(f"python -m mpt_lab.experiments.{self.name}", f"python benchmarks/{self.name}.py", 1)

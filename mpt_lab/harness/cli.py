@@ -77,21 +77,35 @@ def main(argv: list[str] | None = None, *, experiments: Catalogue) -> int:
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--list", action="store_true", help="list the experiments and their profiles")
     what.add_argument("--all", action="store_true", help="run every experiment that has --profile")
-    what.add_argument("--unpack", type=Path, metavar="ARCHIVE",
-                      help="check a GPU slot's archive and copy its NAME_full.json results into book/results/")
+    what.add_argument(
+        "--unpack",
+        type=Path,
+        metavar="ARCHIVE",
+        help="check a GPU slot's archive and copy its NAME_full.json results into book/results/",
+    )
     p.add_argument("--profile", choices=RUN_PROFILES, help="with --all: which profile to run")
     p.add_argument("--out", type=Path, help="with --all: folder for NAME_PROFILE.json (e.g. book/results/)")
     p.add_argument("--only", default="", help="with --all: comma-separated names to run (default: all)")
     p.add_argument("--force", action="store_true", help="with --all: rerun results that are already saved")
     p.add_argument("--dry-run", action="store_true", help="with --all: print the plan, run nothing")
-    p.add_argument("--smoke", action="store_true",
-                   help="with --all --profile full: each full configuration cut to a couple of steps")
-    p.add_argument("--budget", type=float, metavar="SECONDS",
-                   help="with --all --profile full: skip experiments whose expected seconds (one H100) exceed "
-                        "what is left")
-    p.add_argument("--deadline", type=float, metavar="SECONDS",
-                   help="with --all: stop between two steps this many seconds after the start, keeping the arms "
-                        "that finished (OUT/NAME_PROFILE.partial.json); nothing runs after it")
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="with --all --profile full: each full configuration cut to a couple of steps",
+    )
+    p.add_argument(
+        "--budget",
+        type=float,
+        metavar="SECONDS",
+        help="with --all --profile full: skip experiments whose expected seconds (one H100) exceed what is left",
+    )
+    p.add_argument(
+        "--deadline",
+        type=float,
+        metavar="SECONDS",
+        help="with --all: stop between two steps this many seconds after the start, keeping the arms "
+        "that finished (OUT/NAME_PROFILE.partial.json); nothing runs after it",
+    )
     p.add_argument("--summary", type=Path, metavar="FILE", help="with --all: also write the run's lines as JSON")
     p.add_argument("--into", type=Path, default=None, help="with --unpack: the folder (default book/results/)")
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -112,8 +126,10 @@ def main(argv: list[str] | None = None, *, experiments: Catalogue) -> int:
     if args.smoke and args.profile != "full":
         p.error("--smoke cuts the full profile: use --profile full")
     if args.budget is not None and (args.profile != "full" or args.smoke):
-        p.error("--budget needs --profile full (the expected seconds are those of the full profile on one H100) "
-                "and no --smoke")
+        p.error(
+            "--budget needs --profile full (the expected seconds are those of the full profile on one H100) "
+            "and no --smoke"
+        )
     if args.budget is not None and args.budget <= 0:
         p.error(f"--budget must be a positive number of seconds, got {args.budget}")
     if args.deadline is not None and args.deadline < 0:
@@ -136,9 +152,11 @@ def main(argv: list[str] | None = None, *, experiments: Catalogue) -> int:
     deadline = None if args.deadline is None else runner.deadline_clock() + args.deadline
     rows, failed = [], []
     if args.dry_run:
-        print(budget.table([n for n in names if n in benchmarks or "full" in get(n).profiles])
-              if args.profile == "full" else
-              f"--all --profile {args.profile}: {len(names)} experiments in the book's order")
+        print(
+            budget.table([n for n in names if n in benchmarks or "full" in get(n).profiles])
+            if args.profile == "full"
+            else f"--all --profile {args.profile}: {len(names)} experiments in the book's order"
+        )
     elif args.profile == "full" and not args.smoke and torch.cuda.is_available():
         notes: list = []
         try:
@@ -180,7 +198,9 @@ def main(argv: list[str] | None = None, *, experiments: Catalogue) -> int:
             continue
         if args.profile == "full" and not args.smoke and name not in only and not budget.ESTIMATES[name].gpu:
             row["status"] = "skipped"
-            row["reason"] = "computes on the CPU (its full profile is its cpu profile): not in a GPU slot; --only runs it"
+            row["reason"] = (
+                "computes on the CPU (its full profile is its cpu profile): not in a GPU slot; --only runs it"
+            )
             _line("-", name, f"skipped: {row['reason']}")
             continue
         left = None if args.budget is None else args.budget - (time.monotonic() - start)
@@ -189,9 +209,15 @@ def main(argv: list[str] | None = None, *, experiments: Catalogue) -> int:
             row["reason"] = f"expected {expected:.0f} s > {left:.0f} s left of the budget"
             _line("-", name, f"skipped: {row['reason']}")
             continue
-        print(f"  {name}: running {cmd}" + (f" (expected {expected:.0f} s" + (f", {left:.0f} s left)" if left
-                                                                            is not None else ")")
-                                          if expected is not None and not args.smoke else ""), flush=True)
+        print(
+            f"  {name}: running {cmd}"
+            + (
+                f" (expected {expected:.0f} s" + (f", {left:.0f} s left)" if left is not None else ")")
+                if expected is not None and not args.smoke
+                else ""
+            ),
+            flush=True,
+        )
         t0, c0 = time.perf_counter(), time.process_time()
         try:
             if name in benchmarks:
@@ -199,11 +225,19 @@ def main(argv: list[str] | None = None, *, experiments: Catalogue) -> int:
             else:
                 result = e.run(config, command=cmd, progress=False, deadline=deadline, partial=partial_path(out))
                 result.save(out)
-        except DeadlineReached as stop:     # cooperative: stopped between two steps, the finished arms kept
-            row.update(status="stopped", seconds=time.perf_counter() - t0, arms_done=stop.arms,
-                       partial=str(stop.partial) if stop.partial else None)
-            _line("!", name, f"STOPPED at the deadline after {row['seconds']:.0f} s; arms kept: "
-                  + (f"{', '.join(stop.arms)} in {stop.partial}" if stop.arms else "none"))
+        except DeadlineReached as stop:  # cooperative: stopped between two steps, the finished arms kept
+            row.update(
+                status="stopped",
+                seconds=time.perf_counter() - t0,
+                arms_done=stop.arms,
+                partial=str(stop.partial) if stop.partial else None,
+            )
+            _line(
+                "!",
+                name,
+                f"STOPPED at the deadline after {row['seconds']:.0f} s; arms kept: "
+                + (f"{', '.join(stop.arms)} in {stop.partial}" if stop.arms else "none"),
+            )
             failed.append(name)
             stopped = True
         except KeyboardInterrupt:  # a hard time limit (the slot script's timeout sends SIGINT): keep what finished
@@ -217,23 +251,30 @@ def main(argv: list[str] | None = None, *, experiments: Catalogue) -> int:
             _line("!", name, f"FAILED after {row['seconds']:.0f} s: {row['error']}")
         else:
             row.update(status="done", seconds=time.perf_counter() - t0, path=str(out))
-            _line("+", name, f"done in {row['seconds']:.0f} s"
-                  + (f" (expected {expected:.0f} s)" if expected is not None and not args.smoke else "")
-                  + f" → {out}")
+            _line(
+                "+",
+                name,
+                f"done in {row['seconds']:.0f} s"
+                + (f" (expected {expected:.0f} s)" if expected is not None and not args.smoke else "")
+                + f" → {out}",
+            )
         finally:
-            row["cpu_seconds"] = time.process_time() - c0       # this process's CPU time (not torchrun's ranks)
+            row["cpu_seconds"] = time.process_time() - c0  # this process's CPU time (not torchrun's ranks)
             _free_device_memory()
         if args.summary:
             _write_summary(args.summary, rows, start, args)
     if args.dry_run:
         return 0
     total = time.monotonic() - start
-    counts = {s: sum(r.get("status") == s for r in rows) for s in ("done", "skipped", "failed", "interrupted",
-                                                                   "stopped")}
-    print(f"= {counts['done']} done, {counts['skipped']} skipped, {counts['stopped']} stopped at the deadline, "
-          f"{counts['failed'] + counts['interrupted']} failed "
-          f"in {total:.0f} s"
-          + (f" (budget {args.budget:.0f} s)" if args.budget is not None else ""), flush=True)
+    counts = {
+        s: sum(r.get("status") == s for r in rows) for s in ("done", "skipped", "failed", "interrupted", "stopped")
+    }
+    print(
+        f"= {counts['done']} done, {counts['skipped']} skipped, {counts['stopped']} stopped at the deadline, "
+        f"{counts['failed'] + counts['interrupted']} failed "
+        f"in {total:.0f} s" + (f" (budget {args.budget:.0f} s)" if args.budget is not None else ""),
+        flush=True,
+    )
     if args.summary:
         _write_summary(args.summary, rows, start, args)
     if failed:
@@ -246,9 +287,13 @@ def _benchmark_runner(name: str, script: str, args, tag: str) -> dict:
     """How ``--all`` runs the benchmark row ``name``: ``python SCRIPT --profile full [--smoke] --out OUT`` in a
     process of its own (the repository root first on PYTHONPATH), with what is left of the deadline; its exit
     status 3 is a stop at the deadline (:class:`DeadlineReached`, the finished arms in its partial file)."""
+
     def command(out) -> str:
-        parts = ["python", script, "--profile", "full"] + (["--smoke"] if args.smoke else []) + \
-            (["--out", str(out)] if out is not None else [])
+        parts = (
+            ["python", script, "--profile", "full"]
+            + (["--smoke"] if args.smoke else [])
+            + (["--out", str(out)] if out is not None else [])
+        )
         return " ".join(parts)
 
     def run(out, deadline) -> None:
@@ -267,11 +312,11 @@ def _benchmark_runner(name: str, script: str, args, tag: str) -> dict:
             print(f"    {line}", flush=True)
         if proc.returncode == 3:
             part = partial_path(out)
-            raise DeadlineReached("stopped at the deadline", experiment=name,
-                                  partial=part if part.exists() else None)
+            raise DeadlineReached("stopped at the deadline", experiment=name, partial=part if part.exists() else None)
         if proc.returncode != 0:
-            raise RuntimeError(f"{script} exited with status {proc.returncode}: "
-                               + " | ".join(line for line in tail[-4:]))
+            raise RuntimeError(
+                f"{script} exited with status {proc.returncode}: " + " | ".join(line for line in tail[-4:])
+            )
         if not Path(out).exists():
             raise RuntimeError(f"{script} wrote no {out}")
 
@@ -280,7 +325,15 @@ def _benchmark_runner(name: str, script: str, args, tag: str) -> dict:
 
 def _write_summary(path: Path, rows: list, start: float, args) -> None:
     command = shlex.join(["python", "-m", "mpt_lab.experiments", *args.argv])
-    save_json({"command": command, "profile": args.profile, "smoke": bool(args.smoke), "budget": args.budget,
-               "seconds": time.monotonic() - start, "experiments": rows,
-               "provenance": provenance(command=command)}, path)
-
+    save_json(
+        {
+            "command": command,
+            "profile": args.profile,
+            "smoke": bool(args.smoke),
+            "budget": args.budget,
+            "seconds": time.monotonic() - start,
+            "experiments": rows,
+            "provenance": provenance(command=command),
+        },
+        path,
+    )

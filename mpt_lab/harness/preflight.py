@@ -74,12 +74,14 @@ def _check_peak_memory(device) -> str:
         raise RuntimeError(f"peak {peak} bytes, expected at least the 4 MiB product")
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-        block = torch.empty(2 ** 20, device=device)
+        block = torch.empty(2**20, device=device)
         top = torch.cuda.max_memory_allocated(device)
         if top < block.numel() * 4:
-            raise RuntimeError(f"max_memory_allocated after reset_peak_memory_stats is {top} bytes, less than the "
-                               f"{block.numel() * 4} just allocated")
-    return f"{peak / 2 ** 20:.1f} MiB for a 1024² product"
+            raise RuntimeError(
+                f"max_memory_allocated after reset_peak_memory_stats is {top} bytes, less than the "
+                f"{block.numel() * 4} just allocated"
+            )
+    return f"{peak / 2**20:.1f} MiB for a 1024² product"
 
 
 def _autocast_step(model, batch, target, device, dtype, scaler=None) -> torch.dtype:
@@ -100,45 +102,53 @@ def _lstm_check(dtype):
         if device.type == "cpu" and dtype == torch.float16:
             return "skipped: nn.LSTM under float16 autocast fails inside oneDNN on a CPU (the experiments emulate it)"
         torch.manual_seed(0)
-        lstm = torch.nn.LSTM(64, 256, num_layers=2, proj_size=64).to(device)   # as mpt_lab.models.lstm
+        lstm = torch.nn.LSTM(64, 256, num_layers=2, proj_size=64).to(device)  # as mpt_lab.models.lstm
         x, y = torch.randn(16, 8, 64, device=device), torch.randn(16, 8, 64, device=device)
         scaler = torch.amp.GradScaler(device.type) if dtype == torch.float16 else None
-        with warnings.catch_warnings():     # a CPU's oneDNN has no LSTM with projections (a notice, not an error)
+        with warnings.catch_warnings():  # a CPU's oneDNN has no LSTM with projections (a notice, not an error)
             warnings.filterwarnings("ignore", message="LSTM with projections is not supported with oneDNN")
             got = _autocast_step(lstm, x, y, device, dtype, scaler)
         if got != dtype:
             if device.type == "cuda" and dtype == torch.bfloat16 and got == torch.float16:
-                return ("known: nn.LSTM under bfloat16 autocast runs in float16 on CUDA: PyTorch's autocast wrapper "
-                        "for cuDNN RNNs (aten/src/ATen/cudnn/AutocastRNN.cpp) casts input, states and weights to "
-                        "half whatever the autocast dtype, so such an LSTM needs a loss scaler; no experiment trains "
-                        "an LSTM in BF16 on CUDA")
+                return (
+                    "known: nn.LSTM under bfloat16 autocast runs in float16 on CUDA: PyTorch's autocast wrapper "
+                    "for cuDNN RNNs (aten/src/ATen/cudnn/AutocastRNN.cpp) casts input, states and weights to "
+                    "half whatever the autocast dtype, so such an LSTM needs a loss scaler; no experiment trains "
+                    "an LSTM in BF16 on CUDA"
+                )
             raise RuntimeError(f"LSTM output is {got} under {dtype} autocast")
         return f"LSTM with projections, output {str(got).replace('torch.', '')}"
+
     return check
 
 
 def _conv_check(dtype):
     def check(device) -> str:
         torch.manual_seed(0)
-        net = torch.nn.Sequential(torch.nn.Conv2d(3, 32, 3, padding=1), torch.nn.BatchNorm2d(32), torch.nn.ReLU(),
-                                  torch.nn.Conv2d(32, 8, 3, padding=1)).to(device, memory_format=torch.channels_last)
+        net = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 32, 3, padding=1),
+            torch.nn.BatchNorm2d(32),
+            torch.nn.ReLU(),
+            torch.nn.Conv2d(32, 8, 3, padding=1),
+        ).to(device, memory_format=torch.channels_last)
         x = torch.randn(4, 3, 32, 32, device=device).to(memory_format=torch.channels_last)
         scaler = torch.amp.GradScaler(device.type) if dtype == torch.float16 else None
         got = _autocast_step(net, x, torch.randn(4, 8, 32, 32, device=device), device, dtype, scaler)
         if got != dtype:
             raise RuntimeError(f"conv output is {got} under {dtype} autocast")
         return f"conv net (channels last), output {str(got).replace('torch.', '')}"
+
     return check
 
 
 def _check_grad_scaler(device) -> str:
     w = torch.nn.Parameter(torch.ones(4, device=device))
     opt = torch.optim.SGD([w], lr=0.1)
-    scaler = torch.amp.GradScaler(device.type, init_scale=2.0 ** 16)
-    scaler.scale(w.sum() * float("inf")).backward()     # an overflow: the step is skipped, the scale halves
+    scaler = torch.amp.GradScaler(device.type, init_scale=2.0**16)
+    scaler.scale(w.sum() * float("inf")).backward()  # an overflow: the step is skipped, the scale halves
     scaler.step(opt)
     scaler.update()
-    if scaler.get_scale() != 2.0 ** 15 or not torch.equal(w.detach(), torch.ones(4, device=device)):
+    if scaler.get_scale() != 2.0**15 or not torch.equal(w.detach(), torch.ones(4, device=device)):
         raise RuntimeError(f"after an inf gradient: scale {scaler.get_scale()}, weights {w.detach().tolist()}")
     opt.zero_grad()
     scaler.scale(w.sum()).backward()
@@ -157,7 +167,7 @@ def _check_fp8(device) -> str:
         return f"skipped: compute capability {cap[0]}.{cap[1]} < 8.9 (or no torch._scaled_mm): emulation only"
     torch.manual_seed(0)
     worst = 0.0
-    for fa, fb in ((FP8_E4M3, FP8_E4M3), (FP8_E5M2, FP8_E4M3)):      # forward, and the backward's gradient
+    for fa, fb in ((FP8_E4M3, FP8_E4M3), (FP8_E5M2, FP8_E4M3)):  # forward, and the backward's gradient
         a, b = torch.randn(64, 128, device=device), torch.randn(32, 128, device=device)
         sa = ScaledTensor(*quantize_per_tensor(a, fa), fa, torch.float32)
         sb = ScaledTensor(*quantize_per_tensor(b, fb), fb, torch.float32)
@@ -171,10 +181,14 @@ def _check_fp8(device) -> str:
     # 5 measures it), and the first lent H200 gave 2.8e-4 of the largest output here (K = 128).  A wrong scale or a
     # transposed operand is off by far more than 1e-3.
     if worst > 1e-3:
-        raise RuntimeError(f"torch._scaled_mm differs from the exact product of the FP8 operands by {worst:.2g} "
-                           "of the largest output (more than the tensor cores' narrow accumulation explains)")
-    return (f"torch._scaled_mm E4M3×E4M3 and E5M2×E4M3 within {worst:.1g} of the exact product (relative to the "
-            "largest output; the tensor cores accumulate in about 14 bits)")
+        raise RuntimeError(
+            f"torch._scaled_mm differs from the exact product of the FP8 operands by {worst:.2g} "
+            "of the largest output (more than the tensor cores' narrow accumulation explains)"
+        )
+    return (
+        f"torch._scaled_mm E4M3×E4M3 and E5M2×E4M3 within {worst:.1g} of the exact product (relative to the "
+        "largest output; the tensor cores accumulate in about 14 bits)"
+    )
 
 
 def _check_gat(device) -> str:
@@ -224,8 +238,13 @@ def _check_gloo(device) -> str:
     if not dist.is_gloo_available():
         raise RuntimeError("this torch has no gloo")
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    where = ("NCCL, one rank per GPU" if gpus >= 2 else
-             "gloo, two ranks on the CPU (NCCL takes one rank per GPU)" if gpus == 1 else "gloo on the CPU")
+    where = (
+        "NCCL, one rank per GPU"
+        if gpus >= 2
+        else "gloo, two ranks on the CPU (NCCL takes one rank per GPU)"
+        if gpus == 1
+        else "gloo on the CPU"
+    )
     return f"{_process_group('gloo', torch.device('cpu'))}; the distributed experiment will use {where}"
 
 
@@ -245,8 +264,9 @@ def _check_graph_capture(device) -> str:
             opt = torch.optim.SGD(net.parameters(), lr=0.1, fused=True)
             scaler = torch.amp.GradScaler("cuda") if dtype == torch.float16 else None
             data = [(torch.randn(16, 64, device=device), torch.randn(16, 64, device=device)) for _ in range(3)]
-            step = StaticStep(net, torch.nn.functional.mse_loss, opt, *data[0], dtype=dtype, scaler=scaler,
-                              capture=capture, warmup=1)
+            step = StaticStep(
+                net, torch.nn.functional.mse_loss, opt, *data[0], dtype=dtype, scaler=scaler, capture=capture, warmup=1
+            )
             for x, y in data:
                 step(x, y)
             synchronize(device)
@@ -257,10 +277,12 @@ def _check_graph_capture(device) -> str:
             worst = max(float((a - b).abs().max()) for a, b in zip(*weights))
             raise RuntimeError(f"{dtype}: the replayed graph's weights differ from the eager step's by {worst:.3g}")
         out.append(str(dtype).replace("torch.", ""))
-    seen = profile_steps(lambda: step(*data[0]), 2, device)     # what amp_recipe's profile of a replay will see
-    return (f"a whole step (autocast {' and '.join(out)}, GradScaler, SGD(fused=True)) captured with "
-            "torch.cuda.graph and replayed: the weights of the eager step, bit for bit; the profiler sees "
-            f"{seen['kernels_per_step']:.0f} kernels per replay, GPU busy {seen['busy_fraction'] or 0:.0%}")
+    seen = profile_steps(lambda: step(*data[0]), 2, device)  # what amp_recipe's profile of a replay will see
+    return (
+        f"a whole step (autocast {' and '.join(out)}, GradScaler, SGD(fused=True)) captured with "
+        "torch.cuda.graph and replayed: the weights of the eager step, bit for bit; the profiler sees "
+        f"{seen['kernels_per_step']:.0f} kernels per replay, GPU busy {seen['busy_fraction'] or 0:.0%}"
+    )
 
 
 def _check_profiler(device) -> str:
@@ -283,8 +305,11 @@ def _check_fp8_gemm(device) -> str:
     bad = [f"{r['kind']}: {r['reason']}" for r in rows if r["tflops"] is None]
     if bad:
         raise RuntimeError("; ".join(bad))
-    return "torch._scaled_mm, use_fast_accum off and on: " + ", ".join(f"{r['tflops']:.1f}" for r in rows) + \
-        " TFLOP/s at 256³"
+    return (
+        "torch._scaled_mm, use_fast_accum off and on: "
+        + ", ".join(f"{r['tflops']:.1f}" for r in rows)
+        + " TFLOP/s at 256³"
+    )
 
 
 def _check_sampler(device) -> str:
@@ -296,8 +321,11 @@ def _check_sampler(device) -> str:
     if summary["source"] is None:
         return f"no clocks or power in the roofline: {summary['absent']}"
     sm = summary["sm_clock_mhz"]
-    return f"{summary['source']}: {summary['samples']} samples, SM clock {sm['mean']:.0f} MHz" if sm else \
-        f"{summary['source']}: {summary['samples']} samples"
+    return (
+        f"{summary['source']}: {summary['samples']} samples, SM clock {sm['mean']:.0f} MHz"
+        if sm
+        else f"{summary['source']}: {summary['samples']} samples"
+    )
 
 
 def _check_memory_per_parameter(device) -> str:
@@ -305,8 +333,11 @@ def _check_memory_per_parameter(device) -> str:
     off = {m: d["resident_per_parameter"] for m, d in got.items() if abs(d["resident_per_parameter"] - 16) > 0.5}
     if off:
         raise RuntimeError(f"resident bytes per parameter {off}, expected 16 (parameters, gradients, Adam's state)")
-    return ("resident bytes per parameter " + ", ".join(f"{m} {d['resident_per_parameter']:.2f}"
-                                                         for m, d in got.items()) + f" ({got['fp32']['method'][:40]})")
+    return (
+        "resident bytes per parameter "
+        + ", ".join(f"{m} {d['resident_per_parameter']:.2f}" for m, d in got.items())
+        + f" ({got['fp32']['method'][:40]})"
+    )
 
 
 _LSTMS = ("biglstm", "lm_gradient_scale")
@@ -315,35 +346,64 @@ _HISTOGRAMS = ("ssd_histogram", "gradient_factors", "lm_gradient_scale", "biglst
 
 #: The preflight's checks, in order (see the module docstring).
 PREFLIGHT_CHECKS = (
-    Check("CUDA-event timing", _check_timing, "amp_recipe, memory_tradeoffs, roofline (mpt_lab.bench.time_call)",
-          ("amp_recipe", "memory_tradeoffs", "roofline", "tensor_core_accumulation")),
-    Check("allocator peak after reset", _check_peak_memory, "amp_recipe, memory_tradeoffs, gat_amp",
-          ("amp_recipe", "memory_tradeoffs", "gat_amp", "memory_per_parameter")),
+    Check(
+        "CUDA-event timing",
+        _check_timing,
+        "amp_recipe, memory_tradeoffs, roofline (mpt_lab.bench.time_call)",
+        ("amp_recipe", "memory_tradeoffs", "roofline", "tensor_core_accumulation"),
+    ),
+    Check(
+        "allocator peak after reset",
+        _check_peak_memory,
+        "amp_recipe, memory_tradeoffs, gat_amp",
+        ("amp_recipe", "memory_tradeoffs", "gat_amp", "memory_per_parameter"),
+    ),
     Check("float16 autocast, LSTM + GradScaler", _lstm_check(torch.float16), "biglstm, lm_gradient_scale", _LSTMS),
-    Check("bfloat16 autocast, LSTM", _lstm_check(torch.bfloat16), "no experiment (a known limitation, chapters 3, 6, 9)",
-          _LSTMS),
-    Check("float16 autocast, conv net + GradScaler", _conv_check(torch.float16), "ssd_table2, memory_tradeoffs",
-          ("ssd_table2", "memory_tradeoffs")),
+    Check(
+        "bfloat16 autocast, LSTM",
+        _lstm_check(torch.bfloat16),
+        "no experiment (a known limitation, chapters 3, 6, 9)",
+        _LSTMS,
+    ),
+    Check(
+        "float16 autocast, conv net + GradScaler",
+        _conv_check(torch.float16),
+        "ssd_table2, memory_tradeoffs",
+        ("ssd_table2", "memory_tradeoffs"),
+    ),
     Check("bfloat16 autocast, conv net", _conv_check(torch.bfloat16), "memory_tradeoffs", ("memory_tradeoffs",)),
     Check("GradScaler skips an inf step", _check_grad_scaler, "loss_scaling, every FP16 arm", _FP16_ARMS),
-    Check("FP8 tensor cores (torch._scaled_mm)", _check_fp8, "fp8_recipes (hardware runs), tensor_core_accumulation",
-          ("fp8_recipes", "tensor_core_accumulation")),
+    Check(
+        "FP8 tensor cores (torch._scaled_mm)",
+        _check_fp8,
+        "fp8_recipes (hardware runs), tensor_core_accumulation",
+        ("fp8_recipes", "tensor_core_accumulation"),
+    ),
     Check("PyG GATConv under autocast", _check_gat, "gat_amp", ("gat_amp",)),
     Check("NCCL process group, one rank", _check_nccl, "distributed (two or more GPUs)", ("distributed",)),
     Check("gloo process group", _check_gloo, "distributed (one GPU or none)", ("distributed",)),
     Check("gradient-histogram kernel on the device", _check_histogram, "every GradientHistogram", _HISTOGRAMS),
-    Check("CUDA graph of a whole training step", _check_graph_capture, "amp_recipe (the GPU-limited step)",
-          ("amp_recipe",)),
-    Check("torch.profiler kernels", _check_profiler, "amp_recipe, tensor_core_accumulation",
-          ("amp_recipe", "tensor_core_accumulation")),
+    Check(
+        "CUDA graph of a whole training step",
+        _check_graph_capture,
+        "amp_recipe (the GPU-limited step)",
+        ("amp_recipe",),
+    ),
+    Check(
+        "torch.profiler kernels",
+        _check_profiler,
+        "amp_recipe, tensor_core_accumulation",
+        ("amp_recipe", "tensor_core_accumulation"),
+    ),
     Check("FP8 GEMMs, fast accumulation off and on", _check_fp8_gemm, "roofline", ("roofline",)),
     Check("GPU clocks and power", _check_sampler, "roofline", ("roofline",)),
-    Check("allocator bytes per parameter", _check_memory_per_parameter, "memory_per_parameter",
-          ("memory_per_parameter",)),
+    Check(
+        "allocator bytes per parameter", _check_memory_per_parameter, "memory_per_parameter", ("memory_per_parameter",)
+    ),
 )
 
 
-def needed_checks(only: Iterable[str] | None=None, checks: Sequence[Check] | None=None) -> tuple:
+def needed_checks(only: Iterable[str] | None = None, checks: Sequence[Check] | None = None) -> tuple:
     """The checks (of ``checks``, default :data:`PREFLIGHT_CHECKS`) that the experiments named in ``only`` (an
     iterable of names; None: all) take: those whose ``needed_by`` is empty or shares a name with ``only``, in
     order."""
@@ -354,7 +414,9 @@ def needed_checks(only: Iterable[str] | None=None, checks: Sequence[Check] | Non
     return tuple(c for c in checks if not c.needed_by or only & set(c.needed_by))
 
 
-def run_checks(device: DeviceLike=None, checks: Sequence[Check]=PREFLIGHT_CHECKS, echo: Callable[[str], object]=print) -> list:
+def run_checks(
+    device: DeviceLike = None, checks: Sequence[Check] = PREFLIGHT_CHECKS, echo: Callable[[str], object] = print
+) -> list:
     """Run ``checks`` on ``device`` (default :func:`default_device`), echoing one line each.
 
     Returns a list of dicts {name, status ("ok", "skipped", "known", "FAILED"), detail, seconds}.  A check that
@@ -378,15 +440,18 @@ def run_checks(device: DeviceLike=None, checks: Sequence[Check]=PREFLIGHT_CHECKS
     return rows
 
 
-def preflight(echo: Callable[[str], object]=print, only: Iterable[str] | None=None) -> int:
+def preflight(echo: Callable[[str], object] = print, only: Iterable[str] | None = None) -> int:
     """The preflight of a GPU machine: :func:`run_checks` on the CUDA device, of the checks that the experiments
     named in ``only`` need (:func:`needed_checks`; None: all); the exit status (0: nothing failed, also without
     CUDA, where it checks nothing and says so; 1: a check failed; "known" limitations are not failures)."""
-    echo(f"torch {torch.__version__}, CUDA {torch.version.cuda or 'none (a CPU build)'}, Python "
-         f"{sys.version.split()[0]}")
+    echo(
+        f"torch {torch.__version__}, CUDA {torch.version.cuda or 'none (a CPU build)'}, Python {sys.version.split()[0]}"
+    )
     if not torch.cuda.is_available():
-        echo("no CUDA device: nothing to check here (the preflight exercises the experiments' CUDA paths; "
-             "on a CPU the tests cover them)")
+        echo(
+            "no CUDA device: nothing to check here (the preflight exercises the experiments' CUDA paths; "
+            "on a CPU the tests cover them)"
+        )
         return 0
     echo(f"device: {describe('cuda')}, {torch.cuda.device_count()} GPU(s)")
     t0 = time.perf_counter()
@@ -397,9 +462,12 @@ def preflight(echo: Callable[[str], object]=print, only: Iterable[str] | None=No
     rows = run_checks(torch.device("cuda"), checks=checks, echo=echo)
     failed = [r["name"] for r in rows if r["status"] == "FAILED"]
     known = [r["name"] for r in rows if r["status"] == "known"]
-    echo(f"preflight: {len(rows) - len(failed)} of {len(rows)} paths ok, skipped or known, {len(failed)} failed "
-         f"({time.perf_counter() - t0:.1f} s)" + (f": {', '.join(failed)}" if failed else "")
-         + (f"; known PyTorch limitations: {', '.join(known)}" if known else ""))
+    echo(
+        f"preflight: {len(rows) - len(failed)} of {len(rows)} paths ok, skipped or known, {len(failed)} failed "
+        f"({time.perf_counter() - t0:.1f} s)"
+        + (f": {', '.join(failed)}" if failed else "")
+        + (f"; known PyTorch limitations: {', '.join(known)}" if known else "")
+    )
     return 1 if failed else 0
 
 
@@ -407,8 +475,11 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m mpt_lab.harness.preflight [--only a,b]``: the preflight (:func:`preflight`); returns its exit
     status."""
     p = argparse.ArgumentParser(prog="python -m mpt_lab.harness.preflight", description=__doc__.splitlines()[0])
-    p.add_argument("--only", default="", help="comma-separated experiments (and benchmarks) still to run; only the "
-                                              "checks they need run")
+    p.add_argument(
+        "--only",
+        default="",
+        help="comma-separated experiments (and benchmarks) still to run; only the checks they need run",
+    )
     args = p.parse_args(argv)
     only = [n.strip() for n in args.only.split(",") if n.strip()] or None
     return preflight(only=only)

@@ -83,9 +83,26 @@ from .. import profile as current_profile
 from ..device import backends, cpu_flags, provenance, resolve, synchronize
 from ..histogram import Log2Histogram
 
-__all__ = ["RUN_PROFILES", "Catalogue", "SMOKE", "ExperimentConfig", "ExperimentResult", "Experiment", "Run", "REGISTRY", "save_json",
-           "load_json", "results_dir", "result_path", "progress_enabled", "is_smoke", "DeadlineReached",
-           "partial_path", "PARTIAL_SUFFIX", "deadline_clock"]
+__all__ = [
+    "RUN_PROFILES",
+    "Catalogue",
+    "SMOKE",
+    "ExperimentConfig",
+    "ExperimentResult",
+    "Experiment",
+    "Run",
+    "REGISTRY",
+    "save_json",
+    "load_json",
+    "results_dir",
+    "result_path",
+    "progress_enabled",
+    "is_smoke",
+    "DeadlineReached",
+    "partial_path",
+    "PARTIAL_SUFFIX",
+    "deadline_clock",
+]
 
 #: Every profile an experiment may define, from the smallest to the largest (an experiment's own ``PROFILES``
 #: dict holds the Config values of those it defines; :data:`mpt_lab.LIVE_PROFILES` are those
@@ -296,8 +313,10 @@ class ExperimentResult:
     def source(self) -> str:
         """One line: device, profile, date, wall time and the command that regenerates the result."""
         p = self.provenance
-        return (f"{self.device}, {self.profile} profile, {str(p.get('date', '?'))[:10]}, {self.seconds:.0f} s: "
-                f"command: {p.get('command', '?')}")
+        return (
+            f"{self.device}, {self.profile} profile, {str(p.get('date', '?'))[:10]}, {self.seconds:.0f} s: "
+            f"command: {p.get('command', '?')}"
+        )
 
     def describe(self) -> str:
         """A short text summary (experiments say more)."""
@@ -319,8 +338,11 @@ class ExperimentResult:
         if d.get("experiment") != cls.NAME:
             raise ValueError(f"not a {cls.NAME} result (experiment = {d.get('experiment')!r})")
         d = cls.upgrade(d)
-        missing = [f.name for f in fields(cls) if f.name not in d and f.default is dataclasses.MISSING
-                   and f.default_factory is dataclasses.MISSING]
+        missing = [
+            f.name
+            for f in fields(cls)
+            if f.name not in d and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        ]
         if missing:
             raise ValueError(f"the {cls.NAME} result lacks the fields {missing}")
         return cls(**{f.name: _decode(d[f.name]) for f in fields(cls) if f.name in d})
@@ -352,8 +374,10 @@ class ExperimentResult:
         numbers must never be mistaken for a measurement.
         """
         if is_smoke(self) and _inside(Path(path), results_dir()):
-            raise ValueError(f"a smoke result must not be saved under {results_dir()} (got {path}): its numbers are "
-                             "not a measurement")
+            raise ValueError(
+                f"a smoke result must not be saved under {results_dir()} (got {path}): its numbers are "
+                "not a measurement"
+            )
         return save_json(self.to_dict(), path)
 
     @classmethod
@@ -372,7 +396,7 @@ def partial_path(out: str | os.PathLike) -> Path:
     """Where the finished arms of a run whose result goes to ``out`` are kept until it finishes:
     ``NAME_full.json`` → ``NAME_full.partial.json``."""
     out = Path(out)
-    stem = out.name[:-len(".json")] if out.name.endswith(".json") else out.name
+    stem = out.name[: -len(".json")] if out.name.endswith(".json") else out.name
     return out.with_name(stem + PARTIAL_SUFFIX)
 
 
@@ -413,7 +437,9 @@ class Run:
         self._on_arm = on_arm
         self._t0 = time.perf_counter()
 
-    def bar(self, iterable: Iterable | None=None, *, desc: str | None = None, total: int | None = None, leave: bool = True) -> Iterable:
+    def bar(
+        self, iterable: Iterable | None = None, *, desc: str | None = None, total: int | None = None, leave: bool = True
+    ) -> Iterable:
         """``tqdm.auto.tqdm(iterable, ...)`` when progress is on, else the iterable itself (or a no-op bar).
 
         With a deadline, iterating checks it before each item (:meth:`check_deadline`): a loop over steps stops
@@ -437,9 +463,12 @@ class Run:
         """Raise :class:`DeadlineReached` when the deadline has passed (call it between steps of a loop that does not
         go through :meth:`bar`)."""
         if self.deadline is not None and deadline_clock() >= self.deadline:
-            raise DeadlineReached(f"the deadline passed after {time.perf_counter() - self._t0:.0f} s; "
-                                  f"finished arms: {', '.join(self.arms) or 'none'}", arms=list(self.arms),
-                                  seconds=time.perf_counter() - self._t0)
+            raise DeadlineReached(
+                f"the deadline passed after {time.perf_counter() - self._t0:.0f} s; "
+                f"finished arms: {', '.join(self.arms) or 'none'}",
+                arms=list(self.arms),
+                seconds=time.perf_counter() - self._t0,
+            )
 
     def arm_done(self, key: str, data: Any) -> None:
         """Record that the arm ``key`` (a recipe, a variant, a point of a sweep) finished with ``data`` (anything a
@@ -512,8 +541,17 @@ class Experiment:
         model's shape and every code path stay those of the full profile.  Required with a "full" profile.
     """
 
-    def __init__(self, name: str, config: type, profiles: dict, measure: Callable, result: type, title: str = "",
-                 launcher: Callable | None = None, smoke: dict | None = None):
+    def __init__(
+        self,
+        name: str,
+        config: type,
+        profiles: dict,
+        measure: Callable,
+        result: type,
+        title: str = "",
+        launcher: Callable | None = None,
+        smoke: dict | None = None,
+    ):
         if not (isinstance(config, type) and issubclass(config, ExperimentConfig)):
             raise TypeError("config must be a dataclass subclassing ExperimentConfig")
         if not (isinstance(result, type) and issubclass(result, ExperimentResult)):
@@ -528,8 +566,9 @@ class Experiment:
                 raise ValueError(f"profile {p!r} of {name} sets unknown fields {bad}")
         if smoke is not None:
             if not isinstance(smoke, dict) or "full" not in profiles:
-                raise ValueError(f"smoke of {name} must be a dict of Config fields, for an experiment with a full "
-                                 "profile")
+                raise ValueError(
+                    f"smoke of {name} must be a dict of Config fields, for an experiment with a full profile"
+                )
             bad = [k for k in smoke if k not in names or k == "profile"]
             if bad:
                 raise ValueError(f"smoke of {name} sets unknown fields {bad}")
@@ -554,8 +593,9 @@ class Experiment:
         if profile not in RUN_PROFILES:
             raise ValueError(f"profile must be one of {RUN_PROFILES}, got {profile!r}")
         if profile not in self.profiles:
-            raise ValueError(f"the {self.name} experiment has no {profile!r} profile; it has "
-                             f"{', '.join(self.profiles)}")
+            raise ValueError(
+                f"the {self.name} experiment has no {profile!r} profile; it has {', '.join(self.profiles)}"
+            )
         return self.Config(profile=profile, **self.profiles[profile])
 
     def smoke_config(self) -> ExperimentConfig:
@@ -570,20 +610,23 @@ class Experiment:
         Raises ValueError for an experiment without a full profile or without smoke overrides.
         """
         if "full" not in self.profiles or self.smoke is None:
-            raise ValueError(f"the {self.name} experiment has no smoke run: it needs a 'full' profile and "
-                             "smoke overrides (Experiment(..., smoke={...}))")
+            raise ValueError(
+                f"the {self.name} experiment has no smoke run: it needs a 'full' profile and "
+                "smoke overrides (Experiment(..., smoke={...}))"
+            )
         return self.Config(profile=SMOKE, **{**self.profiles["full"], "threads": 1, **self.smoke})
 
     def _resolve(self, config):
         if config is None:
             config = self.config_for(current_profile())
         if not isinstance(config, self.Config):
-            raise TypeError(f"config must be a {self.Config.__module__}.{self.Config.__qualname__}, "
-                            f"got {type(config).__name__}")
+            raise TypeError(
+                f"config must be a {self.Config.__module__}.{self.Config.__qualname__}, got {type(config).__name__}"
+            )
         config.validate()
         return config
 
-    def command(self, config: ExperimentConfig | None=None, out: str | os.PathLike | None = None) -> str:
+    def command(self, config: ExperimentConfig | None = None, out: str | os.PathLike | None = None) -> str:
         """The command line that runs ``config``: a profile plus ``--set`` for each field that differs from it
         (a custom config is expressed against the experiment's first profile)."""
         config = self.config_for(self._default_profile()) if config is None else config
@@ -609,8 +652,15 @@ class Experiment:
         return p if p in self.profiles else next(iter(self.profiles))
 
     # --- running ------------------------------------------------------------------------------------------
-    def run(self, config: ExperimentConfig | None=None, *, progress: bool | None = None, command: str | None = None,
-            deadline: float | None = None, partial: str | os.PathLike | None=None) -> ExperimentResult | None:
+    def run(
+        self,
+        config: ExperimentConfig | None = None,
+        *,
+        progress: bool | None = None,
+        command: str | None = None,
+        deadline: float | None = None,
+        partial: str | os.PathLike | None = None,
+    ) -> ExperimentResult | None:
         """Run the experiment and return its Result.
 
         Parameters
@@ -642,18 +692,26 @@ class Experiment:
         show = progress_enabled(progress)
         command = command or self.command(config)
         cfg = _decode(_encode(dataclasses.asdict(config)))
-        flags = backends()                       # TF32 and cuDNN switches as the run starts (experiments restore theirs)
+        flags = backends()  # TF32 and cuDNN switches as the run starts (experiments restore theirs)
         partial = None if partial is None else Path(partial)
         started = deadline_clock()
 
         def write_partial(run: Run, stopped: str | None = None) -> None:
             prov = provenance(command=command, config=cfg, device=device)
-            prov.update(experiment=self.name, profile=config.profile, backends=flags,
-                        partial={"arms_done": list(run.arms), "stopped": stopped,
-                                 "seconds": deadline_clock() - started,
-                                 "note": "the arms that finished; not a result (the run did not finish)"})
-            save_json({"experiment": self.name, "partial": True, "config": cfg, "provenance": prov,
-                       "arms": run.arms}, partial)
+            prov.update(
+                experiment=self.name,
+                profile=config.profile,
+                backends=flags,
+                partial={
+                    "arms_done": list(run.arms),
+                    "stopped": stopped,
+                    "seconds": deadline_clock() - started,
+                    "note": "the arms that finished; not a result (the run did not finish)",
+                },
+            )
+            save_json(
+                {"experiment": self.name, "partial": True, "config": cfg, "provenance": prov, "arms": run.arms}, partial
+            )
 
         with _threads(config.threads):
             torch.manual_seed(config.seed)
@@ -663,9 +721,13 @@ class Experiment:
             except DeadlineReached as stop:
                 if partial is not None:
                     write_partial(run, stopped=str(stop))
-                raise DeadlineReached(f"{self.name}: {stop}", experiment=self.name, arms=list(run.arms),
-                                      partial=partial if partial is not None and run.arms else None,
-                                      seconds=stop.seconds) from None
+                raise DeadlineReached(
+                    f"{self.name}: {stop}",
+                    experiment=self.name,
+                    arms=list(run.arms),
+                    partial=partial if partial is not None and run.arms else None,
+                    seconds=stop.seconds,
+                ) from None
             seconds = run.elapsed()
         if own is None and self.launcher is not None:  # a launched process that does not report
             return None
@@ -674,13 +736,16 @@ class Experiment:
         prov = provenance(command=command, config=cfg, device=device)
         prov.update(experiment=self.name, profile=config.profile, seconds=seconds, backends=flags)
         if config.profile == SMOKE:
-            prov["smoke"] = {"of": "full", "overrides": _decode(_encode(self.smoke or {})),
-                             "note": "a smoke run: the full profile cut short; its numbers are not a measurement"}
+            prov["smoke"] = {
+                "of": "full",
+                "overrides": _decode(_encode(self.smoke or {})),
+                "note": "a smoke run: the full profile cut short; its numbers are not a measurement",
+            }
         if device.type == "cpu":
             prov["cpu_flags"] = cpu_flags()
         result = self.Result(config=cfg, provenance=prov, **_decode(_encode(own)))
         if partial is not None and partial.exists():
-            partial.unlink()                     # the result supersedes the arms kept on the way
+            partial.unlink()  # the result supersedes the arms kept on the way
         if not show:
             print(f"{self.name} ({config.profile} profile): {seconds:.1f} s on {result.device}")
         return result
@@ -695,18 +760,35 @@ class Experiment:
     def main(self, argv: list | None = None) -> int:
         """``python -m mpt_lab.experiments.NAME [--profile P] [--out F] [--set key=value ...]``."""
         p = argparse.ArgumentParser(prog=f"python -m mpt_lab.experiments.{self.name}", description=self.title)
-        p.add_argument("--profile", choices=tuple(self.profiles), default=None,
-                       help="run size (default: mpt_lab.profile(), i.e. full with CUDA, else cpu)")
+        p.add_argument(
+            "--profile",
+            choices=tuple(self.profiles),
+            default=None,
+            help="run size (default: mpt_lab.profile(), i.e. full with CUDA, else cpu)",
+        )
         p.add_argument("--out", type=Path, help="write the result as JSON here")
-        p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                       help="override a configuration field (repeatable; tuples comma-separated)")
+        p.add_argument(
+            "--set",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="override a configuration field (repeatable; tuples comma-separated)",
+        )
         p.add_argument("--no-progress", action="store_true", help="no progress bars")
-        p.add_argument("--deadline", type=float, metavar="SECONDS", default=None,
-                       help="stop between two steps this many seconds from now, keeping the arms that finished in "
-                            "OUT with the suffix .partial.json (exit status 3)")
+        p.add_argument(
+            "--deadline",
+            type=float,
+            metavar="SECONDS",
+            default=None,
+            help="stop between two steps this many seconds from now, keeping the arms that finished in "
+            "OUT with the suffix .partial.json (exit status 3)",
+        )
         if self.smoke is not None:
-            p.add_argument("--smoke", action="store_true",
-                           help="the full profile cut to a smoke run (a couple of steps; its numbers mean nothing)")
+            p.add_argument(
+                "--smoke",
+                action="store_true",
+                help="the full profile cut to a smoke run (a couple of steps; its numbers mean nothing)",
+            )
         args = p.parse_args(argv)
         if getattr(args, "smoke", False):
             if args.profile not in (None, "full"):
@@ -717,8 +799,10 @@ class Experiment:
         for item in args.set:
             key, sep, value = item.partition("=")
             if not sep or key not in {f.name for f in fields(cfg)} or key == "profile":
-                p.error(f"--set: {item!r} is not KEY=VALUE with a configuration field of {self.name} "
-                        f"({', '.join(f.name for f in fields(cfg) if f.name != 'profile')})")
+                p.error(
+                    f"--set: {item!r} is not KEY=VALUE with a configuration field of {self.name} "
+                    f"({', '.join(f.name for f in fields(cfg) if f.name != 'profile')})"
+                )
             try:
                 setattr(cfg, key, _parse_like(getattr(cfg, key), value))
             except ValueError as err:
@@ -727,12 +811,18 @@ class Experiment:
             p.error(f"--smoke: a smoke result must not be written under {results_dir()}")
         deadline = None if args.deadline is None else deadline_clock() + args.deadline
         try:
-            result = self.run(cfg, progress=False if args.no_progress else None,
-                              command=self.command(cfg, args.out), deadline=deadline,
-                              partial=partial_path(args.out) if args.out else None)
+            result = self.run(
+                cfg,
+                progress=False if args.no_progress else None,
+                command=self.command(cfg, args.out),
+                deadline=deadline,
+                partial=partial_path(args.out) if args.out else None,
+            )
         except DeadlineReached as stop:
-            print(f"stopped at the deadline: {stop}" + (f"; the finished arms are in {stop.partial}" if stop.partial
-                                                        else ""))
+            print(
+                f"stopped at the deadline: {stop}"
+                + (f"; the finished arms are in {stop.partial}" if stop.partial else "")
+            )
             return 3
         except ValueError as err:
             p.error(str(err))

@@ -79,8 +79,7 @@ def pack(workdir: str | Path, archive: str | Path, *, extra: dict | None = None)
     if not workdir.is_dir():
         raise FileNotFoundError(f"no slot folder at {workdir}")
     files = sorted(p for p in workdir.iterdir() if p.is_file() and p.resolve() != archive.resolve())
-    files += sorted(p for p in (workdir / "results").glob("*") if p.is_file()) if (workdir / "results").is_dir() \
-        else []
+    files += sorted(p for p in (workdir / "results").glob("*") if p.is_file()) if (workdir / "results").is_dir() else []
     entries, results = {}, []
     for p in files:
         arc = p.relative_to(workdir).as_posix()
@@ -90,19 +89,32 @@ def pack(workdir: str | Path, archive: str | Path, *, extra: dict | None = None)
             try:
                 d = json.loads(data)
                 prov = d.get("provenance", {})
-                results.append({"file": arc, "experiment": d.get("experiment"), "profile": prov.get("profile"),
-                                "device": prov.get("device"), "seconds": prov.get("seconds"),
-                                "date": prov.get("date"), "partial": bool(d.get("partial")),
-                                **({"arms_done": prov.get("partial", {}).get("arms_done")} if d.get("partial")
-                                   else {})})
+                results.append(
+                    {
+                        "file": arc,
+                        "experiment": d.get("experiment"),
+                        "profile": prov.get("profile"),
+                        "device": prov.get("device"),
+                        "seconds": prov.get("seconds"),
+                        "date": prov.get("date"),
+                        "partial": bool(d.get("partial")),
+                        **({"arms_done": prov.get("partial", {}).get("arms_done")} if d.get("partial") else {}),
+                    }
+                )
             except (ValueError, AttributeError):
                 results.append({"file": arc, "error": "not a result (JSON with provenance)"})
     try:
         prov = provenance(command="benchmarks/gpu_slot.sh")
     except Exception as err:  # pragma: no cover - packing must not fail for want of a description
         prov = {"error": f"{type(err).__name__}: {err}"}
-    manifest = {"what": "mpt_lab GPU slot: full-profile results with provenance", "created": prov.get("date"),
-                "provenance": prov, "results": results, "files": entries, **(extra or {})}
+    manifest = {
+        "what": "mpt_lab GPU slot: full-profile results with provenance",
+        "created": prov.get("date"),
+        "provenance": prov,
+        "results": results,
+        "files": entries,
+        **(extra or {}),
+    }
     archive.parent.mkdir(parents=True, exist_ok=True)
     with tarfile.open(archive, "w:gz") as tar:
         for p in files:
@@ -152,12 +164,14 @@ def check_archive(archive: str | Path, *, experiments: Catalogue) -> tuple:
                 manifest = json.loads(data)
             elif parts[0] == "results":
                 if len(parts) == 2 and PARTIAL_NAME.match(parts[-1]) and PARTIAL_NAME.match(parts[-1])["name"] in known:
-                    continue                                   # a stopped run's arms: listed by partials(), not copied
+                    continue  # a stopped run's arms: listed by partials(), not copied
                 match = RESULT_NAME.match(parts[-1]) if len(parts) == 2 else None
                 if match is None or match["name"] not in known:
-                    raise ValueError(f"{m.name}: only results named NAME_full.json, NAME an experiment of "
-                                     f"mpt_lab.experiments.NAMES or a benchmark of budget.BENCHMARKS, go to "
-                                     f"book/results/")
+                    raise ValueError(
+                        f"{m.name}: only results named NAME_full.json, NAME an experiment of "
+                        f"mpt_lab.experiments.NAMES or a benchmark of budget.BENCHMARKS, go to "
+                        f"book/results/"
+                    )
                 results[parts[-1]] = data
     if manifest is None:
         raise ValueError(f"{archive} has no {MANIFEST}: not a slot archive made by mpt_lab.harness.slot.pack")
@@ -171,8 +185,10 @@ def check_archive(archive: str | Path, *, experiments: Catalogue) -> tuple:
         except ValueError:
             raise ValueError(f"results/{fname} is not JSON") from None
         if not isinstance(d, dict) or d.get("experiment") != name:
-            raise ValueError(f"results/{fname} holds a result of {d.get('experiment') if isinstance(d, dict) else d!r}, "
-                             f"not of {name}")
+            raise ValueError(
+                f"results/{fname} holds a result of {d.get('experiment') if isinstance(d, dict) else d!r}, "
+                f"not of {name}"
+            )
         if is_smoke(d):
             raise ValueError(f"results/{fname} is a smoke result (the full profile cut short): not a measurement")
         prov = d.get("provenance") or {}
@@ -181,7 +197,7 @@ def check_archive(archive: str | Path, *, experiments: Catalogue) -> tuple:
         missing = [k for k in _PROVENANCE if not prov.get(k)]
         if missing:
             raise ValueError(f"results/{fname} lacks the provenance {missing}")
-        if name in BENCHMARKS:                    # a script's result: the fields every result has
+        if name in BENCHMARKS:  # a script's result: the fields every result has
             if not isinstance(d.get("config"), dict):
                 raise ValueError(f"results/{fname} has no configuration")
             continue
@@ -243,8 +259,10 @@ def unpack_main(archive: str | Path, into: str | Path | None = None, *, experime
     for path in written:
         print(f"wrote {path}")
     for member, name, arms in partials(archive):
-        print(f"kept in the archive, not copied: {member} ({name} stopped at its deadline; arms done: "
-              f"{', '.join(arms) or 'none'})")
+        print(
+            f"kept in the archive, not copied: {member} ({name} stopped at its deadline; arms done: "
+            f"{', '.join(arms) or 'none'})"
+        )
     return 0
 
 

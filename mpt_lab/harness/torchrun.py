@@ -50,6 +50,7 @@ def stop(proc: subprocess.Popen, pid_dir: Path, grace: float = 5.0) -> None:
     """Stop torchrun and every rank it started: SIGTERM (torchrun's agent then stops its ranks), and after
     ``grace`` seconds SIGKILL to torchrun's process group and to each rank's own (torchrun starts every rank in
     a session of its own, so torchrun's group alone would leave them running)."""
+
     def ranks():
         pids = []
         for f in pid_dir.glob("rank*.pid"):
@@ -78,8 +79,17 @@ def stop(proc: subprocess.Popen, pid_dir: Path, grace: float = 5.0) -> None:
     proc.wait()
 
 
-def run_torchrun(module_args: list, *, nproc: int, timeout: float, env: dict, pid_dir: Path, err: IO[str],
-                 echo: Callable[[str], object], keep: Callable[[str], bool]=lambda line: True) -> int:
+def run_torchrun(
+    module_args: list,
+    *,
+    nproc: int,
+    timeout: float,
+    env: dict,
+    pid_dir: Path,
+    err: IO[str],
+    echo: Callable[[str], object],
+    keep: Callable[[str], bool] = lambda line: True,
+) -> int:
     """Run ``torchrun --standalone --nproc_per_node nproc -m …`` (``module_args``: the module and its
     arguments) with ``env`` (ranks write their pids into ``pid_dir``, or ``env[PID_DIR_ENV]`` when it is set); echo each line rank 0 prints that ``keep`` accepts; write the ranks' error output to
     the open file ``err``.  Returns torchrun's exit status.
@@ -87,12 +97,18 @@ def run_torchrun(module_args: list, *, nproc: int, timeout: float, env: dict, pi
     Raises TimeoutError (every rank stopped; the message ends with their last error lines) after ``timeout``
     seconds, and stops every rank on any other interruption (KeyboardInterrupt) before re-raising.
     """
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
-           *module_args]
-    pid_dir = Path(env.get(PID_DIR_ENV, pid_dir))          # a caller (a test) may name the folder itself
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), *module_args]
+    pid_dir = Path(env.get(PID_DIR_ENV, pid_dir))  # a caller (a test) may name the folder itself
     pid_dir.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL, text=True,
-                            env={**env, PID_DIR_ENV: str(pid_dir)}, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=err,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        env={**env, PID_DIR_ENV: str(pid_dir)},
+        start_new_session=True,
+    )
 
     def stream():
         for line in proc.stdout:
@@ -108,9 +124,11 @@ def run_torchrun(module_args: list, *, nproc: int, timeout: float, env: dict, pi
         stop(proc, pid_dir)
         reader.join(timeout=5)
         err.seek(0)
-        raise TimeoutError(f"the {nproc} ranks did not finish within {timeout:g} s and were stopped; the last "
-                           f"lines of their error output:\n{tail(err.read())}") from None
-    except BaseException:                                   # KeyboardInterrupt: leave no rank behind
+        raise TimeoutError(
+            f"the {nproc} ranks did not finish within {timeout:g} s and were stopped; the last "
+            f"lines of their error output:\n{tail(err.read())}"
+        ) from None
+    except BaseException:  # KeyboardInterrupt: leave no rank behind
         stop(proc, pid_dir)
         raise
     reader.join(timeout=5)

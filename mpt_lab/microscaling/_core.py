@@ -50,8 +50,10 @@ def check_tensor(x, argname: str = "x") -> torch.Tensor:
     if x.dtype not in INPUT_DTYPES:
         raise TypeError(f"{argname} must be a float16, bfloat16, float32 or float64 tensor, got dtype {x.dtype}")
     if x.device.type == "meta":
-        raise ValueError(f"{argname} is a meta tensor (a shape and dtype without values); "
-                         "pass a tensor on a real device (cpu, cuda, ...)")
+        raise ValueError(
+            f"{argname} is a meta tensor (a shape and dtype without values); "
+            "pass a tensor on a real device (cpu, cuda, ...)"
+        )
     return x.detach()
 
 
@@ -101,8 +103,9 @@ def check_blocks(blocks, x: torch.Tensor) -> str:
     TypeError/ValueError naming the argument."""
     blocks = check_choice(blocks, "blocks", BLOCK_LAYOUTS)
     if blocks == "2d" and x.dim() != 2:
-        raise ValueError(f"blocks='2d' (square tiles of a matrix) needs a 2-d tensor, got {x.dim()}-d x "
-                         f"of shape {tuple(x.shape)}")
+        raise ValueError(
+            f"blocks='2d' (square tiles of a matrix) needs a 2-d tensor, got {x.dim()}-d x of shape {tuple(x.shape)}"
+        )
     return blocks
 
 
@@ -118,8 +121,9 @@ def scalar_format(fmt, argname: str) -> FloatFormat:
     per-tensor scaling rounds to); TypeError/ValueError naming ``argname``."""
     fmt = F.get_format(fmt, argname)
     if fmt.bits > 16 or not fmt.signed:
-        raise ValueError(f"{argname} must be a signed format of at most 16 bits (FP8, FP6, FP4, FP16, BF16), "
-                         f"got {fmt.name}")
+        raise ValueError(
+            f"{argname} must be a signed format of at most 16 bits (FP8, FP6, FP4, FP16, BF16), got {fmt.name}"
+        )
     return fmt
 
 
@@ -154,13 +158,20 @@ def block_amax(xb: torch.Tensor, work: torch.dtype) -> torch.Tensor:
         w = xb[a:b] if xb.dtype == work else xb[a:b].to(work)
         if buf is None:
             buf = torch.empty(w.shape, dtype=ints, device=xb.device)
-        mag = torch.bitwise_and(w.view(ints), (1 << (w.element_size() * 8 - 1)) - 1, out=buf[:b - a])
+        mag = torch.bitwise_and(w.view(ints), (1 << (w.element_size() * 8 - 1)) - 1, out=buf[: b - a])
         torch.amax(mag, 1, out=out_bits[a:b])
     return out
 
 
-def scale_rows_and_encode(xb: torch.Tensor, r: torch.Tensor, nan: torch.Tensor, fmt: FloatFormat,
-                           work: torch.dtype, rounding: str = "nearest_even", generator=None) -> torch.Tensor:
+def scale_rows_and_encode(
+    xb: torch.Tensor,
+    r: torch.Tensor,
+    nan: torch.Tensor,
+    fmt: FloatFormat,
+    work: torch.dtype,
+    rounding: str = "nearest_even",
+    generator=None,
+) -> torch.Tensor:
     """Codes (uint8, xb's shape) of fl(v · r) rounded to fmt with saturation, r one multiplier per row (work
     dtype); rows where ``nan`` is set get codes 0.  Chunk by chunk into a reused buffer (cache-resident).
     ``rounding="stochastic"`` draws from ``generator`` chunk after chunk, in the order of the values, which
@@ -171,7 +182,7 @@ def scale_rows_and_encode(xb: torch.Tensor, r: torch.Tensor, nan: torch.Tensor, 
     for a, b in chunks(xb.shape[0], xb.shape[1], xb.device):
         if buf is None:
             buf = torch.empty((b - a, xb.shape[1]), dtype=work, device=xb.device)
-        y = torch.mul(xb[a:b], r[a:b, None], out=buf[:b - a])
+        y = torch.mul(xb[a:b], r[a:b, None], out=buf[: b - a])
         if any_nan:
             y.masked_fill_(nan[a:b, None], 0.0)
         encode_into(codes[a:b], y, fmt, rounding, generator)
@@ -237,19 +248,27 @@ def native_cast(fmt: FloatFormat, device: torch.device) -> str | None:
                 break
             result = name
         if result is None:
-            warnings.warn(f"torch's float32 → {FLOAT8[fmt]} conversion on {device} differs from "
-                          "mpt_lab.formats.encode; using encode (slower)", RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                f"torch's float32 → {FLOAT8[fmt]} conversion on {device} differs from "
+                "mpt_lab.formats.encode; using encode (slower)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
         _NATIVE[key] = result
     return _NATIVE[key]
 
 
-def encode_into(out: torch.Tensor, y: torch.Tensor, fmt: FloatFormat, rounding: str = "nearest_even",
-                generator=None) -> None:
+def encode_into(
+    out: torch.Tensor, y: torch.Tensor, fmt: FloatFormat, rounding: str = "nearest_even", generator=None
+) -> None:
     """Write the codes of the finite values y (float32 or float64), rounded to nearest-even (or
     stochastically, from ``generator``) in fmt with saturation, into the uint8 tensor ``out``; y may be
     clamped in place."""
-    native = (native_cast(fmt, y.device) if fmt in FLOAT8 and y.dtype == torch.float32
-              and rounding == "nearest_even" else None)
+    native = (
+        native_cast(fmt, y.device)
+        if fmt in FLOAT8 and y.dtype == torch.float32 and rounding == "nearest_even"
+        else None
+    )
     if native is None:
         out.copy_(F.encode(y, fmt, saturate=True, rounding=rounding, generator=generator))
         return
@@ -296,7 +315,7 @@ def tile_amax(amax: torch.Tensor, layout: tuple, block_size: int) -> torch.Tenso
     a = amax.view(rows, nblocks)
     pad = -rows % block_size
     if pad:
-        a = torch.nn.functional.pad(a, (0, 0, 0, pad))                 # zero rows do not change a maximum
+        a = torch.nn.functional.pad(a, (0, 0, 0, pad))  # zero rows do not change a maximum
     a = a.view(-1, block_size, nblocks).amax(1)
     return a.repeat_interleave(block_size, 0)[:rows].reshape(-1)
 

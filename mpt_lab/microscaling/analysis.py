@@ -27,8 +27,17 @@ from ._core import QuantizedTensor, check_tensor, from_blocks, to_blocks
 from .mx import fake_quantize_mx
 from .nvfp4 import fake_quantize_nvfp4
 
-__all__ = ["quantization_error", "snr_db", "new_counts", "add_counts", "layer_stats", "block_size_sweep",
-           "block_scale_comparison", "mean_over_layers", "one_scale_vs_per_tensor"]
+__all__ = [
+    "quantization_error",
+    "snr_db",
+    "new_counts",
+    "add_counts",
+    "layer_stats",
+    "block_size_sweep",
+    "block_scale_comparison",
+    "mean_over_layers",
+    "one_scale_vs_per_tensor",
+]
 
 
 def snr_db(signal: float, noise: float) -> float:
@@ -43,7 +52,7 @@ def snr_db(signal: float, noise: float) -> float:
 # one tensor
 # ----------------------------------------------------------------------------------------------------------
 @exact_arithmetic
-def quantization_error(x: torch.Tensor, xq: torch.Tensor, *, saturated: torch.Tensor | None=None) -> dict:
+def quantization_error(x: torch.Tensor, xq: torch.Tensor, *, saturated: torch.Tensor | None = None) -> dict:
     """What quantising x lost: errors, signal-to-noise ratio, and the shares that underflowed or saturated.
 
     Parameters
@@ -80,8 +89,9 @@ def quantization_error(x: torch.Tensor, xq: torch.Tensor, *, saturated: torch.Te
     xq = check_tensor(xq, "xq")
     if xq.shape != x.shape:
         raise ValueError(f"xq must have x's shape {tuple(x.shape)}, got {tuple(xq.shape)}")
-    if saturated is not None and (not isinstance(saturated, torch.Tensor) or saturated.dtype != torch.bool
-                                  or saturated.shape != x.shape):
+    if saturated is not None and (
+        not isinstance(saturated, torch.Tensor) or saturated.dtype != torch.bool or saturated.shape != x.shape
+    ):
         raise TypeError(f"saturated must be None or a bool tensor of shape {tuple(x.shape)}")
     x64, q64 = x.to(torch.float64), xq.to(device=x.device, dtype=torch.float64)
     n = x64.numel()
@@ -97,11 +107,18 @@ def quantization_error(x: torch.Tensor, xq: torch.Tensor, *, saturated: torch.Te
         return float(mask.sum()) / n if n else math.nan
 
     mse = se / pairs if pairs else math.nan
-    return {"n": n, "mse": mse, "rmse": math.sqrt(mse), "snr_db": snr,
-            "max_abs_error": float(err.abs().max()) if pairs else math.nan,
-            "underflow": share(both & (x64 != 0) & (q64 == 0)),
-            "saturated": None if saturated is None else share(saturated.to(x.device) & finite_in),
-            "nonfinite_in": share(~finite_in), "nonfinite_out": share(finite_in & ~torch.isfinite(q64))}
+    return {
+        "n": n,
+        "mse": mse,
+        "rmse": math.sqrt(mse),
+        "snr_db": snr,
+        "max_abs_error": float(err.abs().max()) if pairs else math.nan,
+        "underflow": share(both & (x64 != 0) & (q64 == 0)),
+        "saturated": None if saturated is None else share(saturated.to(x.device) & finite_in),
+        "nonfinite_in": share(~finite_in),
+        "nonfinite_out": share(finite_in & ~torch.isfinite(q64)),
+    }
+
 
 # ----------------------------------------------------------------------------------------------------------
 # the counts of a training run, per layer and operand
@@ -158,8 +175,12 @@ def layer_stats(stats: dict) -> dict:
 
 def _shares(s: dict) -> dict:
     n, nz = s["n"], s["nonzero"]
-    return {"underflow": s["underflow"] / nz if nz else 0.0, "saturated": s["saturated"] / n if n else 0.0,
-            "nonfinite": s["nonfinite"] / n if n else 0.0, "snr_db": snr_db(s["signal"], s["noise"])}
+    return {
+        "underflow": s["underflow"] / nz if nz else 0.0,
+        "saturated": s["saturated"] / n if n else 0.0,
+        "nonfinite": s["nonfinite"] / n if n else 0.0,
+        "snr_db": snr_db(s["signal"], s["noise"]),
+    }
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -175,13 +196,18 @@ def _by_tensor_and_format(tensors: dict, formats, row) -> dict:
     if not isinstance(tensors, dict) or not tensors:
         raise TypeError("tensors must be a non-empty dict of name → tensor")
     fmts = [F.get_format(f, "formats") for f in formats]
-    return {name: {fmt.name: row(check_tensor(t, f"tensors[{name!r}]").to(torch.float32), fmt) for fmt in fmts}
-            for name, t in tensors.items()}
+    return {
+        name: {fmt.name: row(check_tensor(t, f"tensors[{name!r}]").to(torch.float32), fmt) for fmt in fmts}
+        for name, t in tensors.items()
+    }
 
 
 @exact_arithmetic
-def block_size_sweep(tensors: dict, formats: Sequence[str]=("FP8_E4M3", "FP8_E5M2", "FP6_E3M2", "FP6_E2M3", "FP4_E2M1"),
-                     block_sizes: Sequence[int]=(8, 16, 32, 64, 128, 256)) -> dict:
+def block_size_sweep(
+    tensors: dict,
+    formats: Sequence[str] = ("FP8_E4M3", "FP8_E5M2", "FP6_E3M2", "FP6_E2M3", "FP4_E2M1"),
+    block_sizes: Sequence[int] = (8, 16, 32, 64, 128, 256),
+) -> dict:
     """SNR (dB) of MX quantisation against block size, and with one E8M0 scale for the whole tensor.
 
     Parameters
@@ -198,6 +224,7 @@ def block_size_sweep(tensors: dict, formats: Sequence[str]=("FP8_E4M3", "FP8_E5M
     :func:`~mpt_lab.microscaling.fake_quantize_mx` (equal to :func:`~mpt_lab.microscaling.quantize_mx`'s
     values; OCP's floor rule).
     """
+
     def row(t: torch.Tensor, fmt: FloatFormat) -> dict:
         out = {str(bs): _snr_of(t, fake_quantize_mx(t, fmt, bs, -1)) for bs in block_sizes}
         flat = t.reshape(-1)
@@ -208,7 +235,9 @@ def block_size_sweep(tensors: dict, formats: Sequence[str]=("FP8_E4M3", "FP8_E5M
 
 
 @exact_arithmetic
-def block_scale_comparison(tensors: dict, formats: Sequence[str]=("FP8_E4M3", "FP6_E3M2", "FP4_E2M1"), block_size: int = 32) -> dict:
+def block_scale_comparison(
+    tensors: dict, formats: Sequence[str] = ("FP8_E4M3", "FP6_E3M2", "FP4_E2M1"), block_size: int = 32
+) -> dict:
     """SNR (dB) of block quantisation with an E8M0 (power-of-two) scale against an exact FP32 scale.
 
     The E8M0 scale is OCP MX's (:func:`~mpt_lab.microscaling.quantize_mx`, floor rule: the block's amax lands
@@ -220,13 +249,16 @@ def block_scale_comparison(tensors: dict, formats: Sequence[str]=("FP8_E4M3", "F
     -------
     dict name → format name → {"e8m0": SNR, "fp32": SNR} (and "nvfp4" for FP4_E2M1), in dB.
     """
+
     def row(t: torch.Tensor, fmt: FloatFormat) -> dict:
         xb, layout = to_blocks(t, block_size, t.dim() - 1)
         amax = xb.abs().amax(1, keepdim=True)
         scale = torch.where(amax > 0, torch.tensor(fmt.max, dtype=torch.float32) / amax, torch.ones_like(amax))
         fq = F.round_to(xb * scale, fmt, saturate=True).to(torch.float64) / scale.to(torch.float64)
-        out = {"e8m0": _snr_of(t, fake_quantize_mx(t, fmt, block_size, -1)),
-               "fp32": _snr_of(t, from_blocks(fq.to(torch.float32), layout, t.dim() - 1, False))}
+        out = {
+            "e8m0": _snr_of(t, fake_quantize_mx(t, fmt, block_size, -1)),
+            "fp32": _snr_of(t, from_blocks(fq.to(torch.float32), layout, t.dim() - 1, False)),
+        }
         if fmt == FP4_E2M1:
             out["nvfp4"] = _snr_of(t, fake_quantize_nvfp4(t))
         return out
@@ -244,12 +276,20 @@ def mean_over_layers(per_layer: dict) -> dict:
         for fmt, row in fmts.items():
             for k, v in row.items():
                 acc.setdefault(fmt, {}).setdefault(k, []).append(v)
-    return {fmt: {k: (sum(x for x in v if math.isfinite(x)) / max(1, sum(math.isfinite(x) for x in v))
-                      if any(math.isfinite(x) for x in v) else math.nan) for k, v in row.items()}
-            for fmt, row in acc.items()}
+    return {
+        fmt: {
+            k: (
+                sum(x for x in v if math.isfinite(x)) / max(1, sum(math.isfinite(x) for x in v))
+                if any(math.isfinite(x) for x in v)
+                else math.nan
+            )
+            for k, v in row.items()
+        }
+        for fmt, row in acc.items()
+    }
 
 
-def one_scale_vs_per_tensor(histograms: dict, fmt: FormatLike="FP8_E5M2") -> dict:
+def one_scale_vs_per_tensor(histograms: dict, fmt: FormatLike = "FP8_E5M2") -> dict:
     """What one scale for all tensors loses against one scale per tensor, from their log2 histograms.
 
     One scale: the largest power of two S for which no value of *any* tensor overflows ``fmt``
@@ -271,8 +311,11 @@ def one_scale_vs_per_tensor(histograms: dict, fmt: FormatLike="FP8_E5M2") -> dic
     as 4^(k + ½) for the binade [2ᵏ, 2ᵏ⁺¹), within a factor of 2 per value): what the lost values alone cost a
     signal-to-noise ratio, which weighs values by their square}.
     """
-    if not isinstance(histograms, dict) or not histograms or \
-            not all(isinstance(h, Log2Histogram) for h in histograms.values()):
+    if (
+        not isinstance(histograms, dict)
+        or not histograms
+        or not all(isinstance(h, Log2Histogram) for h in histograms.values())
+    ):
         raise TypeError("histograms must be a non-empty dict of name → Log2Histogram")
     fmt = F.get_format(fmt)
     total = None
@@ -289,24 +332,25 @@ def one_scale_vs_per_tensor(histograms: dict, fmt: FormatLike="FP8_E5M2") -> dic
         """Share of Σx² in the values that round to zero after × s: the binades wholly below half the smallest
         subnormal, and the exact ties at half of it (fine bin 0 of the binade just above: fraction zero)."""
         k = h.exponents + round(math.log2(s))
-        w = np.exp2(2.0 * h.exponents + 1.0)                       # 4^(e + ½) per value of binade e
+        w = np.exp2(2.0 * h.exponents + 1.0)  # 4^(e + ½) per value of binade e
         total = float((h.counts * w).sum())
         if total <= 0:
             return 0.0
-        half_sub = fmt.emin - fmt.mantissa_bits - 1                  # half the smallest subnormal: 2^half_sub
+        half_sub = fmt.emin - fmt.mantissa_bits - 1  # half the smallest subnormal: 2^half_sub
         below = k <= half_sub - 1
-        ties = (k == half_sub)
+        ties = k == half_sub
         lost_e = float((h.counts[below] * w[below]).sum()) + float((h.fine[ties, 0] * w[ties]).sum())
         return lost_e / total
 
     rows = {}
     for name, h in histograms.items():
         s = h.max_scale(fmt)
-        rows[name] = {"amax_log2": math.frexp(h.amax)[1] - 1 if h.amax > 0 else None,
-                      "per_tensor_log2": int(math.log2(s)) if math.isfinite(s) else None,
-                      "lost_one_scale": lost(h, s_all) if math.isfinite(s_all) else 0.0,
-                      "lost_per_tensor": lost(h, s) if math.isfinite(s) else 0.0,
-                      "energy_lost_one_scale": energy_lost(h, s_all) if math.isfinite(s_all) else 0.0,
-                      "energy_lost_per_tensor": energy_lost(h, s) if math.isfinite(s) else 0.0}
-    return {"format": fmt.name, "one_scale": int(math.log2(s_all)) if math.isfinite(s_all) else None,
-            "tensors": rows}
+        rows[name] = {
+            "amax_log2": math.frexp(h.amax)[1] - 1 if h.amax > 0 else None,
+            "per_tensor_log2": int(math.log2(s)) if math.isfinite(s) else None,
+            "lost_one_scale": lost(h, s_all) if math.isfinite(s_all) else 0.0,
+            "lost_per_tensor": lost(h, s) if math.isfinite(s) else 0.0,
+            "energy_lost_one_scale": energy_lost(h, s_all) if math.isfinite(s_all) else 0.0,
+            "energy_lost_per_tensor": energy_lost(h, s) if math.isfinite(s) else 0.0,
+        }
+    return {"format": fmt.name, "one_scale": int(math.log2(s_all)) if math.isfinite(s_all) else None, "tensors": rows}

@@ -50,8 +50,9 @@ def _check_size(d, argname: str = "block_size") -> int:
     return d
 
 
-def hadamard_matrix(d: int, *, normalized: bool = True, dtype: torch.dtype = torch.float64,
-                    device: torch.device | str | None=None) -> torch.Tensor:
+def hadamard_matrix(
+    d: int, *, normalized: bool = True, dtype: torch.dtype = torch.float64, device: torch.device | str | None = None
+) -> torch.Tensor:
     """Sylvester's Hadamard matrix H_d: H_1 = [1], H_2k = [[H_k, H_k], [H_k, −H_k]], entries ±1 (divided by
     √d when ``normalized``, so that H Hᵀ = I).
 
@@ -117,7 +118,7 @@ class RandomHadamard:
         g = torch.Generator().manual_seed(self.seed)
         return torch.randint(0, 2, (self.block_size,), generator=g).to(torch.float64) * 2 - 1
 
-    def matrix(self, dtype: torch.dtype = torch.float64, device: torch.device | str | None=None) -> torch.Tensor:
+    def matrix(self, dtype: torch.dtype = torch.float64, device: torch.device | str | None = None) -> torch.Tensor:
         """H = S_d H_d / √d (arXiv:2509.25149, Appendix C): row i of the normalised Sylvester matrix times s_i;
         orthogonal.  (block_size, block_size) in ``dtype`` on ``device`` (a new tensor)."""
         return _matrix(self, dtype, torch.device(device) if device is not None else torch.device("cpu")).clone()
@@ -127,8 +128,10 @@ class RandomHadamard:
         axis = check_axis(axis, x.dim())
         n = x.shape[axis]
         if n % self.block_size:
-            raise ValueError(f"x's length along axis {axis} ({n}) must be a multiple of block_size "
-                             f"({self.block_size}); pad both operands of the product with zeros first")
+            raise ValueError(
+                f"x's length along axis {axis} ({n}) must be a multiple of block_size "
+                f"({self.block_size}); pad both operands of the product with zeros first"
+            )
         work = torch.float64 if x.dtype == torch.float64 else torch.float32
         m = _matrix(self, work, x.device)
         if inverse:

@@ -47,8 +47,15 @@ from ._core import (
     work_dtype,
 )
 
-__all__ = ["MXTensor", "quantize_mx", "fake_quantize_mx", "MX_ELEMENT_FORMATS", "MX_FORMATS", "SCALE_ROUNDINGS",
-           "E8M0_NAN"]
+__all__ = [
+    "MXTensor",
+    "quantize_mx",
+    "fake_quantize_mx",
+    "MX_ELEMENT_FORMATS",
+    "MX_FORMATS",
+    "SCALE_ROUNDINGS",
+    "E8M0_NAN",
+]
 
 #: Element formats of the concrete MX formats (OCP MX v1.0 §5.1): MXFP8 (E4M3, E5M2), MXFP6 (E3M2, E2M3), MXFP4.
 MX_ELEMENT_FORMATS = (FP8_E4M3, FP8_E5M2, FP6_E3M2, FP6_E2M3, FP4_E2M1)
@@ -94,7 +101,7 @@ class MXTensor(BlockScaledTensor):
         return F.decode(self.scale_codes, E8M0)
 
     def _work(self, dtype: torch.dtype) -> torch.dtype:
-        return work_dtype(dtype)        # element × 2^k is exact in float32 too (overflow aside: inf)
+        return work_dtype(dtype)  # element × 2^k is exact in float32 too (overflow aside: inf)
 
     def _element_values(self, work: torch.dtype) -> torch.Tensor:
         if self.fmt in FLOAT8:
@@ -102,8 +109,10 @@ class MXTensor(BlockScaledTensor):
         return self.elements().to(work)
 
     def __repr__(self) -> str:
-        return (f"MXTensor(MX{self.fmt.name}, shape={tuple(self.shape)}, block_size={self.block_size}, "
-                f"axis={self.axis}, scale_rounding={self.scale_rounding!r}, dtype={self.dtype})")
+        return (
+            f"MXTensor(MX{self.fmt.name}, shape={tuple(self.shape)}, block_size={self.block_size}, "
+            f"axis={self.axis}, scale_rounding={self.scale_rounding!r}, dtype={self.dtype})"
+        )
 
 
 def _element_format(fmt) -> FloatFormat:
@@ -112,8 +121,10 @@ def _element_format(fmt) -> FloatFormat:
     key = fmt.strip().upper() if isinstance(fmt, str) else None
     if key in MX_FORMATS:
         return MX_FORMATS[key]
-    expected = (f"fmt must be an MX element format {[f.name for f in MX_ELEMENT_FORMATS]} or an MX format name "
-                f"{list(MX_FORMATS)} (any case)")
+    expected = (
+        f"fmt must be an MX element format {[f.name for f in MX_ELEMENT_FORMATS]} or an MX format name "
+        f"{list(MX_FORMATS)} (any case)"
+    )
     if key in ("MXFP8", "MXFP6"):
         example = "MXFP8_E4M3" if key == "MXFP8" else "MXFP6_E3M2"
         raise ValueError(f"{expected}; {fmt!r} names two MX formats (OCP MX v1.0 §5.1): say which, e.g. {example}")
@@ -126,13 +137,19 @@ def _element_format(fmt) -> FloatFormat:
     return f
 
 
-def _mx_arguments(x: torch.Tensor, fmt, block_size, axis, scale_rounding, blocks="1d",
-                  rounding="nearest_even") -> tuple:
+def _mx_arguments(
+    x: torch.Tensor, fmt, block_size, axis, scale_rounding, blocks="1d", rounding="nearest_even"
+) -> tuple:
     """(element format, block size, non-negative axis, scale rule, block layout, element rounding), checked as
     :func:`quantize_mx` documents."""
-    return (_element_format(fmt), check_int(block_size, "block_size", 1), check_axis(axis, x.dim()),
-            check_choice(scale_rounding, "scale_rounding", SCALE_ROUNDINGS), check_blocks(blocks, x),
-            check_rounding(rounding))
+    return (
+        _element_format(fmt),
+        check_int(block_size, "block_size", 1),
+        check_axis(axis, x.dim()),
+        check_choice(scale_rounding, "scale_rounding", SCALE_ROUNDINGS),
+        check_blocks(blocks, x),
+        check_rounding(rounding),
+    )
 
 
 def _amax(xb: torch.Tensor, work: torch.dtype, layout: tuple, block_size: int, blocks: str) -> torch.Tensor:
@@ -150,19 +167,19 @@ def _scale_codes_mx(amax: torch.Tensor, fmt: FloatFormat, rule: str) -> tuple[to
     would; an infinite or NaN amax gives NaN, and so does a code above 254 (only float64 amax can need one).
     """
     ints, t, b, top = BITS[amax.dtype]
-    bits = amax.view(ints)                       # |amax| (block_amax clears the sign bit, also of −0 and NaN)
+    bits = amax.view(ints)  # |amax| (block_amax clears the sign bit, also of −0 and NaN)
     e = bits >> t
     nan = e == top
-    c = e.sub_(b + fmt.emax - 127).to(torch.int32)             # floor
+    c = e.sub_(b + fmt.emax - 127).to(torch.int32)  # floor
     if rule != "floor":
         mant = bits & ((1 << t) - 1)
-        if rule == "ceil":                                      # ⌈log2 amax⌉: up unless amax is a power of two
+        if rule == "ceil":  # ⌈log2 amax⌉: up unless amax is a power of two
             c += mant != 0
-        elif rule == "even":                                    # 1.M rounded to fmt's precision reaches 2
+        elif rule == "even":  # 1.M rounded to fmt's precision reaches 2
             c += mant >= (1 << t) - (1 << (t - fmt.mantissa_bits - 1))
-        else:                                                   # rceil: amax / 2^k > max  ⟺  1.M > max / 2^emax
-            c += mant > int((fmt.max / 2.0 ** fmt.emax - 1) * (1 << t))
-    if amax.dtype == torch.float64:                             # float32: E ≤ 254 gives c ≤ 253 anyway
+        else:  # rceil: amax / 2^k > max  ⟺  1.M > max / 2^emax
+            c += mant > int((fmt.max / 2.0**fmt.emax - 1) * (1 << t))
+    if amax.dtype == torch.float64:  # float32: E ≤ 254 gives c ≤ 253 anyway
         nan |= c > 254
     return c.clamp_(0, 254), nan
 
@@ -177,8 +194,17 @@ def _pow2_neg_scale(c: torch.Tensor, work: torch.dtype) -> torch.Tensor:
 
 
 @exact_arithmetic
-def quantize_mx(x: torch.Tensor, fmt: FormatLike, block_size: int = 32, axis: int = -1, *, scale_rounding: str = "floor", blocks: str = "1d",
-                rounding: str = "nearest_even", generator: torch.Generator | None=None) -> MXTensor:
+def quantize_mx(
+    x: torch.Tensor,
+    fmt: FormatLike,
+    block_size: int = 32,
+    axis: int = -1,
+    *,
+    scale_rounding: str = "floor",
+    blocks: str = "1d",
+    rounding: str = "nearest_even",
+    generator: torch.Generator | None = None,
+) -> MXTensor:
     """Quantise x to an OCP MX format: blocks of ``block_size`` values along ``axis`` share a power-of-two scale.
 
     Per block (OCP MX v1.0 §6.3): amax = max |v|; shared scale X = 2^(⌊log2 amax⌋ − emax), emax being the element
@@ -223,20 +249,37 @@ def quantize_mx(x: torch.Tensor, fmt: FormatLike, block_size: int = 32, axis: in
         unknown scale_rounding, blocks or rounding; blocks="2d" for a tensor that is not 2-d; meta tensor.
     """
     x = check_tensor(x)
-    fmt, block_size, axis, rule, blocks, rounding = _mx_arguments(x, fmt, block_size, axis, scale_rounding, blocks,
-                                                                  rounding)
+    fmt, block_size, axis, rule, blocks, rounding = _mx_arguments(
+        x, fmt, block_size, axis, scale_rounding, blocks, rounding
+    )
     xb, layout = to_blocks(x, block_size, axis)
     work = work_dtype(x.dtype)
     c, nan = _scale_codes_mx(_amax(xb, work, layout, block_size, blocks), fmt, rule)
-    codes = scale_rows_and_encode(xb, _pow2_neg_scale(c, work), nan, fmt, work, rounding, generator)   # v / X: exact
+    codes = scale_rows_and_encode(xb, _pow2_neg_scale(c, work), nan, fmt, work, rounding, generator)  # v / X: exact
     scale_codes = c.masked_fill_(nan, E8M0_NAN).to(torch.uint8)
-    return MXTensor(from_blocks(codes, layout, axis, False), from_blocks(scale_codes, layout, axis, True),
-                    fmt, block_size, axis, x.dtype, rule)
+    return MXTensor(
+        from_blocks(codes, layout, axis, False),
+        from_blocks(scale_codes, layout, axis, True),
+        fmt,
+        block_size,
+        axis,
+        x.dtype,
+        rule,
+    )
 
 
 @exact_arithmetic
-def fake_quantize_mx(x: torch.Tensor, fmt: FormatLike, block_size: int = 32, axis: int = -1, *, scale_rounding: str = "floor",
-                     blocks: str = "1d", rounding: str = "nearest_even", generator: torch.Generator | None=None) -> torch.Tensor:
+def fake_quantize_mx(
+    x: torch.Tensor,
+    fmt: FormatLike,
+    block_size: int = 32,
+    axis: int = -1,
+    *,
+    scale_rounding: str = "floor",
+    blocks: str = "1d",
+    rounding: str = "nearest_even",
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
     """``quantize_mx(x, fmt, block_size, axis, scale_rounding=..., blocks=..., rounding=...,
     generator=...).dequantize()`` for float32 (or narrower) x, computed without codes: the same values bit
     for bit (the tests compare them on random, tied, subnormal, zero, infinite and NaN blocks, and with
@@ -264,16 +307,18 @@ def fake_quantize_mx(x: torch.Tensor, fmt: FormatLike, block_size: int = 32, axi
     x = check_tensor(x)
     if x.dtype == torch.float64:
         raise TypeError("x must be float16, bfloat16 or float32 (use mpt_lab.microscaling.quantize_mx for float64)")
-    fmt, block_size, axis, rule, blocks, rounding = _mx_arguments(x, fmt, block_size, axis, scale_rounding, blocks,
-                                                                  rounding)
+    fmt, block_size, axis, rule, blocks, rounding = _mx_arguments(
+        x, fmt, block_size, axis, scale_rounding, blocks, rounding
+    )
     xb, layout = to_blocks(x.to(torch.float32), block_size, axis)
     c, nan = _scale_codes_mx(_amax(xb, torch.float32, layout, block_size, blocks), fmt, rule)
     any_nan = bool(nan.any())
-    if any_nan:                                                            # FP6/FP4 have no NaN: zero them first
+    if any_nan:  # FP6/FP4 have no NaN: zero them first
         xb = xb.masked_fill(nan[:, None], 0.0)
-    elem = F.round_to(xb * _pow2_neg_scale(c, torch.float32)[:, None], fmt, saturate=True, rounding=rounding,
-                      generator=generator)                                                  # v / X: exact
-    y = elem * pow2(c - 127, torch.float32)[:, None]                                       # element × X: exact
+    elem = F.round_to(
+        xb * _pow2_neg_scale(c, torch.float32)[:, None], fmt, saturate=True, rounding=rounding, generator=generator
+    )  # v / X: exact
+    y = elem * pow2(c - 127, torch.float32)[:, None]  # element × X: exact
     if any_nan:
         y[nan] = math.nan
     return from_blocks(y, layout, axis, False).to(x.dtype)

@@ -55,7 +55,7 @@ __all__ = ["NVFP4Tensor", "quantize_nvfp4", "fake_quantize_nvfp4", "NVFP4_BLOCK_
 #: NVFP4's block length: 16 FP4 values share one E4M3 scale.
 NVFP4_BLOCK_SIZE = 16
 _E4M3_NAN = 0x7F
-_NVFP4_SCALE_MIN = FP8_E4M3.smallest_normal      # 2⁻⁶: NVFP4 block scales are clamped to [2⁻⁶, 448]
+_NVFP4_SCALE_MIN = FP8_E4M3.smallest_normal  # 2⁻⁶: NVFP4 block scales are clamped to [2⁻⁶, 448]
 
 
 @dataclass(frozen=True, eq=False)
@@ -84,8 +84,10 @@ class NVFP4Tensor(BlockScaledTensor):
         return (x.to(torch.float32) * self._per_value(r)).to(torch.float64)
 
     def __repr__(self) -> str:
-        return (f"NVFP4Tensor(shape={tuple(self.shape)}, block_size={self.block_size}, axis={self.axis}, "
-                f"tensor_scale={float(self.tensor_scale)!r}, dtype={self.dtype})")
+        return (
+            f"NVFP4Tensor(shape={tuple(self.shape)}, block_size={self.block_size}, axis={self.axis}, "
+            f"tensor_scale={float(self.tensor_scale)!r}, dtype={self.dtype})"
+        )
 
 
 def _tensor_scale(x: torch.Tensor, tensor_scale, block_amaxes: torch.Tensor | None = None) -> torch.Tensor:
@@ -125,8 +127,15 @@ def _block_scales(amax: torch.Tensor, st: torch.Tensor) -> tuple[torch.Tensor, t
 
 
 @exact_arithmetic
-def quantize_nvfp4(x: torch.Tensor, *, tensor_scale: float | torch.Tensor | None=None, axis: int = -1, blocks: str = "1d", rounding: str = "nearest_even",
-                   generator: torch.Generator | None=None) -> NVFP4Tensor:
+def quantize_nvfp4(
+    x: torch.Tensor,
+    *,
+    tensor_scale: float | torch.Tensor | None = None,
+    axis: int = -1,
+    blocks: str = "1d",
+    rounding: str = "nearest_even",
+    generator: torch.Generator | None = None,
+) -> NVFP4Tensor:
     """Quantise x to NVFP4: FP4 E2M1 elements, blocks of 16 along ``axis`` with FP8 E4M3 scales, and one FP32
     tensor scale.
 
@@ -181,16 +190,29 @@ def quantize_nvfp4(x: torch.Tensor, *, tensor_scale: float | torch.Tensor | None
     s, nan = _block_scales(amax, st)
     sc = torch.empty(s.shape, dtype=torch.uint8, device=x.device)
     encode_into(sc, s, FP8_E4M3)
-    r = (1.0 / st) / F.decode(sc, FP8_E4M3).to(torch.float32)                     # fl32(fl32(1 / s_t) / s_b)
+    r = (1.0 / st) / F.decode(sc, FP8_E4M3).to(torch.float32)  # fl32(fl32(1 / s_t) / s_b)
     codes = scale_rows_and_encode(xb, r, nan, FP4_E2M1, torch.float32, rounding, generator)
     scale_codes = torch.where(nan, _E4M3_NAN, sc)
-    return NVFP4Tensor(from_blocks(codes, layout, axis, False), from_blocks(scale_codes, layout, axis, True),
-                       FP4_E2M1, NVFP4_BLOCK_SIZE, axis, x.dtype, st)
+    return NVFP4Tensor(
+        from_blocks(codes, layout, axis, False),
+        from_blocks(scale_codes, layout, axis, True),
+        FP4_E2M1,
+        NVFP4_BLOCK_SIZE,
+        axis,
+        x.dtype,
+        st,
+    )
 
 
 @exact_arithmetic
-def fake_quantize_nvfp4(x: torch.Tensor, *, axis: int = -1, blocks: str = "1d", rounding: str = "nearest_even",
-                        generator: torch.Generator | None=None) -> torch.Tensor:
+def fake_quantize_nvfp4(
+    x: torch.Tensor,
+    *,
+    axis: int = -1,
+    blocks: str = "1d",
+    rounding: str = "nearest_even",
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
     """``quantize_nvfp4(x, axis=axis, blocks=blocks, rounding=rounding, generator=generator).dequantize()``
     for float32 (or narrower) x, without codes: the same values bit for bit (stochastic rounding included:
     the same bits drawn from the same generator state), faster.
@@ -213,11 +235,10 @@ def fake_quantize_nvfp4(x: torch.Tensor, *, axis: int = -1, blocks: str = "1d", 
     s, nan = _block_scales(amax, st)
     sb = F.round_to(s, FP8_E4M3)
     any_nan = bool(nan.any())
-    if any_nan:                                                            # FP4 has no NaN: zero them first
+    if any_nan:  # FP4 has no NaN: zero them first
         xb = xb.masked_fill(nan[:, None], 0.0)
-    elem = F.round_to(xb * ((1.0 / st) / sb)[:, None], FP4_E2M1, saturate=True, rounding=rounding,
-                      generator=generator)
-    y = elem.mul_(sb[:, None]).mul_(st)    # element × s_b is exact; × s_t rounds once (in place: no new tensor)
+    elem = F.round_to(xb * ((1.0 / st) / sb)[:, None], FP4_E2M1, saturate=True, rounding=rounding, generator=generator)
+    y = elem.mul_(sb[:, None]).mul_(st)  # element × s_b is exact; × s_t rounds once (in place: no new tensor)
     if any_nan:
         y[nan] = math.nan
     return from_blocks(y, layout, axis, False).to(x.dtype)

@@ -50,7 +50,14 @@ def _check_margin(margin) -> int:
 
 
 @exact_arithmetic
-def scale_from_amax(amax: float | torch.Tensor, fmt: FormatLike, *, margin: int = 0, power_of_two: bool = False, previous: float | torch.Tensor | None=None) -> torch.Tensor:
+def scale_from_amax(
+    amax: float | torch.Tensor,
+    fmt: FormatLike,
+    *,
+    margin: int = 0,
+    power_of_two: bool = False,
+    previous: float | torch.Tensor | None = None,
+) -> torch.Tensor:
     """The per-tensor scale Transformer Engine computes from an amax: scale = (fmt.max / amax) / 2^margin.
 
     In float32, as Transformer Engine: fl32(fmt.max / amax) (one correctly rounded division), divided by
@@ -84,10 +91,10 @@ def scale_from_amax(amax: float | torch.Tensor, fmt: FormatLike, *, margin: int 
     check_bool(power_of_two, "power_of_two")
     a = as_float32(amax, "amax", None)
     sf = torch.tensor(fmt.max, dtype=torch.float32, device=a.device) / a
-    sf = sf / 2.0 ** margin if margin >= 0 else sf * 2.0 ** -margin
+    sf = sf / 2.0**margin if margin >= 0 else sf * 2.0**-margin
     sf = torch.where(torch.isinf(sf), torch.full_like(sf, FP32_MAX), sf)
     if power_of_two:
-        _, e = torch.frexp(sf)                                  # sf = m·2^e, m ∈ [0.5, 1)
+        _, e = torch.frexp(sf)  # sf = m·2^e, m ∈ [0.5, 1)
         sf = torch.where(sf > 0, pow2(e - 1, torch.float32), sf)
     prev = torch.ones_like(sf) if previous is None else as_float32(previous, "previous", a.device).expand_as(sf)
     return torch.where(torch.isfinite(a) & (a > 0), sf, prev)
@@ -131,20 +138,35 @@ class ScaledTensor(QuantizedTensor):
         return beyond_range(x.to(torch.float64) * self.scale.to(x.device, torch.float64), self.fmt)
 
 
-def _round_scaled(x: torch.Tensor, scale: torch.Tensor, fmt: FloatFormat, saturate: bool,
-                  rounding: str = "nearest_even", generator=None) -> torch.Tensor:
+def _round_scaled(
+    x: torch.Tensor,
+    scale: torch.Tensor,
+    fmt: FloatFormat,
+    saturate: bool,
+    rounding: str = "nearest_even",
+    generator=None,
+) -> torch.Tensor:
     """round_to(fl32(x · scale), fmt) as float32: the product rounded to float32 (float64 for float64 x), then
     to fmt, as Transformer Engine's FP32 multiply-then-cast (module docstring).  Two roundings: near a
     midpoint of fmt this can differ from the exact product rounded once."""
     w = x.to(work_dtype(x.dtype))
-    return F.round_to(w * scale.to(w.dtype), fmt, saturate=saturate, rounding=rounding,
-                      generator=generator).to(torch.float32)
+    return F.round_to(w * scale.to(w.dtype), fmt, saturate=saturate, rounding=rounding, generator=generator).to(
+        torch.float32
+    )
 
 
 @exact_arithmetic
-def quantize_per_tensor(x: torch.Tensor, fmt: FormatLike, *, amax: float | torch.Tensor | None=None, margin: int = 0, power_of_two: bool = False,
-                        saturate: bool = True, rounding: str = "nearest_even",
-                        generator: torch.Generator | None=None) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_per_tensor(
+    x: torch.Tensor,
+    fmt: FormatLike,
+    *,
+    amax: float | torch.Tensor | None = None,
+    margin: int = 0,
+    power_of_two: bool = False,
+    saturate: bool = True,
+    rounding: str = "nearest_even",
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-tensor scaling as Transformer Engine: q = round_to(fl32(x·scale), ``fmt``), x ≈ q / scale.
 
     scale = (fmt.max / amax) / 2^margin (:func:`scale_from_amax`), with amax = max |x| (current scaling, TE's
@@ -203,9 +225,9 @@ class _History:
 
     def __init__(self, fmt: FloatFormat, length: int, device):
         self.fmt = fmt
-        self.amax = torch.zeros(length, dtype=torch.float32, device=device)   # entry 0: the current step
+        self.amax = torch.zeros(length, dtype=torch.float32, device=device)  # entry 0: the current step
         self.scale = torch.ones((), dtype=torch.float32, device=device)
-        self.exceeded = torch.zeros((), dtype=torch.int64, device=device)     # in the current step
+        self.exceeded = torch.zeros((), dtype=torch.int64, device=device)  # in the current step
         self.total_exceeded = 0
         self.used = False
 
@@ -250,8 +272,17 @@ class DelayedScaling:
         Bad arguments, each named.
     """
 
-    def __init__(self, history_len: int = 16, margin: int = 0, forward="FP8_E4M3", backward="FP8_E5M2", *,
-                 amax_compute_algo: str = "max", saturate: bool = True, power_of_two: bool = False):
+    def __init__(
+        self,
+        history_len: int = 16,
+        margin: int = 0,
+        forward="FP8_E4M3",
+        backward="FP8_E5M2",
+        *,
+        amax_compute_algo: str = "max",
+        saturate: bool = True,
+        power_of_two: bool = False,
+    ):
         self.history_len = check_int(history_len, "history_len", 1)
         self.margin = _check_margin(margin)
         self.forward = scalar_format(forward, "forward")
@@ -264,9 +295,11 @@ class DelayedScaling:
         self._state: dict[str, _History] = {}
 
     def __repr__(self) -> str:
-        return (f"DelayedScaling(history_len={self.history_len}, margin={self.margin}, "
-                f"forward={self.forward.name!r}, backward={self.backward.name!r}, "
-                f"amax_compute_algo={self.amax_compute_algo!r}, step={self.step}, tensors={self.names})")
+        return (
+            f"DelayedScaling(history_len={self.history_len}, margin={self.margin}, "
+            f"forward={self.forward.name!r}, backward={self.backward.name!r}, "
+            f"amax_compute_algo={self.amax_compute_algo!r}, step={self.step}, tensors={self.names})"
+        )
 
     def _get(self, name: str, backward: bool, device) -> _History:
         if not isinstance(name, str):
@@ -276,8 +309,10 @@ class DelayedScaling:
         if st is None:
             st = self._state[name] = _History(fmt, self.history_len, device)
         elif st.fmt != fmt:
-            raise ValueError(f"name {name!r} holds a {st.fmt.name} tensor; use another name for a {fmt.name} "
-                             f"({'backward' if backward else 'forward'}) tensor")
+            raise ValueError(
+                f"name {name!r} holds a {st.fmt.name} tensor; use another name for a {fmt.name} "
+                f"({'backward' if backward else 'forward'}) tensor"
+            )
         return st
 
     @exact_arithmetic
@@ -303,13 +338,20 @@ class DelayedScaling:
         """End a step: the next scales from the histories, then roll the histories (see the class docstring)."""
         for name, st in self._state.items():
             amax = st.amax.max() if self.amax_compute_algo == "max" else st.amax[0]
-            new = scale_from_amax(amax, st.fmt, margin=self.margin, power_of_two=self.power_of_two,
-                                  previous=st.scale)
+            new = scale_from_amax(amax, st.fmt, margin=self.margin, power_of_two=self.power_of_two, previous=st.scale)
             exceeded = int(st.exceeded)
             if st.used:
-                self.log.append({"step": self.step, "name": name, "format": st.fmt.name,
-                                 "amax": float(st.amax[0]), "scale": float(st.scale), "exceeded": exceeded,
-                                 "next_scale": float(new)})
+                self.log.append(
+                    {
+                        "step": self.step,
+                        "name": name,
+                        "format": st.fmt.name,
+                        "amax": float(st.amax[0]),
+                        "scale": float(st.scale),
+                        "exceeded": exceeded,
+                        "next_scale": float(new),
+                    }
+                )
             st.total_exceeded += exceeded
             st.scale = new
             st.amax = torch.roll(st.amax, -1, 0)
@@ -338,10 +380,18 @@ class DelayedScaling:
 
     def state_dict(self) -> dict:
         """The step, and per tensor its format, amax history (CPU tensor), scale and exceeded count."""
-        return {"step": self.step,
-                "tensors": {n: {"format": s.fmt.name, "amax_history": s.amax.cpu().clone(),
-                                "scale": float(s.scale), "exceeded": s.total_exceeded}
-                            for n, s in self._state.items()}}
+        return {
+            "step": self.step,
+            "tensors": {
+                n: {
+                    "format": s.fmt.name,
+                    "amax_history": s.amax.cpu().clone(),
+                    "scale": float(s.scale),
+                    "exceeded": s.total_exceeded,
+                }
+                for n, s in self._state.items()
+            },
+        }
 
     def load_state_dict(self, state: dict) -> None:
         """Restore :meth:`state_dict`'s output (on the CPU; tensors move to x's device when quantised)."""
@@ -351,8 +401,9 @@ class DelayedScaling:
         for n, s in state["tensors"].items():
             hist = torch.as_tensor(s["amax_history"], dtype=torch.float32)
             if tuple(hist.shape) != (self.history_len,):
-                raise ValueError(f"the amax history of {n!r} has {hist.numel()} entries; this recipe keeps "
-                                 f"{self.history_len}")
+                raise ValueError(
+                    f"the amax history of {n!r} has {hist.numel()} entries; this recipe keeps {self.history_len}"
+                )
             st = tensors[n] = _History(F.get_format(s["format"]), self.history_len, None)
             st.amax, st.scale, st.total_exceeded = hist.clone(), torch.tensor(float(s["scale"])), int(s["exceeded"])
         self.step, self._state = int(state["step"]), tensors

@@ -19,20 +19,38 @@ from .detection_eval import MAP_EVALUATOR, evaluate_detector, mean_average_preci
 from .lstm import LSTMLanguageModel, build_lstm_lm
 from .mlp import digits_mlp
 from .ssd import (
-                  CONFIGS,
-                  SSD,
-                  L2Norm,
-                  MultiBoxLoss,
-                  build_ssd,
-                  default_boxes,
-                  detect,
-                  make_optimizer,
-                  match,
-                  match_batch,
-                  train_step,
+    CONFIGS,
+    SSD,
+    L2Norm,
+    MultiBoxLoss,
+    build_ssd,
+    default_boxes,
+    detect,
+    make_optimizer,
+    match,
+    match_batch,
+    train_step,
 )
 from .transformer import CharTransformerLM
 
-__all__ = ["LSTMLanguageModel", "build_lstm_lm", "CharTransformerLM", "SSD", "CONFIGS", "build_ssd", "L2Norm", "MultiBoxLoss", "default_boxes", "match", "match_batch",
-           "detect", "make_optimizer", "train_step", "mean_average_precision", "MAP_EVALUATOR", "evaluate_detector",
-           "digits_mlp", "box_ops"]
+__all__ = [
+    "LSTMLanguageModel",
+    "build_lstm_lm",
+    "CharTransformerLM",
+    "SSD",
+    "CONFIGS",
+    "build_ssd",
+    "L2Norm",
+    "MultiBoxLoss",
+    "default_boxes",
+    "match",
+    "match_batch",
+    "detect",
+    "make_optimizer",
+    "train_step",
+    "mean_average_precision",
+    "MAP_EVALUATOR",
+    "evaluate_detector",
+    "digits_mlp",
+    "box_ops",
+]

@@ -19,8 +19,20 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["box_area", "box_iou", "xyxy_to_cxcywh", "cxcywh_to_xyxy", "encode", "decode", "nms",
-           "nms_sorted_mask", "batched_nms", "DEFAULT_VARIANCES", "check_boxes", "check_variances"]
+__all__ = [
+    "box_area",
+    "box_iou",
+    "xyxy_to_cxcywh",
+    "cxcywh_to_xyxy",
+    "encode",
+    "decode",
+    "nms",
+    "nms_sorted_mask",
+    "batched_nms",
+    "DEFAULT_VARIANCES",
+    "check_boxes",
+    "check_variances",
+]
 
 #: The "variances" that scale SSD's box offsets: 0.1 for the centre, 0.2 for the log size (SSD's Caffe code).
 DEFAULT_VARIANCES = (0.1, 0.2)
@@ -128,7 +140,7 @@ def cxcywh_to_xyxy(boxes: torch.Tensor) -> torch.Tensor:
     return torch.cat([boxes[..., :2] - boxes[..., 2:] / 2, boxes[..., :2] + boxes[..., 2:] / 2], dim=-1)
 
 
-def encode(boxes: torch.Tensor, priors: torch.Tensor, variances: Sequence[float]=DEFAULT_VARIANCES) -> torch.Tensor:
+def encode(boxes: torch.Tensor, priors: torch.Tensor, variances: Sequence[float] = DEFAULT_VARIANCES) -> torch.Tensor:
     """Encode ground-truth boxes as offsets from default (prior) boxes, SSD eq. (2) with variances.
 
     ``g = ((g_cx - d_cx) / (v0 d_w), (g_cy - d_cy) / (v0 d_h), log(g_w / d_w) / v1, log(g_h / d_h) / v1)``,
@@ -160,7 +172,7 @@ def encode(boxes: torch.Tensor, priors: torch.Tensor, variances: Sequence[float]
     return torch.cat([dxy, dwh], dim=-1)
 
 
-def decode(offsets: torch.Tensor, priors: torch.Tensor, variances: Sequence[float]=DEFAULT_VARIANCES) -> torch.Tensor:
+def decode(offsets: torch.Tensor, priors: torch.Tensor, variances: Sequence[float] = DEFAULT_VARIANCES) -> torch.Tensor:
     """Invert :func:`encode`: offsets predicted for default boxes → xyxy boxes (SSD §2.2, eq. (2)).
 
     Parameters
@@ -229,8 +241,9 @@ def nms(boxes: torch.Tensor, scores: torch.Tensor, iou_threshold: float = 0.45) 
     if n == 0:
         return torch.empty(0, dtype=torch.int64, device=boxes.device)
     order = torch.sort(scores, descending=True, stable=True).indices
-    keep = nms_sorted_mask(boxes[order][None], torch.ones(1, n, dtype=torch.bool, device=boxes.device),
-                           iou_threshold)[0]
+    keep = nms_sorted_mask(boxes[order][None], torch.ones(1, n, dtype=torch.bool, device=boxes.device), iou_threshold)[
+        0
+    ]
     return order[keep]
 
 
@@ -284,8 +297,9 @@ def nms_sorted_mask(boxes: torch.Tensor, valid: torch.Tensor, iou_threshold: flo
     return keep
 
 
-def batched_nms(boxes: torch.Tensor, scores: torch.Tensor, classes: torch.Tensor,
-                iou_threshold: float = 0.45) -> torch.Tensor:
+def batched_nms(
+    boxes: torch.Tensor, scores: torch.Tensor, classes: torch.Tensor, iou_threshold: float = 0.45
+) -> torch.Tensor:
     """:func:`nms` independently within each class, in one call (SSD §3: NMS per class).
 
     Boxes of different classes never suppress each other: each class is shifted by an offset larger than

@@ -32,7 +32,7 @@ __all__ = ["mean_average_precision", "evaluate_detector", "MAP_EVALUATOR", "LEGA
 
 try:
     _PYCOCOTOOLS = version("pycocotools")
-except PackageNotFoundError:        # importing mpt_lab.models must not need it; computing an mAP does
+except PackageNotFoundError:  # importing mpt_lab.models must not need it; computing an mAP does
     _PYCOCOTOOLS = "(not installed)"
 
 #: The evaluator of every mAP this package computes: recorded in each result that reports mAP.
@@ -55,11 +55,13 @@ def _check_list(x, name: str, keys: tuple[str, ...]):
                 raise TypeError(f"{name}: {k!r} must be a torch.Tensor, got {type(v).__name__}")
             shape_ok = (v.ndim == 2 and v.shape[1] == 4) if k == "boxes" else v.ndim == 1
             if not shape_ok or v.shape[0] != n:
-                raise ValueError(f"{name}: {k!r} has shape {tuple(v.shape)}; expected boxes [n, 4] and "
-                                 f"{', '.join(kk for kk in keys if kk != 'boxes')} [n]")
+                raise ValueError(
+                    f"{name}: {k!r} has shape {tuple(v.shape)}; expected boxes [n, 4] and "
+                    f"{', '.join(kk for kk in keys if kk != 'boxes')} [n]"
+                )
         if d["labels"].is_floating_point():
             raise TypeError(f"{name}: 'labels' must be an integer tensor")
-        if not bool((d["boxes"][:, 2:] >= d["boxes"][:, :2]).all()):      # COCOeval would ignore such boxes
+        if not bool((d["boxes"][:, 2:] >= d["boxes"][:, :2]).all()):  # COCOeval would ignore such boxes
             raise ValueError(f"{name}: 'boxes' must be xyxy with x2 ≥ x1 and y2 ≥ y1 (no inverted boxes)")
 
 
@@ -69,7 +71,7 @@ def _coco(images: list, categories: list, annotations: list):
 
     c = COCO()
     c.dataset = {"images": images, "categories": categories, "annotations": annotations}
-    with contextlib.redirect_stdout(io.StringIO()):       # createIndex prints progress
+    with contextlib.redirect_stdout(io.StringIO()):  # createIndex prints progress
         c.createIndex()
     return c
 
@@ -82,16 +84,28 @@ def _annotations(items: list, with_scores: bool) -> list:
         xywh = torch.cat([boxes[:, :2], boxes[:, 2:] - boxes[:, :2]], 1).tolist()
         scores = d["scores"].detach().double().cpu().tolist() if with_scores else [None] * len(xywh)
         for box, label, score in zip(xywh, d["labels"].cpu().tolist(), scores):
-            a = {"id": len(out) + 1, "image_id": image_id, "category_id": int(label), "bbox": box,
-                 "area": box[2] * box[3], "iscrowd": 0}
+            a = {
+                "id": len(out) + 1,
+                "image_id": image_id,
+                "category_id": int(label),
+                "bbox": box,
+                "area": box[2] * box[3],
+                "iscrowd": 0,
+            }
             if with_scores:
                 a["score"] = score
             out.append(a)
     return out
 
 
-def mean_average_precision(detections: Sequence[dict[str, torch.Tensor]], ground_truths: Sequence[dict[str, torch.Tensor]], iou_threshold: float = 0.5,
-                           num_classes: int | None = None, *, max_detections: int = 100) -> dict:
+def mean_average_precision(
+    detections: Sequence[dict[str, torch.Tensor]],
+    ground_truths: Sequence[dict[str, torch.Tensor]],
+    iou_threshold: float = 0.5,
+    num_classes: int | None = None,
+    *,
+    max_detections: int = 100,
+) -> dict:
     """mAP at ``iou_threshold`` of a detector's output on a data set, by pycocotools' ``COCOeval``.
 
     ``COCOeval`` (bounding boxes) with ``iouThrs = [iou_threshold]``, one area range holding every box, and
@@ -124,14 +138,17 @@ def mean_average_precision(detections: Sequence[dict[str, torch.Tensor]], ground
     try:
         from pycocotools.cocoeval import COCOeval
     except ImportError as err:
-        raise ImportError("mean_average_precision needs pycocotools (requirements.txt pins it: "
-                          "pip install pycocotools==2.0.11)") from err
+        raise ImportError(
+            "mean_average_precision needs pycocotools (requirements.txt pins it: pip install pycocotools==2.0.11)"
+        ) from err
 
     _check_list(detections, "detections", ("boxes", "scores", "labels"))
     _check_list(ground_truths, "ground_truths", ("boxes", "labels"))
     if len(detections) != len(ground_truths):
-        raise ValueError(f"detections and ground_truths must have one entry per image, got {len(detections)} "
-                         f"and {len(ground_truths)}")
+        raise ValueError(
+            f"detections and ground_truths must have one entry per image, got {len(detections)} "
+            f"and {len(ground_truths)}"
+        )
     if isinstance(iou_threshold, bool) or not isinstance(iou_threshold, (int, float)):
         raise TypeError(f"iou_threshold must be a float, got {type(iou_threshold).__name__}")
     if not 0 < iou_threshold <= 1:
@@ -153,30 +170,43 @@ def mean_average_precision(detections: Sequence[dict[str, torch.Tensor]], ground
     for g in ground_truths:
         for c in g["labels"].tolist():
             gt_counts[c] = gt_counts.get(c, 0) + 1
-    result = {"mAP": math.nan, "ap": {}, "num_ground_truth": dict(sorted(gt_counts.items())),
-              "iou_threshold": float(iou_threshold), "evaluator": MAP_EVALUATOR}
+    result = {
+        "mAP": math.nan,
+        "ap": {},
+        "num_ground_truth": dict(sorted(gt_counts.items())),
+        "iou_threshold": float(iou_threshold),
+        "evaluator": MAP_EVALUATOR,
+    }
     if not gt_counts:
         return result
     classes = sorted(gt_counts)
     images = [{"id": i} for i in range(1, len(ground_truths) + 1)]
     categories = [{"id": c} for c in classes]
     dets = [a for a in _annotations(detections, True) if a["category_id"] in gt_counts]
-    ev = COCOeval(_coco(images, categories, _annotations(ground_truths, False)),
-                  _coco(images, categories, dets), iouType="bbox")
+    ev = COCOeval(
+        _coco(images, categories, _annotations(ground_truths, False)), _coco(images, categories, dets), iouType="bbox"
+    )
     ev.params.iouThrs = np.array([float(iou_threshold)])
     ev.params.areaRng, ev.params.areaRngLbl = [[0.0, math.inf]], ["all"]
     ev.params.maxDets = [max_detections]
-    with contextlib.redirect_stdout(io.StringIO()):       # evaluate and accumulate print progress
+    with contextlib.redirect_stdout(io.StringIO()):  # evaluate and accumulate print progress
         ev.evaluate()
         ev.accumulate()
-    precision = ev.eval["precision"][0, :, :, 0, 0]          # [recall points, classes]
+    precision = ev.eval["precision"][0, :, :, 0, 0]  # [recall points, classes]
     aps = {c: float(precision[:, k].mean()) for k, c in enumerate(ev.params.catIds)}
     result["ap"] = aps
     result["mAP"] = sum(aps.values()) / len(aps)
     return result
 
 
-def evaluate_detector(model: torch.nn.Module, data: Any, *, batch_size: int = 100, device: torch.device | str | None=None, iou_threshold: float = 0.5) -> float:
+def evaluate_detector(
+    model: torch.nn.Module,
+    data: Any,
+    *,
+    batch_size: int = 100,
+    device: torch.device | str | None = None,
+    iou_threshold: float = 0.5,
+) -> float:
     """mAP at ``iou_threshold`` (0 to 1) of a detector on a whole data set, in batches (by :data:`MAP_EVALUATOR`).
 
     Parameters

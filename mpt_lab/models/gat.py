@@ -96,7 +96,7 @@ class GAT(nn.Module):
     def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
         h = x
         for i, layer in enumerate(self.layers):
-            h = F.elu(layer(h, edge_index))          # [N, heads·out], heads concatenated
+            h = F.elu(layer(h, edge_index))  # [N, heads·out], heads concatenated
             if i == len(self.layers) - 1:
                 h = h.view(h.shape[0], self.heads[-1], self.n_classes).mean(1)
         return h
@@ -131,7 +131,12 @@ def attention_overflow(logits: Sequence[float] | torch.Tensor, device: torch.dev
     naive = torch.exp(e16) / torch.exp(e16).sum()
     pyg = torch_geometric.utils.softmax(e16, idx, num_nodes=1)
     ref = torch.softmax(e32, 0)
-    return {"logits": e32.tolist(), "exp_fp16": torch.exp(e16).float().tolist(),
-            "naive_fp16": naive.float().tolist(), "max_subtracted_fp16": pyg.float().tolist(),
-            "max_subtracted_dtype": str(pyg.dtype).replace("torch.", ""), "fp32": ref.tolist(),
-            "limit": FP16_EXP_LIMIT}
+    return {
+        "logits": e32.tolist(),
+        "exp_fp16": torch.exp(e16).float().tolist(),
+        "naive_fp16": naive.float().tolist(),
+        "max_subtracted_fp16": pyg.float().tolist(),
+        "max_subtracted_dtype": str(pyg.dtype).replace("torch.", ""),
+        "fp32": ref.tolist(),
+        "limit": FP16_EXP_LIMIT,
+    }

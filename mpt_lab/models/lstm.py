@@ -54,11 +54,23 @@ class LSTMLanguageModel(nn.Module):
         For sizes that are not positive ints, ``proj_size`` ≥ ``hidden_size``, or ``dropout`` outside [0, 1).
     """
 
-    def __init__(self, vocab_size: int, embed_dim: int = 128, hidden_size: int = 512, proj_size: int = 128,
-                 num_layers: int = 2, dropout: float = 0.0):
+    def __init__(
+        self,
+        vocab_size: int,
+        embed_dim: int = 128,
+        hidden_size: int = 512,
+        proj_size: int = 128,
+        num_layers: int = 2,
+        dropout: float = 0.0,
+    ):
         super().__init__()
-        for name, v, lo in (("vocab_size", vocab_size, 2), ("embed_dim", embed_dim, 1),
-                            ("hidden_size", hidden_size, 1), ("num_layers", num_layers, 1), ("proj_size", proj_size, 0)):
+        for name, v, lo in (
+            ("vocab_size", vocab_size, 2),
+            ("embed_dim", embed_dim, 1),
+            ("hidden_size", hidden_size, 1),
+            ("num_layers", num_layers, 1),
+            ("proj_size", proj_size, 0),
+        ):
             if not isinstance(v, int) or isinstance(v, bool):
                 raise TypeError(f"{name} must be an int, got {type(v).__name__}")
             if v < lo:
@@ -70,19 +82,28 @@ class LSTMLanguageModel(nn.Module):
         self.vocab_size = vocab_size
         self.embedding = nn.Embedding(vocab_size, embed_dim)
         self.drop = nn.Dropout(dropout)
-        self.lstm = nn.LSTM(embed_dim, hidden_size, num_layers=num_layers, proj_size=proj_size,
-                            dropout=dropout if num_layers > 1 else 0.0)
+        self.lstm = nn.LSTM(
+            embed_dim,
+            hidden_size,
+            num_layers=num_layers,
+            proj_size=proj_size,
+            dropout=dropout if num_layers > 1 else 0.0,
+        )
         self.decoder = nn.Linear(proj_size or hidden_size, vocab_size)
         nn.init.uniform_(self.embedding.weight, -0.1, 0.1)
         nn.init.zeros_(self.decoder.bias)
 
-    def forward(self, tokens: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor] | None=None) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    def forward(
+        self, tokens: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.is_floating_point():
             raise TypeError("tokens must be an integer tensor [T, B]")
         out, state = self.lstm(self.drop(self.embedding(tokens)), state)
         return self.decoder(self.drop(out)), state
 
-    def loss(self, tokens: torch.Tensor, targets: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor] | None=None) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    def loss(
+        self, tokens: torch.Tensor, targets: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """Mean cross-entropy (nats per token, float32) of predicting ``targets`` [T, B]; returns (loss, state)."""
         logits, state = self(tokens, state)
         return nn.functional.cross_entropy(logits.reshape(-1, self.vocab_size).float(), targets.reshape(-1)), state

@@ -41,8 +41,9 @@ class BasicBlock(nn.Module):
         self.bn2 = nn.BatchNorm2d(out_ch)
         self.shortcut = nn.Identity()
         if stride != 1 or in_ch != out_ch:
-            self.shortcut = nn.Sequential(nn.Conv2d(in_ch, out_ch, 1, stride=stride, bias=False),
-                                          nn.BatchNorm2d(out_ch))
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(in_ch, out_ch, 1, stride=stride, bias=False), nn.BatchNorm2d(out_ch)
+            )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = torch.relu(self.bn1(self.conv1(x)))
@@ -54,8 +55,7 @@ class BasicBlock(nn.Module):
 def _keep_bn_buffers(module: nn.Module):
     """Save the BatchNorm running statistics of ``module`` and put them back on exit (used around the
     recomputation of a checkpointed stage, which would otherwise count the batch twice)."""
-    saved = [(b, b.detach().clone()) for m in module.modules() if isinstance(m, _BATCH_NORMS)
-             for b in m.buffers()]
+    saved = [(b, b.detach().clone()) for m in module.modules() if isinstance(m, _BATCH_NORMS) for b in m.buffers()]
     try:
         yield
     finally:
@@ -90,19 +90,32 @@ class ResNet(nn.Module):
         A size argument is not a positive int.
     """
 
-    def __init__(self, num_classes: int = 10, in_channels: int = 1, width: int = 16, stages: int = 3,
-                 depth: int = 1, checkpoint: bool = False):
+    def __init__(
+        self,
+        num_classes: int = 10,
+        in_channels: int = 1,
+        width: int = 16,
+        stages: int = 3,
+        depth: int = 1,
+        checkpoint: bool = False,
+    ):
         super().__init__()
-        for name, v in (("num_classes", num_classes), ("in_channels", in_channels), ("width", width),
-                        ("stages", stages), ("depth", depth)):
+        for name, v in (
+            ("num_classes", num_classes),
+            ("in_channels", in_channels),
+            ("width", width),
+            ("stages", stages),
+            ("depth", depth),
+        ):
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
         self.checkpoint = bool(checkpoint)
-        self.stem = nn.Sequential(nn.Conv2d(in_channels, width, 3, padding=1, bias=False), nn.BatchNorm2d(width),
-                                  nn.ReLU())
+        self.stem = nn.Sequential(
+            nn.Conv2d(in_channels, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU()
+        )
         layers, ch = [], width
         for i in range(stages):
-            out = width * 2 ** i
+            out = width * 2**i
             blocks = [BasicBlock(ch, out, stride=1 if i == 0 else 2)]
             blocks += [BasicBlock(out, out) for _ in range(depth - 1)]
             layers.append(nn.Sequential(*blocks))
@@ -112,8 +125,9 @@ class ResNet(nn.Module):
 
     def _run_stage(self, stage: nn.Module, x: torch.Tensor) -> torch.Tensor:
         if self.checkpoint and torch.is_grad_enabled():
-            return _checkpoint(stage, x, use_reentrant=False,
-                               context_fn=lambda: (contextlib.nullcontext(), _keep_bn_buffers(stage)))
+            return _checkpoint(
+                stage, x, use_reentrant=False, context_fn=lambda: (contextlib.nullcontext(), _keep_bn_buffers(stage))
+            )
         return stage(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -124,8 +138,16 @@ class ResNet(nn.Module):
         return self.fc(x)
 
 
-def build_resnet(width: int = 16, stages: int = 3, depth: int = 1, *, num_classes: int = 10, in_channels: int = 1,
-                 checkpoint: bool = False, seed: int | None = None) -> ResNet:
+def build_resnet(
+    width: int = 16,
+    stages: int = 3,
+    depth: int = 1,
+    *,
+    num_classes: int = 10,
+    in_channels: int = 1,
+    checkpoint: bool = False,
+    seed: int | None = None,
+) -> ResNet:
     """A :class:`ResNet`; with ``seed`` its initial weights are a deterministic function of the seed."""
     if seed is not None:
         with torch.random.fork_rng(devices=[]):

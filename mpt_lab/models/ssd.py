@@ -44,17 +44,31 @@ from torch import nn
 from . import box_ops
 from .box_ops import DEFAULT_VARIANCES
 
-__all__ = ["SSD", "VGGSSD", "CONFIGS", "build_ssd", "vgg_ssd_feature_sizes", "SSD300_ASPECT_RATIOS", "L2Norm", "MultiBoxLoss", "default_boxes", "match", "match_batch",
-           "detect", "make_optimizer", "train_step"]
+__all__ = [
+    "SSD",
+    "VGGSSD",
+    "CONFIGS",
+    "build_ssd",
+    "vgg_ssd_feature_sizes",
+    "SSD300_ASPECT_RATIOS",
+    "L2Norm",
+    "MultiBoxLoss",
+    "default_boxes",
+    "match",
+    "match_batch",
+    "detect",
+    "make_optimizer",
+    "train_step",
+]
 
 #: Named model sizes: keyword arguments of :class:`SSD`, or with ``arch="vgg16"`` of :class:`VGGSSD`
 #: (:func:`build_ssd` picks the class).
 CONFIGS: dict[str, dict] = {
     "small": dict(width=0.375),  # 0.11M parameters; ~43 ms per training step (batch 32, 64x64, one CPU thread)
-    "medium": dict(width=1.0),   # 0.50M parameters; ~120 ms per step on one CPU thread
-    "large": dict(width=2.0),    # 1.6M parameters; ~350 ms per step on one CPU thread: for a GPU
+    "medium": dict(width=1.0),  # 0.50M parameters; ~120 ms per step on one CPU thread
+    "large": dict(width=2.0),  # 1.6M parameters; ~350 ms per step on one CPU thread: for a GPU
     # SSD300's layout on a VGG-16-shaped backbone (VGGSSD) at a quarter and an eighth of VGG-16's width
-    "vgg16": dict(arch="vgg16", width=0.25, image_size=300),         # 1.9M parameters
+    "vgg16": dict(arch="vgg16", width=0.25, image_size=300),  # 1.9M parameters
     "vgg16_narrow": dict(arch="vgg16", width=0.125, image_size=300),  # 0.61M parameters
     # SSD300 itself: VGG-16's full width (24.9M parameters for one grey channel and 11 classes): for a GPU
     "vgg16_full": dict(arch="vgg16", width=1.0, image_size=300),
@@ -73,8 +87,9 @@ def _check_targets(targets, batch: int | None = None, num_classes: int | None = 
         if not isinstance(b, torch.Tensor) or not isinstance(lab, torch.Tensor):
             raise TypeError("targets: 'boxes' and 'labels' must be torch tensors")
         if b.ndim != 2 or b.shape[1] != 4 or lab.ndim != 1 or lab.shape[0] != b.shape[0]:
-            raise ValueError(f"targets: 'boxes' must be [n, 4] and 'labels' [n], got {tuple(b.shape)} and "
-                             f"{tuple(lab.shape)}")
+            raise ValueError(
+                f"targets: 'boxes' must be [n, 4] and 'labels' [n], got {tuple(b.shape)} and {tuple(lab.shape)}"
+            )
         if not b.is_floating_point():
             raise TypeError(f"targets: 'boxes' must be a floating-point tensor, got {b.dtype}")
         if lab.is_floating_point() or lab.dtype == torch.bool:
@@ -84,12 +99,18 @@ def _check_targets(targets, batch: int | None = None, num_classes: int | None = 
         if lab.numel():
             lo, hi = torch.aminmax(lab)
             if int(lo) < 1 or int(hi) >= num_classes:
-                raise ValueError(f"targets: labels must lie in 1 .. {num_classes - 1} (0 is background), got "
-                                 f"labels from {int(lo)} to {int(hi)}")
+                raise ValueError(
+                    f"targets: labels must lie in 1 .. {num_classes - 1} (0 is background), got "
+                    f"labels from {int(lo)} to {int(hi)}"
+                )
 
 
-def default_boxes(feature_sizes: Sequence[int], min_scale: float = 0.15, max_scale: float = 0.6,
-                  aspect_ratios: Sequence[Sequence[float]] | None = None) -> torch.Tensor:
+def default_boxes(
+    feature_sizes: Sequence[int],
+    min_scale: float = 0.15,
+    max_scale: float = 0.6,
+    aspect_ratios: Sequence[Sequence[float]] | None = None,
+) -> torch.Tensor:
     """SSD's default (prior) boxes, §2.2 "Choosing scales and aspect ratios for default boxes".
 
     For source ``k = 1 .. m`` of size ``f_k x f_k``: scale ``s_k = s_min + (s_max - s_min)(k - 1)/(m - 1)``;
@@ -124,8 +145,9 @@ def default_boxes(feature_sizes: Sequence[int], min_scale: float = 0.15, max_sca
     if not (isinstance(min_scale, (int, float)) and isinstance(max_scale, (int, float))):
         raise TypeError("min_scale and max_scale must be floats")
     if not 0 < min_scale <= max_scale <= 1:
-        raise ValueError(f"min_scale and max_scale must satisfy 0 < min_scale <= max_scale <= 1, got "
-                         f"{min_scale}, {max_scale}")
+        raise ValueError(
+            f"min_scale and max_scale must satisfy 0 < min_scale <= max_scale <= 1, got {min_scale}, {max_scale}"
+        )
     m = len(feature_sizes)
     if aspect_ratios is None:
         aspect_ratios = [(2.0,)] * m
@@ -175,6 +197,7 @@ def _conv(cin: int, cout: int, k: int = 3, stride: int = 1, padding: int = 1, di
 def _block_maker(batch_norm: bool):
     """``block(*(name, module))`` -> an ``nn.Sequential`` of them, with a BatchNorm2d ``bn<suffix>`` after each
     conv ``conv<suffix>`` when ``batch_norm``."""
+
     def block(*layers):
         out = OrderedDict()
         for name, mod in layers:
@@ -182,6 +205,7 @@ def _block_maker(batch_norm: bool):
             if batch_norm and isinstance(mod, nn.Conv2d):
                 out["bn" + name[4:]] = nn.BatchNorm2d(mod.out_channels)
         return nn.Sequential(out)
+
     return block
 
 
@@ -227,10 +251,21 @@ class SSD(nn.Module):
     box offsets (encoded as :func:`~mpt_lab.models.box_ops.encode`) and class logits (before softmax).
     """
 
-    def __init__(self, num_classes: int = 11, in_channels: int = 1, image_size: int = 64, width: float = 0.375,
-                 batch_norm: bool = False, l2norm: bool = True, min_scale: float = 0.15, max_scale: float = 0.6,
-                 aspect_ratios: Sequence[Sequence[float]] | None = None, channels_last: bool = True,
-                 init_gain: float = 1.0, input_scale: float = 1.0):
+    def __init__(
+        self,
+        num_classes: int = 11,
+        in_channels: int = 1,
+        image_size: int = 64,
+        width: float = 0.375,
+        batch_norm: bool = False,
+        l2norm: bool = True,
+        min_scale: float = 0.15,
+        max_scale: float = 0.6,
+        aspect_ratios: Sequence[Sequence[float]] | None = None,
+        channels_last: bool = True,
+        init_gain: float = 1.0,
+        input_scale: float = 1.0,
+    ):
         super().__init__()
         self._check_arguments(num_classes, in_channels, image_size, width, init_gain, input_scale)
         if image_size % 32:
@@ -239,29 +274,58 @@ class SSD(nn.Module):
         ch = (c, 2 * c, 4 * c, 8 * c)
         block = _block_maker(batch_norm)
         relu = nn.ReLU  # not in place: hooks on module outputs must see each activation
-        self.backbone = nn.Sequential(OrderedDict(
-            block1=block(("conv1_1", _conv(in_channels, ch[0])), ("relu1_1", relu()),
-                         ("pool1", nn.MaxPool2d(2))),
-            block2=block(("conv2_1", _conv(ch[0], ch[1])), ("relu2_1", relu()), ("pool2", nn.MaxPool2d(2))),
-            block3=block(("conv3_1", _conv(ch[1], ch[2])), ("relu3_1", relu()),
-                         ("conv3_2", _conv(ch[2], ch[2])), ("relu3_2", relu())),
-            block4=block(("pool3", nn.MaxPool2d(2)), ("conv4_1", _conv(ch[2], ch[3])), ("relu4_1", relu()),
-                         ("conv4_2", _conv(ch[3], ch[3])), ("relu4_2", relu())),
-        ))
+        self.backbone = nn.Sequential(
+            OrderedDict(
+                block1=block(("conv1_1", _conv(in_channels, ch[0])), ("relu1_1", relu()), ("pool1", nn.MaxPool2d(2))),
+                block2=block(("conv2_1", _conv(ch[0], ch[1])), ("relu2_1", relu()), ("pool2", nn.MaxPool2d(2))),
+                block3=block(
+                    ("conv3_1", _conv(ch[1], ch[2])),
+                    ("relu3_1", relu()),
+                    ("conv3_2", _conv(ch[2], ch[2])),
+                    ("relu3_2", relu()),
+                ),
+                block4=block(
+                    ("pool3", nn.MaxPool2d(2)),
+                    ("conv4_1", _conv(ch[2], ch[3])),
+                    ("relu4_1", relu()),
+                    ("conv4_2", _conv(ch[3], ch[3])),
+                    ("relu4_2", relu()),
+                ),
+            )
+        )
         self.l2norm = L2Norm(ch[2]) if l2norm else nn.Identity()
-        self.extras = nn.Sequential(OrderedDict(
-            block5=block(("conv5_1", _conv(ch[3], ch[1], 1, 1, 0)), ("relu5_1", relu()),
-                         ("conv5_2", _conv(ch[1], ch[2], 3, 2, 1)), ("relu5_2", relu())),
-            block6=block(("conv6_1", _conv(ch[2], ch[1], 1, 1, 0)), ("relu6_1", relu()),
-                         ("conv6_2", _conv(ch[1], ch[2], 3, 2, 1)), ("relu6_2", relu())),
-        ))
-        self._add_heads((ch[2], ch[3], ch[2], ch[2]), tuple(image_size // s for s in (4, 8, 16, 32)),
-                        [(2.0,)] * 4 if aspect_ratios is None else aspect_ratios, min_scale, max_scale, channels_last)
+        self.extras = nn.Sequential(
+            OrderedDict(
+                block5=block(
+                    ("conv5_1", _conv(ch[3], ch[1], 1, 1, 0)),
+                    ("relu5_1", relu()),
+                    ("conv5_2", _conv(ch[1], ch[2], 3, 2, 1)),
+                    ("relu5_2", relu()),
+                ),
+                block6=block(
+                    ("conv6_1", _conv(ch[2], ch[1], 1, 1, 0)),
+                    ("relu6_1", relu()),
+                    ("conv6_2", _conv(ch[1], ch[2], 3, 2, 1)),
+                    ("relu6_2", relu()),
+                ),
+            )
+        )
+        self._add_heads(
+            (ch[2], ch[3], ch[2], ch[2]),
+            tuple(image_size // s for s in (4, 8, 16, 32)),
+            [(2.0,)] * 4 if aspect_ratios is None else aspect_ratios,
+            min_scale,
+            max_scale,
+            channels_last,
+        )
 
     def _check_arguments(self, num_classes, in_channels, image_size, width, init_gain, input_scale) -> None:
         """Check and store the arguments every SSD of this module shares (TypeError/ValueError naming them)."""
-        for name, v, low in (("num_classes", num_classes, 2), ("in_channels", in_channels, 1),
-                             ("image_size", image_size, 64)):
+        for name, v, low in (
+            ("num_classes", num_classes, 2),
+            ("in_channels", in_channels, 1),
+            ("image_size", image_size, 64),
+        ):
             if isinstance(v, bool) or not isinstance(v, int):
                 raise TypeError(f"{name} must be an int, got {type(v).__name__}")
             if v < low:
@@ -285,10 +349,15 @@ class SSD(nn.Module):
         priors = default_boxes(self.feature_sizes, min_scale, max_scale, aspect_ratios)
         self.register_buffer("priors", priors, persistent=False)
         self.boxes_per_location = tuple(2 + 2 * len(a) for a in aspect_ratios)
-        self.loc_heads = nn.ModuleDict({n: _conv(cs, a * 4) for n, cs, a in
-                                        zip(self.source_names, source_channels, self.boxes_per_location)})
-        self.conf_heads = nn.ModuleDict({n: _conv(cs, a * self.num_classes) for n, cs, a in
-                                         zip(self.source_names, source_channels, self.boxes_per_location)})
+        self.loc_heads = nn.ModuleDict(
+            {n: _conv(cs, a * 4) for n, cs, a in zip(self.source_names, source_channels, self.boxes_per_location)}
+        )
+        self.conf_heads = nn.ModuleDict(
+            {
+                n: _conv(cs, a * self.num_classes)
+                for n, cs, a in zip(self.source_names, source_channels, self.boxes_per_location)
+            }
+        )
         self.reset_parameters()
         self.channels_last = bool(channels_last)
         if self.channels_last:
@@ -338,8 +407,10 @@ class SSD(nn.Module):
         if not isinstance(images, torch.Tensor):
             raise TypeError(f"images must be a torch.Tensor [B, C, H, W], got {type(images).__name__}")
         if images.ndim != 4 or images.shape[1] != self.in_channels or images.shape[2:] != (self.image_size,) * 2:
-            raise ValueError(f"images must have shape [B, {self.in_channels}, {self.image_size}, "
-                             f"{self.image_size}], got {tuple(images.shape)}")
+            raise ValueError(
+                f"images must have shape [B, {self.in_channels}, {self.image_size}, "
+                f"{self.image_size}], got {tuple(images.shape)}"
+            )
         b = images.shape[0]
         if self.input_scale != 1.0:
             images = images * self.input_scale
@@ -425,10 +496,21 @@ class VGGSSD(SSD):
         An argument of the wrong type or out of range (the message names it).
     """
 
-    def __init__(self, num_classes: int = 11, in_channels: int = 1, image_size: int = 300, width: float = 0.25,
-                 batch_norm: bool = False, l2norm: bool = True, min_scale: float = 0.15, max_scale: float = 0.6,
-                 aspect_ratios: Sequence[Sequence[float]] | None = None, channels_last: bool = True,
-                 init_gain: float = 1.0, input_scale: float = 1.0):
+    def __init__(
+        self,
+        num_classes: int = 11,
+        in_channels: int = 1,
+        image_size: int = 300,
+        width: float = 0.25,
+        batch_norm: bool = False,
+        l2norm: bool = True,
+        min_scale: float = 0.15,
+        max_scale: float = 0.6,
+        aspect_ratios: Sequence[Sequence[float]] | None = None,
+        channels_last: bool = True,
+        init_gain: float = 1.0,
+        input_scale: float = 1.0,
+    ):
         nn.Module.__init__(self)
         self._check_arguments(num_classes, in_channels, image_size, width, init_gain, input_scale)
 
@@ -438,8 +520,13 @@ class VGGSSD(SSD):
         block = _block_maker(batch_norm)
         relu = nn.ReLU
         blocks, cin = OrderedDict(), in_channels
-        pools = {1: nn.MaxPool2d(2), 2: nn.MaxPool2d(2), 3: nn.MaxPool2d(2, ceil_mode=True), 4: None,
-                 5: nn.MaxPool2d(3, stride=1, padding=1)}
+        pools = {
+            1: nn.MaxPool2d(2),
+            2: nn.MaxPool2d(2),
+            3: nn.MaxPool2d(2, ceil_mode=True),
+            4: None,
+            5: nn.MaxPool2d(3, stride=1, padding=1),
+        }
         for b, (n_conv, ch) in enumerate(VGG16_BLOCKS, start=1):
             layers = [("pool4", nn.MaxPool2d(2))] if b == 5 else []
             for i in range(1, n_conv + 1):
@@ -448,23 +535,32 @@ class VGGSSD(SSD):
             if pools[b] is not None:
                 layers.append((f"pool{b}", pools[b]))
             blocks[f"block{b}"] = block(*layers)
-        blocks["block6"] = block(("conv6", _conv(cin, c(1024), 3, 1, 6, dilation=6)), ("relu6", relu()),
-                                 ("conv7", _conv(c(1024), c(1024), 1, 1, 0)), ("relu7", relu()))
+        blocks["block6"] = block(
+            ("conv6", _conv(cin, c(1024), 3, 1, 6, dilation=6)),
+            ("relu6", relu()),
+            ("conv7", _conv(c(1024), c(1024), 1, 1, 0)),
+            ("relu7", relu()),
+        )
         self.backbone = nn.Sequential(blocks)
         self.l2norm = L2Norm(c(512)) if l2norm else nn.Identity()
         sizes = vgg_ssd_feature_sizes(image_size)
         extras, cin, source_channels = OrderedDict(), c(1024), [c(512), c(1024)]
-        for b, (mid, out, stride, pad) in zip(range(8, 12), ((256, 512, 2, 1), (128, 256, 2, 1), (128, 256, 1, 0),
-                                                            (128, 256, 1, 0))):
+        for b, (mid, out, stride, pad) in zip(
+            range(8, 12), ((256, 512, 2, 1), (128, 256, 2, 1), (128, 256, 1, 0), (128, 256, 1, 0))
+        ):
             if b - 6 >= len(sizes):
                 break
-            extras[f"block{b}"] = block((f"conv{b}_1", _conv(cin, c(mid), 1, 1, 0)), (f"relu{b}_1", relu()),
-                                        (f"conv{b}_2", _conv(c(mid), c(out), 3, stride, pad)), (f"relu{b}_2", relu()))
+            extras[f"block{b}"] = block(
+                (f"conv{b}_1", _conv(cin, c(mid), 1, 1, 0)),
+                (f"relu{b}_1", relu()),
+                (f"conv{b}_2", _conv(c(mid), c(out), 3, stride, pad)),
+                (f"relu{b}_2", relu()),
+            )
             cin = c(out)
             source_channels.append(cin)
         self.extras = nn.Sequential(extras)
         if aspect_ratios is None:
-            aspect_ratios = SSD300_ASPECT_RATIOS[:len(sizes)]
+            aspect_ratios = SSD300_ASPECT_RATIOS[: len(sizes)]
         self._add_heads(tuple(source_channels), sizes, aspect_ratios, min_scale, max_scale, channels_last)
 
     def sources(self, images: torch.Tensor) -> list[torch.Tensor]:
@@ -492,8 +588,13 @@ def build_ssd(config: str = "small", **overrides: Any) -> SSD:
     return (VGGSSD if kwargs.pop("arch", "ssd") == "vgg16" else SSD)(**kwargs)
 
 
-def match(boxes: torch.Tensor, labels: torch.Tensor, priors: torch.Tensor, iou_threshold: float = 0.5,
-          variances: Sequence[float]=DEFAULT_VARIANCES) -> tuple[torch.Tensor, torch.Tensor]:
+def match(
+    boxes: torch.Tensor,
+    labels: torch.Tensor,
+    priors: torch.Tensor,
+    iou_threshold: float = 0.5,
+    variances: Sequence[float] = DEFAULT_VARIANCES,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Match one image's ground truth to the default boxes and encode the targets (SSD §2.2, "Matching strategy").
 
     First each ground-truth box gets the default box with the best IoU (in order of decreasing best IoU, each
@@ -528,8 +629,13 @@ def match(boxes: torch.Tensor, labels: torch.Tensor, priors: torch.Tensor, iou_t
     return loc[0], cls[0]
 
 
-def match_batch(boxes: Sequence[torch.Tensor], labels: Sequence[torch.Tensor], priors: torch.Tensor,
-                iou_threshold: float = 0.5, variances: Sequence[float]=DEFAULT_VARIANCES) -> tuple[torch.Tensor, torch.Tensor]:
+def match_batch(
+    boxes: Sequence[torch.Tensor],
+    labels: Sequence[torch.Tensor],
+    priors: torch.Tensor,
+    iou_threshold: float = 0.5,
+    variances: Sequence[float] = DEFAULT_VARIANCES,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`match` for ``B`` images at once (ground truth padded to the largest count ``G``; vectorised).
 
     Parameters
@@ -634,8 +740,16 @@ class MultiBoxLoss(nn.Module):
     Raises TypeError/ValueError on malformed arguments.
     """
 
-    def __init__(self, priors: torch.Tensor, num_classes: int = 11, iou_threshold: float = 0.5,
-                 neg_pos_ratio: int = 3, alpha: float = 1.0, variances=DEFAULT_VARIANCES, normalize: str = "matched"):
+    def __init__(
+        self,
+        priors: torch.Tensor,
+        num_classes: int = 11,
+        iou_threshold: float = 0.5,
+        neg_pos_ratio: int = 3,
+        alpha: float = 1.0,
+        variances=DEFAULT_VARIANCES,
+        normalize: str = "matched",
+    ):
         super().__init__()
         if normalize not in NORMALIZATIONS:
             raise ValueError(f"normalize must be one of {NORMALIZATIONS}, got {normalize!r}")
@@ -657,10 +771,21 @@ class MultiBoxLoss(nn.Module):
     def targets(self, targets: Sequence[dict[str, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Matched targets for a batch: ``(loc_t float [B, D, 4], cls_t int64 [B, D])`` (see :func:`match`)."""
         _check_targets(targets, num_classes=self.num_classes)
-        return match_batch([t["boxes"] for t in targets], [t["labels"] for t in targets], self.priors,
-                           self.iou_threshold, self.variances)
+        return match_batch(
+            [t["boxes"] for t in targets],
+            [t["labels"] for t in targets],
+            self.priors,
+            self.iou_threshold,
+            self.variances,
+        )
 
-    def forward(self, loc: torch.Tensor, conf: torch.Tensor, targets: Sequence[dict[str, torch.Tensor]], return_components: bool = False) -> torch.Tensor | tuple[torch.Tensor, dict]:
+    def forward(
+        self,
+        loc: torch.Tensor,
+        conf: torch.Tensor,
+        targets: Sequence[dict[str, torch.Tensor]],
+        return_components: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, dict]:
         """SSD eq. (1) for a batch; see the class docstring for shapes, the result and the errors raised."""
         if not isinstance(loc, torch.Tensor) or not isinstance(conf, torch.Tensor):
             raise TypeError("loc and conf must be torch tensors")
@@ -697,15 +822,27 @@ class MultiBoxLoss(nn.Module):
         divisor = {"matched": n, "batch": loc.shape[0], "none": 1}[self.normalize]
         loss = (loss_conf + self.alpha * loss_loc) / divisor
         if return_components:
-            return {"loss": loss, "loc": (loss_loc / n).detach(), "conf": (loss_conf / n).detach(),
-                    "num_pos": n, "num_neg": int(neg.sum())}
+            return {
+                "loss": loss,
+                "loc": (loss_loc / n).detach(),
+                "conf": (loss_conf / n).detach(),
+                "num_pos": n,
+                "num_neg": int(neg.sum()),
+            }
         return loss
 
 
 @torch.no_grad()
-def detect(loc: torch.Tensor, conf: torch.Tensor, priors: torch.Tensor, score_threshold: float = 0.01,
-           nms_threshold: float = 0.45, top_k: int = 200, max_detections: int = 100,
-           variances: Sequence[float]=DEFAULT_VARIANCES) -> list[dict[str, torch.Tensor]]:
+def detect(
+    loc: torch.Tensor,
+    conf: torch.Tensor,
+    priors: torch.Tensor,
+    score_threshold: float = 0.01,
+    nms_threshold: float = 0.45,
+    top_k: int = 200,
+    max_detections: int = 100,
+    variances: Sequence[float] = DEFAULT_VARIANCES,
+) -> list[dict[str, torch.Tensor]]:
     """SSD post-processing (§3 "Inference"): decode, softmax, per-class threshold and top-k, per-class NMS.
 
     For each image and each class ``c >= 1``: keep default boxes with ``softmax(conf)[c] > score_threshold``,
@@ -764,8 +901,14 @@ def detect(loc: torch.Tensor, conf: torch.Tensor, priors: torch.Tensor, score_th
     return out
 
 
-def make_optimizer(model: nn.Module, total_steps: int, lr: float = 3e-3, warmup_steps: int = 50,
-                   cosine: bool = True, weight_decay: float = 0.0) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
+def make_optimizer(
+    model: nn.Module,
+    total_steps: int,
+    lr: float = 3e-3,
+    warmup_steps: int = 50,
+    cosine: bool = True,
+    weight_decay: float = 0.0,
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
     """The training recipe measured to work for this detector from scratch: Adam, linear warm-up, cosine decay.
 
     SSD itself used SGD with momentum 0.9, learning rate 1e-3 and weight decay 5e-4 on a VGG-16 pretrained on
@@ -815,8 +958,13 @@ def make_optimizer(model: nn.Module, total_steps: int, lr: float = 3e-3, warmup_
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
 
 
-def train_step(model: nn.Module, loss_fn: nn.Module, optimizer: torch.optim.Optimizer, images: torch.Tensor,
-               targets: Sequence[dict[str, torch.Tensor]]) -> float:
+def train_step(
+    model: nn.Module,
+    loss_fn: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    images: torch.Tensor,
+    targets: Sequence[dict[str, torch.Tensor]],
+) -> float:
     """One FP32 training step: train mode, zero gradients, forward, :class:`MultiBoxLoss`, backward, step.
 
     Parameters

@@ -56,8 +56,13 @@ class CharTransformerLM(nn.Module):
 
     def __init__(self, vocab_size: int, dim: int = 64, layers: int = 2, heads: int = 4, context: int = 64):
         super().__init__()
-        for name, v in (("vocab_size", vocab_size), ("dim", dim), ("layers", layers), ("heads", heads),
-                        ("context", context)):
+        for name, v in (
+            ("vocab_size", vocab_size),
+            ("dim", dim),
+            ("layers", layers),
+            ("heads", heads),
+            ("context", context),
+        ):
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name} must be an int ≥ 1, got {v!r}")
         if dim % heads:
