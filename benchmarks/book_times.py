@@ -11,6 +11,7 @@ notebook's execution time from the build's log ("Executed notebook in N seconds"
 
     python benchmarks/book_times.py --profile cpu --out book/results/book_build_cpu.json
     python benchmarks/book_times.py --profile quick
+    MPT_LAB_BOOK_HTML=/tmp/book python benchmarks/book_times.py --profile cpu   # and keep the pages in /tmp/book
 
 Run by the experiment runner (:mod:`mpt_lab.harness.benchmark`; its profile is the book's): the JSON records
 the configuration, the provenance (command, device, versions, date), the machine's load average before and
@@ -92,6 +93,9 @@ def measure(config: Config, run: Run) -> dict:
         )
         seconds = time.perf_counter() - t0
         load_after = os.getloadavg()
+        keep = os.environ.get("MPT_LAB_BOOK_HTML")  # a folder to keep the built pages in (to read or screenshot)
+        if keep and (clone / "_build" / "html").is_dir():
+            shutil.copytree(clone / "_build" / "html", keep, dirs_exist_ok=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     log = res.stdout + res.stderr
