@@ -30,7 +30,7 @@ in BF16 are ``bf16_layers`` (block index, negative from the end, and layer name)
 that keeps any.  Everything else (LayerNorm, attention scores, softmax, residual additions, the loss, Adam on
 FP32 master weights) is FP32.  Measured per arm and seed: the training loss of every step and the validation
 loss (in the arm's own forward arithmetic) at ``evals`` points; the chapter reports the final validation loss as
-its gap to BF16's in per cent, ``100 · (L_arm − L_bf16) / L_bf16``, seed by seed (the same seed's BF16 run), and
+its gap to BF16's in per cent, ``100 · (L_arm − L_bf16) / L_bf16``, seed by seed (the BF16 run with the same seed), and
 its spread over the seeds.
 
 And what each ingredient fixes, measured on the tensors of the trained BF16 model (the first seed) and one
@@ -429,12 +429,12 @@ class FourbitAblationResult(ExperimentResult):
         return [r["seed"] for r in self.runs.get("bf16", [])]
 
     def finals(self, arm: str) -> list:
-        """The last validation loss of each seed's run (nats per character; NaN where it diverged)."""
+        """The last validation loss of the run of each seed (nats per character; NaN where it diverged)."""
         return [float(r["evals"][-1]["valid_loss"]) if r["evals"] else math.nan for r in self._runs(arm)]
 
     def gaps(self, arm: str, reference: str = "bf16") -> list:
         """Per seed, 100 · (final(arm) − final(reference)) / final(reference): the gap in per cent, each seed against
-        the same seed's reference run."""
+        the reference run with the same seed."""
         ref = {r["seed"]: f for r, f in zip(self._runs(reference), self.finals(reference))}
         return [100.0 * (f - ref[r["seed"]]) / ref[r["seed"]] for r, f in zip(self._runs(arm), self.finals(arm))]
 
@@ -1002,7 +1002,7 @@ def _diagnostics(model: nn.Module, text: _Text, config: Config, run: Run) -> dic
 # ----------------------------------------------------------------------------------------------------------
 def measure(config: Config, run: Run) -> dict:
     """Train every arm for every seed (the BF16 reference first), then measure what each ingredient fixes on the
-    first seed's trained BF16 model."""
+    trained BF16 model of the first seed."""
     load_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else math.nan
     text = _Text(config, run.device)
     valid = text.windows(config.valid_chars)

@@ -3,7 +3,7 @@
 Every function takes a :class:`mpt_lab.experiments.fourbit_ablation.FourbitAblationResult` (the diagnostics
 functions also take the dict of the matching function of that module, e.g. :func:`plot_sr_bias` the output of
 :func:`~mpt_lab.experiments.fourbit_ablation.sr_bias`).  Gaps are in per cent of BF16's final validation loss,
-each seed against the same seed's BF16 run; spreads are the minimum and maximum over the seeds.  Source: NVIDIA,
+each seed against the BF16 run with the same seed; spreads are the minimum and maximum over the seeds.  Source: NVIDIA,
 "Pretraining Large Language Models with NVFP4" (arXiv:2509.25149).
 """
 
