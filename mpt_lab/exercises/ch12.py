@@ -56,16 +56,26 @@ def planted_overflow() -> tuple[torch.nn.Module, Callable, tuple]:
     return model, loss_fn, (x, y), "2"
 
 
-def _ex121_check(fn):
+def _module_setup(fn):
+    """((model, loss_fn, batch, module_name, named modules), "") from a function that returns the first four, or
+    (None, why not) when it does not, or when module_name names none of the model's modules."""
     out, msg = _setup(fn, 4, "(model, loss_fn, batch, module_name)")
     if out is None:
-        return False, msg
+        return None, msg
     model, loss_fn, batch, name = out
     names = dict(model.named_modules())
     if not isinstance(name, str) or name not in names:
-        return False, (
+        return None, (
             f"expected the name of one of your model's modules (as model.named_modules() gives it), got {name!r}"
         )
+    return (model, loss_fn, batch, name, names), ""
+
+
+def _ex121_check(fn):
+    out, msg = _module_setup(fn)
+    if out is None:
+        return False, msg
+    model, loss_fn, batch, name, names = out
     r, msg, details = _report(model, loss_fn, batch, ("FP16", "BF16"))
     if r is None:
         return False, msg, details
@@ -233,15 +243,10 @@ def overflow_between_submodules() -> tuple[torch.nn.Module, Callable, tuple, str
 
 
 def _ex123_check(fn):
-    out, msg = _setup(fn, 4, "(model, loss_fn, batch, module_name)")
+    out, msg = _module_setup(fn)
     if out is None:
         return False, msg
-    model, loss_fn, batch, name = out
-    names = dict(model.named_modules())
-    if not isinstance(name, str) or name not in names:
-        return False, (
-            f"expected the name of one of your model's modules (as model.named_modules() gives it), got {name!r}"
-        )
+    model, loss_fn, batch, name, names = out
     children = [f"{name}.{c}" if name else c for c, _ in names[name].named_children()]
     if not children:
         return False, f"{name!r} has no submodules: plant the overflow between the submodules of a module that has some"
