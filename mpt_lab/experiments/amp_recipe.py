@@ -418,7 +418,7 @@ def measure(config: Config, run: Run) -> dict:
     counted = {}
     rows = []
     combos = [(p, b) for b in config.batch_sizes for p in config.recipes]
-    for recipe, batch in run.bar(combos, desc="AMP recipe"):
+    for recipe, batch in run.bar(combos, desc="AMP tutorial loop"):
         g = torch.Generator(device=device).manual_seed(config.seed + batch)
         batches = [
             (
