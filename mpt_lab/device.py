@@ -123,9 +123,11 @@ class CpuKernels:
       matrix products), ``torch.backends.cpu.get_cpu_capability()``: ``"AVX512"``, ``"AVX2"``, ``"DEFAULT"``
       (no vectors) or another name; capped by the environment variable ``ATEN_CPU_CAPABILITY``.
     * ``onednn_fp16`` / ``onednn_bf16``: whether PyTorch sends float16 (bfloat16) convolutions to oneDNN.  It
-      does where oneDNN has native kernels for the type (AVX-512 FP16 or AMX for float16; AVX-512 BF16, AMX, or
-      AVX-512 emulation for bfloat16), capped by ``ONEDNN_MAX_CPU_ISA``.  oneDNN's float16 convolution
-      accumulates in FP32 and rounds each output once, forward and backward; without it PyTorch runs ATen's
+      does where oneDNN has native kernels for the type (AVX-512 FP16 or AVX-NE-CONVERT for float16; AVX-512
+      BW/VL/DQ or AVX-NE-CONVERT for bfloat16, as the check in ``aten/src/ATen/native/mkldnn/Utils.h`` says:
+      "fp16 path needs the cpu support avx_ne_convert or avx512_fp16"), capped by ``ONEDNN_MAX_CPU_ISA``.
+      oneDNN's float16 convolution accumulates in FP32 and rounds each output once, forward and backward; without
+      it PyTorch runs ATen's
       fallback (``thnn_conv2d``: im2col and a float16 GEMM per image), which rounds a weight gradient to float16
       after each image of the batch and sums the overlapping input-gradient contributions (``col2im``) in
       float16.  Measured with torch 2.13.0 on this project's CPUs (``tests/test_simulate.py``).

@@ -1,7 +1,7 @@
 """Emulate FP16, BF16 or FP8 numerics in an ordinary FP32 PyTorch model, at FP32 speed.
 
-On CPUs without fast float16 kernels (this project's machines: float16 matrix products run ~100× slower than
-float32) the book still needs FP16 *numerics*: which values underflow, which gradients vanish, how the loss
+On CPUs without fast float16 kernels (where oneDNN has no float16 kernel, float16 matrix products run many times
+slower than float32) the book still needs FP16 *numerics*: which values underflow, which gradients vanish, how the loss
 curve moves.  :class:`simulate` runs the model in float32 and rounds the floating-point results of the ops it
 executes to a format with :func:`mpt_lab.formats.round_to` semantics (IEEE 754 round-to-nearest-even,
 subnormals, overflow to infinity / NaN as the format has them).  Values stay ``torch.float32`` tensors that hold
@@ -127,9 +127,9 @@ What the emulation does NOT model
   can differ from simulate's where the exact sum lies within FP32's error bound γ_k·Σ|a_i b_i| of an FP16
   rounding midpoint (an ulp now and then; more after cancellation); ``tests/test_simulate.py`` checks every
   layer of a real ``.half()`` forward and backward against that derived bound.  Which kernels run depends on
-  the CPU (:func:`mpt_lab.device.cpu_kernels`; torch 2.13): on CPUs with AVX-512 FP16 or AMX, oneDNN's float16
-  matrix products and convolutions (one FP32 accumulation, one rounding per output); on CPUs without them (AVX2
-  ones, e.g. AMD EPYC, or any CPU with ``ONEDNN_MAX_CPU_ISA=AVX2``), ATen's own float16 GEMM (the same kind)
+  the CPU (:func:`mpt_lab.device.cpu_kernels`; torch 2.13): on CPUs with AVX-512 FP16 or AVX-NE-CONVERT, oneDNN's
+  float16 matrix products and convolutions (one FP32 accumulation, one rounding per output); on CPUs with
+  neither (e.g. AMD EPYC's, or any CPU with ``ONEDNN_MAX_CPU_ISA=AVX2``), ATen's own float16 GEMM (the same kind)
   and ATen's fallback convolution ``thnn_conv2d``, which is NOT what simulate computes in backward: it adds
   each image's weight gradient to a float16 accumulator (a rounding per image of the batch) and sums the
   overlapping input-gradient contributions (``col2im``) in float16.  So on such CPUs a real ``.half()`` conv
@@ -1078,8 +1078,8 @@ def fp16_convolution_probe(batch: int = 6, seed: int = 0) -> dict:
     of the inputs' scale: the weight gradient from PyTorch's real float16 kernel (``.half()``), from
     :class:`simulate` (FP32 accumulation, one rounding), and the interval an FP32 accumulation in any order,
     rounded once, can reach (:func:`mpt_lab.accumulation.any_order_bounds`).  oneDNN's float16 convolution (CPUs
-    with AVX-512 FP16 or AMX) stays inside it; ATen's fallback (CPUs without them, e.g. AVX2 ones, or with
-    ``ONEDNN_MAX_CPU_ISA`` below them) rounds the weight gradient after every image and leaves it.
+    with AVX-512 FP16 or AVX-NE-CONVERT) stays inside it; ATen's fallback (CPUs with neither, e.g. AMD EPYC's,
+    or with ``ONEDNN_MAX_CPU_ISA`` below them) rounds the weight gradient after every image and leaves it.
 
     Parameters
     ----------

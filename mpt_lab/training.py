@@ -291,7 +291,7 @@ class RecipeRun:
     grad_shift : int ≥ 0, the loss is multiplied by 2⁻ᵏ (see the module docstring; pair it with
         :func:`shift_eps` on the optimizer)
     simulate_on_cpu : bool, emulate FP16 with :mod:`mpt_lab.simulate` on a CPU (default); False uses real
-        ``torch.autocast("cpu", torch.float16)``, which is ~100× slower on this project's CPUs
+        ``torch.autocast("cpu", torch.float16)``, which is many times slower on CPUs where oneDNN has no float16 kernel
 
     Raises
     ------

@@ -261,7 +261,7 @@ class AmpRecipeResult(ExperimentResult):
         c = self.config
         best = {p: max(v.values()) for p, v in self.speedup.items() if v}
         text = (
-            f"AMP recipe ({self.profile} profile, {self.device}): {c['num_layers']} × Linear({c['width']}, "
+            f"AMP tutorial loop ({self.profile} profile, {self.device}): {c['num_layers']} × Linear({c['width']}, "
             f"{c['width']}), {c['num_batches']} batches per epoch, median of {c['epochs']} epochs; best "
             "speed-up over FP32: " + ", ".join(f"{p} {v:.2f}×" for p, v in best.items())
         )
@@ -288,10 +288,10 @@ def _cpu_note(peaks: dict, kernels) -> str:
         else "bfloat16 is slow: oneDNN has no bfloat16 kernel here, so torch takes a generic path; "
     )
     s += (
-        "float16 runs on oneDNN's kernel too (the CPU has AVX-512 FP16)."
+        "float16 runs on oneDNN's kernel too (the CPU has AVX-512 FP16 or AVX-NE-CONVERT)."
         if kernels.onednn_fp16
-        else "float16 is slow because oneDNN has no float16 kernel here (a CPU without AVX-512 FP16, or "
-        "ONEDNN_MAX_CPU_ISA below it), so torch's float16 matrix products take a generic path that converts "
+        else "float16 is slow because oneDNN has no float16 kernel here (a CPU with neither AVX-512 FP16 "
+        "nor AVX-NE-CONVERT, or ONEDNN_MAX_CPU_ISA below them), so torch's float16 matrix products take a generic path that converts "
         "element by element.  A 'speed-up' below 1 is a slow-down on this machine; on a GPU both 16-bit types "
         "use tensor cores.  Sizes are shrunk from the PyTorch AMP tutorial's 4096 to keep the CPU run short."
     )
@@ -418,7 +418,7 @@ def measure(config: Config, run: Run) -> dict:
     counted = {}
     rows = []
     combos = [(p, b) for b in config.batch_sizes for p in config.recipes]
-    for recipe, batch in run.bar(combos, desc="AMP recipe"):
+    for recipe, batch in run.bar(combos, desc="AMP tutorial loop"):
         g = torch.Generator(device=device).manual_seed(config.seed + batch)
         batches = [
             (

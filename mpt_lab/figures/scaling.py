@@ -225,8 +225,11 @@ def divergence_table(result: ExperimentResult, paper: dict | None = None) -> HTM
         ]
         if paper is not None:
             row.append(str(paper.get(arm, "—")))
-        flush = pct(e.get("fp16_underflow"), 3) if arm == "fp32" else "– (its values are FP16)"
-        rows.append(row + [pct(e.get("zero_share"), 3), flush, str(len(d["skipped"]))])
+        small = [
+            ("< 0.0001%" if v and 0 < v < 1e-6 else pct(v, 3)) for v in (e.get("zero_share"), e.get("fp16_underflow"))
+        ]
+        flush = small[1] if arm == "fp32" else "– (its values are FP16)"
+        rows.append(row + [small[0], flush, str(len(d["skipped"]))])
     header = ["run", "final loss", "vs FP32", "mAP@0.5 (%)" if detector else "validation perplexity"]
     if paper is not None:
         header.append("the paper's run (%)")

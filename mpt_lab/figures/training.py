@@ -304,7 +304,7 @@ def speedup_table(results: AmpRecipeResult | dict[str, AmpRecipeResult]) -> HTML
         )
         tables.append(
             table_html(
-                ["recipe", "batch", "s / epoch", "speed-up vs FP32", "GFLOP/s", "of measured matmul peak"]
+                ["precision", "batch", "s / epoch", "speed-up vs FP32", "GFLOP/s", "of measured matmul peak"]
                 + (["of datasheet peak"] if sheet else [])
                 + ["peak MiB"],
                 rows,
@@ -361,7 +361,7 @@ def autocast_lists_table(lists: dict) -> HTML:
         for al in lists.values():
             ops = al.lists.get(g, ())
             cells.append(
-                f"<small>{html.escape(', '.join(ops)) if ops else '–'}</small><br><small>({len(ops)} ops)</small>"
+                f"<small>{html.escape(', '.join(ops)) if ops else '–'}</small><br><small>({len(ops)} op{'' if len(ops) == 1 else 's'})</small>"
             )
         rows.append(cells)
     rows.append(
