@@ -253,7 +253,8 @@ def _fine_indices(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     x = x.reshape(-1)
     if x.device.type not in ("cpu", "cuda"):
         return _fine_indices_eager(x)
-    return _kernel(x.device)(x)
+    with torch.no_grad():  # one grad mode for every call: torch.compile's guard would recompile on a change
+        return _kernel(x.device)(x)
 
 
 def _as_tensor(t, argname="tensors") -> torch.Tensor:

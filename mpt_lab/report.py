@@ -364,7 +364,9 @@ def precision_report(
     optimizer : torch.optim.Optimizer or None; when given, its constants and its step's updates are checked in
         each format (:meth:`PrecisionReport.optimizer_checks`), on a copy (the optimizer is not changed)
     mode : "autocast" (default: mixed precision, as ``torch.autocast``, FP32 weights and optimizer) or "all"
-        (every op and the weights in the format, as ``model.half()``), as :class:`mpt_lab.simulate.simulate`
+        (every op and the weights in the format, as :class:`mpt_lab.simulate.simulate`: simulated, float32 tensors
+        rounded as ``model.half()`` or ``model.bfloat16()`` would round them, so that code which tests a tensor's
+        dtype, such as a clamp of float16 hidden states, does not run)
     block_formats : names among :data:`BLOCK_FORMATS` ("MXFP8", "MXFP4", "NVFP4"): measure what block
         quantisation along each product's reduction axis does to every GEMM operand of the FP32 step
         (:meth:`PrecisionReport.block_operands`; costs an exact quantisation per operand and format)
@@ -1420,8 +1422,9 @@ class PrecisionReport:
             the optimizer's parameter groups (``lr``, ``eps``, ``betas[1]``, ``weight_decay``, …) that changes
             when rounded to ``fmt``: effect "vanishes" (non-zero, rounds to 0: Adam's ``eps=1e-8`` in FP16,
             PyTorch issue 147437), "overflows", "degenerate" (a value in (0, 1) that rounds to exactly 1, e.g.
-            Adam's ``betas[1] = 0.999`` in BF16: a decay rate of 1 turns its moving average off, 1 − β = 0, and
-            Adam's bias correction 1 − βᵗ divides by zero; ``torch.optim.Adam`` refuses β = 1), or "changes"
+            Adam's ``betas[1] = 0.999`` in BF16: torch keeps β a Python float, so 1 − β and 1 − βᵗ stay exact,
+            but in BF16 the product v·β rounds back to v, so the second moment never decays and its moving
+            average is frozen; ``torch.optim.Adam`` refuses β = 1), or "changes"
             (another value);
         "updates": the step's update Δw of every parameter (the optimizer's own ``step`` run on a copy of it
             and of the parameters widened to float64, so that adding Δw to the weight loses none of it, with the
@@ -1481,8 +1484,11 @@ class PrecisionReport:
                 + (f" ({opt})" if opt else " (none given)")
                 + ", loss scale 1"
             )
+        cast = {"FP16": "model.half()", "BF16": "model.bfloat16()"}.get(f.name)
         return (
-            f"every op and the weights in {f.name} (as model.half()), "
+            f"every op and the weights in {f.name}, simulated (float32 tensors rounded to {f.name}"
+            + (f" as {cast} rounds" if cast else "")
+            + "; code that tests a tensor's dtype does not run), "
             + (f"optimizer {opt} on {f.name} weights" if opt else "no optimizer given")
             + ", loss scale 1"
         )
@@ -1643,7 +1649,13 @@ class PrecisionReport:
                 one = [c["name"] for c in opt["constants"] if c["effect"] == "degenerate"]
                 if vanish or one:
                     why = [f"{', '.join(vanish)} rounds to 0"] if vanish else []
-                    why += [f"{', '.join(one)} rounds to 1, which turns its moving average off"] if one else []
+                    why += (
+                        [
+                            f"{', '.join(one)} rounds to 1: in {f.name} the moving average times it rounds back to itself and never decays"
+                        ]
+                        if one
+                        else []
+                    )
                     extra.append(f"keep the optimizer's arithmetic in FP32 ({'; '.join(why)})")
                 u = opt["updates"]
                 if "share_lost" in u and math.isfinite(u["share_lost"]) and u["share_lost"] > 1 - keep:

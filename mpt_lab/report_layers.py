@@ -68,6 +68,8 @@ class LayerRanking:
     kept : {"loss", "gradient"} of the step with ``keep`` in BF16 and the other layers on the recipe
     within : whether that step meets the tolerance (False when even every candidate in BF16 does not)
     steps : the training steps run (forward and backward), the FP32 one included
+    ranking_steps : those of them that the ranking took (the FP32 step, one per layer alone, every layer, and with
+        ``all_but_one`` one per layer again); the rest searched for :attr:`keep`
     """
 
     recipe: str
@@ -84,6 +86,7 @@ class LayerRanking:
     kept: dict = field(default_factory=dict)
     within: bool = False
     steps: int = 0
+    ranking_steps: int = 0
 
     def positions(self) -> list:
         """The position (0-based, in :attr:`layers`' order) of each kept layer."""
@@ -135,6 +138,7 @@ class LayerRanking:
                 "kept",
                 "within",
                 "steps",
+                "ranking_steps",
             )
         }
 
@@ -386,6 +390,7 @@ def keep_wide(
             out.score = {n: out.every[metric] - out.all_but_one[n][metric] for n in candidates}
         else:
             out.score = {n: out.one[n][metric] for n in candidates}
+        out.ranking_steps = steps
         out.ranking = sorted(candidates, key=lambda n: (-out.score[n], -out.one[n][metric], candidates.index(n)))
 
         def with_kept(kept) -> dict:

@@ -473,6 +473,9 @@ def test_optimizer_eps_vanishes_and_updates_lost():
     assert "eps rounds to 0" in r_all.recommendation("FP16") and "eps" not in r_all.recommendation("BF16")
     assert "optimizer Adam on FP16 weights" in r_all.recommendation("FP16")
     assert "keep the optimizer's arithmetic in FP32 (betas[1] rounds to 1" in r_all.recommendation("BF16")
+    assert "rounds back to itself and never decays" in r_all.recommendation("BF16")  # torch's 1 - β2 stays exact
+    assert "simulated" in r_all.setting("FP16") and "model.half()" in r_all.setting("FP16")
+    assert "model.bfloat16()" in r_all.setting("BF16") and "model.half()" not in r_all.setting("BF16")
     assert "betas[1]" not in r_all.recommendation("FP16")  # 0.999 stays below 1 in FP16
     assert not adam.state  # the optimizer never stepped
 
@@ -1005,6 +1008,10 @@ def test_keep_wide_ranks_the_planted_layer_first_and_its_set_holds_in_a_real_rec
     assert all(r.one[n]["gradient"] == pytest.approx(alone[n], rel=1e-6) for n in alone)  # the same draws
     assert r.keep == ["4"] and r.within and r.kept["gradient"] <= 0.25 < r.every["gradient"]
     assert not r.last_layers() and r.positions() == [2] and r.share_kept() == 0.25
+    # the ranking: FP32, each layer alone, every layer, every layer but one; then the search for the set
+    assert r.ranking_steps == 2 + 2 * len(r.layers) < r.steps
+    r1 = keep_wide(model, ce, batch, recipe, tolerance=0.25, all_but_one=False, progress=False)
+    assert r1.ranking_steps == 2 + len(r1.layers) and r1.to_dict()["ranking_steps"] == r1.ranking_steps
     # the kept set in a real recipe run: "4" with the BF16 recipe, the others with NVFP4's
     m = copy.deepcopy(model)
     quantize_linears_(m, recipe, skip=r.keep)

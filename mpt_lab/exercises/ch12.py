@@ -257,7 +257,10 @@ def _ex123_check(fn):
         return False, f"precision_report could not run your setup: {type(err).__name__}: {err}"
     loc = r.first_nonfinite("FP16")
     if loc is None:
-        return False, "nothing turns inf or NaN in the FP16 step (every op and weight in FP16): make a sum overflow."
+        return (
+            False,
+            "nothing turns inf or NaN in the FP16 step (every op and weight rounded to FP16, simulated): make a sum overflow.",
+        )
     if loc.module != name:
         return False, f"the FP16 step first turns inf/NaN in {loc.describe()}, not inside {name!r}."
     over_children = [c for c in children if c in r.forward_overflows("FP16")]
@@ -280,7 +283,7 @@ register(
         "12.3",
         "An overflow between submodules",
         "Write between() that returns (model, loss_fn, batch, module_name): a model in which, with every op and weight "
-        "in FP16, the first inf appears in an op of module_name's own forward (an addition, a product, a "
+        "rounded to FP16 (simulated), the first inf appears in an op of module_name's own forward (an addition, a product, a "
         "scaled_dot_product_attention call; not one of its submodules), while none of its submodules' outputs overflows "
         "FP16 and BF16 stays finite, as in the Pegasus layer of transformers issue 12225. The check runs precision_report "
         "(mode='all') and compares its first_nonfinite('FP16') with your module_name.",
