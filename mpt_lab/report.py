@@ -55,7 +55,9 @@ import copy
 import html
 import math
 import numbers
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -67,6 +69,9 @@ from .histogram import Log2Histogram, log2_histogram
 from .master_weights import swamped
 from .scaling import max_gradient_scale
 from .simulate import MODES, simulate
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 __all__ = [
     "precision_report",
@@ -326,15 +331,15 @@ def _op_keys(ops: list) -> list:
 # ------------------------------------------------------------------------------------------------ the entry
 def precision_report(
     model: torch.nn.Module,
-    loss_fn,
-    batch,
+    loss_fn: Callable,
+    batch: Any,
     *,
-    formats=DEFAULT_FORMATS,
-    optimizer=None,
+    formats: Sequence[str] = DEFAULT_FORMATS,
+    optimizer: torch.optim.Optimizer | None = None,
     mode: str = "autocast",
-    block_formats=(),
-    ops="auto",
-    progress=None,
+    block_formats: Sequence[str] = (),
+    ops: str | bool = "auto",
+    progress: bool | None = None,
 ) -> PrecisionReport:
     """What one training step of ``model`` would do in each of ``formats``: a :class:`PrecisionReport`.
 
@@ -876,7 +881,7 @@ class PrecisionReport:
         return ancestor == "" or name == ancestor or name.startswith(ancestor + ".")
 
     # --- forward overflows: origins and what inherits them ----------------------------------------------------
-    def forward_overflows(self, fmt, which: str = "all") -> list:
+    def forward_overflows(self, fmt: str | F.FloatFormat, which: str = "all") -> list:
         """The modules whose forward outputs overflow ``fmt``, in execution order.
 
         Definition: the names (as ``model.named_modules()``) of the modules of which some output value of the
@@ -914,7 +919,7 @@ class PrecisionReport:
             if o["pass"] == "forward" and _beyond(o["out_amax"], f) and not _beyond(o["in_amax"], f)
         ]
 
-    def overflow_roles(self, fmt) -> dict:
+    def overflow_roles(self, fmt: str | F.FloatFormat) -> dict:
         """For each module whose FP32 outputs overflow ``fmt`` (:meth:`forward_overflows`): "origin", "contains
         origin" or "inherited".
 
@@ -985,7 +990,7 @@ class PrecisionReport:
             out.append((i, o))
         return out
 
-    def origins(self, fmt) -> list:
+    def origins(self, fmt: str | F.FloatFormat) -> list:
         """The ops where ``fmt``'s step first makes inf or NaN: their floating inputs are all finite, their output
         is not (and, for a format other than FP32, the same op's output in the FP32 step is finite), in execution
         order.  Needs the step recorded op by op (``ops="auto"`` does it when something is non-finite); [] when
@@ -1018,7 +1023,7 @@ class PrecisionReport:
             out.append(d)
         return out
 
-    def inherited(self, fmt) -> list:
+    def inherited(self, fmt: str | F.FloatFormat) -> list:
         """The modules of ``fmt``'s step whose outputs or output gradients hold inf/NaN without an origin inside
         them (:meth:`origins`): they pass on what went wrong before them.  Names in the order the step produced
         their first non-finite value, each with its pass: a list of (module, "forward" | "backward").
@@ -1036,7 +1041,7 @@ class PrecisionReport:
             out.append((name, where))
         return out
 
-    def first_nonfinite(self, fmt):
+    def first_nonfinite(self, fmt: str | F.FloatFormat) -> Location | None:
         """Where the step run under ``fmt``'s numerics first holds inf or NaN: a :class:`Location`, the pair
         ``(module name, "forward" | "backward")`` with the op as attributes (``.op``, ``.function``, ``.node``,
         ``.origin``), or None if every module output and output gradient stays finite.
@@ -1084,7 +1089,7 @@ class PrecisionReport:
                 self._cache[key] = [i for i, h in enumerate(held) if h]
         return self._cache[key]
 
-    def gradients_in(self, fmt) -> Log2Histogram:
+    def gradients_in(self, fmt: str | F.FloatFormat) -> Log2Histogram:
         """The gradients of the step (values of the FP32 step) that ``fmt``'s step holds in ``fmt``, each distinct
         gradient once: under autocast those of the tensors autocast keeps in ``fmt`` (outputs of its
         lower-precision ops and of ops on them), not those of float32 ops (softmax, the loss) nor the FP32 master
@@ -1100,7 +1105,7 @@ class PrecisionReport:
             self._cache[key] = _sum_hists(self.edges["hists"][j] for j in idx) if idx else Log2Histogram()
         return self._cache[key]
 
-    def gradients_by_module(self, fmt) -> dict:
+    def gradients_by_module(self, fmt: str | F.FloatFormat) -> dict:
         """:meth:`gradients_in` ``fmt`` split by the module whose backward computed them (a parameter's gradient
         by the module that holds it; "(loss_fn)" for those computed outside the model): dict module →
         Log2Histogram.
@@ -1121,7 +1126,7 @@ class PrecisionReport:
             self._cache[key] = out
         return self._cache[key]
 
-    def largest_gradients(self, fmt, n: int = 5) -> list:
+    def largest_gradients(self, fmt: str | F.FloatFormat, n: int = 5) -> list:
         """The ``n`` largest gradients of :meth:`gradients_in` ``fmt`` by amax: dicts "amax", "module", "node" (the
         autograd node whose output it is the gradient of; None for a parameter's), "output" (that node's output
         index, or the parameter's name).
@@ -1147,7 +1152,7 @@ class PrecisionReport:
         rows.sort(key=lambda d: -d["amax"] if d["amax"] == d["amax"] else -math.inf)
         return rows[:n]
 
-    def loss_scale_window(self, fmt, keep: float = 0.999) -> tuple:
+    def loss_scale_window(self, fmt: str | F.FloatFormat, keep: float = 0.999) -> tuple:
         """``(low, high)``: the loss scales, powers of two, that suit the step's gradients in ``fmt``.
 
         Definitions (over the gradients of the step that ``fmt``'s step holds in ``fmt``, :meth:`gradients_in`:
@@ -1198,7 +1203,7 @@ class PrecisionReport:
             low = math.ldexp(1.0, lo_j)
         return (low, high)
 
-    def window_ends(self, fmt, keep: float = 0.999) -> dict:
+    def window_ends(self, fmt: str | F.FloatFormat, keep: float = 0.999) -> dict:
         """The gradients that set the ends of :meth:`loss_scale_window`.
 
         Returns
@@ -1228,7 +1233,7 @@ class PrecisionReport:
                     lows.append({"module": m, "lost": n, "share": n / total if total else float("nan")})
         return {"high": high_tensor, "low": lows}
 
-    def dynamic_scaler(self, fmt, init_scale: float = SCALER_INIT, keep: float = 0.999) -> dict:
+    def dynamic_scaler(self, fmt: str | F.FloatFormat, init_scale: float = SCALER_INIT, keep: float = 0.999) -> dict:
         """What a dynamic loss scaler (torch.amp.GradScaler's rule: start at ``init_scale``, halve and skip the
         step whenever a gradient overflows) would do on this step in ``fmt``.
 
@@ -1274,7 +1279,7 @@ class PrecisionReport:
         return out
 
     # --- shares ---------------------------------------------------------------------------------------------
-    def shares(self, fmt, loss_scale: float = 1.0) -> dict:
+    def shares(self, fmt: str | F.FloatFormat, loss_scale: float = 1.0) -> dict:
         """Per module, the shares of its values that ``fmt`` would keep, lose or change.
 
         Returns
@@ -1306,7 +1311,7 @@ class PrecisionReport:
             out[m.name] = row
         return out
 
-    def gemm_operands(self, fmt, loss_scale: float = 1.0) -> list:
+    def gemm_operands(self, fmt: str | F.FloatFormat, loss_scale: float = 1.0) -> list:
         """Every operand of every matrix product of the FP32 step, with the shares ``fmt`` would lose.
 
         One row per operand of each GEMM (forward; input-gradient and weight-gradient GEMMs of backward;
@@ -1354,7 +1359,7 @@ class PrecisionReport:
             )
         return out
 
-    def gemm_summary(self, fmt, loss_scale: float = 1.0) -> dict:
+    def gemm_summary(self, fmt: str | F.FloatFormat, loss_scale: float = 1.0) -> dict:
         """The operands of :meth:`gemm_operands` pooled by GEMM kind: dict kind → {"operands", "values",
         "underflow" (share of the non-zero values that round to zero), "overflow" (share of all values)}.
 
@@ -1408,7 +1413,7 @@ class PrecisionReport:
         return out
 
     # --- the optimizer ----------------------------------------------------------------------------------------
-    def optimizer_checks(self, fmt) -> dict | None:
+    def optimizer_checks(self, fmt: str | F.FloatFormat) -> dict | None:
         """Checks of the optimizer given to :func:`precision_report` in ``fmt`` (None when none was given).
 
         They describe an optimizer whose arithmetic and weights are in ``fmt`` (weights stored in the format,
@@ -1470,7 +1475,7 @@ class PrecisionReport:
         "needs FP32 master weights or optimizer",
     )
 
-    def setting(self, fmt) -> str:
+    def setting(self, fmt: str | F.FloatFormat) -> str:
         """The setting every verdict for ``fmt`` assumes, in words: autocast (FP32 weights, the optimizer in
         FP32) or every op and the weights in ``fmt``; the optimizer given (or that none was).
 
@@ -1493,14 +1498,14 @@ class PrecisionReport:
             + ", loss scale 1"
         )
 
-    def verdict(self, fmt, keep: float = 0.999) -> str:
+    def verdict(self, fmt: str | F.FloatFormat, keep: float = 0.999) -> str:
         """The rule of :meth:`recommendation` that applies to ``fmt``, in a few words: one of :attr:`VERDICTS`.
 
         Raises ValueError when ``fmt`` was not analysed by this report.
         """
         return self._advice(fmt, keep)[0]
 
-    def recommendation(self, fmt, keep: float = 0.999) -> str:
+    def recommendation(self, fmt: str | F.FloatFormat, keep: float = 0.999) -> str:
         """One sentence: what the step needs to train in ``fmt``, derived from the numbers of this report, in the
         setting it ends with (:meth:`setting`).
 
@@ -1694,7 +1699,7 @@ class PrecisionReport:
         return (" (" + "; ".join(parts) + ")") if parts else ""
 
     # --- presentation -----------------------------------------------------------------------------------------
-    def summary(self, fmt, keep: float = 0.999) -> dict:
+    def summary(self, fmt: str | F.FloatFormat, keep: float = 0.999) -> dict:
         """The per-format answers as one dict: max, loss, forward_overflows (all, origins, inherited),
         first_nonfinite (module, pass, op, function), origins, loss_scale_window, window_ends, dynamic_scaler,
         optimizer, setting, verdict, recommendation (JSON-ready)."""
@@ -1900,7 +1905,7 @@ class PrecisionReport:
             }
         )
 
-    def plot(self, formats=None, *, loss_scale: float = 1.0, max_modules: int = 80):
+    def plot(self, formats: Sequence[str] | None = None, *, loss_scale: float = 1.0, max_modules: int = 80) -> Figure:
         """Modules × log2 magnitude heat maps of activations and activation gradients (× ``loss_scale``), with
         each format's representable window drawn over them: see
         :func:`mpt_lab.figures.report.plot_precision_report` (same arguments).  Returns a matplotlib Figure."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import html
 import math
+from collections.abc import Sequence
 
 import numpy as np
 from matplotlib.colors import LogNorm
@@ -21,7 +22,7 @@ from matplotlib.lines import Line2D
 from .. import formats as F
 from ..report import PrecisionReport
 from ..report_monitor import PrecisionMonitor
-from ._base import format_color, new_figure, pow2, table_html
+from ._base import HTML, format_color, new_figure, pow2, table_html
 
 __all__ = ["plot_precision_report", "format_window", "report_table", "plot_loss_scales"]
 
@@ -30,7 +31,7 @@ __all__ = ["plot_precision_report", "format_window", "report_table", "plot_loss_
 _DRAW_LIMIT = 80
 
 
-def format_window(fmt) -> tuple[int, float]:
+def format_window(fmt: str | F.FloatFormat) -> tuple[int, float]:
     """(lost, over) on the log2 |x| axis of a format: |x| below 2^lost rounds to zero (the binade lost − 1 …
     i.e. x ≤ half the smallest subnormal), |x| beyond 2^over = fmt.max overflows.  Plain numbers (int, float)."""
     f = F.get_format(fmt)
@@ -53,7 +54,9 @@ def _matrix(hists, shift: int, lo: int, hi: int) -> np.ndarray:
     return out
 
 
-def plot_precision_report(report, formats=None, *, loss_scale: float = 1.0, max_modules: int = 80) -> Figure:
+def plot_precision_report(
+    report: PrecisionReport, formats: Sequence[str] | None = None, *, loss_scale: float = 1.0, max_modules: int = 80
+) -> Figure:
     """Modules × log2 magnitude heat maps of a :class:`~mpt_lab.report.PrecisionReport`, with format windows.
 
     Parameters
@@ -173,7 +176,7 @@ def plot_precision_report(report, formats=None, *, loss_scale: float = 1.0, max_
     return fig
 
 
-def report_table(reports: dict, formats=None):
+def report_table(reports: dict, formats: Sequence[str] | None = None) -> HTML:
     """One row per model: its size and, per format, the verdict, the loss-scale window and the first inf/NaN.
 
     Parameters
@@ -225,7 +228,7 @@ def report_table(reports: dict, formats=None):
     return table_html(head, rows, align=align)
 
 
-def plot_loss_scales(monitors: dict, title: str = "The loss scale over the steps of three training loops"):
+def plot_loss_scales(monitors: dict, title: str = "The loss scale over the steps of three training loops") -> Figure:
     """The loss scale per step of each :class:`~mpt_lab.report_monitor.PrecisionMonitor` (log2 axis), skipped
     steps marked with crosses.
 
