@@ -1,6 +1,7 @@
 """Chapter 8's pieces: the King James Bible corpus, the LSTM language model, simulate.to_float32, the precision
-arms (FP32 invariance to the gradient shift), and the bigLSTM and SSD Table 2 experiments in the quick profile
-with the orderings the chapter claims."""
+arms (FP32 invariance to the gradient shift), and the bigLSTM and SSD Table 2 experiments' mechanics on runs of a
+few steps (the orderings the chapter claims for the quick profile are asserted by chapter 8 itself, executed by
+tests/test_book.py)."""
 
 import dataclasses
 import math
@@ -263,49 +264,50 @@ def test_sampled_softmax_gradients_against_a_direct_softmax():
 
 
 # ----------------------------------------------------------------------------------------- experiments
+# The quick profile's results (Figure 1's ordering, the shift sweep, the zero shares) are chapter 8's claims, and
+# chapter 8 asserts each of them on the quick profile's own run, which tests/test_book.py executes in the same test
+# command (and on the cpu profile's run in the book build): running the same 120-step experiments here again would
+# double about two and a half minutes of CPU.  These tests check the experiments' mechanics on runs of a few steps.
+TINY_LSTM = {
+    "model": "lean",
+    "max_vocab": 500,
+    "batch_size": 8,
+    "bptt": 8,
+    "steps": 8,
+    "eval_every": 4,
+    "hist_every": 2,
+    "valid_tokens": 400,
+}
+
+
 @pytest.fixture(scope="module")
-def lstm_quick():
+def lstm_tiny():
     torch.set_num_threads(1)
-    return biglstm.run(biglstm.config_for("quick"), progress=False)  # with its shift sweep (0, 6)
+    return biglstm.run(dataclasses.replace(biglstm.config_for("quick"), **TINY_LSTM), progress=False)
 
 
-def test_biglstm_quick_reproduces_figure_1(lstm_quick, tmp_path):
-    r = lstm_quick
+def test_biglstm_run_records_every_arm_the_sweep_and_round_trips(lstm_tiny, tmp_path):
+    r = lstm_tiny
     assert set(r.arms) == {"fp32", "fp16_unscaled", "fp16_static"} and not r.real_fp16
-    assert r.config["grad_shift"] == r.grad_shift == 11 and biglstm.equivalent_shift(r.vocab_size, 16 * 16) == 2
-    fp32, fp16, static = (r.final(a) for a in ("fp32", "fp16_unscaled", "fp16_static"))
-    # what chapter 8 claims for the quick profile: without loss scaling the loss falls behind (and rises),
-    # with a loss scale of 128 it matches FP32
-    assert fp16 > fp32 + 1.0
-    assert abs(static - fp32) < 0.05
-    losses = r.arms["fp16_unscaled"]["losses"]
-    assert sum(losses[-20:]) / 20 > min(sum(losses[i : i + 20]) / 20 for i in range(0, len(losses) - 20, 20)) + 0.5
-    assert r.final("fp16_unscaled", "ppl") > 2 * r.final("fp32", "ppl")
-    # the reason: without scaling nearly all activation-gradient values underflow to zero; S = 128 keeps
-    # more of them (the ones still lost are too small to matter); FP32 has no zeros
-    z = {a: r.arms[a]["evals"][-1]["zero_share"] for a in r.arms}
-    assert z["fp16_unscaled"] > 0.9 and z["fp16_static"] < z["fp16_unscaled"] - 0.05 and z["fp32"] < 0.01
-    assert r.arms["fp32"]["evals"][-1]["fp16_underflow"] > 0.9  # what FP16 would have lost
+    assert r.config["grad_shift"] == r.grad_shift == 11 and r.config["steps"] == 8
+    assert r.vocab_size == 500 and biglstm.equivalent_shift(4000, 16 * 16) == 2  # the quick profile's (chapter 8)
+    for a, arm in r.arms.items():
+        assert len(arm["losses"]) == 8 and all(math.isfinite(v) for v in arm["losses"][:1]), a
+        assert [e["step"] for e in arm["evals"]] == [4, 8], a  # every eval_every steps
+        e = arm["evals"][-1]
+        assert 0 <= e["zero_share"] <= 1 and 0 <= e["fp16_underflow"] <= 1, (a, e)
+    # FP32 has no zeros of its own; what FP16 would lose is measured on its values, as chapter 8 reads it
+    assert r.arms["fp32"]["evals"][-1]["zero_share"] < 0.01
     assert not r.arms["fp16_static"]["skipped"] and set(r.arms["fp16_static"]["scales"]) == {128.0}
+    # the sweep: FP32 once (identical for every k), FP16 without scaling at each k, the main run at its own k
+    fp32, fp16 = r.final("fp32"), r.final("fp16_unscaled")
+    sweep = r.sweep
+    k = str(r.grad_shift)
+    assert sweep["fp32"] == pytest.approx(fp32) and sweep["equivalent_shift"] == biglstm.equivalent_shift(500, 8 * 8)
+    assert sorted(sweep["fp16_unscaled"], key=int) == ["0", "6", k] and set(sweep["zero_share"]) == {"0", "6", k}
+    assert sweep["fp16_unscaled"][k] == pytest.approx(fp16)  # the main run joins the sweep at its shift
     back = biglstm.BigLSTMResult.load(r.save(tmp_path / "r.json"))
     assert back == r and "loss scale 128" in figures.divergence_table(back)
-    # the shift sweep: FP32 once (identical for every k), FP16 without scaling at k = 0 keeps up with it, at k = 6
-    # too although most of its values are zero, at the run's own k = 11 it is behind by more than half a nat
-    # (what chapter 8 asserts)
-    sweep = r.sweep
-    assert sweep["fp32"] == pytest.approx(fp32) and sweep["equivalent_shift"] == 2
-    k = str(r.grad_shift)
-    assert sorted(sweep["fp16_unscaled"], key=int) == ["0", "6", k] and abs(sweep["fp16_unscaled"]["0"] - fp32) < 0.05
-    assert sweep["fp16_unscaled"][k] == pytest.approx(fp16)  # the main run joins the sweep at its shift
-    assert (
-        sweep["fp16_unscaled"]["6"] > sweep["fp16_unscaled"]["0"]
-        and sweep["zero_share"]["6"] > 0.5 > sweep["zero_share"]["0"]
-    )
-    assert sweep["fp16_unscaled"]["6"] - fp32 < 0.1 and sweep["fp16_unscaled"][k] - fp32 > 0.5
-    # on the way both FP16 runs run ahead of FP32 (running means of 20 steps, as chapter 8 draws and asserts)
-    curve = {a: figures.running_mean(r.arms[a]["losses"], 20)[1] for a in r.arms}
-    assert (curve["fp16_unscaled"] - curve["fp32"]).min() < 0 < (curve["fp16_unscaled"] - curve["fp32"])[-1]
-    assert (curve["fp16_static"] - curve["fp32"]).min() < 0
     with pytest.raises(ValueError, match="arm"):
         r.final("bf16")
 
@@ -323,17 +325,17 @@ def test_biglstm_config_errors():
         biglstm.config_for("huge")
 
 
-def test_ssd_table2_quick_reproduces_table_2(tmp_path):
+def test_ssd_table2_run_records_every_arm_and_round_trips(tmp_path):
+    """Table 2's mechanics on a run of four steps (the quick profile's ordering is chapter 8's claim, asserted there)."""
     torch.set_num_threads(1)
-    r = ssd_table2.run(ssd_table2.config_for("quick"), progress=False)
-    # the ordering chapter 8 claims for the quick profile: without loss scaling the detector falls behind
-    # (its loss ends above FP32's and its mAP below); with the paper's loss scale of 8 it stays with FP32
-    assert r.diverged("fp16_unscaled") or r.final_loss("fp16_unscaled") > r.final_loss("fp32") + 1.0
-    assert r.final_map("fp16_unscaled") < r.final_map("fp32") - 0.1
-    assert abs(r.final_loss("fp16_static") - r.final_loss("fp32")) < 0.1
-    assert not r.diverged("fp32") and not r.diverged("fp16_static")
-    fp32_median = r.arms["fp32"]["evals"][-1]["median_log2"]
-    assert -27 <= fp32_median <= -21  # the shift places the histogram's median near FP16's 2^-24
+    tiny = {"steps": 4, "batch_size": 2, "n_train": 4, "n_test": 2, "hist_every": 1}
+    r = ssd_table2.run(dataclasses.replace(ssd_table2.config_for("quick"), **tiny), progress=False)
+    assert set(r.arms) == {"fp32", "fp16_unscaled", "fp16_static"} and r.config["grad_shift"] == 12
+    for a in r.arms:
+        assert 0 <= r.final_map(a) <= 1 and isinstance(r.diverged(a), bool), a
+    assert not r.diverged("fp32") and math.isfinite(r.final_loss("fp32"))
+    # the shift moves the FP32 histogram's median far below FP16's normal range (2^-14)
+    assert r.arms["fp32"]["evals"][-1]["median_log2"] < -14
     back = ssd_table2.SSDTable2Result.load(r.save(tmp_path / "t.json"))
     assert back == r and "76.9" in figures.divergence_table(back, paper=ssd_table2.PAPER["Multibox SSD"])
     with pytest.raises(ValueError, match="arm"):
