@@ -174,6 +174,20 @@ def amax_of(t: torch.Tensor) -> torch.Tensor:
     return torch.linalg.vector_norm(t, float("inf")).reshape(())
 
 
+def _covers(view: torch.Tensor, base: torch.Tensor) -> bool:
+    """Whether ``view`` holds every element of ``base`` exactly once (a reshape, a transpose or a permutation of
+    a dense base: the same values, so the same histogram), read from sizes, strides and offsets alone."""
+    if view.numel() != base.numel() or view.storage_offset() != base.storage_offset() or not base.is_contiguous():
+        return False
+    expected = 1
+    dims = sorted(((st, sz) for sz, st in zip(view.shape, view.stride()) if sz != 1))
+    for stride, size in dims:
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
 def _version(t) -> int | None:
     try:
         return t._version
@@ -447,7 +461,7 @@ class StepRecorder:
         base = t._base
         if base is None:
             base = t
-        elif t.numel() != base.numel() or sorted(t.stride()) != sorted(base.stride()):
+        elif not _covers(t, base):
             return log2_histogram(t.detach())
         key = id(base)
         ver = _version(base)

@@ -69,6 +69,39 @@ def test_compiled_kernel_matches_eager():
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 
 
+def test_the_bits_kernel_matches_eager_on_every_bin_edge_and_random_bit_patterns():
+    """The CPU kernel's arithmetic on bit patterns (uncompiled here) equals the eager float kernel on each fine
+    bin's first pattern and its neighbours (subnormal binades included), both signs, inf, NaN, and a million
+    random bit patterns."""
+    starts = torch.from_numpy(H._bin_starts())
+    near = torch.cat([starts + d for d in (-1, 0, 1, 2)]).clamp(0, 0x7FFFFFFF).to(torch.int32)
+    special = torch.tensor([0, 1, 0x7FFFFF, 0x7F7FFFFF, 0x7F800000, 0x7F800001, 0x7FFFFFFF], dtype=torch.int32)
+    g = torch.Generator().manual_seed(5)
+    rand = torch.randint(-(2**31), 2**31 - 1, (1_000_000,), generator=g, dtype=torch.int64).to(torch.int32)
+    pats = torch.cat([near, special, near | torch.tensor(-(2**31), dtype=torch.int32), rand])
+    idx, amax_bits = H._fine_indices_bits(pats), H._amax_bits(pats)
+    want_idx, want_amax = _fine_indices_eager(pats.view(torch.float32))
+    assert torch.equal(idx, want_idx) and torch.equal(amax_bits.view(torch.float32), want_amax)
+
+
+def test_a_large_tensor_counted_in_pieces_equals_one_count():
+    """Above _CPU_CHUNK values the CPU histogram counts piece by piece: the counts and amax equal the eager
+    kernel's over the whole tensor, with zeros, subnormals, inf and NaN in different pieces, for float32, a
+    channels-last 4-D gradient and bfloat16."""
+    n = 3 * H._CPU_CHUNK + 12345
+    x = torch.from_numpy(_random_values(n, 7))
+    x[5] = 0.0
+    x[H._CPU_CHUNK + 3] = float("inf")
+    x[2 * H._CPU_CHUNK + 9] = float("nan")
+    x[-1] = 2.0**-140
+    x[H._CPU_CHUNK - 1] = 3.0e38  # the largest finite value in the first piece
+    cases = [x, x[: 4 * 80 * 64 * 64].reshape(4, 80, 64, 64).to(memory_format=torch.channels_last), x.bfloat16()]
+    for t in cases:
+        idx, amax = _fine_indices_eager(t.detach().float().reshape(-1))
+        h = log2_histogram(t)
+        assert torch.equal(h._fine, torch.bincount(idx.long(), minlength=H.NFINE)) and h.amax == float(amax), t.dtype
+
+
 def test_search_kernel_matches_eager_on_every_bin_edge_and_random_bit_patterns():
     """The CUDA kernel (a bucketize over the bins' runs of bit patterns), run here on CPU tensors: the same fine
     index and amax as the eager kernel at each bin's first pattern, its neighbours, both signs, inf and NaN, and on

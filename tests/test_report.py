@@ -1215,3 +1215,21 @@ def test_loss_scale_figure():
     assert list(ax.lines[0].get_ydata()) == [2.0, 1.0, 0.0] and ax.get_legend() is not None
     with pytest.raises(TypeError, match="monitors"):
         plot_loss_scales({})
+
+
+def test_the_recorder_counts_a_tensor_once_under_every_view_that_holds_all_of_it():
+    """A view that holds each element of its base once (a reshape to more dimensions, a transpose) has its base's
+    histogram, counted once; a view of part of it (a slice, an overlapping stride) is counted on its own."""
+    from mpt_lab._report_record import StepRecorder, _covers
+
+    base = torch.randn(512, 300)
+    assert _covers(base.view(4, 128, 300), base) and _covers(base.t(), base) and _covers(base.unsqueeze(0), base)
+    assert not _covers(base[:, :299], base) and not _covers(base[1:], base)
+    assert not _covers(base.as_strided((512, 300), (0, 1)), base)  # every row the first: same numel, other values
+    rec = StepRecorder({})
+    h = rec.hist(base)
+    assert rec.hist(base.view(4, 128, 300)) is h and rec.hist(base.view(4, 128, 300).transpose(0, 1)) is h
+    part = rec.hist(base[:, :299])
+    assert part is not h and part == log2_histogram(base[:, :299]) and h == log2_histogram(base)
+    base.mul_(2.0)  # a new version: counted again
+    assert rec.hist(base.t()) is not h and rec.hist(base.t()) == log2_histogram(base)
