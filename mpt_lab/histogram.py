@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from . import formats as F
-from .device import DeviceLike
+from .device import DeviceLike, cpu_flags
 
 __all__ = [
     "Log2Histogram",
@@ -208,6 +208,37 @@ def _compile_wanted(device_type: str) -> bool:
     return device_type == "cpu"
 
 
+def _aten_capped() -> bool:
+    """Whether ATen runs below the instruction set this CPU has (``ATEN_CPU_CAPABILITY=avx2`` or ``default`` on an
+    AVX-512 CPU, ``default`` on an AVX2 one).  torch.compile then generates code for the capped set, and on this
+    project's Intel Xeon with ``ATEN_CPU_CAPABILITY=avx2`` that code for the histogram kernel passed the probes and
+    then gave wrong indices for half of a 230,519-value tensor once a 300,000-value one had been counted: the CPU
+    histograms use the bucketize kernel there (the same bins, several times slower), without compiling."""
+    capability = torch.backends.cpu.get_cpu_capability().upper()
+    flags = set(cpu_flags())
+    return (capability in ("AVX2", "DEFAULT") and "avx512f" in flags) or (capability == "DEFAULT" and "avx2" in flags)
+
+
+def _compile_checked(dev: torch.device):
+    """The compiled kernel on ``dev``, checked against the eager one on :func:`_kernel_probes`.  Compiled without
+    inductor's on-disk FX graph cache (about half a second more): on the Intel Xeon, a process with
+    ``ATEN_CPU_CAPABILITY=avx2`` loaded from that cache, written by runs with the CPU's own kernels, code that gave
+    wrong indices for the special values, where compiling afresh in the same setting gave right ones.  Raises
+    RuntimeError when the compiled kernel disagrees."""
+    import torch._inductor.config as inductor_config
+
+    with inductor_config.patch(fx_graph_cache=False), warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # torch's own deprecation notices while it compiles
+        fn = _on_floats(torch.compile(_fine_indices_bits, dynamic=True), torch.compile(_amax_bits, dynamic=True))
+        fn(torch.ones(2, device=dev))
+        for probe in _kernel_probes():
+            probe = probe.to(dev)
+            got, want = fn(probe), _fine_indices_eager(probe)
+            if not (torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])):
+                raise RuntimeError(f"compiled kernel disagrees with the eager one on {probe.numel()} values")
+    return fn
+
+
 def _kernel(device="cpu"):
     """The fine-index kernel for tensors on ``device`` (a torch.device or its type), chosen once per device type.
 
@@ -232,21 +263,11 @@ def _kernel(device="cpu"):
                 if (kind == "cuda" and setting not in ("0", "false", "no", "off"))
                 else _fine_indices_eager
             )
+        elif kind == "cpu" and _aten_capped():
+            _compiled[kind] = _fine_indices_search
         else:
             try:
-                dev = torch.device(kind)
-                with warnings.catch_warnings():  # torch's own deprecation notices while it compiles
-                    warnings.simplefilter("ignore", DeprecationWarning)
-                    fn = _on_floats(
-                        torch.compile(_fine_indices_bits, dynamic=True), torch.compile(_amax_bits, dynamic=True)
-                    )
-                    fn(torch.ones(2, device=dev))
-                for probe in _kernel_probes():
-                    probe = probe.to(dev)
-                    got, want = fn(probe), _fine_indices_eager(probe)
-                    if not (torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])):
-                        raise RuntimeError(f"compiled kernel disagrees with the eager one on {probe.numel()} values")
-                _compiled[kind] = fn
+                _compiled[kind] = _compile_checked(torch.device(kind))
             except Exception as err:  # no C++ compiler, unsupported platform, …
                 warnings.warn(
                     f"torch.compile unavailable for the histogram kernel on {kind} ({type(err).__name__}: "

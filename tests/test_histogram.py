@@ -1,6 +1,7 @@
 """mpt_lab.histogram: exact counts on constructed tensors, fractions against round_to, the gradient hooks."""
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -133,6 +134,7 @@ def test_cuda_kernel_is_chosen_without_compiling(monkeypatch):
         raise AssertionError("torch.compile must not run for the CUDA kernel")
 
     monkeypatch.setattr(H, "_compiled", {})
+    monkeypatch.setattr(H, "_aten_capped", lambda: False)  # the compile path, whatever ATEN_CPU_CAPABILITY says
     monkeypatch.setattr(torch, "compile", no_compile)
     monkeypatch.delenv("MPT_LAB_COMPILE", raising=False)
     assert _kernel("cuda") is H._fine_indices_search and _kernel(torch.device("cuda", 0)) is H._fine_indices_search
@@ -547,14 +549,36 @@ def test_a_compiled_kernel_that_disagrees_on_long_inputs_is_not_used(monkeypatch
     kernel that fails it is replaced by the bucketize kernel (the same bins), with a warning."""
 
     def miscompiled(fn, **kw):
-        def compiled(x):
-            idx, amax = fn(x)
-            return (idx + 1 if x.numel() >= 16 else idx), amax  # right on short inputs only
+        def compiled(b):
+            out = fn(b)  # the fine indices (one per value) or the amax (0-d)
+            return out + 1 if out.dim() == 1 and b.numel() >= 16 else out  # indices right on short inputs only
 
         return compiled
 
     monkeypatch.setattr(H, "_compiled", {})
+    monkeypatch.setattr(H, "_aten_capped", lambda: False)
     monkeypatch.setattr(torch, "compile", miscompiled)
     monkeypatch.setenv("MPT_LAB_COMPILE", "1")
     with pytest.warns(RuntimeWarning, match="bucketize"):
         assert _kernel("cpu") is H._fine_indices_search
+
+
+def test_a_capped_aten_takes_the_bucketize_kernel_without_compiling(monkeypatch):
+    """With ATen below the CPU's instruction set (ATEN_CPU_CAPABILITY=avx2 on an AVX-512 CPU), where torch.compile's
+    code for this kernel was seen wrong beyond what the probes catch, the CPU takes the bucketize kernel: nothing is
+    compiled and nothing warns; its histograms equal the eager kernel's."""
+    assert isinstance(H._aten_capped(), bool)
+
+    def no_compile(*a, **k):
+        raise AssertionError("compiled although ATen is capped")
+
+    monkeypatch.setattr(H, "_compiled", {})
+    monkeypatch.setattr(H, "_aten_capped", lambda: True)
+    monkeypatch.setattr(torch, "compile", no_compile)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _kernel("cpu") is H._fine_indices_search
+    x = torch.from_numpy(np.concatenate([_edge_values(), _random_values(50_000, 4)]))
+    idx, amax = _kernel("cpu")(x)
+    want_idx, want_amax = _fine_indices_eager(x)
+    assert torch.equal(idx, want_idx) and torch.equal(amax, want_amax)
