@@ -24,6 +24,9 @@ name here (torch's name)                    what mpt_lab uses it for
 ``current_autograd_node``                   :class:`mpt_lab.simulate.simulate`: whether an op runs inside a
 (``torch._C._current_autograd_node``)       backward pass (autograd's engine is executing a node), which the
                                             autocast emulation treats differently from forward ops.
+``without_fx_graph_cache``                  :mod:`mpt_lab.histogram`: compile the CPU histogram kernel without
+(``torch._inductor.config.patch``)          inductor's on-disk FX graph cache (a cached artifact was seen wrong
+                                            under ``ATEN_CPU_CAPABILITY=avx2``).
 ``current_dispatch_mode``                   :mod:`mpt_lab._report_record` (the precision report): whether its own
 (``torch.utils._python_dispatch.``          op recorder is the innermost dispatch mode, before it steps aside for
 ``_get_current_dispatch_mode``)             the report's histograms (a compiled kernel runs eagerly, op by op,
@@ -93,6 +96,7 @@ without torch at all).  Its functions compute exactly inside a ``simulate`` bloc
 from __future__ import annotations
 
 import torch
+import torch._inductor.config as _inductor_config
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._python_dispatch import _get_current_dispatch_mode as current_dispatch_mode
@@ -112,6 +116,7 @@ __all__ = [
     "dispatch_op_names",
     "dispatch_has_kernel",
     "aten_to_copy",
+    "without_fx_graph_cache",
 ]
 
 #: ``current_autograd_node()`` is the autograd Node being executed by the engine in this thread, or None
@@ -156,3 +161,11 @@ onednn_fp16_supported = _mkldnn_query("_is_mkldnn_fp16_supported")
 
 #: ``onednn_bf16_supported()`` -> bool: the same for bfloat16.
 onednn_bf16_supported = _mkldnn_query("_is_mkldnn_bf16_supported")
+
+
+def without_fx_graph_cache():
+    """A context manager in which torch.compile neither reads nor writes inductor's on-disk FX graph cache
+    (``torch._inductor.config.patch(fx_graph_cache=False)``): :mod:`mpt_lab.histogram` compiles its CPU kernel in
+    one, because an artifact of that cache written with the CPU's own kernels gave wrong indices in a process with
+    ``ATEN_CPU_CAPABILITY=avx2``."""
+    return _inductor_config.patch(fx_graph_cache=False)

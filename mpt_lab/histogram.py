@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from . import formats as F
+from ._torch_internals import without_fx_graph_cache
 from .device import DeviceLike, cpu_flags
 
 __all__ = [
@@ -225,9 +226,7 @@ def _compile_checked(dev: torch.device):
     ``ATEN_CPU_CAPABILITY=avx2`` loaded from that cache, written by runs with the CPU's own kernels, code that gave
     wrong indices for the special values, where compiling afresh in the same setting gave right ones.  Raises
     RuntimeError when the compiled kernel disagrees."""
-    import torch._inductor.config as inductor_config
-
-    with inductor_config.patch(fx_graph_cache=False), warnings.catch_warnings():
+    with without_fx_graph_cache(), warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # torch's own deprecation notices while it compiles
         fn = _on_floats(torch.compile(_fine_indices_bits, dynamic=True), torch.compile(_amax_bits, dynamic=True))
         fn(torch.ones(2, device=dev))
