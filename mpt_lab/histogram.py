@@ -251,6 +251,8 @@ def _kernel(device="cpu"):
       GPU slot spent 75 s compiling the histogram kernel, once for the CPU and again for CUDA, more than the compiled
       kernel saves in a slot's few hundred histogrammed steps.  ``MPT_LAB_COMPILE=all`` compiles for CUDA instead,
       on CUDA tensors only.
+    * CPU with ATen below the CPU's instruction set (:func:`_aten_capped`, e.g. ``ATEN_CPU_CAPABILITY=avx2`` on an
+      AVX-512 CPU): the bucketize kernel, uncompiled (torch.compile's code was seen wrong there).
     * ``MPT_LAB_COMPILE=0``: the eager kernel everywhere.
     """
     kind = torch.device(device).type
