@@ -60,29 +60,29 @@ def test_every_full_profile_has_a_row_a_smoke_run_and_the_seeds_fit_the_first_sl
         budget.expected_seconds("no_such_experiment")
 
 
-def test_rows_corrected_from_the_first_slots_log():
-    """The first slot's log (book/results/gpu_slot_log_2026-11-26.txt) stopped bigLSTM's 200-step run at its hard
-    limit after more than 88 s, and lm_gradient_scale did not finish in 60 s on its own: neither row may read as
-    measured, and neither may expect less than its lower bound; the startup no longer counts 75 s of compilation."""
+def test_rows_corrected_from_the_slots_logs():
+    """Each row a slot measured reads as measured, with the seconds of that slot's summary
+    (book/results/gpu_slot_summary_*.json): the first slot (2026-11-26) for the rows it finished, the second
+    (2026-11-28, two runs) for the five seed results, the benchmarks and the two reruns.  The first slot's log
+    also stopped bigLSTM's 200-step run after more than 88 s, while the second ran the 100 steps of today's profile
+    in 22.7 s: the first slot's bound came from another configuration and a 75 s compilation of the histogram
+    kernel, which the startup no longer counts."""
     log = (ROOT / "book" / "results" / "gpu_slot_log_2026-11-26.txt").read_text()
-    started = re.search(r"--budget 285\.0 \(hard limit (\d+) s, (\d+) s since the start\)", log)
-    summary = json.loads((ROOT / "book" / "results" / "gpu_slot_summary_2026-11-26.json").read_text())
-    hard, ran_before = int(started[1]), summary["seconds"]
-    assert "biglstm: running" in log and "+ biglstm" not in log and "status 137" in log
-    bound_200 = hard - ran_before  # biglstm ran from 211 s (the last summary) until the SIGINT at 299 s
-    assert bound_200 > 87.8
-    big = budget.ESTIMATES["biglstm"]
-    assert not big.measured and experiments.get("biglstm").config_for("full").steps == 100
-    assert big.seconds >= bound_200 / 2 and big.at_least >= round(bound_200 / 2)
-    lm = budget.ESTIMATES["lm_gradient_scale"]
-    assert not lm.measured and lm.seconds >= 60
-    assert budget.STARTUP_SECONDS < 75 and "histogram kernel ready in 74.8 s" in log
-    for name in ("amp_recipe", "memory_tradeoffs", "fp8_recipes", "gat_amp"):  # what that slot did measure
-        row = next(r for r in summary["experiments"] if r["experiment"] == name)
+    assert "histogram kernel ready in 74.8 s" in log and budget.STARTUP_SECONDS < 75
+    rows = {}
+    for day in ("2026-11-26", "2026-11-28", "2026-11-28b"):
+        summary = json.loads((ROOT / "book" / "results" / f"gpu_slot_summary_{day}.json").read_text())
+        assert "H200" in summary["provenance"]["device"]
+        rows.update({r["experiment"]: r["seconds"] for r in summary["experiments"] if r["status"] == "done"})
+    for name in (*budget.SEEDS, "roofline", "memory_per_parameter", "memory_tradeoffs", "tensor_core_accumulation"):
         e = budget.ESTIMATES[name]
-        assert e.measured == pytest.approx(row["seconds"], abs=0.1) or e.at_least == pytest.approx(
-            row["seconds"], abs=0.1
-        )
+        assert e.basis_kind == "measured" and e.measured == pytest.approx(rows[name], abs=0.1), name
+        assert "2026-11-28" in e.basis, name
+    for name in ("fp8_recipes", "gat_amp"):  # what the first slot measured and no slot ran again
+        assert budget.ESTIMATES[name].measured == pytest.approx(rows[name], abs=0.1), name
+    assert experiments.get("biglstm").config_for("full").steps == 100 and rows["biglstm"] < 44
+    # what no slot has measured in its current form reads as such
+    assert budget.ESTIMATES["amp_recipe"].basis_kind != "measured"
 
 
 def test_a_slot_runs_what_the_book_lacks(monkeypatch, tmp_path):
