@@ -4,6 +4,7 @@ few steps (the orderings the chapter claims for the quick profile are asserted b
 tests/test_book.py)."""
 
 import dataclasses
+import json
 import math
 
 import pytest
@@ -340,6 +341,18 @@ def test_ssd_table2_run_records_every_arm_and_round_trips(tmp_path):
     assert back == r and "76.9" in figures.divergence_table(back, paper=ssd_table2.PAPER["Multibox SSD"])
     with pytest.raises(ValueError, match="arm"):
         r.final_map("fp16")
+    # 5 steps, a histogram every 2nd step, windows of 5 // 4 = 1 step: steps 2 and 4 histogram nothing and
+    # are not recorded; a result saved with such an empty window (before 2026-11-28) loads without it
+    r5 = ssd_table2.run(
+        dataclasses.replace(ssd_table2.config_for("quick"), **{**tiny, "steps": 5, "hist_every": 2}), progress=False
+    )
+    assert [e["step"] for e in r5.arms["fp32"]["evals"]] == [1, 3, 5]
+    d = json.loads(r5.save(tmp_path / "t5.json").read_text())
+    d["arms"]["fp32"]["evals"].append(
+        {"step": 6, "zero_share": 0.0, "fp16_underflow": 0.0, "nonfinite": 0.0, "median_log2": None}
+    )
+    (tmp_path / "t5.json").write_text(json.dumps(d))
+    assert ssd_table2.SSDTable2Result.load(tmp_path / "t5.json").arms["fp32"]["evals"] == r5.arms["fp32"]["evals"]
 
 
 # ------------------------------------------------------------------- Figure 1 at natural scale (no shift)

@@ -131,7 +131,7 @@ SMOKE = {"steps": 2, "batch_size": 1, "n_train": 2, "n_test": 1, "hist_every": 2
 class SSDTable2Result(ExperimentResult):
     """Per recipe of ``config["recipes"]``, its arm in ``arms``: ``losses`` [steps] (SSD eq. (1), unshifted, unscaled), ``map50`` [[step, mAP@0.5]],
     ``skipped`` steps, ``evals`` [{step, zero_share, fp16_underflow, nonfinite, median_log2}] of the activation
-    gradients per quarter of training; ``labels``, ``real_fp16``, ``train_seconds`` as in the bigLSTM result;
+    gradients per quarter of training (a window that histogrammed no step is not recorded); ``labels``, ``real_fp16``, ``train_seconds`` as in the bigLSTM result;
     ``map_evaluator``: what computed the mAP (:data:`~mpt_lab.models.detection_eval.MAP_EVALUATOR`; a result
     saved without it was made by the old hand-written evaluator, :data:`~mpt_lab.models.detection_eval.
     LEGACY_MAP_EVALUATOR`)."""
@@ -153,6 +153,12 @@ class SSDTable2Result(ExperimentResult):
             names = OLD_LOSS_SCALING_NAMES
             d = cls.with_config(d, lambda c: {**c, "arms": renamed(c["arms"], names)} if "arms" in c else c)
             d.update({k: renamed(d[k], names) for k in ("arms", "labels", "train_seconds") if k in d})
+        # Saved before the fix of 2026-11-28: the last window was recorded even when it histogrammed no step
+        # (150 steps, a histogram every 5th step: steps 149-150 hold none), as shares of an empty histogram.
+        empty = {"zero_share": 0.0, "fp16_underflow": 0.0, "nonfinite": 0.0, "median_log2": None}
+        for arm in d.get("arms", {}).values():
+            if "evals" in arm:
+                arm["evals"] = [e for e in arm["evals"] if {k: e.get(k) for k in empty} != empty]
         return super().upgrade(d)
 
     def final_map(self, arm: str) -> float:
@@ -223,7 +229,8 @@ def _train_arm(arm_name: str, config: Config, train, test, init_state: dict, run
             losses.append(loss)
             if skip:
                 skipped.append(step)
-            if step % hist_interval == 0 or step == config.steps:
+            # a window's shares, when it histogrammed a step (the last, short window may hold none)
+            if (step % hist_interval == 0 or step == config.steps) and gh.histogram.total:
                 evals.append({"step": step, **gradient_shares(gh.histogram)})
                 gh.reset()
             if step % eval_every == 0 or step == config.steps:
