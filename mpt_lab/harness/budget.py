@@ -238,7 +238,7 @@ ESTIMATES: dict[str, Estimate] = {
     ),
     "lm_gradient_scale": Estimate(
         3,
-        "ch. 8 (not shown yet): vocabulary and batch against the gradient scale, up to 16,384 tokens",
+        "ch. 8: vocabulary and batch against the gradient scale, up to 16,384 tokens (the shift checked at k = 6)",
         gbytes=1100,
         kops=170,
         cpu_seconds=6,
@@ -261,7 +261,8 @@ ESTIMATES: dict[str, Estimate] = {
         "8,192 words: 13.4 MFLOP per token, 0.88 TFLOP a step (the FP32 arm without TF32); the logits, "
         "537 M values, pass ~10 times through memory a step with their cast, softmax and gradient: 24 GB; "
         "~400 operators a step (cuDNN's LSTM is one call; the CPU count unrolls it); the corpus. "
-        + _SLOT1 + " stopped a 200-step run at its hard limit after more than 88 s (started 211 s into --all, "
+        + _SLOT1
+        + " stopped a 200-step run at its hard limit after more than 88 s (started 211 s into --all, "
         "limit 299 s); the 100 steps of today's profile measured 22.7 s in " + _SLOT2,
     ),
     "ssd_table2": Estimate(
@@ -392,7 +393,7 @@ ESTIMATES: dict[str, Estimate] = {
     ),
     "master_weights_stall": Estimate(
         14,
-        "ch. 4 (not shown yet): pure FP16 stalling, with CUDA's FP16 arithmetic",
+        "ch. 4: pure FP16 stalling, with CUDA's FP16 arithmetic",
         kops=250,
         cpu_seconds=1,
         measured=15.6,  # the first slot (NVIDIA H200, torch 2.11, 2026-11-26), run on its own
