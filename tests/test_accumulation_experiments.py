@@ -199,6 +199,38 @@ def test_figures(err, train):
         figures.plot_running_sum(train)
 
 
+def test_kernels_table_names_each_products_kernels_and_marks_split_k():
+    """figures.product_kernels drops the profiler's range marker ("fmt|run|K"); kernels_table groups the device
+    runs with the same kernels and the consecutive K with the same kernels, shortens the names (the full name on
+    hover) and says which products launched a kernel named splitK; plot_gpu_accumulation rings those points."""
+    g = tensor_core_accumulation.run(tensor_core_accumulation.config_for("quick"), progress=False)
+    on, off = tensor_core_accumulation.FP16_RUNS[:2]
+    kern = figures.product_kernels(g)  # on a CPU: the ATen operators
+    assert set(kern) == {"16x16"} and set(kern["16x16"]["fp16"][on]) == {128, 512}
+    assert all("aten::mm" in names for names in kern["16x16"]["fp16"][on].values())
+    table = figures.kernels_table(g)
+    assert "aten::mm" in table and "16 × 16" in table and ">no<" in table and ">yes<" not in table
+    reduce = (
+        "void cublasLt::splitKreduce_kernel<32, 16, float, __half>(cublasLt::cublasSplitKParams<float>, float const*)"
+    )
+    gpu_names = {
+        r: {"128": ["gemm_NNT", f"fp16|{r}|128"], "512": [f"fp16|{r}|512", "gemm_splitK_NNT", reduce]}
+        for r in (on, off)
+    }
+    gpu = dataclasses.replace(g, kernels={"16x16": {"fp16": gpu_names, "fp8": {}}})
+    assert figures.product_kernels(gpu)["16x16"]["fp16"][on] == {128: ["gemm_NNT"], 512: ["gemm_splitK_NNT", reduce]}
+    table = figures.kernels_table(gpu)
+    assert "fp16|" not in table and "reduced-precision reduction on<br>reduced-precision reduction off" in table
+    assert "cublasLt::splitKreduce_kernel&lt;…&gt;</code>" in table and 'title="void cublasLt::splitKreduce' in table
+    assert table.count(">yes<") == 1 and table.count(">no<") == 1  # K = 512 split, K = 128 not: one row each
+    rings = [line for line in figures.plot_gpu_accumulation(gpu).axes[0].get_lines() if "splitK" in line.get_label()]
+    assert len(rings) == 1 and list(rings[0].get_xdata()) == [512.0, 512.0]  # the on and off runs' points at 512
+    with pytest.raises(ValueError, match="kernels"):
+        figures.kernels_table(dataclasses.replace(g, kernels={}))
+    with pytest.raises(TypeError, match="kernels"):
+        figures.product_kernels(object())
+
+
 def test_exercises_5():
     assert E.list_exercises(5) == ["5.1", "5.2"]
     assert E.solution("5.1") == {"FP16": 512.0, "BF16": 64.0}

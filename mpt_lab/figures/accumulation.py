@@ -1,9 +1,11 @@
 """Figures and tables of the accumulation chapter (ch. 5): error against K, the stalled running sum, the
-tensor-core accumulator model, reductions, low-precision weights, and a GPU's products against the models."""
+tensor-core accumulator model, reductions, low-precision weights, a GPU's products against the models, and the
+kernels each of those products launched."""
 
 from __future__ import annotations
 
 import html
+import re
 
 import numpy as np
 from matplotlib.figure import Figure
@@ -20,6 +22,8 @@ __all__ = [
     "reductions_table",
     "weights_table",
     "plot_gpu_accumulation",
+    "kernels_table",
+    "product_kernels",
 ]
 
 _ORDER_STYLE = {"sequential": "-", "pairwise": "--"}
@@ -244,28 +248,127 @@ def weights_table(result: ExperimentResult) -> HTML:
     )
 
 
-def plot_gpu_accumulation(result: ExperimentResult) -> Figure:
-    """Median relative error against K of a GPU's FP16 and FP8 products beside the models' predictions.
+def product_kernels(result: ExperimentResult) -> dict:
+    """The kernels each device product of a tensor-core accumulation result launched, in launch order (repeats
+    removed), without the profiler's range marker: :func:`mpt_lab.bench.profile_calls` opens a range named
+    "fmt|run|K" around each product, and on a GPU that name comes back among the device events.
 
     Parameters
     ----------
-    result : :class:`~mpt_lab.experiments.tensor_core_accumulation.TensorCoreResult`
+    result : :class:`~mpt_lab.experiments.tensor_core_accumulation.TensorCoreResult` with ``kernels``:
+        {"MxN": {"fp16" | "fp8": {device run: {"K": [kernel names]}}}} (K as str)
+
+    Returns
+    -------
+    dict "MxN" (e.g. "64x64") → "fp16" | "fp8" → device run → K (int, products per output) → list of str kernel
+    names (on a CPU, the ATen operators the product ran).
+
+    Raises
+    ------
+    TypeError
+        ``result`` has no ``ks`` or no ``kernels``.
+    ValueError
+        ``result.kernels`` is empty (results saved before 2026-11-27 have none).
+
+    Source: the experiment ``tensor_core_accumulation`` (``torch.profiler``, :func:`mpt_lab.bench.profile_calls`).
+    """
+    _check(result, "ks", "kernels")
+    if not isinstance(result.kernels, dict) or not result.kernels:
+        raise ValueError(
+            "result.kernels is empty: this result has no kernel names (results saved before 2026-11-27 have none); "
+            "run tensor_core_accumulation again"
+        )
+    return {
+        shape: {
+            fmt: {
+                run: {int(k): [n for n in names if n != f"{fmt}|{run}|{k}"] for k, names in by_k.items()}
+                for run, by_k in by_run.items()
+            }
+            for fmt, by_run in by_fmt.items()
+        }
+        for shape, by_fmt in result.kernels.items()
+    }
+
+
+def _split_k(names) -> bool:
+    """Whether any of the kernel names contains "splitK" (any case), as the GEMM kernel ("..._splitK_...") and the
+    kernel after it ("cublasLt::splitKreduce_kernel") of the saved H200 run's split-K products do."""
+    return any("splitk" in n.lower() for n in names)
+
+
+def _kernel_label(name: str) -> str:
+    """A kernel's name as the table shows it: without "void ", its template arguments and its parameter list,
+    keeping any ``...Functor`` among the template arguments (it says what an elementwise kernel computes)."""
+    name = name.removeprefix("void ").strip()
+    lt = name.find("<")
+    if lt < 0:
+        paren = name.find("(")
+        return name if paren <= 0 else name[:paren]
+    functors = list(dict.fromkeys(re.findall(r"\w+Functor", name[lt:])))
+    return name[:lt] + "<…>" + (f" ({', '.join(functors)})" if functors else "")
+
+
+def _shape_text(shape: str) -> str:
+    return shape.replace("x", " × ")
+
+
+def plot_gpu_accumulation(result: ExperimentResult) -> Figure:
+    """Median relative error against K of a GPU's FP16 and FP8 products beside the models' predictions: one
+    panel per input format, the device runs (solid) and the models (dashed) at the config's m × n outputs, the
+    device runs again at ``large`` m × n outputs where the result has them (dotted, squares, same colour), and a
+    ring around every device point whose product launched a kernel named "splitK" (``kernels``).
+
+    Parameters
+    ----------
+    result : :class:`~mpt_lab.experiments.tensor_core_accumulation.TensorCoreResult` (errors are relative,
+        |ĉ − c| / |c|, medians over the outputs; K in products per output)
+
+    Raises
+    ------
+    TypeError
+        ``result`` is not a result with ``ks``, ``fp16`` and ``fp8``.
     """
     _check(result, "ks", "fp16", "fp8")
     ks = np.asarray(result.ks, dtype=float)
-    panels = [("FP16 inputs: torch.matmul", result.fp16)] + (
-        [("FP8 E4M3 inputs: torch._scaled_mm", result.fp8)] if result.fp8 else []
+    large = getattr(result, "large", None) or {}
+    kernels = product_kernels(result) if getattr(result, "kernels", None) else {}
+    config = getattr(result, "config", None) or {}
+    small = f"{config['m']}x{config['n']}" if "m" in config and "n" in config else ""
+    big = f"{large['m']}x{large['n']}" if large else ""
+    panels = [("fp16", "FP16 inputs: torch.matmul", result.fp16)] + (
+        [("fp8", "FP8 E4M3 inputs: torch._scaled_mm", result.fp8)] if result.fp8 else []
     )
-    fig = new_figure((11 if len(panels) == 2 else 6, 5.6))
+    fig = new_figure((12 if len(panels) == 2 else 6.5, 6.6 if large else 5.6))
     axes = np.atleast_1d(fig.subplots(1, len(panels), sharey=True))
-    for ax, (title, runs) in zip(axes, panels):
-        for name, v in runs.items():
+    for ax, (fmt, title, runs) in zip(axes, panels):
+        rings = []  # (K, error) of every device point whose product launched a kernel named splitK
+        for i, (name, v) in enumerate(runs.items()):
+            device = name.startswith("device")
+            where = f", {_shape_text(small)}" if device and big and small else ""
             e = np.asarray(v["median"], dtype=float)
             keep = e > 0
-            device = name.startswith("device")
             ax.loglog(
-                ks[keep], e[keep], "-o" if device else "--", ms=4 if device else 0, lw=2 if device else 1.4, label=name
+                ks[keep],
+                e[keep],
+                "-o" if device else "--",
+                color=f"C{i}",
+                ms=4 if device else 0,
+                lw=2 if device else 1.4,
+                label=name + where,
             )
+            shapes = [(small, e)]
+            if device and large.get(fmt, {}).get(name):
+                el = np.asarray(large[fmt][name]["median"], dtype=float)
+                kl = el > 0
+                ax.loglog(ks[kl], el[kl], ":s", color=f"C{i}", ms=4, lw=2, label=f"{name}, {_shape_text(big)}")
+                shapes.append((big, el))
+            for shape, err in shapes if device and kernels else ():
+                for j, k in enumerate(result.ks):
+                    if _split_k(kernels.get(shape, {}).get(fmt, {}).get(name, {}).get(k, [])):
+                        rings.append((ks[j], err[j]))
+        if rings:
+            x, y = np.asarray(rings).T
+            ax.loglog(x, y, "o", ms=11, mfc="none", mec="black", mew=1.2, label="a kernel named splitK ran (profiler)")
         _k_ticks(ax, ks)
         ax.set_xlabel("K, products per output")
         ax.set_title(title)
@@ -273,5 +376,79 @@ def plot_gpu_accumulation(result: ExperimentResult) -> Figure:
         # each panel's own legend, below it: inside, it would cover the curves
         ax.legend(fontsize="x-small", loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
     axes[0].set_ylabel("relative error, median over outputs")
-    fig.suptitle(f"Uniform [0, 1) matrices on {result.device_name}: measured against each accumulator model")
+    outputs = f"{_shape_text(small)} outputs" if small else "the outputs"
+    also = f"; device runs also at {_shape_text(big)}" if big else ""
+    fig.suptitle(
+        f"Uniform [0, 1) matrices on {result.device_name}, {outputs}{also}:\nmeasured against each accumulator model"
+    )
     return fig
+
+
+#: How the table names each format's product.
+_PRODUCT_WORDS = {"fp16": "FP16, torch.matmul", "fp8": "FP8 E4M3, torch._scaled_mm"}
+
+
+def kernels_table(result: ExperimentResult) -> HTML:
+    """The kernels each device product of a tensor-core accumulation result launched, per input format, device
+    run, output block m × n and K, as ``torch.profiler`` saw them (launch order, repeats removed, the profiler's
+    own range marker left out); device runs whose kernels were the same at every K share a row, and so do
+    consecutive K with the same kernels.  A column says whether a kernel's name contains "splitK" (any case).
+    Names are shortened (no "void", template arguments or parameter list; an elementwise kernel's ``...Functor``
+    kept), the full name in each name's tooltip.  On a CPU the "kernels" are the ATen operators the product ran.
+
+    Parameters
+    ----------
+    result : :class:`~mpt_lab.experiments.tensor_core_accumulation.TensorCoreResult` with ``kernels``:
+        {"MxN": {"fp16" | "fp8": {device run: {"K": [kernel names]}}}} (str names; K as str, the values of ``ks``)
+
+    Returns
+    -------
+    HTML: the table (:func:`~mpt_lab.figures._base.table_html`).
+
+    Raises
+    ------
+    TypeError
+        ``result`` has no ``ks`` or no ``kernels``.
+    ValueError
+        ``result.kernels`` is empty (results saved before 2026-11-27 have none).
+
+    Source: the experiment ``tensor_core_accumulation`` (:func:`mpt_lab.bench.profile_calls`).
+    """
+    kernels = product_kernels(result)
+    ks = [int(k) for k in result.ks]
+    rows = []
+    for fmt, words in _PRODUCT_WORDS.items():
+        for shape, by_fmt in kernels.items():
+            by_run = by_fmt.get(fmt) or {}
+            groups: dict = {}  # the kernels at every K → the device runs that launched them
+            for run, by_k in by_run.items():
+                seq = tuple(tuple(by_k.get(k, [])) for k in ks)
+                groups.setdefault(seq, []).append(run)
+            for seq, runs in groups.items():
+                start = 0
+                for i in range(1, len(ks) + 1):
+                    if i < len(ks) and seq[i] == seq[start]:
+                        continue
+                    names = seq[start]
+                    rows.append(
+                        [
+                            html.escape(words),
+                            "<br>".join(html.escape(r.removeprefix("device, ")) for r in runs),
+                            _shape_text(shape),
+                            ", ".join(f"{k:,}" for k in ks[start:i]),
+                            "<br>".join(
+                                f'<code title="{html.escape(n)}">{html.escape(_kernel_label(n))}</code>' for n in names
+                            )
+                            or "–",
+                            "yes" if _split_k(names) else "no",
+                        ]
+                    )
+                    start = i
+    return table_html(
+        ["inputs, product", "device run", "outputs m × n", "K", "kernels launched, in order", "a name has splitK"],
+        rows,
+        caption=f"The kernels each product launched on {result.device_name}, as torch.profiler saw them (in "
+        "launch order, repeats removed); names shortened, the full name on hover. A FillFunctor kernel writes a "
+        "constant: the experiment makes the FP8 product's unit scales with torch.ones on the device",
+        align=["left"] * 6,
+    )
