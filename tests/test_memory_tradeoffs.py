@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from mpt_lab import figures
-from mpt_lab.bench import checkpoint_bytes, peak_memory
+from mpt_lab.bench import MEMORY_MODES, ZERO_BYTES_PER_PARAMETER, checkpoint_bytes, memory_per_parameter, peak_memory
 from mpt_lab.experiments import memory_tradeoffs as mt
 from mpt_lab.models.resnet import ResNet, build_resnet
 
@@ -173,4 +173,34 @@ def test_baseline_named_layouts_timed_and_the_fp16_exactness_pass_loss_scaled():
     assert r.layouts["fp32"]["TF32 off"]["cudnn_allow_tf32"] is False
     assert r.exactness_loss_scale == 2.0**16  # the tiny ResNet's gradients stay finite at GradScaler's start
     assert r.ways["mixed"]["grad_cosine"] > 0.99 and not r.ways["mixed"]["bit_identical"]
-    assert mt.run(_tiny(), progress=False).layouts == {}  # quick and cpu profiles leave the timings out
+    # the tables of the layouts and of the exactness pass, from the result object
+    t = figures.layouts_table(r)
+    assert t.count("<tr>") == 1 + len(mt.LAYOUTS) and t.count("1.00×") >= 2 and "The FP32 way: FP32." in t
+    e = figures.exactness_table(r)
+    assert e.count("<tr>") == 1 + len(mt.WAYS) and "through the loss scale 2¹⁶" in e and "u = 2^-11" in e
+    plain = mt.run(_tiny(), progress=False)
+    assert plain.layouts == {}  # quick and cpu profiles leave the timings out
+    with pytest.raises(ValueError, match="layout timings"):
+        figures.layouts_table(plain)
+    assert "none (loss scale 1)" in figures.exactness_table(plain) and "u = 2^-8" in figures.exactness_table(plain)
+    for table in (figures.layouts_table, figures.exactness_table):
+        with pytest.raises(TypeError, match="result"):
+            table({"layouts": r.layouts})
+
+
+def test_memory_per_parameter_table_from_a_real_run():
+    """The bytes-per-parameter table from :func:`mpt_lab.bench.memory_per_parameter`'s dicts (a tiny stack on the
+    CPU) beside ZeRO's accounting, one row each; bad input gets a clear error."""
+    result = {
+        "modes": {m: memory_per_parameter(m, 16, 2, 4, 2, "cpu") for m in MEMORY_MODES},
+        "zero": {**ZERO_BYTES_PER_PARAMETER, "total": sum(ZERO_BYTES_PER_PARAMETER.values())},
+        "config": {"width": 16, "layers": 2, "batch": 4, "steps": 2},
+    }
+    t = figures.memory_per_parameter_table(result)
+    assert t.count("<tr>") == 1 + len(MEMORY_MODES) + 1 and t.count("</th>") == 8
+    assert t.count(">16<") == len(MEMORY_MODES) + 1  # every way's tensors and ZeRO's accounting: 16 bytes
+    assert "ZeRO's accounting" in t and "2 × Linear(16, 16)" in t and "AMP: FP32 weights" in t
+    with pytest.raises(TypeError, match="result"):
+        figures.memory_per_parameter_table({"modes": result["modes"]})
+    with pytest.raises(ValueError, match="no modes"):
+        figures.memory_per_parameter_table({"modes": {}, "zero": result["zero"]})

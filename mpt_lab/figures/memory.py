@@ -6,12 +6,29 @@ converted beside it.
 
 from __future__ import annotations
 
+import html
+
 from matplotlib.figure import Figure
 
-from ..experiments.memory_tradeoffs import CIFAR10_RESNET50, RECOMPUTE_VS_PRECISION, MemoryTradeoffsResult
-from ._base import HTML, mib, new_figure, table_html
+from .. import formats as F
+from ..experiments.memory_tradeoffs import (
+    CIFAR10_RESNET50,
+    LAYOUTS,
+    RECOMPUTE_VS_PRECISION,
+    WAYS,
+    MemoryTradeoffsResult,
+)
+from ._base import HTML, mib, new_figure, power_text, table_html
 
-__all__ = ["plot_tradeoffs", "tradeoff_table", "training_table", "breakdown_table"]
+__all__ = [
+    "plot_tradeoffs",
+    "tradeoff_table",
+    "training_table",
+    "breakdown_table",
+    "layouts_table",
+    "exactness_table",
+    "memory_per_parameter_table",
+]
 
 
 def plot_tradeoffs(result: MemoryTradeoffsResult, *, title: str | None = None) -> Figure:
@@ -167,3 +184,232 @@ def breakdown_table(result: MemoryTradeoffsResult) -> HTML:
         ["<b>total</b>", mib(total["fp32"], 3), mib(total["mixed"], 3), f"{total['mixed'] / total['fp32']:.2f}"]
     )
     return table_html(["part of one step", "FP32 (MiB)", f"mixed, {result.mixed_dtype} (MiB)", "mixed ÷ FP32"], rows)
+
+
+def _setting(result: MemoryTradeoffsResult) -> str:
+    """The measured setting of a result in words: device, torch, the ResNet, batch and image size."""
+    c = result.config
+    torch_version = result.provenance.get("versions", {}).get("torch", "?")
+    return (
+        f"{result.device}, torch {torch_version}, {result.profile} profile: ResNet of width {c['width']}, "
+        f"{c['stages']} stages of {c['depth']} blocks, batch {c['batch_size']} of {c['image_size']}×"
+        f"{c['image_size']} px"
+    )
+
+
+def layouts_table(result: MemoryTradeoffsResult) -> HTML:
+    """The step times of the FP32 and mixed ways in each variant of
+    :data:`~mpt_lab.experiments.memory_tradeoffs.LAYOUTS` (channels-last memory format, ``cudnn.benchmark``, both,
+    and for the FP32 way cuDNN's TF32 switched off), in ms per step: the median of the result's timed steps, their
+    range, and the median as a multiple of the same way's default (contiguous, no ``cudnn.benchmark``, PyTorch's
+    TF32 default for cuDNN).
+
+    Parameters
+    ----------
+    result : :class:`~mpt_lab.experiments.memory_tradeoffs.MemoryTradeoffsResult` with ``layouts`` (the full
+        profile times them; ``time_layouts`` in its config).
+
+    Returns
+    -------
+    HTML table: one row per variant; for each way, ms per step (median, min–max) and × its default.
+
+    Raises
+    ------
+    TypeError
+        ``result`` is not a MemoryTradeoffsResult.
+    ValueError
+        ``result`` has no layout timings (made with ``time_layouts`` off, or before they were measured).
+    """
+    if not isinstance(result, MemoryTradeoffsResult):
+        raise TypeError(f"result must be a MemoryTradeoffsResult, got {type(result).__name__}")
+    if not result.layouts or "default" not in result.layouts.get("fp32", {}):
+        raise ValueError("result has no layout timings (made with time_layouts off, or before they were measured)")
+    ways = [w for w in ("fp32", "mixed") if w in result.layouts]
+
+    def cell(way, variant):
+        v = result.layouts[way].get(variant)
+        if v is None:
+            return ["–", "–"]
+        t = [1e3 * x for x in v["step_times"]]
+        base = result.layouts[way]["default"]["step_seconds"]
+        return [f"{1e3 * v['step_seconds']:.2f} ({min(t):.2f}–{max(t):.2f})", f"{v['step_seconds'] / base:.2f}×"]
+
+    rows = []
+    for variant in LAYOUTS:
+        if not any(variant in result.layouts[w] for w in ways):
+            continue
+        any_v = next(result.layouts[w][variant] for w in ways if variant in result.layouts[w])
+        rows.append(
+            [
+                html.escape(variant),
+                any_v["memory_format"],
+                "on" if any_v["cudnn_benchmark"] else "off",
+                "allowed" if any_v["cudnn_allow_tf32"] else "off",
+            ]
+            + [c for w in ways for c in cell(w, variant)]
+        )
+    labels = {"fp32": "FP32 way", "mixed": f"mixed ({result.mixed_dtype} autocast)"}
+    header = ["variant", "memory format", "cudnn.benchmark", "cuDNN TF32"]
+    for w in ways:
+        header += [f"{labels[w]}: ms / step (min–max)", "× default"]
+    c = result.config
+    caption = (
+        f"Step time of one training step (forward, backward, SGD step), {_setting(result)}: median of "
+        f"{c['repeat']} timed steps after warm-up, each variant timed on its own with the switches restored after "
+        f"it. The FP32 way: {result.baseline_label}. × default: against the same way in the contiguous format "
+        "without cudnn.benchmark. The mixed way's convolutions are 16-bit, so it has no TF32 row."
+    )
+    return table_html(header, rows, caption=caption)
+
+
+def exactness_table(result: MemoryTradeoffsResult) -> HTML:
+    """The exactness pass of a result: per way, the gradients of one batch against the FP32 way's (bit-identical,
+    relative difference ‖g − g₃₂‖/‖g₃₂‖ also in units of the mixed dtype's unit roundoff u = 2⁻ᵖ, cosine), the
+    loss difference, and the loss scale the mixed ways' backward ran through (``exactness_loss_scale``: float16
+    runs through a scale so that its gradients are FP16's rounding, not underflow; 1 for bfloat16).
+
+    Parameters
+    ----------
+    result : :class:`~mpt_lab.experiments.memory_tradeoffs.MemoryTradeoffsResult`
+
+    Returns
+    -------
+    HTML table: one row per way of :data:`~mpt_lab.experiments.memory_tradeoffs.WAYS`.
+
+    Raises
+    ------
+    TypeError
+        ``result`` is not a MemoryTradeoffsResult.
+    """
+    if not isinstance(result, MemoryTradeoffsResult):
+        raise TypeError(f"result must be a MemoryTradeoffsResult, got {type(result).__name__}")
+    fmt = F.FP16 if result.mixed_dtype == "float16" else F.BF16
+    u = fmt.epsilon / 2
+    scale = result.exactness_loss_scale
+    if scale is None:
+        scaled = "not recorded (a result made before the pass was loss-scaled)"
+    elif scale == 1.0:
+        scaled = "none (loss scale 1)"
+    else:
+        k = int(round(float(scale))).bit_length() - 1
+        scaled = f"through the loss scale {power_text(k)}, gradients divided by it in FP32"
+    rows = []
+    for way, (mixed, ckpt) in WAYS.items():
+        w = result.ways[way]
+        what = (f"{result.mixed_dtype} autocast, backward {scaled}" if mixed else "FP32 way") + (
+            ", activation checkpointing" if ckpt else ""
+        )
+        rows.append(
+            [
+                html.escape(way),
+                html.escape(what),
+                "yes" if w["bit_identical"] else "no",
+                f"{w['grad_rel_diff']:.3g}",
+                f"{w['grad_rel_diff'] / u:.0f}",
+                f"{w['grad_cosine']:.4f}",
+                f"{w['loss_diff']:+.2g}",
+            ]
+        )
+    caption = (
+        f"One batch, {_setting(result)}; cuDNN's deterministic algorithms for the pass. The reference is the FP32 "
+        f"way's gradients; the FP32 way: {result.baseline_label}. u = 2^-{fmt.precision}, the unit roundoff of "
+        f"{result.mixed_dtype}."
+    )
+    return table_html(
+        [
+            "way",
+            "what the pass ran",
+            "gradients bit-identical to FP32 way's",
+            "relative difference",
+            "in units of u",
+            "cosine",
+            "loss − FP32 way's loss",
+        ],
+        rows,
+        caption=caption,
+    )
+
+
+#: What each mode of :func:`mpt_lab.bench.memory_per_parameter` keeps, in the table's words.
+_MEMORY_MODE_WORDS = {
+    "fp32": "FP32: FP32 weights, gradients and Adam",
+    "amp": "AMP: FP32 weights and Adam, float16 autocast, GradScaler",
+    "bf16_master": "BF16 weights and gradients, FP32 master weights for Adam",
+}
+
+
+def memory_per_parameter_table(result: dict) -> HTML:
+    """Bytes per parameter of training with Adam, by mode, beside ZeRO's accounting of mixed precision Adam
+    (Rajbhandari et al. 2020, §3.1: 2 + 2 + 4 + 4 + 4 = 16).
+
+    Per mode: the bytes per parameter of the tensors it keeps (parameters, gradients, FP32 master parameters,
+    optimizer state) and their sum, then what the allocator counted: resident (after the last step) and peak (since
+    a reset before the model was built), in bytes per parameter.
+
+    Parameters
+    ----------
+    result : the dict ``benchmarks/memory_per_parameter.py`` writes
+        (``book/results/memory_per_parameter_full.json``, loaded with :func:`mpt_lab.experiments.load_json`):
+        ``modes`` (mode → :func:`mpt_lab.bench.memory_per_parameter`'s dict) and ``zero``.
+
+    Returns
+    -------
+    HTML table: one row per mode and a last row for ZeRO's accounting.
+
+    Raises
+    ------
+    TypeError
+        ``result`` is not such a dict.
+    ValueError
+        ``result`` holds no modes.
+    """
+    if not isinstance(result, dict) or not isinstance(result.get("modes"), dict) or "zero" not in result:
+        raise TypeError("result must be the dict written by benchmarks/memory_per_parameter.py (with 'modes', 'zero')")
+    if not result["modes"]:
+        raise ValueError("result holds no modes")
+    parts = ("parameters", "gradients", "master parameters", "optimizer state")
+    rows = []
+    for mode, d in result["modes"].items():
+        b = d["breakdown_per_parameter"]
+        rows.append(
+            [html.escape(_MEMORY_MODE_WORDS.get(mode, mode))]
+            + [f"{b[k]:g}" for k in parts]
+            + [f"{sum(b[k] for k in parts):g}", f"{d['resident_per_parameter']:.2f}", f"{d['peak_per_parameter']:.2f}"]
+        )
+    z = result["zero"]
+    zero_items = (
+        z.get("16-bit parameters"),
+        z.get("16-bit gradients"),
+        z.get("FP32 master parameters"),
+        (z.get("momentum") or 0) + (z.get("variance") or 0),
+    )
+    rows.append(
+        ["ZeRO's accounting of mixed precision Adam (FP16 weights and gradients)"]
+        + [f"{v:g}" if v is not None else "–" for v in zero_items]
+        + [f"{z.get('total', '–')}", "–", "–"]
+    )
+    first = next(iter(result["modes"].values()))
+    prov = result.get("provenance", {})
+    c = result.get("config", {})
+    caption = (
+        f"{first['parameters']:,} parameters ({c.get('layers', '?')} × Linear({c.get('width', '?')}, "
+        f"{c.get('width', '?')})), {c.get('steps', '?')} steps of {first.get('optimizer', 'Adam')} on a batch of "
+        f"{c.get('batch', '?')}; {prov.get('device', '?')}, torch {prov.get('versions', {}).get('torch', '?')}, "
+        f"{str(prov.get('date', '?'))[:10]}. The tensors' bytes per parameter from their dtypes; resident and peak: "
+        f"{first.get('method', '?')}. ZeRO counts its FP32 master parameters in the optimizer state (K = 12 bytes); "
+        "here they have a column of their own."
+    )
+    return table_html(
+        [
+            "training (every column in bytes per parameter)",
+            "parameters",
+            "gradients",
+            "FP32 master parameters",
+            "optimizer state",
+            "sum of these tensors",
+            "resident",
+            "peak",
+        ],
+        rows,
+        caption=caption,
+    )
