@@ -357,3 +357,74 @@ def test_autocast_lists_table():
     assert all(al.policy(op) == "not listed" for al in lists.values() for op in examples), examples
     with pytest.raises(TypeError, match="lists"):
         figures.autocast_lists_table({})
+
+
+def test_speedup_table_recounts_a_result_saved_with_the_old_flop_convention():
+    """A saved run counted 6·B·W² per Linear (the first layer's input gradient included): the table shows the
+    counted FLOPs ÷ the saved step time, and its caption says it recounted."""
+    from mpt_lab.experiments import saved
+
+    g = saved("amp_recipe")
+    if g is None or g.flops_convention == ar.COUNTED_FLOPS:
+        pytest.skip("no saved result with the old convention")
+    html = figures.speedup_table(g)
+    assert "recounted from the saved step times" in html and "12.5% more at 3 layers" in html
+    row = g.row("fp32", 512)
+    step = row["epoch_seconds"] / g.config["num_batches"]
+    counted = ar.counted_flops_per_step(512, g.config["width"], g.config["num_layers"])
+    assert f"{counted / step / 1e9:.3g}" in html and f"{row['tflops'] * 1e3:.3g}" not in html
+    assert "of datasheet dense peak" in html  # the H200's datasheet, from the saved device's name
+
+
+@pytest.fixture(scope="module")
+def roofline():
+    from mpt_lab.experiments import load_json, results_dir
+
+    path = results_dir() / "roofline_full.json"
+    if not path.exists():
+        pytest.skip("no saved roofline")
+    return load_json(path)
+
+
+def test_roofline_summary_reads_the_saved_roofline(roofline):
+    s = figures.roofline_summary(roofline)
+    assert set(s["kinds"]) == {r["kind"] for r in roofline["gemm"] if r["tflops"]}
+    for kind, v in s["kinds"].items():
+        assert v["best_tflops"] == max(
+            r["tflops"] for r in roofline["gemm"] if r["kind"] == kind and r["m"] == r["n"] == r["k"]
+        )
+        assert v["vs_fp32"] == pytest.approx(v["best_tflops"] / roofline["peaks"]["fp32"])
+        assert v["eager_tflops"] is None
+    if roofline["datasheet"]:
+        assert s["kinds"]["fp8_fast"]["datasheet_tflops"] == roofline["datasheet"]["fp8"]
+    from mpt_lab.experiments import saved
+
+    g = saved("amp_recipe")
+    if g is not None and (512, g.config["width"], g.config["width"]) == tuple(s["shape"]):
+        w = figures.roofline_summary(roofline, g, batch=512)
+        flops = ar.counted_flops_per_step(512, g.config["width"], g.config["num_layers"])
+        assert w["recipe"]["flops_per_step"] == flops == 16 * 512 * g.config["width"] ** 2  # (6L − 2)·B·W², L = 3
+        bf = w["kinds"]["bf16"]
+        step = g.row("bf16", 512)["epoch_seconds"] / g.config["num_batches"]
+        assert bf["eager_tflops"] == pytest.approx(flops / step / 1e12)
+        assert bf["eager_of_shape"] == pytest.approx(bf["eager_tflops"] / bf["shape_tflops"])
+        assert w["kinds"]["tf32"]["eager_tflops"] is None  # the recipe ran FP32 with TF32 off
+        html = figures.roofline_table(roofline, g)
+        assert html.count("<tr>") == 1 + len(w["kinds"]) and "eager recipe step, batch 512" in html
+        fig = figures.plot_roofline(roofline, g)
+        ax = fig.axes[0]
+        assert ax.get_xscale() == ax.get_yscale() == "log" and "FLOP per byte" in ax.get_xlabel()
+        assert "TFLOP/s" in ax.get_ylabel() and "Roofline" in ax.get_title()
+        labels = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert "BF16" in labels and any("eager step" in t for t in labels)
+
+
+def test_roofline_bad_input(roofline, result):
+    with pytest.raises(TypeError, match="roofline"):
+        figures.roofline_table({"gemm": []})
+    with pytest.raises(TypeError, match="recipe"):
+        figures.roofline_summary(roofline, "amp_recipe")
+    with pytest.raises(ValueError, match="batch"):
+        figures.roofline_summary(roofline, batch=0)
+    with pytest.raises(ValueError, match="batch"):  # the tiny run's product 8 × 32 × 32 was not timed
+        figures.plot_roofline(roofline, result, batch=8)

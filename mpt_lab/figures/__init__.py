@@ -34,10 +34,12 @@ from collections.abc import Callable, Sequence
 
 from ._base import FORMAT_COLORS, HTML, BookFigure, running_mean, table_html
 from .accumulation import (
+    kernels_table,
     plot_error_vs_k,
     plot_gpu_accumulation,
     plot_running_sum,
     plot_tensor_core_model,
+    product_kernels,
     reductions_table,
     weights_table,
 )
@@ -82,7 +84,15 @@ from .graphs import (
     plot_gat_memory_fit,
     plot_gat_training,
 )
-from .memory import breakdown_table, plot_tradeoffs, tradeoff_table, training_table
+from .memory import (
+    breakdown_table,
+    exactness_table,
+    layouts_table,
+    memory_per_parameter_table,
+    plot_tradeoffs,
+    tradeoff_table,
+    training_table,
+)
 from .report import plot_loss_scales, plot_precision_report, report_table
 from .scaling import (
     divergence_table,
@@ -94,7 +104,16 @@ from .scaling import (
     plot_scale_history,
     plot_shift_sweep,
 )
-from .training import autocast_lists_table, autocast_table, plot_losses, plot_master_weight_loop, speedup_table
+from .training import (
+    autocast_lists_table,
+    autocast_table,
+    plot_losses,
+    plot_master_weight_loop,
+    plot_roofline,
+    roofline_summary,
+    roofline_table,
+    speedup_table,
+)
 
 __all__ = [
     "show_saved",
@@ -128,12 +147,18 @@ __all__ = [
     "plot_losses",
     "plot_master_weight_loop",
     "speedup_table",
+    "roofline_summary",
+    "roofline_table",
+    "plot_roofline",
     "autocast_table",
     "autocast_lists_table",
     "plot_tradeoffs",
     "tradeoff_table",
     "training_table",
     "breakdown_table",
+    "layouts_table",
+    "exactness_table",
+    "memory_per_parameter_table",
     "plot_gat_training",
     "plot_gat_memory",
     "plot_attention_overflow",
@@ -163,6 +188,8 @@ __all__ = [
     "reductions_table",
     "weights_table",
     "plot_gpu_accumulation",
+    "kernels_table",
+    "product_kernels",
     "plot_precision_report",
     "report_table",
     "plot_loss_scales",

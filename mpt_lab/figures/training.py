@@ -1,8 +1,9 @@
 """Figures and tables of mixed precision training in practice: master weights, the PyTorch AMP recipe's speed,
-and autocast's op policy.
+a GPU's roofline beside the recipe's step, and autocast's op policy.
 
 Micikevicius et al. (ICLR 2018), §3.1 (FP32 master weights); Carilli, "Automatic Mixed Precision" (PyTorch
-recipe); the ``torch.amp`` autocast op reference.
+recipe); Williams, Waterman and Patterson, "Roofline: an insightful visual performance model for multicore
+architectures" (CACM 52(4), 2009); the ``torch.amp`` autocast op reference.
 """
 
 from __future__ import annotations
@@ -11,13 +12,24 @@ import html
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Patch
 
-from ..experiments.amp_recipe import AmpRecipeResult
+from ..bench import datasheet_peaks
+from ..experiments.amp_recipe import COUNTED_FLOPS, AmpRecipeResult, counted_flops_per_step, flops_per_step
 from ..harness.runner import ExperimentResult
 from ._base import FORMAT_COLORS, HTML, mib, new_figure, running_mean, table_html
 
-__all__ = ["plot_losses", "plot_master_weight_loop", "speedup_table", "autocast_table", "autocast_lists_table"]
+__all__ = [
+    "plot_losses",
+    "plot_master_weight_loop",
+    "speedup_table",
+    "roofline_summary",
+    "roofline_table",
+    "plot_roofline",
+    "autocast_table",
+    "autocast_lists_table",
+]
 
 _STYLES = ["-", "--", ":", "-."]
 
@@ -257,9 +269,53 @@ def plot_master_weight_loop(trace: dict, *, title: str | None = None) -> Figure:
     return fig
 
 
+def _fp32_kind(result: AmpRecipeResult) -> str:
+    """The GEMM arithmetic of the recipe's FP32 products: "tf32" where the run let float32 products use TF32
+    (its provenance's backend flags, or, in results saved without them, its note), "fp32" otherwise."""
+    flags = result.provenance.get("backends") or {}
+    if "cuda_matmul_allow_tf32" in flags:
+        return "tf32" if flags["cuda_matmul_allow_tf32"] else "fp32"
+    return "tf32" if "TF32 allowed = True" in (result.note or "") else "fp32"
+
+
+def _step_rates(result: AmpRecipeResult) -> tuple[list, bool]:
+    """Each eager row's counted TFLOP/s and its two fractions of peak, and whether they were recounted.
+
+    A result saved with the 6·B·W²-per-Linear convention (:func:`~mpt_lab.experiments.amp_recipe.flops_per_step`)
+    is recounted from its step times with :func:`~mpt_lab.experiments.amp_recipe.counted_flops_per_step`; the
+    datasheet is the result's own, or, for a result saved without one, :func:`mpt_lab.bench.datasheet_peaks` of
+    its device.  Returns ([(row, tflops, fraction_of_peak, fraction_of_datasheet or None)], recounted)."""
+    c = result.config
+    recount = result.flops_convention != COUNTED_FLOPS
+    sheet = result.datasheet or datasheet_peaks(str(result.provenance.get("device", "")))
+    keys = {"float32": _fp32_kind(result), "float16": "fp16", "bfloat16": "bf16"}
+    counted: dict = {}
+    out = []
+    for row in result.rows:
+        tflops, frac = row["tflops"], row["fraction_of_peak"]
+        if recount:
+            b = row["batch"]
+            if b not in counted:
+                counted[b] = counted_flops_per_step(b, c["width"], c["num_layers"])
+            step = row.get("step_seconds") or row["epoch_seconds"] / c["num_batches"]
+            tflops = counted[b] / step / 1e12
+            frac = tflops / result.matmul_tflops[row["dtype"]]
+        key = keys.get(row["dtype"])
+        of_sheet = tflops / sheet[key] if sheet and key in sheet else None
+        out.append((row, tflops, frac, of_sheet))
+    return out, recount
+
+
 def speedup_table(results: AmpRecipeResult | dict[str, AmpRecipeResult]) -> HTML:
-    """Seconds per epoch and speed-up over FP32 per precision and batch size: one table per result, its caption
-    naming the run (label, device, profile).
+    """Seconds per epoch, speed-up over FP32, and the step's rate per precision and batch size: one table per
+    result, its caption naming the run (label, device, profile) and how its FLOPs are counted.
+
+    The rate is the step's: the FLOPs of one training step counted from the operators that run
+    (:data:`~mpt_lab.experiments.amp_recipe.COUNTED_FLOPS`, (6L − 2)·B·W² for L layers) ÷ the time of a step, as a
+    share of the measured matrix-product peak of its dtype (saved with the run) and, on a GPU of
+    :data:`mpt_lab.bench.DATASHEET`, of the datasheet's dense peak.  A result saved with the older convention
+    (6·B·W² per Linear, which counts the first layer's input gradient that autograd never computes) is recounted
+    from its step times, and its caption says so.
 
     Parameters
     ----------
@@ -281,9 +337,10 @@ def speedup_table(results: AmpRecipeResult | dict[str, AmpRecipeResult]) -> HTML
         raise TypeError("results must be an AmpRecipeResult or a non-empty dict of label → AmpRecipeResult")
     tables = []
     for label, r in results.items():
+        rates, recount = _step_rates(r)
+        sheet = any(s is not None for *_, s in rates)
         rows = []
-        sheet = r.datasheet is not None
-        for row in r.rows:
+        for row, tflops, frac, of_sheet in rates:
             sp = r.speedup.get(row["recipe"], {}).get(str(row["batch"]), 1.0)
             rows.append(
                 [
@@ -291,27 +348,327 @@ def speedup_table(results: AmpRecipeResult | dict[str, AmpRecipeResult]) -> HTML
                     row["batch"],
                     f"{row['epoch_seconds']:.4g}",
                     f"{sp:.2f}×",
-                    f"{row['tflops'] * 1e3:.3g}",
-                    f"{100 * row['fraction_of_peak']:.0f}%",
+                    f"{tflops * 1e3:.3g}",
+                    f"{100 * frac:.0f}%",
                 ]
-                + ([f"{100 * row['fraction_of_datasheet_peak']:.0f}%"] if sheet else [])
+                + ([f"{100 * of_sheet:.0f}%" if of_sheet is not None else "–"] if sheet else [])
                 + [mib(row["peak_bytes"], 1)]
             )
         c = r.config
+        flops = f"FLOPs {COUNTED_FLOPS}"
+        if recount:
+            b, w, n = c["batch_sizes"][0], c["width"], c["num_layers"]
+            extra = flops_per_step(b, w, n) / counted_flops_per_step(b, w, n) - 1
+            flops += (
+                f"; recounted from the saved step times (the result was saved with {r.flops_convention}, "
+                f"{extra:.1%} more at {n} layers)"
+            )
         caption = (
-            f"{label}: {r.device}, {r.profile} profile, {c['num_layers']} × Linear({c['width']}, "
-            f"{c['width']}); FLOPs: {r.flops_convention}"
+            f"{label}: {r.device}, {r.profile} profile, {c['num_layers']} × Linear({c['width']}, {c['width']}); {flops}"
         )
         tables.append(
             table_html(
-                ["precision", "batch", "s / epoch", "speed-up vs FP32", "GFLOP/s", "of measured matmul peak"]
-                + (["of datasheet peak"] if sheet else [])
+                ["precision", "batch", "s / epoch", "speed-up vs FP32", "step GFLOP/s", "of measured matmul peak"]
+                + (["of datasheet dense peak"] if sheet else [])
                 + ["peak MiB"],
                 rows,
                 caption=caption,
             )
         )
     return type(tables[0])("".join(tables))
+
+
+#: The roofline's arithmetic (``benchmarks/roofline.py``, :data:`mpt_lab.bench.GEMM_KINDS`): label, colour and
+#: line style of its roof.
+_ROOF_KINDS = {
+    "fp32": ("FP32 (TF32 off)", FORMAT_COLORS["FP32"], "-"),
+    "tf32": ("TF32", FORMAT_COLORS["TF32"], "-"),
+    "bf16": ("BF16", FORMAT_COLORS["BF16"], "-"),
+    "fp16": ("FP16", FORMAT_COLORS["FP16"], "--"),
+    "fp8": ("FP8 E4M3", FORMAT_COLORS["FP8_E4M3"], "-"),
+    "fp8_fast": ("FP8 E4M3, use_fast_accum on", FORMAT_COLORS["FP8_E4M3"], ":"),
+}
+
+
+def _sm_clock(row: dict) -> float | None:
+    clocks = row.get("clocks") or {}
+    return (clocks.get("sm_clock_mhz") or {}).get("mean") if clocks.get("source") else None
+
+
+def roofline_summary(roofline: dict, recipe: AmpRecipeResult | None = None, *, batch: int = 512) -> dict:
+    """What a saved roofline says per arithmetic, and, with ``recipe``, the recipe's eager step beside it.
+
+    Parameters
+    ----------
+    roofline : the dict written by ``benchmarks/roofline.py`` (``book/results/roofline_full.json`` read with
+        :func:`mpt_lab.experiments.load_json`): ``gemm`` rows (kind, m, n, k, tflops, intensity in FLOP per byte,
+        clocks), ``peaks``, ``copy`` (gb_s), ``ridge``, ``datasheet`` (or None), ``provenance``
+    recipe : optional :class:`~mpt_lab.experiments.amp_recipe.AmpRecipeResult` (the eager loop's rows); its
+        product ``batch`` × ``width`` × ``width`` must be one the roofline timed
+    batch : the recipe's batch size whose step is compared (int ≥ 1); the recipe's product is batch × width ×
+        width (without ``recipe``: the roofline's first non-square shape)
+
+    Returns
+    -------
+    dict: "device", "date", "torch" (the roofline's provenance), "repeat" (timed batches per product),
+    "copy_gb_s" (GB/s, bytes read plus written), "datasheet" (:func:`mpt_lab.bench.datasheet_peaks`'s entry as
+    saved, or None), "shape" ((m, n, k) of the recipe's product, or None), "kinds": kind → {"label",
+    "best_tflops", "best_n" (the square size of the best), "best_sm_clock_mhz" (mean SM clock sampled while the
+    best ran, or None), "datasheet_tflops" (dense, or None), "of_datasheet", "vs_fp32" (best ÷ FP32's best),
+    "ridge" (FLOP/byte), "shape_tflops", "shape_intensity" (FLOP/byte), "eager_tflops", "eager_step_seconds",
+    "eager_of_shape" (the step's rate ÷ the product's at its shape; the last three None for arithmetic the
+    recipe does not run)}, and "recipe": None or {"device", "date", "batch", "width", "num_layers",
+    "flops_per_step" (counted: (6L − 2)·B·W², :func:`~mpt_lab.experiments.amp_recipe.counted_flops_per_step`)}.
+    TFLOP/s throughout; the eager step's rate is its counted FLOPs ÷ its median step time (epoch ÷ batches).
+
+    Raises
+    ------
+    TypeError
+        ``roofline`` is not such a dict, or ``recipe`` is not an AmpRecipeResult.
+    ValueError
+        ``batch`` is not an int ≥ 1, the recipe has no eager row at ``batch``, or the roofline did not time the
+        recipe's product at ``batch``.
+    """
+    if not isinstance(roofline, dict) or not {"gemm", "peaks", "copy", "provenance"} <= set(roofline):
+        raise TypeError(
+            "roofline must be the dict written by benchmarks/roofline.py (with 'gemm', 'peaks', 'copy', 'provenance')"
+        )
+    if recipe is not None and not isinstance(recipe, AmpRecipeResult):
+        raise TypeError(f"recipe must be an AmpRecipeResult or None, got {type(recipe).__name__}")
+    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+        raise ValueError(f"batch must be an int ≥ 1, got {batch!r}")
+    rows = [r for r in roofline["gemm"] if r.get("tflops")]
+    if not rows:
+        raise ValueError("roofline has no measured product (every gemm row lacks tflops)")
+    if recipe is not None:
+        shape = (batch, recipe.config["width"], recipe.config["width"])
+    else:
+        shapes = [(r["m"], r["n"], r["k"]) for r in rows if not r["m"] == r["n"] == r["k"]]
+        shape = shapes[0] if shapes else None
+    if shape is not None and not any((r["m"], r["n"], r["k"]) == shape for r in rows):
+        raise ValueError(
+            f"batch: the roofline did not time the recipe's product {shape[0]}x{shape[1]}x{shape[2]} "
+            f"(its shapes: {roofline.get('config', {}).get('shapes')})"
+        )
+    prov = roofline["provenance"]
+    sheet = roofline.get("datasheet")
+    fp32_best = roofline["peaks"].get("fp32")
+    kinds: dict = {}
+    for kind, (label, _, _) in _ROOF_KINDS.items():
+        mine = [r for r in rows if r["kind"] == kind]
+        if not mine:
+            continue
+        squares = [r for r in mine if r["m"] == r["n"] == r["k"]] or mine
+        best = max(squares, key=lambda r: r["tflops"])
+        at_shape = next((r for r in mine if shape and (r["m"], r["n"], r["k"]) == shape), None)
+        sheet_tflops = sheet.get("fp8" if kind == "fp8_fast" else kind) if sheet else None
+        kinds[kind] = {
+            "label": label,
+            "best_tflops": best["tflops"],
+            "best_n": best["n"],
+            "best_sm_clock_mhz": _sm_clock(best),
+            "datasheet_tflops": sheet_tflops,
+            "of_datasheet": best["tflops"] / sheet_tflops if sheet_tflops else None,
+            "vs_fp32": best["tflops"] / fp32_best if fp32_best else None,
+            "ridge": roofline.get("ridge", {}).get(kind),
+            "shape_tflops": at_shape["tflops"] if at_shape else None,
+            "shape_intensity": at_shape["intensity"] if at_shape else None,
+            "eager_tflops": None,
+            "eager_step_seconds": None,
+            "eager_of_shape": None,
+        }
+    out = {
+        "device": prov.get("device", ""),
+        "date": str(prov.get("date", ""))[:10],
+        "torch": prov.get("versions", {}).get("torch", ""),
+        "repeat": roofline.get("config", {}).get("repeat"),
+        "copy_gb_s": roofline["copy"].get("gb_s"),
+        "datasheet": sheet,
+        "shape": shape,
+        "kinds": kinds,
+        "recipe": None,
+    }
+    if recipe is None:
+        return out
+    c = recipe.config
+    flops = counted_flops_per_step(batch, c["width"], c["num_layers"])
+    to_kind = {"float32": _fp32_kind(recipe), "float16": "fp16", "bfloat16": "bf16"}
+    eager = [r for r in recipe.rows if r["batch"] == batch]
+    if not eager:
+        raise ValueError(f"batch: the recipe has no eager row at batch {batch} (its batches: {c['batch_sizes']})")
+    for row in eager:
+        k = kinds.get(to_kind.get(row["dtype"], ""))
+        if k is None:
+            continue
+        step = row.get("step_seconds") or row["epoch_seconds"] / c["num_batches"]
+        k["eager_step_seconds"] = step
+        k["eager_tflops"] = flops / step / 1e12
+        k["eager_of_shape"] = k["eager_tflops"] / k["shape_tflops"] if k["shape_tflops"] else None
+    out["recipe"] = {
+        "device": recipe.device,
+        "date": str(recipe.provenance.get("date", ""))[:10],
+        "batch": batch,
+        "width": c["width"],
+        "num_layers": c["num_layers"],
+        "flops_per_step": flops,
+    }
+    return out
+
+
+def _roofline_caption(s: dict) -> str:
+    sheet = s["datasheet"]
+    text = (
+        f"Saved roofline: {s['device']}, torch {s['torch']}, {s['date']}; each product the fastest of "
+        f"{s['repeat']} timed batches (CUDA events), 2·m·n·k FLOPs; device-to-device copy "
+        f"{s['copy_gb_s']:.4g} GB/s (bytes read + written)"
+    )
+    if sheet:
+        text += (
+            f" ({s['copy_gb_s'] / 1e3 / sheet['hbm_tb_s']:.0%} of the datasheet's {sheet['hbm_tb_s']:g} TB/s); "
+            f"datasheet: {sheet['name']}, dense peaks (the tensor cores' are half the datasheet's 'with sparsity' "
+            "figures; FP32 runs on CUDA cores)"
+        )
+    if s["recipe"]:
+        r = s["recipe"]
+        text += (
+            f". Eager step: the saved amp_recipe run ({r['device']}, {r['date']}), {r['num_layers']} × "
+            f"Linear({r['width']}) at batch {r['batch']}: {r['flops_per_step']:.4g} FLOPs counted per step "
+            f"((6L − 2)·B·W²: autograd never computes the first layer's input gradient) ÷ its median step time"
+        )
+    return text
+
+
+def roofline_table(roofline: dict, recipe: AmpRecipeResult | None = None, *, batch: int = 512) -> HTML:
+    """A saved roofline as a table (HTML), one row per arithmetic: its best square product (TFLOP/s, the size,
+    the mean SM clock sampled while it ran), that best as a share of the datasheet's dense peak and as a multiple
+    of FP32's, the product at the recipe's shape (batch × width × width), and, with ``recipe``, the recipe's
+    eager step at ``batch`` (counted TFLOP/s, and its share of the product's rate at that shape).
+
+    Parameters and errors as :func:`roofline_summary` (TypeError for a roofline or recipe of the wrong kind,
+    ValueError for a ``batch`` without a row or a timed product).
+    """
+    s = roofline_summary(roofline, recipe, batch=batch)
+    m, n, k = s["shape"] or (None, None, None)
+    header = [
+        "arithmetic",
+        "best TFLOP/s (n × n × n)",
+        "SM clock during it, MHz",
+        "of datasheet dense peak",
+        "× FP32's best",
+        f"TFLOP/s at {m} × {n} × {k}" if s["shape"] else "TFLOP/s at the recipe's shape",
+    ]
+    if s["recipe"]:
+        header.append(f"eager recipe step, batch {batch}: TFLOP/s (of the product at its shape)")
+    rows = []
+    for v in s["kinds"].values():
+        row = [
+            html.escape(v["label"]),
+            f"{v['best_tflops']:.4g} (n = {v['best_n']})",
+            f"{v['best_sm_clock_mhz']:.0f}" if v["best_sm_clock_mhz"] else "–",
+            f"{v['of_datasheet']:.0%} of {v['datasheet_tflops']:g}" if v["of_datasheet"] else "–",
+            f"{v['vs_fp32']:.3g}×" if v["vs_fp32"] else "–",
+            f"{v['shape_tflops']:.4g}" if v["shape_tflops"] else "–",
+        ]
+        if s["recipe"]:
+            row.append(f"{v['eager_tflops']:.3g} ({v['eager_of_shape']:.0%})" if v["eager_tflops"] else "–")
+        rows.append(row)
+    return table_html(header, rows, caption=_roofline_caption(s))
+
+
+def plot_roofline(roofline: dict, recipe: AmpRecipeResult | None = None, *, batch: int = 512) -> Figure:
+    """A saved roofline: achieved TFLOP/s against arithmetic intensity (FLOP per byte of operands and result), both
+    axes logarithmic.  Each arithmetic's roof is the lower of its best measured product and the copy bandwidth ×
+    intensity; its square products are circles, the recipe's product (batch × width × width) a diamond, and, with
+    ``recipe``, the recipe's eager step at ``batch`` a star at the intensity of its product (its counted FLOPs ÷
+    its median step time: a step's rate, not one product's).
+
+    Parameters and errors as :func:`roofline_summary`.
+    """
+    s = roofline_summary(roofline, recipe, batch=batch)
+    rows = [r for r in roofline["gemm"] if r.get("tflops")]
+    bw = s["copy_gb_s"] * 1e9 / 1e12  # TFLOP/s per FLOP/byte
+    fig = new_figure((10.5, 5.4))
+    ax = fig.add_subplot()
+    xs = np.logspace(0, np.log10(max(r["intensity"] for r in rows) * 2.5), 200)
+    ax.plot(xs, bw * xs, color="0.45", lw=1.2)
+    handles = []
+    for kind, v in s["kinds"].items():
+        label, color, ls = _ROOF_KINDS[kind]
+        peak = v["best_tflops"]
+        ridge = peak / bw
+        (line,) = ax.plot([ridge, xs[-1]], [peak, peak], color=color, ls=ls, lw=1.6, label=label)
+        handles.append(line)
+        mine = [r for r in rows if r["kind"] == kind]
+        sq = [r for r in mine if r["m"] == r["n"] == r["k"]]
+        hollow = kind == "fp8_fast"
+        ax.scatter(
+            [r["intensity"] for r in sq],
+            [r["tflops"] for r in sq],
+            marker="o",
+            s=30,
+            facecolors="none" if hollow else color,
+            edgecolors=color,
+            zorder=3,
+        )
+        if v["shape_tflops"]:
+            ax.scatter(
+                [v["shape_intensity"]],
+                [v["shape_tflops"]],
+                marker="D",
+                s=90 if kind in ("bf16", "fp8") else 45,  # larger under FP16's and fast FP8's, which lie on them
+                facecolors="none" if hollow else color,
+                edgecolors="black",
+                lw=0.8,
+                zorder=4,
+            )
+        if v["eager_tflops"]:
+            ax.scatter(
+                [v["shape_intensity"]],
+                [v["eager_tflops"]],
+                marker="*",
+                s=180,
+                color=color,
+                edgecolors="black",
+                zorder=5,
+            )
+            ax.annotate(
+                "",
+                xy=(v["shape_intensity"], v["eager_tflops"] * 1.15),
+                xytext=(v["shape_intensity"], v["shape_tflops"] / 1.15),
+                arrowprops=dict(arrowstyle="-", color=color, lw=0.8, ls=":"),
+            )
+    m, n, k = s["shape"] or ("m", "n", "k")
+    markers = [
+        Line2D([], [], ls="", marker="o", color="0.3", label="square product n × n × n"),
+        Line2D([], [], ls="", marker="D", color="0.3", mec="black", label=f"the recipe's product {m} × {n} × {k}"),
+    ]
+    if s["recipe"]:
+        markers.append(
+            Line2D(
+                [],
+                [],
+                ls="",
+                marker="*",
+                ms=12,
+                color="0.3",
+                mec="black",
+                label=f"the recipe's eager step, batch {batch}\n(counted FLOPs ÷ step time)",
+            )
+        )
+    markers.append(Line2D([], [], color="0.45", label=f"memory roof: copy, {s['copy_gb_s'] / 1e3:.2g} TB/s"))
+    ax.legend(handles=handles + markers, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", frameon=False)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    top = max(v["best_tflops"] for v in s["kinds"].values())
+    low = min([v["eager_tflops"] for v in s["kinds"].values() if v["eager_tflops"]] + [bw * xs[0]])
+    ax.set_ylim(low / 2, top * 2)
+    ax.set_xlim(xs[0], xs[-1])
+    ax.set_xlabel("arithmetic intensity, FLOP per byte (operands read + result written once)")
+    ax.set_ylabel("achieved TFLOP/s")
+    name = s["device"].split(" (")[0]
+    ax.set_title(f"Roofline of an {name}: matrix products per arithmetic\n(saved {s['date']}, torch {s['torch']})")
+    ax.grid(alpha=0.3, which="both")
+    return fig
 
 
 def autocast_table(probes: dict) -> HTML:
