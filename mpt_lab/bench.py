@@ -805,7 +805,8 @@ def profile_calls(calls: dict, device: DeviceLike = None) -> dict:
     out = {label: {"result": results[label], "kernels": []} for label in calls}
     for e in sorted(events, key=lambda e: e.time_range.start):
         on_device = str(getattr(e, "device_type", "")).endswith("CUDA")
-        if (cuda and not on_device) or (not cuda and (not e.name.startswith("aten::") or e.name in calls)):
+        # a label's own range shows on the device's timeline too (a GPU user annotation): it is no kernel
+        if e.name in calls or (cuda and not on_device) or (not cuda and not e.name.startswith("aten::")):
             continue
         for label, (a, b) in ranges.items():
             if a <= e.time_range.start <= b:

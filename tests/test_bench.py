@@ -108,3 +108,20 @@ def test_peak_memory_sees_exact_arithmetic_and_simulated_ops():
     with simulate("FP16", mode="all"):
         peak = bench.peak_memory(lambda: x * 3.0)
     assert peak >= x.nbytes
+
+
+def test_profile_calls_names_each_calls_own_operators_and_not_its_label():
+    """On a CPU each label gets the ATen operators its call ran, in launch order, repeats removed; the label's own
+    profiler range (on CUDA also drawn on the device's timeline) is never listed as one of them."""
+    from mpt_lab.bench import profile_calls
+
+    x = torch.ones(8)
+    out = profile_calls({"add": lambda: x + 1, "mul twice": lambda: (x * 2) * 3}, device="cpu")
+    assert torch.equal(out["add"]["result"], x + 1) and torch.equal(out["mul twice"]["result"], x * 6)
+    assert "aten::add" in out["add"]["kernels"] and "aten::mul" not in out["add"]["kernels"]
+    assert out["mul twice"]["kernels"].count("aten::mul") == 1
+    assert not any(name in ("add", "mul twice") for o in out.values() for name in o["kernels"])
+    with pytest.raises(TypeError, match="calls"):
+        profile_calls([lambda: x], device="cpu")
+    with pytest.raises(ValueError, match="label"):
+        profile_calls({"": lambda: x}, device="cpu")
