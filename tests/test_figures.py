@@ -198,6 +198,10 @@ def test_histogram_table_cites_each_source_and_scales_over_every_gradient():
     assert "overflows here" in kept_row  # 20 × 2^15 > 65504: said in the cell
     rule_row = next(v for k_, v in rows.items() if k_.startswith("max-gradient rule"))
     assert f"2<sup>{int(np.log2(max_gradient_scale(every.amax, 'FP16')))}</sup>" in rule_row
+    # the guide's own numbers sit in its column: 31% of the values lost in FP16, S = 8 sufficient
+    lost_row = next(v for k_, v in rows.items() if k_.startswith("lost in FP16"))
+    assert ">31% (guide)<" in lost_row and PAPER["guide_lost"] == 0.31
+    assert "S = 8 was sufficient (guide)" in next(v for k_, v in rows.items() if k_.startswith("lost with S = 8"))
 
 
 def test_losses_reference_panel_and_master_weight_loop():

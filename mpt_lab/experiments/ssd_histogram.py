@@ -53,6 +53,8 @@ PAPER = {
     "sufficient_scale": 8,  # paper §3.2: scaling by 8 was enough to match FP32 accuracy
     "irrelevant_below": 2.0**-27,  # paper §3.2: values below 2^-27 were irrelevant to training
     "lost_after_2^15": 0.001,  # NVIDIA guide: multiplying by 2^15 recovers all but 0.1% of lost values
+    "guide_lost": 0.31,  # NVIDIA guide: "When converted to FP16, 31% of these values become zeros"
+    "guide_sufficient_scale": 8,  # NVIDIA guide: "shifting by 3 exponent values (multiply by 8) was sufficient"
 }
 
 

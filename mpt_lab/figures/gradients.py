@@ -387,7 +387,12 @@ def histogram_table(results: dict, fmt: FormatLike = "FP16") -> HTML:
             "“many values” (§3.2)",
             *ours(lambda k: pct(sums[k].below_smallest_subnormal)),
         ],
-        ["lost in FP16 (rounds to 0: 0 < |x| ≤ 2⁻²⁵; of all values)", "–", "–", *ours(lambda k: pct(sums[k].lost))],
+        [
+            "lost in FP16 (rounds to 0: 0 < |x| ≤ 2⁻²⁵; of all values)",
+            f"{pct(PAPER['guide_lost'])} (guide)",
+            "–",
+            *ours(lambda k: pct(sums[k].lost)),
+        ],
         [
             "… of which ≥ 2⁻²⁷ (of all values)",
             "–",
@@ -396,7 +401,7 @@ def histogram_table(results: dict, fmt: FormatLike = "FP16") -> HTML:
         ],
         [
             "lost with S = 8 (of all values)",
-            "–",
+            f"S = {PAPER['guide_sufficient_scale']} was sufficient (guide)",
             f"S = {PAPER['sufficient_scale']} was enough to match FP32 (§3.2)",
             *ours(lambda k: pct(sums[k].lost_at_8)),
         ],
@@ -408,7 +413,8 @@ def histogram_table(results: dict, fmt: FormatLike = "FP16") -> HTML:
             # the guide's 0.1% is for a scale that overflows nothing; say where 2^15 overflows a gradient of ours
             *ours(
                 lambda k: (
-                    pct(sums[k].recovered_by_2_15)
+                    # four digits: the guide's "all but 0.1%" is what this row is read against
+                    pct(sums[k].recovered_by_2_15, 4)
                     + (" (but S = 2¹⁵ overflows here)" if every[k].max_scale(fmt) < 2.0**15 else "")
                 )
             ),
