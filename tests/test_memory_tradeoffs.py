@@ -144,8 +144,8 @@ def test_bad_config_raises():
 def test_baseline_named_layouts_timed_and_the_fp16_exactness_pass_loss_scaled():
     """The FP32 way is named for what it computes (TF32 convolutions where cuDNN's default holds on CUDA; the saved
     GPU result predates the recorded switches and is read with PyTorch's defaults); the layout variants are timed
-    with the switches restored; float16's exactness pass runs through a loss scale, so its gradients are FP16's
-    rounding, not underflow."""
+    with the switches restored; float16's exactness pass runs through a loss scale, against underflow of its small
+    gradients (the pass counts no flushed elements)."""
     assert mt.baseline_name("cpu", None) == "FP32"
     assert mt.baseline_name("cuda", {"cudnn_allow_tf32": True}).startswith("TF32 convolutions")
     assert mt.baseline_name("cuda", {"cudnn_allow_tf32": False}) == "FP32 (cuDNN's TF32 off)"
@@ -183,6 +183,9 @@ def test_baseline_named_layouts_timed_and_the_fp16_exactness_pass_loss_scaled():
     with pytest.raises(ValueError, match="layout timings"):
         figures.layouts_table(plain)
     assert "none (loss scale 1)" in figures.exactness_table(plain) and "u = 2^-8" in figures.exactness_table(plain)
+    assert "round their inputs to TF32" not in e  # a CPU run's FP32 way is FP32: no TF32 reference to name
+    tf32 = dataclasses.replace(r, baseline="TF32 convolutions (cuDNN's default), FP32 storage")
+    assert "round their inputs to TF32&#x27;s 11 significant bits" in figures.exactness_table(tf32)
     for table in (figures.layouts_table, figures.exactness_table):
         with pytest.raises(TypeError, match="result"):
             table({"layouts": r.layouts})
@@ -204,3 +207,26 @@ def test_memory_per_parameter_table_from_a_real_run():
         figures.memory_per_parameter_table({"modes": result["modes"]})
     with pytest.raises(ValueError, match="no modes"):
         figures.memory_per_parameter_table({"modes": {}, "zero": result["zero"]})
+
+
+def test_backend_switches_table_names_each_switch_as_pytorch_does():
+    """The switches a provenance records, under their PyTorch names, with what 'none' means; bad input raises."""
+    from mpt_lab.device import backends, provenance
+    from mpt_lab.figures.memory import BACKEND_SWITCHES, backend_switches_table
+
+    prov = provenance(command="test")
+    t = backend_switches_table(prov)
+    recorded = backends()
+    assert t.count("<tr>") == 1 + len(recorded)
+    assert "torch.backends.cudnn.allow_tf32" in t and "torch.get_float32_matmul_precision()" in t
+    assert "cudnn_allow_tf32" not in t  # the internal key never shows where PyTorch's name is known
+    assert "&#x27;none&#x27; means not set" in t  # the caption, escaped
+    assert set(recorded) <= set(BACKEND_SWITCHES)  # every switch this torch records has a PyTorch name here
+    odd = backend_switches_table({"backends": {"some_new_switch": True}})
+    assert "some_new_switch" in odd and "not described here" in odd
+    with pytest.raises(TypeError, match="provenance"):
+        backend_switches_table([("cudnn_allow_tf32", True)])
+    with pytest.raises(TypeError, match="backends"):
+        backend_switches_table({"device": "cpu"})
+    with pytest.raises(ValueError, match="empty"):
+        backend_switches_table({"backends": {}})

@@ -31,8 +31,10 @@ convolutions on TF32 tensor cores by default (``torch.backends.cudnn.allow_tf32`
 TF32 (10 mantissa bits); ``baseline`` says which it was, from the switches as the run starts (recorded in every
 provenance by the runner), and ``layouts["fp32"]["TF32 off"]`` times true FP32.  The exactness pass compares one
 batch's gradients with FP32's; for float16 it runs the backward through a loss scale (the largest power of two
-from 2¹⁶ down whose gradients are finite, as a GradScaler would settle; ``exactness_loss_scale``), so that what it
-measures is FP16's rounding and not the underflow of unscaled gradients.
+from 2¹⁶ down whose gradients are finite, as a GradScaler would settle; ``exactness_loss_scale``), to guard
+against the underflow of unscaled gradients (it counts no flushed values); its reference is the FP32 way as run,
+so where that way's convolutions ran in TF32 the pass compares two computations whose convolution inputs both
+round to 11 significant bits, not FP16 against true FP32.
 
 Mixed precision is ``torch.autocast`` with float16 and ``torch.amp.GradScaler`` on CUDA.  On a CPU it is
 bfloat16 autocast without a scaler (bfloat16 has FP32's exponent range), CPU autocast's default dtype (float16

@@ -28,6 +28,7 @@ __all__ = [
     "layouts_table",
     "exactness_table",
     "memory_per_parameter_table",
+    "backend_switches_table",
 ]
 
 
@@ -266,7 +267,10 @@ def exactness_table(result: MemoryTradeoffsResult) -> HTML:
     """The exactness pass of a result: per way, the gradients of one batch against the FP32 way's (bit-identical,
     relative difference ‖g − g₃₂‖/‖g₃₂‖ also in units of the mixed dtype's unit roundoff u = 2⁻ᵖ, cosine), the
     loss difference, and the loss scale the mixed ways' backward ran through (``exactness_loss_scale``: float16
-    runs through a scale so that its gradients are FP16's rounding, not underflow; 1 for bfloat16).
+    runs through a scale to keep small gradients from underflowing; 1 for bfloat16).  The pass does not count
+    elements flushed to zero.  The reference is the FP32 way as the run computed it: where its baseline is TF32
+    convolutions, their inputs round to TF32's 11 significant bits, the same u = 2⁻¹¹ as float16, and the caption
+    says that the difference is then between two 11-bit computations, not float16's error against FP32 arithmetic.
 
     Parameters
     ----------
@@ -310,11 +314,21 @@ def exactness_table(result: MemoryTradeoffsResult) -> HTML:
                 f"{w['loss_diff']:+.2g}",
             ]
         )
+    tf32_reference = result.baseline_label.startswith("TF32")
     caption = (
         f"One batch, {_setting(result)}; cuDNN's deterministic algorithms for the pass. The reference is the FP32 "
         f"way's gradients; the FP32 way: {result.baseline_label}. u = 2^-{fmt.precision}, the unit roundoff of "
         f"{result.mixed_dtype}."
+        + (
+            f" The reference's convolutions round their inputs to TF32's {F.TF32.precision} significant bits, so a "
+            "difference here is between two computations with short significands in their convolutions, not "
+            f"{result.mixed_dtype}'s error against FP32 arithmetic."
+            if tf32_reference
+            else ""
+        )
     )
+    if scale is not None and scale != 1.0:
+        caption += " The loss scale keeps small gradients from underflowing; elements flushed to zero were not counted."
     return table_html(
         [
             "way",
@@ -413,3 +427,91 @@ def memory_per_parameter_table(result: dict) -> HTML:
         rows,
         caption=caption,
     )
+
+
+#: The switches :func:`mpt_lab.device.backends` records in a provenance: key → (PyTorch's name, what it decides).
+BACKEND_SWITCHES = {
+    "cudnn_allow_tf32": (
+        "torch.backends.cudnn.allow_tf32",
+        "cuDNN may run float32 convolutions on TF32 tensor cores (PyTorch's default: True)",
+    ),
+    "cudnn_conv_fp32_precision": (
+        "torch.backends.cudnn.conv.fp32_precision",
+        "the newer per-operator setting for cuDNN's float32 convolutions: 'tf32' allows TF32, 'ieee' forbids it",
+    ),
+    "cuda_matmul_allow_tf32": (
+        "torch.backends.cuda.matmul.allow_tf32",
+        "cuBLAS may run float32 matrix products on TF32 tensor cores (PyTorch's default: False)",
+    ),
+    "cuda_matmul_fp32_precision": (
+        "torch.backends.cuda.matmul.fp32_precision",
+        "the newer per-operator setting for float32 matrix products; 'none': not set here, so the settings above "
+        "it and the older switches (allow_tf32, float32 matmul precision) decide",
+    ),
+    "float32_matmul_precision": (
+        "torch.get_float32_matmul_precision()",
+        "'highest': float32 matrix products compute in FP32; 'high' and 'medium' allow TF32 or bfloat16 inside",
+    ),
+    "cudnn_benchmark": (
+        "torch.backends.cudnn.benchmark",
+        "cuDNN times its algorithms on the first call of each shape and keeps the fastest",
+    ),
+    "cudnn_deterministic": (
+        "torch.backends.cudnn.deterministic",
+        "cuDNN restricted to deterministic algorithms",
+    ),
+    "cuda_matmul_allow_fp16_reduced_precision_reduction": (
+        "torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction",
+        "float16 matrix products may sum partial results in float16 rather than FP32",
+    ),
+    "cuda_matmul_allow_bf16_reduced_precision_reduction": (
+        "torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction",
+        "bfloat16 matrix products may sum partial results in bfloat16 rather than FP32",
+    ),
+}
+
+
+def backend_switches_table(provenance: dict) -> HTML:
+    """The TF32 and cuDNN switches a run recorded as it started, under their PyTorch names, with what each
+    decides (:data:`BACKEND_SWITCHES`; a key it does not know is shown as recorded).
+
+    Parameters
+    ----------
+    provenance : dict
+        A result's provenance (:func:`mpt_lab.device.provenance`), with ``backends`` (the dict of
+        :func:`mpt_lab.device.backends`: key → bool or str) and, for the caption, ``device``, ``date`` and
+        ``versions``.
+
+    Returns
+    -------
+    HTML table: one row per switch (PyTorch's name, value as the run recorded it, what it decides); the caption
+    names the run (device, torch, date) and says what ``'none'`` means in the ``fp32_precision`` API (PyTorch's
+    design of it: pytorch/pytorch pull request 125888).
+
+    Raises
+    ------
+    TypeError
+        ``provenance`` is not a dict, or its ``backends`` is not a dict.
+    ValueError
+        ``provenance["backends"]`` is empty.
+    """
+    if not isinstance(provenance, dict):
+        raise TypeError(f"provenance must be a dict (a result's provenance), got {type(provenance).__name__}")
+    sw = provenance.get("backends")
+    if not isinstance(sw, dict):
+        raise TypeError("provenance must hold a dict 'backends' (the switches mpt_lab.device.backends records)")
+    if not sw:
+        raise ValueError("provenance['backends'] is empty: no switches were recorded")
+    order = [k for k in BACKEND_SWITCHES if k in sw] + [k for k in sw if k not in BACKEND_SWITCHES]
+    rows = []
+    for k in order:
+        name, what = BACKEND_SWITCHES.get(k, (k, "(not described here)"))
+        rows.append([f"<code>{html.escape(name)}</code>", html.escape(repr(sw[k])), html.escape(what)])
+    torch_version = provenance.get("versions", {}).get("torch", "?")
+    caption = (
+        f"The switches as the run started: {provenance.get('device', '?')}, torch {torch_version}, "
+        f"{str(provenance.get('date', '?'))[:10]}. In the fp32_precision settings, 'none' means not set at that "
+        "level: the levels above it and the older switches decide (PyTorch's design of that API, pull request "
+        "125888)."
+    )
+    return table_html(["PyTorch setting", "value", "what it decides"], rows, caption=caption)
