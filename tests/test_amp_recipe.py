@@ -419,6 +419,50 @@ def test_roofline_summary_reads_the_saved_roofline(roofline):
         assert "BF16" in labels and any("eager step" in t for t in labels)
 
 
+def test_step_weight_traffic():
+    w, n = 64, 3
+    params = n * (w * w + w)
+    bf = figures.training.step_weight_traffic(w, n, "bf16")
+    fp = figures.training.step_weight_traffic(w, n, "fp16")
+    f32 = figures.training.step_weight_traffic(w, n, "fp32")
+    assert bf["parameters"] == params and bf["total"] == 24 * params  # casts 6 + 6, update 12 bytes per parameter
+    assert fp["total"] == 32 * params and fp["unscale"] == 8 * params  # + the scaler's unscale
+    assert f32["total"] == f32["update"] == 12 * params and f32["weight_casts"] == 0
+    with pytest.raises(ValueError, match="recipe"):
+        figures.training.step_weight_traffic(w, n, "fp8")
+    with pytest.raises(ValueError, match="width"):
+        figures.training.step_weight_traffic(0, n, "bf16")
+
+
+def test_roofline_summary_clocks_and_step_model(roofline):
+    from mpt_lab.experiments import saved
+
+    g = saved("amp_recipe")
+    if g is None or g.config["width"] != 4096:
+        pytest.skip("no saved amp_recipe run at the roofline's shape")
+    s = figures.roofline_summary(roofline, g, batch=512)
+    sq = {(r["kind"], r["n"]): r for r in roofline["gemm"] if r["m"] == r["n"] == r["k"]}
+    for n, v in s["fp8_vs_fp16"].items():
+        assert v["ratio"] == pytest.approx(sq["fp8", n]["tflops"] / sq["fp16", n]["tflops"])
+    bf = s["kinds"]["bf16"]
+    c = s["clocks"]["by_product"]["bf16", 16384]["sm_clock_mhz"]
+    assert bf["of_clock_scaled"][16384] == pytest.approx(
+        sq["bf16", 16384]["tflops"]
+        / (bf["datasheet_tflops"] * c / figures.training.DATASHEET_CLOCK_MHZ["tensor_cores"])
+    )
+    assert s["ratios"]["FP8 ÷ FP16"] == pytest.approx(
+        s["kinds"]["fp8"]["best_tflops"] / s["kinds"]["fp16"]["best_tflops"]
+    )
+    m = bf["step_model"]
+    flops = s["recipe"]["flops_per_step"]
+    assert m["traffic"] == figures.training.step_weight_traffic(4096, 3, "bf16")
+    assert m["traffic_seconds"] == pytest.approx(m["traffic"]["total"] / (s["copy_gb_s"] * 1e9))
+    assert m["products_seconds"] == pytest.approx(flops / (bf["shape_tflops"] * 1e12))
+    assert m["of_step"] == pytest.approx(m["gpu_seconds"] / bf["eager_step_seconds"])
+    assert m["intensity"] == pytest.approx(flops / (flops / bf["shape_intensity"] + m["traffic"]["total"]))
+    assert s["kinds"]["tf32"]["step_model"] is None  # the recipe ran FP32 with TF32 off
+
+
 def test_roofline_bad_input(roofline, result):
     with pytest.raises(TypeError, match="roofline"):
         figures.roofline_table({"gemm": []})

@@ -24,6 +24,8 @@ __all__ = [
     "plot_losses",
     "plot_master_weight_loop",
     "speedup_table",
+    "step_weight_traffic",
+    "DATASHEET_CLOCK_MHZ",
     "roofline_summary",
     "roofline_table",
     "plot_roofline",
@@ -390,6 +392,60 @@ _ROOF_KINDS = {
 }
 
 
+#: Bytes per parameter that each weight-sized elementwise kernel of the recipe's eager step moves (read + written),
+#: by recipe: autocast's cast of each FP32 weight to 16 bits in the forward (read 4, write 2), the cast of its
+#: 16-bit gradient back to FP32 in the backward (read 2, write 4), the FP32 SGD update ``p -= lr * g`` (read p and
+#: g, write p: 12, unfused, foreach or fused alike) and, for FP16, GradScaler's unscale and inf check (read and
+#: write each FP32 gradient: 8).
+_TRAFFIC_BYTES_PER_PARAM = {
+    "fp32": {"weight_casts": 0, "gradient_casts": 0, "update": 12, "unscale": 0},
+    "bf16": {"weight_casts": 6, "gradient_casts": 6, "update": 12, "unscale": 0},
+    "fp16": {"weight_casts": 6, "gradient_casts": 6, "update": 12, "unscale": 8},
+}
+
+
+def step_weight_traffic(width: int, num_layers: int, recipe: str) -> dict:
+    """The bytes that one step of the recipe's eager loop moves in weight-sized elementwise kernels, modelled
+    from the layer sizes: every parameter (``num_layers`` × (width² + width), weights and biases) cast to 16 bits
+    by autocast in the forward, its 16-bit gradient cast back to FP32, the FP32 SGD update, and, for FP16,
+    GradScaler's unscale (each kernel reading its inputs and writing its output once; the batch-sized
+    activations' elementwise kernels are not counted).
+
+    Parameters
+    ----------
+    width, num_layers : the network's Linear(width, width) layers (ints ≥ 1)
+    recipe : "fp32", "bf16" or "fp16" (:data:`mpt_lab.experiments.amp_recipe.RECIPES`)
+
+    Returns
+    -------
+    dict: "parameters" (count), "weight_casts", "gradient_casts", "update", "unscale" and "total" (bytes read +
+    written per step, ints).
+
+    Raises
+    ------
+    ValueError
+        ``width`` or ``num_layers`` is not an int ≥ 1, or ``recipe`` is not one of the three.
+    """
+    for name, v in (("width", width), ("num_layers", num_layers)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{name} must be an int ≥ 1, got {v!r}")
+    if recipe not in _TRAFFIC_BYTES_PER_PARAM:
+        raise ValueError(f"recipe must be one of {sorted(_TRAFFIC_BYTES_PER_PARAM)}, got {recipe!r}")
+    params = num_layers * (width * width + width)
+    out = {"parameters": params, **{k: b * params for k, b in _TRAFFIC_BYTES_PER_PARAM[recipe].items()}}
+    out["total"] = sum(b * params for b in _TRAFFIC_BYTES_PER_PARAM[recipe].values())
+    return out
+
+
+#: The SM clock (MHz) at which the H100 SXM's and H200 SXM's datasheet peaks hold, which NVIDIA's datasheet does
+#: not state: 132 SMs × 4096 dense 16-bit tensor-core FLOP per clock per SM × 1.83 GHz = 989.4 TFLOP/s (TF32 half
+#: as many FLOP per clock, FP8 twice) and 132 SMs × 256 FP32 FLOP per clock × 1.98 GHz = 66.9 TFLOP/s; a secondary
+#: source's figures (Lockwood, "H100", glennklockwood.com/garden/processors/h100, 2026), not NVIDIA's.
+DATASHEET_CLOCK_MHZ = {"fp32": 1980.0, "tensor_cores": 1830.0}
+_CLOCKED_SHEETS = ("H100 SXM", "H200 SXM")
+_RECIPE_OF_DTYPE = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+
+
 def _sm_clock(row: dict) -> float | None:
     clocks = row.get("clocks") or {}
     return (clocks.get("sm_clock_mhz") or {}).get("mean") if clocks.get("source") else None
@@ -415,10 +471,23 @@ def roofline_summary(roofline: dict, recipe: AmpRecipeResult | None = None, *, b
     saved, or None), "shape" ((m, n, k) of the recipe's product, or None), "kinds": kind → {"label",
     "best_tflops", "best_n" (the square size of the best), "best_sm_clock_mhz" (mean SM clock sampled while the
     best ran, or None), "datasheet_tflops" (dense, or None), "of_datasheet", "vs_fp32" (best ÷ FP32's best),
-    "ridge" (FLOP/byte), "shape_tflops", "shape_intensity" (FLOP/byte), "eager_tflops", "eager_step_seconds",
-    "eager_of_shape" (the step's rate ÷ the product's at its shape; the last three None for arithmetic the
-    recipe does not run)}, and "recipe": None or {"device", "date", "batch", "width", "num_layers",
-    "flops_per_step" (counted: (6L − 2)·B·W², :func:`~mpt_lab.experiments.amp_recipe.counted_flops_per_step`)}.
+    "ridge" (FLOP/byte: the measured best ÷ the measured copy bandwidth), "datasheet_ridge" (the datasheet's
+    dense peak ÷ its memory bandwidth, or None), "of_clock_scaled" (square size n → the product's rate ÷ the
+    datasheet's dense peak scaled to the SM clock sampled while it ran, :data:`DATASHEET_CLOCK_MHZ`; None off the
+    H100/H200 SXM), "shape_tflops", "shape_intensity" (FLOP/byte), "eager_tflops", "eager_step_seconds",
+    "eager_of_shape" (the step's rate ÷ the product's at its shape), "step_model" (the eager step's GPU work,
+    modelled: {"traffic" (:func:`step_weight_traffic`), "products_seconds" (the counted FLOPs at the product's
+    rate at its shape), "traffic_seconds" (the traffic at the copy bandwidth), "gpu_seconds" (their sum),
+    "of_step" (gpu_seconds ÷ the step), "rest_seconds" (the step − gpu_seconds), "intensity" (the step's FLOP
+    per byte: counted FLOPs ÷ (its products' operand bytes + the traffic)), "gpu_tflops" (FLOPs ÷ gpu_seconds),
+    "gpu_of_shape" (gpu_tflops ÷ shape_tflops), "fp32_step_over_gpu" (the FP32 step ÷ gpu_seconds)}); the last
+    four None for arithmetic the recipe does not run)}, "ratios" (name such as "FP8 ÷ FP16" → the ratio of the
+    two best square products), "fp8_vs_fp16" (n → {"ratio", "per_clock" (the ratio of rates per MHz of sampled
+    SM clock)}), "clocks" ({"source", "sm_min_mhz", "sm_max_mhz", "power_max_w" (over the whole run),
+    "by_product": (kind, n) → {"sm_clock_mhz", "power_w"} (means while that square product ran)}),
+    "datasheet_clock_mhz" (:data:`DATASHEET_CLOCK_MHZ` or None), and "recipe": None or {"device", "date", "batch",
+    "width", "num_layers", "flops_per_step" (counted: (6L − 2)·B·W²,
+    :func:`~mpt_lab.experiments.amp_recipe.counted_flops_per_step`)}.
     TFLOP/s throughout; the eager step's rate is its counted FLOPs ÷ its median step time (epoch ÷ batches).
 
     Raises
@@ -471,12 +540,47 @@ def roofline_summary(roofline: dict, recipe: AmpRecipeResult | None = None, *, b
             "of_datasheet": best["tflops"] / sheet_tflops if sheet_tflops else None,
             "vs_fp32": best["tflops"] / fp32_best if fp32_best else None,
             "ridge": roofline.get("ridge", {}).get(kind),
+            "datasheet_ridge": sheet_tflops / sheet["hbm_tb_s"] if sheet_tflops and sheet.get("hbm_tb_s") else None,
             "shape_tflops": at_shape["tflops"] if at_shape else None,
             "shape_intensity": at_shape["intensity"] if at_shape else None,
             "eager_tflops": None,
             "eager_step_seconds": None,
             "eager_of_shape": None,
+            "step_model": None,
         }
+    squares = {(r["kind"], r["n"]): r for r in rows if r["m"] == r["n"] == r["k"]}
+    sizes = sorted({n for _, n in squares})
+    by_product = {
+        key: {"sm_clock_mhz": _sm_clock(r), "power_w": ((r.get("clocks") or {}).get("power_w") or {}).get("mean")}
+        for key, r in squares.items()
+    }
+    best = {kind: v["best_tflops"] for kind, v in kinds.items()}
+    pairs = (
+        ("TF32 ÷ FP32", "tf32", "fp32"),
+        ("BF16 ÷ TF32", "bf16", "tf32"),
+        ("FP16 ÷ BF16", "fp16", "bf16"),
+        ("FP8 ÷ FP16", "fp8", "fp16"),
+        ("FP8, use_fast_accum on ÷ off", "fp8_fast", "fp8"),
+        ("BF16 ÷ FP32", "bf16", "fp32"),
+    )
+    fp8_vs_fp16 = {}
+    for n in sizes:
+        a, b = squares.get(("fp8", n)), squares.get(("fp16", n))
+        if a and b:
+            ca, cb = _sm_clock(a), _sm_clock(b)
+            fp8_vs_fp16[n] = {
+                "ratio": a["tflops"] / b["tflops"],
+                "per_clock": (a["tflops"] / ca) / (b["tflops"] / cb) if ca and cb else None,
+            }
+    clocked = bool(sheet) and any(name in sheet.get("name", "") for name in _CLOCKED_SHEETS)
+    for kind, v in kinds.items():
+        ref = DATASHEET_CLOCK_MHZ["fp32" if kind == "fp32" else "tensor_cores"]
+        v["of_clock_scaled"] = {
+            n: squares[kind, n]["tflops"] / (v["datasheet_tflops"] * by_product[kind, n]["sm_clock_mhz"] / ref)
+            for n in sizes
+            if clocked and v["datasheet_tflops"] and (kind, n) in squares and by_product[kind, n]["sm_clock_mhz"]
+        } or None
+    sampler = roofline.get("sampler") or {}
     out = {
         "device": prov.get("device", ""),
         "date": str(prov.get("date", ""))[:10],
@@ -486,6 +590,16 @@ def roofline_summary(roofline: dict, recipe: AmpRecipeResult | None = None, *, b
         "datasheet": sheet,
         "shape": shape,
         "kinds": kinds,
+        "ratios": {name: best[a] / best[b] for name, a, b in pairs if a in best and b in best},
+        "fp8_vs_fp16": fp8_vs_fp16,
+        "clocks": {
+            "source": sampler.get("source"),
+            "sm_min_mhz": (sampler.get("sm_clock_mhz") or {}).get("min"),
+            "sm_max_mhz": (sampler.get("sm_clock_mhz") or {}).get("max"),
+            "power_max_w": (sampler.get("power_w") or {}).get("max"),
+            "by_product": by_product,
+        },
+        "datasheet_clock_mhz": dict(DATASHEET_CLOCK_MHZ) if clocked else None,
         "recipe": None,
     }
     if recipe is None:
@@ -504,6 +618,25 @@ def roofline_summary(roofline: dict, recipe: AmpRecipeResult | None = None, *, b
         k["eager_step_seconds"] = step
         k["eager_tflops"] = flops / step / 1e12
         k["eager_of_shape"] = k["eager_tflops"] / k["shape_tflops"] if k["shape_tflops"] else None
+        if k["shape_tflops"] and out["copy_gb_s"]:
+            traffic = step_weight_traffic(c["width"], c["num_layers"], _RECIPE_OF_DTYPE[row["dtype"]])
+            products = flops / (k["shape_tflops"] * 1e12)
+            moved = traffic["total"] / (out["copy_gb_s"] * 1e9)
+            k["step_model"] = {
+                "traffic": traffic,
+                "products_seconds": products,
+                "traffic_seconds": moved,
+                "gpu_seconds": products + moved,
+                "of_step": (products + moved) / step,
+                "rest_seconds": step - products - moved,
+                "intensity": flops / (flops / k["shape_intensity"] + traffic["total"]),
+                "gpu_tflops": flops / (products + moved) / 1e12,
+                "gpu_of_shape": products / (products + moved),
+            }
+    fp32 = kinds.get(_fp32_kind(recipe), {})
+    for k in kinds.values():
+        if k.get("step_model") and fp32.get("eager_step_seconds"):
+            k["step_model"]["fp32_step_over_gpu"] = fp32["eager_step_seconds"] / k["step_model"]["gpu_seconds"]
     out["recipe"] = {
         "device": recipe.device,
         "date": str(recipe.provenance.get("date", ""))[:10],
@@ -579,8 +712,9 @@ def plot_roofline(roofline: dict, recipe: AmpRecipeResult | None = None, *, batc
     """A saved roofline: achieved TFLOP/s against arithmetic intensity (FLOP per byte of operands and result), both
     axes logarithmic.  Each arithmetic's roof is the lower of its best measured product and the copy bandwidth ×
     intensity; its square products are circles, the recipe's product (batch × width × width) a diamond, and, with
-    ``recipe``, the recipe's eager step at ``batch`` a star at the intensity of its product (its counted FLOPs ÷
-    its median step time: a step's rate, not one product's).
+    ``recipe``, the recipe's eager step at ``batch`` a star drawn at the intensity of its product, not the step's
+    own (its counted FLOPs ÷ its median step time: a step's rate, not one product's; the step's own intensity,
+    counting its weight-sized traffic, is :func:`roofline_summary`'s "step_model").
 
     Parameters and errors as :func:`roofline_summary`.
     """
@@ -652,7 +786,7 @@ def plot_roofline(roofline: dict, recipe: AmpRecipeResult | None = None, *, batc
                 ms=12,
                 color="0.3",
                 mec="black",
-                label=f"the recipe's eager step, batch {batch}\n(counted FLOPs ÷ step time)",
+                label=f"the recipe's eager step, batch {batch}\n(counted FLOPs ÷ step time,\ndrawn at its products' intensity)",
             )
         )
     markers.append(Line2D([], [], color="0.45", label=f"memory roof: copy, {s['copy_gb_s'] / 1e3:.2g} TB/s"))
