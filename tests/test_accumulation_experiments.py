@@ -20,6 +20,7 @@ from mpt_lab.experiments import (
     get,
     tensor_core_accumulation,
 )
+from mpt_lab.formats import FP8_E4M3, round_to
 
 
 @pytest.fixture(scope="module")
@@ -229,6 +230,52 @@ def test_kernels_table_names_each_products_kernels_and_marks_split_k():
         figures.kernels_table(dataclasses.replace(g, kernels={}))
     with pytest.raises(TypeError, match="kernels"):
         figures.product_kernels(object())
+
+
+def test_split_k_model_redraws_the_runs_operands_and_cuts_k_into_parts():
+    """figures.split_k_model: one part is the run's own "14 bits per product, toward zero" (the same operands,
+    drawn again from the config's seed); more parts, each summed in that model and added in FP32, lose less; bad
+    input gets a clear error."""
+    g = tensor_core_accumulation.run(tensor_core_accumulation.config_for("quick"), progress=False)  # ks 128, 512
+    with pytest.raises(ValueError, match="FP8"):
+        figures.split_k_model(g, {512: (1,)})  # a CPU run has no FP8 rows
+    fp8 = {"model, 14 bits per product, toward zero": {"median": [0.0, 0.0], "max": [0.0, 0.0]}}
+    fake = dataclasses.replace(g, fp8=fp8)
+    out = figures.split_k_model(fake, {512: (1, 4)})
+    assert set(out) == {512} and out[512][1]["part_length"] == 512 and out[512][4]["part_length"] == 128
+    rng = np.random.default_rng(g.config["seed"])
+    for K in g.config["ks"]:  # the experiment's draws, in its order
+        A = rng.uniform(0.0, 1.0, (g.config["m"], K)).astype(np.float32)
+        B = rng.uniform(0.0, 1.0, (K, g.config["n"])).astype(np.float32)
+    A8, B8 = (round_to(x, FP8_E4M3) for x in (A, B))
+    exact = A8.astype(np.float64) @ B8.astype(np.float64)
+    one = acc.matmul(A8, B8, accumulator=acc.TENSOR_CORE_ACCUMULATOR, products="FP32", rounding="toward_zero")
+    assert out[512][1]["median"] == float(np.median(np.abs(one - exact) / exact))
+    assert 0 < out[512][4]["median"] < out[512][1]["median"]  # shorter sums in 14 bits lose less
+    with pytest.raises(ValueError, match="ks"):
+        figures.split_k_model(fake, {256: (1,)})
+    with pytest.raises(ValueError, match="parts"):
+        figures.split_k_model(fake, {512: (0,)})
+    with pytest.raises(TypeError, match="ints"):
+        figures.split_k_model(fake, {512: (1.5,)})
+    with pytest.raises(TypeError, match="dict"):
+        figures.split_k_model(fake, [512])
+
+
+def test_figures_name_each_model_once(err):
+    """The DeepSeek-V3 models carry one name in both figures, and Fig. 5.1's lines are labelled with superscripts."""
+    fig = figures.plot_tensor_core_model(err)
+    labels = {line.get_label() for ax in fig.axes for line in ax.get_lines()}
+    assert {"DeepSeek-V3 model (14 bits, groups of 32)", "DeepSeek-V3 model + FP32 promotion every 128"} <= labels
+    texts = [t.get_text() for ax in figures.plot_error_vs_k(err).axes for t in ax.texts]
+    assert " K = 2⁵" in texts and not any("^" in t for t in texts)  # BF16's 2^(p-3) = 32 ≤ k_max = 64
+    r = get("tensor_core_accumulation").saved("full")
+    if r is None:
+        pytest.skip("no saved GPU result")
+    labels = {line.get_label() for ax in figures.plot_gpu_accumulation(r).axes for line in ax.get_lines()}
+    assert "model, DeepSeek-V3 model (14 bits, groups of 32)" in labels
+    assert "model, DeepSeek-V3 model + FP32 promotion every 128" in labels
+    assert not any("14-bit tensor core" in label for label in labels)
 
 
 def test_exercises_5():

@@ -41,6 +41,7 @@ from .accumulation import (
     plot_tensor_core_model,
     product_kernels,
     reductions_table,
+    split_k_model,
     weights_table,
 )
 from .distributed import (
@@ -190,6 +191,7 @@ __all__ = [
     "plot_gpu_accumulation",
     "kernels_table",
     "product_kernels",
+    "split_k_model",
     "plot_precision_report",
     "report_table",
     "plot_loss_scales",

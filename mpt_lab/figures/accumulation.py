@@ -11,6 +11,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import NullFormatter
 
+from .. import accumulation as acc
 from .. import formats as F
 from ..harness.runner import ExperimentResult
 from ._base import FORMAT_COLORS, HTML, new_figure, table_html
@@ -24,9 +25,21 @@ __all__ = [
     "plot_gpu_accumulation",
     "kernels_table",
     "product_kernels",
+    "split_k_model",
 ]
 
 _ORDER_STYLE = {"sequential": "-", "pairwise": "--"}
+
+#: One name per accumulator model in every figure of the chapter: the experiments' own keys (kept in their saved
+#: results) → the name the figures show.  "14 bits per product, toward zero" keeps its key's name.
+_MODEL_NAMES = {
+    "DeepSeek-V3 model (14 bits, groups of 32)": "DeepSeek-V3 model (14 bits, groups of 32)",
+    "… + FP32 promotion every 128": "DeepSeek-V3 model + FP32 promotion every 128",
+    "model, 14-bit tensor core (DeepSeek-V3)": "model, DeepSeek-V3 model (14 bits, groups of 32)",
+    "model, 14-bit + FP32 promotion every 128": "model, DeepSeek-V3 model + FP32 promotion every 128",
+}
+
+_SUPERSCRIPTS = str.maketrans("0123456789-", "⁰¹²³⁴⁵⁶⁷⁸⁹⁻")
 
 
 def _check(result, *fields):
@@ -96,7 +109,7 @@ def plot_error_vs_k(result: ExperimentResult) -> Figure:
                 ax.text(
                     2 ** (p - 3),
                     0.98,
-                    f" K = 2^{p - 3}",
+                    f" K = 2{str(p - 3).translate(_SUPERSCRIPTS)}",
                     color=FORMAT_COLORS.get(fmt, "#333"),
                     fontsize="small",
                     va="top",
@@ -108,7 +121,10 @@ def plot_error_vs_k(result: ExperimentResult) -> Figure:
         ax.grid(alpha=0.3, which="both")
         ax.yaxis.set_tick_params(labelleft=True)
     fig.suptitle("Dot products of K FP16 values, accumulated sequentially or pairwise: error against K")
-    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncol=3, fontsize="small")
+    # long handles, so that the legend shows sequential (solid) apart from pairwise (dashed)
+    fig.legend(
+        *axes[0].get_legend_handles_labels(), loc="outside lower center", ncol=3, fontsize="small", handlelength=4
+    )
     return fig
 
 
@@ -168,7 +184,7 @@ def plot_tensor_core_model(result: ExperimentResult) -> Figure:
         for c, (name, m) in zip(colors, tc["models"].items()):
             e = np.asarray(m[stat], dtype=float)
             keep = e > 0
-            ax.loglog(ks[keep], e[keep], "-o", ms=3, color=c, label=name)
+            ax.loglog(ks[keep], e[keep], "-o", ms=3, color=c, label=_MODEL_NAMES.get(name, name))
         _k_ticks(ax, ks)
         ax.set_xlabel("K, products per output")
         ax.set_title(f"{what} relative error over the outputs")
@@ -177,7 +193,7 @@ def plot_tensor_core_model(result: ExperimentResult) -> Figure:
     axes[1].plot([4096], [0.02], "k*", ms=12, label="DeepSeek-V3: “maximum relative error of nearly 2%” at K = 4096")
     axes[0].set_ylabel("relative error |ĉ − c| / |c|")
     handles, labels = axes[1].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside lower center", ncol=3, fontsize="small")
+    fig.legend(handles, labels, loc="outside lower center", ncol=2, fontsize="small")  # 3 columns overflow the width
     fig.suptitle("FP8 E4M3 products of uniform [0, 1) values: accumulator models against K")
     return fig
 
@@ -354,7 +370,7 @@ def plot_gpu_accumulation(result: ExperimentResult) -> Figure:
                 color=f"C{i}",
                 ms=4 if device else 0,
                 lw=2 if device else 1.4,
-                label=name + where,
+                label=_MODEL_NAMES.get(name, name) + where,
             )
             shapes = [(small, e)]
             if device and large.get(fmt, {}).get(name):
@@ -379,7 +395,8 @@ def plot_gpu_accumulation(result: ExperimentResult) -> Figure:
     outputs = f"{_shape_text(small)} outputs" if small else "the outputs"
     also = f"; device runs also at {_shape_text(big)}" if big else ""
     fig.suptitle(
-        f"Uniform [0, 1) matrices on {result.device_name}, {outputs}{also}:\nmeasured against each accumulator model"
+        f"Uniform [0, 1) matrices on {result.device_name}, {outputs}{also}:\n"
+        "relative error against the exact product, device runs beside the accumulator models"
     )
     return fig
 
@@ -452,3 +469,79 @@ def kernels_table(result: ExperimentResult) -> HTML:
         "constant: the experiment makes the FP8 product's unit scales with torch.ones on the device",
         align=["left"] * 6,
     )
+
+
+def split_k_model(result: ExperimentResult, parts: dict) -> dict:
+    """What a split of K into parts would give the model "14 bits per product, toward zero", on the very operands
+    of a saved ``tensor_core_accumulation`` run's FP8 products: each part of ⌈K / n⌉ consecutive products is
+    accumulated as that model does (:data:`mpt_lab.accumulation.TENSOR_CORE_ACCUMULATOR`, 14 bits: 13 stored and
+    the implicit one, every addition rounded toward zero), and the parts' sums are added in FP32, rounded to
+    nearest even (:func:`mpt_lab.accumulation.matmul` with ``order="blocked"``).  A model of split-K, not a
+    measurement: which split a library chose, and how it adds the parts, no saved result records.
+
+    The operands are drawn again as the experiment drew them (``numpy.random.default_rng(config["seed"])``, for
+    each K of ``config["ks"]`` in turn A [m, K] then B [K, n] uniform in [0, 1) as float32, rounded to E4M3), so
+    that ``n = 1`` (one part) gives exactly the run's own "model, 14 bits per product, toward zero" median.
+
+    Parameters
+    ----------
+    result : :class:`~mpt_lab.experiments.tensor_core_accumulation.TensorCoreResult` with FP8 rows (a GPU's run)
+    parts : dict K (int, one of ``result.ks``) → sequence of int n ≥ 1, the numbers of parts to try (n ≤ K)
+
+    Returns
+    -------
+    dict K → n → {"part_length": ⌈K / n⌉ (products), "median": median relative error |ĉ − c| / |c| over the
+    m × n outputs (float), against the exact product of the E4M3 operands}.  Costs about a second per million
+    products accumulated (m · n · K) on one CPU core.
+
+    Raises
+    ------
+    TypeError
+        ``result`` lacks ``ks``, ``fp8`` or ``config``; ``parts`` is not a dict; a number of parts is not an int.
+    ValueError
+        ``result`` has no FP8 rows (a run without FP8 tensor cores) or its config no ``seed``, ``ks``, ``m`` or
+        ``n``; a K of ``parts`` is not one of ``result.ks``; a number of parts is below 1 or above K.
+
+    Source: the experiment ``tensor_core_accumulation`` (its operands) and :mod:`mpt_lab.accumulation`.
+    """
+    _check(result, "ks", "fp8", "config")
+    if not isinstance(parts, dict):
+        raise TypeError(f"parts must be a dict K → numbers of parts, got {type(parts).__name__}")
+    if not result.fp8:
+        raise ValueError("result has no FP8 rows (fp8 is empty: a run without FP8 tensor cores); nothing to model")
+    config = result.config or {}
+    missing = [k for k in ("seed", "ks", "m", "n") if k not in config]
+    if missing:
+        raise ValueError(f"result.config lacks {', '.join(missing)}: the operands cannot be drawn again")
+    for K, ns in parts.items():
+        if K not in result.ks:
+            raise ValueError(f"parts names K = {K!r}, which is not one of result.ks {result.ks}")
+        for n in ns:
+            if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+                raise TypeError(f"parts[{K}] must hold ints (numbers of parts), got {n!r}")
+            if not 1 <= n <= K:
+                raise ValueError(f"parts[{K}] holds {n}: a number of parts must lie in [1, K = {K}]")
+    rng = np.random.default_rng(config["seed"])
+    out = {}
+    for K in config["ks"]:  # every K's operands in turn, as the experiment drew them
+        A = rng.uniform(0.0, 1.0, (config["m"], K)).astype(np.float32)
+        B = rng.uniform(0.0, 1.0, (K, config["n"])).astype(np.float32)
+        if K not in parts:
+            continue
+        A8, B8 = F.round_to(A, F.FP8_E4M3), F.round_to(B, F.FP8_E4M3)
+        exact = A8.astype(np.float64) @ B8.astype(np.float64)
+        out[K] = {}
+        for n in parts[K]:
+            length = -(-K // int(n))
+            got = acc.matmul(
+                A8,
+                B8,
+                accumulator=acc.TENSOR_CORE_ACCUMULATOR,
+                products="FP32",
+                rounding="toward_zero",
+                order="blocked",
+                block_size=length,
+            )
+            rel = np.abs(np.asarray(got, dtype=np.float64) - exact) / np.abs(exact)
+            out[K][int(n)] = {"part_length": length, "median": float(np.median(rel))}
+    return out
