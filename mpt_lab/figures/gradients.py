@@ -329,6 +329,13 @@ def plot_training(result: ExperimentResult, *, title: str | None = None, smooth:
     return fig
 
 
+def _arithmetic(result) -> str:
+    """ "FP32", or "FP32 (TF32 convolutions)" for a run on a GPU whose provenance records cuDNN's TF32 switch on."""
+    backends = result.provenance.get("backends", {})
+    on_gpu = not str(result.provenance.get("device", "")).startswith("CPU")
+    return "FP32 (TF32 convolutions)" if on_gpu and backends.get("cudnn_allow_tf32") else "FP32"
+
+
 def histogram_table(results: dict, fmt: FormatLike = "FP16") -> HTML:
     """The sources' numbers beside each result's, for the activation gradients in ``fmt`` (an HTML table).
 
@@ -580,7 +587,7 @@ def plot_gradient_factors(
     ax.set_ylabel("variant (one factor changed)")
     ax.set_title(
         title
-        or f"What moves the activation gradients\n{result.config['steps']} FP32 steps per variant, "
+        or f"What moves the activation gradients\n{result.config['steps']} {_arithmetic(result)} steps per variant, "
         f"{result.profile} profile"
     )
     ax.grid(axis="x", alpha=0.3)
@@ -630,5 +637,5 @@ def gradient_factors_table(result: GradientFactorsResult) -> HTML:
             "lost in FP16: 0 < |g| ≤ 2⁻²⁵ (of non-zero)",
         ],
         rows,
-        caption=f"{result.config['steps']} FP32 steps per variant, {result.profile} profile, {result.device}",
+        caption=f"{result.config['steps']} {_arithmetic(result)} steps per variant, {result.profile} profile, {result.device}",
     )

@@ -239,7 +239,8 @@ def divergence_table(result: ExperimentResult, paper: dict | None = None) -> HTM
     caption = (
         evaluator + f"Gradient shift k = {shift}{' (none)' if shift == 0 else ''}. Final loss: mean of the last 50 "
         "steps. = 0: activation-gradient values exactly zero in the run's own arithmetic (in the FP16 runs, "
-        "the zeros the FP32 run has too, plus what FP16 lost: compare with the FP32 row). FP16 would flush: "
+        "their own zeros, with what FP16 flushed among them; each run has its own weights, so its zeros need not "
+        "be the FP32 row's plus what FP16 would flush). FP16 would flush: "
         "the share of the FP32 run's values that FP16 would round to zero "
         "(|x| ≤ 2⁻²⁵)." + (" Paper: Micikevicius et al. 2018, Table 2, its own runs." if paper else "")
     )
