@@ -183,9 +183,12 @@ def test_baseline_named_layouts_timed_and_the_fp16_exactness_pass_loss_scaled():
     with pytest.raises(ValueError, match="layout timings"):
         figures.layouts_table(plain)
     assert "none (loss scale 1)" in figures.exactness_table(plain) and "u = 2^-8" in figures.exactness_table(plain)
-    assert "round their inputs to TF32" not in e  # a CPU run's FP32 way is FP32: no TF32 reference to name
+    assert "were allowed TF32" not in e  # a CPU run's FP32 way is FP32: no TF32 reference to name
     tf32 = dataclasses.replace(r, baseline="TF32 convolutions (cuDNN's default), FP32 storage")
-    assert "round their inputs to TF32&#x27;s 11 significant bits" in figures.exactness_table(tf32)
+    assert (
+        "which keeps 11 significant bits of their inputs; if they used it, which this pass did not check"
+        in figures.exactness_table(tf32)
+    )
     for table in (figures.layouts_table, figures.exactness_table):
         with pytest.raises(TypeError, match="result"):
             table({"layouts": r.layouts})

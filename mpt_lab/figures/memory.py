@@ -320,7 +320,8 @@ def exactness_table(result: MemoryTradeoffsResult) -> HTML:
         f"way's gradients; the FP32 way: {result.baseline_label}. u = 2^-{fmt.precision}, the unit roundoff of "
         f"{result.mixed_dtype}."
         + (
-            f" The reference's convolutions round their inputs to TF32's {F.TF32.precision} significant bits, so a "
+            " The reference's convolutions were allowed TF32 (cuDNN's default), which keeps "
+            f"{F.TF32.precision} significant bits of their inputs; if they used it, which this pass did not check, a "
             "difference here is between two computations with short significands in their convolutions, not "
             f"{result.mixed_dtype}'s error against FP32 arithmetic."
             if tf32_reference
@@ -454,11 +455,11 @@ BACKEND_SWITCHES = {
     ),
     "cudnn_benchmark": (
         "torch.backends.cudnn.benchmark",
-        "cuDNN times its algorithms on the first call of each shape and keeps the fastest",
+        "when True: cuDNN times its algorithms on the first call of each shape and keeps the fastest",
     ),
     "cudnn_deterministic": (
         "torch.backends.cudnn.deterministic",
-        "cuDNN restricted to deterministic algorithms",
+        "when True: cuDNN is restricted to deterministic algorithms",
     ),
     "cuda_matmul_allow_fp16_reduced_precision_reduction": (
         "torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction",
