@@ -297,3 +297,30 @@ def test_exercises_5():
     # the reference equals the module's Kahan in FP16
     x = np.random.default_rng(0).uniform(0, 1, 3000).astype(np.float16).astype(np.float32)
     assert E.solution("5.2")(x) == float(acc.dot(x, np.ones_like(x), accumulator="FP16", compensated=True))
+
+
+def test_split_fp16_agreement_counts_fp16_results_a_split_changes():
+    """A split of K whose parts are added in FP32 changes few FP16 results: against a direct float64-free recount
+    (the same operands, NumPy's sequential float32 sums), and the bad-input errors."""
+    import numpy as np
+
+    same = figures.split_fp16_agreement(k=64, parts=(2, 4), rows=300, seed=3)
+    rng = np.random.default_rng(3)
+    a = rng.random((300, 64), dtype=np.float32).astype(np.float16).astype(np.float32)
+    b = rng.random((300, 64), dtype=np.float32).astype(np.float16).astype(np.float32)
+    p = a * b
+    whole = np.zeros(300, np.float32)
+    for j in range(64):
+        whole = (whole + p[:, j]).astype(np.float32)
+    halves = [np.zeros(300, np.float32), np.zeros(300, np.float32)]
+    for j in range(64):
+        halves[j // 32] = (halves[j // 32] + p[:, j]).astype(np.float32)
+    two = (halves[0] + halves[1]).astype(np.float32)
+    assert same[2] == float(np.mean(two.astype(np.float16) == whole.astype(np.float16)))
+    assert 0.9 < same[4] <= 1.0
+    with pytest.raises(ValueError, match="divide"):
+        figures.split_fp16_agreement(k=64, parts=(3,))
+    with pytest.raises(TypeError, match="k must be an int"):
+        figures.split_fp16_agreement(k=64.0)
+    with pytest.raises(ValueError, match="k must be"):
+        figures.split_fp16_agreement(k=1, parts=())

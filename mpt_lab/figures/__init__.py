@@ -41,6 +41,7 @@ from .accumulation import (
     plot_tensor_core_model,
     product_kernels,
     reductions_table,
+    split_fp16_agreement,
     split_k_model,
     weights_table,
 )
@@ -192,6 +193,7 @@ __all__ = [
     "kernels_table",
     "product_kernels",
     "split_k_model",
+    "split_fp16_agreement",
     "plot_precision_report",
     "report_table",
     "plot_loss_scales",

@@ -471,6 +471,60 @@ def kernels_table(result: ExperimentResult) -> HTML:
     )
 
 
+def split_fp16_agreement(k: int = 4096, parts=(2, 4), rows: int = 2000, seed: int = 0) -> dict:
+    """How often a split of K changes an FP16 product's result: the share of outputs whose FP16 rounding is the same
+    when the K products are summed in FP32 in one sequential pass and when K is cut into parts, each summed
+    sequentially in FP32, and the parts' sums added in FP32 (then rounded to FP16, nearest even).
+
+    The products are those of FP16 operands uniform in [0, 1) (``rows`` dot products of length ``k``, NumPy's
+    ``default_rng(seed)``); a product of two FP16 values is exact in FP32 (22 significant bits ≤ 24), and
+    ``numpy.cumsum`` in float32 adds sequentially, so each sum is the FP32 accumulation of its order exactly.  A
+    CPU model: what split and reduction order a GPU library chose, it does not tell.
+
+    Parameters
+    ----------
+    k : int ≥ 2, the dot products' length
+    parts : sequence of int, numbers of equal parts (each ≥ 2 and dividing ``k``)
+    rows : int ≥ 1, how many dot products
+    seed : int
+
+    Returns
+    -------
+    dict n → share (0 to 1) of the outputs whose FP16 result is the same with n parts as with one pass.
+
+    Raises
+    ------
+    TypeError
+        ``k``, ``rows``, ``seed`` or a number of parts is not an int.
+    ValueError
+        ``k`` < 2, ``rows`` < 1, or a number of parts is below 2 or does not divide ``k``.
+
+    Source: IEEE 754 binary16/binary32 rounding to nearest even; the chapter's split-K discussion.
+    """
+    for name, v in (("k", k), ("rows", rows), ("seed", seed)):
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise TypeError(f"{name} must be an int, got {type(v).__name__}")
+    if k < 2 or rows < 1:
+        raise ValueError(f"k must be ≥ 2 and rows ≥ 1, got k={k}, rows={rows}")
+    parts = tuple(parts)
+    for n in parts:
+        if not isinstance(n, int) or isinstance(n, bool):
+            raise TypeError(f"each number of parts must be an int, got {type(n).__name__}")
+        if n < 2 or k % n:
+            raise ValueError(f"each number of parts must be ≥ 2 and divide k = {k}, got {n}")
+    rng = np.random.default_rng(seed)
+    a = rng.random((rows, k), dtype=np.float32).astype(np.float16).astype(np.float32)
+    b = rng.random((rows, k), dtype=np.float32).astype(np.float16).astype(np.float32)
+    prod = a * b  # exact in float32
+    whole = np.cumsum(prod, axis=1, dtype=np.float32)[:, -1].astype(np.float16)
+    out = {}
+    for n in parts:
+        sums = np.cumsum(prod.reshape(rows, n, k // n), axis=2, dtype=np.float32)[:, :, -1]
+        split = np.cumsum(sums, axis=1, dtype=np.float32)[:, -1].astype(np.float16)
+        out[n] = float(np.mean(split == whole))
+    return out
+
+
 def split_k_model(result: ExperimentResult, parts: dict) -> dict:
     """What a split of K into parts would give the model "14 bits per product, toward zero", on the very operands
     of a saved ``tensor_core_accumulation`` run's FP8 products: each part of ⌈K / n⌉ consecutive products is
