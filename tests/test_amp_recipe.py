@@ -472,3 +472,61 @@ def test_roofline_bad_input(roofline, result):
         figures.roofline_summary(roofline, batch=0)
     with pytest.raises(ValueError, match="batch"):  # the tiny run's product 8 × 32 × 32 was not timed
         figures.plot_roofline(roofline, result, batch=8)
+
+
+def test_count_step_ops():
+    ops = figures.training.count_step_ops(3)
+    c = ops["counts"]
+    assert set(c) == {"bf16", "bf16 foreach", "fp16", "fp16 fused"}
+    assert ops["ops"] == sum(c["bf16"].values()) and ops["ops_foreach"] == sum(c["bf16 foreach"].values())
+    assert ops["ops_foreach"] < ops["ops"] and 0 < ops["no_kernel"] < ops["ops_foreach"]
+    assert c["bf16"]["aten::addmm"] == 3  # one per layer in the forward
+    assert ops["readbacks"] == {"bf16": 0, "bf16 foreach": 0, "fp16": 1, "fp16 fused": 0}  # the scaler's .item()
+    assert figures.training.count_step_ops(3, width=16, batch=4)["ops"] == ops["ops"]  # independent of the sizes
+    with pytest.raises(ValueError, match="num_layers"):
+        figures.training.count_step_ops(0)
+    with pytest.raises(ValueError, match="width"):
+        figures.training.count_step_ops(3, width=2.5)
+
+
+def test_eager_step_summary(roofline, result):
+    from mpt_lab.experiments import saved
+
+    with pytest.raises(TypeError, match="recipe"):
+        figures.training.eager_step_summary("amp_recipe", roofline)
+    with pytest.raises(ValueError, match="batches"):  # the tiny run has no row at 128
+        figures.training.eager_step_summary(result, roofline)
+    with pytest.raises(ValueError, match="batches"):
+        figures.training.eager_step_summary(result, roofline, batches=(9, 8), odd_batch=9)
+    g = saved("amp_recipe")
+    if g is None or g.config["width"] != 4096:
+        pytest.skip("no saved amp_recipe run at the roofline's shape")
+    with pytest.raises(ValueError, match="ops_per_step"):
+        figures.training.eager_step_summary(g, roofline, ops_per_step=0)
+    e = figures.training.eager_step_summary(g, roofline, ops_per_step=65)
+    n = g.config["num_batches"]
+    bf = g.row("bf16", 512)["epoch_seconds"] / n
+    assert e["step"]["bf16"][512] == pytest.approx(bf)
+    assert e["rate"]["bf16"][512] == pytest.approx(16 * 512 * 4096**2 / bf / 1e12)
+    assert e["growth"]["fp32"] == pytest.approx(e["step"]["fp32"][512] / e["step"]["fp32"][128])
+    assert e["fp16_minus_bf16"][513] == pytest.approx(e["step"]["fp16"][513] - e["step"]["bf16"][513])
+    m = figures.roofline_summary(roofline, g, batch=512)["kinds"]["bf16"]["step_model"]
+    assert e["model"]["bf16"] == m
+    assert e["host_per_op"]["bf16"] == pytest.approx({"no_overlap": m["rest_seconds"] / 65, "full_overlap": bf / 65})
+
+
+def test_roofline_summary_run_order_and_intensities(roofline):
+    from mpt_lab.experiments import saved
+
+    s = figures.roofline_summary(roofline)
+    order = [
+        s["clocks"]["by_product"][r["kind"], r["n"]]["order"] for r in roofline["gemm"] if r["m"] == r["n"] == r["k"]
+    ]
+    assert order == sorted(order)  # the rows' order in the JSON is the run order
+    g = saved("amp_recipe")
+    if g is None or g.config["width"] != 4096:
+        pytest.skip("no saved amp_recipe run at the roofline's shape")
+    w = figures.roofline_summary(roofline, g, batch=512)["recipe"]["intensity_16bit"]
+    assert w["forward"] == w["weight_gradient"] == pytest.approx(2 * 512 * 4096**2 / (2 * (2 * 512 * 4096 + 4096**2)))
+    ax = figures.plot_roofline(roofline, g).axes[0]
+    assert ax.get_xlim()[0] == pytest.approx(10) and ax.get_ylim()[0] == pytest.approx(10)  # no empty decades

@@ -11,12 +11,20 @@ from __future__ import annotations
 import html
 
 import numpy as np
+import torch
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Patch
 
-from ..bench import datasheet_peaks
-from ..experiments.amp_recipe import COUNTED_FLOPS, AmpRecipeResult, counted_flops_per_step, flops_per_step
+from ..bench import READBACK_OP, count_ops, datasheet_peaks
+from ..experiments.amp_recipe import (
+    COUNTED_FLOPS,
+    AmpRecipeResult,
+    counted_flops_per_step,
+    flops_per_step,
+    make_model,
+    train_step,
+)
 from ..harness.runner import ExperimentResult
 from ._base import FORMAT_COLORS, HTML, mib, new_figure, running_mean, table_html
 
@@ -25,6 +33,8 @@ __all__ = [
     "plot_master_weight_loop",
     "speedup_table",
     "step_weight_traffic",
+    "count_step_ops",
+    "eager_step_summary",
     "DATASHEET_CLOCK_MHZ",
     "roofline_summary",
     "roofline_table",
@@ -437,6 +447,171 @@ def step_weight_traffic(width: int, num_layers: int, recipe: str) -> dict:
     return out
 
 
+#: ATen operators of the recipe's step that only make a view, a transpose's view or a profiler range: on a GPU they
+#: launch no kernel (the host still dispatches them).
+NO_KERNEL_OPS = (
+    "aten::t",
+    "aten::detach",
+    "aten::view",
+    "aten::_record_function_enter_new",
+    "aten::_record_function_exit",
+)
+
+#: The optimizer set-ups :func:`count_step_ops` counts: name → (recipe, keyword arguments of ``torch.optim.SGD``).
+_COUNTED_STEPS = {
+    "bf16": ("bf16", {}),
+    "bf16 foreach": ("bf16", {"foreach": True}),
+    "fp16": ("fp16", {}),
+    "fp16 fused": ("fp16", {"fused": True}),
+}
+
+
+def count_step_ops(num_layers: int, *, width: int = 64, batch: int = 8) -> dict:
+    """The ATen operators one step of the recipe's eager loop (:func:`mpt_lab.experiments.amp_recipe.train_step`)
+    dispatches, counted on this machine's CPU (:func:`mpt_lab.bench.count_ops`) for four optimizer set-ups: BF16 with
+    SGD's for-loop update ("bf16") and with its foreach update ("bf16 foreach", CUDA's default), FP16 with
+    ``torch.amp.GradScaler`` and SGD ("fp16") or ``SGD(fused=True)`` ("fp16 fused").  The count depends on the
+    number of layers, not on their width or the batch, so a small network stands for the recipe's.
+
+    Parameters
+    ----------
+    num_layers : the network's Linear layers (int ≥ 1)
+    width, batch : the small network's width and batch (ints ≥ 1; float32 inputs of shape (batch, width))
+
+    Returns
+    -------
+    dict: "counts" (set-up → ``collections.Counter`` of operator name → calls a step), "ops" (BF16's operators a
+    step, for-loop update), "ops_foreach" (with the foreach update), "no_kernel" (of those, the
+    :data:`NO_KERNEL_OPS`: views and profiler ranges, no kernel on a GPU), "readbacks" (set-up → calls of
+    :data:`mpt_lab.bench.READBACK_OP` a step: reads of a value back to the host).
+
+    Raises
+    ------
+    ValueError
+        ``num_layers``, ``width`` or ``batch`` is not an int ≥ 1.
+    """
+    for name, v in (("num_layers", num_layers), ("width", width), ("batch", batch)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{name} must be an int ≥ 1, got {v!r}")
+    cpu = torch.device("cpu")
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(batch, width, generator=g), torch.randn(batch, width, generator=g)
+    counts = {}
+    for key, (recipe, opt_kw) in _COUNTED_STEPS.items():
+        net = make_model(width, num_layers)
+        opt = torch.optim.SGD(net.parameters(), lr=1e-3, **opt_kw)
+        scaler = torch.amp.GradScaler("cpu") if recipe == "fp16" else None
+        counts[key] = count_ops(lambda: train_step(net, opt, scaler, x, y, recipe, cpu))  # noqa: B023
+    foreach = counts["bf16 foreach"]
+    return {
+        "counts": counts,
+        "ops": sum(counts["bf16"].values()),
+        "ops_foreach": sum(foreach.values()),
+        "no_kernel": sum(foreach.get(op, 0) for op in NO_KERNEL_OPS),
+        "readbacks": {key: c.get(READBACK_OP, 0) for key, c in counts.items()},
+    }
+
+
+def eager_step_summary(
+    recipe: AmpRecipeResult,
+    roofline: dict,
+    *,
+    batches: tuple = (128, 256, 512),
+    odd_batch: int = 513,
+    ops_per_step: int | None = None,
+) -> dict:
+    """What a saved eager run of the recipe says about its step: times, counted rates against the measured and
+    datasheet peaks, the step's growth with the batch, and the 16-bit step's GPU work modelled with a saved roofline
+    (:func:`roofline_summary`'s "step_model" at the largest of ``batches``).
+
+    Parameters
+    ----------
+    recipe : :class:`~mpt_lab.experiments.amp_recipe.AmpRecipeResult` with eager rows at every batch of
+        ``batches`` and ``odd_batch``
+    roofline : the dict written by ``benchmarks/roofline.py`` (see :func:`roofline_summary`), which must have timed
+        the recipe's product at the largest batch
+    batches : increasing batch sizes (ints); the last is the one modelled
+    odd_batch : a batch beside the last (513 beside 512) whose time per sample is compared with the last's
+    ops_per_step : ATen operators the host issues a step (e.g. :func:`count_step_ops`'s "ops_foreach"), or None
+
+    Returns
+    -------
+    dict: "step" (recipe → batch → median step seconds: epoch ÷ batches), "flops" (batch → counted FLOPs a step,
+    (6L − 2)·B·W²), "rate" (recipe → batch → TFLOP/s), "measured" (recipe → its dtype's best measured 8192²
+    product, TFLOP/s, saved with the run), "datasheet" (:func:`mpt_lab.bench.datasheet_peaks` of its device, or
+    None), "of_measured" (recipe → batch → rate ÷ measured), "of_datasheet" (recipe → the last batch's rate ÷ the
+    datasheet's dense peak, or None), "growth" (recipe → the last batch's step ÷ the first's), "flops_growth",
+    "per_sample_odd" (recipe → time per sample at ``odd_batch`` ÷ at the last batch), "products_of_step" (recipe →
+    the last batch's FLOPs at the measured peak ÷ its step), "fp16_minus_bf16" (batch → seconds, ``odd_batch``
+    included), "model" (recipe → :func:`roofline_summary`'s "step_model" for the 16-bit recipes: products at their
+    shape's forward rate, the backward's products assumed at that rate, and weight-sized traffic at the copy's
+    bandwidth), and, with ``ops_per_step``, "host_per_op" (16-bit recipe → {"no_overlap": the rest not modelled ÷
+    ops_per_step, "full_overlap": the whole step ÷ ops_per_step}, seconds: the host's cost per operator if it
+    never overlapped the GPU's modelled work, and if that work hid entirely under the issuing).
+
+    Raises
+    ------
+    TypeError
+        ``recipe`` is not an AmpRecipeResult, or ``roofline`` not a roofline dict (:func:`roofline_summary`).
+    ValueError
+        ``batches`` is not increasing ints ≥ 1, a batch has no eager row, ``ops_per_step`` is not an int ≥ 1 or
+        None, or the roofline did not time the recipe's product.
+    """
+    if not isinstance(recipe, AmpRecipeResult):
+        raise TypeError(f"recipe must be an AmpRecipeResult, got {type(recipe).__name__}")
+    every = (*batches, odd_batch)
+    if (
+        not batches
+        or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in every)
+        or list(batches) != sorted(set(batches))
+    ):
+        raise ValueError(
+            f"batches must be increasing ints ≥ 1 (and odd_batch an int ≥ 1), got {batches!r}, {odd_batch!r}"
+        )
+    if ops_per_step is not None and (
+        not isinstance(ops_per_step, int) or isinstance(ops_per_step, bool) or ops_per_step < 1
+    ):
+        raise ValueError(f"ops_per_step must be an int ≥ 1 or None, got {ops_per_step!r}")
+    c = recipe.config
+    have = {(r["recipe"], r["batch"]): r for r in recipe.rows}
+    missing = [(p, b) for p in c["recipes"] for b in every if (p, b) not in have]
+    if missing:
+        raise ValueError(f"batches: the recipe has no eager row for {missing}")
+    last = batches[-1]
+    step = {p: {b: have[p, b]["epoch_seconds"] / c["num_batches"] for b in every} for p in c["recipes"]}
+    flops = {b: counted_flops_per_step(b, c["width"], c["num_layers"]) for b in batches}
+    sheet = datasheet_peaks(recipe.provenance.get("device", recipe.device))
+    measured = {p: recipe.matmul_tflops[have[p, last]["dtype"]] for p in step}
+    rate = {p: {b: flops[b] / step[p][b] / 1e12 for b in batches} for p in step}
+    kinds = roofline_summary(roofline, recipe, batch=last)["kinds"]
+    sixteen = [p for p in ("bf16", "fp16") if p in step]
+    model = {p: kinds[p]["step_model"] for p in sixteen if p in kinds}
+    out = {
+        "step": step,
+        "flops": flops,
+        "rate": rate,
+        "measured": measured,
+        "datasheet": sheet,
+        "of_measured": {p: {b: rate[p][b] / measured[p] for b in batches} for p in step},
+        "of_datasheet": {p: rate[p][last] / sheet[p] if sheet and sheet.get(p) else None for p in step},
+        "growth": {p: step[p][last] / step[p][batches[0]] for p in step},
+        "flops_growth": flops[last] / flops[batches[0]],
+        "per_sample_odd": {p: step[p][odd_batch] / odd_batch / (step[p][last] / last) for p in step},
+        "products_of_step": {p: flops[last] / (measured[p] * 1e12) / step[p][last] for p in step},
+        "fp16_minus_bf16": (
+            {b: step["fp16"][b] - step["bf16"][b] for b in every} if {"fp16", "bf16"} <= set(step) else {}
+        ),
+        "model": model,
+    }
+    if ops_per_step is not None:
+        out["host_per_op"] = {
+            p: {"no_overlap": m["rest_seconds"] / ops_per_step, "full_overlap": step[p][last] / ops_per_step}
+            for p, m in model.items()
+            if m
+        }
+    return out
+
+
 #: The SM clock (MHz) at which the H100 SXM's and H200 SXM's datasheet peaks hold, which NVIDIA's datasheet does
 #: not state: 132 SMs × 4096 dense 16-bit tensor-core FLOP per clock per SM × 1.83 GHz = 989.4 TFLOP/s (TF32 half
 #: as many FLOP per clock, FP8 twice) and 132 SMs × 256 FP32 FLOP per clock × 1.98 GHz = 66.9 TFLOP/s; a secondary
@@ -484,10 +659,16 @@ def roofline_summary(roofline: dict, recipe: AmpRecipeResult | None = None, *, b
     four None for arithmetic the recipe does not run)}, "ratios" (name such as "FP8 ÷ FP16" → the ratio of the
     two best square products), "fp8_vs_fp16" (n → {"ratio", "per_clock" (the ratio of rates per MHz of sampled
     SM clock)}), "clocks" ({"source", "sm_min_mhz", "sm_max_mhz", "power_max_w" (over the whole run),
-    "by_product": (kind, n) → {"sm_clock_mhz", "power_w"} (means while that square product ran)}),
+    "by_product": (kind, n) → {"sm_clock_mhz", "power_w", "temperature_c" (means of the samples taken while
+    that square product ran; the board's averaged power lags a short product), "order" (its place in the
+    benchmark's run order, 0 first)}}),
     "datasheet_clock_mhz" (:data:`DATASHEET_CLOCK_MHZ` or None), and "recipe": None or {"device", "date", "batch",
     "width", "num_layers", "flops_per_step" (counted: (6L − 2)·B·W²,
-    :func:`~mpt_lab.experiments.amp_recipe.counted_flops_per_step`)}.
+    :func:`~mpt_lab.experiments.amp_recipe.counted_flops_per_step`), "intensity_16bit" ({"forward",
+    "weight_gradient"}: FLOP per byte of the forward's product batch × width × width (the input gradient's is the
+    same shape) and of the weight gradient's width × width with k = batch, 16-bit operands read and result written
+    once)}.  The step model applies the forward's product rate to all of the step's products: the backward's
+    products were not timed.
     TFLOP/s throughout; the eager step's rate is its counted FLOPs ÷ its median step time (epoch ÷ batches).
 
     Raises
@@ -550,8 +731,14 @@ def roofline_summary(roofline: dict, recipe: AmpRecipeResult | None = None, *, b
         }
     squares = {(r["kind"], r["n"]): r for r in rows if r["m"] == r["n"] == r["k"]}
     sizes = sorted({n for _, n in squares})
+    run_order = {id(r): i for i, r in enumerate(roofline["gemm"])}
     by_product = {
-        key: {"sm_clock_mhz": _sm_clock(r), "power_w": ((r.get("clocks") or {}).get("power_w") or {}).get("mean")}
+        key: {
+            "sm_clock_mhz": _sm_clock(r),
+            "power_w": ((r.get("clocks") or {}).get("power_w") or {}).get("mean"),
+            "temperature_c": ((r.get("clocks") or {}).get("temperature_c") or {}).get("mean"),
+            "order": run_order[id(r)],
+        }
         for key, r in squares.items()
     }
     best = {kind: v["best_tflops"] for kind, v in kinds.items()}
@@ -644,6 +831,13 @@ def roofline_summary(roofline: dict, recipe: AmpRecipeResult | None = None, *, b
         "width": c["width"],
         "num_layers": c["num_layers"],
         "flops_per_step": flops,
+        "intensity_16bit": {
+            name: 2 * m * n * k / (2 * (m * k + k * n + m * n))
+            for name, (m, n, k) in (
+                ("forward", (batch, c["width"], c["width"])),
+                ("weight_gradient", (c["width"], c["width"], batch)),
+            )
+        },
     }
     return out
 
@@ -723,7 +917,8 @@ def plot_roofline(roofline: dict, recipe: AmpRecipeResult | None = None, *, batc
     bw = s["copy_gb_s"] * 1e9 / 1e12  # TFLOP/s per FLOP/byte
     fig = new_figure((10.5, 5.4))
     ax = fig.add_subplot()
-    xs = np.logspace(0, np.log10(max(r["intensity"] for r in rows) * 2.5), 200)
+    x0 = 10 ** np.floor(np.log10(min(r["intensity"] for r in rows))) / 10  # a decade left of the leftmost
+    xs = np.logspace(np.log10(x0), np.log10(max(r["intensity"] for r in rows) * 2.5), 200)
     ax.plot(xs, bw * xs, color="0.45", lw=1.2)
     handles = []
     for kind, v in s["kinds"].items():
@@ -795,7 +990,7 @@ def plot_roofline(roofline: dict, recipe: AmpRecipeResult | None = None, *, batc
     ax.set_yscale("log")
     top = max(v["best_tflops"] for v in s["kinds"].values())
     low = min([v["eager_tflops"] for v in s["kinds"].values() if v["eager_tflops"]] + [bw * xs[0]])
-    ax.set_ylim(low / 2, top * 2)
+    ax.set_ylim(10 ** np.floor(np.log10(low)), top * 2)
     ax.set_xlim(xs[0], xs[-1])
     ax.set_xlabel("arithmetic intensity, FLOP per byte (operands read + result written once)")
     ax.set_ylabel("achieved TFLOP/s")
