@@ -752,6 +752,7 @@ class StepRecorder:
             kind = "weight-gradient" if self._is_weight_gradient(name, operands, module) else "input-gradient"
         rows = []
         for label, t, axis, pname in operands:
+            hist = self.hist(t)
             row = {
                 "module": module,
                 "pass": where,
@@ -760,23 +761,30 @@ class StepRecorder:
                 "operand": label,
                 "parameter": pname,
                 "shape": tuple(t.shape),
-                "histogram": self.hist(t),
+                "histogram": hist,
                 "gradient_operand": where == "backward" and self._is_gradient(t),
-                "zero_rows": self._zero_rows(t, axis),
+                "zero_rows": self._zero_rows(t, axis, hist),
             }
             if self.block_formats:
                 row["blocks"] = self._blocks(t, axis)
             rows.append(row)
         self.gemm_records.extend(rows)
 
-    def _zero_rows(self, t, axis: int) -> float:
+    def _zero_rows(self, t, axis: int, hist: Log2Histogram | None = None) -> float:
         """The share of the operand's rows (its slices along the reduction axis: what row-wise scaling scales
-        together) whose values are all zero: their amax is 0, and a scale amax / max is 0 (torchao issue 3356)."""
+        together) whose values are all zero: their amax is 0, and a scale amax / max is 0 (torchao issue 3356).
+        ``hist``, the histogram of t's values, saves the pass over t when t holds fewer zeros than a row has
+        values (then no row is all zero)."""
         if t.dim() == 0 or t.numel() == 0:
             return 0.0
+        axis = axis % t.dim()
+        if hist is not None and hist.zeros < t.shape[axis]:
+            return 0.0
         with exact_arithmetic():
-            a = t.detach().abs().amax(dim=axis % t.dim())
-            return float((a == 0).double().mean())
+            # a row is all zero iff its smallest and largest values are both 0 (a NaN makes both NaN): one pass,
+            # no copy of |t|
+            lo, hi = torch.aminmax(t.detach(), dim=axis)
+            return float(((lo == 0) & (hi == 0)).double().mean())
 
     def _is_gradient(self, t) -> bool:
         """Whether t is (a view of) a gradient that a node of this backward pass received."""
@@ -915,6 +923,15 @@ class SavedState:
         )
         self.py_rng = random.getstate()
         self.np_rng = np.random.get_state()
+        # whether the parameters and buffers hold their saved values: true now, false from the start of a step
+        # (:meth:`begin_step`) until :meth:`restore_values` has put them back
+        self.clean = True
+
+    def begin_step(self) -> None:
+        """Before each step of the report: the random state as it was (:meth:`reset_rng`), and the values no longer
+        known to be the saved ones (the step may change them, also through ``.data``)."""
+        self.clean = False
+        self.reset_rng()
 
     def reset_rng(self) -> None:
         """The random state as it was (each step of the report draws the same dropout masks)."""
@@ -941,13 +958,17 @@ class SavedState:
     def restore_values(self) -> None:
         """Parameters and buffers back to their saved values and storage where anything changed them (also
         through ``.data``, which bypasses the version counter), without moving their version counters (a graph
-        the caller built before the report still runs backward); training flags and grad mode as they were."""
-        with torch.no_grad():
-            for t, saved, _, data in (*self.params, *((b, s, None, d) for b, s, d in self.buffers)):
-                if t.data_ptr() != data.data_ptr() or t.shape != data.shape or t.dtype != data.dtype:
-                    t.data = data
-                if not torch.equal(t.data, saved):
-                    t.data.copy_(saved)
+        the caller built before the report still runs backward); training flags and grad mode as they were.  The
+        values are compared (a pass over every parameter) only when a step ran since they were last restored
+        (:meth:`begin_step`)."""
+        if not self.clean:
+            with torch.no_grad():
+                for t, saved, _, data in (*self.params, *((b, s, None, d) for b, s, d in self.buffers)):
+                    if t.data_ptr() != data.data_ptr() or t.shape != data.shape or t.dtype != data.dtype:
+                        t.data = data
+                    if not torch.equal(t.data, saved):
+                        t.data.copy_(saved)
+            self.clean = True
         for m, mode in self.training:
             m.training = mode
         torch.set_grad_enabled(self.grad_enabled)

@@ -278,7 +278,7 @@ def _run_step(
     """One ``loss_fn(model, batch)`` + ``backward()``, recorded by a :class:`~mpt_lab._report_record.StepRecorder`,
     inside ``simulate(fmt, mode=mode)`` when ``fmt`` is given (then ``edges`` records, per gradient of the step,
     whether it holds ``fmt`` values).  Returns (recorder, loss value)."""
-    state.reset_rng()
+    state.begin_step()
     sim = simulate(fmt, mode=mode) if fmt is not None else None
     rec = StepRecorder(
         named_modules,

@@ -237,6 +237,26 @@ class _Switch(nn.Module):
         return self.layer(x)
 
 
+def _squared_distance(a: torch.Tensor, b: torch.Tensor, buffer: list | None = None) -> float:
+    """``float(((a.double() - b.double()) ** 2).sum())``, bit for bit, in one float64 temporary instead of four
+    when a and b are contiguous float32 tensors of one shape (a converted exactly; b converted inside the
+    subtraction, exactly; the square as the product ``x * x`` that ``** 2`` computes; the same sum over a contiguous
+    tensor of the same shape).  ``buffer``: a list holding the float64 temporary, reused from call to call (grown
+    when too small), so that a step's many gradients do not each allocate and fault in fresh memory."""
+    if a.dtype == b.dtype == torch.float32 and a.shape == b.shape and a.is_contiguous() and b.is_contiguous():
+        if buffer is None:
+            d = a.double()
+        else:
+            if not buffer or buffer[0].numel() < a.numel() or buffer[0].device != a.device:
+                buffer[:] = [torch.empty(a.numel(), dtype=torch.float64, device=a.device)]
+            d = buffer[0][: a.numel()].view(a.shape)
+            d.copy_(a)
+        d.sub_(b)
+        d.mul_(d)
+        return float(d.sum())
+    return float(((a.double() - b.double()) ** 2).sum())
+
+
 def keep_wide(
     model: nn.Module,
     loss_fn: Callable,
@@ -332,7 +352,7 @@ def keep_wide(
 
         def step(modes: dict, record_order: bool = False):
             """One forward and backward with each layer in its mode; returns (loss, gradients)."""
-            state.reset_rng()
+            state.begin_step()
             handles = []
             for name, (_, _, _, sw) in switches.items():
                 sw.mode = "bf16" if name in skip and modes is not None else (modes or {}).get(name, "fp32")
@@ -357,6 +377,8 @@ def keep_wide(
         n_steps = 1 + len(candidates) * (2 if all_but_one else 1) + 1
         bar.set_total(n_steps)
 
+        buffer: list = []  # the float64 temporary of _squared_distance, reused
+
         def error(modes) -> dict:
             loss, g = step(modes)
             d2 = 0.0
@@ -365,7 +387,7 @@ def keep_wide(
                     continue
                 a = torch.zeros_like(b) if a is None else a
                 b = torch.zeros_like(a) if b is None else b
-                d2 += float(((a.double() - b.double()) ** 2).sum())
+                d2 += _squared_distance(a, b, buffer)
             return {
                 "loss": abs(loss - l0) / abs(l0) if l0 else abs(loss),
                 "gradient": math.sqrt(d2) / norm0 if norm0 > 0 else math.sqrt(d2),
@@ -415,6 +437,8 @@ def keep_wide(
                 return known[k]
 
             lo, hi = 0, len(out.ranking)
+            # the bar's total, so far the ranking's steps: the bisection's at most, then the pruning's
+            bar.set_total(steps + 1 + math.ceil(math.log2(max(hi, 1))))
             if prefix(hi)[metric] <= tolerance:
                 while hi - lo > 1:
                     mid = (lo + hi) // 2
@@ -424,6 +448,7 @@ def keep_wide(
                         lo = mid
             keep, current = list(out.ranking[:hi]), prefix(hi)
             if current[metric] <= tolerance:
+                bar.set_total(steps + max(len(keep) - 1, 0))
                 for n in list(reversed(keep))[1:]:
                     trial = [m for m in keep if m != n]
                     e = with_kept(trial)
