@@ -149,13 +149,15 @@ def run_all_cells(page, tries: int = 4) -> None:
             dialogs.append(dialog.first.inner_text()[:300])
             page.keyboard.press("Escape")
             page.wait_for_timeout(500)
-        page.locator(".jp-Notebook .jp-Cell").first.click()  # focus the notebook: the Run menu acts on it
-        page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
-        page.locator(
-            "li.lm-Menu-item[data-command='runmenu:run-all'], "  # Run All Cells
-            "li.lm-Menu-item[data-command='notebook:run-all-cells']"
-        ).first.click()
         try:
+            # a dialog may also open between the check above and these clicks: then a click waits in vain (it
+            # intercepts pointer events), and the next try closes it first
+            page.locator(".jp-Notebook .jp-Cell").first.click(timeout=15_000)  # focus: the Run menu acts on it
+            page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click(timeout=15_000)
+            page.locator(
+                "li.lm-Menu-item[data-command='runmenu:run-all'], "  # Run All Cells
+                "li.lm-Menu-item[data-command='notebook:run-all-cells']"
+            ).first.click(timeout=15_000)
             page.wait_for_function(started, timeout=10_000)
             return
         except Exception:  # playwright's TimeoutError

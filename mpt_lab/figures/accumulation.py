@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import html
 import re
+from collections.abc import Sequence
 
 import numpy as np
 from matplotlib.figure import Figure
@@ -471,7 +472,7 @@ def kernels_table(result: ExperimentResult) -> HTML:
     )
 
 
-def split_fp16_agreement(k: int = 4096, parts=(2, 4), rows: int = 2000, seed: int = 0) -> dict:
+def split_fp16_agreement(k: int = 4096, parts: Sequence[int] = (2, 4), rows: int = 2000, seed: int = 0) -> dict:
     """How often a split of K changes an FP16 product's result: the share of outputs whose FP16 rounding is the same
     when the K products are summed in FP32 in one sequential pass and when K is cut into parts, each summed
     sequentially in FP32, and the parts' sums added in FP32 (then rounded to FP16, nearest even).

@@ -396,7 +396,7 @@ def histogram_table(results: dict, fmt: FormatLike = "FP16") -> HTML:
         ],
         [
             "lost in FP16 (rounds to 0: 0 < |x| ≤ 2⁻²⁵; of all values)",
-            f"{pct(PAPER['guide_lost'])} (guide)",
+            f"{pct(PAPER['guide_lost'])} (guide; its base not stated)",
             "–",
             *ours(lambda k: pct(sums[k].lost)),
         ],
