@@ -241,6 +241,10 @@ class _FunctionMode(TorchFunctionMode):
 
 
 # ---------------------------------------------------------------------------------------------- the recorder
+#: Values at each end of a row that :meth:`StepRecorder._zero_rows` reads before reading whole rows.
+_ZERO_ROW_HEAD = 16
+
+
 class StepRecorder:
     """Hooks and modes for one step (see the module docstring); use as ``with StepRecorder(...) as rec:`` around
     ``loss = loss_fn(model, batch)`` and call :meth:`before_backward` with the loss before ``loss.backward()``.
@@ -774,17 +778,26 @@ class StepRecorder:
         """The share of the operand's rows (its slices along the reduction axis: what row-wise scaling scales
         together) whose values are all zero: their amax is 0, and a scale amax / max is 0 (torchao issue 3356).
         ``hist``, the histogram of t's values, saves the pass over t when t holds fewer zeros than a row has
-        values (then no row is all zero)."""
+        values (then no row is all zero); otherwise the first and last values of each row are read first, and
+        then whole only the rows that start and end with zeros (a row with a non-zero value among them is
+        not all zero: dropout's scattered zeros, or the zeros of a causal attention matrix, which its transpose
+        has at the start of a row and not at its end)."""
         if t.dim() == 0 or t.numel() == 0:
             return 0.0
         axis = axis % t.dim()
         if hist is not None and hist.zeros < t.shape[axis]:
             return 0.0
         with exact_arithmetic():
-            # a row is all zero iff its smallest and largest values are both 0 (a NaN makes both NaN): one pass,
-            # no copy of |t|
-            lo, hi = torch.aminmax(t.detach(), dim=axis)
-            return float(((lo == 0) & (hi == 0)).double().mean())
+            t = t.detach()
+            n = t.shape[axis]
+            k = min(n, _ZERO_ROW_HEAD)
+            ends = (t.narrow(axis, 0, k) == 0).all(dim=axis) & (t.narrow(axis, n - k, k) == 0).all(dim=axis)
+            if not bool(ends.any()):
+                return 0.0
+            # the rows that start and end with zeros, read whole: a row is all zero iff its smallest and largest
+            # values are both 0 (a NaN makes both NaN)
+            lo, hi = torch.aminmax(t.movedim(axis, -1)[ends], dim=-1)
+            return int(((lo == 0) & (hi == 0)).sum()) / ends.numel()
 
     def _is_gradient(self, t) -> bool:
         """Whether t is (a view of) a gradient that a node of this backward pass received."""

@@ -85,10 +85,17 @@ def test_the_bits_kernel_matches_eager_on_every_bin_edge_and_random_bit_patterns
     assert torch.equal(idx, want_idx) and torch.equal(amax_bits.view(torch.float32), want_amax)
 
 
-def test_a_large_tensor_counted_in_pieces_equals_one_count():
-    """Above _CPU_CHUNK values the CPU histogram counts piece by piece: the counts and amax equal the eager
-    kernel's over the whole tensor, with zeros, subnormals, inf and NaN in different pieces, for float32, a
-    channels-last 4-D gradient and bfloat16."""
+@pytest.mark.parametrize("kernel", ["C", "torch.compile"])
+def test_a_large_tensor_counted_in_pieces_equals_one_count(kernel, monkeypatch):
+    """A large CPU tensor is counted in pieces (the C kernel: one part per torch thread, here three; the
+    torch.compile kernel: pieces of _CPU_CHUNK values): the counts and amax equal the eager kernel's over the whole
+    tensor, with zeros, subnormals, inf and NaN in different pieces, for float32, a channels-last 4-D gradient
+    and bfloat16."""
+    if kernel == "C":
+        assert H._native_kernel() is not None  # this project's machines have a C compiler
+    else:
+        monkeypatch.setattr(H, "_native", {"fn": None})
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
     n = 3 * H._CPU_CHUNK + 12345
     x = torch.from_numpy(_random_values(n, 7))
     x[5] = 0.0
@@ -582,3 +589,96 @@ def test_a_capped_aten_takes_the_bucketize_kernel_without_compiling(monkeypatch)
     idx, amax = _kernel("cpu")(x)
     want_idx, want_amax = _fine_indices_eager(x)
     assert torch.equal(idx, want_idx) and torch.equal(amax, want_amax)
+
+
+def _c_compiler() -> bool:
+    import shutil
+
+    return any(shutil.which(c) for c in ("cc", "gcc", "clang"))
+
+
+@pytest.mark.skipif(not _c_compiler(), reason="no C compiler on this machine")
+def test_the_c_kernel_equals_the_eager_kernel_on_every_bin_edge_and_random_bit_patterns():
+    """The C kernel (log2_histogram's on the CPU) counts like the eager kernel at each fine bin's first bit pattern
+    and its neighbours (subnormal binades included), both signs, inf and NaN, on two million random bit patterns
+    split over one to four threads, and on the values of every small format with their midpoints; single values,
+    empty and odd-sized parts included."""
+    fn = H._native_kernel()
+    assert fn is not None
+    g = torch.Generator().manual_seed(11)
+    rand = torch.randint(-(2**31), 2**31 - 1, (2_000_003,), generator=g, dtype=torch.int64).to(torch.int32)
+    cases = [
+        H._native_probe(),
+        rand.view(torch.float32),
+        torch.from_numpy(_edge_values()),
+        torch.tensor([float("nan")]),
+        torch.tensor([-(2.0**-149)]),
+        torch.tensor([0.0, 0.0, 0.0]),
+    ]
+    for threads in (1, 2, 4):
+        for x in cases:
+            idx, amax = _fine_indices_eager(x)
+            counts, got_amax = H._native_counts_parts(fn, x, threads)
+            assert torch.equal(counts, torch.bincount(idx, minlength=H.NFINE)), (threads, x.numel())
+            assert torch.equal(got_amax, amax), (threads, x.numel())
+
+
+@pytest.mark.skipif(not _c_compiler(), reason="no C compiler on this machine")
+def test_without_a_compiler_the_histogram_warns_and_counts_with_torch(tmp_path):
+    """Where the C kernel cannot be built ($CC names no compiler, an empty cache), log2_histogram warns once,
+    saying why, and counts with the torch.compile kernel: the same histogram; a second process with a
+    compiler builds the library into the cache once and loads it from there afterwards."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import warnings, torch\n"
+        "warnings.simplefilter('always')\n"
+        "from mpt_lab import histogram as H\n"
+        "x = torch.randn(300_000) * 1e-3\n"
+        "x[7] = 0.0\n"
+        "idx, amax = H._fine_indices_eager(x)\n"
+        "with warnings.catch_warnings(record=True) as w:\n"
+        "    warnings.simplefilter('always')\n"
+        "    h = H.log2_histogram(x)\n"
+        "    h2 = H.log2_histogram(x)\n"
+        "assert h == h2 == H.Log2Histogram(torch.bincount(idx, minlength=H.NFINE), amax)\n"
+        "print('native', H._native['fn'] is not None)\n"
+        "print('warnings', [str(m.message) for m in w if 'C histogram kernel' in str(m.message)])\n"
+    )
+    env = {**os.environ, "MPT_LAB_CACHE_DIR": str(tmp_path), "MPT_LAB_COMPILE": "1"}
+    bad = subprocess.run(
+        [sys.executable, "-c", code], env={**env, "CC": "no-such-compiler"}, capture_output=True, text=True
+    )
+    assert bad.returncode == 0, bad.stderr[-2000:]
+    assert "native False" in bad.stdout
+    assert bad.stdout.count("C histogram kernel is unavailable") == 1 and "no-such-compiler" in bad.stdout
+    assert not list(tmp_path.glob("*.so"))
+    for _ in range(2):
+        good = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+        assert good.returncode == 0, good.stderr[-2000:]
+        assert "native True" in good.stdout and "warnings []" in good.stdout
+    assert len(list(tmp_path.glob("mpt_lab_histogram-*.so"))) == 1
+
+
+@pytest.mark.skipif(not _c_compiler(), reason="no C compiler on this machine")
+def test_kernels_benchmark_runs(tmp_path):
+    """benchmarks/histogram_kernels.py (quick profile): a row per kernel and kind of data, the three kernels'
+    histograms checked equal inside, the ratio in the summary from the rows' medians."""
+    from conftest import load_benchmark
+
+    from mpt_lab.harness.runner import load_json
+
+    out = tmp_path / "kernels.json"
+    assert load_benchmark("histogram_kernels").main(["--profile", "quick", "--no-progress", "--out", str(out)]) == 0
+    res = load_json(out)
+    assert res["experiment"] == "histogram_kernels" and res["config"]["n"] == 300_000
+    rows = {(r["data"], r["kernel"]): r for r in res["rows"]}
+    assert set(rows) == {
+        (d, k) for d in ("normal", "gradients") for k in ("C kernel", "torch.compile kernel", "bucketize kernel")
+    }
+    for d in ("normal", "gradients"):
+        c, t = rows[(d, "C kernel")], rows[(d, "torch.compile kernel")]
+        assert res["summary"][d] == pytest.approx(t["median_s"] / c["median_s"])
+        assert c["ns_per_value"] == pytest.approx(c["median_s"] / 300_000 * 1e9) and len(c["times_s"]) == 2

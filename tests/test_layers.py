@@ -31,7 +31,17 @@ ROOT = Path(__file__).resolve().parents[1]
 #: The floors, bottom up: each floor's rooms (a module, or a package with everything below it).  A module may
 #: import its own floor and the floors below.  ``ARCHITECTURE.md`` holds the same table (a test compares them).
 FLOORS = (
-    ("bottom", ("mpt_lab", "mpt_lab.formats", "mpt_lab._torch_internals", "mpt_lab.device", "mpt_lab.bench")),
+    (
+        "bottom",
+        (
+            "mpt_lab",
+            "mpt_lab.formats",
+            "mpt_lab._torch_internals",
+            "mpt_lab._native",
+            "mpt_lab.device",
+            "mpt_lab.bench",
+        ),
+    ),
     ("models and data", ("mpt_lab.models", "mpt_lab.data")),
     (
         "numerics",
