@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -70,6 +71,9 @@ class LayerRanking:
     steps : the training steps run (forward and backward), the FP32 one included
     ranking_steps : those of them that the ranking took (the FP32 step, one per layer alone, every layer, and with
         ``all_but_one`` one per layer again); the rest searched for :attr:`keep`
+    seconds : float, the wall-clock time of the whole of :func:`keep_wide`
+    ranking_seconds : float, the part of it up to the ranking (its :attr:`ranking_steps`); the rest searched for
+        :attr:`keep`
     """
 
     recipe: str
@@ -87,6 +91,8 @@ class LayerRanking:
     within: bool = False
     steps: int = 0
     ranking_steps: int = 0
+    seconds: float = 0.0
+    ranking_seconds: float = 0.0
 
     def positions(self) -> list:
         """The position (0-based, in :attr:`layers`' order) of each kept layer."""
@@ -139,6 +145,8 @@ class LayerRanking:
                 "within",
                 "steps",
                 "ranking_steps",
+                "seconds",
+                "ranking_seconds",
             )
         }
 
@@ -238,23 +246,35 @@ class _Switch(nn.Module):
 
 
 def _squared_distance(a: torch.Tensor, b: torch.Tensor, buffer: list | None = None) -> float:
-    """``float(((a.double() - b.double()) ** 2).sum())``, bit for bit, in one float64 temporary instead of four
-    when a and b are contiguous float32 tensors of one shape (a converted exactly; b converted inside the
-    subtraction, exactly; the square as the product ``x * x`` that ``** 2`` computes; the same sum over a contiguous
-    tensor of the same shape).  ``buffer``: a list holding the float64 temporary, reused from call to call (grown
-    when too small), so that a step's many gradients do not each allocate and fault in fresh memory."""
+    """``Σ (a − b)²`` in float64, each difference and square exact as in ``((a.double() - b.double()) ** 2).sum()``
+    (float32 values converted exactly; the difference of two float32 values and its square are exact in float64
+    but for a rounding of ``2⁻⁵³`` relative); contiguous float32 tensors of one shape are read in pieces of
+    :data:`_PIECE` values, each piece's squares summed by a float64 dot product, so that the float64 temporary
+    stays in the cache (one pass over a and b, where the whole-tensor formula makes four over a float64 copy).
+    The sum's order differs from ``.sum()``'s: the result agrees with it to the float64 rounding of a sum
+    (relative ~10⁻¹⁵), not bit for bit.  ``buffer``: a list holding the float64 temporary, reused from call to
+    call."""
     if a.dtype == b.dtype == torch.float32 and a.shape == b.shape and a.is_contiguous() and b.is_contiguous():
+        a, b = a.reshape(-1), b.reshape(-1)
+        n = a.numel()
+        piece = min(n, _PIECE)
         if buffer is None:
-            d = a.double()
-        else:
-            if not buffer or buffer[0].numel() < a.numel() or buffer[0].device != a.device:
-                buffer[:] = [torch.empty(a.numel(), dtype=torch.float64, device=a.device)]
-            d = buffer[0][: a.numel()].view(a.shape)
-            d.copy_(a)
-        d.sub_(b)
-        d.mul_(d)
-        return float(d.sum())
+            buffer = []
+        if not buffer or buffer[0].numel() < piece or buffer[0].device != a.device:
+            buffer[:] = [torch.empty(max(piece, 1), dtype=torch.float64, device=a.device)]
+        total = 0.0
+        for start in range(0, n, _PIECE):
+            m = min(_PIECE, n - start)
+            d = buffer[0][:m]
+            d.copy_(a[start : start + m])
+            d.sub_(b[start : start + m])
+            total += float(torch.dot(d, d))
+        return total
     return float(((a.double() - b.double()) ** 2).sum())
+
+
+#: Values per piece of :func:`_squared_distance` (a 2 MiB float64 temporary).
+_PIECE = 1 << 18
 
 
 def keep_wide(
@@ -329,6 +349,7 @@ def keep_wide(
     if not [n for n, _ in linears if n not in skip]:
         raise ValueError(f"model ({type(model).__name__}) has no Linear layer to rank")
 
+    started = time.perf_counter()
     state = SavedState(model)
     switches: dict = {}
     bar = ProgressBar(progress_wanted(progress), "keep_wide")
@@ -413,6 +434,7 @@ def keep_wide(
         else:
             out.score = {n: out.one[n][metric] for n in candidates}
         out.ranking_steps = steps
+        out.ranking_seconds = time.perf_counter() - started
         out.ranking = sorted(candidates, key=lambda n: (-out.score[n], -out.one[n][metric], candidates.index(n)))
 
         def with_kept(kept) -> dict:
@@ -459,6 +481,7 @@ def keep_wide(
         out.kept = current
         out.within = current[metric] <= tolerance
         out.steps = steps
+        out.seconds = time.perf_counter() - started
         return out
     finally:
         for parent, child, lin, _ in switches.values():

@@ -603,7 +603,12 @@ def test_overhead_benchmark_runs(tmp_path):
     assert res["goal"] == {"recording_in_steps": 1.5, "per_format_in_steps": 1.5, "ranking_per_layer_in_steps": 2.0}
     rk = res["ranking"]
     assert rk["mode"] == "both" and rk["layers"] == 5 and rk["steps"] >= 1 + 2 * 5 + 1  # 4 Conv1D + lm_head
-    assert summary["layer ranking per layer, wall clock"] == pytest.approx(rk["seconds"] / 5 / plain)
+    assert summary["layer ranking per layer, wall clock"] == pytest.approx(rk["ranking_seconds"] / 5 / plain)
+    assert summary["keep_wide (ranking and smallest set) per layer, wall clock"] == pytest.approx(
+        rk["seconds"] / 5 / plain
+    )
+    assert 0 < rk["ranking_seconds"] <= rk["keep_wide_seconds"] <= rk["seconds"]
+    assert rk["ranking_steps"] == 1 + 2 * 5 + 1 <= rk["steps"]
     assert res["formats"] == ["FP16", "BF16", "FP8_E4M3", "FP8_E5M2"] and res["parameters"] > 0
     assert set(res["load_average"]) == {"start", "end"}
     with pytest.raises(ValueError, match="config.width"):
@@ -1012,6 +1017,8 @@ def test_keep_wide_ranks_the_planted_layer_first_and_its_set_holds_in_a_real_rec
     assert r.ranking_steps == 2 + 2 * len(r.layers) < r.steps
     r1 = keep_wide(model, ce, batch, recipe, tolerance=0.25, all_but_one=False, progress=False)
     assert r1.ranking_steps == 2 + len(r1.layers) and r1.to_dict()["ranking_steps"] == r1.ranking_steps
+    for x in (r, r1):  # the wall-clock split: the ranking's part of the whole
+        assert 0 < x.ranking_seconds <= x.seconds and x.to_dict()["seconds"] == x.seconds
     # the kept set in a real recipe run: "4" with the BF16 recipe, the others with NVFP4's
     m = copy.deepcopy(model)
     quantize_linears_(m, recipe, skip=r.keep)
