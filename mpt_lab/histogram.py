@@ -365,8 +365,9 @@ _compiled: dict = {}
 
 
 def _compile_wanted(device_type: str) -> bool:
-    """Whether :func:`_kernel` compiles for ``device_type``: ``MPT_LAB_COMPILE`` "0" (never), "1" (default: the
-    CPU only), "all" (the CPU and CUDA)."""
+    """Whether :func:`_kernel` compiles for ``device_type`` (and, for the CPU, whether :func:`_native_kernel` builds
+    the C kernel): ``MPT_LAB_COMPILE`` "0" (never: the eager kernel), "1" (default: the CPU only), "all" (the CPU
+    and CUDA)."""
     setting = os.environ.get("MPT_LAB_COMPILE", "1").strip().lower()
     if setting in ("0", "false", "no", "off"):
         return False
