@@ -26,9 +26,11 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-__all__ = ["library", "NativeUnavailable"]
+__all__ = ["library", "NativeUnavailable", "in_parts"]
 
 #: Flag sets tried in order; the first that compiles is used.
 FLAG_SETS = (
@@ -150,3 +152,30 @@ def library(name: str, source: str) -> ctypes.CDLL:
                 raise NativeUnavailable(f"{path} did not load: {err}") from None
             _loaded[key] = lib
     return lib
+
+
+_pools: dict = {}  # process id -> ThreadPoolExecutor (a forked child makes its own: threads do not survive a fork)
+
+
+def in_parts(fn: Callable[[int, int, int], None], n: int, parts: int) -> None:
+    """Call ``fn(i, start, end)`` for ``parts`` consecutive parts ``[start, end)`` of ``range(n)`` (as equal as can
+    be; some may be empty when ``parts > n``), the first on this thread and the others at once on a pool of
+    worker threads: C kernels called through :mod:`ctypes` release the GIL, so the parts run in parallel.
+    Returns when every part is done; an error of any part is raised."""
+    if parts <= 1:
+        fn(0, 0, n)
+        return
+    pid = os.getpid()
+    pool = _pools.get(pid)
+    if pool is None or pool._max_workers < parts - 1:
+        if pool is not None:
+            pool.shutdown(wait=False)
+        _pools.clear()
+        pool = _pools[pid] = ThreadPoolExecutor(parts - 1, thread_name_prefix="mpt_lab_native")
+    bounds = [n * i // parts for i in range(parts + 1)]
+    futures = [pool.submit(fn, i, bounds[i], bounds[i + 1]) for i in range(1, parts)]
+    try:
+        fn(0, bounds[0], bounds[1])
+    finally:
+        for f in futures:
+            f.result()

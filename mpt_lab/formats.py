@@ -1332,6 +1332,159 @@ def _check_native(lib: str, device, fmt: FloatFormat, saturate: bool) -> bool:
 
 
 # ----------------------------------------------------------------------------------------------------------
+# The C kernel: round-to-nearest-even of float32 CPU tensors where no native cast serves
+# ----------------------------------------------------------------------------------------------------------
+#: Round-to-nearest-even of float32 values to a format with ``m`` mantissa bits (m ≤ 22), smallest normal
+#: exponent ``emin`` (≥ −126) and largest finite value ``maxv`` (a float32), in one pass (compiled by
+#: :mod:`mpt_lab._native`).  A magnitude at or above 2^emin keeps its float32 exponent: the 23 − m low bits of its
+#: pattern are rounded off, ties to even, a carry moving it into the next binade (or past the largest
+#: pattern: overflow).  Below 2^emin the format's spacing is 2^(emin − m) whatever the binade: the magnitude
+#: plus c = 2^(emin − m + 23), whose ulp that spacing is, rounds there in float32's own round-to-nearest-even,
+#: and minus c again is exact.  A result above ``maxv`` (inf included) overflows as ``overflow`` says (0: ±inf,
+#: 1: NaN, 2: ±maxv); NaN stays NaN; the sign is kept.  Checked against the bit path before use
+#: (:func:`_c_round_ok`).
+_C_ROUND_SOURCE = r"""
+#include <stdint.h>
+#include <string.h>
+void mpt_lab_round_nearest(const uint32_t *restrict x, uint32_t *restrict y, int64_t n, int m, int emin,
+                           uint32_t maxb, int overflow) {
+    const int shift = 23 - m;
+    const uint32_t half = (1u << (shift - 1)) - 1u;
+    const uint32_t mask = ~((1u << shift) - 1u);
+    const uint32_t minnorm = (uint32_t)(emin + 127) << 23;
+    const uint32_t cb = (uint32_t)(emin - m + 23 + 127) << 23;
+    float c;
+    memcpy(&c, &cb, 4);
+    const uint32_t over = overflow == 0 ? 0x7F800000u : overflow == 1 ? 0x7FC00000u : maxb;
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t b = x[i];
+        uint32_t a = b & 0x7FFFFFFFu;
+        uint32_t rn = (a + half + ((a >> shift) & 1u)) & mask;
+        float af, rf;
+        memcpy(&af, &a, 4);
+        rf = (af + c) - c;
+        uint32_t rs;
+        memcpy(&rs, &rf, 4);
+        uint32_t r = a >= minnorm ? rn : rs;
+        r = r > maxb ? over : r;
+        r = a > 0x7F800000u ? 0x7FC00000u : r;
+        y[i] = r | (b & 0x80000000u);
+    }
+}
+"""
+
+_c_round: dict = {}  # "fn": the ctypes function, or None (unavailable)
+_c_round_checked: dict = {}  # (fmt, saturate) -> whether the C kernel rounds it (checked once)
+#: Values per part when the C rounding kernel splits a tensor over torch's intra-op threads.
+_C_ROUND_PART = 1 << 16
+
+
+def _c_round_fn():
+    """The C rounding kernel's function, built once per process, or None (``MPT_LAB_FAST_ROUND=0``, or no C
+    compiler: then the bit path, with a RuntimeWarning saying why)."""
+    if "fn" not in _c_round:
+        fn = None
+        if _native_enabled():
+            import ctypes
+
+            from . import _native
+
+            try:
+                fn = _native.library("mpt_lab_round", _C_ROUND_SOURCE).mpt_lab_round_nearest
+                fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int]
+                fn.argtypes += [ctypes.c_uint32, ctypes.c_int]
+                fn.restype = None
+            except (_native.NativeUnavailable, OSError, AttributeError) as err:
+                warnings.warn(
+                    f"the C rounding kernel is unavailable ({type(err).__name__}: {err}); float32 CPU tensors are "
+                    "rounded by the bit path (the same values, slower)",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
+                fn = None
+        _c_round["fn"] = fn
+    return _c_round["fn"]
+
+
+def _c_round_call(xf, fmt: FloatFormat, saturate: bool, out=None):
+    """xf (a contiguous float32 CPU tensor) rounded to nearest-even in fmt by the C kernel, into ``out`` (a new
+    tensor if None; may be xf itself), split over torch's intra-op threads."""
+    from . import _native
+
+    fn = _c_round_fn()
+    if out is None:
+        out = torch.empty_like(xf)
+    overflow = 2 if saturate else 0 if fmt.infinities else 1 if fmt.nan != "none" else 2
+    maxb = int(np.float32(fmt.max).view(np.uint32))
+    n = xf.numel()
+    xp, yp = xf.data_ptr(), out.data_ptr()
+
+    def part(i, start, end):
+        fn(xp + 4 * start, yp + 4 * start, end - start, fmt.mantissa_bits, fmt.emin, maxb, overflow)
+
+    _native.in_parts(part, n, max(1, min(torch.get_num_threads(), n // _C_ROUND_PART)))
+    return out
+
+
+def _c_round_probe(fmt: FloatFormat) -> np.ndarray:
+    """:func:`_probe`'s values and, for fmt, every midpoint between neighbouring values near its extremes and
+    either side of each (the ties a native cast's probe covers for its own formats)."""
+    m = fmt.mantissa_bits
+    k = np.arange(-(1 << (m + 1)), 1 << (m + 1), dtype=np.float64)
+    parts = [_probe()]
+    with np.errstate(over="ignore"):
+        for e in (fmt.emin - m, fmt.emin, 0, fmt.emax - 1, fmt.emax):
+            mid = ((k + 0.5) * 2.0 ** (e - m) if e > fmt.emin - m else (k + 0.5) * 2.0**e).astype(np.float32)
+            parts += [mid, np.nextafter(mid, np.float32(0)), np.nextafter(mid, np.float32(np.inf))]
+        parts.append(np.array([fmt.max, -fmt.max, fmt.max * (1 + 2.0 ** -(m + 1)), 2 * fmt.max], np.float32))
+    return np.concatenate(parts)
+
+
+def _c_round_ok(xf, fmt: FloatFormat, rounding: str, saturate: bool) -> bool:
+    """Whether the C kernel rounds xf here (``MPT_LAB_FAST_ROUND=0`` turns it off, as the native casts): a float32
+    CPU tensor, round-to-nearest-even, a signed format with
+    subnormals, 1 ≤ 23 − m, its exponents within float32's, and the kernel equal to the bit path on
+    :func:`_c_round_probe` (out of place and in place; checked once per format and saturation, a difference
+    warned about and the bit path kept)."""
+    if not (
+        rounding == "nearest_even"
+        and _native_enabled()
+        and _is_tensor(xf)
+        and xf.dtype == torch.float32
+        and xf.device.type == "cpu"
+        and fmt.signed
+        and fmt.subnormals
+        and fmt.mantissa_bits <= 22
+        and -126 <= fmt.emin
+        and fmt.emax <= 127
+    ):
+        return False
+    key = (fmt, saturate)
+    ok = _c_round_checked.get(key)
+    if ok is None:
+        ok = False
+        if _c_round_fn() is not None:
+            with exact_arithmetic():
+                p = torch.from_numpy(_c_round_probe(fmt))
+                if fmt.nan == "none":
+                    p = p[~torch.isnan(p)]
+                want = _round_bits(p, fmt, "nearest_even", saturate, None)
+                inplace = p.clone()
+                ok = _same_bits(_c_round_call(p, fmt, saturate), want) and _same_bits(
+                    _c_round_call(inplace, fmt, saturate, out=inplace), want
+                )
+            if not ok:
+                warnings.warn(
+                    f"the C rounding kernel disagrees with the bit path for {fmt.name} (saturate={saturate}); "
+                    "the bit path is used instead",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
+        _c_round_checked[key] = ok
+    return ok
+
+
+# ----------------------------------------------------------------------------------------------------------
 # Rounding: the one entry point
 # ----------------------------------------------------------------------------------------------------------
 def _round_work(xf, fmt: FloatFormat, rounding: str, saturate: bool, generator, out=None):
@@ -1364,6 +1517,8 @@ def _round_work(xf, fmt: FloatFormat, rounding: str, saturate: bool, generator, 
     dt = _native_dtype(xf, fmt, rounding, saturate)
     if dt is not None:
         return _round_native(xf, fmt, dt, saturate, out)
+    if _c_round_ok(xf, fmt, rounding, saturate):
+        return _c_round_call(xf, fmt, saturate, out)
     gen = _make_generator(generator, xf) if rounding == "stochastic" else None
     y = _round_bits(xf, fmt, rounding, saturate, gen, out)
     if not (fmt.signed and fmt.subnormals):

@@ -295,28 +295,13 @@ def _native_counts(fn, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _native_counts_parts(fn, x: torch.Tensor, parts: int) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`_native_counts` with ``x`` split in ``parts`` parts (as equal as can be; some may be empty)."""
-    n = x.numel()
     counts = torch.zeros((parts, NFINE), dtype=torch.int64)
     amax = torch.zeros(parts, dtype=torch.int32)
-    if parts == 1:
-        _native_call(fn, x, counts[0], amax[0:1])
-        return counts[0], amax[0].view(torch.float32)
-    pid = os.getpid()
-    pool = _workers.get(pid)
-    if pool is None or pool._max_workers < parts - 1:
-        if pool is not None:
-            pool.shutdown(wait=False)
-        _workers.clear()
-        pool = _workers[pid] = ThreadPoolExecutor(parts - 1, thread_name_prefix="mpt_lab_histogram")
-    bounds = [n * i // parts for i in range(parts + 1)]
-    futures = [
-        pool.submit(_native_call, fn, x[bounds[i] : bounds[i + 1]], counts[i], amax[i : i + 1]) for i in range(1, parts)
-    ]
-    try:
-        _native_call(fn, x[bounds[0] : bounds[1]], counts[0], amax[0:1])
-    finally:
-        for f in futures:
-            f.result()
+
+    def part(i, start, end):
+        _native_call(fn, x[start:end], counts[i], amax[i : i + 1])
+
+    _native_lib.in_parts(part, x.numel(), parts)
     return counts.sum(0), amax.amax().view(torch.float32)
 
 

@@ -1122,6 +1122,36 @@ def test_native_casts_are_taken_checked_and_refused_when_they_differ(monkeypatch
     assert_same(round_to(t, FP16), x.astype(np.float16).astype(np.float32), x, "after a refused cast")
 
 
+@pytest.mark.parametrize("fmt", ORACLE_FORMATS, ids=str)
+def test_the_c_rounding_kernel_matches_the_oracles(fmt):
+    """The C kernel (round-to-nearest-even of float32 CPU tensors where no native cast serves: E4M3, FP6, FP4)
+    equals the oracle (ml_dtypes, or the reference rounding with saturation) on the oracle inputs, out of place
+    and in place, split over one to four threads, for every format it accepts; float64, stochastic rounding and
+    MPT_LAB_FAST_ROUND=0 take other paths."""
+    if not any(__import__("shutil").which(c) for c in ("cc", "gcc", "clang")):
+        pytest.skip("no C compiler on this machine")
+    x = _without_nan_if_needed(inputs(fmt, np.float32), fmt)
+    t = torch.from_numpy(x.copy())
+    assert F._c_round_ok(t, fmt, "nearest_even", False) == (fmt.signed and fmt.subnormals and fmt.mantissa_bits <= 22)
+    if not F._c_round_ok(t, fmt, "nearest_even", False):
+        return
+    assert not F._c_round_ok(t, fmt, "stochastic", False) and not F._c_round_ok(t.double(), fmt, "nearest_even", False)
+    want = {False: oracle_or_ref(x, fmt), True: _ref(fmt, np.float32, "nearest_even", True)}
+    for threads in (1, 2, 4):
+        for sat in (False, True):
+            got = F._c_round_call(t, fmt, sat) if threads == 1 else None
+            if got is None:
+                got = torch.empty_like(t)
+                n = t.numel()
+                bounds = [n * i // threads for i in range(threads + 1)]
+                for a, b in zip(bounds, bounds[1:]):
+                    F._c_round_call(t[a:b], fmt, sat, out=got[a:b])
+            assert_same(got, want[sat], x, f"C kernel {fmt} sat={sat}, {threads} parts")
+            inplace = t.clone()
+            F._c_round_call(inplace, fmt, sat, out=inplace)
+            assert_same(inplace, want[sat], x, f"C kernel in place {fmt} sat={sat}")
+
+
 @pytest.mark.parametrize("path", ["default", "bits", "torch_ops"])
 def test_rounding_in_place_equals_out_of_place(path, monkeypatch):
     """The ``out=`` form that mpt_lab.simulate uses to round the tensors an op writes in place."""
