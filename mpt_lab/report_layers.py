@@ -252,10 +252,18 @@ def _squared_distance(a: torch.Tensor, b: torch.Tensor, buffer: list | None = No
     :data:`_PIECE` values, each piece's squares summed by a float64 dot product, so that the float64 temporary
     stays in the cache (one pass over a and b, where the whole-tensor formula makes four over a float64 copy).
     The sum's order differs from ``.sum()``'s: the result agrees with it to the float64 rounding of a sum
-    (relative ~10⁻¹⁵), not bit for bit.  ``buffer``: a list holding the float64 temporary, reused from call to
+    (relative ~10⁻¹⁵), not bit for bit.  Float32 tensors of one shape with other strides are read alike (as flat
+    views when both are the same permutation of a contiguous block; else in logical order).  ``buffer``: a list holding the float64 temporary, reused from call to
     call."""
-    if a.dtype == b.dtype == torch.float32 and a.shape == b.shape and a.is_contiguous() and b.is_contiguous():
-        a, b = a.reshape(-1), b.reshape(-1)
+    if a.dtype == b.dtype == torch.float32 and a.shape == b.shape:
+        # both permuted alike so that their strides fall (two transposed weight gradients become contiguous):
+        # flat views without a copy; otherwise in logical order (a copy where not contiguous)
+        order = sorted(range(a.dim()), key=lambda i: -a.stride(i))
+        pa, pb = a.permute(order), b.permute(order)
+        if pa.is_contiguous() and pb.is_contiguous():
+            a, b = pa.reshape(-1), pb.reshape(-1)
+        else:
+            a, b = a.reshape(-1), b.reshape(-1)
         n = a.numel()
         piece = min(n, _PIECE)
         if buffer is None:

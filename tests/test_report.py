@@ -1240,3 +1240,26 @@ def test_the_recorder_counts_a_tensor_once_under_every_view_that_holds_all_of_it
     assert part is not h and part == log2_histogram(base[:, :299]) and h == log2_histogram(base)
     base.mul_(2.0)  # a new version: counted again
     assert rec.hist(base.t()) is not h and rec.hist(base.t()) == log2_histogram(base)
+
+
+def test_keep_wide_gradient_error_sum_equals_the_float64_formula_for_any_layout():
+    """The gradient error's squared distance (summed piece by piece, flat views of transposed gradients) equals
+    ``((a.double() - b.double()) ** 2).sum()`` to 1e-12 relative, for contiguous, transposed and mixed layouts,
+    3-D tensors, size-one dimensions and empty tensors, with a reused buffer."""
+    from mpt_lab.report_layers import _squared_distance
+
+    g = torch.Generator().manual_seed(0)
+    buffer: list = []
+    for shape, transpose in [
+        ((300, 700), True),
+        ((5, 6, 7), False),
+        ((1000,), False),
+        ((0,), False),
+        ((3, 1, 4), True),
+    ]:
+        a, b = torch.randn(shape, generator=g), torch.randn(shape, generator=g)
+        if transpose:
+            a, b = a.transpose(0, -1), b.transpose(0, -1)
+        for x, y in [(a, b), (a, b.contiguous()), (a.contiguous(), b)]:
+            want = float(((x.double() - y.double()) ** 2).sum())
+            assert _squared_distance(x, y, buffer) == pytest.approx(want, rel=1e-12, abs=0.0)
