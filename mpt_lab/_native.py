@@ -3,7 +3,7 @@
 A few loops of this package run many times over hundreds of millions of values (the precision report histograms
 every gradient of a GPT-2 step, ~7·10⁸ values) and no PyTorch op does them in one pass: counting the values of
 a tensor per fine bin of :mod:`mpt_lab.histogram` needs the bin index of each value (leading zeros of bit
-patterns) and a count per bin.  :func:`library` compiles such a kernel, written in C beside the Python code that
+patterns) and a count per bin.  :func:`native_library` compiles such a kernel, written in C beside the Python code that
 uses it, with the machine's C compiler (the one torch.compile also needs on a CPU), caches the shared library on
 disk per source, compiler, flags and CPU, and loads it.  The caller checks the kernel against its PyTorch
 reference before using it and falls back to PyTorch where there is no compiler or the check fails.
@@ -26,11 +26,9 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-__all__ = ["library", "NativeUnavailable", "in_parts"]
+__all__ = ["native_library", "NativeUnavailable"]
 
 #: Flag sets tried in order; the first that compiles is used.
 FLAG_SETS = (
@@ -100,11 +98,12 @@ def _version(cc: str) -> str:
         raise NativeUnavailable(f"{cc} --version failed: {err}") from None
 
 
-def _build(name: str, source: str) -> Path:
+def _build(name: str, source: str, openmp: bool) -> Path:
     cc = _compiler()
     ident = "\n".join([source, cc, _version(cc), _cpu_identity(), sys.platform, platform.machine()])
     errors = []
-    for flags in FLAG_SETS:
+    flag_sets = [(*f, "-fopenmp") for f in FLAG_SETS] + list(FLAG_SETS) if openmp else FLAG_SETS
+    for flags in flag_sets:
         key = hashlib.sha256("\n".join([ident, *flags]).encode()).hexdigest()[:20]
         out = _cache_dir() / f"{name}-{key}.so"
         if out.exists():
@@ -132,50 +131,29 @@ def _build(name: str, source: str) -> Path:
     raise NativeUnavailable(f"{cc} did not compile {name}: " + " | ".join(errors))
 
 
-def library(name: str, source: str) -> ctypes.CDLL:
+def native_library(name: str, source: str, *, openmp: bool = False) -> ctypes.CDLL:
     """The shared library compiled from C ``source`` (cached on disk, and per process), loaded with
     :class:`ctypes.CDLL` (calls into it release the GIL).  ``name`` names the files.
+
+    ``openmp``: compile with ``-fopenmp`` where the compiler can (else without: the source must compile both
+    ways, ``#ifdef _OPENMP``).  The library then needs ``libgomp.so.1``, the soname of the OpenMP runtime that
+    PyTorch's Linux wheels ship and load: the loader finds it already loaded, so the library's parallel regions
+    run on torch's own intra-op threads (threads of a pool of one's own would share the cores with torch's, which
+    spin for a while after each op).
 
     Raises
     ------
     NativeUnavailable
         No C compiler, or the source did not compile with any of :data:`FLAG_SETS`, or the library did not load.
     """
-    key = (name, source)
+    key = (name, source, openmp)
     with _lock:
         lib = _loaded.get(key)
         if lib is None:
-            path = _build(name, source)
+            path = _build(name, source, openmp)
             try:
                 lib = ctypes.CDLL(str(path))
             except OSError as err:
                 raise NativeUnavailable(f"{path} did not load: {err}") from None
             _loaded[key] = lib
     return lib
-
-
-_pools: dict = {}  # process id -> ThreadPoolExecutor (a forked child makes its own: threads do not survive a fork)
-
-
-def in_parts(fn: Callable[[int, int, int], None], n: int, parts: int) -> None:
-    """Call ``fn(i, start, end)`` for ``parts`` consecutive parts ``[start, end)`` of ``range(n)`` (as equal as can
-    be; some may be empty when ``parts > n``), the first on this thread and the others at once on a pool of
-    worker threads: C kernels called through :mod:`ctypes` release the GIL, so the parts run in parallel.
-    Returns when every part is done; an error of any part is raised."""
-    if parts <= 1:
-        fn(0, 0, n)
-        return
-    pid = os.getpid()
-    pool = _pools.get(pid)
-    if pool is None or pool._max_workers < parts - 1:
-        if pool is not None:
-            pool.shutdown(wait=False)
-        _pools.clear()
-        pool = _pools[pid] = ThreadPoolExecutor(parts - 1, thread_name_prefix="mpt_lab_native")
-    bounds = [n * i // parts for i in range(parts + 1)]
-    futures = [pool.submit(fn, i, bounds[i], bounds[i + 1]) for i in range(1, parts)]
-    try:
-        fn(0, bounds[0], bounds[1])
-    finally:
-        for f in futures:
-            f.result()

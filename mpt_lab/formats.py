@@ -41,8 +41,9 @@ Python ints and Fractions are rounded exactly, once, with integer arithmetic (ne
 Speed: every rounding is exact, and each call takes the fastest exact path for its input.  A native cast
 where it is exactly the requested rounding (round-to-nearest-even of float32 values: torch's conversions to
 float16, bfloat16 and float8_e5m2 for tensors, with a clamp for ``saturate``; ml_dtypes' bfloat16 for NumPy
-arrays), checked bit for bit against the bit path on a probe the first time it is used; otherwise bit
-manipulation on the float32/float64 encoding, in cache-sized blocks of NumPy ufuncs for arrays and CPU tensors
+arrays), checked bit for bit against the bit path on a probe the first time it is used; for float32 CPU tensors
+rounded to nearest-even in a format no cast serves (E4M3, FP6, FP4, TF32), one pass of a C kernel compiled once per
+machine (:mod:`mpt_lab._native`), checked likewise; otherwise bit manipulation on the float32/float64 encoding, in cache-sized blocks of NumPy ufuncs for arrays and CPU tensors
 and in torch ops on other devices.  On 10⁷ values, one CPU thread, round_to takes about the time of the cast it
 reproduces, and stochastic rounding at most about three times that (``benchmarks/round_to_speed.py``, whose
 table is ``book/results/round_to_speed_cpu.json``).  ``MPT_LAB_FAST_ROUND=0`` turns native casts off.
@@ -56,6 +57,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import ctypes
 import functools
 import math
 import numbers
@@ -67,6 +69,8 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
+
+from ._native import NativeUnavailable, native_library
 
 try:  # torch is a hard dependency of the package, but formats must not need it to import
     import torch
@@ -1371,6 +1375,18 @@ void mpt_lab_round_nearest(const uint32_t *restrict x, uint32_t *restrict y, int
         y[i] = r | (b & 0x80000000u);
     }
 }
+
+/* the same in `threads` parts at once (OpenMP, on torch's own threads: see mpt_lab._native) */
+void mpt_lab_round_nearest_parts(const uint32_t *x, uint32_t *y, int64_t n, int m, int emin, uint32_t maxb,
+                                 int overflow, int threads) {
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(threads) schedule(static, 1)
+#endif
+    for (int t = 0; t < threads; t++) {
+        int64_t a = n * t / threads, b = n * (t + 1) / threads;
+        mpt_lab_round_nearest(x + a, y + a, b - a, m, emin, maxb, overflow);
+    }
+}
 """
 
 _c_round: dict = {}  # "fn": the ctypes function, or None (unavailable)
@@ -1385,16 +1401,12 @@ def _c_round_fn():
     if "fn" not in _c_round:
         fn = None
         if _native_enabled():
-            import ctypes
-
-            from . import _native
-
             try:
-                fn = _native.library("mpt_lab_round", _C_ROUND_SOURCE).mpt_lab_round_nearest
+                fn = native_library("mpt_lab_round", _C_ROUND_SOURCE, openmp=True).mpt_lab_round_nearest_parts
                 fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int]
-                fn.argtypes += [ctypes.c_uint32, ctypes.c_int]
+                fn.argtypes += [ctypes.c_uint32, ctypes.c_int, ctypes.c_int]
                 fn.restype = None
-            except (_native.NativeUnavailable, OSError, AttributeError) as err:
+            except (NativeUnavailable, OSError, AttributeError) as err:
                 warnings.warn(
                     f"the C rounding kernel is unavailable ({type(err).__name__}: {err}); float32 CPU tensors are "
                     "rounded by the bit path (the same values, slower)",
@@ -1409,20 +1421,14 @@ def _c_round_fn():
 def _c_round_call(xf, fmt: FloatFormat, saturate: bool, out=None):
     """xf (a contiguous float32 CPU tensor) rounded to nearest-even in fmt by the C kernel, into ``out`` (a new
     tensor if None; may be xf itself), split over torch's intra-op threads."""
-    from . import _native
-
     fn = _c_round_fn()
     if out is None:
         out = torch.empty_like(xf)
     overflow = 2 if saturate else 0 if fmt.infinities else 1 if fmt.nan != "none" else 2
     maxb = int(np.float32(fmt.max).view(np.uint32))
     n = xf.numel()
-    xp, yp = xf.data_ptr(), out.data_ptr()
-
-    def part(i, start, end):
-        fn(xp + 4 * start, yp + 4 * start, end - start, fmt.mantissa_bits, fmt.emin, maxb, overflow)
-
-    _native.in_parts(part, n, max(1, min(torch.get_num_threads(), n // _C_ROUND_PART)))
+    threads = max(1, min(torch.get_num_threads(), n // _C_ROUND_PART))
+    fn(xf.data_ptr(), out.data_ptr(), n, fmt.mantissa_bits, fmt.emin, maxb, overflow, threads)
     return out
 
 

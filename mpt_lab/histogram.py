@@ -33,8 +33,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
-from . import _native as _native_lib
 from . import formats as F
+from ._native import NativeUnavailable, native_library
 from ._torch_internals import without_fx_graph_cache
 from .device import DeviceLike, cpu_flags
 
@@ -266,6 +266,18 @@ void mpt_lab_histogram(const uint32_t *x, int64_t n, int64_t *counts, uint32_t *
     }
     *amax = m;
 }
+
+/* the same in `threads` parts at once, part t into counts[t * NFINE ...] and amax[t]: on OpenMP's threads (torch's
+   own, see mpt_lab._native) where compiled with OpenMP, else one part after the other */
+void mpt_lab_histogram_parts(const uint32_t *x, int64_t n, int64_t *counts, uint32_t *amax, int threads) {
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(threads) schedule(static, 1)
+#endif
+    for (int t = 0; t < threads; t++) {
+        int64_t a = n * t / threads, b = n * (t + 1) / threads;
+        mpt_lab_histogram(x + a, b - a, counts + (int64_t)t * NFINE, amax + t);
+    }
+}
 """
 for _k, _v in {
     "NSTATES": NSTATES,
@@ -282,10 +294,6 @@ _NATIVE_PART = 1 << 16
 _native: dict = {}  # "fn": the checked ctypes function, or None (unavailable: see "why")
 
 
-def _native_call(fn, x: torch.Tensor, counts: torch.Tensor, amax: torch.Tensor) -> None:
-    fn(x.data_ptr(), x.numel(), counts.data_ptr(), amax.data_ptr())
-
-
 def _native_counts(fn, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(fine counts int64 [NFINE], largest finite |x| 0-d float32) of a contiguous 1-D float32 CPU tensor, by the
     C kernel ``fn``, split in equal parts over torch's intra-op threads (the C calls release the GIL; the parts
@@ -294,14 +302,11 @@ def _native_counts(fn, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _native_counts_parts(fn, x: torch.Tensor, parts: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`_native_counts` with ``x`` split in ``parts`` parts (as equal as can be; some may be empty)."""
+    """:func:`_native_counts` with ``x`` split in ``parts`` parts (as equal as can be; some may be empty), counted
+    at once by the C kernel's OpenMP loop (on torch's intra-op threads, :mod:`mpt_lab._native`)."""
     counts = torch.zeros((parts, NFINE), dtype=torch.int64)
     amax = torch.zeros(parts, dtype=torch.int32)
-
-    def part(i, start, end):
-        _native_call(fn, x[start:end], counts[i], amax[i : i + 1])
-
-    _native_lib.in_parts(part, x.numel(), parts)
+    _native["parts"](x.data_ptr(), x.numel(), counts.data_ptr(), amax.data_ptr(), parts)
     return counts.sum(0), amax.amax().view(torch.float32)
 
 
@@ -324,17 +329,20 @@ def _native_kernel():
     fn = None
     if _compile_wanted("cpu"):
         try:
-            lib = _native_lib.library("mpt_lab_histogram", _C_SOURCE)
+            lib = native_library("mpt_lab_histogram", _C_SOURCE, openmp=True)
             fn = lib.mpt_lab_histogram
             fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
             fn.restype = None
+            parts = _native["parts"] = lib.mpt_lab_histogram_parts
+            parts.argtypes = [*fn.argtypes, ctypes.c_int]
+            parts.restype = None
             probe = _native_probe()
             got = _native_counts(fn, probe)
             idx, amax = _fine_indices_eager(probe)
             want = torch.bincount(idx, minlength=NFINE)
             if not (torch.equal(got[0], want) and torch.equal(got[1], amax)):
                 raise RuntimeError(f"the C kernel disagrees with the eager one on {probe.numel():,} values")
-        except (_native_lib.NativeUnavailable, RuntimeError, OSError, AttributeError) as err:
+        except (NativeUnavailable, RuntimeError, OSError, AttributeError) as err:
             warnings.warn(
                 f"the C histogram kernel is unavailable ({type(err).__name__}: {err}); CPU histograms use "
                 "torch.compile's kernel (the same bins, slower)",
