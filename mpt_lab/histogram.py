@@ -404,7 +404,7 @@ def _kernel(device="cpu"):
     """The fine-index kernel for tensors on ``device`` (a torch.device or its type), chosen once per device type.
 
     :func:`log2_histogram` on the CPU first takes the C kernel (:func:`_native_kernel`: index and count in one
-    pass: 0.6 ns a value against this kernel's 2.7-3.3 with ``torch.bincount`` on 5·10⁷ values, two threads,
+    pass: 0.6 ns a value against this kernel's 3.0-3.5 with ``torch.bincount`` on 5·10⁷ values, two threads,
     this project's Intel Xeon, ``benchmarks/histogram_kernels.py``); this one where the C kernel is unavailable.
 
     * CPU: :func:`_fine_indices_bits` (the eager kernel's arithmetic on the bit patterns) and :func:`_amax_bits`,
