@@ -1218,7 +1218,10 @@ def test_loss_scale_figure():
             mon.step(loss)
     fig = plot_loss_scales({"a loop": mon})
     ax = fig.axes[0]
-    assert ax.get_title() and "log2" in ax.get_ylabel() and ax.get_xlabel() == "training step"
+    assert ax.get_title() == "The loss scale at each step of 1 training loop with a GradScaler"
+    assert "log2" in ax.get_ylabel() and ax.get_xlabel() == "training step"
+    two = plot_loss_scales({"a loop": mon, "the same loop": mon})
+    assert two.axes[0].get_title() == "The loss scale at each step of 2 training loops with a GradScaler"
     assert list(ax.lines[0].get_ydata()) == [2.0, 1.0, 0.0] and ax.get_legend() is not None
     with pytest.raises(TypeError, match="monitors"):
         plot_loss_scales({})

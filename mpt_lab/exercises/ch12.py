@@ -375,14 +375,16 @@ register(
         "rank it first, with at least twice the score of the second. The check runs keep_wide (tolerance 0.25 on the "
         "relative gradient error).",
         _ex124_check,
-        "NVFP4 scales each tensor by its amax / (448 · 6) and each block of 16 by an E4M3 scale of at least 2^-6 of "
-        "that: a few huge weights make every other block's scale too coarse, and its values round to zero. Put them "
+        "NVFP4 scales each tensor by its amax / (448 · 6) and each block of 16 by an E4M3 scale of that, which cannot be "
+        "smaller than E4M3's smallest subnormal 2^-9 (a smaller one rounds to it or to zero): a few huge weights make "
+        "every other block's scale too coarse, and its values round to zero. Put them "
         "where they change nothing in FP32 (on an input channel that is always zero).",
         lambda: breaks_nvfp4,
         worked=(
             "One layer gets weights of 10^6 on an input channel that the previous layer never activates (GELU of "
             "-20 is zero), so its FP32 output is unchanged. NVFP4's tensor scale follows that amax; every other "
-            "16 x 16 weight tile then needs a block scale below E4M3's 2^-6 floor, and its values round to zero: "
+            "16 x 16 weight tile then needs a block scale below half of E4M3's smallest subnormal (2^-9), which rounds "
+            "to zero, and its values round to zero: "
             "the layer's output collapses to its bias.\n\n```python\n{answer}\n```\n\n"
             "keep_wide measures it: quantising that layer alone moves the step's gradients far more than any other, "
             "and keeping it in BF16 saves most of the error of the full recipe."

@@ -228,14 +228,15 @@ def report_table(reports: dict, formats: Sequence[str] | None = None) -> HTML:
     return table_html(head, rows, align=align)
 
 
-def plot_loss_scales(monitors: dict, title: str = "The loss scale over the steps of three training loops") -> Figure:
+def plot_loss_scales(monitors: dict, title: str | None = None) -> Figure:
     """The loss scale per step of each :class:`~mpt_lab.report_monitor.PrecisionMonitor` (log2 axis), skipped
     steps marked with crosses.
 
     Parameters
     ----------
     monitors : dict label → PrecisionMonitor (with a scaler: steps without a scale are not drawn)
-    title : the figure's title
+    title : the figure's title (None: "The loss scale at each step of N training loops with a GradScaler", N the
+        number of monitors)
 
     Returns
     -------
@@ -267,6 +268,9 @@ def plot_loss_scales(monitors: dict, title: str = "The loss scale over the steps
     ax.axhline(0.0, color="0.5", linestyle="--", linewidth=1)
     ax.set_xlabel("training step")
     ax.set_ylabel("log2 of the loss scale")
+    if title is None:
+        n = len(monitors)
+        title = f"The loss scale at each step of {n} training loop{'s' if n > 1 else ''} with a GradScaler"
     ax.set_title(title)
     ax.legend(
         loc="upper center",
