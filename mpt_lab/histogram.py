@@ -291,13 +291,12 @@ for _k, _v in {
 #: Values per part when the C kernel splits a tensor over torch's intra-op threads (no split below it).
 _NATIVE_PART = 1 << 16
 
-_native: dict = {}  # "fn": the checked ctypes function, or None (unavailable: see "why")
+_c_histogram: dict = {}  # "fn": the checked ctypes function (mpt_lab_histogram_parts), or None (unavailable)
 
 
 def _native_counts(fn, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(fine counts int64 [NFINE], largest finite |x| 0-d float32) of a contiguous 1-D float32 CPU tensor, by the
-    C kernel ``fn``, split in equal parts over torch's intra-op threads (the C calls release the GIL; the parts
-    run on a pool of worker threads beside this one)."""
+    C kernel ``fn`` (:func:`_native_kernel`), split in equal parts over torch's intra-op threads."""
     return _native_counts_parts(fn, x, max(1, min(torch.get_num_threads(), x.numel() // _NATIVE_PART)))
 
 
@@ -306,7 +305,7 @@ def _native_counts_parts(fn, x: torch.Tensor, parts: int) -> tuple[torch.Tensor,
     at once by the C kernel's OpenMP loop (on torch's intra-op threads, :mod:`mpt_lab._native`)."""
     counts = torch.zeros((parts, NFINE), dtype=torch.int64)
     amax = torch.zeros(parts, dtype=torch.int32)
-    _native["parts"](x.data_ptr(), x.numel(), counts.data_ptr(), amax.data_ptr(), parts)
+    fn(x.data_ptr(), x.numel(), counts.data_ptr(), amax.data_ptr(), parts)
     return counts.sum(0), amax.amax().view(torch.float32)
 
 
@@ -324,18 +323,15 @@ def _native_kernel():
     """The C kernel's function (see :data:`_C_SOURCE`), built and checked once per process, or None: with
     ``MPT_LAB_COMPILE=0``, where :mod:`mpt_lab._native` cannot build it (no C compiler: a ``RuntimeWarning``
     says why), or where it disagrees with :func:`_fine_indices_eager` on :func:`_native_probe` (a warning too)."""
-    if "fn" in _native:
-        return _native["fn"]
+    if "fn" in _c_histogram:
+        return _c_histogram["fn"]
     fn = None
     if _compile_wanted("cpu"):
         try:
             lib = native_library("mpt_lab_histogram", _C_SOURCE, openmp=True)
-            fn = lib.mpt_lab_histogram
-            fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
+            fn = lib.mpt_lab_histogram_parts
+            fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
             fn.restype = None
-            parts = _native["parts"] = lib.mpt_lab_histogram_parts
-            parts.argtypes = [*fn.argtypes, ctypes.c_int]
-            parts.restype = None
             probe = _native_probe()
             got = _native_counts(fn, probe)
             idx, amax = _fine_indices_eager(probe)
@@ -350,7 +346,7 @@ def _native_kernel():
                 stacklevel=3,
             )
             fn = None
-    _native["fn"] = fn
+    _c_histogram["fn"] = fn
     return fn
 
 

@@ -94,7 +94,7 @@ def test_a_large_tensor_counted_in_pieces_equals_one_count(kernel, monkeypatch):
     if kernel == "C":
         assert H._native_kernel() is not None  # this project's machines have a C compiler
     else:
-        monkeypatch.setattr(H, "_native", {"fn": None})
+        monkeypatch.setattr(H, "_c_histogram", {"fn": None})
     monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
     n = 3 * H._CPU_CHUNK + 12345
     x = torch.from_numpy(_random_values(n, 7))
@@ -644,7 +644,7 @@ def test_without_a_compiler_the_histogram_warns_and_counts_with_torch(tmp_path):
         "    h = H.log2_histogram(x)\n"
         "    h2 = H.log2_histogram(x)\n"
         "assert h == h2 == H.Log2Histogram(torch.bincount(idx, minlength=H.NFINE), amax)\n"
-        "print('native', H._native['fn'] is not None)\n"
+        "print('native', H._c_histogram['fn'] is not None)\n"
         "print('warnings', [str(m.message) for m in w if 'C histogram kernel' in str(m.message)])\n"
     )
     env = {**os.environ, "MPT_LAB_CACHE_DIR": str(tmp_path), "MPT_LAB_COMPILE": "1"}
