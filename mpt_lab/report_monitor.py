@@ -272,13 +272,20 @@ class PrecisionMonitor:
                     )
                 elif s is not None and s < 1:
                     finite = {n: a for n, a in r["gradient_amax"].items() if math.isfinite(a)}
+                    bad = [n for n, a in r["gradient_amax"].items() if not math.isfinite(a)]
                     top = max(finite, key=finite.get) if finite else None
+                    notes = []
+                    if bad:  # the gradients that overflowed at this scale
+                        notes.append(
+                            f"inf/NaN at this scale in {bad[0]}" + (f" and {len(bad) - 1} more" * (len(bad) > 1))
+                        )
+                    if top:
+                        notes.append(f"largest finite gradient {finite[top] / s:.4g} unscaled, at {top}")
                     add(
                         st,
                         "scale below 1",
                         f"the loss scale fell below 1 ({s:g}) and gradients still overflow {self.fmt.name}: they "
-                        "overflow without any scaling"
-                        + (f" (largest finite gradient {finite[top] / s:.4g} unscaled, at {top})" if top else ""),
+                        "overflow without any scaling" + (f" ({'; '.join(notes)})" if notes else ""),
                     )
                 else:
                     add(

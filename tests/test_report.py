@@ -1131,6 +1131,10 @@ def test_monitor_scale_below_one_and_a_vanishing_eps():
     assert mon.scales() == [4.0, 2.0, 1.0, 0.5, 0.25] and mon.skipped_steps() == [0, 1, 2, 3, 4]
     below = [d for d in mon.diagnose() if d["finding"] == "scale below 1"]
     assert below and below[0]["step"] == 3
+    # it names a gradient that overflowed at that scale (the step's recorded amax is inf or NaN there)
+    step3 = mon.history[3]["gradient_amax"]
+    bad = [n for n, a in step3.items() if not math.isfinite(a)]
+    assert bad and f"inf/NaN at this scale in {bad[0]}" in below[0]["text"]
     # Adam on FP16 weights: eps = 1e-8 is 0 in FP16 and a weight with a tiny gradient becomes inf
     half = nn.Sequential(nn.Linear(8, 4)).half()
     with torch.no_grad():

@@ -18,6 +18,7 @@ import numpy as np
 from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from matplotlib.ticker import MaxNLocator
 
 from .. import formats as F
 from ..report import PrecisionReport
@@ -216,7 +217,9 @@ def report_table(reports: dict, formats: Sequence[str] | None = None) -> HTML:
             op = getattr(first, "op", None)
             row += [
                 html.escape(r.verdict(f)),
-                f"[{pow2(low)}, {pow2(high)}]",
+                f"empty ({pow2(low)} > {pow2(high)})"
+                if low is not None and high is not None and low > high
+                else f"[{pow2(low)}, {pow2(high)}]",
                 "–"
                 if first is None
                 else f"<code>{html.escape(first[0] or '(model)')}</code> ({first[1]}"
@@ -268,6 +271,7 @@ def plot_loss_scales(monitors: dict, title: str | None = None) -> Figure:
     ax.axhline(0.0, color="0.5", linestyle="--", linewidth=1)
     ax.set_xlabel("training step")
     ax.set_ylabel("log2 of the loss scale")
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # the scales are powers of two
     if title is None:
         n = len(monitors)
         title = f"The loss scale at each step of {n} training loop{'s' if n > 1 else ''} with a GradScaler"
