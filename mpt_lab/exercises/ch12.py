@@ -308,7 +308,7 @@ register(
 def breaks_nvfp4() -> tuple[torch.nn.Module, Callable, tuple, str]:
     """Reference for exercise 12.4: an MLP whose third Linear layer has large weights on an input channel that is
     always zero: nothing in FP32, everything in NVFP4 (the tensor scale follows them and the other weights'
-    block scales fall to E4M3's smallest, flushing them)."""
+    block scales round to zero, flushing them)."""
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(
