@@ -1270,3 +1270,18 @@ def test_keep_wide_gradient_error_sum_equals_the_float64_formula_for_any_layout(
         for x, y in [(a, b), (a, b.contiguous()), (a.contiguous(), b)]:
             want = float(((x.double() - y.double()) ** 2).sum())
             assert _squared_distance(x, y, buffer) == pytest.approx(want, rel=1e-12, abs=0.0)
+
+
+def test_report_figure_legend_names_where_each_format_overflows():
+    """The report figure's legend gives the overflow threshold under round-to-nearest-even: max + ½ ulp, included
+    where the tie rounds away from max (FP16, E5M2, BF16) and excluded where it rounds back (E4M3), as round_to
+    says."""
+    from mpt_lab import formats as F
+    from mpt_lab.figures.report import _overflow_from
+
+    for f in (F.FP16, F.BF16, F.FP8_E5M2, F.FP8_E4M3):
+        text = _overflow_from(f)
+        half = f.max + float(F.ulp(f.max, f)) / 2
+        tie_overflows = not math.isfinite(float(F.round_to(half, f))) or float(F.round_to(half, f)) > f.max
+        assert text == (f"≥ {half:g}" if tie_overflows else f"> {half:g}"), f.name
+    assert _overflow_from(F.FP16) == "≥ 65520" and _overflow_from(F.FP8_E4M3) == "> 464"

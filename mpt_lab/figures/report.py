@@ -159,7 +159,7 @@ def plot_precision_report(
                     [],
                     color=format_color(f),
                     ls="-",
-                    label=f"{f.name}: overflows right of this (|x| > max {f.max:g})",
+                    label=f"{f.name}: max {f.max:g}; |x| {_overflow_from(f)} overflows",
                 )
             )
         else:
@@ -229,6 +229,13 @@ def report_table(reports: dict, formats: Sequence[str] | None = None) -> HTML:
         rows.append(row)
     align = ["left", "right", "right"] + ["left"] * (len(head) - 3)
     return table_html(head, rows, align=align)
+
+
+def _overflow_from(f: F.FloatFormat) -> str:
+    """Where round-to-nearest-even overflows ``f``: at and above max + ½ ulp when the tie rounds away from max (its
+    mantissa field odd: FP16's 65,520), strictly above it when the tie rounds back to max (E4M3's 464)."""
+    half = f.max + float(F.ulp(f.max, f)) / 2
+    return f"≥ {half:g}" if f.max_mantissa_field % 2 else f"> {half:g}"
 
 
 def plot_loss_scales(monitors: dict, title: str | None = None) -> Figure:
