@@ -280,7 +280,9 @@ class PrecisionMonitor:
                             f"inf/NaN at this scale in {bad[0]}" + (f" and {len(bad) - 1} more" * (len(bad) > 1))
                         )
                     if top:
-                        notes.append(f"largest finite gradient {finite[top] / s:.4g} unscaled, at {top}")
+                        notes.append(
+                            f"largest finite gradient at this scale {finite[top]:.4g}, {finite[top] / s:.4g} unscaled, at {top}"
+                        )
                     add(
                         st,
                         "scale below 1",
