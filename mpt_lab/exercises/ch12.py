@@ -119,8 +119,9 @@ register(
             "untouched, so it is the first; the `Sequential` that returns its output overflows too, but it finishes "
             "later, so the report lists it second.\n\n```python\n{answer}\n```\n\n"
             "Under autocast the layer's FP16 output is inf, the FP32 loss computed from it is NaN, and no loss "
-            "scale can help (the dynamic scaler would skip every step): keep that layer in FP32, as transformers "
-            "does for T5's `wo`, or train in BF16."
+            "scale can help (the dynamic scaler would skip every step): keep that layer in FP32 with autocast "
+            "disabled around it (`mpt_lab.autocast.keep_in_float32`, as section 12.3 ran for T5's `wo`; FP32 weights "
+            "alone, transformers' remedy, help only a model with FP16 weights), or train in BF16."
         ),
     )
 )
