@@ -297,9 +297,11 @@ register(
             "belongs to no submodule. With the stream and fc2's output both near 40,000, each fits FP16 and their "
             "sum, near 80,000, does not.\n\n```python\n{answer}\n```\n\n"
             "Module hooks see fc2's output (finite) and the block's output (inf); the op-level record names the "
-            "addition (`Tensor.add`, or `Tensor.__add__`) inside the block. Under autocast the residual stream of "
-            "such a model is often FP32 (an FP16 product plus an FP32 input is computed in FP32): the same sum then "
-            "does not overflow, which is why the exercise runs every op in FP16."
+            "addition (`Tensor.add`, or `Tensor.__add__`) inside the block. Under autocast whether this sum "
+            "overflows depends on the stream's dtype: here the stream is a Linear's output, which autocast makes "
+            "FP16, so it overflows as well; where the stream is FP32 (as in section 12.6's Pegasus), an FP16 "
+            "product plus it is computed in FP32 and does not overflow. The exercise runs every op in FP16 so that "
+            "the answer does not depend on this."
         ),
     )
 )
